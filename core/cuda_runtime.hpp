@@ -1,0 +1,57 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/device.hpp"
+
+// The CUDA runtime as plain C++ (no CUDA headers), so core/, ops/ and tests
+// can allocate, copy and time on the GPU without being compiled by nvcc.
+// Implemented in cuda/runtime.cu; when built without CUDA every call throws
+// hg::Error ("... handgrad was built without CUDA").
+namespace hg::gpu {
+
+bool built_with_cuda();
+
+// Caching allocator: freed blocks return to per-size free lists and are
+// reused, so steady-state training never calls cudaMalloc.
+void* allocate(size_t bytes);
+void release(void* ptr);
+struct MemoryStats {
+  size_t in_use = 0;         // bytes handed out to tensors now
+  size_t peak_in_use = 0;    // max of in_use since the last reset
+  size_t reserved = 0;       // bytes held from cudaMalloc (in use + cached)
+  int64_t device_mallocs = 0;  // cudaMalloc calls so far
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
+void empty_cache();  // returns cached blocks to the driver
+
+// Copies between any two devices (host <-> device, device <-> device) on the
+// one handgrad stream; returns when the copy is done.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+void synchronize();
+
+// Times GPU work with CUDA events recorded on the handgrad stream.
+class Timer {
+ public:
+  Timer();
+  ~Timer();
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start();
+  float stop_ms();  // waits for the stop event
+
+ private:
+  void* start_ = nullptr;
+  void* stop_ = nullptr;
+};
+
+// Device facts for kernels' launch heuristics and for benchmark reports.
+int sm_count();
+const char* device_name();
+
+}  // namespace hg::gpu
+
+namespace hg::gpu {
+int device_count();  // 0 when built without CUDA or no GPU is visible
+}  // namespace hg::gpu

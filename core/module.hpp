@@ -1,0 +1,61 @@
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace hg {
+
+// A trainable tensor and its gradient (same shape, dtype, device).
+// Modules accumulate into grad in backward(); zero_grad() clears it.
+struct Parameter {
+  Tensor value;
+  Tensor grad;
+};
+
+// Base of every layer. A module owns its Parameters and child modules as
+// plain members and registers them by name, so named_parameters() walks the
+// tree ("layers.0.attn.qkv.weight"). Each subclass defines its own
+// forward(...) and backward(dy): forward caches what backward needs,
+// backward accumulates parameter grads and returns the input gradient.
+// Modules are not copyable (registrations point at members).
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  std::vector<std::pair<std::string, Parameter*>> named_parameters();
+  std::vector<Parameter*> parameters();
+  int64_t num_parameters();
+
+  void zero_grad();
+  void to(Device device);  // moves values and grads of the whole tree
+  void to(DType dtype);    // casts values and grads (e.g. F64 for gradient checks)
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  // One file holds every parameter by name. Written to "<path>.tmp" and
+  // renamed, so a crash never leaves a half-written checkpoint; load()
+  // verifies names, shapes, dtypes and a checksum before touching any value.
+  void save(const std::string& path);
+  void load(const std::string& path);
+
+ protected:
+  // Registers `p` (a member) under `name`; value is `init`, grad zeros like it.
+  Parameter& register_parameter(const std::string& name, Parameter& p, Tensor init);
+  void register_module(const std::string& name, Module& child);
+  // Called by train()/to() for modules with non-parameter state to move.
+  virtual void on_device_change(Device) {}
+
+ private:
+  void collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out);
+  std::vector<std::pair<std::string, Parameter*>> params_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  bool training_ = true;
+};
+
+}  // namespace hg

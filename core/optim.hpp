@@ -1,0 +1,64 @@
+#pragma once
+#include <vector>
+
+#include "core/module.hpp"
+
+namespace hg {
+
+// Optimizers update Parameter::value from Parameter::grad in place, on the
+// parameter's own device (one fused kernel per parameter on CUDA).
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<Parameter*> params) : params_(std::move(params)) {}
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  void zero_grad();
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  int64_t steps() const { return steps_; }
+
+ protected:
+  std::vector<Parameter*> params_;
+  double lr_ = 1e-3;
+  int64_t steps_ = 0;
+};
+
+struct SGDOptions {
+  double lr = 1e-2;
+  double momentum = 0.0;      // v = momentum * v + g ; p -= lr * v
+  double weight_decay = 0.0;  // L2 added to the gradient: g += wd * p
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Parameter*> params, SGDOptions options);
+  void step() override;
+
+ private:
+  SGDOptions options_;
+  std::vector<Tensor> velocity_;
+};
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // decoupled: p -= lr * wd * p
+};
+
+// Loshchilov & Hutter's AdamW with bias correction.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<Parameter*> params, AdamWOptions options);
+  void step() override;
+
+ private:
+  AdamWOptions options_;
+  std::vector<Tensor> m_, v_;
+};
+
+// Clips the global L2 norm of all grads to max_norm; returns the norm before clipping.
+double clip_grad_norm(const std::vector<Parameter*>& params, double max_norm);
+
+}  // namespace hg

@@ -1,0 +1,23 @@
+#pragma once
+#include <cstdint>
+
+namespace hg {
+
+// Explicit, seeded generator. Numbers are drawn on the host (Philox-style
+// counter hash), so the same seed gives the same tensor on CPU and CUDA.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  uint64_t next_u64();                 // advances the counter
+  double uniform();                    // [0, 1)
+  double normal();                     // N(0, 1), Box-Muller
+  uint64_t seed() const { return seed_; }
+  uint64_t counter() const { return counter_; }
+  void set_state(uint64_t seed, uint64_t counter) { seed_ = seed; counter_ = counter; }
+
+ private:
+  uint64_t seed_;
+  uint64_t counter_ = 0;
+};
+
+}  // namespace hg

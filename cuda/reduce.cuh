@@ -1,0 +1,49 @@
+#pragma once
+// Warp- and block-level reductions shared by the fused kernels.
+#include <cuda_runtime.h>
+
+namespace hg::gpu {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Block-wide reduction through shared memory; every thread gets the result.
+// `scratch` must hold blockDim.x / 32 floats. Contains __syncthreads(): call
+// from all threads of the block.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, Op warp_op, float identity) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int n_warps = (blockDim.x + 31) >> 5;
+  v = warp_op(v);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < n_warps ? scratch[lane] : identity;
+  return warp_op(v);
+}
+
+struct WarpSum {
+  __device__ float operator()(float v) const { return warp_sum(v); }
+};
+struct WarpMax {
+  __device__ float operator()(float v) const { return warp_max(v); }
+};
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  return block_reduce(v, scratch, WarpSum{}, 0.0f);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  return block_reduce(v, scratch, WarpMax{}, -INFINITY);
+}
+
+}  // namespace hg::gpu

@@ -1,0 +1,31 @@
+#pragma once
+#include "core/tensor.hpp"
+
+namespace hg {
+
+// LayerNorm over the last dim: y = gamma * (x - mean) * rstd + beta,
+// rstd = 1 / sqrt(var + eps), var biased. x has any leading shape (..., D);
+// gamma and beta are (D,). Derivation and stability notes: docs/layernorm.md.
+
+// What forward keeps for backward: O(rows) floats, never an O(rows*D) x_hat.
+struct LayerNormSaved {
+  Tensor mean;  // (rows,) float32 (float64 for float64 input)
+  Tensor rstd;  // (rows,)
+};
+
+struct LayerNormGrads {
+  Tensor dx;      // like x
+  Tensor dgamma;  // (D,)
+  Tensor dbeta;   // (D,)
+};
+
+// Dispatches on x.device() and hg::kernel_mode(): CPU fused (Eigen), unfused
+// (primitive backend, any device), CUDA fused. eps must be finite and > 0.
+// saved may be nullptr when no backward will follow.
+Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                         LayerNormSaved* saved);
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                  const LayerNormSaved& saved);
+
+}  // namespace hg

@@ -1,0 +1,30 @@
+#pragma once
+#include "core/tensor.hpp"
+
+namespace hg {
+
+// Softmax over the last dim, and its attention form. Derivation, stability
+// and kernel design: docs/softmax.md.
+//
+// Attention form: scores (B, H, Tq, Tk). The row that is softmaxed is
+//   z = scale * scores + mask   (mask additive, broadcast from (B, 1, 1, Tk)
+//                                or (B, 1, Tq, Tk); -inf or a large negative masks a key)
+// with, if causal, key j of query i masked when j > i + (Tk - Tq).
+// A row whose keys are all masked gives all zeros (never NaN) and zero grad.
+struct SoftmaxOptions {
+  Tensor mask;         // optional (undefined = none); same dtype family as scores (F32/F64)
+  bool causal = false;
+  double scale = 1.0;
+};
+
+// y = softmax(x) over the last dim (any shape).
+Tensor softmax_forward(const Tensor& x);
+
+// y = softmax(scale * scores + mask, causal) over the last dim of (B, H, Tq, Tk).
+Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& options);
+
+// d scores from dy and the saved output y (no exp recomputed):
+//   dx = scale * y * (dy - sum(dy * y)).  Pass the forward's scale (1 for plain softmax).
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale = 1.0);
+
+}  // namespace hg

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what handgrad needs from Debian/Ubuntu packages, only what is missing.
+# CUDA is optional and never installed here: with nvcc on PATH (or in
+# /usr/local/cuda/bin) the CUDA backend builds too.
+set -euo pipefail
+
+packages=(cmake make g++ libeigen3-dev catch2 libspdlog-dev libfmt-dev libcli11-dev
+          nlohmann-json3-dev python3 python3-matplotlib)
+[[ "${HG_WITH_FUZZ:-0}" == 1 ]] && packages+=(clang libclang-rt-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all packages present"
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}"
+sudo=""
+[[ $(id -u) -ne 0 ]] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
