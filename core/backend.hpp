@@ -24,7 +24,8 @@ class Backend {
   virtual void map(UnaryOp op, const Tensor& x, Tensor& out) = 0;
 
   // out = op(a, b) with NumPy broadcasting: out.shape() == broadcast_shapes(a, b).
-  // Eq/Gt produce 1.0 or 0.0.
+  // Eq/Gt produce 1.0 or 0.0. out may alias an operand of out's own shape
+  // (in-place accumulate, e.g. grad += g); never a broadcast operand.
   virtual void zip(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
 
   // out = op over `dim` of x; out has x's shape with size 1 at `dim` (keepdim form).
@@ -40,6 +41,11 @@ class Backend {
   // out = value everywhere / out = src converted to out's dtype (same device, same numel).
   virtual void fill(Tensor& out, double value) = 0;
   virtual void cast(const Tensor& src, Tensor& out) = 0;
+
+  // out = x with dims dim0 and dim1 (already normalised) swapped, as a
+  // contiguous copy. The default stages through the host so every backend has
+  // it; a device backend overrides it with a kernel to avoid the round trip.
+  virtual void transpose(const Tensor& x, int dim0, int dim1, Tensor& out);
 };
 
 Backend& cpu_backend();

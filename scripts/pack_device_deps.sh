@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 dst=.deps/include
 rm -rf .deps && mkdir -p "$dst"
 cp -r /usr/include/eigen3 "$dst/"
-cp -r /usr/include/spdlog /usr/include/fmt /usr/include/CLI "$dst/"
+cp -r /usr/include/spdlog /usr/include/fmt /usr/include/CLI /usr/include/catch2 "$dst/"
 du -sh .deps

@@ -1,0 +1,288 @@
+// LayerNorm bandwidth benchmark: M x N sweep, float32 and bf16, forward and
+// backward, fused vs unfused (the public ops under hg::KernelModeScope), on
+// CUDA and the CPU. On CUDA it also times the raw fused kernels and a
+// device-to-device copy of the same bytes, so results read as % of copy rate.
+//
+// Bytes counted (the minimum traffic): forward 2*M*N*elt (read x, write y),
+// backward 3*M*N*elt (read x and dy, write dx); the O(M + N) terms are left out.
+//
+//   bench_layernorm --device cuda --csv ln.csv
+//   bench_layernorm --device cpu --sizes 1024x768,1024x4096 --iters 10
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.hpp"
+#include "core/cuda_runtime.hpp"
+#include "core/error.hpp"
+#include "core/kernel_mode.hpp"
+#include "core/tensor.hpp"
+#include "ops/layernorm.hpp"
+#ifdef HG_WITH_CUDA
+#include "cuda/cuda_check.hpp"
+#include "cuda/layernorm_kernels.hpp"
+#endif
+
+namespace {
+
+using namespace hg;
+
+constexpr double kEps = 1e-5;
+
+struct Size {
+  int64_t M, N;
+};
+
+std::vector<Size> parse_sizes(const std::string& text) {
+  std::vector<Size> sizes;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto x = item.find('x');
+    HG_CHECK(x != std::string::npos, "bench_layernorm", "size '", item, "' is not MxN");
+    sizes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+  }
+  return sizes;
+}
+
+// The sweep: M = 4096 with N = 256 ... 16384, and (B, T, D) = (32, 512, 768).
+std::vector<Size> default_sizes(Device device) {
+  if (device == Device::CUDA)
+    return {{4096, 256}, {4096, 512}, {4096, 1024}, {4096, 2048}, {4096, 4096},
+            {4096, 8192}, {4096, 16384}, {16384, 768}};
+  // Two shared CPU cores: a smaller sweep that still spans the regimes.
+  return {{1024, 256}, {1024, 1024}, {1024, 4096}, {2048, 768}};
+}
+
+struct Result {
+  std::string device, dtype, pass, impl;
+  int64_t M = 0, N = 0;
+  double bytes = 0, median_ms = 0, min_ms = 0;
+  double gbps() const { return bench::gbps(bytes, median_ms); }
+};
+
+// n_sets copies of one random draw: same values, distinct buffers, so that
+// rotating among them keeps the L2 cache from serving the inputs.
+struct Inputs {
+  std::vector<Tensor> x, dy;
+  std::vector<LayerNormSaved> saved;
+  Tensor gamma, beta;
+};
+
+Inputs make_inputs(Size s, DType dtype, Device device, int n_sets, Generator& gen) {
+  Inputs in;
+  const Tensor x = Tensor::randn({s.M, s.N}, gen, DType::F32, device, 0.5, 2.0).to(dtype);
+  const Tensor dy = Tensor::randn({s.M, s.N}, gen, DType::F32, device).to(dtype);
+  in.gamma = Tensor::randn({s.N}, gen, DType::F32, device, 1.0, 0.1);
+  in.beta = Tensor::randn({s.N}, gen, DType::F32, device, 0.0, 0.1);
+  KernelModeScope fused(KernelMode::Fused);
+  for (int i = 0; i < n_sets; ++i) {
+    in.x.push_back(i == 0 ? x : x.clone());
+    in.dy.push_back(i == 0 ? dy : dy.clone());
+    in.saved.emplace_back();
+    layernorm_forward(in.x.back(), in.gamma, in.beta, kEps, &in.saved.back());
+  }
+  return in;
+}
+
+// Times `call(set)`; each timed sample runs `reps` calls over rotating sets
+// (so short kernels are not measured as launch gaps) and reports per call.
+bench::Timing time_calls(Device device, int n_sets, int warmup, int iters, int reps,
+                         const std::function<void(int)>& call) {
+  int counter = 0;
+  bench::Timing t = bench::time_op(device, 1, warmup, iters, [&](int) {
+    for (int r = 0; r < reps; ++r) call(counter++ % n_sets);
+  });
+  t.median_ms /= reps;
+  t.min_ms /= reps;
+  return t;
+}
+
+struct Options {
+  std::string device = "all";
+  std::string sizes;
+  std::string dtypes = "f32,bf16";
+  int iters = 0;  // 0: 50 on CUDA, 10 on the CPU
+  int warmup = 3;
+  std::string csv = "bench_layernorm.csv";
+};
+
+DType parse_dtype(const std::string& name) {
+  if (name == "f32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "f64") return DType::F64;
+  fail("bench_layernorm", "unknown dtype '", name, "' (f32, bf16, f64)");
+}
+
+void run_device(Device device, const Options& opt, std::vector<Result>& results) {
+  const bool cuda = device == Device::CUDA;
+  const std::vector<Size> sizes = opt.sizes.empty() ? default_sizes(device) : parse_sizes(opt.sizes);
+  const int iters = opt.iters > 0 ? opt.iters : (cuda ? 50 : 10);
+  // Inputs in flight: several times the 50 MB H100 L2 on CUDA; on the CPU a
+  // few times a typical last-level cache.
+  const double cache_bytes = cuda ? 50e6 : 32e6;
+  Generator gen(1234);
+
+  std::stringstream ds(opt.dtypes);
+  std::string dname;
+  std::vector<DType> dtypes;
+  while (std::getline(ds, dname, ',')) {
+    const DType d = parse_dtype(dname);
+    if (!cuda && d == DType::BF16) continue;  // BF16 is a CUDA storage type here
+    if (cuda && d == DType::F64) continue;    // no fused F64 kernels on CUDA
+    dtypes.push_back(d);
+  }
+
+  for (const Size s : sizes) {
+    for (const DType dtype : dtypes) {
+      const double elems = double(s.M) * double(s.N);
+      const double elt = double(dtype_size(dtype));
+      const double set_bytes = 2 * elems * elt;  // x and dy
+      const int n_sets = int(std::clamp(std::ceil(4 * cache_bytes / set_bytes), 1.0, 32.0));
+      // Enough calls per timed sample for ~1 ms of GPU work at ~2.5 TB/s.
+      const int reps = cuda ? int(std::clamp(std::ceil(1e-3 / (3 * elems * elt / 2.5e12)), 1.0, 64.0)) : 1;
+      Inputs in = make_inputs(s, dtype, device, n_sets, gen);
+      std::vector<Tensor> keep_y(n_sets);  // outputs stay alive across a rotation:
+      std::vector<LayerNormGrads> keep_g(n_sets);  // distinct buffers, like the inputs
+      std::vector<LayerNormSaved> keep_saved(n_sets);
+
+      auto record = [&](const char* pass, const char* impl, const bench::Timing& t) {
+        const double bytes = (std::string(pass) == "backward" ? 3 : 2) * elems * elt;  // copy: like forward
+        results.push_back({device_name(device), dtype_name(dtype), pass, impl, s.M, s.N, bytes, t.median_ms, t.min_ms});
+      };
+      auto try_record = [&](const char* pass, const char* impl, const std::function<bench::Timing()>& measure) {
+        try {
+          record(pass, impl, measure());
+        } catch (const hg::Error& e) {
+          std::fprintf(stderr, "skipped %s %s %s %lldx%lld: %s\n", pass, impl, dtype_name(dtype),
+                       static_cast<long long>(s.M), static_cast<long long>(s.N), e.what());
+        }
+      };
+
+      for (const KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
+        KernelModeScope scope(mode);
+        const char* impl = kernel_mode_name(mode);
+        try_record("forward", impl, [&] {
+          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            keep_y[i] = layernorm_forward(in.x[i], in.gamma, in.beta, kEps, &keep_saved[i]);
+          });
+        });
+        try_record("backward", impl, [&] {
+          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            keep_g[i] = layernorm_backward(in.dy[i], in.x[i], in.gamma, in.saved[i]);
+          });
+        });
+      }
+
+#ifdef HG_WITH_CUDA
+      if (cuda) {
+        // The raw kernels on preallocated outputs, and a plain D2D copy.
+        std::vector<Tensor> y(n_sets), mean(n_sets), rstd(n_sets), dx(n_sets), dg(n_sets), db(n_sets), copy(n_sets);
+        for (int i = 0; i < n_sets; ++i) {
+          y[i] = Tensor::empty({s.M, s.N}, dtype, device);
+          dx[i] = Tensor::empty({s.M, s.N}, dtype, device);
+          copy[i] = Tensor::empty({s.M, s.N}, dtype, device);
+          mean[i] = Tensor::empty({s.M}, DType::F32, device);
+          rstd[i] = Tensor::empty({s.M}, DType::F32, device);
+          dg[i] = Tensor::empty({s.N}, DType::F32, device);
+          db[i] = Tensor::empty({s.N}, DType::F32, device);
+        }
+        try_record("forward", "kernel", [&] {
+          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            gpu::layernorm_forward_fused(in.x[i], in.gamma, in.beta, float(kEps), y[i], mean[i], rstd[i]);
+          });
+        });
+        try_record("backward", "kernel", [&] {
+          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
+                                          dg[i], db[i]);
+          });
+        });
+        // Tensor::clone copies with cudaMemcpyAsync and then synchronises the
+        // host; timing that per call would add the host round trip, so the
+        // same copy is issued here without the synchronisation.
+        try_record("copy", "memcpy", [&] {
+          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            HG_CUDA_CHECK(cudaMemcpyAsync(copy[i].raw_data(), in.x[i].raw_data(), in.x[i].nbytes(),
+                                          cudaMemcpyDeviceToDevice, gpu::stream()));
+          });
+        });
+      }
+#endif
+      std::fprintf(stderr, "done %s %s %lldx%lld (%d input sets, %d calls per sample)\n", device_name(device),
+                   dtype_name(dtype), static_cast<long long>(s.M), static_cast<long long>(s.N), n_sets, reps);
+    }
+  }
+}
+
+// The copy's rate (bytes read + written) for the same device, dtype and size.
+double copy_gbps(const std::vector<Result>& results, const Result& r) {
+  for (const Result& c : results)
+    if (c.pass == "copy" && c.device == r.device && c.dtype == r.dtype && c.M == r.M && c.N == r.N) return c.gbps();
+  return 0;
+}
+
+double unfused_ms(const std::vector<Result>& results, const Result& r) {
+  for (const Result& u : results)
+    if (u.impl == "unfused" && u.pass == r.pass && u.device == r.device && u.dtype == r.dtype && u.M == r.M &&
+        u.N == r.N)
+      return u.median_ms;
+  return 0;
+}
+
+void report(const std::vector<Result>& results, const std::string& csv_path) {
+  bench::Csv csv(csv_path,
+                 "device,dtype,pass,impl,M,N,bytes,median_ms,min_ms,gbps,speedup_vs_unfused,pct_of_copy");
+  std::printf("%-5s %-5s %-8s %-8s %6s %6s %10s %9s %8s %7s\n", "dev", "dtype", "pass", "impl", "M", "N", "ms",
+              "GB/s", "vs_unf", "%copy");
+  for (const Result& r : results) {
+    const double unf = unfused_ms(results, r);
+    const double speedup = (r.impl != "unfused" && unf > 0) ? unf / r.median_ms : 0.0;
+    const double cp = copy_gbps(results, r);
+    const double pct = (cp > 0 && r.pass != "copy") ? 100.0 * r.gbps() / cp : 0.0;
+    csv.row(r.device, r.dtype, r.pass, r.impl, r.M, r.N, r.bytes, r.median_ms, r.min_ms, r.gbps(), speedup, pct);
+    std::printf("%-5s %-5s %-8s %-8s %6lld %6lld %10.4f %9.1f %8s %7s\n", r.device.c_str(), r.dtype.c_str(),
+                r.pass.c_str(), r.impl.c_str(), static_cast<long long>(r.M), static_cast<long long>(r.N),
+                r.median_ms, r.gbps(), speedup > 0 ? (std::to_string(speedup).substr(0, 5) + "x").c_str() : "-",
+                pct > 0 ? (std::to_string(pct).substr(0, 5)).c_str() : "-");
+  }
+  std::printf("CSV written to %s\n", csv_path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  CLI::App app{"LayerNorm forward/backward bandwidth: fused vs unfused, CUDA and CPU"};
+  app.add_option("--device", opt.device, "cuda, cpu or all (all: CUDA when a GPU is present, then CPU)")
+      ->check(CLI::IsMember({"cuda", "cpu", "all"}));
+  app.add_option("--sizes", opt.sizes, "comma-separated MxN list, e.g. 4096x1024,16384x768 (default: per device)");
+  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only), f64 (CPU only)");
+  app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)");
+  app.add_option("--warmup", opt.warmup, "untimed samples per case");
+  app.add_option("--csv", opt.csv, "CSV output path");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<Result> results;
+    const bool have_gpu = gpu::device_count() > 0;
+    if (opt.device == "cuda" && !have_gpu) fail("bench_layernorm", "--device cuda but no GPU is visible");
+    if (opt.device != "cpu" && have_gpu) {
+      std::fprintf(stderr, "GPU: %s, %d SMs\n", gpu::device_name(), gpu::sm_count());
+      run_device(Device::CUDA, opt, results);
+    }
+    if (opt.device != "cuda") run_device(Device::CPU, opt, results);
+    report(results, opt.csv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_layernorm: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

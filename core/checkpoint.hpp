@@ -1,0 +1,32 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+namespace hg {
+
+// The checkpoint file format behind Module::save / Module::load, on byte
+// buffers so that the loader, its fuzz target and the corpus replay test all
+// run the same code. Layout and safety argument: docs/checkpoint_and_npy.md.
+struct CheckpointRecord {
+  std::string name;  // dotted parameter name
+  Tensor value;      // CPU tensor
+};
+
+// Encodes the records (any device; copied to the host) with the trailing checksum.
+std::string serialize_checkpoint(const std::vector<CheckpointRecord>& records);
+
+// Decodes and fully validates a checkpoint: magic, version, checksum, every
+// length against the bytes present, dtype codes, non-negative dims whose
+// element count matches the stored byte count, unique names, no trailing
+// bytes. Anything else throws hg::Error ("Module::load: <what>: ..."). The
+// tensors returned never hold more bytes than `bytes` itself.
+std::vector<CheckpointRecord> parse_checkpoint(const std::string& bytes, const std::string& what = "<buffer>");
+
+// FNV-1a 64 over n bytes: the checksum stored in the last 8 bytes of a file.
+uint64_t checkpoint_checksum(const char* data, size_t n);
+
+}  // namespace hg

@@ -1,0 +1,451 @@
+// The primitive backend on the CPU: Eigen arrays over the flat contiguous data.
+// Arithmetic runs in F32 and F64; BF16/F16 appear only in fill and cast.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/half.hpp"
+#include "core/matmul_shape.hpp"
+
+namespace hg {
+namespace {
+
+template <class T> using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T> using VecMap = Eigen::Map<Vec<T>>;
+template <class T> using ConstVecMap = Eigen::Map<const Vec<T>>;
+template <class T> using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+void check_cpu_float(const Tensor& t, const char* op, const char* role) {
+  HG_CHECK(t.defined(), op, role, " is an undefined tensor");
+  HG_CHECK(t.device() == Device::CPU, op, role, " ", t.shape(), " is on ", device_name(t.device()),
+           ", expected cpu");
+  HG_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, op, role, " ", t.shape(), " has dtype ",
+           dtype_name(t.dtype()), ", arithmetic needs f32 or f64");
+}
+
+void check_same_dtype_as(const Tensor& t, const Tensor& ref, const char* op, const char* role) {
+  HG_CHECK(t.dtype() == ref.dtype(), op, role, " ", t.shape(), " has dtype ", dtype_name(t.dtype()),
+           ", expected ", dtype_name(ref.dtype()));
+}
+
+// ---------------------------------------------------------------- map
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(c (x + a x^3))), c = sqrt(2/pi).
+constexpr double kGeluC = 0.7978845608028654;
+constexpr double kGeluA = 0.044715;
+
+template <class T>
+T gelu_grad(T x) {
+  const T c = T(kGeluC), a = T(kGeluA);
+  const T t = std::tanh(c * (x + a * x * x * x));
+  const T sech2 = T(1) - t * t;
+  // Far in the tails sech2 is exactly 0 while x^2 may overflow: 0 * inf would be NaN.
+  if (sech2 == T(0)) return T(0.5) * (T(1) + t);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * sech2 * c * (T(1) + T(3) * a * x * x);
+}
+
+// Eigen 3.4's vectorised exp clamps its argument near -88.7, so exp(-inf)
+// comes out as ~3e-39 instead of 0 and masked softmax keys keep a weight.
+// Recompute the deep-negative tail with std::exp (rare, so the branch is cheap).
+template <class T>
+void exp_with_exact_underflow(const T* xp, T* yp, int64_t n) {
+  VecMap<T>(yp, n) = ConstVecMap<T>(xp, n).exp();
+  for (int64_t i = 0; i < n; ++i)
+    if (xp[i] < T(-80)) yp[i] = std::exp(xp[i]);
+}
+
+template <class T>
+void map_typed(UnaryOp op, const T* xp, T* yp, int64_t n) {
+  const ConstVecMap<T> x(xp, n);
+  VecMap<T> y(yp, n);
+  switch (op) {
+    case UnaryOp::Identity: y = x; return;
+    case UnaryOp::Neg: y = -x; return;
+    case UnaryOp::Exp: exp_with_exact_underflow(xp, yp, n); return;
+    case UnaryOp::Log: y = x.log(); return;
+    case UnaryOp::Sqrt: y = x.sqrt(); return;
+    case UnaryOp::Rsqrt: y = x.rsqrt(); return;
+    case UnaryOp::Reciprocal: y = x.inverse(); return;
+    case UnaryOp::Square: y = x.square(); return;
+    case UnaryOp::Abs: y = x.abs(); return;
+    case UnaryOp::Relu: y = x.max(T(0)); return;
+    case UnaryOp::ReluGrad: y = (x > T(0)).template cast<T>(); return;
+    case UnaryOp::Gelu:
+      y = T(0.5) * x * (T(1) + (T(kGeluC) * (x + T(kGeluA) * x.cube())).tanh());
+      return;
+    case UnaryOp::GeluGrad: y = x.unaryExpr([](T v) { return gelu_grad(v); }); return;
+    case UnaryOp::Tanh: y = x.tanh(); return;
+    // exp(-x) overflows to inf for very negative x, giving exactly 0: no NaN.
+    case UnaryOp::Sigmoid: y = T(1) / (T(1) + (-x).exp()); return;
+  }
+  fail("map", "unknown unary op ", static_cast<int>(op));
+}
+
+// ---------------------------------------------------------------- zip
+
+// One Eigen expression per op; a and b are any array expressions of equal length.
+template <class T, class A, class B>
+void zip_arrays(BinaryOp op, const A& a, const B& b, VecMap<T> out) {
+  switch (op) {
+    case BinaryOp::Add: out = a + b; return;
+    case BinaryOp::Sub: out = a - b; return;
+    case BinaryOp::Mul: out = a * b; return;
+    case BinaryOp::Div: out = a / b; return;
+    case BinaryOp::Max: out = a.max(b); return;
+    case BinaryOp::Min: out = a.min(b); return;
+    case BinaryOp::Pow: out = a.pow(b); return;
+    case BinaryOp::Eq: out = (a == b).template cast<T>(); return;
+    case BinaryOp::Gt: out = (a > b).template cast<T>(); return;
+  }
+  fail("zip", "unknown binary op ", static_cast<int>(op));
+}
+
+template <class T>
+T zip_scalar(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::Max: return std::max(a, b);
+    case BinaryOp::Min: return std::min(a, b);
+    case BinaryOp::Pow: return std::pow(a, b);
+    case BinaryOp::Eq: return a == b ? T(1) : T(0);
+    case BinaryOp::Gt: return a > b ? T(1) : T(0);
+  }
+  return T(0);
+}
+
+// True when `s` (ignoring leading 1s) equals the trailing dims of `full`,
+// i.e. a tensor of shape s repeats unchanged over full's leading rows.
+bool is_trailing_block(const Shape& s, const Shape& full) {
+  size_t first = 0;
+  while (first < s.size() && s[first] == 1) ++first;
+  const size_t len = s.size() - first;
+  if (len > full.size()) return false;
+  return std::equal(s.begin() + first, s.end(), full.end() - len);
+}
+
+// Strides (in elements) of `s` laid against the broadcast shape `out`: 0 on
+// dims that are broadcast (missing or of size 1).
+std::vector<int64_t> broadcast_strides(const Shape& s, const Shape& out) {
+  const Shape own = contiguous_strides(s);
+  std::vector<int64_t> strides(out.size(), 0);
+  const size_t lead = out.size() - s.size();
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] != 1) strides[lead + i] = own[i];
+  return strides;
+}
+
+// Any broadcast: walk the output row by row (its last dim), carrying an index
+// counter for the rest. Within a row each operand is contiguous (stride 1) or
+// one repeated value (stride 0), so every row is again one Eigen pass.
+template <class T>
+void zip_general(BinaryOp op, const T* a, const Shape& a_shape, const T* b, const Shape& b_shape, T* out,
+                 const Shape& out_shape) {
+  const int nd = static_cast<int>(out_shape.size());
+  const auto sa = broadcast_strides(a_shape, out_shape);
+  const auto sb = broadcast_strides(b_shape, out_shape);
+  const int64_t inner = out_shape[nd - 1];
+  const int64_t ia = sa[nd - 1], ib = sb[nd - 1];
+  const int64_t rows = shape_numel(out_shape) / inner;
+  std::vector<int64_t> index(nd, 0);
+  int64_t offset_a = 0, offset_b = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* ra = a + offset_a;
+    const T* rb = b + offset_b;
+    VecMap<T> row(out + r * inner, inner);
+    if (ia == 1 && ib == 1) zip_arrays<T>(op, ConstVecMap<T>(ra, inner), ConstVecMap<T>(rb, inner), row);
+    else if (ia == 1) zip_arrays<T>(op, ConstVecMap<T>(ra, inner), Vec<T>::Constant(inner, *rb), row);
+    else if (ib == 1) zip_arrays<T>(op, Vec<T>::Constant(inner, *ra), ConstVecMap<T>(rb, inner), row);
+    else row.setConstant(zip_scalar(op, *ra, *rb));
+    // advance the counter over dims nd-2 .. 0
+    for (int d = nd - 2; d >= 0; --d) {
+      ++index[d];
+      offset_a += sa[d];
+      offset_b += sb[d];
+      if (index[d] < out_shape[d]) break;
+      offset_a -= sa[d] * index[d];
+      offset_b -= sb[d] * index[d];
+      index[d] = 0;
+    }
+  }
+}
+
+template <class T>
+void zip_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  T* po = out.data<T>();
+  const Shape& os = out.shape();
+  if (a.numel() == n && b.numel() == n) {  // same shape (up to leading 1s)
+    zip_arrays<T>(op, ConstVecMap<T>(pa, n), ConstVecMap<T>(pb, n), VecMap<T>(po, n));
+  } else if (b.numel() == 1 && a.numel() == n) {
+    zip_arrays<T>(op, ConstVecMap<T>(pa, n), Vec<T>::Constant(n, pb[0]), VecMap<T>(po, n));
+  } else if (a.numel() == 1 && b.numel() == n) {
+    zip_arrays<T>(op, Vec<T>::Constant(n, pa[0]), ConstVecMap<T>(pb, n), VecMap<T>(po, n));
+  } else if (a.numel() == n && is_trailing_block(b.shape(), os)) {  // e.g. (N, D) + (D,)
+    const int64_t d = b.numel();
+    for (int64_t r = 0; r < n / d; ++r)
+      zip_arrays<T>(op, ConstVecMap<T>(pa + r * d, d), ConstVecMap<T>(pb, d), VecMap<T>(po + r * d, d));
+  } else if (b.numel() == n && is_trailing_block(a.shape(), os)) {  // e.g. (D,) - (N, D)
+    const int64_t d = a.numel();
+    for (int64_t r = 0; r < n / d; ++r)
+      zip_arrays<T>(op, ConstVecMap<T>(pa, d), ConstVecMap<T>(pb + r * d, d), VecMap<T>(po + r * d, d));
+  } else {
+    zip_general(op, pa, a.shape(), pb, b.shape(), po, os);
+  }
+}
+
+// ---------------------------------------------------------------- reduce
+
+// x viewed as (outer, len, inner). inner == 1 (the last dim) reduces each
+// contiguous run at once; otherwise rows of length inner are combined one
+// after another, so every pass reads memory in order. Sums accumulate in
+// double: a float32 running sum over a long slice with a large common offset
+// loses ~len*eps (measured 3e-4 relative for the mean of 65536 values near
+// 1e4, 1e-2 at 2^20), which would poison an unfused LayerNorm's mean.
+template <class T>
+void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len == 0) {  // only Sum gets here: an empty sum is 0
+    VecMap<T>(y, outer * inner).setZero();
+    return;
+  }
+  const bool is_sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
+  const double scale = op == ReduceOp::Mean ? 1.0 / static_cast<double>(len) : 1.0;
+  Vec<double> acc;  // per-column sums when inner > 1
+  for (int64_t o = 0; o < outer; ++o) {
+    const T* block = x + o * len * inner;
+    if (inner == 1) {
+      const ConstVecMap<T> run(block, len);
+      if (is_sum) y[o] = static_cast<T>(run.template cast<double>().sum() * scale);
+      else y[o] = op == ReduceOp::Max ? run.maxCoeff() : run.minCoeff();
+      continue;
+    }
+    VecMap<T> out(y + o * inner, inner);
+    if (is_sum) {
+      acc = ConstVecMap<T>(block, inner).template cast<double>();
+      for (int64_t l = 1; l < len; ++l) acc += ConstVecMap<T>(block + l * inner, inner).template cast<double>();
+      out = (acc * scale).template cast<T>();
+    } else {
+      out = ConstVecMap<T>(block, inner);
+      for (int64_t l = 1; l < len; ++l) {
+        const ConstVecMap<T> row(block + l * inner, inner);
+        if (op == ReduceOp::Max) out = out.max(row);
+        else out = out.min(row);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- matmul
+
+template <class T>
+void matmul_typed(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
+  using ConstMat = Eigen::Map<const RowMat<T>>;
+  const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
+  const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
+  for (int64_t i = 0; i < s.batch; ++i) {
+    const ConstMat A(a + i * s.m * s.k, a_rows, a_cols);
+    const ConstMat B(b + (s.b_shared ? 0 : i * s.k * s.n), b_rows, b_cols);
+    Eigen::Map<RowMat<T>> C(c + i * s.m * s.n, s.m, s.n);
+    // Always "+=" so both modes share one product kernel per transpose combination.
+    if (!accumulate) C.setZero();
+    if (!ta && !tb) C.noalias() += A * B;
+    else if (!ta && tb) C.noalias() += A * B.transpose();
+    else if (ta && !tb) C.noalias() += A.transpose() * B;
+    else C.noalias() += A.transpose() * B.transpose();
+  }
+}
+
+// ---------------------------------------------------------------- fill / cast
+
+double load_as_double(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F64: return static_cast<const double*>(p)[i];
+    case DType::BF16: return bf16_to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::F16: return half_to_float(static_cast<const f16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+// Narrowing to 16 bits goes through float (one extra rounding from F64; the
+// result can differ from a direct double->16-bit rounding only on exact ties).
+void store_from_double(DType t, void* p, int64_t i, double v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
+    case DType::F64: static_cast<double*>(p)[i] = v; return;
+    case DType::BF16: static_cast<bf16_t*>(p)[i] = float_to_bf16(static_cast<float>(v)); return;
+    case DType::F16: static_cast<f16_t*>(p)[i] = float_to_half(static_cast<float>(v)); return;
+  }
+}
+
+// ---------------------------------------------------------------- transpose
+
+// x viewed as (A, n0, M, n1, B) becomes (A, n1, M, n0, B); Elem is any
+// trivially copyable type of the element's size.
+template <class Elem>
+void transpose_typed(const Elem* x, Elem* y, int64_t A, int64_t n0, int64_t M, int64_t n1, int64_t B) {
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t i0 = 0; i0 < n0; ++i0)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t i1 = 0; i1 < n1; ++i1) {
+          const Elem* src = x + (((a * n0 + i0) * M + m) * n1 + i1) * B;
+          Elem* dst = y + (((a * n1 + i1) * M + m) * n0 + i0) * B;
+          std::copy(src, src + B, dst);
+        }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  void map(UnaryOp op, const Tensor& x, Tensor& out) override {
+    const char* name = unary_op_name(op);
+    check_cpu_float(x, name, "x");
+    check_cpu_float(out, name, "out");
+    check_same_dtype_as(out, x, name, "out");
+    HG_CHECK(out.shape() == x.shape(), name, "out shape ", out.shape(), " differs from x shape ", x.shape());
+    if (x.dtype() == DType::F32) map_typed(op, x.data<float>(), out.data<float>(), x.numel());
+    else map_typed(op, x.data<double>(), out.data<double>(), x.numel());
+  }
+
+  void zip(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
+    const char* name = binary_op_name(op);
+    check_cpu_float(a, name, "a");
+    check_cpu_float(b, name, "b");
+    check_cpu_float(out, name, "out");
+    check_same_dtype_as(b, a, name, "b");
+    check_same_dtype_as(out, a, name, "out");
+    const Shape expected = broadcast_shapes(a.shape(), b.shape(), name);
+    HG_CHECK(out.shape() == expected, name, "out shape ", out.shape(), " is not the broadcast shape ", expected,
+             " of a ", a.shape(), " and b ", b.shape());
+    if (a.dtype() == DType::F32) zip_typed<float>(op, a, b, out);
+    else zip_typed<double>(op, a, b, out);
+  }
+
+  void reduce(ReduceOp op, const Tensor& x, int dim, Tensor& out) override {
+    const char* name = reduce_op_name(op);
+    check_cpu_float(x, name, "x");
+    check_cpu_float(out, name, "out");
+    check_same_dtype_as(out, x, name, "out");
+    const int d = normalize_dim(dim, x.ndim(), name);
+    Shape expected = x.shape();
+    expected[d] = 1;
+    HG_CHECK(out.shape() == expected, name, "out shape ", out.shape(), " should be ", expected, " for x ",
+             x.shape(), " reduced over dim ", d);
+    const int64_t len = x.shape()[d];
+    HG_CHECK(len > 0 || op == ReduceOp::Sum, name, "cannot reduce an empty dim ", d, " of x ", x.shape());
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < d; ++i) outer *= x.shape()[i];
+    for (int i = d + 1; i < x.ndim(); ++i) inner *= x.shape()[i];
+    if (x.dtype() == DType::F32) reduce_typed(op, x.data<float>(), out.data<float>(), outer, len, inner);
+    else reduce_typed(op, x.data<double>(), out.data<double>(), outer, len, inner);
+  }
+
+  void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
+              bool accumulate) override {
+    check_cpu_float(a, "matmul", "a");
+    check_cpu_float(b, "matmul", "b");
+    check_cpu_float(out, "matmul", "out");
+    check_same_dtype_as(b, a, "matmul", "b");
+    check_same_dtype_as(out, a, "matmul", "out");
+    const MatmulShape s = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, "matmul");
+    HG_CHECK(out.shape() == s.out, "matmul", "out shape ", out.shape(), " should be ", s.out, " for a ",
+             a.shape(), " b ", b.shape());
+    if (a.dtype() == DType::F32)
+      matmul_typed(a.data<float>(), b.data<float>(), out.data<float>(), s, transpose_a, transpose_b, accumulate);
+    else
+      matmul_typed(a.data<double>(), b.data<double>(), out.data<double>(), s, transpose_a, transpose_b,
+                   accumulate);
+  }
+
+  void fill(Tensor& out, double value) override {
+    HG_CHECK(out.defined(), "fill", "out is an undefined tensor");
+    out.check_device(Device::CPU, "fill");
+    const int64_t n = out.numel();
+    void* p = out.raw_data();
+    switch (out.dtype()) {
+      case DType::F32: VecMap<float>(static_cast<float*>(p), n).setConstant(static_cast<float>(value)); return;
+      case DType::F64: VecMap<double>(static_cast<double*>(p), n).setConstant(value); return;
+      case DType::BF16:
+        std::fill_n(static_cast<bf16_t*>(p), n, float_to_bf16(static_cast<float>(value)));
+        return;
+      case DType::F16:
+        std::fill_n(static_cast<f16_t*>(p), n, float_to_half(static_cast<float>(value)));
+        return;
+    }
+  }
+
+  void cast(const Tensor& src, Tensor& out) override {
+    HG_CHECK(src.defined() && out.defined(), "cast", "undefined tensor");
+    src.check_device(Device::CPU, "cast");
+    out.check_device(Device::CPU, "cast");
+    HG_CHECK(src.numel() == out.numel(), "cast", "src ", src.shape(), " and out ", out.shape(),
+             " differ in element count");
+    const int64_t n = src.numel();
+    if (src.dtype() == out.dtype()) {
+      if (src.raw_data() != out.raw_data()) std::memcpy(out.raw_data(), src.raw_data(), src.nbytes());
+    } else if (src.dtype() == DType::F32 && out.dtype() == DType::F64) {
+      VecMap<double>(out.data<double>(), n) = ConstVecMap<float>(src.data<float>(), n).cast<double>();
+    } else if (src.dtype() == DType::F64 && out.dtype() == DType::F32) {
+      VecMap<float>(out.data<float>(), n) = ConstVecMap<double>(src.data<double>(), n).cast<float>();
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        store_from_double(out.dtype(), out.raw_data(), i, load_as_double(src.dtype(), src.raw_data(), i));
+    }
+  }
+
+  void transpose(const Tensor& x, int dim0, int dim1, Tensor& out) override {
+    HG_CHECK(x.defined() && out.defined(), "transpose", "undefined tensor");
+    x.check_device(Device::CPU, "transpose");
+    out.check_device(Device::CPU, "transpose");
+    HG_CHECK(out.dtype() == x.dtype(), "transpose", "out dtype ", dtype_name(out.dtype()), " differs from x ",
+             dtype_name(x.dtype()));
+    const int d0 = std::min(normalize_dim(dim0, x.ndim(), "transpose"), normalize_dim(dim1, x.ndim(), "transpose"));
+    const int d1 = std::max(normalize_dim(dim0, x.ndim(), "transpose"), normalize_dim(dim1, x.ndim(), "transpose"));
+    Shape expected = x.shape();
+    std::swap(expected[d0], expected[d1]);
+    HG_CHECK(out.shape() == expected, "transpose", "out shape ", out.shape(), " should be ", expected, " for x ",
+             x.shape(), " with dims ", d0, " and ", d1, " swapped");
+    if (x.numel() == 0) return;
+    if (d0 == d1 || x.shape()[d0] == 1 || x.shape()[d1] == 1) {  // same memory order: a plain copy
+      if (out.raw_data() != x.raw_data()) std::memcpy(out.raw_data(), x.raw_data(), x.nbytes());
+      return;
+    }
+    const Shape& s = x.shape();
+    int64_t A = 1, M = 1, B = 1;
+    for (int i = 0; i < d0; ++i) A *= s[i];
+    for (int i = d0 + 1; i < d1; ++i) M *= s[i];
+    for (int i = d1 + 1; i < x.ndim(); ++i) B *= s[i];
+    const int64_t n0 = s[d0], n1 = s[d1];
+    switch (dtype_size(x.dtype())) {
+      case 2:
+        transpose_typed(static_cast<const uint16_t*>(x.raw_data()), static_cast<uint16_t*>(out.raw_data()), A, n0,
+                        M, n1, B);
+        return;
+      case 4:
+        transpose_typed(static_cast<const uint32_t*>(x.raw_data()), static_cast<uint32_t*>(out.raw_data()), A, n0,
+                        M, n1, B);
+        return;
+      case 8:
+        transpose_typed(static_cast<const uint64_t*>(x.raw_data()), static_cast<uint64_t*>(out.raw_data()), A, n0,
+                        M, n1, B);
+        return;
+    }
+    fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));
+  }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace hg

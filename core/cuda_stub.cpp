@@ -1,0 +1,52 @@
+// The GPU API for builds without CUDA: queries answer "no GPU", everything
+// else throws hg::Error naming the call, so a CPU-only build links and fails
+// loudly (never silently) if a CUDA path is reached.
+#ifndef HG_WITH_CUDA
+
+#include "core/backend.hpp"
+#include "core/cuda_runtime.hpp"
+#include "core/error.hpp"
+#include "cuda/optim_kernels.hpp"
+
+namespace hg {
+namespace {
+[[noreturn]] void no_cuda(const char* fn) { fail(fn, "handgrad was built without CUDA"); }
+}  // namespace
+
+Backend& cuda_backend() { no_cuda("cuda_backend"); }
+
+namespace gpu {
+
+bool built_with_cuda() { return false; }
+int device_count() { return 0; }
+MemoryStats memory_stats() { return MemoryStats{}; }
+
+void* allocate(size_t) { no_cuda("gpu::allocate"); }
+void release(void* ptr) {
+  if (ptr != nullptr) no_cuda("gpu::release");  // nullptr: nothing to give back, as with CUDA
+}
+void reset_peak_memory() { no_cuda("gpu::reset_peak_memory"); }
+void empty_cache() { no_cuda("gpu::empty_cache"); }
+void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda("gpu::copy_bytes"); }
+void synchronize() { no_cuda("gpu::synchronize"); }
+
+Timer::Timer() { no_cuda("gpu::Timer"); }
+Timer::~Timer() = default;
+void Timer::start() { no_cuda("gpu::Timer::start"); }
+float Timer::stop_ms() { no_cuda("gpu::Timer::stop_ms"); }
+
+int sm_count() { no_cuda("gpu::sm_count"); }
+const char* device_name() { no_cuda("gpu::device_name"); }
+
+void sgd_step(float*, const float*, float*, int64_t, float, float, float) { no_cuda("gpu::sgd_step"); }
+void adamw_step(float*, const float*, float*, float*, int64_t, float, float, float, float, float, float,
+                float) {
+  no_cuda("gpu::adamw_step");
+}
+double sum_of_squares(const float*, int64_t) { no_cuda("gpu::sum_of_squares"); }
+void scale_inplace(float*, int64_t, float) { no_cuda("gpu::scale_inplace"); }
+
+}  // namespace gpu
+}  // namespace hg
+
+#endif  // HG_WITH_CUDA

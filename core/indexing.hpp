@@ -1,0 +1,25 @@
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.hpp"
+
+// Row gather and its backward, the primitives under Embedding. Token ids are
+// a Tensor of integer values stored as F32 (exact below 2^24), on the same
+// device as the table, so a batch of ids moves to the GPU once per step.
+namespace hg {
+
+// Copies ids to the host and checks that every value is an integer in
+// [0, limit); throws hg::Error naming `op` and the first bad value otherwise.
+std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* op);
+
+// out[i, :] = table[ids[i], :]. table (V, D) F32/F64; ids F32 of any shape;
+// out has shape ids.shape + (D,), table's dtype and device.
+Tensor gather_rows(const Tensor& table, const Tensor& ids);
+
+// grad_table[ids[i], :] += grad[i, :] for every i, in increasing i for each
+// row (deterministic on every device: no float atomics). grad has shape
+// ids.shape + (D,); grad_table (V, D) is accumulated into in place.
+void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table);
+
+}  // namespace hg

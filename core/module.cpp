@@ -1,0 +1,163 @@
+#include "core/module.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/checkpoint.hpp"
+
+namespace hg {
+
+// ---- the tree ----
+
+Parameter& Module::register_parameter(const std::string& name, Parameter& p, Tensor init) {
+  init.check_defined("Module::register_parameter");
+  for (const auto& entry : params_)
+    if (entry.first == name) fail("Module::register_parameter", "parameter '", name, "' registered twice");
+  p.value = std::move(init);
+  p.grad = Tensor::zeros(p.value.shape(), p.value.dtype(), p.value.device());
+  params_.emplace_back(name, &p);
+  return p;
+}
+
+void Module::register_module(const std::string& name, Module& child) {
+  for (const auto& entry : children_)
+    if (entry.first == name) fail("Module::register_module", "child module '", name, "' registered twice");
+  if (&child == this) fail("Module::register_module", "module '", name, "' cannot be its own child");
+  children_.emplace_back(name, &child);
+}
+
+void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out) {
+  for (auto& [name, p] : params_) out.emplace_back(prefix + name, p);
+  for (auto& [name, child] : children_) child->collect(prefix + name + ".", out);
+}
+
+std::vector<std::pair<std::string, Parameter*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  collect("", out);
+  return out;
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& entry : named_parameters()) out.push_back(entry.second);
+  return out;
+}
+
+int64_t Module::num_parameters() {
+  int64_t n = 0;
+  for (Parameter* p : parameters()) n += p->value.numel();
+  return n;
+}
+
+void Module::zero_grad() {
+  for (Parameter* p : parameters()) p->grad.fill_(0.0);
+}
+
+void Module::to(Device device) {
+  for (auto& entry : params_) {
+    entry.second->value = entry.second->value.to(device);
+    entry.second->grad = entry.second->grad.to(device);
+  }
+  on_device_change(device);
+  for (auto& entry : children_) entry.second->to(device);
+}
+
+void Module::to(DType dtype) {
+  for (Parameter* p : parameters()) {
+    p->value = p->value.to(dtype);
+    p->grad = p->grad.to(dtype);
+  }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& entry : children_) entry.second->train(on);
+}
+
+// ---- checkpoints ----
+// The format lives in core/checkpoint.cpp; here: durable writing, and
+// matching the file's records against this module before touching any value.
+
+namespace {
+
+void write_file_durably(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("Module::save", "cannot open '", tmp, "': ", std::strerror(errno));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("Module::save", "write to '", tmp, "' failed: ", std::strerror(err));
+    }
+    written += static_cast<size_t>(n);
+  }
+  // fsync before rename: otherwise a crash could leave the new name pointing at unwritten data.
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail("Module::save", "fsync of '", tmp, "' failed: ", std::strerror(err));
+  }
+  if (::close(fd) != 0) fail("Module::save", "close of '", tmp, "' failed: ", std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail("Module::save", "rename '", tmp, "' -> '", path, "' failed: ", std::strerror(errno));
+}
+
+}  // namespace
+
+void Module::save(const std::string& path) {
+  std::vector<CheckpointRecord> records;
+  for (const auto& [name, p] : named_parameters()) records.push_back({name, p->value});
+  write_file_durably(path, serialize_checkpoint(records));
+}
+
+void Module::load(const std::string& path) {
+  // A directory opens as a stream whose size reads as ~2^63: check before allocating.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) fail("Module::load", "'", path, "' does not exist or is not a regular file");
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) fail("Module::load", "cannot open '", path, "'");
+  const std::streamoff size = f.tellg();
+  if (size < 0) fail("Module::load", "cannot determine the size of '", path, "'");
+  std::string bytes(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  f.read(&bytes[0], size);
+  if (f.gcount() != size) fail("Module::load", "short read of '", path, "'");
+
+  std::map<std::string, Tensor> entries;
+  for (CheckpointRecord& r : parse_checkpoint(bytes, path)) entries.emplace(std::move(r.name), std::move(r.value));
+
+  // Verify every parameter against the file before writing any of them.
+  const auto named = named_parameters();
+  std::map<std::string, Parameter*> by_name(named.begin(), named.end());
+  for (const auto& entry : entries)
+    if (!by_name.count(entry.first))
+      fail("Module::load", path, ": tensor '", entry.first, "' in the file is not a parameter of the module (file has ",
+           entries.size(), " tensors, module has ", named.size(), " parameters)");
+  for (const auto& [name, p] : named) {
+    const auto it = entries.find(name);
+    if (it == entries.end())
+      fail("Module::load", path, ": parameter '", name, "' missing from the file (file has ", entries.size(),
+           " tensors, module has ", named.size(), " parameters)");
+    const Tensor& e = it->second;
+    if (e.dtype() != p->value.dtype())
+      fail("Module::load", path, ": '", name, "' is ", dtype_name(e.dtype()), " in the file but ",
+           dtype_name(p->value.dtype()), " in the module");
+    if (e.shape() != p->value.shape())
+      fail("Module::load", path, ": '", name, "' has shape ", e.shape(), " in the file but ", p->value.shape(),
+           " in the module");
+  }
+  for (const auto& [name, p] : named) p->value.copy_(entries.at(name));
+}
+
+}  // namespace hg

@@ -1,0 +1,282 @@
+// The CUDA runtime behind core/cuda_runtime.hpp: the one stream, checked
+// errors, the caching allocator, copies, timing, device facts and the cuBLAS
+// handle. Long-lived objects (stream, allocator, handle) are created on first
+// use and deliberately never destroyed: tensors held in static storage may be
+// released after main() returns, and the driver reclaims everything at exit.
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
+#include "core/cuda_runtime.hpp"
+#include "core/error.hpp"
+#include "cuda/cublas_handle.hpp"
+#include "cuda/cuda_check.hpp"
+
+namespace hg::gpu {
+
+bool built_with_cuda() { return true; }
+
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* what, const char* file, int line) {
+  // Clear the (non-sticky) error so the next HG_CUDA_CHECK_LAUNCH does not
+  // report it a second time.
+  cudaGetLastError();
+  std::ostringstream os;
+  os << what << " failed at " << file << ":" << line << ": " << cudaGetErrorName(err) << ": "
+     << cudaGetErrorString(err);
+  throw Error(os.str());
+}
+
+cudaStream_t stream() {
+  // Non-blocking: it does not synchronise with the legacy default stream, so
+  // third-party work there cannot stall handgrad (and vice versa).
+  static cudaStream_t s = [] {
+    cudaStream_t created = nullptr;
+    HG_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    return created;
+  }();
+  return s;
+}
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver / no GPU: clear the error, report none
+    return 0;
+  }
+  return n;
+}
+
+// ---- caching allocator ------------------------------------------------------
+//
+// Why reuse is safe without events: every handgrad kernel, copy and cuBLAS
+// call runs on the one stream, in issue order. When a tensor is released its
+// last uses are already queued on that stream; any later user of the same
+// block queues its work after them, so the stream finishes the old reads and
+// writes before the new ones start. A freed block can therefore be handed out
+// again at once. (Work on any other stream would break this argument.)
+namespace {
+
+constexpr size_t kSmallRound = 512;             // granularity below 1 MiB
+constexpr size_t kLargeThreshold = size_t(1) << 20;
+constexpr size_t kLargeRound = size_t(2) << 20;  // 2 MiB chunks above
+
+size_t round_size(size_t bytes) {
+  if (bytes == 0) bytes = 1;  // a zero-byte tensor still gets a distinct, valid pointer
+  const size_t unit = bytes < kLargeThreshold ? kSmallRound : kLargeRound;
+  return (bytes + unit - 1) / unit * unit;
+}
+
+// Stats count whole blocks (the rounded size), so in_use can exceed the sum
+// of the tensors' nbytes by the rounding.
+class CachingAllocator {
+ public:
+  void* allocate(size_t bytes) {
+    const size_t size = round_size(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Smallest cached block that fits; reused only if it wastes at most half
+    // of itself, so a huge block is not pinned by a tiny tensor.
+    auto it = free_.lower_bound(size);
+    if (it != free_.end() && it->first <= 2 * size) {
+      void* ptr = it->second;
+      const size_t block = it->first;
+      free_.erase(it);
+      hand_out(ptr, block);
+      return ptr;
+    }
+    void* ptr = nullptr;
+    cudaError_t err = cudaMalloc(&ptr, size);
+    if (err != cudaSuccess) {
+      // Out of memory (or fragmented): give the cache back and try once more.
+      cudaGetLastError();
+      free_cached_locked();
+      err = cudaMalloc(&ptr, size);
+    }
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      std::ostringstream os;
+      os << "gpu::allocate: cudaMalloc of " << size << " bytes failed: " << cudaGetErrorName(err)
+         << ": " << cudaGetErrorString(err) << " (in use " << stats_.in_use << " bytes, reserved "
+         << stats_.reserved << " bytes)";
+      throw Error(os.str());
+    }
+    stats_.reserved += size;
+    stats_.device_mallocs += 1;
+    hand_out(ptr, size);
+    return ptr;
+  }
+
+  // Never throws: it runs from Storage's destructor.
+  void release(void* ptr) noexcept {
+    if (ptr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(ptr);
+    if (it == live_.end()) {
+      // Not ours (or released twice): a bug elsewhere, but not worth aborting over.
+      unknown_releases_ += 1;
+      return;
+    }
+    const size_t block = it->second;
+    live_.erase(it);
+    stats_.in_use -= block;
+    free_.emplace(block, ptr);
+  }
+
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.peak_in_use = stats_.in_use;
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_cached_locked();
+  }
+
+ private:
+  void hand_out(void* ptr, size_t block) {
+    live_.emplace(ptr, block);
+    stats_.in_use += block;
+    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
+  }
+
+  void free_cached_locked() {
+    if (free_.empty()) return;
+    // Cached blocks may still be read by queued work; let it finish first.
+    HG_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    while (!free_.empty()) {
+      auto it = free_.begin();
+      HG_CUDA_CHECK(cudaFree(it->second));
+      stats_.reserved -= it->first;
+      free_.erase(it);
+    }
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;       // block size -> cached block
+  std::unordered_map<void*, size_t> live_;  // handed-out block -> its size
+  MemoryStats stats_;
+  int64_t unknown_releases_ = 0;
+};
+
+CachingAllocator& allocator() {
+  static CachingAllocator* a = new CachingAllocator();  // never destroyed, see top of file
+  return *a;
+}
+
+}  // namespace
+
+void* allocate(size_t bytes) { return allocator().allocate(bytes); }
+void release(void* ptr) { allocator().release(ptr); }
+MemoryStats memory_stats() { return allocator().stats(); }
+void reset_peak_memory() { allocator().reset_peak(); }
+void empty_cache() { allocator().empty_cache(); }
+
+// ---- copies -----------------------------------------------------------------
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst == nullptr || src == nullptr)
+    fail("gpu::copy_bytes", "null pointer for a copy of ", bytes, " bytes (dst ", dst, ", src ", src, ")");
+  if (dst_device == Device::CPU && src_device == Device::CPU) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+  if (dst_device == Device::CPU) kind = cudaMemcpyDeviceToHost;
+  if (src_device == Device::CPU) kind = cudaMemcpyHostToDevice;
+  HG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
+  // Host memory may be pageable and may be reused by the caller right after
+  // we return, so every copy completes before returning.
+  HG_CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void synchronize() { HG_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+// ---- timing -----------------------------------------------------------------
+
+Timer::Timer() {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  HG_CUDA_CHECK(cudaEventCreate(&start));
+  const cudaError_t err = cudaEventCreate(&stop);
+  if (err != cudaSuccess) {
+    cudaEventDestroy(start);
+    throw_cuda_error(err, "cudaEventCreate(&stop)", __FILE__, __LINE__);
+  }
+  start_ = start;
+  stop_ = stop;
+}
+
+Timer::~Timer() {
+  // Destructors must not throw; a failure here only leaks an event.
+  if (start_) cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  if (stop_) cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void Timer::start() { HG_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_), stream())); }
+
+float Timer::stop_ms() {
+  auto stop = static_cast<cudaEvent_t>(stop_);
+  HG_CUDA_CHECK(cudaEventRecord(stop, stream()));
+  HG_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  HG_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), stop));
+  return ms;
+}
+
+// ---- device facts -------------------------------------------------------------
+
+namespace {
+int current_device() {
+  int device = 0;
+  HG_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+}  // namespace
+
+int sm_count() {
+  static const int count = [] {
+    int n = 0;
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, current_device()));
+    return n;
+  }();
+  return count;
+}
+
+const char* device_name() {
+  static const std::string name = [] {
+    cudaDeviceProp prop{};
+    HG_CUDA_CHECK(cudaGetDeviceProperties(&prop, current_device()));
+    return std::string(prop.name);
+  }();
+  return name.c_str();
+}
+
+// ---- cuBLAS -------------------------------------------------------------------
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* what, const char* file, int line) {
+  std::ostringstream os;
+  os << what << " failed at " << file << ":" << line << ": " << cublasGetStatusName(status) << ": "
+     << cublasGetStatusString(status);
+  throw Error(os.str());
+}
+
+cublasHandle_t cublas_handle() {
+  static cublasHandle_t handle = [] {
+    cublasHandle_t h = nullptr;
+    HG_CUBLAS_CHECK(cublasCreate(&h));
+    HG_CUBLAS_CHECK(cublasSetStream(h, stream()));
+    HG_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    HG_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
+    return h;
+  }();
+  return handle;
+}
+
+}  // namespace hg::gpu

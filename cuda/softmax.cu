@@ -1,0 +1,596 @@
+// Fused attention softmax: one forward kernel, one backward kernel per call.
+// Thread mapping, numerics and byte counts: docs/softmax.md, "Fused GPU kernels".
+//
+// Three layouts, picked on the host from Tk, dtype and alignment:
+//  - lane team: TPR (8/16/32) lanes of one warp own a row, held in registers;
+//    reductions are warp shuffles, several rows per block (Tk <= ~1024);
+//  - block team: a whole block owns a row, held in registers, reductions
+//    through shared memory (Tk <= 16384);
+//  - streaming: a block loops over a row of any length in chunks (online
+//    max/sum forward, two-pass backward).
+// Every layout reads W elements per access: 16 bytes (float4 / 8 x bf16) when
+// Tk and the pointers allow it, one element otherwise.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/error.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/reduce.cuh"
+#include "cuda/softmax_kernels.hpp"
+#include "ops/softmax.hpp"  // kSoftmaxMaskThreshold: one definition for every path
+
+namespace hg::gpu {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kLaneTeamBlock = 128;   // threads per block in the lane-team layout
+constexpr int kMaxBlock = 1024;       // block-team and streaming layouts
+// Elements per thread in the block-team layout: the row lives in registers,
+// capped at 64 per thread by __launch_bounds__(1024). The scalar backward
+// (two arrays, per-element addresses) spills at 16, so it holds 8.
+constexpr int kForwardBlockElems = 16;
+constexpr int kBackwardBlockElems = 16;
+constexpr int kBackwardScalarBlockElems = 8;
+constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
+
+// ---- numerics -----------------------------------------------------------------
+
+// max that returns NaN when either input is NaN (fmaxf would drop it and hide
+// a NaN row behind a finite answer).
+__device__ __forceinline__ float max_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+#endif
+}
+
+// What a mask value adds to z: itself, or -inf at or below the threshold.
+// Subtracting inf (rather than returning -inf) keeps a NaN mask value NaN,
+// exactly as the CPU path does.
+__device__ __forceinline__ float additive_mask(float m) { return m > kMaskThreshold ? m : m - INFINITY; }
+
+// ---- 16-byte and scalar access ---------------------------------------------------
+
+template <class T> struct VecWidth;
+template <> struct VecWidth<float> { static constexpr int value = 4; };  // float4
+template <> struct VecWidth<bf16> { static constexpr int value = 8; };   // 8 x bf16 = 16 bytes
+
+template <int W>
+__device__ __forceinline__ void load(const float* __restrict__ p, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = __ldg(p);
+  } else {
+    static_assert(W % 4 == 0, "float access is 1 or a multiple of 4 wide");
+#pragma unroll
+    for (int c = 0; c < W / 4; ++c) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(p) + c);
+      v[4 * c + 0] = a.x;
+      v[4 * c + 1] = a.y;
+      v[4 * c + 2] = a.z;
+      v[4 * c + 3] = a.w;
+    }
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void load(const bf16* __restrict__ p, float (&v)[W]) {
+  if constexpr (W == 1) {
+    v[0] = __bfloat162float(__ldg(p));
+  } else {
+    static_assert(W % 8 == 0, "bf16 access is 1 or a multiple of 8 wide");
+#pragma unroll
+    for (int c = 0; c < W / 8; ++c) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + c);
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const float2 f = __bfloat1622float2(pairs[t]);
+        v[8 * c + 2 * t] = f.x;
+        v[8 * c + 2 * t + 1] = f.y;
+      }
+    }
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store(float* __restrict__ p, const float (&v)[W]) {
+  if constexpr (W == 1) {
+    p[0] = v[0];
+  } else {
+#pragma unroll
+    for (int c = 0; c < W / 4; ++c)
+      reinterpret_cast<float4*>(p)[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void store(bf16* __restrict__ p, const float (&v)[W]) {
+  if constexpr (W == 1) {
+    p[0] = __float2bfloat16_rn(v[0]);
+  } else {
+#pragma unroll
+    for (int c = 0; c < W / 8; ++c) {
+      alignas(16) __nv_bfloat162 pairs[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) pairs[t] = __floats2bfloat162_rn(v[8 * c + 2 * t], v[8 * c + 2 * t + 1]);
+      reinterpret_cast<uint4*>(p)[c] = *reinterpret_cast<const uint4*>(pairs);
+    }
+  }
+}
+
+// ---- who owns a row ---------------------------------------------------------------
+
+// TPR consecutive lanes of a warp own one row. Shuffles with xor offsets below
+// TPR stay inside the team; all 32 lanes always take part (no early exit).
+template <int TPR>
+struct LaneTeam {
+  static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "TPR is a power of two <= 32");
+  __device__ int rank() const { return threadIdx.x % TPR; }
+  __device__ int size() const { return TPR; }
+  __device__ int slot() const { return threadIdx.x / TPR; }  // which of the block's rows
+  __device__ int rows_per_block() const { return blockDim.x / TPR; }
+  __device__ float max(float v) const {
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+  }
+  __device__ float sum(float v) const {
+#pragma unroll
+    for (int off = TPR / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+  }
+};
+
+struct WarpMaxNan {
+  __device__ float operator()(float v) const { return LaneTeam<32>{}.max(v); }
+};
+
+// The whole block owns one row; `scratch` holds one float per warp.
+struct BlockTeam {
+  float* scratch;
+  __device__ int rank() const { return threadIdx.x; }
+  __device__ int size() const { return blockDim.x; }
+  __device__ int slot() const { return 0; }
+  __device__ int rows_per_block() const { return 1; }
+  __device__ float max(float v) const { return block_reduce(v, scratch, WarpMaxNan{}, -INFINITY); }
+  __device__ float sum(float v) const { return block_sum(v, scratch); }
+};
+
+// ---- forward --------------------------------------------------------------------
+
+template <class T>
+struct ForwardArgs {
+  const T* x;
+  T* y;
+  const float* mask;  // null: no mask
+  int64_t rows, tk, tq, rows_per_batch;  // rows_per_batch = heads * tq
+  int64_t mask_batch_stride, mask_query_stride;
+  float scale;
+  bool causal;
+  bool index32;  // row coordinates fit 32-bit division (much cheaper than 64-bit)
+};
+
+// The part of a row's setup that depends on its (batch, query) coordinates.
+struct RowSpan {
+  const float* mask;  // this row's mask, or null
+  int64_t visible;    // keys [0, visible) can be seen; the rest are masked without a load
+};
+
+template <class T>
+__device__ __forceinline__ RowSpan row_span(const ForwardArgs<T>& a, int64_t row) {
+  RowSpan s{nullptr, a.tk};
+  if (a.mask == nullptr && !a.causal) return s;
+  int64_t b, q;
+  if (a.index32) {
+    const uint32_t r = static_cast<uint32_t>(row);
+    b = r / static_cast<uint32_t>(a.rows_per_batch);
+    q = r % static_cast<uint32_t>(a.tq);
+  } else {
+    b = row / a.rows_per_batch;
+    q = row % a.tq;
+  }
+  if (a.mask != nullptr) s.mask = a.mask + b * a.mask_batch_stride + q * a.mask_query_stride;
+  if (a.causal) {
+    const int64_t n = q + a.tk - a.tq + 1;  // keys k <= q + (tk - tq)
+    s.visible = n < 0 ? 0 : (n > a.tk ? a.tk : n);
+  }
+  return s;
+}
+
+// z for the W keys starting at k0 (all < tk): scale * x + mask, -inf past `visible`.
+template <class T, int W>
+__device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int64_t k0, float scale,
+                                       float (&z)[W]) {
+  load<W>(x_row + k0, z);
+  if (span.mask != nullptr) {
+    float m[W];
+    load<W>(span.mask + k0, m);
+    // _rn: no fused multiply-add, so z rounds exactly as the CPU path's z.
+#pragma unroll
+    for (int j = 0; j < W; ++j) z[j] = __fadd_rn(__fmul_rn(scale, z[j]), additive_mask(m[j]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) z[j] = __fmul_rn(scale, z[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < W; ++j)
+    if (k0 + j >= span.visible) z[j] = -INFINITY;  // only the chunk that straddles the diagonal
+}
+
+// The row max becomes the exp shift. A fully masked row (max = -inf) shifts by
+// 0 instead, so exp(-inf - 0) = 0, its sum is 0 and 1/sum is replaced by 0:
+// zeros, not (-inf) - (-inf) = NaN. A NaN max leaves everything NaN.
+struct Normaliser {
+  float shift;
+  bool all_masked;
+  __device__ explicit Normaliser(float row_max)
+      : shift(row_max == -INFINITY ? 0.0f : row_max), all_masked(row_max == -INFINITY) {}
+  __device__ float inverse(float row_sum) const { return all_masked ? 0.0f : 1.0f / row_sum; }
+};
+
+// Row held in registers: chunk i of a thread covers keys [(rank + i * size) * W, +W).
+// Requires tk <= size * N * W and, for W > 1, tk % W == 0 (chunks never straddle tk).
+template <class T, int W, int N, class Team>
+__device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& a, const Team& team) {
+  const int64_t rows_per_block = team.rows_per_block();
+  for (int64_t base = blockIdx.x * rows_per_block; base < a.rows; base += gridDim.x * rows_per_block) {
+    const int64_t row = base + team.slot();
+    const bool valid = row < a.rows;  // false only for spare teams of the last block
+    const RowSpan span = valid ? row_span(a, row) : RowSpan{nullptr, 0};
+    const T* x_row = a.x + row * a.tk;
+
+    float v[N][W];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
+      if (k0 < span.visible) {
+        load_z<T, W>(x_row, span, k0, a.scale, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;  // masked or past the row: no load
+      }
+    }
+
+    float row_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int j = 0; j < W; ++j) row_max = max_nan(row_max, v[i][j]);
+    const Normaliser norm(team.max(row_max));
+
+    float row_sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        v[i][j] = expf(v[i][j] - norm.shift);
+        row_sum += v[i][j];
+      }
+    const float inv = norm.inverse(team.sum(row_sum));
+
+    if (!valid) continue;
+    T* y_row = a.y + row * a.tk;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
+      if (k0 < a.tk) {
+#pragma unroll
+        for (int j = 0; j < W; ++j) v[i][j] *= inv;
+        store<W>(y_row + k0, v[i]);
+      }
+    }
+  }
+}
+
+template <class T, int TPR, int W, int N>
+__global__ void __launch_bounds__(kLaneTeamBlock) softmax_forward_lanes_kernel(ForwardArgs<T> a) {
+  forward_rows_in_registers<T, W, N>(a, LaneTeam<TPR>{});
+}
+
+template <class T, int W, int N>
+__global__ void __launch_bounds__(kMaxBlock) softmax_forward_block_kernel(ForwardArgs<T> a) {
+  __shared__ float scratch[32];
+  forward_rows_in_registers<T, W, N>(a, BlockTeam{scratch});
+}
+
+// Rows of any length: pass 1 keeps a running (max m, sum s of exp(z - m)) per
+// thread, rescaling s when m grows; the block merges them; pass 2 re-reads
+// x and writes y. Bytes: 2 reads + 1 write of the row.
+template <class T, int W>
+__global__ void __launch_bounds__(kMaxBlock) softmax_forward_streaming_kernel(ForwardArgs<T> a) {
+  __shared__ float scratch[32];
+  const BlockTeam team{scratch};
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * W;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const RowSpan span = row_span(a, row);
+    const T* x_row = a.x + row * a.tk;
+
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * W; k0 < span.visible; k0 += stride) {
+      float z[W];
+      load_z<T, W>(x_row, span, k0, a.scale, z);
+      float chunk_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < W; ++j) chunk_max = max_nan(chunk_max, z[j]);
+      const float new_m = max_nan(m, chunk_max);
+      if (new_m == -INFINITY) continue;  // everything so far masked: s stays 0
+      float chunk_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < W; ++j) chunk_sum += expf(z[j] - new_m);
+      s = s * expf(m - new_m) + chunk_sum;  // m = -inf gives s * 0 = 0
+      m = new_m;
+    }
+    const float row_max = team.max(m);
+    const Normaliser norm(row_max);
+    // A thread that saw only masked keys (m = -inf) adds nothing; with a NaN
+    // row max, expf(m - NaN) = NaN carries the NaN into the sum.
+    const float part = m == -INFINITY ? 0.0f : s * expf(m - norm.shift);
+    const float inv = norm.inverse(team.sum(part));
+
+    T* y_row = a.y + row * a.tk;
+    for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * W; k0 < a.tk; k0 += stride) {
+      float z[W];
+      if (k0 < span.visible) {
+        load_z<T, W>(x_row, span, k0, a.scale, z);
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) z[j] = -INFINITY;
+      }
+#pragma unroll
+      for (int j = 0; j < W; ++j) z[j] = expf(z[j] - norm.shift) * inv;
+      store<W>(y_row + k0, z);
+    }
+  }
+}
+
+// ---- backward -------------------------------------------------------------------
+
+template <class T>
+struct BackwardArgs {
+  const T* dy;
+  const T* y;
+  T* dx;
+  int64_t rows, tk;
+  float scale;
+};
+
+template <class T, int W, int N, class Team>
+__device__ __forceinline__ void backward_rows_in_registers(const BackwardArgs<T>& a, const Team& team) {
+  const int64_t rows_per_block = team.rows_per_block();
+  for (int64_t base = blockIdx.x * rows_per_block; base < a.rows; base += gridDim.x * rows_per_block) {
+    const int64_t row = base + team.slot();
+    const int64_t tk = row < a.rows ? a.tk : 0;  // spare teams load and store nothing
+    const int64_t offset = row * a.tk;
+
+    float yv[N][W], gv[N][W];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
+      if (k0 < tk) {
+        load<W>(a.y + offset + k0, yv[i]);
+        load<W>(a.dy + offset + k0, gv[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < W; ++j) yv[i][j] = gv[i][j] = 0.0f;
+      }
+    }
+
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int j = 0; j < W; ++j) dot += yv[i][j] * gv[i][j];
+    dot = team.sum(dot);
+
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
+      if (k0 < tk) {
+#pragma unroll
+        for (int j = 0; j < W; ++j) gv[i][j] = a.scale * yv[i][j] * (gv[i][j] - dot);
+        store<W>(a.dx + offset + k0, gv[i]);
+      }
+    }
+  }
+}
+
+template <class T, int TPR, int W, int N>
+__global__ void __launch_bounds__(kLaneTeamBlock) softmax_backward_lanes_kernel(BackwardArgs<T> a) {
+  backward_rows_in_registers<T, W, N>(a, LaneTeam<TPR>{});
+}
+
+template <class T, int W, int N>
+__global__ void __launch_bounds__(kMaxBlock) softmax_backward_block_kernel(BackwardArgs<T> a) {
+  __shared__ float scratch[32];
+  backward_rows_in_registers<T, W, N>(a, BlockTeam{scratch});
+}
+
+// Rows of any length: pass 1 computes sum(dy * y), pass 2 re-reads and writes dx.
+template <class T, int W>
+__global__ void __launch_bounds__(kMaxBlock) softmax_backward_streaming_kernel(BackwardArgs<T> a) {
+  __shared__ float scratch[32];
+  const BlockTeam team{scratch};
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * W;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* y_row = a.y + row * a.tk;
+    const T* dy_row = a.dy + row * a.tk;
+    float dot = 0.0f;
+    for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * W; k0 < a.tk; k0 += stride) {
+      float yv[W], gv[W];
+      load<W>(y_row + k0, yv);
+      load<W>(dy_row + k0, gv);
+#pragma unroll
+      for (int j = 0; j < W; ++j) dot += yv[j] * gv[j];
+    }
+    dot = team.sum(dot);
+    T* dx_row = a.dx + row * a.tk;
+    for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * W; k0 < a.tk; k0 += stride) {
+      float yv[W], gv[W];
+      load<W>(y_row + k0, yv);
+      load<W>(dy_row + k0, gv);
+#pragma unroll
+      for (int j = 0; j < W; ++j) gv[j] = a.scale * yv[j] * (gv[j] - dot);
+      store<W>(dx_row + k0, gv);
+    }
+  }
+}
+
+// ---- host-side choice of layout ----------------------------------------------------
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Grid for `rows` rows at `rows_per_block`; the kernels loop when it is capped.
+unsigned grid_for(int64_t rows, int64_t rows_per_block) {
+  constexpr int64_t kMaxGrid = int64_t{1} << 30;
+  return static_cast<unsigned>(std::min(ceil_div(rows, rows_per_block), kMaxGrid));
+}
+
+// Threads for a block-team row of tk keys at `per_thread` keys each: whole warps.
+unsigned block_team_threads(int64_t tk, int per_thread) {
+  return static_cast<unsigned>(std::min<int64_t>(ceil_div(ceil_div(tk, per_thread), 32) * 32, kMaxBlock));
+}
+
+// Runs `launch(kernel_tag)` for the layout that fits tk. Each Launcher supplies
+// lanes<TPR, W, N>(), block<W, N>(threads) and streaming<W>().
+template <int W, int BlockElems, class Launcher>
+void dispatch(int64_t tk, Launcher& L) {
+  // Lane teams: one 16-byte (or one-element) access per lane for short rows;
+  // a full warp with up to 8 (scalar: 8) accesses per lane up to Tk ~ 1024.
+  if constexpr (W > 1) {
+    if (tk <= 8 * W) return L.template lanes<8, W, 1>();
+    if (tk <= 16 * W) return L.template lanes<16, W, 1>();
+  }
+  if (tk <= 32 * W) return L.template lanes<32, W, 1>();
+  if (tk <= 64 * W) return L.template lanes<32, W, 2>();
+  if (tk <= 128 * W) return L.template lanes<32, W, 4>();
+  if constexpr (W <= 4) {  // float4 rows up to 1024; bf16 x 8 already covered 1024 above
+    if (tk <= 256 * W) return L.template lanes<32, W, 8>();
+  }
+  constexpr int kN = BlockElems / W;
+  if (tk <= int64_t{kMaxBlock} * kN * W) return L.template block<W, kN>(block_team_threads(tk, kN * W));
+  return L.template streaming<W>();
+}
+
+template <class T>
+struct ForwardLauncher {
+  ForwardArgs<T> args;
+
+  template <int TPR, int W, int N> void lanes() {
+    const int rows_per_block = kLaneTeamBlock / TPR;
+    softmax_forward_lanes_kernel<T, TPR, W, N>
+        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
+    HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
+  }
+  template <int W, int N> void block(unsigned threads) {
+    softmax_forward_block_kernel<T, W, N><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
+    HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
+  }
+  template <int W> void streaming() {
+    softmax_forward_streaming_kernel<T, W><<<grid_for(args.rows, 1), kMaxBlock, 0, stream()>>>(args);
+    HG_CUDA_CHECK_LAUNCH("softmax_forward_streaming_kernel");
+  }
+};
+
+template <class T>
+struct BackwardLauncher {
+  BackwardArgs<T> args;
+
+  template <int TPR, int W, int N> void lanes() {
+    const int rows_per_block = kLaneTeamBlock / TPR;
+    softmax_backward_lanes_kernel<T, TPR, W, N>
+        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
+    HG_CUDA_CHECK_LAUNCH("softmax_backward_lanes_kernel");
+  }
+  template <int W, int N> void block(unsigned threads) {
+    softmax_backward_block_kernel<T, W, N><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
+    HG_CUDA_CHECK_LAUNCH("softmax_backward_block_kernel");
+  }
+  template <int W> void streaming() {
+    softmax_backward_streaming_kernel<T, W><<<grid_for(args.rows, 1), kMaxBlock, 0, stream()>>>(args);
+    HG_CUDA_CHECK_LAUNCH("softmax_backward_streaming_kernel");
+  }
+};
+
+template <class T>
+void forward_typed(const Tensor& x, const SoftmaxLayout& l, Tensor& y) {
+  constexpr int V = VecWidth<T>::value;
+  const float* mask = l.mask != nullptr ? l.mask->data<float>() : nullptr;
+  ForwardLauncher<T> launcher{ForwardArgs<T>{
+      static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), mask, l.rows, l.tk, l.tq,
+      l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, l.scale, l.causal,
+      l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX}};
+  // 16-byte access needs every row start 16-byte aligned: Tk a multiple of
+  // the vector width and aligned base pointers (a mask row is read V floats
+  // at a time, so its strides must keep 16-byte alignment too).
+  const bool vector_ok = l.tk % V == 0 && aligned16(x.raw_data()) && aligned16(y.raw_data()) &&
+                         (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 &&
+                                              l.mask_query_stride % 4 == 0));
+  if (vector_ok) return dispatch<V, kForwardBlockElems>(l.tk, launcher);
+  dispatch<1, kForwardBlockElems>(l.tk, launcher);
+}
+
+template <class T>
+void backward_typed(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx) {
+  constexpr int V = VecWidth<T>::value;
+  BackwardLauncher<T> launcher{BackwardArgs<T>{static_cast<const T*>(dy.raw_data()),
+                                               static_cast<const T*>(y.raw_data()),
+                                               static_cast<T*>(dx.raw_data()), rows, tk, scale}};
+  const bool vector_ok = tk % V == 0 && aligned16(dy.raw_data()) && aligned16(y.raw_data()) &&
+                         aligned16(dx.raw_data());
+  if (vector_ok) return dispatch<V, kBackwardBlockElems>(tk, launcher);
+  dispatch<1, kBackwardScalarBlockElems>(tk, launcher);
+}
+
+void check_storage(const char* op, const Tensor& t, const Tensor& like, int64_t numel) {
+  t.check_device(Device::CUDA, op);
+  check_same_dtype(op, t, like);
+  HG_CHECK(t.numel() == numel, op, "tensor ", t.shape(), " does not hold rows * tk = ", numel, " elements");
+}
+
+}  // namespace
+
+void softmax_forward_fused(const Tensor& x, const SoftmaxLayout& layout, Tensor& y) {
+  constexpr const char* op = "softmax_forward_fused";
+  HG_CHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op,
+           "bad layout: rows ", layout.rows, " tk ", layout.tk, " tq ", layout.tq, " heads ", layout.heads);
+  HG_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, op, "dtype ", dtype_name(x.dtype()),
+           " is not supported (F32 or BF16)");
+  check_storage(op, x, x, layout.rows * layout.tk);
+  check_storage(op, y, x, layout.rows * layout.tk);
+  if ((layout.mask != nullptr || layout.causal) && layout.rows > 0)
+    HG_CHECK(layout.rows % (layout.heads * layout.tq) == 0, op, "rows ", layout.rows,
+             " is not a multiple of heads * tq = ", layout.heads * layout.tq);
+  if (layout.mask != nullptr) {
+    layout.mask->check_device(Device::CUDA, op);
+    layout.mask->check_dtype(DType::F32, op);
+  }
+  if (layout.rows == 0) return;
+  if (x.dtype() == DType::F32) return forward_typed<float>(x, layout, y);
+  forward_typed<bf16>(x, layout, y);
+}
+
+void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale,
+                            Tensor& dx) {
+  constexpr const char* op = "softmax_backward_fused";
+  HG_CHECK(rows >= 0 && tk >= 1, op, "bad layout: rows ", rows, " tk ", tk);
+  HG_CHECK(y.dtype() == DType::F32 || y.dtype() == DType::BF16, op, "dtype ", dtype_name(y.dtype()),
+           " is not supported (F32 or BF16)");
+  check_storage(op, y, y, rows * tk);
+  check_storage(op, dy, y, rows * tk);
+  check_storage(op, dx, y, rows * tk);
+  if (rows == 0) return;
+  if (y.dtype() == DType::F32) return backward_typed<float>(dy, y, rows, tk, scale, dx);
+  backward_typed<bf16>(dy, y, rows, tk, scale, dx);
+}
+
+}  // namespace hg::gpu

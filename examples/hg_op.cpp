@@ -1,0 +1,173 @@
+// hg_op: runs one handgrad op forward and backward on .npy inputs and writes
+// .npy outputs, so any result can be compared against NumPy or PyTorch.
+//
+//   hg_op layernorm --x x.npy --gamma g.npy --beta b.npy --dy dy.npy --out DIR
+//                   [--eps 1e-5] [--device cpu|cuda] [--unfused]
+//       writes DIR/{y, mean, rstd, dx, dgamma, dbeta}.npy
+//
+// Each op is one CLI11 subcommand, set up by its own add_<op>_command().
+// Inputs keep the dtype of their file (float32 or float64); the op checks
+// that they agree and throws hg::Error (exit 2) naming the shapes if not.
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/kernel_mode.hpp"
+#include "core/npy.hpp"
+#include "core/tensor.hpp"
+#include "ops/layernorm.hpp"
+#include "ops/softmax.hpp"
+
+using namespace hg;
+
+namespace {
+
+// What a subcommand runs once the command line is parsed.
+using Command = std::function<void()>;
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::CPU;
+  if (name == "cuda") return Device::CUDA;
+  fail("hg_op", "unknown device '", name, "' (cpu or cuda)");
+}
+
+Tensor load_input(const std::string& path, Device device) { return load_npy(path).to(device); }
+
+void write_output(const std::filesystem::path& dir, const char* name, const Tensor& t) {
+  const std::filesystem::path path = dir / (std::string(name) + ".npy");
+  save_npy(path.string(), t);
+  std::printf("  wrote %s %s\n", path.string().c_str(), t.describe().c_str());
+}
+
+// ---- layernorm ---------------------------------------------------------------
+
+struct LayerNormArgs {
+  std::string x, gamma, beta, dy, out;
+  double eps = 1e-5;
+  std::string device = "cpu";
+  bool unfused = false;
+};
+
+void run_layernorm(const LayerNormArgs& a) {
+  const Device device = parse_device(a.device);
+  const Tensor x = load_input(a.x, device);
+  const Tensor gamma = load_input(a.gamma, device);
+  const Tensor beta = load_input(a.beta, device);
+  const Tensor dy = load_input(a.dy, device);
+
+  KernelModeScope mode(a.unfused ? KernelMode::Unfused : KernelMode::Fused);
+  LayerNormSaved saved;
+  const Tensor y = layernorm_forward(x, gamma, beta, a.eps, &saved);
+  const LayerNormGrads g = layernorm_backward(dy, x, gamma, saved);
+
+  std::filesystem::create_directories(a.out);
+  std::printf("hg_op layernorm: x %s, eps %g, %s, %s path\n", shape_str(x.shape()).c_str(), a.eps,
+              device_name(device), a.unfused ? "unfused" : "fused");
+  write_output(a.out, "y", y);
+  write_output(a.out, "mean", saved.mean);
+  write_output(a.out, "rstd", saved.rstd);
+  write_output(a.out, "dx", g.dx);
+  write_output(a.out, "dgamma", g.dgamma);
+  write_output(a.out, "dbeta", g.dbeta);
+}
+
+void add_layernorm_command(CLI::App& app, Command& command) {
+  auto args = std::make_shared<LayerNormArgs>();
+  CLI::App* sub = app.add_subcommand("layernorm", "LayerNorm over the last dim: y, mean, rstd, dx, dgamma, dbeta");
+  sub->add_option("--x", args->x, "input x (..., D)")->required()->check(CLI::ExistingFile);
+  sub->add_option("--gamma", args->gamma, "gamma (D,)")->required()->check(CLI::ExistingFile);
+  sub->add_option("--beta", args->beta, "beta (D,)")->required()->check(CLI::ExistingFile);
+  sub->add_option("--dy", args->dy, "upstream gradient, shaped like x")->required()->check(CLI::ExistingFile);
+  sub->add_option("--out", args->out, "output directory (created if missing)")->required();
+  sub->add_option("--eps", args->eps, "epsilon (finite, > 0)");
+  sub->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_flag("--unfused", args->unfused, "use the unfused (primitive backend) path");
+  sub->callback([args, &command] { command = [args] { run_layernorm(*args); }; });
+}
+
+// ---- softmax -------------------------------------------------------------------
+//   hg_op softmax --x x.npy [--mask m.npy] [--causal] [--scale s] --dy dy.npy --out DIR
+//                 [--device cpu|cuda] [--unfused] [--bf16]
+//       writes DIR/{y, dx}.npy. A 4-D x is attention scores (B, H, Tq, Tk); any
+//       other x takes the plain softmax over its last dim (no mask/causal/scale).
+
+struct SoftmaxArgs {
+  std::string x, mask, dy, out;
+  bool causal = false;
+  double scale = 1.0;
+  std::string device = "cpu";
+  bool unfused = false;
+  bool bf16 = false;
+};
+
+void run_softmax(const SoftmaxArgs& a) {
+  const Device device = parse_device(a.device);
+  Tensor x = load_input(a.x, device);
+  Tensor dy = load_input(a.dy, device);
+  if (a.bf16) {  // bf16 storage (CUDA only); the mask stays float32
+    x = x.to(DType::BF16);
+    dy = dy.to(DType::BF16);
+  }
+  SoftmaxOptions options;
+  if (!a.mask.empty()) options.mask = load_input(a.mask, device);
+  options.causal = a.causal;
+  options.scale = a.scale;
+  const bool attention = x.ndim() == 4 || options.mask.defined() || a.causal || a.scale != 1.0;
+
+  KernelModeScope mode(a.unfused ? KernelMode::Unfused : KernelMode::Fused);
+  const Tensor y = attention ? attention_softmax_forward(x, options) : softmax_forward(x);
+  const Tensor dx = softmax_backward(dy, y, a.scale);
+
+  std::filesystem::create_directories(a.out);
+  std::printf("hg_op softmax: x %s%s, mask %s, causal %d, scale %g, %s, %s path\n", shape_str(x.shape()).c_str(),
+              a.bf16 ? " bf16" : "", options.mask.defined() ? shape_str(options.mask.shape()).c_str() : "none",
+              a.causal ? 1 : 0, a.scale, device_name(device), a.unfused ? "unfused" : "fused");
+  // .npy holds float32/float64: bf16 results are widened (exactly) to float32.
+  write_output(a.out, "y", a.bf16 ? y.to(DType::F32) : y);
+  write_output(a.out, "dx", a.bf16 ? dx.to(DType::F32) : dx);
+}
+
+void add_softmax_command(CLI::App& app, Command& command) {
+  auto args = std::make_shared<SoftmaxArgs>();
+  CLI::App* sub = app.add_subcommand("softmax", "softmax over the last dim / attention softmax: y, dx");
+  sub->add_option("--x", args->x, "scores (B, H, Tq, Tk), or any tensor for the plain softmax")
+      ->required()
+      ->check(CLI::ExistingFile);
+  sub->add_option("--mask", args->mask, "additive mask (B, 1, 1, Tk) or (B, 1, Tq, Tk); <= -1e9 masks a key")
+      ->check(CLI::ExistingFile);
+  sub->add_flag("--causal", args->causal, "query q sees keys k <= q + (Tk - Tq)");
+  sub->add_option("--scale", args->scale, "multiplies x before the mask (default 1)");
+  sub->add_option("--dy", args->dy, "upstream gradient, shaped like x")->required()->check(CLI::ExistingFile);
+  sub->add_option("--out", args->out, "output directory (created if missing)")->required();
+  sub->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_flag("--unfused", args->unfused, "use the unfused (primitive backend) path");
+  sub->add_flag("--bf16", args->bf16, "store x, y, dy, dx as bf16 (CUDA only)");
+  sub->callback([args, &command] { command = [args] { run_softmax(*args); }; });
+}
+
+// ---- further ops: add_<op>_command() above this line, one call in main() ----
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hg_op: run one handgrad op forward and backward on .npy files"};
+  app.require_subcommand(1);
+  Command command;
+  add_layernorm_command(app, command);
+  add_softmax_command(app, command);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    command();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

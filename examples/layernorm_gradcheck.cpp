@@ -1,0 +1,110 @@
+// layernorm_gradcheck: float64 central finite differences against the
+// hand-written LayerNorm backward, on a (B, T, D) input from the command line.
+//
+//   layernorm_gradcheck --B 2 --T 3 --D 8 --seed 0 [--eps 1e-5] [--unfused]
+//
+// The loss is sum(y * w) for a fixed random w, so the backward is run with
+// dy = w. Prints the relative error of dx, dgamma and dbeta; exit 1 on FAIL.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/kernel_mode.hpp"
+#include "core/tensor.hpp"
+#include "ops/layernorm.hpp"
+
+using namespace hg;
+
+namespace {
+
+constexpr double kThreshold = 1e-6;
+
+double weighted_sum(const Tensor& a, const Tensor& w) {
+  const std::vector<double> va = a.to_vector(), vw = w.to_vector();
+  double s = 0;
+  for (size_t i = 0; i < va.size(); ++i) s += va[i] * vw[i];
+  return s;
+}
+
+// Central differences of `loss` with respect to every element of `param`
+// (a float64 CPU tensor, perturbed in place and restored).
+Tensor numerical_grad(Tensor& param, const std::function<double()>& loss, double h) {
+  Tensor grad = Tensor::zeros(param.shape(), DType::F64);
+  double* p = param.data<double>();
+  double* g = grad.data<double>();
+  for (int64_t i = 0; i < param.numel(); ++i) {
+    const double orig = p[i];
+    p[i] = orig + h;
+    const double plus = loss();
+    p[i] = orig - h;
+    const double minus = loss();
+    p[i] = orig;
+    g[i] = (plus - minus) / (2 * h);
+  }
+  return grad;
+}
+
+// ||a - b|| / max(||a||, ||b||): 0 when both are exactly zero (e.g. D = 1).
+double rel_error(const Tensor& a, const Tensor& b) {
+  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
+  double diff = 0, na = 0, nb = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    diff += (va[i] - vb[i]) * (va[i] - vb[i]);
+    na += va[i] * va[i];
+    nb += vb[i] * vb[i];
+  }
+  return std::sqrt(diff) / std::max({std::sqrt(na), std::sqrt(nb), 1e-300});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t B = 2, T = 3, D = 8;
+  uint64_t seed = 0;
+  double eps = 1e-5;
+  bool unfused = false;
+  CLI::App app{"layernorm_gradcheck: finite-difference check of the LayerNorm backward (float64, CPU)"};
+  app.add_option("--B", B, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
+  app.add_option("--D", D, "normalised (last) dimension")->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "random seed for x, gamma, beta and w");
+  app.add_option("--eps", eps, "LayerNorm epsilon (finite, > 0)");
+  app.add_flag("--unfused", unfused, "check the unfused (primitive backend) path instead of the fused one");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    KernelModeScope mode(unfused ? KernelMode::Unfused : KernelMode::Fused);
+    Generator gen(seed);
+    Tensor x = Tensor::randn({B, T, D}, gen, DType::F64);
+    Tensor gamma = Tensor::randn({D}, gen, DType::F64, Device::CPU, 1.0, 0.5);
+    Tensor beta = Tensor::randn({D}, gen, DType::F64);
+    const Tensor w = Tensor::randn({B, T, D}, gen, DType::F64);
+
+    LayerNormSaved saved;
+    layernorm_forward(x, gamma, beta, eps, &saved);
+    const LayerNormGrads analytic = layernorm_backward(w, x, gamma, saved);
+
+    auto loss = [&] { return weighted_sum(layernorm_forward(x, gamma, beta, eps, nullptr), w); };
+    const double h = 1e-5;  // truncation ~h^2, rounding ~1e-16 * |loss| / h
+    const double e_dx = rel_error(analytic.dx, numerical_grad(x, loss, h));
+    const double e_dgamma = rel_error(analytic.dgamma, numerical_grad(gamma, loss, h));
+    const double e_dbeta = rel_error(analytic.dbeta, numerical_grad(beta, loss, h));
+
+    std::printf("layernorm_gradcheck: x (%lld, %lld, %lld) float64 cpu, eps %g, seed %llu, %s path\n",
+                static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(D), eps,
+                static_cast<unsigned long long>(seed), unfused ? "unfused" : "fused");
+    std::printf("  dx      relative error %.3e\n", e_dx);
+    std::printf("  dgamma  relative error %.3e\n", e_dgamma);
+    std::printf("  dbeta   relative error %.3e\n", e_dbeta);
+    const bool pass = e_dx < kThreshold && e_dgamma < kThreshold && e_dbeta < kThreshold;
+    std::printf("%s (threshold %.0e)\n", pass ? "PASS" : "FAIL", kThreshold);
+    return pass ? 0 : 1;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,39 @@
+#pragma once
+#include <cstdint>
+
+#include "core/module.hpp"
+#include "core/random.hpp"
+#include "models/linear.hpp"
+
+namespace hg {
+
+// Causal multi-head self-attention with a fused QKV projection:
+//   [q k v] = x Wqkv^T + b          (one Linear(d, 3d))
+//   P_h     = softmax(q_h k_h^T / sqrt(dh) + mask, causal)
+//   out     = concat_h(P_h v_h) Wo^T + bo
+// Backward is written by hand through every step; docs/attention.md derives it.
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(int64_t d_model, int64_t n_heads, Generator& gen, DType dtype = DType::F32,
+                     bool causal = true);
+
+  // x (B, T, d). key_padding_mask: optional additive (B, 1, 1, T) (0 keeps a
+  // key, a large negative or -inf drops it); undefined means no padding mask.
+  Tensor forward(const Tensor& x, const Tensor& key_padding_mask = Tensor());
+  Tensor backward(const Tensor& dy);  // dy (B, T, d) -> dx (B, T, d)
+
+  int64_t heads() const { return n_heads_; }
+
+  Linear qkv;
+  Linear proj;
+
+ private:
+  int64_t d_model_, n_heads_, head_dim_;
+  bool causal_;
+  double scale_;
+  // Saved by forward: the (3, B, H, T, dh) head-split projections and P.
+  Tensor heads_, probs_;
+  int64_t batch_ = 0, seq_ = 0;
+};
+
+}  // namespace hg

@@ -1,0 +1,76 @@
+#include "models/decoder_lm.hpp"
+
+#include <string>
+
+#include "core/profiler.hpp"
+
+namespace hg {
+
+DecoderLM::DecoderLM(const DecoderLMConfig& c)
+    : config_(c),
+      init_gen_(c.seed),
+      embed(c.vocab_size, c.max_seq_len, c.d_model, init_gen_, c.dtype),
+      embed_drop(c.dropout, c.seed * 7919 + 1),
+      ln_f(c.d_model, c.ln_eps, c.dtype),
+      head(c.d_model, c.vocab_size, init_gen_, true, c.dtype) {
+  HG_CHECK(c.n_layers >= 0, "DecoderLM", "n_layers must be >= 0, got ", c.n_layers);
+  const int64_t hidden = c.ffn_hidden > 0 ? c.ffn_hidden : 4 * c.d_model;
+  register_module("embed", embed);
+  register_module("embed_drop", embed_drop);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const uint64_t drop_seed = c.seed * 7919 + 2 * static_cast<uint64_t>(i) + 2;
+    layers.push_back(std::make_unique<TransformerLayer>(c.d_model, c.n_heads, hidden, init_gen_, c.dropout,
+                                                        drop_seed, c.dtype, c.ln_eps));
+    register_module("layers." + std::to_string(i), *layers.back());
+  }
+  register_module("ln_f", ln_f);
+  register_module("head", head);
+}
+
+Tensor DecoderLM::forward(const Tensor& ids, const Tensor& key_padding_mask) {
+  const Tensor h = embed_drop.forward(embed.forward(ids));
+  const Tensor logits = forward_embedded(h, key_padding_mask);
+  embedded_from_ids_ = true;
+  return logits;
+}
+
+Tensor DecoderLM::forward_embedded(const Tensor& h, const Tensor& key_padding_mask) {
+  const char* op = "DecoderLM::forward";
+  h.check_defined(op);
+  HG_CHECK(h.ndim() == 3 && h.size(2) == config_.d_model, op, "hidden states must be (B, T, ", config_.d_model,
+           "), got ", h.shape());
+  embedded_from_ids_ = false;
+  h_shape_ = h.shape();
+  Tensor x = h;
+  for (auto& layer : layers) x = layer->forward(x, key_padding_mask);
+  {
+    HG_PROFILE("layernorm", x.device());
+    x = ln_f.forward(x);
+  }
+  const int64_t rows = h.size(0) * h.size(1);
+  HG_PROFILE("linear", x.device());
+  return head.forward(x.reshape({rows, config_.d_model})).reshape({h.size(0), h.size(1), config_.vocab_size});
+}
+
+Tensor DecoderLM::backward(const Tensor& dlogits) {
+  const char* op = "DecoderLM::backward";
+  HG_CHECK(!h_shape_.empty(), op, "backward called before forward");
+  const Shape logits_shape{h_shape_[0], h_shape_[1], config_.vocab_size};
+  HG_CHECK(dlogits.shape() == logits_shape, op, "dlogits ", dlogits.shape(), " must match the logits ",
+           logits_shape);
+  const int64_t rows = h_shape_[0] * h_shape_[1];
+  Tensor dx;
+  {
+    HG_PROFILE("linear", dlogits.device());
+    dx = head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_);
+  }
+  {
+    HG_PROFILE("layernorm", dlogits.device());
+    dx = ln_f.backward(dx);
+  }
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) dx = (*it)->backward(dx);
+  if (embedded_from_ids_) embed.backward(embed_drop.backward(dx));
+  return dx;
+}
+
+}  // namespace hg

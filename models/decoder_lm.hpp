@@ -1,0 +1,61 @@
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/module.hpp"
+#include "core/random.hpp"
+#include "models/dropout.hpp"
+#include "models/embedding.hpp"
+#include "models/layernorm.hpp"
+#include "models/linear.hpp"
+#include "models/transformer_layer.hpp"
+
+namespace hg {
+
+struct DecoderLMConfig {
+  int64_t vocab_size = 256;
+  int64_t max_seq_len = 128;
+  int64_t d_model = 128;
+  int64_t n_heads = 4;
+  int64_t n_layers = 2;
+  int64_t ffn_hidden = 0;  // 0 means 4 * d_model
+  double dropout = 0.0;
+  double ln_eps = 1e-5;
+  uint64_t seed = 0;       // initialisation and dropout masks
+  DType dtype = DType::F32;
+};
+
+// A GPT-style decoder-only language model:
+//   h = Dropout(Embedding(ids)); h = Layer_i(h) for each layer; logits = Head(LN_f(h))
+class DecoderLM : public Module {
+ private:
+  // Declared first so they exist before the modules that are built from them.
+  DecoderLMConfig config_;
+  Generator init_gen_;  // every initial weight is drawn from it: same seed, same model
+
+ public:
+  explicit DecoderLM(const DecoderLMConfig& config);
+
+  // ids (B, T) F32 token ids -> logits (B, T, vocab).
+  Tensor forward(const Tensor& ids, const Tensor& key_padding_mask = Tensor());
+  // Everything after the embedding: h (B, T, d) -> logits. forward() calls it.
+  Tensor forward_embedded(const Tensor& h, const Tensor& key_padding_mask = Tensor());
+  // Accumulates every parameter gradient (embedding tables included) and
+  // returns d loss / d h, the gradient at the embedding output.
+  Tensor backward(const Tensor& dlogits);
+
+  const DecoderLMConfig& config() const { return config_; }
+
+  Embedding embed;
+  Dropout embed_drop;
+  std::vector<std::unique_ptr<TransformerLayer>> layers;
+  LayerNorm ln_f;
+  Linear head;
+
+ private:
+  bool embedded_from_ids_ = false;  // whether backward should continue into the embedding
+  Shape h_shape_;
+};
+
+}  // namespace hg

@@ -1,0 +1,37 @@
+#include "models/dropout.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "core/profiler.hpp"
+#include "core/tensor_functions.hpp"
+
+namespace hg {
+
+Dropout::Dropout(double p, uint64_t seed) : p_(p), gen_(seed) {
+  HG_CHECK(std::isfinite(p) && p >= 0.0 && p < 1.0, "Dropout", "p must be in [0, 1), got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  x.check_defined("Dropout::forward");
+  if (!training() || p_ == 0.0) {
+    mask_ = Tensor();
+    return x;
+  }
+  HG_PROFILE("dropout", x.device());
+  const double keep_scale = 1.0 / (1.0 - p_);
+  std::vector<double> values(static_cast<size_t>(x.numel()));
+  for (double& v : values) v = gen_.uniform() >= p_ ? keep_scale : 0.0;
+  mask_ = Tensor::from_vector(values, x.shape(), x.dtype(), x.device());
+  return mul(x, mask_);
+}
+
+Tensor Dropout::backward(const Tensor& dy) {
+  if (!mask_.defined()) return dy;
+  HG_CHECK(dy.shape() == mask_.shape(), "Dropout::backward", "dy ", dy.shape(), " does not match the mask ",
+           mask_.shape());
+  HG_PROFILE("dropout", dy.device());
+  return mul(dy, mask_);
+}
+
+}  // namespace hg

@@ -1,0 +1,44 @@
+#include "models/embedding.hpp"
+
+#include "core/indexing.hpp"
+#include "core/profiler.hpp"
+#include "core/tensor_functions.hpp"
+
+namespace hg {
+
+Embedding::Embedding(int64_t vocab_size, int64_t max_positions, int64_t dim, Generator& gen, DType dtype,
+                     double init_std) {
+  HG_CHECK(vocab_size > 0 && max_positions > 0 && dim > 0, "Embedding", "sizes must be positive, got vocab ",
+           vocab_size, " positions ", max_positions, " dim ", dim);
+  register_parameter("token", token, Tensor::randn({vocab_size, dim}, gen, dtype, Device::CPU, 0.0, init_std));
+  register_parameter("position", position,
+                     Tensor::randn({max_positions, dim}, gen, dtype, Device::CPU, 0.0, init_std));
+}
+
+Tensor Embedding::forward(const Tensor& ids) {
+  const char* op = "Embedding::forward";
+  ids.check_defined(op);
+  HG_CHECK(ids.ndim() == 2, op, "ids must be (B, T), got ", ids.shape());
+  const int64_t t = ids.size(1);
+  HG_CHECK(t <= position.value.size(0), op, "sequence length ", t, " exceeds max_positions ",
+           position.value.size(0), " (ids ", ids.shape(), ")");
+  HG_PROFILE("embedding", ids.device());
+  ids_ = ids;
+  // (B, T, D) + (T, D) broadcasts the position rows over the batch.
+  return add(gather_rows(token.value, ids), position.value.slice(0, t));
+}
+
+void Embedding::backward(const Tensor& dy) {
+  const char* op = "Embedding::backward";
+  HG_CHECK(ids_.defined(), op, "backward called before forward");
+  const int64_t b = ids_.size(0), t = ids_.size(1), d = token.value.size(1);
+  HG_CHECK(dy.shape() == Shape({b, t, d}), op, "dy ", dy.shape(), " must be (B, T, D) = ", Shape({b, t, d}));
+  HG_PROFILE("embedding", dy.device());
+  scatter_add_rows(dy, ids_, token.grad);
+  // Position t's gradient is the sum over the batch; its rows [0, T) of the table.
+  Tensor dpos = sum(dy, 0);
+  Tensor pos_grad_rows = position.grad.slice(0, t);
+  pos_grad_rows.copy_(add(pos_grad_rows, dpos));
+}
+
+}  // namespace hg

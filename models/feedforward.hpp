@@ -1,0 +1,31 @@
+#pragma once
+#include <cstdint>
+
+#include "core/module.hpp"
+#include "core/random.hpp"
+#include "models/dropout.hpp"
+#include "models/gelu.hpp"
+#include "models/linear.hpp"
+
+namespace hg {
+
+// Position-wise MLP: Linear(d, hidden) -> GELU -> Linear(hidden, d) -> Dropout.
+class FeedForward : public Module {
+ public:
+  FeedForward(int64_t d_model, int64_t hidden, Generator& gen, double dropout = 0.0, uint64_t dropout_seed = 0,
+              DType dtype = DType::F32);
+
+  Tensor forward(const Tensor& x);  // (..., d) -> (..., d)
+  Tensor backward(const Tensor& dy);
+
+  Linear fc1;
+  GELU act;
+  Linear fc2;
+  Dropout drop;
+
+ private:
+  Shape x_shape_;
+  int64_t d_model_;
+};
+
+}  // namespace hg

@@ -1,0 +1,32 @@
+#pragma once
+#include <cstdint>
+
+#include "core/module.hpp"
+#include "core/random.hpp"
+#include "models/attention.hpp"
+#include "models/dropout.hpp"
+#include "models/feedforward.hpp"
+#include "models/layernorm.hpp"
+
+namespace hg {
+
+// Pre-LN decoder block (GPT-2 style):
+//   h = x + Dropout(Attention(LN1(x)))
+//   y = h + FeedForward(LN2(h))          (FeedForward ends in its own dropout)
+// Backward: the residual passes dy straight through and adds each branch's dx.
+class TransformerLayer : public Module {
+ public:
+  TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn_hidden, Generator& gen, double dropout = 0.0,
+                   uint64_t dropout_seed = 0, DType dtype = DType::F32, double ln_eps = 1e-5);
+
+  Tensor forward(const Tensor& x, const Tensor& key_padding_mask = Tensor());  // (B, T, d)
+  Tensor backward(const Tensor& dy);
+
+  LayerNorm ln1;
+  MultiHeadAttention attn;
+  Dropout attn_drop;
+  LayerNorm ln2;
+  FeedForward ffn;
+};
+
+}  // namespace hg

@@ -1,0 +1,99 @@
+#include "ops/cpu/softmax_cpu.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <limits>
+
+#include "ops/softmax.hpp"
+
+namespace hg::cpu {
+namespace {
+
+template <class T> using RowArray = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T> using ConstRow = Eigen::Map<const RowArray<T>>;
+template <class T> using Row = Eigen::Map<RowArray<T>>;
+
+// Keys [0, n) are visible to query q under the causal rule k <= q + (tk - tq).
+// n can be 0 when tq > tk: the first queries then see nothing.
+int64_t causally_visible_keys(const SoftmaxRows& l, int64_t q) {
+  if (!l.causal) return l.tk;
+  return std::clamp<int64_t>(q + (l.tk - l.tq) + 1, 0, l.tk);
+}
+
+// What a mask value adds to z. Values at or below the threshold mask the key
+// outright (-inf); adding rather than replacing keeps a NaN mask NaN.
+template <class T> T additive_mask(T m) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  return m > static_cast<T>(kSoftmaxMaskThreshold) ? m : m - inf;
+}
+
+template <class T>
+void forward_rows(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  const T* xs = x.data<T>();
+  T* ys = y.data<T>();
+  const T* mask = l.mask ? l.mask->data<T>() : nullptr;
+  const T scale = static_cast<T>(l.scale);
+  for (int64_t r = 0; r < l.rows; ++r) {
+    const int64_t b = r / (l.heads * l.tq), q = r % l.tq;
+    ConstRow<T> xr(xs + r * l.tk, l.tk);
+    Row<T> z(ys + r * l.tk, l.tk);  // y's row holds z until it is normalised
+
+    // Causally hidden keys are not read at all (as in the CUDA kernel): they
+    // are -inf whatever the score, so only [0, visible) is computed.
+    const int64_t visible = causally_visible_keys(l, q);
+    z.head(visible) = scale * xr.head(visible);
+    z.tail(l.tk - visible).setConstant(-inf);
+    if (mask) {
+      const T* mr = mask + b * l.mask_batch_stride + q * l.mask_query_stride;
+      for (int64_t k = 0; k < visible; ++k) z[k] += additive_mask(mr[k]);
+    }
+
+    // PropagateNaN: a NaN anywhere must reach the whole row, not be skipped.
+    const T max = z.template maxCoeff<Eigen::PropagateNaN>();
+    if (max == -inf) {  // every key masked: zeros, not (-inf) - (-inf) = NaN
+      z.setZero();
+      continue;
+    }
+    // In (0, 1]; the max key gives exactly 1, so sum >= 1. Masked keys are set
+    // to 0 explicitly: Eigen 3.4's vectorised float exp clamps its argument at
+    // -88.7 and returns ~3e-39 for -inf, and a masked key's weight must be 0.
+    z = (z == -inf).select(T(0), (z - max).exp());
+    z /= z.sum();
+  }
+}
+
+template <class T>
+void backward_rows(const Tensor& dy, const Tensor& y, int64_t tk, double scale, Tensor& dx) {
+  const int64_t rows = y.numel() / tk;
+  const T* dys = dy.data<T>();
+  const T* ys = y.data<T>();
+  T* dxs = dx.data<T>();
+  const T s = static_cast<T>(scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    ConstRow<T> dyr(dys + r * tk, tk), yr(ys + r * tk, tk);
+    Row<T> dxr(dxs + r * tk, tk);
+    const T dot = (dyr * yr).sum();
+    dxr = s * yr * (dyr - dot);
+  }
+}
+
+}  // namespace
+
+void softmax_forward(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
+  switch (x.dtype()) {
+    case DType::F32: return forward_rows<float>(x, layout, y);
+    case DType::F64: return forward_rows<double>(x, layout, y);
+    default: fail("softmax (cpu)", "dtype ", dtype_name(x.dtype()), " is not supported on the CPU (F32/F64)");
+  }
+}
+
+void softmax_backward(const Tensor& dy, const Tensor& y, int64_t tk, double scale, Tensor& dx) {
+  switch (y.dtype()) {
+    case DType::F32: return backward_rows<float>(dy, y, tk, scale, dx);
+    case DType::F64: return backward_rows<double>(dy, y, tk, scale, dx);
+    default: fail("softmax_backward (cpu)", "dtype ", dtype_name(y.dtype()), " is not supported on the CPU (F32/F64)");
+  }
+}
+
+}  // namespace hg::cpu

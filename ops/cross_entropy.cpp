@@ -1,0 +1,144 @@
+#include "ops/cross_entropy.hpp"
+
+#include <cmath>
+#include <vector>
+
+#include "core/kernel_mode.hpp"
+#include "core/tensor_functions.hpp"
+
+#if HG_WITH_CUDA
+#include "cuda/cross_entropy_kernels.hpp"
+#endif
+
+namespace hg {
+namespace {
+
+constexpr const char* kOp = "cross_entropy_forward";
+
+// Checks targets on the host and returns how many positions count.
+int64_t count_valid_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
+  const std::vector<double> t = targets.to_vector();
+  int64_t n_valid = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == static_cast<double>(ignore_index)) continue;
+    if (!(t[i] >= 0 && t[i] < static_cast<double>(vocab)) || t[i] != std::floor(t[i]))
+      fail(kOp, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
+           ") nor ignore_index ", ignore_index);
+    ++n_valid;
+  }
+  return n_valid;
+}
+
+// One pass per row: log-sum-exp, the row loss and its gradient together.
+template <class T>
+double fused_cpu(const Tensor& logits, const std::vector<double>& targets, int64_t vocab, int64_t ignore_index,
+                 double inv_count, Tensor& dlogits) {
+  const T* x_all = logits.data<T>();
+  T* dx_all = dlogits.data<T>();
+  double total = 0;
+  for (size_t r = 0; r < targets.size(); ++r) {
+    const T* x = x_all + static_cast<int64_t>(r) * vocab;
+    T* dx = dx_all + static_cast<int64_t>(r) * vocab;
+    if (targets[r] == static_cast<double>(ignore_index)) {
+      for (int64_t j = 0; j < vocab; ++j) dx[j] = 0;
+      continue;
+    }
+    const auto target = static_cast<int64_t>(targets[r]);
+    T m = x[0];
+    for (int64_t j = 1; j < vocab; ++j) m = x[j] > m ? x[j] : m;
+    double s = 0;
+    for (int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(x[j] - m));
+    // Relative to the max, so large offsets keep their digits (see docs/cross_entropy.md).
+    const double log_s = std::log(s);
+    for (int64_t j = 0; j < vocab; ++j)
+      dx[j] = static_cast<T>((std::exp(static_cast<double>(x[j] - m) - log_s) - (j == target ? 1.0 : 0.0)) * inv_count);
+    total += log_s - static_cast<double>(x[target] - m);
+  }
+  return total * inv_count;
+}
+
+// log-softmax and the NLL pick written on map/zip/reduce, like miniTorch.
+Tensor unfused(const Tensor& x, const Tensor& targets, int64_t n_rows, int64_t vocab, int64_t ignore_index,
+               double inv_count, CrossEntropySaved* saved) {
+  const Tensor z = sub(x, max(x, -1, true));
+  const Tensor log_probs = sub(z, log(sum(exp(z), -1, true)));
+  const Tensor t = targets.reshape({n_rows, 1}).to(x.dtype());
+  const Tensor classes = Tensor::arange(vocab, x.dtype(), x.device()).reshape({1, vocab});
+  const Tensor ignored = zip(BinaryOp::Eq, t, Tensor::full({1, 1}, static_cast<double>(ignore_index), x.dtype(), x.device()));
+  const Tensor valid = add_scalar(neg(ignored), 1.0);
+  const Tensor onehot = mul(zip(BinaryOp::Eq, t, classes), valid);
+  const Tensor loss = mul_scalar(sum_all(mul(onehot, log_probs)), -inv_count);
+  if (saved) {
+    saved->log_probs = log_probs;
+    saved->onehot = onehot;
+    saved->valid = valid;
+  }
+  return loss;
+}
+
+}  // namespace
+
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             CrossEntropySaved* saved) {
+  logits.check_defined(kOp);
+  targets.check_defined(kOp);
+  HG_CHECK(logits.dtype() == DType::F32 || logits.dtype() == DType::F64, kOp, "logits must be F32 or F64, got ",
+           dtype_name(logits.dtype()));
+  targets.check_dtype(DType::F32, kOp);
+  check_same_device(kOp, logits, targets);
+  HG_CHECK(logits.ndim() >= 1, kOp, "logits must have a class dim, got ", logits.shape());
+  Shape expected(logits.shape().begin(), logits.shape().end() - 1);
+  HG_CHECK(targets.shape() == expected, kOp, "targets ", targets.shape(), " must be logits ", logits.shape(),
+           " without its last dim");
+  const int64_t vocab = logits.size(-1);
+  HG_CHECK(vocab > 0, kOp, "empty class dim in logits ", logits.shape());
+  const int64_t n_rows = targets.numel();
+  const int64_t n_valid = count_valid_targets(targets, vocab, ignore_index);
+  const double inv_count = n_valid > 0 ? 1.0 / static_cast<double>(n_valid) : 0.0;
+  if (saved) {
+    *saved = CrossEntropySaved{};
+    saved->inv_count = inv_count;
+    saved->logits_shape = logits.shape();
+    saved->n_valid = n_valid;
+  }
+  const Tensor x = logits.reshape({n_rows, vocab});
+  if (n_rows == 0) {
+    if (saved) saved->dlogits = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
+    return Tensor::zeros({}, logits.dtype(), logits.device());
+  }
+
+  const bool fused = kernel_mode() == KernelMode::Fused;
+  if (fused && !logits.is_cuda()) {
+    Tensor dlogits = Tensor::empty({n_rows, vocab}, x.dtype(), Device::CPU);
+    const std::vector<double> t = targets.to_vector();
+    const double loss = x.dtype() == DType::F32
+                            ? fused_cpu<float>(x, t, vocab, ignore_index, inv_count, dlogits)
+                            : fused_cpu<double>(x, t, vocab, ignore_index, inv_count, dlogits);
+    if (saved) saved->dlogits = dlogits.reshape(logits.shape());
+    return Tensor::full({}, loss, x.dtype(), Device::CPU);
+  }
+#if HG_WITH_CUDA
+  // The CUDA kernel is float32; float64 on the GPU takes the primitive path.
+  if (fused && logits.is_cuda() && logits.dtype() == DType::F32) {
+    Tensor dlogits = Tensor::empty({n_rows, vocab}, DType::F32, Device::CUDA);
+    Tensor loss = Tensor::empty({}, DType::F32, Device::CUDA);
+    gpu::cross_entropy_fused(x, targets, n_rows, vocab, ignore_index, static_cast<float>(inv_count), dlogits,
+                             loss);
+    if (saved) saved->dlogits = dlogits.reshape(logits.shape());
+    return loss;
+  }
+#endif
+  return unfused(x, targets, n_rows, vocab, ignore_index, inv_count, saved);
+}
+
+Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss) {
+  const char* op = "cross_entropy_backward";
+  HG_CHECK(std::isfinite(dloss), op, "upstream gradient ", dloss, " is not finite");
+  if (saved.dlogits.defined()) return dloss == 1.0 ? saved.dlogits : mul_scalar(saved.dlogits, dloss);
+  HG_CHECK(saved.log_probs.defined(), op, "nothing saved: call cross_entropy_forward with a saved struct first");
+  // d/dlogits of -(1/n) sum onehot * log_softmax = (softmax * valid - onehot) / n
+  const Tensor g = sub(mul(exp(saved.log_probs), saved.valid), saved.onehot);
+  return mul_scalar(g, dloss * saved.inv_count).reshape(saved.logits_shape);
+}
+
+}  // namespace hg

@@ -1,0 +1,35 @@
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.hpp"
+
+namespace hg {
+
+// Mean cross-entropy of logits (..., V) against integer class targets (...)
+// stored as F32, over the positions whose target is not ignore_index:
+//   loss = (1 / n_valid) * sum_valid ( logsumexp(logits_i) - logits_i[target_i] )
+// When every position is ignored the loss is 0 and every gradient is 0 (a
+// finite answer, not 0/0). Derivation: docs/cross_entropy.md.
+//
+// Fused (CPU Eigen-free loop, CUDA one kernel): one pass per row computes the
+// row loss and d loss / d logits together; backward only scales that saved
+// gradient. Unfused: log-softmax and the NLL pick composed from primitives.
+struct CrossEntropySaved {
+  Tensor dlogits;    // fused paths: d loss / d logits for an upstream grad of 1, (N, V)
+  Tensor log_probs;  // unfused path: (N, V)
+  Tensor onehot;     // unfused path: (N, V), zero rows at ignored positions
+  Tensor valid;      // unfused path: (N, 1), 1 where the target counts
+  double inv_count = 0;  // 1 / n_valid, or 0 when nothing counts
+  Shape logits_shape;
+  int64_t n_valid = 0;
+};
+
+// Returns a 0-d tensor on logits' device. Targets must be integers in [0, V)
+// or equal to ignore_index (hg::Error otherwise). saved may be nullptr.
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             CrossEntropySaved* saved);
+
+// d loss / d logits (logits' shape), scaled by the upstream gradient dloss.
+Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss = 1.0);
+
+}  // namespace hg

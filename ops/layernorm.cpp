@@ -1,0 +1,147 @@
+#include "ops/layernorm.hpp"
+
+#include <cmath>
+
+#include "core/kernel_mode.hpp"
+#include "ops/cpu/layernorm_cpu.hpp"
+#include "ops/layernorm_unfused.hpp"
+#ifdef HG_WITH_CUDA
+#include "cuda/layernorm_kernels.hpp"
+#endif
+
+// Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
+// device), CUDA fused. The math of each path lives in its own file.
+namespace hg {
+namespace {
+
+constexpr const char* kForward = "layernorm_forward";
+constexpr const char* kBackward = "layernorm_backward";
+
+// The dtype of gamma, beta, mean, rstd and of the arithmetic: F64 for F64 x,
+// else F32 (BF16 is a storage type only).
+DType math_dtype(DType storage) { return storage == DType::F64 ? DType::F64 : DType::F32; }
+
+int64_t rows_of(const Tensor& x) { return x.numel() / x.size(-1); }
+
+void check_x(const Tensor& x, const char* name, const char* op) {
+  HG_CHECK(x.defined(), op, name, " is undefined");
+  HG_CHECK(x.ndim() >= 1, op, name, " must have at least one dim (..., D), got shape ", x.shape());
+  HG_CHECK(x.numel() > 0, op, name, " is empty, shape ", x.shape());
+  const DType t = x.dtype();
+  HG_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16, op, name, " ", x.shape(),
+           " has dtype ", dtype_name(t), "; layernorm takes F32, F64, or BF16 on CUDA");
+  HG_CHECK(t != DType::BF16 || x.is_cuda(), op, name, " ", x.shape(),
+           " is BF16 on the CPU; BF16 layernorm runs only on CUDA (F32 math)");
+  HG_CHECK(!(t == DType::F64 && x.is_cuda() && kernel_mode() == KernelMode::Fused), op, name, " ",
+           x.shape(), " is F64 on CUDA; the fused CUDA kernels take F32/BF16 (use the unfused mode or the CPU for F64)");
+}
+
+// A (D,) vector in the math dtype of x, on x's device.
+void check_feature_vector(const Tensor& v, const char* name, const Tensor& x, const char* op) {
+  HG_CHECK(v.defined(), op, name, " is undefined");
+  const int64_t D = x.size(-1);
+  HG_CHECK(v.shape() == Shape{D}, op, name, " shape ", v.shape(), " does not match (D,) = (", D,
+           ") for x ", x.shape());
+  const DType want = math_dtype(x.dtype());
+  HG_CHECK(v.dtype() == want, op, name, " ", v.shape(), " has dtype ", dtype_name(v.dtype()), "; x ",
+           x.shape(), " of dtype ", dtype_name(x.dtype()), " needs ", dtype_name(want));
+  HG_CHECK(v.device() == x.device(), op, name, " ", v.shape(), " is on ", device_name(v.device()),
+           " but x ", x.shape(), " is on ", device_name(x.device()));
+}
+
+// A saved per-row statistic: (rows,) in the math dtype of x, on x's device.
+void check_row_stat(const Tensor& s, const char* name, const Tensor& x) {
+  HG_CHECK(s.defined(), kBackward, "saved ", name, " is undefined (was forward called with saved?)");
+  const int64_t rows = rows_of(x);
+  HG_CHECK(s.shape() == Shape{rows}, kBackward, "saved ", name, " shape ", s.shape(),
+           " does not match (rows,) = (", rows, ") for x ", x.shape());
+  const DType want = math_dtype(x.dtype());
+  HG_CHECK(s.dtype() == want, kBackward, "saved ", name, " ", s.shape(), " has dtype ",
+           dtype_name(s.dtype()), "; x of dtype ", dtype_name(x.dtype()), " needs ", dtype_name(want));
+  HG_CHECK(s.device() == x.device(), kBackward, "saved ", name, " ", s.shape(), " is on ",
+           device_name(s.device()), " but x ", x.shape(), " is on ", device_name(x.device()));
+}
+
+void check_eps(double eps, DType x_dtype) {
+  HG_CHECK(std::isfinite(eps) && eps > 0, kForward, "eps must be finite and > 0, got ", eps);
+  // The float32 paths use eps as a float: it must stay positive and finite there too.
+  if (x_dtype != DType::F64) {
+    const float e = static_cast<float>(eps);
+    HG_CHECK(std::isfinite(e) && e > 0, kForward, "eps ", eps,
+             " is not a finite positive float32 (needed for ", dtype_name(x_dtype), " input)");
+  }
+}
+
+}  // namespace
+
+Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                         LayerNormSaved* saved) {
+  check_x(x, "x", kForward);
+  check_feature_vector(gamma, "gamma", x, kForward);
+  check_feature_vector(beta, "beta", x, kForward);
+  check_eps(eps, x.dtype());
+
+  const int64_t D = x.size(-1), rows = rows_of(x);
+  const DType stat_dtype = math_dtype(x.dtype());
+  Tensor y, mean, rstd;
+  if (kernel_mode() == KernelMode::Unfused) {
+    y = unfused::layernorm_forward(x, gamma, beta, eps, mean, rstd);
+  } else {
+    y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    mean = Tensor::empty({rows}, stat_dtype, x.device());
+    rstd = Tensor::empty({rows}, stat_dtype, x.device());
+    if (x.is_cuda()) {
+#ifdef HG_WITH_CUDA
+      Tensor y_rows = y.reshape({rows, D});
+      gpu::layernorm_forward_fused(x.reshape({rows, D}), gamma, beta, static_cast<float>(eps), y_rows,
+                                   mean, rstd);
+#else
+      fail(kForward, "x ", x.shape(), " is on CUDA but handgrad was built without CUDA");
+#endif
+    } else {
+      cpu::layernorm_forward(x, gamma, beta, eps, rows, D, y, mean, rstd);
+    }
+  }
+  if (saved) {
+    saved->mean = mean;
+    saved->rstd = rstd;
+  }
+  return y;
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                  const LayerNormSaved& saved) {
+  check_x(x, "x", kBackward);
+  HG_CHECK(dy.defined(), kBackward, "dy is undefined");
+  HG_CHECK(dy.shape() == x.shape(), kBackward, "dy shape ", dy.shape(), " does not match x ", x.shape());
+  HG_CHECK(dy.dtype() == x.dtype(), kBackward, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()),
+           " but x ", x.shape(), " has ", dtype_name(x.dtype()));
+  HG_CHECK(dy.device() == x.device(), kBackward, "dy ", dy.shape(), " is on ", device_name(dy.device()),
+           " but x ", x.shape(), " is on ", device_name(x.device()));
+  check_feature_vector(gamma, "gamma", x, kBackward);
+  check_row_stat(saved.mean, "mean", x);
+  check_row_stat(saved.rstd, "rstd", x);
+
+  if (kernel_mode() == KernelMode::Unfused)
+    return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
+
+  const int64_t D = x.size(-1), rows = rows_of(x);
+  LayerNormGrads g;
+  g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  g.dgamma = Tensor::empty({D}, gamma.dtype(), x.device());
+  g.dbeta = Tensor::empty({D}, gamma.dtype(), x.device());
+  if (x.is_cuda()) {
+#ifdef HG_WITH_CUDA
+    Tensor dx_rows = g.dx.reshape({rows, D});
+    gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean,
+                                  saved.rstd, dx_rows, g.dgamma, g.dbeta);
+#else
+    fail(kBackward, "x ", x.shape(), " is on CUDA but handgrad was built without CUDA");
+#endif
+  } else {
+    cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
+  }
+  return g;
+}
+
+}  // namespace hg

@@ -1,0 +1,16 @@
+#pragma once
+// Internal to ops/: softmax composed from primitive backend passes (miniTorch
+// style), on any device. Inputs are validated by ops/softmax.cpp.
+#include "core/tensor.hpp"
+
+namespace hg::unfused {
+
+// y = softmax(scale * x + mask (+ causal)) over the last dim. mask is
+// undefined or broadcasts to x as (B|1, 1, 1|Tq, Tk); causal needs a 4-D x.
+// BF16 x is computed in F32 and cast back.
+Tensor softmax_forward(const Tensor& x, const Tensor& mask, bool causal, double scale);
+
+// dx = scale * y * (dy - sum(dy * y)) over the last dim.
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale);
+
+}  // namespace hg::unfused

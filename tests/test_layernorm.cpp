@@ -1,0 +1,496 @@
+// LayerNorm: float64 finite differences for the backward, every path against
+// the float64 path, stability on hostile rows, determinism, and bad input.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/kernel_mode.hpp"
+#include "core/tensor_functions.hpp"
+#include "models/layernorm.hpp"
+#include "ops/layernorm.hpp"
+#include "tests/test_util.hpp"
+
+using namespace hg;
+using hg::test::all_finite;
+using hg::test::max_abs_diff;
+using hg::test::rel_error;
+using hg::test::weighted_sum;
+
+namespace {
+
+const std::vector<KernelMode> kModes = {KernelMode::Fused, KernelMode::Unfused};
+
+struct Inputs {
+  Tensor x, gamma, beta, dy;
+};
+
+struct Outputs {
+  Tensor y, mean, rstd, dx, dgamma, dbeta;
+};
+
+// x ~ offset + N(0, stddev^2); gamma ~ 1 + N(0, 0.25), beta and dy ~ N(0, 1),
+// drawn in float64 and then rounded to `dtype` on `device`.
+Inputs random_inputs(const Shape& shape, uint64_t seed, DType dtype = DType::F64,
+                     Device device = Device::CPU, double offset = 0.0, double stddev = 1.0) {
+  Generator gen(seed);
+  const int64_t D = shape.back();
+  const DType param_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
+  Inputs in;
+  in.x = Tensor::randn(shape, gen, DType::F64, Device::CPU, offset, stddev).to(dtype).to(device);
+  in.gamma = Tensor::randn({D}, gen, param_dtype, device, 1.0, 0.5);
+  in.beta = Tensor::randn({D}, gen, param_dtype, device);
+  in.dy = Tensor::randn(shape, gen, DType::F64, Device::CPU).to(dtype).to(device);
+  return in;
+}
+
+// The same numbers as float64 CPU tensors: the reference sees exactly the
+// (already rounded) values the low-precision path saw.
+Inputs as_f64(const Inputs& in) {
+  auto f64 = [](const Tensor& t) { return t.to(Device::CPU).to(DType::F64); };
+  return {f64(in.x), f64(in.gamma), f64(in.beta), f64(in.dy)};
+}
+
+Outputs run(const Inputs& in, double eps, KernelMode mode) {
+  KernelModeScope scope(mode);
+  Outputs out;
+  LayerNormSaved saved;
+  out.y = layernorm_forward(in.x, in.gamma, in.beta, eps, &saved);
+  out.mean = saved.mean;
+  out.rstd = saved.rstd;
+  LayerNormGrads g = layernorm_backward(in.dy, in.x, in.gamma, saved);
+  out.dx = g.dx;
+  out.dgamma = g.dgamma;
+  out.dbeta = g.dbeta;
+  return out;
+}
+
+// The float64 CPU fused path, itself checked by finite differences below.
+Outputs reference(const Inputs& in, double eps) { return run(as_f64(in), eps, KernelMode::Fused); }
+
+Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
+
+// Compares every output of a path with the reference (relative norm error).
+void check_close(const Outputs& got, const Outputs& want, double tol_y_dx, double tol_params) {
+  CHECK(rel_error(f64(got.y), want.y) < tol_y_dx);
+  CHECK(rel_error(f64(got.mean), want.mean) < tol_params);
+  CHECK(rel_error(f64(got.rstd), want.rstd) < tol_params);
+  CHECK(rel_error(f64(got.dx), want.dx) < tol_y_dx);
+  CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
+  CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+}
+
+// Indices of `t` to finite-difference: all of them, or `limit` random ones.
+std::vector<int64_t> coordinates(const Tensor& t, int64_t limit, Generator& gen) {
+  std::vector<int64_t> idx;
+  if (t.numel() <= limit) {
+    for (int64_t i = 0; i < t.numel(); ++i) idx.push_back(i);
+  } else {
+    for (int64_t k = 0; k < limit; ++k) idx.push_back(static_cast<int64_t>(gen.next_u64() % t.numel()));
+  }
+  return idx;
+}
+
+// Relative error between the analytic gradient and central differences of
+// loss = sum(y * w) with respect to `param`, over the chosen coordinates.
+double fd_rel_error(Tensor& param, const Tensor& analytic, const std::function<double()>& loss,
+                    const std::vector<int64_t>& idx, double h) {
+  double* p = param.data<double>();
+  const std::vector<double> a = analytic.to_vector();
+  double diff = 0, na = 0, nn = 0;
+  for (int64_t i : idx) {
+    const double orig = p[i];
+    p[i] = orig + h;
+    const double plus = loss();
+    p[i] = orig - h;
+    const double minus = loss();
+    p[i] = orig;
+    const double numeric = (plus - minus) / (2 * h);
+    diff += (numeric - a[i]) * (numeric - a[i]);
+    na += a[i] * a[i];
+    nn += numeric * numeric;
+  }
+  const double denom = std::max({std::sqrt(na), std::sqrt(nn), 1e-300});
+  return std::sqrt(diff) / denom;
+}
+
+// dy = w, so backward gives d(sum(y*w))/d(x, gamma, beta); check all three.
+void gradcheck(const Shape& shape, KernelMode mode, uint64_t seed, int64_t max_coords = 400) {
+  KernelModeScope scope(mode);
+  const double eps = 1e-5;
+  Inputs in = random_inputs(shape, seed);
+  const Outputs an = run(in, eps, mode);
+  auto loss = [&] { return weighted_sum(layernorm_forward(in.x, in.gamma, in.beta, eps, nullptr), in.dy); };
+  Generator gen(seed + 1000);
+  // h = 1e-5: truncation ~h^2 and rounding ~1e-16 * |loss| / h both far below 1e-6.
+  const double h = 1e-5;
+  const double ex = fd_rel_error(in.x, an.dx, loss, coordinates(in.x, max_coords, gen), h);
+  const double eg = fd_rel_error(in.gamma, an.dgamma, loss, coordinates(in.gamma, max_coords, gen), h);
+  const double eb = fd_rel_error(in.beta, an.dbeta, loss, coordinates(in.beta, max_coords, gen), h);
+  INFO("shape " << shape_str(shape) << " mode " << kernel_mode_name(mode) << ": dx " << ex << " dgamma " << eg
+                << " dbeta " << eb);
+  CHECK(ex < 1e-6);
+  CHECK(eg < 1e-6);
+  CHECK(eb < 1e-6);
+}
+
+// Message of the hg::Error thrown by f ("" if none was thrown).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A deliberately naive float32 LayerNorm forward: var = E[x^2] - E[x]^2 with
+// float accumulators. Exists only to show that the stability test can fail.
+Tensor naive_fp32_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  const int64_t D = x.size(-1), rows = x.numel() / D;
+  const std::vector<double> xs = x.to_vector(), g = gamma.to_vector(), b = beta.to_vector();
+  std::vector<double> y(xs.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    float s = 0, s2 = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      const float v = static_cast<float>(xs[r * D + j]);
+      s += v;
+      s2 += v * v;
+    }
+    const float mu = s / D;
+    const float var = s2 / D - mu * mu;
+    const float rs = 1.0f / std::sqrt(var + static_cast<float>(eps));
+    for (int64_t j = 0; j < D; ++j)
+      y[r * D + j] = g[j] * ((static_cast<float>(xs[r * D + j]) - mu) * rs) + b[j];
+  }
+  return Tensor::from_vector(y, x.shape(), DType::F64);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// float64 finite differences
+// ---------------------------------------------------------------------------
+
+TEST_CASE("layernorm float64 backward matches finite differences", "[layernorm][grad]") {
+  const std::vector<Shape> shapes = {{2, 3, 1}, {2, 3, 3}, {5}, {4, 5}, {3, 2, 2, 8}, {2, 1000}, {2, 4097}};
+  uint64_t seed = 1;
+  for (KernelMode mode : kModes)
+    for (const Shape& s : shapes) gradcheck(s, mode, seed++);
+}
+
+TEST_CASE("layernorm float64 fused and unfused agree", "[layernorm]") {
+  for (const Shape& s : std::vector<Shape>{{3, 1}, {4, 3}, {8, 1000}, {2, 4097}}) {
+    const Inputs in = random_inputs(s, 42);
+    const Outputs fused = run(in, 1e-5, KernelMode::Fused);
+    const Outputs unfused = run(in, 1e-5, KernelMode::Unfused);
+    INFO("shape " << shape_str(s));
+    // Both are float64; they differ only in summation order.
+    check_close(unfused, fused, 1e-12, 1e-12);
+    // y does not change when a row of x is shifted, so sum_j dx_j = 0; it
+    // changes under scaling only through eps: sum_j dx_j xhat_j = eps r^3 sum_j g_j dy_j xhat_j.
+    const int64_t D = s.back(), rows = in.x.numel() / D;
+    const std::vector<double> dx = fused.dx.to_vector(), x = in.x.to_vector(), dy = in.dy.to_vector(),
+                              gamma = in.gamma.to_vector();
+    for (int64_t r = 0; r < rows; ++r) {
+      const double rs = fused.rstd.at({r});
+      double sum_dx = 0, sum_dx_xhat = 0, sum_gdy_xhat = 0, scale = 0;
+      for (int64_t j = 0; j < D; ++j) {
+        const double xhat = (x[r * D + j] - fused.mean.at({r})) * rs;
+        sum_dx += dx[r * D + j];
+        sum_dx_xhat += dx[r * D + j] * xhat;
+        sum_gdy_xhat += gamma[j] * dy[r * D + j] * xhat;
+        scale += std::abs(dx[r * D + j]) * (1 + std::abs(xhat));
+      }
+      CHECK(std::abs(sum_dx) <= 1e-12 * scale);
+      CHECK(std::abs(sum_dx_xhat - 1e-5 * rs * rs * rs * sum_gdy_xhat) <= 1e-12 * scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// float32 CPU against the float64 path
+// ---------------------------------------------------------------------------
+
+TEST_CASE("layernorm float32 CPU paths match the float64 path", "[layernorm]") {
+  const std::vector<Shape> shapes = {{64, 1}, {33, 3}, {4, 5, 1000}, {6, 4097}, {2, 65536}};
+  uint64_t seed = 100;
+  for (const Shape& s : shapes) {
+    const Inputs in = random_inputs(s, seed++, DType::F32);
+    const Outputs want = reference(in, 1e-5);
+    INFO("shape " << shape_str(s));
+    // Fused CPU accumulates in double: only the float32 rounding of outputs
+    // and of the saved mean/rstd remains (2^-24 ~ 6e-8 per element).
+    check_close(run(in, 1e-5, KernelMode::Fused), want, 1e-6, 1e-6);
+    // Unfused reduces in float32 through the primitive backend, whose running
+    // sums err by ~sqrt(D) * 2^-24 relative to their terms: measured 3e-6 for
+    // dx and 7.7e-6 for the (small) means at D = 65536, ~1e-7 at D <= 1000.
+    // 2e-5 covers that growth; a wrong term would be off by O(1).
+    check_close(run(in, 1e-5, KernelMode::Unfused), want, 2e-5, 2e-5);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// stability
+// ---------------------------------------------------------------------------
+
+TEST_CASE("layernorm is stable on rows with a large offset (float32)", "[layernorm][stability]") {
+  struct Case {
+    double offset, stddev;
+  };
+  // 1e6 + N(0, 1e-2) stored in float32 is quantised to steps of 1/16: the
+  // reference uses the same stored values, so it checks the arithmetic, not the storage.
+  for (const Case c : {Case{1e4, 1.0}, Case{1e6, 1e-2}}) {
+    const Inputs in = random_inputs({8, 1000}, 7, DType::F32, Device::CPU, c.offset, c.stddev);
+    const Outputs want = reference(in, 1e-5);
+    INFO("offset " << c.offset << " stddev " << c.stddev);
+    for (KernelMode mode : kModes) {
+      INFO("mode " << kernel_mode_name(mode));
+      const Outputs got = run(in, 1e-5, mode);
+      CHECK(all_finite(got.y));
+      CHECK(all_finite(got.dx));
+      CHECK(rel_error(f64(got.y), want.y) < 1e-5);
+      CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+      CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
+    }
+    // Teeth: the textbook one-pass float32 formula is badly wrong (or NaN) here.
+    const Tensor naive = naive_fp32_forward(in.x, in.gamma, in.beta, 1e-5);
+    const bool naive_fails = !all_finite(naive) || rel_error(naive, want.y) > 0.1;
+    CHECK(naive_fails);
+  }
+}
+
+TEST_CASE("layernorm of constant rows is finite, y == beta", "[layernorm][stability]") {
+  for (DType dtype : {DType::F32, DType::F64})
+    for (double value : {0.0, 3.7, -1e6}) {
+      Inputs in = random_inputs({4, 1000}, 9, dtype);
+      in.x.fill_(value);
+      const Outputs want = reference(in, 1e-5);
+      const Tensor beta_rows = f64(in.beta).reshape({1, 1000});
+      for (KernelMode mode : kModes) {
+        INFO("dtype " << dtype_name(dtype) << " value " << value << " mode " << kernel_mode_name(mode));
+        const Outputs got = run(in, 1e-5, mode);
+        CHECK(all_finite(got.y));
+        CHECK(all_finite(got.dx));
+        CHECK(all_finite(got.dgamma));
+        CHECK(all_finite(got.dbeta));
+        // var = 0 so xhat = 0: y is beta in every row, rstd is 1/sqrt(eps).
+        for (int64_t r = 0; r < 4; ++r) CHECK(max_abs_diff(f64(got.y)[r].reshape({1, 1000}), beta_rows) < 1e-6);
+        CHECK(std::abs(f64(got.rstd).at({0}) - 1 / std::sqrt(1e-5)) < 1e-3);
+        // dx = rstd * (g*dy - mean(g*dy)); dgamma = 0; dbeta = sum(dy).
+        CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+        CHECK(max_abs_diff(f64(got.dgamma), want.dgamma) < 1e-5);
+        CHECK(rel_error(f64(got.dbeta), want.dbeta) < 1e-6);
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// bad input
+// ---------------------------------------------------------------------------
+
+TEST_CASE("layernorm rejects a bad eps", "[layernorm][errors]") {
+  const Inputs in = random_inputs({2, 4}, 3, DType::F32);
+  for (KernelMode mode : kModes) {
+    KernelModeScope scope(mode);
+    const double inf = std::numeric_limits<double>::infinity();
+    for (double eps : {0.0, -1e-5, std::nan(""), inf, -inf, 1e-50 /* 0 as float32 */}) {
+      const std::string msg = error_of([&] { layernorm_forward(in.x, in.gamma, in.beta, eps, nullptr); });
+      INFO("eps " << eps << " message '" << msg << "'");
+      CHECK(contains(msg, "layernorm_forward"));
+      CHECK(contains(msg, "eps"));
+    }
+  }
+  CHECK_THROWS_AS(LayerNorm(4, 0.0), Error);
+  CHECK_THROWS_AS(LayerNorm(4, std::nan("")), Error);
+}
+
+TEST_CASE("layernorm rejects mismatched shapes and dtypes", "[layernorm][errors]") {
+  const Inputs in = random_inputs({2, 3, 4}, 3, DType::F32);
+  auto fwd = [&](const Tensor& x, const Tensor& g, const Tensor& b) {
+    return error_of([&] { layernorm_forward(x, g, b, 1e-5, nullptr); });
+  };
+  for (KernelMode mode : kModes) {
+    KernelModeScope scope(mode);
+    INFO("mode " << kernel_mode_name(mode));
+    std::string msg = fwd(in.x, Tensor::ones({5}), in.beta);
+    CHECK(contains(msg, "layernorm_forward"));
+    CHECK(contains(msg, "(5)"));
+    CHECK(contains(msg, "(2, 3, 4)"));
+    CHECK(contains(fwd(in.x, in.gamma, Tensor::zeros({4, 1})), "beta shape (4, 1)"));
+    CHECK(contains(fwd(in.x, in.gamma.to(DType::F64), in.beta), "dtype"));
+    CHECK(contains(fwd(in.x.to(DType::F64), in.gamma, in.beta), "dtype"));
+    CHECK(contains(fwd(Tensor(), in.gamma, in.beta), "undefined"));
+    CHECK(contains(fwd(Tensor::zeros({0, 4}), in.gamma, in.beta), "empty"));
+    CHECK(contains(fwd(Tensor::full({}, 1.0), Tensor::ones({1}), Tensor::zeros({1})), "at least one dim"));
+    CHECK(contains(fwd(in.x.to(DType::BF16), in.gamma, in.beta), "BF16"));
+    CHECK(contains(fwd(in.x.to(DType::F16), in.gamma, in.beta), "F16"));
+
+    LayerNormSaved saved;
+    layernorm_forward(in.x, in.gamma, in.beta, 1e-5, &saved);
+    auto bwd = [&](const Tensor& dy, const Tensor& x, const Tensor& g, const LayerNormSaved& s) {
+      return error_of([&] { layernorm_backward(dy, x, g, s); });
+    };
+    msg = bwd(Tensor::zeros({2, 4}), in.x, in.gamma, saved);
+    CHECK(contains(msg, "layernorm_backward"));
+    CHECK(contains(msg, "dy shape (2, 4)"));
+    CHECK(contains(msg, "(2, 3, 4)"));
+    CHECK(contains(bwd(in.dy.to(DType::F64), in.x, in.gamma, saved), "dtype"));
+    CHECK(contains(bwd(in.dy, in.x, Tensor::ones({3}), saved), "gamma shape (3)"));
+    CHECK(contains(bwd(in.dy, in.x, in.gamma, LayerNormSaved{}), "undefined"));
+    CHECK(contains(bwd(in.dy, in.x, in.gamma, LayerNormSaved{Tensor::zeros({5}), saved.rstd}), "mean shape (5)"));
+    CHECK(contains(bwd(in.dy, in.x, in.gamma, LayerNormSaved{saved.mean, saved.rstd.to(DType::F64)}), "rstd"));
+    // Statistics saved for another x (other row count) are refused, not reused.
+    const Tensor other_x = Tensor::zeros({3, 4});
+    CHECK(contains(bwd(Tensor::zeros({3, 4}), other_x, in.gamma, saved), "mean shape (6)"));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// the module
+// ---------------------------------------------------------------------------
+
+TEST_CASE("LayerNorm module: forward, backward, grad accumulation", "[layernorm][module]") {
+  for (KernelMode mode : kModes) {
+    KernelModeScope scope(mode);
+    LayerNorm ln(8, 1e-5, DType::F64);
+    CHECK(ln.named_parameters().size() == 2);
+    CHECK(ln.gamma.value.to_vector() == std::vector<double>(8, 1.0));
+    CHECK(ln.beta.value.to_vector() == std::vector<double>(8, 0.0));
+    // Non-trivial parameters so dgamma and gamma both matter.
+    Inputs in = random_inputs({2, 3, 8}, 11);
+    ln.gamma.value.copy_(in.gamma);
+    ln.beta.value.copy_(in.beta);
+
+    const Outputs want = run(in, 1e-5, mode);
+    const Tensor y = ln.forward(in.x);
+    CHECK(max_abs_diff(y, want.y) == 0.0);
+    const Tensor dx = ln.backward(in.dy);
+    CHECK(max_abs_diff(dx, want.dx) == 0.0);
+    CHECK(max_abs_diff(ln.gamma.grad, want.dgamma) == 0.0);
+    CHECK(max_abs_diff(ln.beta.grad, want.dbeta) == 0.0);
+
+    // A second forward/backward adds to the grads, it does not overwrite them.
+    ln.forward(in.x);
+    ln.backward(in.dy);
+    CHECK(max_abs_diff(ln.gamma.grad, mul_scalar(want.dgamma, 2.0)) < 1e-12);
+    CHECK(max_abs_diff(ln.beta.grad, mul_scalar(want.dbeta, 2.0)) < 1e-12);
+    ln.zero_grad();
+    CHECK(max_abs_diff(ln.gamma.grad, Tensor::zeros({8}, DType::F64)) == 0.0);
+  }
+  LayerNorm fresh(4);
+  CHECK_THROWS_AS(fresh.backward(Tensor::zeros({1, 4})), Error);
+}
+
+// ---------------------------------------------------------------------------
+// CUDA
+// ---------------------------------------------------------------------------
+
+namespace {
+// Shapes reaching every block layout of cuda/layernorm.cu (a warp per row for
+// D <= 256, 512, 1024; 128..512-thread groups up to 16384; chunked rows beyond),
+// each with 16-byte vector loads (D % 8 == 0) and with the scalar path (odd D),
+// and enough rows for many blocks and many dgamma/dbeta partials.
+const std::vector<Shape> kGpuShapes = {{5000, 1}, {4099, 3},     {1024, 384}, {8, 128, 768}, {1031, 1000},
+                                       {512, 1536}, {256, 4096}, {257, 4097}, {64, 12288},  {64, 65536},
+                                       {32, 20001}};
+}  // namespace
+
+TEST_CASE("layernorm CUDA float32 fused and unfused match the float64 path", "[layernorm][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const Shape& s : kGpuShapes) {
+    const Inputs in = random_inputs(s, seed++, DType::F32, Device::CUDA);
+    const Outputs want = reference(in, 1e-5);
+    for (KernelMode mode : kModes) {
+      INFO("shape " << shape_str(s) << " mode " << kernel_mode_name(mode));
+      const Outputs got = run(in, 1e-5, mode);
+      CHECK(got.y.is_cuda());
+      CHECK(got.dx.is_cuda());
+      // float32 math with float32 tree/warp reductions: errors grow like
+      // log(D) or sqrt(D) times 2^-24 (<= ~1e-6 here); dgamma/dbeta sum
+      // over up to 5000 rows. 1e-5 is ~170 ulps of headroom, not of slack for a wrong term.
+      check_close(got, want, 1e-5, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("layernorm CUDA bf16 is within bf16 rounding of the float64 path", "[layernorm][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (const Shape& s : kGpuShapes) {
+    const Inputs in = random_inputs(s, seed++, DType::BF16, Device::CUDA);
+    const Outputs want = reference(in, 1e-5);  // on the same bf16 values
+    for (KernelMode mode : kModes) {
+      INFO("shape " << shape_str(s) << " mode " << kernel_mode_name(mode));
+      const Outputs got = run(in, 1e-5, mode);
+      CHECK(got.y.dtype() == DType::BF16);
+      CHECK(got.dx.dtype() == DType::BF16);
+      CHECK(got.dgamma.dtype() == DType::F32);
+      // y and dx are stored in bf16: one rounding, <= 2^-8 relative per element.
+      CHECK(rel_error(f64(got.y), want.y) < 1e-2);
+      CHECK(rel_error(f64(got.dx), want.dx) < 1e-2);
+      // Statistics and dgamma/dbeta are float32 computed from exact bf16 inputs.
+      CHECK(rel_error(f64(got.mean), want.mean) < 1e-5);
+      CHECK(rel_error(f64(got.rstd), want.rstd) < 1e-5);
+      CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-4);
+      CHECK(rel_error(f64(got.dbeta), want.dbeta) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("layernorm CUDA fused backward is bitwise deterministic", "[layernorm][cuda]") {
+  HG_REQUIRE_GPU();
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (const Shape& s : std::vector<Shape>{{4096, 1000}, {4099, 3}, {64, 65536}}) {
+      const Inputs in = random_inputs(s, 700, dtype, Device::CUDA);
+      const Outputs a = run(in, 1e-5, KernelMode::Fused);
+      const Outputs b = run(in, 1e-5, KernelMode::Fused);
+      INFO("shape " << shape_str(s) << " dtype " << dtype_name(dtype));
+      CHECK(a.dx.to_vector() == b.dx.to_vector());
+      CHECK(a.dgamma.to_vector() == b.dgamma.to_vector());
+      CHECK(a.dbeta.to_vector() == b.dbeta.to_vector());
+    }
+}
+
+TEST_CASE("layernorm CUDA is stable on offset and constant rows", "[layernorm][cuda][stability]") {
+  HG_REQUIRE_GPU();
+  struct Case {
+    double offset, stddev;
+  };
+  for (const Case c : {Case{1e4, 1.0}, Case{1e6, 1e-2}, Case{5.0, 0.0}}) {
+    for (const Shape& s : std::vector<Shape>{{8, 1000}, {4, 4097}, {64, 64}}) {
+      const Inputs in = random_inputs(s, 8, DType::F32, Device::CUDA, c.offset, c.stddev);
+      const Outputs want = reference(in, 1e-5);
+      for (KernelMode mode : kModes) {
+        INFO("offset " << c.offset << " stddev " << c.stddev << " shape " << shape_str(s) << " mode "
+                       << kernel_mode_name(mode));
+        const Outputs got = run(in, 1e-5, mode);
+        CHECK(all_finite(got.y));
+        CHECK(all_finite(got.dx));
+        CHECK(all_finite(got.dgamma));
+        CHECK(rel_error(f64(got.y), want.y) < 1e-5);
+        CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("layernorm CUDA rejects mixed devices and F64 in fused mode", "[layernorm][cuda][errors]") {
+  HG_REQUIRE_GPU();
+  const Inputs in = random_inputs({2, 4}, 3, DType::F32, Device::CUDA);
+  const std::string msg =
+      error_of([&] { layernorm_forward(in.x, in.gamma.to(Device::CPU), in.beta, 1e-5, nullptr); });
+  CHECK(contains(msg, "layernorm_forward"));
+  CHECK(contains(msg, "gamma"));
+  CHECK(error_of([&] { layernorm_forward(in.x, in.gamma, in.beta, 1e-5, nullptr); }).empty());
+  LayerNormSaved saved;
+  layernorm_forward(in.x, in.gamma, in.beta, 1e-5, &saved);
+  CHECK(contains(error_of([&] { layernorm_backward(in.dy.to(Device::CPU), in.x, in.gamma, saved); }), "dy"));
+  const Inputs d = random_inputs({2, 4}, 3, DType::F64, Device::CUDA);
+  KernelModeScope fused(KernelMode::Fused);
+  CHECK(contains(error_of([&] { layernorm_forward(d.x, d.gamma, d.beta, 1e-5, nullptr); }), "F64 on CUDA"));
+}

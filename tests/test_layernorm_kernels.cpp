@@ -1,0 +1,192 @@
+// The fused LayerNorm CUDA kernels called directly (cuda/layernorm_kernels.hpp)
+// at every D where cuda/layernorm.cu changes layout (warp per row with 8/16/32
+// elements per lane, 128/256/512-thread rows, the 512 x 32 forward and the
+// 1024-thread backward, the chunked kernels), in f32 and bf16, on aligned
+// tensors (16-byte path) and on views one element off (scalar path), with
+// enough rows that every persistent block walks several. Outputs are poisoned
+// with NaN first, so an element the kernels fail to write shows. The
+// reference is the float64 CPU path (itself checked by finite differences in
+// tests/test_layernorm.cpp, which also holds the op-level CUDA tests).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/kernel_mode.hpp"
+#include "core/tensor.hpp"
+#include "ops/layernorm.hpp"
+#include "tests/test_util.hpp"
+#ifdef HG_WITH_CUDA
+#include "cuda/layernorm_kernels.hpp"
+#endif
+
+#ifdef HG_WITH_CUDA
+namespace {
+
+using namespace hg;
+using hg::test::all_finite;
+using hg::test::rel_error;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr float kEps = 1e-5f;
+
+struct Outputs {
+  Tensor y, mean, rstd, dx, dgamma, dbeta;
+};
+
+struct Inputs {
+  Tensor x, gamma, beta, dy;  // on the GPU (x possibly a misaligned view)
+  Tensor x64, gamma64, beta64, dy64;  // the same values, float64 on the CPU
+};
+
+// (rows, D) on the GPU in `dtype`; offset_view: a view starting one element
+// into its storage, so the row starts are not 16-byte aligned.
+Tensor gpu_matrix(const Tensor& cpu64, DType dtype, bool offset_view) {
+  const int64_t rows = cpu64.size(0), D = cpu64.size(1);
+  if (!offset_view) return cpu64.to(dtype).to(Device::CUDA);
+  Tensor flat = Tensor::zeros({rows * D + 1}, DType::F64);
+  Tensor body = flat.slice(1, rows * D + 1);
+  body.copy_(cpu64.reshape({rows * D}));
+  return flat.to(dtype).to(Device::CUDA).slice(1, rows * D + 1).reshape({rows, D});
+}
+
+Inputs make_inputs(int64_t rows, int64_t D, DType dtype, bool offset_view, uint64_t seed, double offset = 0.0,
+                   double stddev = 1.0) {
+  Generator gen(seed);
+  Inputs in;
+  // Round through `dtype` first so the float64 reference sees the stored values.
+  const Tensor x = Tensor::randn({rows, D}, gen, DType::F64, Device::CPU, offset, stddev).to(dtype).to(DType::F64);
+  const Tensor dy = Tensor::randn({rows, D}, gen, DType::F64).to(dtype).to(DType::F64);
+  const Tensor gamma = Tensor::randn({D}, gen, DType::F32, Device::CPU, 1.0, 0.5);
+  const Tensor beta = Tensor::randn({D}, gen, DType::F32);
+  in.x = gpu_matrix(x, dtype, offset_view);
+  in.dy = gpu_matrix(dy, dtype, false);
+  in.gamma = gamma.to(Device::CUDA);
+  in.beta = beta.to(Device::CUDA);
+  in.x64 = x;
+  in.dy64 = dy;
+  in.gamma64 = gamma.to(DType::F64);
+  in.beta64 = beta.to(DType::F64);
+  return in;
+}
+
+Outputs reference(const Inputs& in) {
+  KernelModeScope fused(KernelMode::Fused);
+  Outputs out;
+  LayerNormSaved saved;
+  out.y = layernorm_forward(in.x64, in.gamma64, in.beta64, kEps, &saved);
+  out.mean = saved.mean;
+  out.rstd = saved.rstd;
+  LayerNormGrads g = layernorm_backward(in.dy64, in.x64, in.gamma64, saved);
+  out.dx = g.dx;
+  out.dgamma = g.dgamma;
+  out.dbeta = g.dbeta;
+  return out;
+}
+
+Tensor poisoned(const Shape& shape, DType dtype) { return Tensor::full(shape, kNaN, dtype, Device::CUDA); }
+
+// Forward, then backward on the forward's own mean/rstd, every output NaN first.
+Outputs run_kernels(const Inputs& in) {
+  const int64_t rows = in.x.size(0), D = in.x.size(1);
+  const DType dtype = in.x.dtype();
+  Outputs out{poisoned({rows, D}, dtype), poisoned({rows}, DType::F32), poisoned({rows}, DType::F32),
+              poisoned({rows, D}, dtype), poisoned({D}, DType::F32),   poisoned({D}, DType::F32)};
+  gpu::layernorm_forward_fused(in.x, in.gamma, in.beta, kEps, out.y, out.mean, out.rstd);
+  gpu::layernorm_backward_fused(in.dy, in.x, in.gamma, out.mean, out.rstd, out.dx, out.dgamma, out.dbeta);
+  return out;
+}
+
+Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
+
+// Every D at which the kernels switch layout, and one past it.
+const std::vector<int64_t> kWidths = {1,    3,    8,    100,  256,  257,  512,   513,   768,   1024,  1025,
+                                      1536, 2048, 2056, 3072, 4096, 4104, 8192,  8200,  12288, 16384, 16392,
+                                      40000};
+
+// Rows: odd, and (below the chunked sizes) more than the persistent grid
+// holds at once on an H100, so blocks walk several rows (e.g. D = 16384:
+// 183 rows for 132 backward blocks; D = 256: 4501 rows for <= 4224 warps);
+// capped at ~3M elements so the float64 reference stays quick.
+int64_t rows_for(int64_t D) { return std::max<int64_t>(37, std::min<int64_t>(4501, 3'000'000 / D) | 1); }
+
+}  // namespace
+
+TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, all outputs written",
+          "[layernorm][cuda][kernels]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 900;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const bool offset_view : {false, true})
+      for (const int64_t D : kWidths) {
+        const int64_t rows = rows_for(D);
+        const Inputs in = make_inputs(rows, D, dtype, offset_view, seed++);
+        INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << (offset_view ? " offset view" : ""));
+        const Outputs got = run_kernels(in);
+        const Outputs want = reference(in);
+        REQUIRE(all_finite(got.y));  // NaN left: an element never written
+        REQUIRE(all_finite(got.mean));
+        REQUIRE(all_finite(got.rstd));
+        REQUIRE(all_finite(got.dx));
+        REQUIRE(all_finite(got.dgamma));
+        REQUIRE(all_finite(got.dbeta));
+        // Statistics, dgamma and dbeta: float32 math on exactly stored inputs.
+        // Reductions are trees/short sequential runs: errors ~ log(n) 2^-24
+        // relative (~1e-6); 1e-5 (f32) leaves headroom without hiding a wrong
+        // term (a missing row or column shows as >= 1/rows or 1/D).
+        CHECK(rel_error(f64(got.mean), want.mean) < 1e-5);
+        CHECK(rel_error(f64(got.rstd), want.rstd) < 1e-5);
+        const double tol_params = dtype == DType::F32 ? 1e-5 : 1e-4;  // bf16: dx/dy products of rounded values
+        CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
+        CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+        // y and dx: f32 as above; bf16 stores them rounded (2^-9 relative each).
+        const double tol_out = dtype == DType::F32 ? 1e-5 : 1e-2;
+        CHECK(rel_error(f64(got.y), want.y) < tol_out);
+        CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
+      }
+}
+
+TEST_CASE("layernorm kernels: backward is bitwise reproducible in every layout", "[layernorm][cuda][kernels]") {
+  HG_REQUIRE_GPU();
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {256, 1024, 2048, 4096, 8192, 16384, 40000}) {
+      const Inputs in = make_inputs(rows_for(D), D, dtype, false, 77);
+      const Outputs a = run_kernels(in);
+      const Outputs b = run_kernels(in);
+      INFO("dtype " << dtype_name(dtype) << " D " << D);
+      CHECK(a.dx.to_vector() == b.dx.to_vector());
+      CHECK(a.dgamma.to_vector() == b.dgamma.to_vector());
+      CHECK(a.dbeta.to_vector() == b.dbeta.to_vector());
+    }
+}
+
+TEST_CASE("layernorm kernels: large offsets and constant rows in the block layouts", "[layernorm][cuda][kernels]") {
+  HG_REQUIRE_GPU();
+  struct Case {
+    double offset, stddev;
+  };
+  // 1e6 + N(0, 1e-2) in float32 is quantised to steps of 1/16; the reference
+  // sees the same stored values. The saved float32 mean is off by up to 1/32,
+  // which the backward must correct for (docs/layernorm.md, section 2).
+  for (const Case c : {Case{1e4, 1.0}, Case{1e6, 1e-2}, Case{-3.0, 0.0}})
+    for (const int64_t D : {1000, 4096, 16384, 40000}) {
+      const Inputs in = make_inputs(67, D, DType::F32, false, 31, c.offset, c.stddev);
+      INFO("offset " << c.offset << " stddev " << c.stddev << " D " << D);
+      const Outputs got = run_kernels(in);
+      const Outputs want = reference(in);
+      REQUIRE(all_finite(got.y));
+      REQUIRE(all_finite(got.dx));
+      REQUIRE(all_finite(got.dgamma));
+      CHECK(rel_error(f64(got.y), want.y) < 1e-5);
+      CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+      CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
+      // A constant row: x - shift is exactly 0, so y is beta exactly.
+      if (c.stddev == 0.0) CHECK(hg::test::max_abs_diff(f64(got.y), want.y) == 0.0);
+    }
+}
+
+#else
+TEST_CASE("layernorm kernels: built without CUDA", "[layernorm][cuda][kernels]") {
+  HG_SKIP("SKIPPED: handgrad was built without CUDA; the fused LayerNorm kernel tests run on the device machine");
+}
+#endif

@@ -1,0 +1,216 @@
+// The fused softmax CUDA kernels called directly (cuda/softmax_kernels.hpp),
+// at every Tk where cuda/softmax.cu switches layout (lane teams of 8/16/32
+// lanes with 1-8 chunks, block team, streaming), in f32 and bf16, on aligned
+// tensors (16-byte path) and on views one element off (scalar path). Outputs
+// are poisoned with NaN first, so an element the kernel fails to write shows.
+// The op-level tests (every path against float64, hostile inputs, errors)
+// are in tests/test_softmax.cpp.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/tensor.hpp"
+#include "ops/softmax.hpp"
+#include "tests/test_util.hpp"
+#ifdef HG_WITH_CUDA
+#include "cuda/softmax_kernels.hpp"
+#endif
+
+#ifdef HG_WITH_CUDA
+namespace {
+
+using hg::Device;
+using hg::DType;
+using hg::Shape;
+using hg::Tensor;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+enum class Variant { Plain, PaddingCausal, FullMaskHostile };
+
+struct Case {
+  int64_t b, h, tq, tk;
+  const Tensor* mask;  // F64 CPU copy of the F32 mask, or null
+  int64_t mask_batch_stride, mask_query_stride;
+  bool causal;
+  double scale;
+  int64_t rows() const { return b * h * tq; }
+};
+
+// float64 reference straight from the definition in ops/softmax.hpp, on the
+// values the kernel saw (x widened from its storage dtype).
+std::vector<double> reference_forward(const std::vector<double>& x, const Case& c) {
+  const std::vector<double> mask = c.mask != nullptr ? c.mask->to_vector() : std::vector<double>();
+  std::vector<double> y(x.size(), 0.0);
+  for (int64_t r = 0; r < c.rows(); ++r) {
+    const int64_t bi = r / (c.h * c.tq), q = r % c.tq;
+    const int64_t visible = c.causal ? std::clamp<int64_t>(q + c.tk - c.tq + 1, 0, c.tk) : c.tk;
+    std::vector<double> z(static_cast<size_t>(c.tk), -kInf);
+    bool row_nan = false;
+    double zmax = -kInf;
+    for (int64_t k = 0; k < visible; ++k) {
+      double v = c.scale * x[r * c.tk + k];
+      if (c.mask != nullptr) {
+        const double m = mask[bi * c.mask_batch_stride + q * c.mask_query_stride + k];
+        v += m > hg::kSoftmaxMaskThreshold ? m : m - kInf;
+      }
+      z[k] = v;
+      row_nan = row_nan || std::isnan(v);
+      zmax = std::max(zmax, v);
+    }
+    if (row_nan) {
+      for (int64_t k = 0; k < c.tk; ++k) y[r * c.tk + k] = kNaN;
+      continue;
+    }
+    if (zmax == -kInf) continue;  // fully masked: zeros
+    double total = 0.0;
+    for (double& v : z) total += (v = std::exp(v - zmax));
+    for (int64_t k = 0; k < c.tk; ++k) y[r * c.tk + k] = z[k] / total;
+  }
+  return y;
+}
+
+std::vector<double> reference_backward(const std::vector<double>& dy, const std::vector<double>& y, int64_t tk,
+                                       double scale) {
+  std::vector<double> dx(y.size());
+  for (size_t r = 0; r < y.size() / tk; ++r) {
+    double dot = 0.0;
+    for (int64_t k = 0; k < tk; ++k) dot += dy[r * tk + k] * y[r * tk + k];
+    for (int64_t k = 0; k < tk; ++k) dx[r * tk + k] = scale * y[r * tk + k] * (dy[r * tk + k] - dot);
+  }
+  return dx;
+}
+
+// NaN exactly where the reference has NaN; elsewhere finite, with a relative
+// (norm) error and an absolute error below the tolerance.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol, double abs_tol) {
+  REQUIRE(got.size() == want.size());
+  double diff = 0, norm = 0, worst = 0;
+  size_t nan_mismatch = 0, not_finite = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      nan_mismatch += !std::isnan(got[i]);
+      continue;
+    }
+    if (!std::isfinite(got[i])) {
+      ++not_finite;  // includes the NaN poison of an unwritten element
+      continue;
+    }
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+    worst = std::max(worst, std::abs(got[i] - want[i]));
+  }
+  const double rel = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-300);
+  CAPTURE(rel, worst);
+  CHECK(nan_mismatch == 0);
+  CHECK(not_finite == 0);
+  CHECK(rel < tol);
+  CHECK(worst < abs_tol);
+}
+
+// A CUDA tensor of `shape` whose data starts `offset` elements into its
+// storage (offset 1 breaks 16-byte alignment), filled from `values` (any
+// dtype/device) or with NaN.
+Tensor device_view(const Shape& shape, DType dtype, int64_t offset, const Tensor* values) {
+  const int64_t n = hg::shape_numel(shape);
+  Tensor t = Tensor::full({n + offset}, kNaN, dtype, Device::CUDA).slice(offset, n + offset).reshape(shape);
+  if (values != nullptr) t.copy_(*values);
+  return t;
+}
+
+void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t seed) {
+  hg::Generator gen(seed);
+  Case c{};
+  Tensor mask64;
+  switch (variant) {
+    case Variant::Plain:  // softmax_forward's layout: rows of tk, no mask
+      c = {1, 1, 1, tk, nullptr, 0, 0, false, 1.0};
+      c.b = 5;
+      break;
+    case Variant::PaddingCausal: {  // (B, 1, 1, Tk) mask, causal, Tq = 3
+      std::vector<double> m(static_cast<size_t>(2 * tk));
+      for (double& v : m) {
+        const double u = gen.uniform();
+        v = u < 0.1 ? -kInf : u < 0.2 ? -1e9 : u < 0.5 ? -2.0 * gen.uniform() : 0.0;
+      }
+      mask64 = Tensor::from_vector(m, {2, 1, 1, tk}, DType::F64);
+      c = {2, 2, 3, tk, &mask64, tk, 0, true, 0.7};
+      break;
+    }
+    case Variant::FullMaskHostile: {  // (B, 1, Tq, Tk) mask; row 0 fully masked, row 1 NaN
+      std::vector<double> m(static_cast<size_t>(2 * 3 * tk));
+      for (double& v : m) v = gen.uniform() < 0.2 ? -kInf : -gen.uniform();
+      for (int64_t k = 0; k < tk; ++k) m[k] = (k % 2 == 0) ? -kInf : -1e9;  // b 0, q 0: every key masked
+      mask64 = Tensor::from_vector(m, {2, 1, 3, tk}, DType::F64);
+      c = {2, 2, 3, tk, &mask64, 3 * tk, tk, false, 0.125};
+      break;
+    }
+  }
+  const Shape shape{c.b, c.h, c.tq, c.tk};
+  INFO("variant " << static_cast<int>(variant) << " tk " << tk << " dtype " << hg::dtype_name(dtype) << " offset "
+                  << offset);
+
+  Tensor x_host = Tensor::randn(shape, gen, DType::F32, Device::CPU, 0.0, 3.0);
+  if (variant == Variant::FullMaskHostile) x_host.set({0, 0, 1, tk / 2}, kNaN);  // row 1: NaN at a visible key
+  const Tensor dy_host = Tensor::randn(shape, gen, DType::F32);
+  const Tensor x = device_view(shape, dtype, offset, &x_host);
+  const Tensor dy = device_view(shape, dtype, offset, &dy_host);
+  Tensor y = device_view(shape, dtype, offset, nullptr);   // NaN poison
+  Tensor dx = device_view(shape, dtype, offset, nullptr);  // NaN poison
+  const Tensor mask = mask64.defined() ? mask64.to(DType::F32).to(Device::CUDA) : Tensor();
+  if (mask.defined()) mask64 = mask.to(Device::CPU).to(DType::F64);  // the values the kernel reads
+
+  hg::gpu::SoftmaxLayout l;
+  l.rows = c.rows();
+  l.tk = tk;
+  l.tq = c.tq;
+  l.heads = c.h;
+  l.mask = mask.defined() ? &mask : nullptr;
+  l.mask_batch_stride = c.mask_batch_stride;
+  l.mask_query_stride = c.mask_query_stride;
+  l.causal = c.causal;
+  l.scale = static_cast<float>(c.scale);
+  hg::gpu::softmax_forward_fused(x, l, y);
+  hg::gpu::softmax_backward_fused(dy, y, c.rows(), tk, static_cast<float>(c.scale), dx);
+
+  // F32: z rounding (~1e-7 relative, exp argument off by ~1e-6) and sums of
+  // up to 40000 terms; BF16: outputs rounded to 8 bits (half-ulp 2^-9).
+  const double tol = dtype == DType::F32 ? 1e-5 : 8e-3;
+  const std::vector<double> x_seen = x.to_vector(), y_got = y.to_vector();
+  check_close(y_got, reference_forward(x_seen, c), tol, 2 * tol);
+  const std::vector<double> dx_got = dx.to_vector();
+  check_close(dx_got, reference_backward(dy.to_vector(), y_got, tk, c.scale), tol, 10 * tol);
+  if (variant == Variant::FullMaskHostile) {
+    size_t not_zero = 0, not_nan = 0;
+    for (int64_t k = 0; k < tk; ++k) {
+      not_zero += y_got[k] != 0.0 || dx_got[k] != 0.0;  // row 0, fully masked: exact zeros
+      not_nan += !std::isnan(y_got[tk + k]);            // row 1, a NaN key: NaN everywhere
+    }
+    CHECK(not_zero == 0);
+    CHECK(not_nan == 0);
+  }
+}
+
+}  // namespace
+#endif  // HG_WITH_CUDA
+
+TEST_CASE("fused softmax kernels agree with float64 at every layout boundary", "[softmax][cuda]") {
+  HG_REQUIRE_GPU();
+#ifdef HG_WITH_CUDA
+  // Around each switch: f32 16-byte lanes 8/16/32 x 1/2/4/8 up to 1024, bf16
+  // up to 1024 (N <= 4), scalar lanes up to 256, block team up to 16384
+  // (scalar backward 8192), then streaming. Odd values force the scalar path.
+  const std::vector<int64_t> tks = {1,   3,    8,    31,   32,   33,   64,   96,   128,   129,   200,   256,
+                                    264, 512,  520,  1000, 1024, 1032, 4096, 4097, 8200,  16384, 16385, 16392,
+                                    40000};
+  uint64_t seed = 7000;
+  for (const int64_t tk : tks)
+    for (const DType dtype : {DType::F32, DType::BF16})
+      for (const int64_t offset : {0, 1})
+        for (const Variant v : {Variant::Plain, Variant::PaddingCausal, Variant::FullMaskHostile})
+          run_case(v, tk, dtype, offset, seed++);
+#endif
+}
