@@ -45,7 +45,7 @@ add_library(hg::cli11 ALIAS hg_cli11)
 # Catch2: v3 (Ubuntu 24.04) provides Catch2WithMain; v2 (Debian 12) does not,
 # so tests/catch_main.cpp supplies the main there.
 find_package(Catch2 QUIET)
-if(Catch2_FOUND AND TARGET Catch2::Catch2WithMain)
+if(Catch2_FOUND AND Catch2_VERSION VERSION_GREATER_EQUAL 3)
   add_library(hg_catch2 INTERFACE)
   target_link_libraries(hg_catch2 INTERFACE Catch2::Catch2WithMain)
   set(HG_CATCH2_VERSION 3)

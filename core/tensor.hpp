@@ -60,7 +60,7 @@ class Tensor {
 
   // ---- conversions and copies ----
   Tensor to(Device device) const;   // same tensor if already there
-  Tensor to(DType dtype) const;     // cast (F32/F64/BF16/F16), same device
+  Tensor to(DType dtype) const;     // cast (F32/F64/BF16/F16), same device; same tensor if already that dtype
   Tensor clone() const;             // deep copy, same device and dtype
   void copy_(const Tensor& src);    // same shape, any device/dtype; writes into this storage
   Tensor& fill_(double value);

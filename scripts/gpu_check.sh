@@ -43,13 +43,20 @@ if has sanitize; then
   cat "$out/sanitize_summary.txt"
 fi
 if has bench; then
-  for b in build-gpu/bench/bench_*; do
-    [[ -x $b ]] || continue
-    name=$(basename "$b")
-    "$b" --device cuda --csv "$out/$name.csv" > "$out/$name.txt" 2>&1 || { echo "$name FAILED"; status=1; }
-    python3 scripts/plot_bench.py "$out/$name.csv" "$out/$name.png" >/dev/null 2>&1 || true
-    tail -40 "$out/$name.txt"
-  done
+  b=build-gpu/bench
+  run_bench() {  # name, args...
+    local name=$1; shift
+    "$b/$name" --device cuda "$@" > "$out/$name.txt" 2>&1 || { echo "$name FAILED"; status=1; }
+    tail -45 "$out/$name.txt"
+  }
+  run_bench bench_layernorm --csv "$out/bench_layernorm.csv"
+  run_bench bench_softmax --csv "$out/bench_softmax.csv"
+  run_bench bench_train --csv "$out/bench_train.csv" --breakdown-csv "$out/bench_train_breakdown.csv"
+  plot=scripts/plot_bench.py
+  python3 $plot "$out/bench_layernorm.csv" -o "$out/bench_layernorm.png" --where device=cuda --where M=4096 \
+      --series pass,dtype,impl --hline 3000:copy --title "LayerNorm, H100, M=4096" || true
+  python3 $plot "$out/bench_softmax.csv" -o "$out/bench_softmax.png" --x T --where device=cuda \
+      --series pass,variant,dtype,impl --hline 3000:copy --title "Attention softmax, H100" || true
 fi
 tar czf "$out/results.tgz" -C "$out" --exclude results.tgz . 2>/dev/null
 exit $status

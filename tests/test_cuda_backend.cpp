@@ -343,7 +343,9 @@ TEST_CASE("cuda matmul matches the float64 product", "[cuda][matmul]") {
         os.push_back(c.ta ? c.a.back() : c.a[c.a.size() - 2]);
         os.push_back(c.tb ? c.b[c.b.size() - 2] : c.b.back());
         const Tensor init = Tensor::randn(os, gen, dtype);
-        Tensor ref = accumulate ? init.to(DType::F64) : Tensor::empty(os, DType::F64);
+        // clone(): for F64, to(F64) returns init itself and the CPU product would
+        // accumulate into the very tensor the GPU copy starts from.
+        Tensor ref = accumulate ? init.to(DType::F64).clone() : Tensor::empty(os, DType::F64);
         hg::cpu_backend().matmul(a64, b64, ref, c.ta, c.tb, accumulate);
         Tensor got = accumulate ? to_gpu(init) : Tensor::full(os, 12345.0, dtype, Device::CUDA);
         hg::cuda_backend().matmul(to_gpu(a), to_gpu(b), got, c.ta, c.tb, accumulate);
