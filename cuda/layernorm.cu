@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             xh[j][k] = (xh[j][k] - m) * rs;
-            const float gd = g[k] * g_dy[j][k];
+            const float gd = __fmul_rn(g[k], g_dy[j][k]);  // rounded, not fused: see gd - c1 below
             sums[0] += gd;
             sums[1] += gd * xh[j][k];
             sums[2] += xh[j][k];
@@ -404,7 +404,10 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             const float xhat = xh[j][k] - c;
-            out[k] = rs * (g[k] * g_dy[j][k] - c1 - xhat * c2);
+            // __fmul_rn: the same rounded g*dy that went into c1. If the
+            // compiler contracted g*dy - c1 into one FMA, D = 1 (exact answer
+            // 0) would give the product's rounding error times rstd (~316).
+            out[k] = rs * (__fmul_rn(g[k], g_dy[j][k]) - c1 - xhat * c2);
             dg[k] = g_dy[j][k] * xhat;
           }
           store_vec<VEC>(dxr + i, out);
@@ -453,7 +456,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
             load_vec<VEC>(gamma + off + i, g);
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
-              const float gd = g[k] * g_dy[j][k];
+              const float gd = __fmul_rn(g[k], g_dy[j][k]);  // as in the resident kernel
               const float xhat_saved = (xh[j][k] - m) * rs;
               sums[0] += gd;
               sums[1] += gd * xhat_saved;
@@ -479,7 +482,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 #pragma unroll
             for (int k = 0; k < VEC; ++k) {
               const float xhat = (xh[j][k] - m) * rs - c;
-              out[k] = rs * (g[k] * g_dy[j][k] - c1 - xhat * c2);
+              out[k] = rs * (__fmul_rn(g[k], g_dy[j][k]) - c1 - xhat * c2);  // no FMA: see resident kernel
               block_dgamma[off + i + k] += g_dy[j][k] * xhat;
               block_dbeta[off + i + k] += g_dy[j][k];
             }

@@ -26,7 +26,16 @@ done
 
 scripts/install_deps.sh
 scripts/build.sh
-ctest --test-dir "${HG_BUILD_DIR:-build}" --output-on-failure -j"$(nproc)"
+build_dir="${HG_BUILD_DIR:-build}"
+ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)"
+# ctest hides the output of passing tests: say plainly how many GPU cases skipped.
+skipped=0
+for t in "$build_dir"/tests/test_*; do
+  [[ -x $t ]] || continue
+  n=$("$t" "[cuda]" 2>&1 | grep -c "SKIPPED: no CUDA GPU present" || true)
+  skipped=$((skipped + n))
+done
+((skipped)) && echo "NOTE: $skipped GPU test cases SKIPPED: no CUDA GPU present (they run on a GPU machine: scripts/gpu_check.sh)"
 ((quick)) && exit 0
 
 echo "== sanitizer build (ASan + UBSan, CPU): build-asan"

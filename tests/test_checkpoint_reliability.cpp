@@ -18,6 +18,7 @@
 #include "core/checkpoint.hpp"
 #include "core/module.hpp"
 #include "tests/test_util.hpp"
+#include "tests/test_files.hpp"
 
 using hg::DType;
 using hg::Module;
@@ -45,29 +46,6 @@ struct Nested : Module {
   }
 };
 
-fs::path temp_dir(const char* tag) {
-  const fs::path dir = fs::temp_directory_path() / ("hg_ckpt_rel_" + std::string(tag) + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<std::vector<double>> snapshot(Module& m) {
-  std::vector<std::vector<double>> out;
-  for (Parameter* p : m.parameters()) out.push_back(p->value.to_vector());
-  return out;
-}
-
 std::string error_of(Module& m, const std::string& path) {
   try {
     m.load(path);
@@ -87,13 +65,13 @@ std::string reseal(std::string bytes) {
 }  // namespace
 
 TEST_CASE("a save interrupted at any byte leaves the previous checkpoint intact and loadable") {
-  const fs::path dir = temp_dir("trunc");
+  const fs::path dir = hg::test::make_temp_dir("ckpt_rel_trunc");
   const std::string path = (dir / "model.ckpt").string();
   hg::Generator g(11);
   Nested old_model(g);
   old_model.save(path);
-  const std::string old_bytes = read_bytes(path);
-  const auto old_values = snapshot(old_model);
+  const std::string old_bytes = hg::test::read_bytes(path);
+  const auto old_values = hg::test::parameter_snapshot(old_model);
 
   hg::Generator g2(12);
   Nested new_model(g2);
@@ -104,24 +82,24 @@ TEST_CASE("a save interrupted at any byte leaves the previous checkpoint intact 
   // A crash before the rename leaves some prefix of the new file in "<path>.tmp".
   for (size_t n = 0; n <= new_bytes.size(); ++n) {
     INFO("temporary file cut at " << n << " of " << new_bytes.size() << " bytes");
-    write_bytes(path + ".tmp", new_bytes.substr(0, n));
-    REQUIRE(read_bytes(path) == old_bytes);
+    hg::test::write_bytes(path + ".tmp", new_bytes.substr(0, n));
+    REQUIRE(hg::test::read_bytes(path) == old_bytes);
     hg::Generator g3(13 + n);
     Nested reader(g3);
     reader.load(path);
-    REQUIRE(snapshot(reader) == old_values);
+    REQUIRE(hg::test::parameter_snapshot(reader) == old_values);
     // Loading the torn temporary itself is refused (only the complete file is a checkpoint).
     if (n < new_bytes.size()) REQUIRE_THROWS_AS(reader.load(path + ".tmp"), hg::Error);
   }
   // The next complete save replaces both the stale temporary and the checkpoint.
   new_model.save(path);
   REQUIRE_FALSE(fs::exists(path + ".tmp"));
-  REQUIRE(read_bytes(path) == new_bytes);
+  REQUIRE(hg::test::read_bytes(path) == new_bytes);
   fs::remove_all(dir);
 }
 
 TEST_CASE("a writer killed with SIGKILL mid-save leaves a complete checkpoint") {
-  const fs::path dir = temp_dir("kill");
+  const fs::path dir = hg::test::make_temp_dir("ckpt_rel_kill");
   const std::string path = (dir / "model.ckpt").string();
   // ~4 MB of parameters: each save spends milliseconds in write()/fsync(), so kills land inside it.
   hg::Generator g(21);
@@ -181,12 +159,12 @@ TEST_CASE("a writer killed with SIGKILL mid-save leaves a complete checkpoint") 
 TEST_CASE("corruption behind a valid checksum: refused, or accepted only as the exact data it encodes") {
   // An attacker (or a bug) that rewrites the checksum defeats FNV; every structural
   // field must still be validated. Flip each byte, reseal, and load.
-  const fs::path dir = temp_dir("reseal");
+  const fs::path dir = hg::test::make_temp_dir("ckpt_rel_reseal");
   const std::string path = (dir / "model.ckpt").string();
   hg::Generator g(31);
   Nested source(g);
   source.save(path);
-  const std::string good = read_bytes(path);
+  const std::string good = hg::test::read_bytes(path);
   // Where tensor data lives in the file: a flip there changes one value, nothing else.
   std::vector<std::pair<size_t, size_t>> data_ranges;
   {
@@ -206,20 +184,20 @@ TEST_CASE("corruption behind a valid checksum: refused, or accepted only as the 
 
   hg::Generator g2(32);
   Nested target(g2);
-  const auto untouched = snapshot(target);
+  const auto untouched = hg::test::parameter_snapshot(target);
   int refused = 0, accepted = 0;
   for (size_t i = 0; i + 8 < good.size(); ++i) {
     for (unsigned char mask : {0x01, 0x80, 0xff}) {
       INFO("byte " << i << " xor " << int(mask));
       std::string bad = good;
       bad[i] = static_cast<char>(bad[i] ^ mask);
-      write_bytes(path, reseal(bad));
+      hg::test::write_bytes(path, reseal(bad));
       const std::string err = error_of(target, path);
       if (!err.empty()) {
         REQUIRE_FALSE(in_data(i));
         REQUIRE(err.find("Module::load") != std::string::npos);
         REQUIRE(err.find(path) != std::string::npos);
-        REQUIRE(snapshot(target) == untouched);
+        REQUIRE(hg::test::parameter_snapshot(target) == untouched);
         ++refused;
       } else {
         REQUIRE(in_data(i));  // a header flip must never be accepted
@@ -244,23 +222,23 @@ TEST_CASE("corruption behind a valid checksum: refused, or accepted only as the 
 }
 
 TEST_CASE("refusals name the file, the tensor and the mismatch, and change nothing") {
-  const fs::path dir = temp_dir("msg");
+  const fs::path dir = hg::test::make_temp_dir("ckpt_rel_msg");
   const std::string path = (dir / "model.ckpt").string();
   hg::Generator g(41);
   Nested target(g);
-  const auto untouched = snapshot(target);
+  const auto untouched = hg::test::parameter_snapshot(target);
   auto expect_refusal = [&](const std::vector<std::string>& needles) {
     const std::string err = error_of(target, path);
     INFO(err);
     REQUIRE_FALSE(err.empty());
     REQUIRE(err.find(path) != std::string::npos);
     for (const auto& n : needles) REQUIRE(err.find(n) != std::string::npos);
-    REQUIRE(snapshot(target) == untouched);
+    REQUIRE(hg::test::parameter_snapshot(target) == untouched);
   };
   auto save_records = [&](const std::vector<std::pair<std::string, Tensor>>& recs) {
     std::vector<hg::CheckpointRecord> records;
     for (const auto& [n, t] : recs) records.push_back({n, t});
-    write_bytes(path, hg::serialize_checkpoint(records));
+    hg::test::write_bytes(path, hg::serialize_checkpoint(records));
   };
   const Tensor w = Tensor::zeros({3, 4}), b = Tensor::zeros({4}), s = Tensor::zeros({2});
 
@@ -290,20 +268,20 @@ TEST_CASE("refusals name the file, the tensor and the mismatch, and change nothi
   }
   SECTION("truncated at every length") {
     save_records({{"scale", s}, {"inner.weight", w}, {"inner.bias", b}});
-    const std::string good = read_bytes(path);
+    const std::string good = hg::test::read_bytes(path);
     for (size_t n = 0; n < good.size(); ++n) {
       INFO("cut at " << n);
-      write_bytes(path, good.substr(0, n));
+      hg::test::write_bytes(path, good.substr(0, n));
       expect_refusal({"Module::load"});
     }
   }
   SECTION("empty file and a directory") {
-    write_bytes(path, "");
+    hg::test::write_bytes(path, "");
     expect_refusal({"not a handgrad checkpoint"});
     fs::remove(path);
     fs::create_directories(path);
     REQUIRE_THROWS_AS(target.load(path), hg::Error);
-    REQUIRE(snapshot(target) == untouched);
+    REQUIRE(hg::test::parameter_snapshot(target) == untouched);
   }
   fs::remove_all(dir);
 }

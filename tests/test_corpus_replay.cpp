@@ -15,6 +15,7 @@
 #include "core/checkpoint.hpp"
 #include "core/npy.hpp"
 #include "tests/test_util.hpp"
+#include "tests/test_files.hpp"
 
 namespace fs = std::filesystem;
 using hg::Tensor;
@@ -27,11 +28,6 @@ std::vector<fs::path> corpus(const char* folder) {
     if (e.is_regular_file()) files.push_back(e.path());
   std::sort(files.begin(), files.end());
   return files;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
@@ -85,7 +81,7 @@ TEST_CASE("npy corpus: every file parses or is refused with hg::Error") {
   for (const fs::path& p : files) {
     const std::string name = p.filename().string();
     INFO(name);
-    const bool ok = replay_npy(read_bytes(p));
+    const bool ok = replay_npy(hg::test::read_bytes(p));
     parsed += ok;
     // Hand-made seeds state their expected outcome in their name.
     if (starts_with(name, "seed_valid_")) REQUIRE(ok);
@@ -100,7 +96,7 @@ TEST_CASE("checkpoint corpus: every file parses or is refused with hg::Error, as
   for (const fs::path& p : files) {
     const std::string name = p.filename().string();
     INFO(name);
-    const std::string bytes = read_bytes(p);
+    const std::string bytes = hg::test::read_bytes(p);
     const bool ok = replay_checkpoint(bytes);
     replay_checkpoint(sealed(bytes));
     if (starts_with(name, "seed_valid_")) REQUIRE(ok);
@@ -128,7 +124,7 @@ TEST_CASE("checkpoint parse refuses hostile records behind a valid checksum with
   };
   for (const auto& [file, text] : expected) {
     INFO(file);
-    const std::string bytes = read_bytes(fs::path(HG_SOURCE_DIR) / "tests" / "corpus" / "checkpoint" / file);
+    const std::string bytes = hg::test::read_bytes(fs::path(HG_SOURCE_DIR) / "tests" / "corpus" / "checkpoint" / file);
     try {
       hg::parse_checkpoint(bytes, file);
       FAIL("parsed a hostile checkpoint");

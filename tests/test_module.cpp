@@ -7,6 +7,7 @@
 
 #include "core/module.hpp"
 #include "tests/test_util.hpp"
+#include "tests/test_files.hpp"
 
 using hg::DType;
 using hg::Module;
@@ -40,28 +41,6 @@ struct Net : Module {
     register_parameter("scale", scale, Tensor::randn({1}, g));
   }
 };
-
-fs::path temp_dir() {
-  const fs::path dir = fs::temp_directory_path() / ("hg_test_module_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::vector<std::vector<double>> snapshot(Module& m) {
-  std::vector<std::vector<double>> out;
-  for (Parameter* p : m.parameters()) out.push_back(p->value.to_vector());
-  return out;
-}
 
 }  // namespace
 
@@ -108,30 +87,30 @@ TEST_CASE("zero_grad, train/eval and dtype moves reach every module") {
   net.train();
   REQUIRE(net.block.inner.training());
 
-  const auto before = snapshot(net);
+  const auto before = hg::test::parameter_snapshot(net);
   net.to(DType::F64);
   for (Parameter* p : net.parameters()) {
     REQUIRE(p->value.dtype() == DType::F64);
     REQUIRE(p->grad.dtype() == DType::F64);
   }
-  REQUIRE(snapshot(net) == before);  // f32 -> f64 is exact
+  REQUIRE(hg::test::parameter_snapshot(net) == before);  // f32 -> f64 is exact
 }
 
 TEST_CASE("checkpoint save/load round trip") {
-  const fs::path dir = temp_dir();
+  const fs::path dir = hg::test::make_temp_dir("module_1");
   const std::string path = (dir / "net.ckpt").string();
   hg::Generator g(3);
   Net net(g);
   net.save(path);
   REQUIRE(fs::exists(path));
   REQUIRE_FALSE(fs::exists(path + ".tmp"));
-  const auto saved = snapshot(net);
+  const auto saved = hg::test::parameter_snapshot(net);
 
   hg::Generator other(99);
   Net fresh(other);
-  REQUIRE(snapshot(fresh) != saved);
+  REQUIRE(hg::test::parameter_snapshot(fresh) != saved);
   fresh.load(path);
-  REQUIRE(snapshot(fresh) == saved);
+  REQUIRE(hg::test::parameter_snapshot(fresh) == saved);
 
   // f64 modules round-trip too.
   net.to(DType::F64);
@@ -144,20 +123,20 @@ TEST_CASE("checkpoint save/load round trip") {
 }
 
 TEST_CASE("checkpoint load refuses mismatched or damaged files and leaves parameters untouched") {
-  const fs::path dir = temp_dir();
+  const fs::path dir = hg::test::make_temp_dir("module_2");
   const std::string path = (dir / "net.ckpt").string();
   hg::Generator g(4);
   Net source(g);
   source.save(path);
-  const std::string good = read_bytes(path);
+  const std::string good = hg::test::read_bytes(path);
 
   hg::Generator g2(5);
   Net target(g2);
-  const auto untouched = snapshot(target);
+  const auto untouched = hg::test::parameter_snapshot(target);
   auto refuses = [&](const std::string& why) {
     INFO(why);
     REQUIRE_THROWS_AS(target.load(path), hg::Error);
-    REQUIRE(snapshot(target) == untouched);
+    REQUIRE(hg::test::parameter_snapshot(target) == untouched);
   };
 
   SECTION("wrong shape") {
@@ -173,7 +152,7 @@ TEST_CASE("checkpoint load refuses mismatched or damaged files and leaves parame
       REQUIRE(msg.find("(5, 2)") != std::string::npos);
       REQUIRE(msg.find("(3, 2)") != std::string::npos);
     }
-    REQUIRE(snapshot(target) == untouched);
+    REQUIRE(hg::test::parameter_snapshot(target) == untouched);
   }
   SECTION("missing tensor and extra tensors") {
     hg::Generator g3(7);
@@ -192,16 +171,16 @@ TEST_CASE("checkpoint load refuses mismatched or damaged files and leaves parame
     for (size_t i = 0; i < good.size(); ++i) {
       std::string bad = good;
       bad[i] = static_cast<char>(bad[i] ^ 0x10);
-      write_bytes(path, bad);
+      hg::test::write_bytes(path, bad);
       refuses("flipped byte " + std::to_string(i));
     }
   }
   SECTION("every truncation and trailing garbage") {
     for (size_t n = 0; n < good.size(); ++n) {
-      write_bytes(path, good.substr(0, n));
+      hg::test::write_bytes(path, good.substr(0, n));
       refuses("truncated to " + std::to_string(n));
     }
-    write_bytes(path, good + "junk");
+    hg::test::write_bytes(path, good + "junk");
     refuses("trailing garbage");
   }
   SECTION("a missing file") {
@@ -212,18 +191,18 @@ TEST_CASE("checkpoint load refuses mismatched or damaged files and leaves parame
 }
 
 TEST_CASE("a leftover .tmp from a crashed save does not affect the checkpoint") {
-  const fs::path dir = temp_dir();
+  const fs::path dir = hg::test::make_temp_dir("module_3");
   const std::string path = (dir / "net.ckpt").string();
   hg::Generator g(8);
   Net net(g);
   net.save(path);
-  const auto saved = snapshot(net);
-  write_bytes(path + ".tmp", "half-written garbage from a crash");
+  const auto saved = hg::test::parameter_snapshot(net);
+  hg::test::write_bytes(path + ".tmp", "half-written garbage from a crash");
 
   hg::Generator g2(9);
   Net other(g2);
   other.load(path);
-  REQUIRE(snapshot(other) == saved);
+  REQUIRE(hg::test::parameter_snapshot(other) == saved);
 
   // The next save replaces the stale .tmp and leaves no .tmp behind.
   other.first.bias.value.fill_(0.5);

@@ -7,23 +7,13 @@
 
 #include "core/npy.hpp"
 #include "tests/test_util.hpp"
+#include "tests/test_files.hpp"
 
 using hg::DType;
 using hg::Tensor;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path temp_dir() {
-  const fs::path dir = fs::temp_directory_path() / ("hg_test_npy_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // A .npy file with an arbitrary header dict (padded like NumPy) and payload.
 std::string make_npy(const std::string& dict, const std::string& payload, int major = 1) {
@@ -52,7 +42,7 @@ std::string load_error(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("npy round trip for f32 and f64, all ranks including 0-d") {
-  const fs::path dir = temp_dir();
+  const fs::path dir = hg::test::make_temp_dir("npy_1");
   hg::Generator g(11);
   const std::vector<hg::Shape> shapes = {{}, {1}, {7}, {3, 5}, {2, 3, 4}, {0, 3}, {2, 1, 1, 3}};
   for (DType dtype : {DType::F32, DType::F64}) {
@@ -88,7 +78,7 @@ TEST_CASE("npy reads headers the way NumPy writes them, v1 and v2") {
 }
 
 TEST_CASE("npy rejects malformed and hostile files with hg::Error naming the file") {
-  const fs::path dir = temp_dir();
+  const fs::path dir = hg::test::make_temp_dir("npy_2");
   const fs::path p = dir / "bad.npy";
   const std::string good = make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", floats(6));
   REQUIRE_NOTHROW(hg::parse_npy(good));
@@ -120,7 +110,7 @@ TEST_CASE("npy rejects malformed and hostile files with hg::Error naming the fil
   };
   for (const auto& [name, bytes] : cases) {
     INFO(name);
-    write_bytes(p, bytes);
+    hg::test::write_bytes(p, bytes);
     const std::string msg = load_error(p);
     CAPTURE(msg);
     REQUIRE(msg.find("load_npy") != std::string::npos);

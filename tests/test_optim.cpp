@@ -128,7 +128,7 @@ TEST_CASE("clip_grad_norm scales all grads by one global factor") {
   REQUIRE(b.grad.at({0}) == 6.0);
 }
 
-TEST_CASE("CUDA optimizers and clipping match the CPU float32 path") {
+TEST_CASE("CUDA optimizers and clipping match the CPU float32 path", "[cuda]") {
   HG_REQUIRE_GPU();
   hg::Generator g(21);
   const int64_t n = 4097;  // not a multiple of any block size

@@ -331,6 +331,25 @@ TEST_CASE("softmax CUDA paths agree with float64", "[softmax][cuda]") {
     for (const Path& p : kCudaPaths) check_path_agrees(p, c, seed++);
 }
 
+// Rows longer than the block layout's 16384 take the streaming kernels (online
+// max/sum over chunks); an odd Tk also forces the scalar (W = 1) access path.
+// Few rows: the float64 reference of 20001 keys per row is cheap. Both
+// calls go through the public ops (attention_softmax_forward, softmax_backward).
+TEST_CASE("softmax CUDA streaming rows (Tk > 16384) agree with float64", "[softmax][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 1700;
+  const int64_t tk = 20001;
+  const std::vector<Config> configs = {
+      {1, 2, 2, tk, MaskForm::KeyPadding, false, 0.125},
+      {2, 1, 3, tk, MaskForm::Full, true, 0.7},        // causal with Tq < Tk: visible prefix ~Tk
+      {1, 1, 2, tk, MaskForm::SharedKeyPadding, true, 1.0},
+      {1, 1, 3, tk, MaskForm::None, true, 2.0},
+      {1, 2, 2, tk - 1, MaskForm::KeyPadding, true, 0.125},  // even Tk: the vector (W > 1) streaming path
+  };
+  for (const Config& c : configs)
+    for (const Path& p : {kCudaFusedF32, kCudaFusedBF16}) check_path_agrees(p, c, seed++);
+}
+
 // ---------------------------------------------------------------------------
 // Hostile inputs, on every path the machine has.
 

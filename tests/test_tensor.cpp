@@ -256,7 +256,7 @@ TEST_CASE("moving to CUDA without a GPU fails loudly") {
   REQUIRE_THROWS_AS(Tensor::zeros({2}).to(Device::CUDA), hg::Error);
 }
 
-TEST_CASE("GPU round trip, element access and casts") {
+TEST_CASE("GPU round trip, element access and casts", "[cuda]") {
   HG_REQUIRE_GPU();
   hg::Generator g(5);
   const Tensor host = Tensor::randn({37, 5}, g);

@@ -44,6 +44,19 @@ inline double rel_error(const Tensor& a, const Tensor& b) {
   return std::sqrt(diff) / denom;
 }
 
+// LayerNorm's per-row mean is compared in units of the row's standard
+// deviation: max_r |mean_r - want_mean_r| * want_rstd_r. A relative error
+// would be ill-posed (a zero-centred row has mean ~ 1/sqrt(D), so float32
+// summation noise of ~log2(D) * 2^-24 * mean|x| looks large next to it);
+// this measure is the error the mean puts into x_hat, which is what matters.
+inline double mean_error_in_stddevs(const Tensor& mean, const Tensor& want_mean, const Tensor& want_rstd) {
+  REQUIRE(mean.shape() == want_mean.shape());
+  const auto m = mean.to_vector(), w = want_mean.to_vector(), r = want_rstd.to_vector();
+  double worst = 0;
+  for (size_t i = 0; i < m.size(); ++i) worst = std::max(worst, std::abs(m[i] - w[i]) * r[i]);
+  return worst;
+}
+
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
   const auto va = a.to_vector(), vb = b.to_vector();

@@ -1,0 +1,40 @@
+#pragma once
+// File helpers shared by the tests that write .npy files and checkpoints.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/module.hpp"
+
+namespace hg::test {
+
+// A fresh, empty folder under the system temp dir, unique per process and tag.
+inline std::filesystem::path make_temp_dir(const std::string& tag) {
+  const auto dir = std::filesystem::temp_directory_path() / ("hg_test_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+inline std::string read_bytes(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+inline void write_bytes(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Every parameter value of a module, to check that a refused load touched nothing.
+inline std::vector<std::vector<double>> parameter_snapshot(Module& m) {
+  std::vector<std::vector<double>> out;
+  for (Parameter* p : m.parameters()) out.push_back(p->value.to_vector());
+  return out;
+}
+
+}  // namespace hg::test
