@@ -1,6 +1,13 @@
 #include "core/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 
@@ -136,6 +143,49 @@ std::vector<CheckpointRecord> parse_checkpoint(const std::string& bytes, const s
   }
   if (r.pos() != body) fail(kOp, what, ": ", body - r.pos(), " unexpected bytes after the last tensor");
   return records;
+}
+
+// ---- files ----
+
+void write_file_durably(const std::string& path, const std::string& bytes, const char* op) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail(op, "cannot open '", tmp, "': ", std::strerror(errno));
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(op, "write to '", tmp, "' failed: ", std::strerror(err));
+    }
+    written += static_cast<size_t>(n);
+  }
+  // fsync before rename: otherwise a crash could leave the new name pointing at unwritten data.
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    fail(op, "fsync of '", tmp, "' failed: ", std::strerror(err));
+  }
+  if (::close(fd) != 0) fail(op, "close of '", tmp, "' failed: ", std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    fail(op, "rename '", tmp, "' -> '", path, "' failed: ", std::strerror(errno));
+}
+
+std::string read_whole_file(const std::string& path, const char* op) {
+  // A directory opens as a stream whose size reads as ~2^63: check before allocating.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) fail(op, "'", path, "' does not exist or is not a regular file");
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) fail(op, "cannot open '", path, "'");
+  const std::streamoff size = f.tellg();
+  if (size < 0) fail(op, "cannot determine the size of '", path, "'");
+  std::string bytes(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  f.read(&bytes[0], size);
+  if (f.gcount() != size) fail(op, "short read of '", path, "'");
+  return bytes;
 }
 
 }  // namespace hg

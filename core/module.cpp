@@ -1,13 +1,5 @@
 #include "core/module.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "core/checkpoint.hpp"
@@ -85,54 +77,15 @@ void Module::train(bool on) {
 // The format lives in core/checkpoint.cpp; here: durable writing, and
 // matching the file's records against this module before touching any value.
 
-namespace {
-
-void write_file_durably(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail("Module::save", "cannot open '", tmp, "': ", std::strerror(errno));
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      fail("Module::save", "write to '", tmp, "' failed: ", std::strerror(err));
-    }
-    written += static_cast<size_t>(n);
-  }
-  // fsync before rename: otherwise a crash could leave the new name pointing at unwritten data.
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail("Module::save", "fsync of '", tmp, "' failed: ", std::strerror(err));
-  }
-  if (::close(fd) != 0) fail("Module::save", "close of '", tmp, "' failed: ", std::strerror(errno));
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    fail("Module::save", "rename '", tmp, "' -> '", path, "' failed: ", std::strerror(errno));
-}
-
-}  // namespace
 
 void Module::save(const std::string& path) {
   std::vector<CheckpointRecord> records;
   for (const auto& [name, p] : named_parameters()) records.push_back({name, p->value});
-  write_file_durably(path, serialize_checkpoint(records));
+  write_file_durably(path, serialize_checkpoint(records), "Module::save");
 }
 
 void Module::load(const std::string& path) {
-  // A directory opens as a stream whose size reads as ~2^63: check before allocating.
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("Module::load", "'", path, "' does not exist or is not a regular file");
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) fail("Module::load", "cannot open '", path, "'");
-  const std::streamoff size = f.tellg();
-  if (size < 0) fail("Module::load", "cannot determine the size of '", path, "'");
-  std::string bytes(static_cast<size_t>(size), '\0');
-  f.seekg(0);
-  f.read(&bytes[0], size);
-  if (f.gcount() != size) fail("Module::load", "short read of '", path, "'");
+  const std::string bytes = read_whole_file(path, "Module::load");
 
   std::map<std::string, Tensor> entries;
   for (CheckpointRecord& r : parse_checkpoint(bytes, path)) entries.emplace(std::move(r.name), std::move(r.value));

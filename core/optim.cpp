@@ -1,6 +1,9 @@
 #include "core/optim.hpp"
 
 #include <cmath>
+#include <map>
+
+#include "core/checkpoint.hpp"
 
 #ifdef HG_WITH_CUDA
 #include "cuda/optim_kernels.hpp"  // hg::gpu::sgd_step / adamw_step / sum_of_squares / scale_inplace
@@ -73,6 +76,39 @@ void Optimizer::zero_grad() {
   }
 }
 
+// ---- state files ----
+
+void Optimizer::save_state(const std::string& path) {
+  std::vector<CheckpointRecord> records;
+  records.push_back({"steps", Tensor::from_vector({static_cast<double>(steps_)}, {1}, DType::F64)});
+  for (const auto& [name, t] : state_buffers()) records.push_back({name, *t});
+  write_file_durably(path, serialize_checkpoint(records), "Optimizer::save_state");
+}
+
+void Optimizer::load_state(const std::string& path) {
+  constexpr const char* kOp = "Optimizer::load_state";
+  std::map<std::string, Tensor> entries;
+  for (CheckpointRecord& r : parse_checkpoint(read_whole_file(path, kOp), path))
+    entries.emplace(std::move(r.name), std::move(r.value));
+  const auto buffers = state_buffers();
+  // Everything is checked before anything is written.
+  HG_CHECK(entries.size() == buffers.size() + 1 && entries.count("steps") && entries.at("steps").numel() == 1, kOp,
+           path, ": expected 'steps' and ", buffers.size(), " state tensors, the file has ", entries.size(),
+           " tensors");
+  const double steps = entries.at("steps").to_vector()[0];
+  HG_CHECK(steps >= 0 && steps == static_cast<double>(static_cast<int64_t>(steps)), kOp, path, ": bad step count ",
+           steps);
+  for (const auto& [name, t] : buffers) {
+    const auto it = entries.find(name);
+    HG_CHECK(it != entries.end(), kOp, path, ": state tensor '", name, "' missing from the file");
+    HG_CHECK(it->second.shape() == t->shape() && it->second.dtype() == t->dtype(), kOp, path, ": '", name,
+             "' is ", dtype_name(it->second.dtype()), " of shape ", it->second.shape(),
+             " in the file but ", dtype_name(t->dtype()), " of shape ", t->shape(), " here");
+  }
+  for (const auto& [name, t] : buffers) t->copy_(entries.at(name));
+  steps_ = static_cast<int64_t>(steps);
+}
+
 // ---- SGD ----
 
 SGD::SGD(std::vector<Parameter*> params, SGDOptions options) : Optimizer(std::move(params)), options_(options) {
@@ -112,6 +148,13 @@ void SGD::step() {
     }
   }
   ++steps_;
+}
+
+std::vector<std::pair<std::string, Tensor*>> SGD::state_buffers() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (size_t i = 0; i < velocity_.size(); ++i)
+    if (velocity_[i].defined()) out.emplace_back("velocity." + std::to_string(i), &velocity_[i]);
+  return out;
 }
 
 // ---- AdamW ----
@@ -156,6 +199,15 @@ void AdamW::step() {
     }
   }
   ++steps_;
+}
+
+std::vector<std::pair<std::string, Tensor*>> AdamW::state_buffers() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (size_t i = 0; i < m_.size(); ++i) {
+    out.emplace_back("m." + std::to_string(i), &m_[i]);
+    out.emplace_back("v." + std::to_string(i), &v_[i]);
+  }
+  return out;
 }
 
 // ---- gradient clipping ----

@@ -1,4 +1,6 @@
 #pragma once
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/module.hpp"
@@ -17,7 +19,17 @@ class Optimizer {
   double lr() const { return lr_; }
   int64_t steps() const { return steps_; }
 
+  // The step count and every per-parameter buffer (momentum, Adam moments),
+  // so a resumed run continues exactly where it stopped. Same file format and
+  // crash-safe write as Module::save; load_state checks the buffer names,
+  // shapes and dtypes against this optimizer before changing anything.
+  void save_state(const std::string& path);
+  void load_state(const std::string& path);
+
  protected:
+  // Named state tensors, in parameter order ("m.3", "v.3", ...); empty where none.
+  virtual std::vector<std::pair<std::string, Tensor*>> state_buffers() = 0;
+
   std::vector<Parameter*> params_;
   double lr_ = 1e-3;
   int64_t steps_ = 0;
@@ -35,6 +47,7 @@ class SGD : public Optimizer {
   void step() override;
 
  private:
+  std::vector<std::pair<std::string, Tensor*>> state_buffers() override;
   SGDOptions options_;
   std::vector<Tensor> velocity_;
 };
@@ -54,6 +67,7 @@ class AdamW : public Optimizer {
   void step() override;
 
  private:
+  std::vector<std::pair<std::string, Tensor*>> state_buffers() override;
   AdamWOptions options_;
   std::vector<Tensor> m_, v_;
 };

@@ -281,8 +281,8 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
       ->capture_default_str();
   app.add_option("--print-every", o.print_every, "steps between progress lines when not a terminal (0: auto)");
-  app.add_option("--checkpoint", o.checkpoint, "save the model here at the end (and at each evaluation)");
-  app.add_flag("--resume", o.resume, "load --checkpoint and continue from its step");
+  app.add_option("--checkpoint", o.checkpoint, "save the model here (and the optimizer state to PATH.optim) at each evaluation and at the end");
+  app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step");
   app.add_option("--log-csv", o.log_csv, "per-step CSV log")->capture_default_str();
   app.add_option("--plot", o.plot, "PNG loss curve")->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
@@ -331,19 +331,20 @@ int main(int argc, char** argv) {
     cfg.dropout = o.dropout;
     cfg.seed = static_cast<uint64_t>(o.seed);
     DecoderLM model(cfg);
-    int64_t start_step = 0;
-    if (o.resume) {
-      model.load(o.checkpoint);
-      std::ifstream meta(o.checkpoint + ".step");
-      HG_CHECK(static_cast<bool>(meta >> start_step), "train", "cannot read ", o.checkpoint, ".step");
-      // Replay the data stream so a resumed run sees the batches it would have seen.
-      for (int64_t s = 0; s < start_step; ++s) next_batch();
-    }
+    if (o.resume) model.load(o.checkpoint);
     model.to(dev);
     AdamWOptions adam;
     adam.lr = o.lr;
     adam.weight_decay = o.weight_decay;
     AdamW opt(model.parameters(), adam);
+    int64_t start_step = 0;
+    if (o.resume) {
+      // Moments and step count: the resumed run continues the same trajectory.
+      opt.load_state(o.checkpoint + ".optim");
+      start_step = opt.steps();
+      // Replay the data stream so a resumed run sees the batches it would have seen.
+      for (int64_t s = 0; s < start_step; ++s) next_batch();
+    }
     Trainer trainer{model, opt, dev, o.clip};
 
     std::printf("handgrad train: %s\n", lm ? ("byte-level LM on " + o.data).c_str() : ("synthetic translation (" + task.describe() + ")").c_str());
@@ -352,7 +353,7 @@ int main(int argc, char** argv) {
                 kernel_mode_name(kernel_mode()), static_cast<long long>(model.num_parameters()),
                 static_cast<long long>(o.d_model), static_cast<long long>(o.heads), static_cast<long long>(o.layers),
                 static_cast<long long>(o.seq_len), static_cast<long long>(o.batch));
-    if (o.resume) std::printf("resumed from %s at step %lld (AdamW moments restart)\n", o.checkpoint.c_str(), static_cast<long long>(start_step));
+    if (o.resume) std::printf("resumed from %s (+ .optim) at step %lld\n", o.checkpoint.c_str(), static_cast<long long>(start_step));
 
     std::ofstream csv(o.log_csv, o.resume ? std::ios::app : std::ios::trunc);
     csv.precision(9);
@@ -362,10 +363,11 @@ int main(int argc, char** argv) {
     std::vector<double> xs, losses, eval_xs, eval_losses;
     std::vector<double> step_ms;  // steps after the first (which pays one-time costs)
     double last_loss = NAN;
-    const auto save_checkpoint = [&](int64_t step_done) {
+    const auto save_checkpoint = [&] {
       if (o.checkpoint.empty()) return;
+      // Each file is written atomically (temp + rename); the step count lives in the optimizer state.
       model.save(o.checkpoint);
-      std::ofstream(o.checkpoint + ".step") << step_done << "\n";
+      opt.save_state(o.checkpoint + ".optim");
     };
     auto evaluate = [&](int64_t step_done) {
       double eval_loss = 0, acc = 0;
@@ -389,7 +391,7 @@ int main(int argc, char** argv) {
                   lm ? "" : (", token accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str());
       eval_xs.push_back(static_cast<double>(step_done));
       eval_losses.push_back(eval_loss);
-      save_checkpoint(step_done);
+      save_checkpoint();
       return std::make_pair(eval_loss, acc);
     };
 

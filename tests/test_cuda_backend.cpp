@@ -501,7 +501,7 @@ TEST_CASE("cuda caching allocator reaches a steady state", "[cuda][allocator]") 
   CHECK(hg::gpu::memory_stats().in_use == before.in_use);
 }
 
-TEST_CASE("cuda failures come out as hg::Error and leave the GPU usable", "[cuda][errors]") {
+TEST_CASE("cuda failures come out as hg::Error and leave the GPU usable", "[cuda][errors][api-errors]") {
   HG_REQUIRE_GPU();
   // cudaMalloc of a petabyte fails with cudaErrorMemoryAllocation.
   try {

@@ -1,7 +1,11 @@
-// Optimizers against scalar arithmetic written out by hand, plus gradient clipping.
+// Optimizers against scalar arithmetic written out by hand, gradient clipping,
+// and saving / restoring optimizer state.
 #include <cmath>
+#include <filesystem>
+#include <memory>
 
 #include "core/optim.hpp"
+#include "tests/test_files.hpp"
 #include "tests/test_util.hpp"
 
 using hg::DType;
@@ -20,6 +24,34 @@ void set_grad(Parameter& p, const std::vector<double>& grad) {
   p.grad.copy_(Tensor::from_vector(grad, p.grad.shape(), DType::F64));
 }
 
+
+// Step k's gradient for parameter j: any fixed, non-trivial sequence will do.
+std::vector<double> grad_at(int k, int j, int64_t n) {
+  std::vector<double> g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) g[static_cast<size_t>(i)] = std::sin(1.0 + 0.7 * k + 1.3 * j + 0.37 * i);
+  return g;
+}
+
+// Runs steps [from, to) of the fixed gradient sequence.
+void run_steps(hg::Optimizer& opt, std::vector<Parameter*> params, int from, int to) {
+  for (int k = from; k < to; ++k) {
+    for (size_t j = 0; j < params.size(); ++j) set_grad(*params[j], grad_at(k, int(j), params[j]->value.numel()));
+    opt.step();
+  }
+}
+
+// A tiny f32 model: two parameters with fixed starting values.
+struct TwoParams {
+  Parameter a = make_param({1.0, -2.0, 0.5}, {0, 0, 0}, DType::F32);
+  Parameter b = make_param({0.25, 4.0}, {0, 0}, DType::F32);
+  std::vector<Parameter*> ptrs() { return {&a, &b}; }
+};
+
+std::vector<std::vector<double>> values(const std::vector<Parameter*>& params) {
+  std::vector<std::vector<double>> out;
+  for (Parameter* p : params) out.push_back(p->value.to_vector());
+  return out;
+}
 }  // namespace
 
 TEST_CASE("SGD without momentum: p -= lr * g") {
@@ -126,6 +158,81 @@ TEST_CASE("clip_grad_norm scales all grads by one global factor") {
   a.grad.set({0}, NAN);
   REQUIRE(std::isnan(hg::clip_grad_norm({&a, &b}, 1.0)));
   REQUIRE(b.grad.at({0}) == 6.0);
+}
+
+// Interrupting a run, saving the optimizer (and parameters), and resuming in a
+// fresh optimizer must give bitwise the trajectory of the uninterrupted run:
+// the moments, the momentum and the bias-correction step count all survive.
+TEST_CASE("optimizer state round-trips: a resumed run is bitwise the uninterrupted one", "[optim][checkpoint]") {
+  const auto dir = hg::test::make_temp_dir("optim_state");
+  const std::string path = (dir / "opt.state").string();
+  for (const bool adam : {true, false}) {
+    INFO((adam ? "AdamW" : "SGD momentum"));
+    auto make = [&](std::vector<Parameter*> ps) -> std::unique_ptr<hg::Optimizer> {
+      if (adam) return std::make_unique<hg::AdamW>(ps, hg::AdamWOptions{0.05, 0.9, 0.99, 1e-8, 0.01});
+      return std::make_unique<hg::SGD>(ps, hg::SGDOptions{0.05, 0.9, 0.01});
+    };
+    // Three identical models: uninterrupted, saved-and-resumed, resumed without state.
+    TwoParams straight_run, resumed_run, stateless_run;
+
+    auto straight = make(straight_run.ptrs());
+    run_steps(*straight, straight_run.ptrs(), 0, 7);
+
+    auto first = make(resumed_run.ptrs());
+    run_steps(*first, resumed_run.ptrs(), 0, 3);
+    first->save_state(path);
+    REQUIRE_FALSE(std::filesystem::exists(path + ".tmp"));
+    auto resumed = make(resumed_run.ptrs());
+    REQUIRE(resumed->steps() == 0);
+    resumed->load_state(path);
+    REQUIRE(resumed->steps() == 3);
+    run_steps(*resumed, resumed_run.ptrs(), 3, 7);
+    CHECK(values(resumed_run.ptrs()) == values(straight_run.ptrs()));
+
+    // Without the state the resumed run differs (so the check above can fail).
+    auto head = make(stateless_run.ptrs());
+    run_steps(*head, stateless_run.ptrs(), 0, 3);
+    auto fresh = make(stateless_run.ptrs());
+    run_steps(*fresh, stateless_run.ptrs(), 3, 7);
+    CHECK(values(stateless_run.ptrs()) != values(straight_run.ptrs()));
+  }
+}
+
+TEST_CASE("optimizer load_state refuses a file that does not match, changing nothing", "[optim][checkpoint][errors]") {
+  const auto dir = hg::test::make_temp_dir("optim_state_bad");
+  const std::string path = (dir / "opt.state").string();
+  Parameter a = make_param({1.0, -2.0, 0.5}, {0.1, 0.2, 0.3}, DType::F32);
+  hg::AdamW saved({&a}, {});
+  saved.step();
+  saved.save_state(path);
+
+  auto refuses = [&](hg::Optimizer& opt, const std::string& part) {
+    const int64_t steps = opt.steps();
+    try {
+      opt.load_state(path);
+      FAIL("load_state accepted a mismatched file");
+    } catch (const hg::Error& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(part) != std::string::npos);
+    }
+    CHECK(opt.steps() == steps);
+  };
+  Parameter wide = make_param({1.0, 2.0, 3.0, 4.0}, {0, 0, 0, 0}, DType::F32);
+  hg::AdamW wrong_shape({&wide}, {});
+  refuses(wrong_shape, "shape");  // the message names the shapes: [3] in the file, [4] here
+  Parameter two = make_param({1.0}, {0}, DType::F32);
+  hg::AdamW wrong_count({&a, &two}, {});
+  refuses(wrong_count, "state tensors");
+  hg::SGD wrong_kind({&a}, {0.1, 0.9, 0.0});
+  refuses(wrong_kind, "state tensors");
+
+  // A flipped byte fails the checksum.
+  std::string bytes = hg::test::read_bytes(path);
+  bytes[bytes.size() / 2] ^= 0x40;
+  hg::test::write_bytes(path, bytes);
+  hg::AdamW same({&a}, {});
+  refuses(same, "checksum");
+  CHECK_THROWS_AS(same.load_state((dir / "missing").string()), hg::Error);
 }
 
 TEST_CASE("CUDA optimizers and clipping match the CPU float32 path", "[cuda]") {
