@@ -92,19 +92,6 @@ Inputs make_inputs(Size s, DType dtype, Device device, int n_sets, Generator& ge
   return in;
 }
 
-// Times `call(set)`; each timed sample runs `reps` calls over rotating sets
-// (so short kernels are not measured as launch gaps) and reports per call.
-bench::Timing time_calls(Device device, int n_sets, int warmup, int iters, int reps,
-                         const std::function<void(int)>& call) {
-  int counter = 0;
-  bench::Timing t = bench::time_op(device, 1, warmup, iters, [&](int) {
-    for (int r = 0; r < reps; ++r) call(counter++ % n_sets);
-  });
-  t.median_ms /= reps;
-  t.min_ms /= reps;
-  return t;
-}
-
 struct Options {
   std::string device = "all";
   std::string sizes;
@@ -170,12 +157,12 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
         KernelModeScope scope(mode);
         const char* impl = kernel_mode_name(mode);
         try_record("forward", impl, [&] {
-          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
             keep_y[i] = layernorm_forward(in.x[i], in.gamma, in.beta, kEps, &keep_saved[i]);
           });
         });
         try_record("backward", impl, [&] {
-          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
             keep_g[i] = layernorm_backward(in.dy[i], in.x[i], in.gamma, in.saved[i]);
           });
         });
@@ -195,12 +182,12 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
           db[i] = Tensor::empty({s.N}, DType::F32, device);
         }
         try_record("forward", "kernel", [&] {
-          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
             gpu::layernorm_forward_fused(in.x[i], in.gamma, in.beta, float(kEps), y[i], mean[i], rstd[i]);
           });
         });
         try_record("backward", "kernel", [&] {
-          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
             gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
                                           dg[i], db[i]);
           });
@@ -209,7 +196,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
         // host; timing that per call would add the host round trip, so the
         // same copy is issued here without the synchronisation.
         try_record("copy", "memcpy", [&] {
-          return time_calls(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
             HG_CUDA_CHECK(cudaMemcpyAsync(copy[i].raw_data(), in.x[i].raw_data(), in.x[i].nbytes(),
                                           cudaMemcpyDeviceToDevice, gpu::stream()));
           });

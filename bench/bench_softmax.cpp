@@ -122,19 +122,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-// Times `call(set)`; each timed sample runs `reps` calls over rotating sets
-// (so short kernels are not measured as launch gaps) and reports per call.
-bench::Timing time_calls(Device device, int n_sets, int warmup, int iters, int reps,
-                         const std::function<void(int)>& call) {
-  int counter = 0;
-  bench::Timing t = bench::time_op(device, 1, warmup, iters, [&](int) {
-    for (int r = 0; r < reps; ++r) call(counter++ % n_sets);
-  });
-  t.median_ms /= reps;
-  t.min_ms /= reps;
-  return t;
-}
-
 struct Options {
   std::string device = "all";
   std::string sizes;
@@ -228,7 +215,7 @@ class SizeRun {
       KernelModeScope scope(modes[m]);
       try {
         std::vector<Tensor> keep(n_sets_);  // outputs stay alive across a rotation: distinct buffers
-        timings[m] = time_calls(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) { keep[i] = op(i); });
+        timings[m] = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) { keep[i] = op(i); });
         outputs[m] = keep[0];
       } catch (const hg::Error& e) {
         std::fprintf(stderr, "skipped %s %s %s %s: %s\n", pass, variant, kernel_mode_name(modes[m]),
@@ -255,7 +242,7 @@ class SizeRun {
     l.mask_batch_stride = o.mask.defined() ? size_.T : 0;  // (B, 1, 1, T)
     l.causal = o.causal;
     l.scale = static_cast<float>(o.scale);
-    const auto t = time_calls(device_, n_sets_, opt_.warmup, iters_, reps_,
+    const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_,
                               [&](int i) { gpu::softmax_forward_fused(x_[i], l, y[i]); });
     record("forward", variant, "kernel", bytes, t);
   }
@@ -264,7 +251,7 @@ class SizeRun {
     std::vector<Tensor> dx(n_sets_);
     for (Tensor& t : dx) t = Tensor::empty(size_.scores(), dtype_, device_);
     const int64_t rows = size_.B * size_.H * size_.T;
-    const auto t = time_calls(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) {
+    const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) {
       gpu::softmax_backward_fused(dy_[i], y_[i], rows, size_.T, static_cast<float>(kScale), dx[i]);
     });
     record("backward", "-", "kernel", bytes, t);
@@ -275,7 +262,7 @@ class SizeRun {
   void time_copy(double bytes) {
     std::vector<Tensor> dst(n_sets_);
     for (Tensor& t : dst) t = Tensor::empty(size_.scores(), dtype_, device_);
-    const auto t = time_calls(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) {
+    const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) {
       HG_CUDA_CHECK(cudaMemcpyAsync(dst[i].raw_data(), x_[i].raw_data(), x_[i].nbytes(), cudaMemcpyDeviceToDevice,
                                     gpu::stream()));
     });

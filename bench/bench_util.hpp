@@ -49,6 +49,23 @@ inline Timing time_op(Device device, int n_inputs, int warmup, int iters,
   return summarize(std::move(ms));
 }
 
+// Times `call(set)` over `n_sets` rotating input sets; each timed sample runs
+// `reps` calls (so short kernels are not measured as launch gaps) and the
+// result is per call. Warm-up covers at least one full rotation, so every
+// set's outputs have been allocated once (and the allocator caches warm)
+// before anything is timed.
+inline Timing time_rotating(Device device, int n_sets, int warmup, int iters, int reps,
+                            const std::function<void(int)>& call) {
+  int counter = 0;
+  const int warm_samples = std::max(warmup, (n_sets + reps - 1) / reps);
+  Timing t = time_op(device, 1, warm_samples, iters, [&](int) {
+    for (int r = 0; r < reps; ++r) call(counter++ % n_sets);
+  });
+  t.median_ms /= reps;
+  t.min_ms /= reps;
+  return t;
+}
+
 inline double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
 
 // Appends rows to a CSV file, writing the header once.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/backend.hpp"
+#include "core/host_allocator.hpp"
 #include "core/tensor.hpp"
 #include "tests/test_util.hpp"
 
@@ -309,4 +310,36 @@ TEST_CASE("init_logging accepts level names and rejects others") {
   REQUIRE_THROWS_AS(hg::init_logging(), hg::Error);
   REQUIRE_NOTHROW(hg::init_logging("info"));  // an explicit level wins over the environment
   ::unsetenv("HG_LOG_LEVEL");
+}
+
+TEST_CASE("host allocator: CPU blocks are cached and reused; a much smaller request does not pin one", "[tensor][allocator]") {
+  if (!hg::host::caching_enabled()) {
+    WARN("SKIPPED: host block cache is off in sanitizer builds (AddressSanitizer must see every free)");
+    return;
+  }
+  hg::host::empty_cache();
+  REQUIRE(hg::host::memory_stats().cached == 0);
+  const void* first = nullptr;
+  {
+    Tensor big = Tensor::empty({1024, 1024}, DType::F32);  // 4 MiB
+    first = big.raw_data();
+    REQUIRE(reinterpret_cast<uintptr_t>(first) % 64 == 0);
+  }
+  const auto after_free = hg::host::memory_stats();
+  CHECK(after_free.cached >= (4u << 20));
+  {
+    // Same size again: the cached block, no new system allocation.
+    Tensor again = Tensor::empty({1024, 1024}, DType::F32);
+    CHECK(again.raw_data() == first);
+    CHECK(hg::host::memory_stats().fresh_allocs == after_free.fresh_allocs);
+    again.fill_(3.0);  // the reused block is fully usable
+    CHECK(again.at({1023, 1023}) == 3.0);
+  }
+  {
+    // Far smaller than the cached block: not pinned to it (at most 2x waste).
+    Tensor half_mib = Tensor::empty({1 << 17}, DType::F32);
+    CHECK(half_mib.raw_data() != first);
+  }
+  hg::host::empty_cache();
+  CHECK(hg::host::memory_stats().cached == 0);
 }
