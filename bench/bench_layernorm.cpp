@@ -99,6 +99,7 @@ struct Options {
   int iters = 0;  // 0: 50 on CUDA, 10 on the CPU
   int warmup = 3;
   std::string csv = "bench_layernorm.csv";
+  std::string png = "bench_layernorm.png";
 };
 
 DType parse_dtype(const std::string& name) {
@@ -243,6 +244,20 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
   std::printf("CSV written to %s\n", csv_path.c_str());
 }
 
+// GB/s against N for the fused and unfused ops and the copy, at the M most
+// sizes share (4096 in the default sweep).
+void write_plot(const std::vector<Result>& results, const std::string& path) {
+  std::map<int64_t, int> m_count;
+  for (const Result& r : results) ++m_count[r.M];
+  int64_t m = 0;
+  for (const auto& [value, count] : m_count)
+    if (m == 0 || count > m_count[m]) m = value;
+  bench::PlotLines lines;
+  for (const Result& r : results)
+    if (r.M == m && r.impl != "kernel") lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.impl, r.N, r.gbps());
+  bench::write_gbps_png(path, "N, M = " + std::to_string(m), lines.lines());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -255,6 +270,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)");
   app.add_option("--warmup", opt.warmup, "untimed samples per case");
   app.add_option("--csv", opt.csv, "CSV output path");
+  app.add_option("--png", opt.png, "PNG plot of GB/s against N at the most common M ('' for none)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -267,6 +283,7 @@ int main(int argc, char** argv) {
     }
     if (opt.device != "cuda") run_device(Device::CPU, opt, results);
     report(results, opt.csv);
+    if (!opt.png.empty()) write_plot(results, opt.png);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_layernorm: %s\n", e.what());
     return 1;

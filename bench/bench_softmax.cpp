@@ -129,6 +129,7 @@ struct Options {
   int iters = 0;  // 0: 30 on CUDA, 5 on the CPU
   int warmup = 3;
   std::string csv = "bench_softmax.csv";
+  std::string png = "bench_softmax.png";
 };
 
 DType parse_dtype(const std::string& name) {
@@ -340,6 +341,15 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
   std::printf("CSV written to %s\n", csv_path.c_str());
 }
 
+// GB/s against T for every fused and unfused case and the copy.
+void write_plot(const std::vector<Result>& results, const std::string& path) {
+  bench::PlotLines lines;
+  for (const Result& r : results)
+    if (r.impl == "fused" || r.impl == "unfused" || r.pass == "copy")
+      lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.variant + " " + r.impl, r.size.T, r.gbps());
+  bench::write_gbps_png(path, "T", lines.lines());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -352,6 +362,7 @@ int main(int argc, char** argv) {
   app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)");
   app.add_option("--warmup", opt.warmup, "untimed samples per case");
   app.add_option("--csv", opt.csv, "CSV output path");
+  app.add_option("--png", opt.png, "PNG plot of GB/s against T ('' for none)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -364,6 +375,7 @@ int main(int argc, char** argv) {
     }
     if (opt.device != "cuda") run_device(Device::CPU, opt, results);
     report(results, opt.csv);
+    if (!opt.png.empty()) write_plot(results, opt.png);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kBench, e.what());
     return 1;

@@ -2,6 +2,10 @@
 // Benchmark plumbing: warm-up, per-iteration timing (CUDA events on the GPU,
 // steady_clock on the CPU), medians, rotating input sets, CSV output.
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <map>
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -10,6 +14,7 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/device.hpp"
+#include "examples/png_plot.hpp"
 
 namespace hg::bench {
 
@@ -67,6 +72,55 @@ inline Timing time_rotating(Device device, int n_sets, int warmup, int iters, in
 }
 
 inline double gbps(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+// One line of a GB/s plot: points (size, GB/s) in the order given.
+struct PlotLine {
+  std::string name;
+  std::vector<double> size, gbps;
+};
+
+// Writes a PNG of GB/s against log2(size), one colour per line, and prints
+// which colour is which (the PNG's tiny font has digits only, no legend).
+inline void write_gbps_png(const std::string& path, const std::string& size_name,
+                           const std::vector<PlotLine>& lines) {
+  static const std::array<std::pair<const char*, std::array<uint8_t, 3>>, 12> kColours = {{
+      {"blue", {31, 119, 180}},   {"orange", {255, 127, 14}}, {"green", {44, 160, 44}},
+      {"red", {214, 39, 40}},     {"purple", {148, 103, 189}}, {"brown", {140, 86, 75}},
+      {"pink", {227, 119, 194}},  {"grey", {127, 127, 127}},  {"olive", {188, 189, 34}},
+      {"cyan", {23, 190, 207}},   {"black", {0, 0, 0}},       {"gold", {255, 200, 0}},
+  }};
+  std::vector<plot::Series> series;
+  std::printf("PNG %s: GB/s (y) against log2(%s) (x)\n", path.c_str(), size_name.c_str());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto& colour = kColours[i % kColours.size()];
+    plot::Series s;
+    for (double v : lines[i].size) s.x.push_back(std::log2(v));
+    s.y = lines[i].gbps;
+    s.rgb = colour.second;
+    series.push_back(s);
+    std::printf("  %-7s %s%s\n", colour.first, lines[i].name.c_str(), i >= kColours.size() ? " (colour reused)" : "");
+  }
+  if (!plot::line_plot(path, series)) std::fprintf(stderr, "could not write %s\n", path.c_str());
+}
+
+// Groups points into lines by name, keeping first-seen order.
+class PlotLines {
+ public:
+  void add(const std::string& name, double size, double gbps) {
+    auto it = index_.find(name);
+    if (it == index_.end()) {
+      it = index_.emplace(name, lines_.size()).first;
+      lines_.push_back({name, {}, {}});
+    }
+    lines_[it->second].size.push_back(size);
+    lines_[it->second].gbps.push_back(gbps);
+  }
+  const std::vector<PlotLine>& lines() const { return lines_; }
+
+ private:
+  std::map<std::string, size_t> index_;
+  std::vector<PlotLine> lines_;
+};
 
 // Appends rows to a CSV file, writing the header once.
 class Csv {

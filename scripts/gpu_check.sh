@@ -68,14 +68,10 @@ if has bench; then
     "$b/$name" --device cuda "$@" > "$out/$name.txt" 2>&1 || { echo "$name FAILED"; status=1; }
     tail -45 "$out/$name.txt"
   }
-  run_bench bench_layernorm --csv "$out/bench_layernorm.csv"
-  run_bench bench_softmax --csv "$out/bench_softmax.csv"
+  run_bench bench_layernorm --csv "$out/bench_layernorm.csv" --png "$out/bench_layernorm.png"
+  run_bench bench_softmax --csv "$out/bench_softmax.csv" --png "$out/bench_softmax.png"
   run_bench bench_train --csv "$out/bench_train.csv" --breakdown-csv "$out/bench_train_breakdown.csv"
-  plot=scripts/plot_bench.py
-  python3 $plot "$out/bench_layernorm.csv" -o "$out/bench_layernorm.png" --where device=cuda --where M=4096 \
-      --series pass,dtype,impl --hline 3000:copy --title "LayerNorm, H100, M=4096" || true
-  python3 $plot "$out/bench_softmax.csv" -o "$out/bench_softmax.png" --x T --where device=cuda \
-      --series pass,variant,dtype,impl --hline 3000:copy --title "Attention softmax, H100" || true
+  # Prettier plots (matplotlib, where installed): scripts/plot_bench.py on the CSVs.
 fi
 tar czf "$out/results.tgz" -C "$out" --exclude results.tgz --exclude sanitize_logs.tgz . 2>/dev/null
 exit $status
