@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/gradcheck.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
 #include "ops/layernorm.hpp"
@@ -22,43 +23,6 @@ using namespace hg;
 namespace {
 
 constexpr double kThreshold = 1e-6;
-
-double weighted_sum(const Tensor& a, const Tensor& w) {
-  const std::vector<double> va = a.to_vector(), vw = w.to_vector();
-  double s = 0;
-  for (size_t i = 0; i < va.size(); ++i) s += va[i] * vw[i];
-  return s;
-}
-
-// Central differences of `loss` with respect to every element of `param`
-// (a float64 CPU tensor, perturbed in place and restored).
-Tensor numerical_grad(Tensor& param, const std::function<double()>& loss, double h) {
-  Tensor grad = Tensor::zeros(param.shape(), DType::F64);
-  double* p = param.data<double>();
-  double* g = grad.data<double>();
-  for (int64_t i = 0; i < param.numel(); ++i) {
-    const double orig = p[i];
-    p[i] = orig + h;
-    const double plus = loss();
-    p[i] = orig - h;
-    const double minus = loss();
-    p[i] = orig;
-    g[i] = (plus - minus) / (2 * h);
-  }
-  return grad;
-}
-
-// ||a - b|| / max(||a||, ||b||): 0 when both are exactly zero (e.g. D = 1).
-double rel_error(const Tensor& a, const Tensor& b) {
-  const std::vector<double> va = a.to_vector(), vb = b.to_vector();
-  double diff = 0, na = 0, nb = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    diff += (va[i] - vb[i]) * (va[i] - vb[i]);
-    na += va[i] * va[i];
-    nb += vb[i] * vb[i];
-  }
-  return std::sqrt(diff) / std::max({std::sqrt(na), std::sqrt(nb), 1e-300});
-}
 
 }  // namespace
 
@@ -90,9 +54,9 @@ int main(int argc, char** argv) {
 
     auto loss = [&] { return weighted_sum(layernorm_forward(x, gamma, beta, eps, nullptr), w); };
     const double h = 1e-5;  // truncation ~h^2, rounding ~1e-16 * |loss| / h
-    const double e_dx = rel_error(analytic.dx, numerical_grad(x, loss, h));
-    const double e_dgamma = rel_error(analytic.dgamma, numerical_grad(gamma, loss, h));
-    const double e_dbeta = rel_error(analytic.dbeta, numerical_grad(beta, loss, h));
+    const double e_dx = rel_error(analytic.dx, numerical_grad(loss, x, h));
+    const double e_dgamma = rel_error(analytic.dgamma, numerical_grad(loss, gamma, h));
+    const double e_dbeta = rel_error(analytic.dbeta, numerical_grad(loss, beta, h));
 
     std::printf("layernorm_gradcheck: x (%lld, %lld, %lld) float64 cpu, eps %g, seed %llu, %s path\n",
                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(D), eps,

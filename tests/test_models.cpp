@@ -35,33 +35,10 @@ constexpr double kGradTol = 1e-6;
 
 // Finite differences of `loss` w.r.t. up to max_coords coordinates of a
 // float64 CPU tensor (all of them when it is small), compared with `analytic`.
+// Floor 1e-9: a gradient that is zero in exact arithmetic leaves only FD noise.
 double fd_rel_error(const std::function<double()>& loss, Tensor& x, const Tensor& analytic, int64_t max_coords,
                     Generator& g, double h = 1e-6) {
-  REQUIRE(x.dtype() == DType::F64);
-  REQUIRE(analytic.shape() == x.shape());
-  const std::vector<double> a = analytic.to_vector();
-  double* xs = x.data<double>();
-  std::vector<int64_t> coords;
-  if (x.numel() <= max_coords) {
-    for (int64_t i = 0; i < x.numel(); ++i) coords.push_back(i);
-  } else {
-    for (int64_t k = 0; k < max_coords; ++k) coords.push_back(static_cast<int64_t>(g.next_u64() % x.numel()));
-  }
-  double diff = 0, na = 0, nn = 0;
-  for (int64_t i : coords) {
-    const double orig = xs[i];
-    xs[i] = orig + h;
-    const double plus = loss();
-    xs[i] = orig - h;
-    const double minus = loss();
-    xs[i] = orig;
-    const double num = (plus - minus) / (2 * h);
-    diff += (num - a[i]) * (num - a[i]);
-    na += a[i] * a[i];
-    nn += num * num;
-  }
-  // Floor 1e-9: a gradient that is zero in exact arithmetic leaves only FD noise.
-  return std::sqrt(diff) / std::max({std::sqrt(na), std::sqrt(nn), 1e-9});
+  return hg::test::sampled_fd_rel_error(loss, x, analytic, max_coords, g, h, 1e-9);
 }
 
 // Every parameter of m against finite differences; grads must already hold

@@ -3,45 +3,47 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <vector>
 
 #include "core/device.hpp"
+#include "core/gradcheck.hpp"
+#include "core/random.hpp"
 #include "core/tensor.hpp"
 #include "tests/catch.hpp"
 
 namespace hg::test {
 
-// Central finite differences d loss / d x for a float64 CPU tensor x.
-// `loss` must read x's current values (it is perturbed in place and restored).
-inline Tensor numerical_grad(const std::function<double()>& loss, Tensor& x, double h = 1e-6) {
-  x.check_dtype(DType::F64, "numerical_grad");
-  x.check_device(Device::CPU, "numerical_grad");
-  Tensor grad = Tensor::zeros(x.shape(), DType::F64);
-  double* xs = x.data<double>();
-  double* gs = grad.data<double>();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double orig = xs[i];
-    xs[i] = orig + h;
-    const double plus = loss();
-    xs[i] = orig - h;
-    const double minus = loss();
-    xs[i] = orig;
-    gs[i] = (plus - minus) / (2 * h);
-  }
-  return grad;
-}
+// The finite-difference tools live in the library (core/gradcheck.hpp).
+using hg::central_difference;
+using hg::numerical_grad;
+using hg::rel_error;
+using hg::weighted_sum;
 
-// ||a - b|| / max(||a||, ||b||, tiny): the relative error used throughout the tests.
-inline double rel_error(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.shape() == b.shape());
-  const auto va = a.to_vector(), vb = b.to_vector();
-  double diff = 0, na = 0, nb = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    diff += (va[i] - vb[i]) * (va[i] - vb[i]);
-    na += va[i] * va[i];
-    nb += vb[i] * vb[i];
+// Central differences of `loss` with respect to up to `max_coords`
+// coordinates of x (a float64 CPU tensor, perturbed in place and restored):
+// all of them when x has no more, else `max_coords` drawn from `gen`.
+// Returns ||numeric - analytic|| / max(||analytic||, ||numeric||, floor)
+// over those coordinates.
+inline double sampled_fd_rel_error(const std::function<double()>& loss, Tensor& x, const Tensor& analytic,
+                                   int64_t max_coords, Generator& gen, double h, double floor) {
+  REQUIRE(x.dtype() == DType::F64);
+  REQUIRE(analytic.shape() == x.shape());
+  std::vector<int64_t> coords;
+  if (x.numel() <= max_coords) {
+    for (int64_t i = 0; i < x.numel(); ++i) coords.push_back(i);
+  } else {
+    for (int64_t k = 0; k < max_coords; ++k) coords.push_back(static_cast<int64_t>(gen.next_u64() % x.numel()));
   }
-  const double denom = std::max({std::sqrt(na), std::sqrt(nb), 1e-300});
-  return std::sqrt(diff) / denom;
+  const std::vector<double> a = analytic.to_vector();
+  double* xs = x.data<double>();
+  double diff = 0, na = 0, nn = 0;
+  for (int64_t i : coords) {
+    const double num = central_difference(loss, xs, i, h);
+    diff += (num - a[i]) * (num - a[i]);
+    na += a[i] * a[i];
+    nn += num * num;
+  }
+  return std::sqrt(diff) / std::max({std::sqrt(na), std::sqrt(nn), floor});
 }
 
 // LayerNorm's per-row mean is compared in units of the row's standard
@@ -69,15 +71,6 @@ inline bool all_finite(const Tensor& t) {
   for (double v : t.to_vector())
     if (!std::isfinite(v)) return false;
   return true;
-}
-
-// sum(a * w) for a fixed random weight tensor w: a scalar loss whose gradient
-// with respect to a is w, so backward(dy = w) can be checked by finite differences.
-inline double weighted_sum(const Tensor& a, const Tensor& w) {
-  const auto va = a.to_vector(), vw = w.to_vector();
-  double s = 0;
-  for (size_t i = 0; i < va.size(); ++i) s += va[i] * vw[i];
-  return s;
 }
 
 }  // namespace hg::test
