@@ -367,13 +367,7 @@ int main(int argc, char** argv) {
 
   try {
     std::vector<Result> results;
-    const bool have_gpu = gpu::device_count() > 0;
-    if (opt.device == "cuda" && !have_gpu) fail(kBench, "--device cuda but no GPU is visible");
-    if (opt.device != "cpu" && have_gpu) {
-      std::fprintf(stderr, "GPU: %s, %d SMs\n", gpu::device_name(), gpu::sm_count());
-      run_device(Device::CUDA, opt, results);
-    }
-    if (opt.device != "cuda") run_device(Device::CPU, opt, results);
+    bench::for_each_device(opt.device, kBench, [&](Device d) { run_device(d, opt, results); });
     report(results, opt.csv);
     if (!opt.png.empty()) write_plot(results, opt.png);
   } catch (const std::exception& e) {

@@ -14,6 +14,7 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/device.hpp"
+#include "core/error.hpp"
 #include "examples/png_plot.hpp"
 
 namespace hg::bench {
@@ -121,6 +122,18 @@ class PlotLines {
   std::map<std::string, size_t> index_;
   std::vector<PlotLine> lines_;
 };
+
+// Runs `run(device)` for the devices `which` names: "cuda", "cpu", or "all"
+// (CUDA when a GPU is present, then the CPU). "cuda" without a GPU is an error.
+inline void for_each_device(const std::string& which, const char* bench, const std::function<void(Device)>& run) {
+  const bool have_gpu = gpu::device_count() > 0;
+  if (which == "cuda" && !have_gpu) fail(bench, "--device cuda but no GPU is visible");
+  if (which != "cpu" && have_gpu) {
+    std::fprintf(stderr, "GPU: %s, %d SMs\n", gpu::device_name(), gpu::sm_count());
+    run(Device::CUDA);
+  }
+  if (which != "cuda") run(Device::CPU);
+}
 
 // Appends rows to a CSV file, writing the header once.
 class Csv {

@@ -12,6 +12,9 @@ enum class DType { F32, F64, BF16, F16 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
+// The dtype arithmetic on `storage` runs in: F64 for F64, else F32.
+inline DType math_dtype(DType storage) { return storage == DType::F64 ? DType::F64 : DType::F32; }
+
 // Storage of bfloat16 / half on the host: raw 16-bit patterns.
 struct bf16_t { uint16_t bits; };
 struct f16_t { uint16_t bits; };

@@ -17,10 +17,6 @@ namespace {
 constexpr const char* kForward = "layernorm_forward";
 constexpr const char* kBackward = "layernorm_backward";
 
-// The dtype of gamma, beta, mean, rstd and of the arithmetic: F64 for F64 x,
-// else F32 (BF16 is a storage type only).
-DType math_dtype(DType storage) { return storage == DType::F64 ? DType::F64 : DType::F32; }
-
 int64_t rows_of(const Tensor& x) { return x.numel() / x.size(-1); }
 
 void check_x(const Tensor& x, const char* name, const char* op) {

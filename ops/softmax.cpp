@@ -19,9 +19,6 @@ constexpr const char* kPlainOp = "softmax_forward";
 constexpr const char* kAttentionOp = "attention_softmax_forward";
 constexpr const char* kBackwardOp = "softmax_backward";
 
-// The dtype the arithmetic runs in: F64 for F64 storage, else F32.
-DType math_dtype(DType storage) { return storage == DType::F64 ? DType::F64 : DType::F32; }
-
 // x is a tensor a softmax path can take: defined, non-empty, a supported
 // dtype on a device that has a kernel for it.
 void check_softmax_input(const Tensor& x, const char* name, const char* op) {
@@ -74,27 +71,11 @@ struct ForwardCall {
   int64_t mask_query_stride() const { return mask.defined() && mask.size(2) > 1 ? tk : 0; }
 };
 
-Tensor fused_forward(const ForwardCall& c) {
-  Tensor y = Tensor::empty(c.x.shape(), c.x.dtype(), c.x.device());
-  if (c.x.is_cuda()) {
-#ifdef HG_WITH_CUDA
-    gpu::SoftmaxLayout l;
-    l.rows = c.rows();
-    l.tk = c.tk;
-    l.tq = c.tq;
-    l.heads = c.heads;
-    l.mask = c.mask.defined() ? &c.mask : nullptr;
-    l.mask_batch_stride = c.mask_batch_stride();
-    l.mask_query_stride = c.mask_query_stride();
-    l.causal = c.causal;
-    l.scale = static_cast<float>(c.scale);
-    gpu::softmax_forward_fused(c.x, l, y);
-    return y;
-#else
-    fail(kPlainOp, "a CUDA tensor ", c.x.shape(), " but handgrad was built without CUDA");
-#endif
-  }
-  cpu::SoftmaxRows l;
+// The row layout both fused paths take (gpu::SoftmaxLayout, cpu::SoftmaxRows:
+// the same fields; the GPU's scale is a float).
+template <class Layout>
+Layout layout_of(const ForwardCall& c) {
+  Layout l;
   l.rows = c.rows();
   l.tk = c.tk;
   l.tq = c.tq;
@@ -103,8 +84,21 @@ Tensor fused_forward(const ForwardCall& c) {
   l.mask_batch_stride = c.mask_batch_stride();
   l.mask_query_stride = c.mask_query_stride();
   l.causal = c.causal;
-  l.scale = c.scale;
-  cpu::softmax_forward(c.x, l, y);
+  l.scale = static_cast<decltype(l.scale)>(c.scale);
+  return l;
+}
+
+Tensor fused_forward(const ForwardCall& c) {
+  Tensor y = Tensor::empty(c.x.shape(), c.x.dtype(), c.x.device());
+  if (c.x.is_cuda()) {
+#ifdef HG_WITH_CUDA
+    gpu::softmax_forward_fused(c.x, layout_of<gpu::SoftmaxLayout>(c), y);
+    return y;
+#else
+    fail(kPlainOp, "a CUDA tensor ", c.x.shape(), " but handgrad was built without CUDA");
+#endif
+  }
+  cpu::softmax_forward(c.x, layout_of<cpu::SoftmaxRows>(c), y);
   return y;
 }
 

@@ -155,8 +155,6 @@ const Path kCudaUnfusedBF16{"cuda unfused bf16", Device::CUDA, DType::BF16, Kern
 const std::vector<Path> kCpuPaths = {kCpuFusedF64, kCpuUnfusedF64, kCpuFusedF32, kCpuUnfusedF32};
 const std::vector<Path> kCudaPaths = {kCudaFusedF32, kCudaUnfusedF32, kCudaFusedBF16, kCudaUnfusedBF16};
 
-DType math_dtype(DType storage) { return storage == DType::F64 ? DType::F64 : DType::F32; }
-
 // The path's tolerance for rows of tk keys: float32 row sums add ~sqrt(tk) ulps.
 double tolerance_for(const Path& p, int64_t tk) {
   if (p.dtype == DType::F64) return p.tolerance;
