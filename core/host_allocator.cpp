@@ -72,11 +72,15 @@ class Cache {
     return p;
   }
 
-  void release(void* p) noexcept {
+  void release(void* p, size_t bytes) noexcept {
     if (p == nullptr) return;
+    if (!HG_HOST_CACHE || bytes < kCacheFrom) {  // never cached: no lock, no lookup
+      std::free(p);
+      return;
+    }
     std::unique_lock<std::mutex> lock(mutex_);
-    auto it = live_.find(p);
-    if (it == live_.end()) {  // a small block (or a sanitizer build): not cached
+    auto it = live_.find(p);  // the block's real size: a reused block may exceed `bytes`
+    if (it == live_.end()) {  // not from this cache (a bug elsewhere): hand it back, do not crash
       lock.unlock();
       std::free(p);
       return;
@@ -129,7 +133,7 @@ Cache& cache() {
 }  // namespace
 
 void* allocate(size_t bytes) { return cache().allocate(bytes); }
-void release(void* p) noexcept { cache().release(p); }
+void release(void* p, size_t bytes) noexcept { cache().release(p, bytes); }
 HostMemoryStats memory_stats() { return cache().stats(); }
 void empty_cache() { cache().empty(); }
 bool caching_enabled() { return HG_HOST_CACHE != 0; }

@@ -12,7 +12,7 @@ namespace hg::host {
 // Sanitizer builds bypass the cache so AddressSanitizer still sees every
 // use after free.
 void* allocate(size_t bytes);     // 64-byte aligned; throws hg::Error when out of memory
-void release(void* p) noexcept;   // p from allocate (or nullptr)
+void release(void* p, size_t bytes) noexcept;  // p and the bytes asked for, from allocate (p may be nullptr)
 
 struct HostMemoryStats {
   size_t cached = 0;       // bytes held in the cache, free for reuse

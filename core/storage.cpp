@@ -19,7 +19,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
 Storage::~Storage() {
   if (data_ == nullptr) return;
   if (device_ == Device::CPU) {
-    host::release(data_);
+    host::release(data_, bytes_);
   } else {
     // A destructor must not throw; the caching allocator only fails on a corrupted pointer.
     try {
