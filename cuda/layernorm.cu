@@ -9,12 +9,16 @@
 //          row start is 16-byte aligned, else 1 (scalar path, any D).
 //   EPT    elements of a row each thread keeps in registers; a group holds
 //          CAP = G * EPT elements. Rows longer than CAP are walked in chunks
-//          of CAP (the CHUNKED kernels), re-reading the row (from L2) once.
+//          of CAP (the CHUNKED kernels), re-reading the row (from L2) once,
+//          unless a CLUSTER of C = 2..8 blocks (sm_90+) splits the row into
+//          column slices of at most CAP, one per block, each in registers.
 // Thread t of a group owns the row elements (j * G + t) * VEC + k, for
 // j < EPT / VEC and k < VEC: every j is one coalesced sweep of the group.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 
@@ -26,6 +30,8 @@
 
 namespace hg::gpu {
 namespace {
+
+namespace cg = cooperative_groups;
 
 // ---------------------------------------------------------------------------
 // VEC-wide loads and stores, converting to / from float32.
@@ -210,7 +216,105 @@ constexpr bool prefetch_next_row(int threads) { return threads >= 1024; }
 constexpr int min_blocks_for(int threads) { return threads >= 1024 ? 1 : 2; }
 
 // ---------------------------------------------------------------------------
-// Forward: one kernel. Each group normalises one row at a time.
+// Cluster rows (sm_90+): a row split over the C blocks of a thread-block
+// cluster. Block `rank` holds the columns [rank * slice, rank * slice + len)
+// in registers exactly as a resident block holds a whole row; the per-block
+// row sums are then exchanged through distributed shared memory.
+
+// Widest cluster launched without opting in to non-portable sizes.
+constexpr int kMaxCluster = 8;
+constexpr int kMaxRowSums = 3;  // the backward's three row sums
+
+// ceil(D / C) rounded up to VEC, so every slice starts 16-byte aligned.
+// The host picks C so that the slice fits the block's CAP.
+__host__ __device__ constexpr int cluster_slice(int D, int C, int VEC) {
+  return ((D + C - 1) / C + VEC - 1) / VEC * VEC;
+}
+
+// The part of the work one block (one group, when R > 1) does: columns
+// [col0, col0 + len) of rows first_row, first_row + row_stride, ...; its
+// dgamma/dbeta partial goes to partial row `partial`.
+struct RowSplit {
+  int col0, len;
+  int64_t first_row, row_stride, partial;
+};
+
+template <bool CLUSTER, int R, int VEC>
+__device__ __forceinline__ RowSplit split_rows(int D, int group) {
+  if constexpr (!CLUSTER) {
+    return {0, D, static_cast<int64_t>(blockIdx.x) * R + group, static_cast<int64_t>(gridDim.x) * R, blockIdx.x};
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const cg::cluster_group cluster = cg::this_cluster();
+    const cg::grid_group grid = cg::this_grid();
+    const int slice = cluster_slice(D, static_cast<int>(cluster.num_blocks()), VEC);
+    const int col0 = min(D, static_cast<int>(cluster.block_rank()) * slice);
+    const auto id = static_cast<int64_t>(grid.cluster_rank());
+    return {col0, min(slice, D - col0), id, static_cast<int64_t>(grid.num_clusters()), id};
+#else
+    __trap();  // never launched: the host runs clusters only from sm_90+ code
+    return {};
+#endif
+  }
+}
+
+// Sums each of v[0..N) (a block total, the same in every thread) over the
+// blocks of the cluster. Every block adds the C values in rank order 0..C-1
+// (lane r fetches rank r's, then shuffles in order), so all blocks get
+// bitwise the same sums, run after run. Slots are double-buffered:
+// reduction k uses slots[k % 2], which is written again at reduction k + 2
+// only after the barrier of k + 1, which no block passes before every block
+// has read reduction k's values; so one cluster barrier per reduction.
+template <int N>
+__device__ __forceinline__ void cluster_sums(float (&v)[N], float (&slots)[2][kMaxRowSums], int& parity) {
+  static_assert(N <= kMaxRowSums, "exchange slot too small");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cg::cluster_group cluster = cg::this_cluster();
+  float* slot = slots[parity];
+  parity ^= 1;
+  if (threadIdx.x == 0)
+#pragma unroll
+    for (int n = 0; n < N; ++n) slot[n] = v[n];
+  cluster.sync();  // arrive.release / wait.acquire: the slots above are visible cluster-wide
+  const int C = static_cast<int>(cluster.num_blocks());
+  const int lane = threadIdx.x & 31;
+  float mine[N];
+  if (lane < C) {
+    const float* remote = cluster.map_shared_rank(slot, lane);
+#pragma unroll
+    for (int n = 0; n < N; ++n) mine[n] = remote[n];
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) mine[n] = 0.0f;
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float s = 0.0f;
+    for (int r = 0; r < C; ++r) s += __shfl_sync(0xffffffffu, mine[n], r);
+    v[n] = s;
+  }
+#endif
+}
+
+// Row sums over the group, then (CLUSTER) over the cluster.
+template <int G, bool CLUSTER, int N>
+__device__ __forceinline__ void row_sums(float (&v)[N], float* scratch, int barrier_id,
+                                         float (&slots)[2][kMaxRowSums], int& parity) {
+  group_sums<G, N>(v, scratch, barrier_id);
+  if constexpr (CLUSTER) cluster_sums<N>(v, slots, parity);
+}
+
+// A block's shared memory must outlive the other blocks' last reads of it.
+template <bool CLUSTER>
+__device__ __forceinline__ void cluster_exit_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CLUSTER) cg::this_cluster().sync();
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Forward: one kernel. Each group normalises one row at a time (CLUSTER:
+// each block of a cluster its slice of the cluster's row).
 //
 // Stability: statistics are taken of x - shift with shift = x[row, 0], so a
 // large common offset (1e6 + noise) cancels exactly before any sum is
@@ -218,7 +322,7 @@ constexpr int min_blocks_for(int threads) { return threads >= 1024 ? 1 : 2; }
 // sum((x - shift - m)^2) / D: never E[x^2] - E[x]^2. Rows longer than CAP
 // merge per-chunk (count, mean, M2) with Chan et al.'s pairwise formula.
 
-template <class T, int VEC, int EPT, int G, int R, bool CHUNKED>
+template <class T, int VEC, int EPT, int G, int R, bool CHUNKED, bool CLUSTER = false>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     layernorm_forward_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                              const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
@@ -226,59 +330,68 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
+  static_assert(!CLUSTER || (R == 1 && !CHUNKED), "a cluster block holds one row slice");
   __shared__ float scratch[R][3 * (G / 32)];
+  __shared__ float slots[2][kMaxRowSums];  // CLUSTER: exchange of block sums
+  int parity = 0;
 
   const int group = threadIdx.x / G;
   const int t = threadIdx.x % G;
   float* scr = scratch[group];
   const int bar = 1 + group;
   const float inv_d = 1.0f / static_cast<float>(D);
-  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
+  const RowSplit part = split_rows<CLUSTER, R, VEC>(D, group);
+  const int len = part.len;  // D unless CLUSTER
+  const float* gamma_p = gamma + part.col0;
+  const float* beta_p = beta + part.col0;
 
-  // Rows are uniform across a group, so a group runs its loop (and its
-  // barriers) together; groups of one block are independent.
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + group; row < rows; row += row_stride) {
-    const T* xr = x + row * D;
-    T* yr = y + row * D;
-    const float shift = to_float(xr[0]);
+  // Rows are uniform across a group (and a cluster), so a group runs its
+  // loop (and its barriers) together; groups of one block are independent.
+  for (int64_t row = part.first_row; row < rows; row += part.row_stride) {
+    const float shift = to_float(x[row * D]);  // every block of a cluster reads the row's first element
+    const T* xr = x + row * D + part.col0;
+    T* yr = y + row * D + part.col0;
 
     float v[NV][VEC];
     float mean_s, rstd;  // mean of x - shift, 1 / sqrt(var + eps)
     if constexpr (!CHUNKED) {
-      load_part<T, VEC, NV, G>(xr, D, t, shift, v);
-      if (prefetch_next_row(G * R) && row + row_stride < rows) prefetch_row_l2<T, G, EPT>(xr + row_stride * D, D, t);
-      float s = 0.0f;
+      load_part<T, VEC, NV, G>(xr, len, t, shift, v);
+      if (prefetch_next_row(G * R) && row + part.row_stride < rows)
+        prefetch_row_l2<T, G, EPT>(xr + part.row_stride * D, len, t);
+      float s[1] = {0.0f};
 #pragma unroll
       for (int j = 0; j < NV; ++j)
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s += v[j][k];
-      mean_s = group_sum<G>(s, scr, bar) * inv_d;
-      float q = 0.0f;
+        for (int k = 0; k < VEC; ++k) s[0] += v[j][k];
+      row_sums<G, CLUSTER>(s, scr, bar, slots, parity);
+      mean_s = s[0] * inv_d;
+      float q[1] = {0.0f};
 #pragma unroll
       for (int j = 0; j < NV; ++j)
-        if ((j * G + t) * VEC < D)
+        if ((j * G + t) * VEC < len)
 #pragma unroll
-          for (int k = 0; k < VEC; ++k) q += (v[j][k] - mean_s) * (v[j][k] - mean_s);
-      rstd = rsqrtf(group_sum<G>(q, scr, bar) * inv_d + eps);
+          for (int k = 0; k < VEC; ++k) q[0] += (v[j][k] - mean_s) * (v[j][k] - mean_s);
+      row_sums<G, CLUSTER>(q, scr, bar, slots, parity);
+      rstd = rsqrtf(q[0] * inv_d + eps);
     } else {
       float n_a = 0.0f, mean_a = 0.0f, m2_a = 0.0f;  // statistics of the chunks seen so far
       for (int off = 0; off < D; off += CAP) {
-        const int len = min(CAP, D - off);
-        load_part<T, VEC, NV, G>(xr + off, len, t, shift, v);
+        const int chunk = min(CAP, D - off);
+        load_part<T, VEC, NV, G>(xr + off, chunk, t, shift, v);
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < NV; ++j)
 #pragma unroll
           for (int k = 0; k < VEC; ++k) s += v[j][k];
-        const float mean_b = group_sum<G>(s, scr, bar) / static_cast<float>(len);
+        const float mean_b = group_sum<G>(s, scr, bar) / static_cast<float>(chunk);
         float q = 0.0f;
 #pragma unroll
         for (int j = 0; j < NV; ++j)
-          if ((j * G + t) * VEC < len)
+          if ((j * G + t) * VEC < chunk)
 #pragma unroll
             for (int k = 0; k < VEC; ++k) q += (v[j][k] - mean_b) * (v[j][k] - mean_b);
         const float m2_b = group_sum<G>(q, scr, bar);
-        const float n_b = static_cast<float>(len);
+        const float n_b = static_cast<float>(chunk);
         const float n = n_a + n_b;
         const float delta = mean_b - mean_a;
         mean_a += delta * (n_b / n);
@@ -290,27 +403,28 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     }
 
     // Write y chunk by chunk (a single chunk, already in registers, when !CHUNKED).
-    for (int off = 0; off < D; off += CAP) {
-      const int len = min(CAP, D - off);
-      if constexpr (CHUNKED) load_part<T, VEC, NV, G>(xr + off, len, t, shift, v);
+    for (int off = 0; off < len; off += CAP) {
+      const int chunk = min(CAP, len - off);
+      if constexpr (CHUNKED) load_part<T, VEC, NV, G>(xr + off, chunk, t, shift, v);
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
         const int i = (j * G + t) * VEC;
-        if (i < len) {
+        if (i < chunk) {
           float g[VEC], b[VEC], out[VEC];
-          load_vec<VEC>(gamma + off + i, g);
-          load_vec<VEC>(beta + off + i, b);
+          load_vec<VEC>(gamma_p + off + i, g);
+          load_vec<VEC>(beta_p + off + i, b);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) out[k] = (v[j][k] - mean_s) * rstd * g[k] + b[k];
           store_vec<VEC>(yr + off + i, out);
         }
       }
     }
-    if (t == 0) {
+    if (t == 0 && part.col0 == 0) {  // CLUSTER: rank 0 writes the statistics
       mean_out[row] = shift + mean_s;
       rstd_out[row] = rstd;
     }
   }
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // ---------------------------------------------------------------------------
@@ -318,6 +432,8 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 // dgamma = sum dy * xhat, dbeta = sum dy over the rows it handled, written to
 // partial_dgamma[blockIdx.x][D], partial_dbeta[blockIdx.x][D]. The grid is
 // two to four blocks per SM; each group walks rows with a grid-sized stride.
+// CLUSTER: the blocks of cluster k walk rows k, k + clusters, ... each on
+// its column slice, and write partial row k (one per cluster).
 //
 // Resident kernels keep each group's running partials in shared memory
 // (per group: CAP floats of dgamma then CAP of dbeta; a thread only touches
@@ -325,7 +441,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 // fixed order. Chunked kernels (R == 1) accumulate straight into the block's
 // own partial rows in global memory, each thread again on its own columns.
 
-template <class T, int VEC, int EPT, int G, int R, bool CHUNKED>
+template <class T, int VEC, int EPT, int G, int R, bool CHUNKED, bool CLUSTER = false>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
@@ -335,17 +451,23 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   static_assert(!CHUNKED || R == 1, "chunked kernels accumulate into one partial row per block");
+  static_assert(!CLUSTER || (R == 1 && !CHUNKED), "a cluster block holds one row slice");
   extern __shared__ float4 acc_storage[];  // resident: R * 2 * CAP floats
   __shared__ float scratch[R][3 * (G / 32)];
+  __shared__ float slots[2][kMaxRowSums];  // CLUSTER: exchange of block sums
+  int parity = 0;
 
   const int group = threadIdx.x / G;
   const int t = threadIdx.x % G;
   float* scr = scratch[group];
   const int bar = 1 + group;
   const float inv_d = 1.0f / static_cast<float>(D);
-  float* block_dgamma = partial_dgamma + static_cast<int64_t>(blockIdx.x) * D;
-  float* block_dbeta = partial_dbeta + static_cast<int64_t>(blockIdx.x) * D;
-  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
+  const RowSplit part = split_rows<CLUSTER, R, VEC>(D, group);
+  const int len = part.len;  // D unless CLUSTER
+  float* block_dgamma = partial_dgamma + part.partial * D + part.col0;
+  float* block_dbeta = partial_dbeta + part.partial * D + part.col0;
+  const float* gamma_p = gamma + part.col0;
+  const int64_t row_stride = part.row_stride;
 
   float xh[NV][VEC], g_dy[NV][VEC];  // x, then xhat; dy
 
@@ -360,12 +482,20 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
         acc_dbeta[(j * G + t) * VEC + k] = 0.0f;
       }
 
-    for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + group; row < rows; row += row_stride) {
-      load_part<T, VEC, NV, G>(x + row * D, D, t, 0.0f, xh);
-      load_part<T, VEC, NV, G>(dy + row * D, D, t, 0.0f, g_dy);
+    // Every group of the block makes the same number of trips (a group past
+    // the last row idles through its final one), so all groups reach the
+    // __syncthreads below together. Without this, racecheck reported hazards
+    // between the partials and the final sum (53 on an H100) whenever groups
+    // of one block had different row counts, though the results were right.
+    for (int64_t base = part.first_row - group; base < rows; base += row_stride) {
+      const int64_t row = base + group;
+      if (row >= rows) continue;
+      const int64_t start = row * D + part.col0;
+      load_part<T, VEC, NV, G>(x + start, len, t, 0.0f, xh);
+      load_part<T, VEC, NV, G>(dy + start, len, t, 0.0f, g_dy);
       if (prefetch_next_row(G * R) && row + row_stride < rows) {
-        prefetch_row_l2<T, G, EPT>(x + (row + row_stride) * D, D, t);
-        prefetch_row_l2<T, G, EPT>(dy + (row + row_stride) * D, D, t);
+        prefetch_row_l2<T, G, EPT>(x + start + row_stride * D, len, t);
+        prefetch_row_l2<T, G, EPT>(dy + start + row_stride * D, len, t);
       }
       const float m = mean[row], rs = rstd[row];
       // Over this thread's elements: sum g*dy, sum g*dy*xhat', sum xhat',
@@ -374,9 +504,9 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
         const int i = (j * G + t) * VEC;
-        if (i < D) {
+        if (i < len) {
           float g[VEC];
-          load_vec<VEC>(gamma + i, g);
+          load_vec<VEC>(gamma_p + i, g);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             xh[j][k] = (xh[j][k] - m) * rs;
@@ -387,20 +517,20 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
           }
         }
       }
-      group_sums<G, 3>(sums, scr, bar);
+      row_sums<G, CLUSTER>(sums, scr, bar, slots, parity);
       // The true xhat has mean 0; c = mean(xhat') is the rounding of the saved
       // mean times rs (~1 for 1e6 + N(0, 1e-2)), removed here:
       // xhat = xhat' - c, mean(g*dy*xhat) = mean(g*dy*xhat') - c * mean(g*dy).
       const float c = sums[2] * inv_d;
       const float c1 = sums[0] * inv_d;
       const float c2 = sums[1] * inv_d - c * c1;
-      T* dxr = dx + row * D;
+      T* dxr = dx + start;
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
         const int i = (j * G + t) * VEC;
-        if (i < D) {
+        if (i < len) {
           float g[VEC], out[VEC], dg[VEC];
-          load_vec<VEC>(gamma + i, g);
+          load_vec<VEC>(gamma_p + i, g);
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             const float xhat = xh[j][k] - c;
@@ -419,7 +549,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 
     __syncthreads();
     const float* acc = reinterpret_cast<const float*>(acc_storage);
-    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    for (int c = threadIdx.x; c < len; c += blockDim.x) {
       float sg = 0.0f, sb = 0.0f;
 #pragma unroll
       for (int r = 0; r < R; ++r) sg += acc[r * 2 * CAP + c], sb += acc[r * 2 * CAP + CAP + c];
@@ -438,7 +568,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
           for (int k = 0; k < VEC; ++k) block_dgamma[off + i + k] = 0.0f, block_dbeta[off + i + k] = 0.0f;
       }
     }
-    for (int64_t row = blockIdx.x; row < rows; row += row_stride) {
+    for (int64_t row = part.first_row; row < rows; row += row_stride) {
       const T* xr = x + row * D;
       const T* dyr = dy + row * D;
       T* dxr = dx + row * D;
@@ -492,6 +622,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
       }
     }
   }
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // Backward, kernel 2: dgamma[c] = sum over blocks b of partial_dgamma[b][c]
@@ -575,9 +706,90 @@ void launch_forward(const ForwardArgs& a) {
   HG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
+// Cluster support of one kernel: how many clusters of C = 2..kMaxCluster
+// blocks are resident at once (all 0 where the device or the kernel's
+// compiled code cannot run clusters: the cluster code exists only in code
+// built for sm_90 or newer, which ptxVersion reports).
+template <class Kernel>
+std::array<int, kMaxCluster + 1> clusters_that_fit(Kernel kernel, int threads, size_t smem) {
+  std::array<int, kMaxCluster + 1> fit{};
+  int device = 0, major = 0;
+  HG_CUDA_CHECK(cudaGetDevice(&device));
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cudaFuncAttributes attr{};
+  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (major < 9 || attr.ptxVersion < 90 || attr.binaryVersion < 90) return fit;
+  if (smem > 48 * 1024)
+    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  for (int C = 2; C <= kMaxCluster; ++C) {
+    cudaLaunchAttribute cluster_dim{};
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = C, cluster_dim.val.clusterDim.y = 1, cluster_dim.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(C);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream();
+    config.attrs = &cluster_dim;
+    config.numAttrs = 1;
+    HG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit[C], kernel, &config));
+  }
+  return fit;
+}
+
+// The cluster size for rows of D: among the sizes whose blocks hold a
+// slice of at most CAP, the one that keeps the most blocks resident, the
+// smallest on a tie; 0 if none can run. (A cluster lives in one GPC: 18 SMs
+// hold 14 blocks in clusters of 7, but 16 in clusters of 8.)
+int cluster_size_for(int D, int VEC, int CAP, const std::array<int, kMaxCluster + 1>& fit) {
+  if (D > kMaxCluster * CAP) return 0;  // (and D + C - 1 cannot overflow below)
+  int best = 0;
+  for (int C = 2; C <= kMaxCluster; ++C)
+    if (cluster_slice(D, C, VEC) <= CAP && fit[C] * C > fit[best] * best) best = C;
+  return best;
+}
+
+// Launches `clusters` clusters of C blocks (a persistent grid; blocks of a
+// cluster are co-scheduled, as distributed shared memory requires).
+template <class... Params, class... Args>
+void launch_clusters(void (*kernel)(Params...), int C, int clusters, int threads, size_t smem, const char* name,
+                     Args... args) {
+  cudaLaunchAttribute cluster_dim{};
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim.x = C, cluster_dim.val.clusterDim.y = 1, cluster_dim.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(C * clusters);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream();
+  config.attrs = &cluster_dim;
+  config.numAttrs = 1;
+  HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+  HG_CUDA_CHECK_LAUNCH(name);
+}
+
+// Rows of 16385 .. kMaxCluster * 16384 elements: a cluster per row, each
+// block 1024 threads x 16 elements, alone on its SM and prefetching its
+// next slice into L2 (which overlaps the two cluster barriers per row). 512
+// x 32 at two blocks per SM spilled 36-44 bytes (f32) at its 64 registers.
+// Returns false where clusters cannot run (the caller takes the chunked kernel).
+template <class T, int VEC>
+bool forward_clusters(const ForwardArgs& a) {
+  constexpr int kEPT = 16, kThreads = 1024, kCap = kThreads * kEPT;
+  auto kernel = layernorm_forward_kernel<T, VEC, kEPT, kThreads, 1, false, true>;
+  static const std::array<int, kMaxCluster + 1> fit = clusters_that_fit(kernel, kThreads, 0);
+  const int C = cluster_size_for(a.D, VEC, kCap, fit);
+  if (C == 0) return false;
+  const int clusters = static_cast<int>(std::min<int64_t>(a.rows, fit[C]));
+  launch_clusters(kernel, C, clusters, kThreads, 0, "layernorm_forward_kernel (clusters)", static_cast<const T*>(a.x),
+                  a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps);
+  return true;
+}
+
 // Rows of up to 1024 elements go a warp per row; longer rows several warps
-// (up to 512 threads) per row, held in registers up to 16384 elements;
-// beyond that, chunks of 8192 read twice.
+// (up to 512 threads) per row, held in registers up to 16384 elements; up
+// to kMaxCluster * 16384, a cluster of blocks per row (sm_90+); beyond
+// that, chunks of 8192 read twice.
 template <class T, int VEC>
 void forward_for_width(const ForwardArgs& a) {
   const int D = a.D;
@@ -588,7 +800,30 @@ void forward_for_width(const ForwardArgs& a) {
   else if (D <= 256 * 16) launch_forward<T, VEC, 16, 256, 2>(a);
   else if (D <= 512 * 16) launch_forward<T, VEC, 16, 512, 1>(a);
   else if (D <= 512 * 32) launch_forward<T, VEC, 32, 512, 1>(a);
+  else if (forward_clusters<T, VEC>(a)) return;
   else launch_forward<T, VEC, 16, 512, 1, true>(a);
+}
+
+// Kernel 1 through launch(partial_dgamma, partial_dbeta) into n_partials
+// partial rows, then kernel 2. Partial sums, [2][n_partials][D]; the caching
+// allocator makes this cheap, and everything runs on the one stream, so
+// freeing it at scope exit is safe.
+template <class LaunchKernel1>
+void backward_with_partials(const BackwardArgs& a, int n_partials, LaunchKernel1 launch) {
+  Tensor partials;
+  float* partial_dgamma = nullptr;
+  float* partial_dbeta = nullptr;
+  if (n_partials > 0) {
+    partials = Tensor::empty({2, n_partials, a.D}, DType::F32, Device::CUDA);
+    partial_dgamma = partials.data<float>();
+    partial_dbeta = partial_dgamma + int64_t(n_partials) * a.D;
+    launch(partial_dgamma, partial_dbeta);
+  }
+  const dim3 reduce_block(kReduceCols, kReduceLanes);
+  const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
+  layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(partial_dgamma, partial_dbeta,
+                                                                             n_partials, a.D, a.dgamma, a.dbeta);
+  HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
 }
 
 template <class T, int VEC, int EPT, int G, int R, bool CHUNKED = false>
@@ -608,30 +843,38 @@ void launch_backward(const BackwardArgs& a) {
   }();
   const int64_t wanted = (a.rows + R - 1) / R;
   const int blocks = static_cast<int>(std::min<int64_t>(wanted, int64_t(blocks_per_sm) * sm_count()));
-
-  // Partial sums, [2][blocks][D]; the caching allocator makes this cheap,
-  // and everything runs on the one stream, so freeing it at scope exit is safe.
-  Tensor partials;
-  float* partial_dgamma = nullptr;
-  float* partial_dbeta = nullptr;
-  if (blocks > 0) {
-    partials = Tensor::empty({2, blocks, a.D}, DType::F32, Device::CUDA);
-    partial_dgamma = partials.data<float>();
-    partial_dbeta = partial_dgamma + int64_t(blocks) * a.D;
+  backward_with_partials(a, blocks, [&](float* partial_dgamma, float* partial_dbeta) {
     kernel<<<blocks, kThreads, kSmem, stream()>>>(static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.gamma,
                                                   a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma,
                                                   partial_dbeta, a.rows, a.D);
     HG_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
-  }
-  const dim3 reduce_block(kReduceCols, kReduceLanes);
-  const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
-  layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(partial_dgamma, partial_dbeta, blocks,
-                                                                             a.D, a.dgamma, a.dbeta);
-  HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
+  });
+}
+
+// Rows of 16385 .. kMaxCluster * 16384 elements: a cluster per row, each
+// block 1024 threads x 16 elements (x and dy in registers, one block per
+// SM, as the resident 8193-16384 kernel); one partial row per cluster.
+// Returns false where clusters cannot run (the caller takes the chunked kernel).
+template <class T, int VEC>
+bool backward_clusters(const BackwardArgs& a) {
+  constexpr int kEPT = 16, kThreads = 1024, kCap = kThreads * kEPT;
+  constexpr size_t kSmem = sizeof(float) * 2 * kCap;
+  auto kernel = layernorm_backward_kernel<T, VEC, kEPT, kThreads, 1, false, true>;
+  static const std::array<int, kMaxCluster + 1> fit = clusters_that_fit(kernel, kThreads, kSmem);
+  const int C = cluster_size_for(a.D, VEC, kCap, fit);
+  if (C == 0) return false;
+  const int clusters = static_cast<int>(std::min<int64_t>(a.rows, fit[C]));
+  backward_with_partials(a, clusters, [&](float* partial_dgamma, float* partial_dbeta) {
+    launch_clusters(kernel, C, clusters, kThreads, kSmem, "layernorm_backward_kernel (clusters)",
+                    static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.gamma, a.mean, a.rstd,
+                    static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows, a.D);
+  });
+  return true;
 }
 
 // Like the forward, except that x and dy both live in registers: 8193-16384
-// elements take a 1024-thread block (16 per thread) rather than 32 per thread.
+// elements take a 1024-thread block (16 per thread) rather than 32 per thread,
+// and so does each block of a cluster.
 template <class T, int VEC>
 void backward_for_width(const BackwardArgs& a) {
   const int D = a.D;
@@ -642,6 +885,7 @@ void backward_for_width(const BackwardArgs& a) {
   else if (D <= 256 * 16) launch_backward<T, VEC, 16, 256, 2>(a);
   else if (D <= 512 * 16) launch_backward<T, VEC, 16, 512, 1>(a);
   else if (D <= 1024 * 16) launch_backward<T, VEC, 16, 1024, 1>(a);
+  else if (backward_clusters<T, VEC>(a)) return;
   else launch_backward<T, VEC, 16, 512, 1, true>(a);
 }
 

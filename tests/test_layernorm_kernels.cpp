@@ -1,7 +1,8 @@
 // The fused LayerNorm CUDA kernels called directly (cuda/layernorm_kernels.hpp)
 // at every D where cuda/layernorm.cu changes layout (warp per row with 8/16/32
 // elements per lane, 128/256/512-thread rows, the 512 x 32 forward and the
-// 1024-thread backward, the chunked kernels), in f32 and bf16, on aligned
+// 1024-thread backward, clusters of 2..8 blocks per row, the chunked
+// kernels), in f32 and bf16, on aligned
 // tensors (16-byte path) and on views one element off (scalar path), with
 // enough rows that every persistent block walks several. Outputs are poisoned
 // with NaN first, so an element the kernels fail to write shows. The
@@ -100,10 +101,15 @@ Outputs run_kernels(const Inputs& in) {
 
 Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
 
-// Every D at which the kernels switch layout, and one past it.
-const std::vector<int64_t> kWidths = {1,    3,    8,    100,  256,  257,  512,   513,   768,   1024,  1025,
-                                      1536, 2048, 2056, 3072, 4096, 4104, 8192,  8200,  12288, 16384, 16392,
-                                      40000};
+// Every D at which the kernels switch layout, and one past it. Past 16384
+// (sm_90+): clusters of C blocks, each on a slice of at most 16384 columns,
+// C at least 2 for 16385 (odd: scalar path) and 16392, 3 for 40000, 4 for
+// 65536, 7 for 100003 (odd), and exactly 8 for 131072 (the dispatcher may
+// take a larger C where more blocks stay resident); 140000 takes the
+// chunked kernels (as every D past 16384 does below sm_90).
+const std::vector<int64_t> kWidths = {1,     3,     8,     100,   256,    257,    512,   513,   768,   1024,
+                                      1025,  1536,  2048,  2056,  3072,   4096,   4104,  8192,  8200,  12288,
+                                      16384, 16385, 16392, 40000, 65536, 100003, 131072, 140000};
 
 // Rows: odd, and (below the chunked sizes) more than the persistent grid
 // holds at once on an H100, so blocks walk several rows (e.g. D = 16384:
@@ -151,7 +157,7 @@ TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, al
 TEST_CASE("layernorm kernels: backward is bitwise reproducible in every layout", "[layernorm][cuda][kernels]") {
   HG_REQUIRE_GPU();
   for (const DType dtype : {DType::F32, DType::BF16})
-    for (const int64_t D : {256, 1024, 2048, 4096, 8192, 16384, 40000}) {
+    for (const int64_t D : {256, 1024, 2048, 4096, 8192, 16384, 40000, 100003, 131072, 140000}) {
       const Inputs in = make_inputs(rows_for(D), D, dtype, false, 77);
       const Outputs a = run_kernels(in);
       const Outputs b = run_kernels(in);
@@ -171,7 +177,7 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
   // sees the same stored values. The saved float32 mean is off by up to 1/32,
   // which the backward must correct for (docs/layernorm.md, section 2).
   for (const Case c : {Case{1e4, 1.0}, Case{1e6, 1e-2}, Case{-3.0, 0.0}})
-    for (const int64_t D : {1000, 4096, 16384, 40000}) {
+    for (const int64_t D : {1000, 4096, 16384, 40000, 65536}) {
       const Inputs in = make_inputs(67, D, DType::F32, false, 31, c.offset, c.stddev);
       INFO("offset " << c.offset << " stddev " << c.stddev << " D " << D);
       const Outputs got = run_kernels(in);
@@ -185,6 +191,36 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
       // A constant row: x - shift is exactly 0, so y is beta exactly.
       if (c.stddev == 0.0) CHECK(hg::test::max_abs_diff(f64(got.y), want.y) == 0.0);
     }
+}
+
+TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm][cuda][kernels]") {
+  HG_REQUIRE_GPU();
+  // 1 and 3 rows: the persistent grid shrinks to one cluster per row (one
+  // partial row each), and no cluster walks a second row, so this checks
+  // the first-row exchange and the partial-row count on their own.
+  uint64_t seed = 500;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t rows : {1, 3})
+      for (const int64_t D : {16385, 40000, 131072}) {
+        const Inputs in = make_inputs(rows, D, dtype, false, seed++);
+        INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D);
+        const Outputs got = run_kernels(in);
+        const Outputs want = reference(in);
+        REQUIRE(all_finite(got.y));
+        REQUIRE(all_finite(got.mean));
+        REQUIRE(all_finite(got.dx));
+        REQUIRE(all_finite(got.dgamma));
+        REQUIRE(all_finite(got.dbeta));
+        // Tolerances as in the first test case, for the same reasons.
+        CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < 1e-5);
+        CHECK(rel_error(f64(got.rstd), want.rstd) < 1e-5);
+        const double tol_params = dtype == DType::F32 ? 1e-5 : 1e-4;
+        CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
+        CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+        const double tol_out = dtype == DType::F32 ? 1e-5 : 1e-2;
+        CHECK(rel_error(f64(got.y), want.y) < tol_out);
+        CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
+      }
 }
 
 #else
