@@ -98,6 +98,7 @@ struct Options {
   std::string dtypes = "f32,bf16";
   int iters = 0;  // 0: 50 on CUDA, 10 on the CPU
   int warmup = 3;
+  bool fused_only = false;
   std::string csv = "bench_layernorm.csv";
   std::string png = "bench_layernorm.png";
 };
@@ -155,6 +156,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
       };
 
       for (const KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
+        if (opt.fused_only && mode == KernelMode::Unfused) continue;
         KernelModeScope scope(mode);
         const char* impl = kernel_mode_name(mode);
         try_record("forward", impl, [&] {
@@ -204,8 +206,15 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
         });
       }
 #endif
-      std::fprintf(stderr, "done %s %s %lldx%lld (%d input sets, %d calls per sample)\n", device_name(device),
-                   dtype_name(dtype), static_cast<long long>(s.M), static_cast<long long>(s.N), n_sets, reps);
+      // The fused rates now, so that a run cut short still leaves its numbers.
+      std::string rates;
+      for (const Result& r : results)
+        if (r.impl == "fused" && r.M == s.M && r.N == s.N && r.dtype == dtype_name(dtype) &&
+            r.device == device_name(device))
+          rates += " " + r.pass + " " + std::to_string(static_cast<int>(r.gbps())) + " GB/s";
+      std::fprintf(stderr, "done %s %s %lldx%lld (%d input sets, %d calls per sample):%s\n", device_name(device),
+                   dtype_name(dtype), static_cast<long long>(s.M), static_cast<long long>(s.N), n_sets, reps,
+                   rates.c_str());
     }
   }
 }
@@ -269,6 +278,8 @@ int main(int argc, char** argv) {
   app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only), f64 (CPU only)");
   app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)");
   app.add_option("--warmup", opt.warmup, "untimed samples per case");
+  app.add_flag("--fused-only", opt.fused_only,
+               "skip the unfused op (most of the time of a run at D ~ 1e5; no vs_unf column then)");
   app.add_option("--csv", opt.csv, "CSV output path");
   app.add_option("--png", opt.png, "PNG plot of GB/s against N at the most common M ('' for none)");
   CLI11_PARSE(app, argc, argv);

@@ -482,29 +482,33 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
         acc_dbeta[(j * G + t) * VEC + k] = 0.0f;
       }
 
-    // Every group of the block makes the same number of trips (a group past
-    // the last row idles through its final one), so all groups reach the
-    // __syncthreads below together. Without this, racecheck reported hazards
-    // between the partials and the final sum (53 on an H100) whenever groups
-    // of one block had different row counts, though the results were right.
+    // Every group of the block runs the same sequence of barriers: a group
+    // past the last row still makes the trip, on an empty row (no loads, no
+    // stores), and joins its named barriers. When groups of one block ran
+    // different row counts, compute-sanitizer racecheck reported hazards
+    // between the partials below and the final cross-group sum, although a
+    // __syncthreads separates them and the results were right and bitwise
+    // reproducible; with equal barrier sequences it reports none
+    // (docs/reliability.md, "GPU sanitizers").
     for (int64_t base = part.first_row - group; base < rows; base += row_stride) {
       const int64_t row = base + group;
-      if (row >= rows) continue;
-      const int64_t start = row * D + part.col0;
-      load_part<T, VEC, NV, G>(x + start, len, t, 0.0f, xh);
-      load_part<T, VEC, NV, G>(dy + start, len, t, 0.0f, g_dy);
+      const bool live = row < rows;
+      const int row_len = live ? len : 0;  // columns this group reads and writes this trip
+      const int64_t start = (live ? row : 0) * D + part.col0;
+      load_part<T, VEC, NV, G>(x + start, row_len, t, 0.0f, xh);
+      load_part<T, VEC, NV, G>(dy + start, row_len, t, 0.0f, g_dy);
       if (prefetch_next_row(G * R) && row + row_stride < rows) {
         prefetch_row_l2<T, G, EPT>(x + start + row_stride * D, len, t);
         prefetch_row_l2<T, G, EPT>(dy + start + row_stride * D, len, t);
       }
-      const float m = mean[row], rs = rstd[row];
+      const float m = live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
       // Over this thread's elements: sum g*dy, sum g*dy*xhat', sum xhat',
       // where xhat' = (x - m) * rs uses the saved, float32-rounded mean.
       float sums[3] = {0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
         const int i = (j * G + t) * VEC;
-        if (i < len) {
+        if (i < row_len) {
           float g[VEC];
           load_vec<VEC>(gamma_p + i, g);
 #pragma unroll
@@ -528,7 +532,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
         const int i = (j * G + t) * VEC;
-        if (i < len) {
+        if (i < row_len) {
           float g[VEC], out[VEC], dg[VEC];
           load_vec<VEC>(gamma_p + i, g);
 #pragma unroll

@@ -42,21 +42,52 @@ if has sanitize; then
   # Cases tagged [api-errors] provoke CUDA API failures on purpose (a 1 PiB
   # cudaMalloc must become an hg::Error); the tools would count those, so they
   # run separately with API-error reporting off and every other check on.
-  sanitize_one() {  # tool test [filter] [extra tool flags...]
-    local tool=$1 prog=$2 filter=${3:-'[cuda]~[api-errors]'}; shift 3 2>/dev/null || shift $#
-    local log="$OUT_DIR/sanitize/${tool}_${prog}$( [[ $filter == *'~'* ]] || echo _api).log"
+  sanitize_one() {  # tool test shard [filter] [extra tool flags...]; shard: a D range for test_layernorm_kernels, or -
+    local tool=$1 prog=$2 shard=$3 filter=${4:-'[cuda]~[api-errors]'}; shift 4 2>/dev/null || shift $#
+    local name="${tool}_${prog}" what="$tool $prog"
+    unset HG_KERNEL_WIDTHS HG_KERNEL_ROWS_CAP
+    if [[ $shard != - ]]; then export HG_KERNEL_WIDTHS=$shard; name+="_D$shard"; what+=" D=$shard"; fi
+    # racecheck on the cluster kernels (16384 < D <= 131072): fewer rows (see the test).
+    if [[ $tool == racecheck && $shard != - && ${shard%%-*} -gt 16384 && ${shard%%-*} -le 131072 ]]; then
+      export HG_KERNEL_ROWS_CAP=19; what+=" rows<=19"
+    fi
+    case $filter in *'~'*) ;; '[api-errors]') name+=_api ;; *) name+="_${filter//[^a-z-]/}" ;; esac
+    local log="$OUT_DIR/sanitize/$name.log"
     if timeout "${HG_SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$tool" --error-exitcode 3 "$@" \
          "build-gpu/tests/$prog" "$filter" > "$log" 2>&1; then
-      echo "$tool $prog $filter: clean ($(grep -oE '(ERROR|RACECHECK) SUMMARY.*' "$log" | tail -1))"
+      echo "$what $filter: clean ($(grep -oE '(ERROR|RACECHECK) SUMMARY.*' "$log" | tail -1))"
     else
-      echo "$tool $prog $filter: FAILED rc=$? ($(grep -oE '(ERROR|RACECHECK) SUMMARY.*|(All tests passed|test cases:).*' "$log" | tail -2 | tr '\n' ' '))"
+      echo "$what $filter: FAILED rc=$? ($(grep -oE '(ERROR|RACECHECK) SUMMARY.*|(All tests passed|test cases:).*' "$log" | tail -2 | tr '\n' ' '))"
     fi
   }
   export -f sanitize_one; export OUT_DIR="$out"
-  progs=$(grep -l '\[cuda\]' tests/test_*.cpp | xargs -n1 basename | sed 's/\.cpp$//')
-  for tool in memcheck racecheck initcheck; do for p in $progs; do echo "$tool $p"; done; done \
-    | xargs -P "${HG_SANITIZE_JOBS:-8}" -L1 bash -c 'sanitize_one "$0" "$1"' | sort >> "$out/sanitize_summary.txt"
-  sanitize_one memcheck test_cuda_backend '[api-errors]' --report-api-errors no >> "$out/sanitize_summary.txt"
+  # HG_SANITIZE_PROGS (space-separated names) narrows the run to some programs.
+  progs=${HG_SANITIZE_PROGS:-$(grep -l '\[cuda\]' tests/test_*.cpp | xargs -n1 basename | sed 's/\.cpp$//')}
+  # test_layernorm_kernels walks every kernel layout up to D = 140000; whole,
+  # it outlasts the cap under racecheck, so it runs as shards of D (together
+  # they cover every D), started first since they are the slowest jobs.
+  # HG_KERNEL_SHARDS and HG_SANITIZE_TOOLS narrow a re-run.
+  kernel_shards=${HG_KERNEL_SHARDS:-"1-1024 1025-4096 4097-16384 16385-16385 16386-16392 16393-40000 40001-65536 65537-100003 100004-131072 131073-1000000000"}
+  tools=${HG_SANITIZE_TOOLS:-"memcheck racecheck initcheck"}
+  for tool in $tools; do for p in $progs; do
+    [[ $p == test_layernorm_kernels ]] || continue
+    for d in $kernel_shards; do
+      # Clusters of 7 and 8 (D > 65536) under racecheck: one job per test case.
+      if [[ $tool == racecheck && ${d%%-*} -gt 65536 && ${d%%-*} -le 131072 ]]; then
+        for tag in '[layouts]' '[reproducible]' '[hostile]' '[few-rows]'; do echo "$tool $p $d $tag"; done
+      else
+        echo "$tool $p $d"
+      fi
+    done
+  done; done > "$out/sanitize_jobs.txt"
+  for tool in $tools; do for p in $progs; do
+    [[ $p == test_layernorm_kernels ]] || echo "$tool $p -"
+  done; done >> "$out/sanitize_jobs.txt"
+  xargs -P "${HG_SANITIZE_JOBS:-8}" -L1 bash -c 'sanitize_one "$0" "$@"' < "$out/sanitize_jobs.txt" \
+    | sort >> "$out/sanitize_summary.txt"
+  if [[ " $progs " == *" test_cuda_backend "* && " $tools " == *" memcheck "* ]]; then
+    sanitize_one memcheck test_cuda_backend - '[api-errors]' --report-api-errors no >> "$out/sanitize_summary.txt"
+  fi
   grep -q FAILED "$out/sanitize_summary.txt" && status=1
   cat "$out/sanitize_summary.txt"
   tar czf "$out/sanitize_logs.tgz" -C "$out" sanitize && rm -rf "$out/sanitize"
