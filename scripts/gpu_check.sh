@@ -94,14 +94,18 @@ if has sanitize; then
 fi
 if has bench; then
   b=build-gpu/bench
-  run_bench() {  # name, args...
-    local name=$1; shift
-    "$b/$name" --device cuda "$@" > "$out/$name.txt" 2>&1 || { echo "$name FAILED"; status=1; }
+  run_bench() {  # program, log name, args...
+    local prog=$1 name=$2; shift 2
+    "$b/$prog" --device cuda "$@" > "$out/$name.txt" 2>&1 || { echo "$name FAILED"; status=1; }
     tail -45 "$out/$name.txt"
   }
-  run_bench bench_layernorm --csv "$out/bench_layernorm.csv" --png "$out/bench_layernorm.png"
-  run_bench bench_softmax --csv "$out/bench_softmax.csv" --png "$out/bench_softmax.png"
-  run_bench bench_train --csv "$out/bench_train.csv" --breakdown-csv "$out/bench_train_breakdown.csv"
+  run_bench bench_layernorm bench_layernorm --csv "$out/bench_layernorm.csv" --png "$out/bench_layernorm.png"
+  # Rows past 16384 (cluster kernels up to 131072, chunked beyond): fused
+  # only, since the unfused op at these widths would take most of the run.
+  run_bench bench_layernorm bench_layernorm_long --fused-only --png '' --csv "$out/bench_layernorm_long.csv" \
+    --sizes 4096x16385,4096x40000,2048x65536,1024x100003,1024x131072,1024x140000
+  run_bench bench_softmax bench_softmax --csv "$out/bench_softmax.csv" --png "$out/bench_softmax.png"
+  run_bench bench_train bench_train --csv "$out/bench_train.csv" --breakdown-csv "$out/bench_train_breakdown.csv"
   # Prettier plots (matplotlib, where installed): scripts/plot_bench.py on the CSVs.
 fi
 tar czf "$out/results.tgz" -C "$out" --exclude results.tgz --exclude sanitize_logs.tgz . 2>/dev/null
