@@ -9,6 +9,7 @@
 #include "core/backend.hpp"
 #include "core/half.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/transpose_plan.hpp"
 
 namespace hg {
 namespace {
@@ -406,35 +407,24 @@ class CpuBackend final : public Backend {
     out.check_device(Device::CPU, "transpose");
     HG_CHECK(out.dtype() == x.dtype(), "transpose", "out dtype ", dtype_name(out.dtype()), " differs from x ",
              dtype_name(x.dtype()));
-    const int d0 = std::min(normalize_dim(dim0, x.ndim(), "transpose"), normalize_dim(dim1, x.ndim(), "transpose"));
-    const int d1 = std::max(normalize_dim(dim0, x.ndim(), "transpose"), normalize_dim(dim1, x.ndim(), "transpose"));
-    Shape expected = x.shape();
-    std::swap(expected[d0], expected[d1]);
-    HG_CHECK(out.shape() == expected, "transpose", "out shape ", out.shape(), " should be ", expected, " for x ",
-             x.shape(), " with dims ", d0, " and ", d1, " swapped");
+    const TransposePlan p = transpose_plan(x.shape(), out.shape(), dim0, dim1, "transpose");
     if (x.numel() == 0) return;
-    if (d0 == d1 || x.shape()[d0] == 1 || x.shape()[d1] == 1) {  // same memory order: a plain copy
+    if (p.plain_copy) {  // same memory order
       if (out.raw_data() != x.raw_data()) std::memcpy(out.raw_data(), x.raw_data(), x.nbytes());
       return;
     }
-    const Shape& s = x.shape();
-    int64_t A = 1, M = 1, B = 1;
-    for (int i = 0; i < d0; ++i) A *= s[i];
-    for (int i = d0 + 1; i < d1; ++i) M *= s[i];
-    for (int i = d1 + 1; i < x.ndim(); ++i) B *= s[i];
-    const int64_t n0 = s[d0], n1 = s[d1];
     switch (dtype_size(x.dtype())) {
       case 2:
-        transpose_typed(static_cast<const uint16_t*>(x.raw_data()), static_cast<uint16_t*>(out.raw_data()), A, n0,
-                        M, n1, B);
+        transpose_typed(static_cast<const uint16_t*>(x.raw_data()), static_cast<uint16_t*>(out.raw_data()), p.A,
+                        p.n0, p.M, p.n1, p.B);
         return;
       case 4:
-        transpose_typed(static_cast<const uint32_t*>(x.raw_data()), static_cast<uint32_t*>(out.raw_data()), A, n0,
-                        M, n1, B);
+        transpose_typed(static_cast<const uint32_t*>(x.raw_data()), static_cast<uint32_t*>(out.raw_data()), p.A,
+                        p.n0, p.M, p.n1, p.B);
         return;
       case 8:
-        transpose_typed(static_cast<const uint64_t*>(x.raw_data()), static_cast<uint64_t*>(out.raw_data()), A, n0,
-                        M, n1, B);
+        transpose_typed(static_cast<const uint64_t*>(x.raw_data()), static_cast<uint64_t*>(out.raw_data()), p.A,
+                        p.n0, p.M, p.n1, p.B);
         return;
     }
     fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));

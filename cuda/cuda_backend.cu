@@ -16,6 +16,7 @@
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 
@@ -661,31 +662,19 @@ class CudaBackend final : public Backend {
     check_on_gpu(name, x);
     check_on_gpu(name, out);
     check_same_dtype(name, x, out);
-    const int a = normalize_dim(dim0, x.ndim(), name), b = normalize_dim(dim1, x.ndim(), name);
-    const int d0 = a < b ? a : b, d1 = a < b ? b : a;
-    Shape expected = x.shape();
-    std::swap(expected[d0], expected[d1]);
-    if (out.shape() != expected)
-      fail(name, "out has shape ", out.shape(), ", expected ", expected, " for x ", x.shape(), " with dims ", d0,
-           " and ", d1, " swapped");
+    const TransposePlan p = transpose_plan(x.shape(), out.shape(), dim0, dim1, name);
     const int64_t total = x.numel();
     if (total == 0) return;
-    const Shape& s = x.shape();
-    int64_t A = 1, M = 1, B = 1;
-    for (int i = 0; i < d0; ++i) A *= s[i];
-    for (int i = d0 + 1; i < d1; ++i) M *= s[i];
-    for (int i = d1 + 1; i < x.ndim(); ++i) B *= s[i];
-    const int64_t n0 = s[d0], n1 = s[d1];
-    if (n0 == 1 || n1 == 1 || d0 == d1) {  // same memory order: a plain copy
+    if (p.plain_copy) {  // same memory order
       if (x.raw_data() != out.raw_data())
         HG_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice,
                                       gpu::stream()));
       return;
     }
     switch (dtype_size(x.dtype())) {
-      case 2: return launch_transpose<uint16_t>(x.raw_data(), out.raw_data(), total, n0, M, n1, B);
-      case 4: return launch_transpose<uint32_t>(x.raw_data(), out.raw_data(), total, n0, M, n1, B);
-      case 8: return launch_transpose<uint64_t>(x.raw_data(), out.raw_data(), total, n0, M, n1, B);
+      case 2: return launch_transpose<uint16_t>(x.raw_data(), out.raw_data(), total, p.n0, p.M, p.n1, p.B);
+      case 4: return launch_transpose<uint32_t>(x.raw_data(), out.raw_data(), total, p.n0, p.M, p.n1, p.B);
+      case 8: return launch_transpose<uint64_t>(x.raw_data(), out.raw_data(), total, p.n0, p.M, p.n1, p.B);
     }
     fail(name, "unsupported element size for dtype ", dtype_name(x.dtype()));
   }

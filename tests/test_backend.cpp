@@ -11,6 +11,7 @@
 #include "core/backend.hpp"
 #include "core/half.hpp"
 #include "core/tensor_functions.hpp"
+#include "core/transpose_plan.hpp"
 #include "tests/test_util.hpp"
 
 namespace {
@@ -454,6 +455,27 @@ TEST_CASE("transpose swaps any two dims", "[backend][transpose]") {
       }
   }
   REQUIRE_THROWS_AS(hg::transpose(Tensor::zeros({2, 3}), 0, 2), hg::Error);
+}
+
+TEST_CASE("transpose plan: the (A, n0, M, n1, B) factoring both backends use", "[backend][transpose]") {
+  const Shape x = {2, 3, 4, 5};
+  const hg::TransposePlan p = hg::transpose_plan(x, {2, 5, 4, 3}, 3, 1, "transpose");  // dims in either order
+  CHECK((p.A == 2 && p.n0 == 3 && p.M == 4 && p.n1 == 5 && p.B == 1));
+  CHECK_FALSE(p.plain_copy);
+  const hg::TransposePlan q = hg::transpose_plan(x, {4, 3, 2, 5}, 0, -2, "transpose");  // negative dim
+  CHECK((q.A == 1 && q.n0 == 2 && q.M == 3 && q.n1 == 4 && q.B == 5));
+  CHECK(hg::transpose_plan({2, 1, 4}, {1, 2, 4}, 0, 1, "transpose").plain_copy);  // a dim of size 1
+  CHECK(hg::transpose_plan(x, x, 2, 2, "transpose").plain_copy);                 // a dim with itself
+  // out of the wrong shape, or a dim out of range: an hg::Error naming the op and the shapes
+  try {
+    hg::transpose_plan(x, x, 0, 1, "cuda transpose");
+    FAIL("no error for a wrong out shape");
+  } catch (const hg::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("cuda transpose") != std::string::npos);
+    CHECK(what.find("(3, 2, 4, 5)") != std::string::npos);
+  }
+  CHECK_THROWS_AS(hg::transpose_plan(x, x, 0, 4, "transpose"), hg::Error);
 }
 
 TEST_CASE("fill and cast, including bf16 and f16", "[backend][cast]") {
