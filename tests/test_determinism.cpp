@@ -20,6 +20,7 @@
 #include "ops/cross_entropy.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
+#include "tests/layernorm_outputs.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
@@ -131,14 +132,13 @@ void normalisation_and_losses(Recorder& r, Device dev) {
     const Tensor gamma = Tensor::randn({D}, g, DType::F32, dev);
     const Tensor beta = Tensor::randn({D}, g, DType::F32, dev);
     const Tensor dy = Tensor::randn({2, 7, D}, g, DType::F32, dev);
-    LayerNormSaved saved;
-    r.add("layernorm.y." + tag, layernorm_forward(x, gamma, beta, 1e-5, &saved));
-    r.add("layernorm.mean." + tag, saved.mean);
-    r.add("layernorm.rstd." + tag, saved.rstd);
-    const LayerNormGrads grads = layernorm_backward(dy, x, gamma, saved);
-    r.add("layernorm.dx." + tag, grads.dx);
-    r.add("layernorm.dgamma." + tag, grads.dgamma);
-    r.add("layernorm.dbeta." + tag, grads.dbeta);
+    const hg::test::LayerNormOutputs ln = hg::test::layernorm_forward_backward(x, gamma, beta, dy, 1e-5);
+    r.add("layernorm.y." + tag, ln.y);
+    r.add("layernorm.mean." + tag, ln.mean);
+    r.add("layernorm.rstd." + tag, ln.rstd);
+    r.add("layernorm.dx." + tag, ln.dx);
+    r.add("layernorm.dgamma." + tag, ln.dgamma);
+    r.add("layernorm.dbeta." + tag, ln.dbeta);
   }
 
   const Tensor s = Tensor::randn({6, 300}, g, DType::F32, dev);

@@ -10,6 +10,7 @@
 #include "core/tensor_functions.hpp"
 #include "models/layernorm.hpp"
 #include "ops/layernorm.hpp"
+#include "tests/layernorm_outputs.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
@@ -28,9 +29,7 @@ struct Inputs {
   Tensor x, gamma, beta, dy;
 };
 
-struct Outputs {
-  Tensor y, mean, rstd, dx, dgamma, dbeta;
-};
+using Outputs = hg::test::LayerNormOutputs;
 
 // x ~ offset + N(0, stddev^2); gamma ~ 1 + N(0, 0.25), beta and dy ~ N(0, 1),
 // drawn in float64 and then rounded to `dtype` on `device`.
@@ -56,16 +55,7 @@ Inputs as_f64(const Inputs& in) {
 
 Outputs run(const Inputs& in, double eps, KernelMode mode) {
   KernelModeScope scope(mode);
-  Outputs out;
-  LayerNormSaved saved;
-  out.y = layernorm_forward(in.x, in.gamma, in.beta, eps, &saved);
-  out.mean = saved.mean;
-  out.rstd = saved.rstd;
-  LayerNormGrads g = layernorm_backward(in.dy, in.x, in.gamma, saved);
-  out.dx = g.dx;
-  out.dgamma = g.dgamma;
-  out.dbeta = g.dbeta;
-  return out;
+  return hg::test::layernorm_forward_backward(in.x, in.gamma, in.beta, in.dy, eps);
 }
 
 // The float64 CPU fused path, itself checked by finite differences below.

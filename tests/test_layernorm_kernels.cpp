@@ -20,6 +20,7 @@
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
 #include "ops/layernorm.hpp"
+#include "tests/layernorm_outputs.hpp"
 #include "tests/test_util.hpp"
 #ifdef HG_WITH_CUDA
 #include "cuda/layernorm_kernels.hpp"
@@ -36,9 +37,7 @@ using hg::test::rel_error;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr float kEps = 1e-5f;
 
-struct Outputs {
-  Tensor y, mean, rstd, dx, dgamma, dbeta;
-};
+using Outputs = hg::test::LayerNormOutputs;
 
 struct Inputs {
   Tensor x, gamma, beta, dy;  // on the GPU (x possibly a misaligned view)
@@ -78,16 +77,7 @@ Inputs make_inputs(int64_t rows, int64_t D, DType dtype, bool offset_view, uint6
 
 Outputs reference(const Inputs& in) {
   KernelModeScope fused(KernelMode::Fused);
-  Outputs out;
-  LayerNormSaved saved;
-  out.y = layernorm_forward(in.x64, in.gamma64, in.beta64, kEps, &saved);
-  out.mean = saved.mean;
-  out.rstd = saved.rstd;
-  LayerNormGrads g = layernorm_backward(in.dy64, in.x64, in.gamma64, saved);
-  out.dx = g.dx;
-  out.dgamma = g.dgamma;
-  out.dbeta = g.dbeta;
-  return out;
+  return hg::test::layernorm_forward_backward(in.x64, in.gamma64, in.beta64, in.dy64, kEps);
 }
 
 Tensor poisoned(const Shape& shape, DType dtype) { return Tensor::full(shape, kNaN, dtype, Device::CUDA); }
@@ -104,6 +94,34 @@ Outputs run_kernels(const Inputs& in) {
 }
 
 Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
+
+// The kernels' outputs against the float64 reference. Every output must be
+// written (the NaN poison gone), then:
+// - statistics, dgamma and dbeta: float32 math on exactly stored inputs.
+//   Reductions are trees/short sequential runs: errors ~ log(n) 2^-24 relative
+//   to the summed magnitudes (~1e-6); 1e-5 (f32) leaves headroom without
+//   hiding a wrong term (a missing row or column shows as >= 1/rows or 1/D).
+//   The mean is measured in row standard deviations;
+// - y and dx: f32 as above; bf16 stores them rounded (2^-9 relative each).
+void check_against_reference(const Inputs& in) {
+  const DType dtype = in.x.dtype();
+  const Outputs got = run_kernels(in);
+  const Outputs want = reference(in);
+  REQUIRE(all_finite(got.y));
+  REQUIRE(all_finite(got.mean));
+  REQUIRE(all_finite(got.rstd));
+  REQUIRE(all_finite(got.dx));
+  REQUIRE(all_finite(got.dgamma));
+  REQUIRE(all_finite(got.dbeta));
+  CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < 1e-5);
+  CHECK(rel_error(f64(got.rstd), want.rstd) < 1e-5);
+  const double tol_params = dtype == DType::F32 ? 1e-5 : 1e-4;  // bf16: dx/dy products of rounded values
+  CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
+  CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+  const double tol_out = dtype == DType::F32 ? 1e-5 : 1e-2;
+  CHECK(rel_error(f64(got.y), want.y) < tol_out);
+  CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
+}
 
 // Every D at which the kernels switch layout, and one past it. Past 16384
 // (sm_90+): clusters of C blocks, each on a slice of at most 16384 columns,
@@ -168,28 +186,7 @@ TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, al
         const int64_t rows = rows_for(D);
         const Inputs in = make_inputs(rows, D, dtype, offset_view, seed++);
         INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << (offset_view ? " offset view" : ""));
-        const Outputs got = run_kernels(in);
-        const Outputs want = reference(in);
-        REQUIRE(all_finite(got.y));  // NaN left: an element never written
-        REQUIRE(all_finite(got.mean));
-        REQUIRE(all_finite(got.rstd));
-        REQUIRE(all_finite(got.dx));
-        REQUIRE(all_finite(got.dgamma));
-        REQUIRE(all_finite(got.dbeta));
-        // Statistics, dgamma and dbeta: float32 math on exactly stored inputs.
-        // Reductions are trees/short sequential runs: errors ~ log(n) 2^-24
-        // relative to the summed magnitudes (~1e-6); 1e-5 (f32) leaves headroom
-        // without hiding a wrong term (a missing row or column shows as >=
-        // 1/rows or 1/D). The mean is measured in row standard deviations.
-        CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < 1e-5);
-        CHECK(rel_error(f64(got.rstd), want.rstd) < 1e-5);
-        const double tol_params = dtype == DType::F32 ? 1e-5 : 1e-4;  // bf16: dx/dy products of rounded values
-        CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
-        CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
-        // y and dx: f32 as above; bf16 stores them rounded (2^-9 relative each).
-        const double tol_out = dtype == DType::F32 ? 1e-5 : 1e-2;
-        CHECK(rel_error(f64(got.y), want.y) < tol_out);
-        CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
+        check_against_reference(in);
       }
 }
 
@@ -248,22 +245,7 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
         if (!width_selected(D)) continue;
         const Inputs in = make_inputs(rows, D, dtype, false, seed++);
         INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D);
-        const Outputs got = run_kernels(in);
-        const Outputs want = reference(in);
-        REQUIRE(all_finite(got.y));
-        REQUIRE(all_finite(got.mean));
-        REQUIRE(all_finite(got.dx));
-        REQUIRE(all_finite(got.dgamma));
-        REQUIRE(all_finite(got.dbeta));
-        // Tolerances as in the first test case, for the same reasons.
-        CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < 1e-5);
-        CHECK(rel_error(f64(got.rstd), want.rstd) < 1e-5);
-        const double tol_params = dtype == DType::F32 ? 1e-5 : 1e-4;
-        CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
-        CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
-        const double tol_out = dtype == DType::F32 ? 1e-5 : 1e-2;
-        CHECK(rel_error(f64(got.y), want.y) < tol_out);
-        CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
+        check_against_reference(in);
       }
 }
 
