@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,13 +27,14 @@ std::string serialize_checkpoint(const std::vector<CheckpointRecord>& records);
 // tensors returned never hold more bytes than `bytes` itself.
 std::vector<CheckpointRecord> parse_checkpoint(const std::string& bytes, const std::string& what = "<buffer>");
 
-// Writes `bytes` to path + ".tmp", fsyncs it, then renames it over `path`:
-// a crash at any point leaves the old file or the new one, never half of
-// one. `op` names the caller in the hg::Error a failure throws.
-void write_file_durably(const std::string& path, const std::string& bytes, const char* op);
-
-// The whole of a regular file (a directory or a missing path is an hg::Error).
-std::string read_whole_file(const std::string& path, const char* op);
+// The checkpoint files of Module::save/load and Optimizer::save_state/
+// load_state. Writing goes to path + ".tmp", fsyncs it, then renames it over
+// `path`: a crash at any point leaves the old file or the new one, never half
+// of one. Reading takes the whole of a regular file (a directory or a missing
+// path is an error) through parse_checkpoint and returns its tensors by name
+// (names are unique). `op` names the caller in the hg::Error a failure throws.
+void write_checkpoint_file(const std::string& path, const std::vector<CheckpointRecord>& records, const char* op);
+std::map<std::string, Tensor> read_checkpoint_file(const std::string& path, const char* op);
 
 // FNV-1a 64 over n bytes: the checksum stored in the last 8 bytes of a file.
 uint64_t checkpoint_checksum(const char* data, size_t n);

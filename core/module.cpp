@@ -74,21 +74,17 @@ void Module::train(bool on) {
 }
 
 // ---- checkpoints ----
-// The format lives in core/checkpoint.cpp; here: durable writing, and
+// The format and the crash-safe file I/O live in core/checkpoint.cpp; here:
 // matching the file's records against this module before touching any value.
-
 
 void Module::save(const std::string& path) {
   std::vector<CheckpointRecord> records;
   for (const auto& [name, p] : named_parameters()) records.push_back({name, p->value});
-  write_file_durably(path, serialize_checkpoint(records), "Module::save");
+  write_checkpoint_file(path, records, "Module::save");
 }
 
 void Module::load(const std::string& path) {
-  const std::string bytes = read_whole_file(path, "Module::load");
-
-  std::map<std::string, Tensor> entries;
-  for (CheckpointRecord& r : parse_checkpoint(bytes, path)) entries.emplace(std::move(r.name), std::move(r.value));
+  const std::map<std::string, Tensor> entries = read_checkpoint_file(path, "Module::load");
 
   // Verify every parameter against the file before writing any of them.
   const auto named = named_parameters();

@@ -82,14 +82,12 @@ void Optimizer::save_state(const std::string& path) {
   std::vector<CheckpointRecord> records;
   records.push_back({"steps", Tensor::from_vector({static_cast<double>(steps_)}, {1}, DType::F64)});
   for (const auto& [name, t] : state_buffers()) records.push_back({name, *t});
-  write_file_durably(path, serialize_checkpoint(records), "Optimizer::save_state");
+  write_checkpoint_file(path, records, "Optimizer::save_state");
 }
 
 void Optimizer::load_state(const std::string& path) {
   constexpr const char* kOp = "Optimizer::load_state";
-  std::map<std::string, Tensor> entries;
-  for (CheckpointRecord& r : parse_checkpoint(read_whole_file(path, kOp), path))
-    entries.emplace(std::move(r.name), std::move(r.value));
+  const std::map<std::string, Tensor> entries = read_checkpoint_file(path, kOp);
   const auto buffers = state_buffers();
   // Everything is checked before anything is written.
   HG_CHECK(entries.size() == buffers.size() + 1 && entries.count("steps") && entries.at("steps").numel() == 1, kOp,
