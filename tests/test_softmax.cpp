@@ -163,8 +163,6 @@ double tolerance_for(const Path& p, int64_t tk) {
 
 // Stores a float64 CPU tensor the way a path holds it.
 Tensor to_path(const Tensor& t, const Path& p) { return t.to(p.dtype).to(p.device); }
-// Back to float64 on the CPU for comparison (exact: every storage type widens exactly).
-Tensor to_f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
 
 struct PathRun {
   Tensor x_seen, dy_seen;  // the inputs as the path stored them, widened to F64
@@ -187,7 +185,7 @@ PathRun run_path(const Path& p, const Tensor& x64, const Tensor& mask64, bool ca
   const Tensor dx = hg::softmax_backward(dy, y, scale);
   REQUIRE(dx.shape() == x.shape());
   REQUIRE(dx.dtype() == x.dtype());
-  return {to_f64(x), to_f64(dy), to_f64(y), to_f64(dx)};
+  return {hg::test::f64(x), hg::test::f64(dy), hg::test::f64(y), hg::test::f64(dx)};
 }
 
 // Runs one config on a path and checks y and dx against float64 on the very
@@ -199,7 +197,7 @@ void check_path_agrees(const Path& p, const Config& c, uint64_t seed) {
   const Tensor mask = make_mask(c, gen);
   INFO(p.name << ": " << describe(c));
   const PathRun run = run_path(p, x, mask, c.causal, c.scale, dy);
-  const Tensor y_ref = naive_softmax(run.x_seen, mask.defined() ? to_f64(mask.to(math_dtype(p.dtype))) : mask,
+  const Tensor y_ref = naive_softmax(run.x_seen, mask.defined() ? hg::test::f64(mask.to(math_dtype(p.dtype))) : mask,
                                      c.causal, c.scale);
   const Tensor dx_ref = naive_softmax_backward(run.dy_seen, run.y, c.scale);
   REQUIRE(hg::test::all_finite(run.y));
@@ -425,7 +423,7 @@ TEST_CASE("softmax fully masked rows give zeros and zero gradient", "[softmax][h
       // masked (this needs the primitive exp to give exp(-inf) == 0 exactly).
       CHECK(run.y.at({0, 1, 0, 3}) == 0.0);
       CHECK(run.y.at({1, 0, 0, 1}) == 0.0);
-      const Tensor mask_seen = to_f64(mask.to(math_dtype(p.dtype)));
+      const Tensor mask_seen = hg::test::f64(mask.to(math_dtype(p.dtype)));
       CHECK(hg::test::rel_error(run.y, naive_softmax(run.x_seen, mask_seen, false, 0.5)) < p.tolerance);
     }
     {
@@ -539,7 +537,7 @@ TEST_CASE("softmax NaN at a masked key: propagates; at a causally hidden key: pa
     }
     if (p.mode == KernelMode::Fused)
       CHECK(hg::test::rel_error(run.y.reshape({2, 4}).slice(0, 1),
-                                naive_softmax(run.x_seen, to_f64(mask), true, 1.0).reshape({2, 4}).slice(0, 1)) <
+                                naive_softmax(run.x_seen, hg::test::f64(mask), true, 1.0).reshape({2, 4}).slice(0, 1)) <
             p.tolerance);
   }
 }

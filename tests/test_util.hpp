@@ -73,6 +73,10 @@ inline bool all_finite(const Tensor& t) {
   return true;
 }
 
+// A float64 CPU copy, the form every comparison with a float64 reference
+// takes (exact: every storage type widens to float64 exactly).
+inline Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
+
 }  // namespace hg::test
 
 // Leaves the test case with a visible "skipped" message when no GPU is present.
