@@ -35,7 +35,7 @@ def checkout(rev, into):
     if rev == "WORKTREE":
         files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
                                check=True).stdout.split()
-        subprocess.run(["tar", "cf", "-", *files], cwd=ROOT, check=True, stdout=open(into + ".tar", "wb"))
+        subprocess.run(["tar", "cf", into + ".tar", *files], cwd=ROOT, check=True)
     else:
         subprocess.run(["git", "archive", "-o", into + ".tar", rev], cwd=ROOT, check=True)
     os.makedirs(into)
