@@ -2,8 +2,12 @@
 // LayerNorm forward, then backward on the forward's own saved statistics:
 // every output the LayerNorm tests compare, in the current kernel mode; and
 // the comparison of all six with a float64 reference.
+#include <cmath>
+#include <vector>
+
 #include "core/tensor.hpp"
 #include "ops/layernorm.hpp"
+#include "tests/bf16_ulps.hpp"
 #include "tests/test_util.hpp"
 
 namespace hg::test {
@@ -26,6 +30,17 @@ inline LayerNormOutputs layernorm_forward_backward(const Tensor& x, const Tensor
   return out;
 }
 
+// The float32 outputs (in every storage dtype) against the float64 `want`:
+// mean in row standard deviations (test_util.hpp), rstd below tol_stats,
+// dgamma and dbeta below tol_params, as relative norm errors.
+inline void check_layernorm_stats_and_params(const LayerNormOutputs& got, const LayerNormOutputs& want,
+                                             double tol_stats, double tol_params) {
+  CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < tol_stats);
+  CHECK(rel_error(f64(got.rstd), want.rstd) < tol_stats);
+  CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
+  CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+}
+
 // Every output of `got` against the float64 `want`, as relative norm errors:
 // y and dx below tol_out, rstd below tol_stats (the mean measured in row
 // standard deviations, test_util.hpp), dgamma and dbeta below tol_params.
@@ -33,10 +48,58 @@ inline void check_layernorm_outputs(const LayerNormOutputs& got, const LayerNorm
                                     double tol_stats, double tol_params) {
   CHECK(rel_error(f64(got.y), want.y) < tol_out);
   CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
-  CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < tol_stats);
-  CHECK(rel_error(f64(got.rstd), want.rstd) < tol_stats);
-  CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
-  CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+  check_layernorm_stats_and_params(got, want, tol_stats, tol_params);
+}
+
+// bf16 paths: y and dx against the reference rounded to bf16, in ulps
+// (tests/bf16_ulps.hpp), from the stored inputs x, gamma, beta, dy (float64
+// CPU). The float32 error slack of each element, with xhat_j = (x_j - mean)
+// rstd and the saved statistics' own error (~2^-24 (1 + |mean| rstd) in xhat):
+//   y_j  = g_j xhat_j + b_j:             (|g_j| (|xhat_j| + 1 + |mean| rstd) + |b_j|)
+//   dx_j = rstd (g_j dy_j - A - xhat_j B): rstd (|g_j dy_j| + mean|g dy| + (|xhat_j| + 1 + |mean| rstd) mean|g dy xhat|)
+// times kF32Slack. Statistics and dgamma/dbeta are float32 outputs:
+// relative error below tol_stats and tol_params, as in check_layernorm_outputs.
+struct LayerNormSlack {
+  std::vector<double> y, dx;
+};
+
+inline LayerNormSlack layernorm_bf16_slack(const LayerNormOutputs& want, const Tensor& x, const Tensor& gamma,
+                                           const Tensor& beta, const Tensor& dy) {
+  const int64_t D = x.size(-1), rows = x.numel() / D;
+  const std::vector<double> xs = x.to_vector(), g = gamma.to_vector(), b = beta.to_vector(), dys = dy.to_vector();
+  const std::vector<double> mean = want.mean.to_vector(), rstd = want.rstd.to_vector();
+  LayerNormSlack slack{std::vector<double>(xs.size()), std::vector<double>(xs.size())};
+  for (int64_t r = 0; r < rows; ++r) {
+    const double shift = 1 + std::abs(mean[r]) * rstd[r];
+    double a = 0, bsum = 0;
+    for (int64_t j = 0; j < D; ++j) {
+      const double xhat = (xs[r * D + j] - mean[r]) * rstd[r];
+      a += std::abs(g[j] * dys[r * D + j]) / D;
+      bsum += std::abs(g[j] * dys[r * D + j] * xhat) / D;
+    }
+    for (int64_t j = 0; j < D; ++j) {
+      const int64_t i = r * D + j;
+      const double xhat = std::abs((xs[i] - mean[r]) * rstd[r]);
+      slack.y[i] = kF32Slack * (std::abs(g[j]) * (xhat + shift) + std::abs(b[j]));
+      slack.dx[i] = kF32Slack * rstd[r] * (std::abs(g[j] * dys[i]) + a + (xhat + shift) * bsum);
+    }
+  }
+  return slack;
+}
+
+inline void check_layernorm_bf16(const LayerNormOutputs& got, const LayerNormOutputs& want, const Tensor& x,
+                                 const Tensor& gamma, const Tensor& beta, const Tensor& dy, double tol_stats,
+                                 double tol_params) {
+  const LayerNormSlack slack = layernorm_bf16_slack(want, x, gamma, beta, dy);
+  {
+    INFO("y");
+    HG_CHECK_BF16(f64(got.y).to_vector(), want.y.to_vector(), slack.y);
+  }
+  {
+    INFO("dx");
+    HG_CHECK_BF16(f64(got.dx).to_vector(), want.dx.to_vector(), slack.dx);
+  }
+  check_layernorm_stats_and_params(got, want, tol_stats, tol_params);
 }
 
 }  // namespace hg::test

@@ -285,7 +285,7 @@ TEST_CASE("determinism: a second process computes bitwise-identical results (CPU
 
   const auto cfgs = configs();
   REQUIRE(child.size() == cfgs.size());
-  if (!cuda_available()) WARN("no CUDA GPU present: the cross-process check covered the CPU configurations only");
+  hg::test::cuda_paths_run("the cross-process determinism check");
   for (const auto& [dev, mode] : cfgs) {
     const std::string cname = config_name(dev, mode);
     require_equal(run_everything(dev, mode), child[cname], "other process, " + cname);
