@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
 #include "ops/layernorm.hpp"
 #include "tests/bf16_ulps.hpp"
@@ -27,6 +28,49 @@ inline LayerNormOutputs layernorm_forward_backward(const Tensor& x, const Tensor
   out.dx = g.dx;
   out.dgamma = g.dgamma;
   out.dbeta = g.dbeta;
+  return out;
+}
+
+// LayerNorm forward in plain float64 loops, straight from the definition
+// (two passes: mean, then the mean of squared deviations), sharing no code
+// with the library: the independent reference for y, mean and rstd.
+// x: (..., D), gamma and beta (D), any dtype and device.
+inline LayerNormOutputs plain_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  const int64_t D = x.size(-1), rows = x.numel() / D;
+  const std::vector<double> xs = x.to_vector(), g = gamma.to_vector(), b = beta.to_vector();
+  std::vector<double> y(xs.size()), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* row = xs.data() + r * D;
+    double sum = 0;
+    for (int64_t j = 0; j < D; ++j) sum += row[j];
+    const double mu = sum / static_cast<double>(D);
+    double sq = 0;
+    for (int64_t j = 0; j < D; ++j) sq += (row[j] - mu) * (row[j] - mu);
+    const double rs = 1.0 / std::sqrt(sq / static_cast<double>(D) + eps);
+    for (int64_t j = 0; j < D; ++j) y[r * D + j] = g[j] * ((row[j] - mu) * rs) + b[j];
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  LayerNormOutputs out;  // statistics are (rows,), as the op saves them
+  out.y = Tensor::from_vector(y, x.shape(), DType::F64);
+  out.mean = Tensor::from_vector(mean, {rows}, DType::F64);
+  out.rstd = Tensor::from_vector(rstd, {rows}, DType::F64);
+  return out;
+}
+
+// The reference the LayerNorm tests compare every path with, on float64 CPU
+// copies of the stored inputs: y, mean and rstd from the plain loops above;
+// dx, dgamma and dbeta from the library's float64 CPU fused path (checked by
+// finite differences in tests/test_layernorm.cpp).
+inline LayerNormOutputs layernorm_reference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                            const Tensor& dy, double eps) {
+  KernelModeScope fused(KernelMode::Fused);
+  LayerNormOutputs out = layernorm_forward_backward(x, gamma, beta, dy, eps);
+  const LayerNormOutputs plain = plain_layernorm_forward(x, gamma, beta, eps);
+  REQUIRE(plain.mean.shape() == out.mean.shape());
+  out.y = plain.y;
+  out.mean = plain.mean;
+  out.rstd = plain.rstd;
   return out;
 }
 

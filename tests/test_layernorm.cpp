@@ -17,6 +17,7 @@
 using namespace hg;
 using hg::test::all_finite;
 using hg::test::f64;
+using hg::test::mean_error_in_stddevs;
 using hg::test::max_abs_diff;
 using hg::test::rel_error;
 using hg::test::sampled_fd_rel_error;
@@ -58,8 +59,12 @@ Outputs run(const Inputs& in, double eps, KernelMode mode) {
   return hg::test::layernorm_forward_backward(in.x, in.gamma, in.beta, in.dy, eps);
 }
 
-// The float64 CPU fused path, itself checked by finite differences below.
-Outputs reference(const Inputs& in, double eps) { return run(as_f64(in), eps, KernelMode::Fused); }
+// Forward from plain float64 loops, backward from the float64 CPU fused path
+// (checked by finite differences below), on the stored input values.
+Outputs reference(const Inputs& in, double eps) {
+  const Inputs seen = as_f64(in);
+  return hg::test::layernorm_reference(seen.x, seen.gamma, seen.beta, seen.dy, eps);
+}
 
 // Compares every output of a path with the reference, statistics and
 // parameter gradients at one tolerance.
@@ -133,6 +138,33 @@ TEST_CASE("layernorm float64 backward matches finite differences", "[layernorm][
   uint64_t seed = 1;
   for (KernelMode mode : kModes)
     for (const Shape& s : shapes) gradcheck(s, mode, seed++);
+}
+
+TEST_CASE("layernorm float64 forward matches plain loops, at odd, large and hostile D", "[layernorm]") {
+  // Plain two-pass float64 loops (tests/layernorm_outputs.hpp) share no code
+  // with the op. Both sides are float64; their gap is rounding in x - mean,
+  // amplified by |mean| / stddev on offset rows: 1e-13 (1 + |mean| rstd).
+  struct Case {
+    Shape shape;
+    double offset, stddev;
+  };
+  const std::vector<Case> cases = {{{3, 1}, 0, 1},       {{4, 7}, 0, 1},       {{2, 3, 1000}, 0, 1},
+                                   {{3, 4097}, 0, 1},    {{2, 65537}, 0, 1},   {{5, 33}, 1e4, 1},
+                                   {{3, 4097}, 1e6, 1e-2}, {{2, 65537}, -1e4, 1}, {{4, 9}, 2.5, 0}};
+  uint64_t seed = 70;
+  for (const Case& c : cases) {
+    const Inputs in = random_inputs(c.shape, seed++, DType::F64, Device::CPU, c.offset, c.stddev);
+    const Outputs want = hg::test::plain_layernorm_forward(in.x, in.gamma, in.beta, 1e-5);
+    const double cond = 1 + std::abs(c.offset) * want.rstd.to_vector()[0];
+    for (KernelMode mode : kModes) {
+      INFO("shape " << shape_str(c.shape) << " offset " << c.offset << " stddev " << c.stddev << " mode "
+                    << kernel_mode_name(mode));
+      const Outputs got = run(in, 1e-5, mode);
+      CHECK(rel_error(got.y, want.y) < 1e-13 * cond);
+      CHECK(mean_error_in_stddevs(got.mean, want.mean, want.rstd) < 1e-13 * cond);
+      CHECK(rel_error(got.rstd, want.rstd) < 1e-13 * cond);
+    }
+  }
 }
 
 TEST_CASE("layernorm float64 fused and unfused agree", "[layernorm]") {
@@ -237,49 +269,56 @@ TEST_CASE("layernorm is stable on rows with a large offset (float32)", "[layerno
   };
   // 1e6 + N(0, 1e-2) stored in float32 is quantised to steps of 1/16: the
   // reference uses the same stored values, so it checks the arithmetic, not the storage.
+  // Odd and large D as well as D = 1000: the fused path's row loops and the
+  // unfused path's float32 reductions both change with D.
   for (const Case c : {Case{1e4, 1.0}, Case{1e6, 1e-2}}) {
-    const Inputs in = random_inputs({8, 1000}, 7, DType::F32, Device::CPU, c.offset, c.stddev);
-    const Outputs want = reference(in, 1e-5);
-    INFO("offset " << c.offset << " stddev " << c.stddev);
-    for (KernelMode mode : kModes) {
-      INFO("mode " << kernel_mode_name(mode));
-      const Outputs got = run(in, 1e-5, mode);
-      CHECK(all_finite(got.y));
-      CHECK(all_finite(got.dx));
-      CHECK(rel_error(f64(got.y), want.y) < 1e-5);
-      CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
-      CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
+    for (const Shape& shape : std::vector<Shape>{{8, 1000}, {6, 7}, {4, 4097}, {2, 65537}}) {
+      const Inputs in = random_inputs(shape, 7, DType::F32, Device::CPU, c.offset, c.stddev);
+      const Outputs want = reference(in, 1e-5);
+      INFO("offset " << c.offset << " stddev " << c.stddev << " shape " << shape_str(shape));
+      for (KernelMode mode : kModes) {
+        INFO("mode " << kernel_mode_name(mode));
+        const Outputs got = run(in, 1e-5, mode);
+        CHECK(all_finite(got.y));
+        CHECK(all_finite(got.dx));
+        CHECK(rel_error(f64(got.y), want.y) < 1e-5);
+        CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+        CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
+      }
+      // Teeth: the textbook one-pass float32 formula is badly wrong (or NaN)
+      // here (shown at D = 1000; on a row of 7 it can land close by chance).
+      if (shape.back() == 1000) {
+        const Tensor naive = naive_fp32_forward(in.x, in.gamma, in.beta, 1e-5);
+        CHECK((!all_finite(naive) || rel_error(naive, want.y) > 0.1));
+      }
     }
-    // Teeth: the textbook one-pass float32 formula is badly wrong (or NaN) here.
-    const Tensor naive = naive_fp32_forward(in.x, in.gamma, in.beta, 1e-5);
-    const bool naive_fails = !all_finite(naive) || rel_error(naive, want.y) > 0.1;
-    CHECK(naive_fails);
   }
 }
 
 TEST_CASE("layernorm of constant rows is finite, y == beta", "[layernorm][stability]") {
   for (DType dtype : {DType::F32, DType::F64})
-    for (double value : {0.0, 3.7, -1e6}) {
-      Inputs in = random_inputs({4, 1000}, 9, dtype);
-      in.x.fill_(value);
-      const Outputs want = reference(in, 1e-5);
-      const Tensor beta_rows = f64(in.beta).reshape({1, 1000});
-      for (KernelMode mode : kModes) {
-        INFO("dtype " << dtype_name(dtype) << " value " << value << " mode " << kernel_mode_name(mode));
-        const Outputs got = run(in, 1e-5, mode);
-        CHECK(all_finite(got.y));
-        CHECK(all_finite(got.dx));
-        CHECK(all_finite(got.dgamma));
-        CHECK(all_finite(got.dbeta));
-        // var = 0 so xhat = 0: y is beta in every row, rstd is 1/sqrt(eps).
-        for (int64_t r = 0; r < 4; ++r) CHECK(max_abs_diff(f64(got.y)[r].reshape({1, 1000}), beta_rows) < 1e-6);
-        CHECK(std::abs(f64(got.rstd).at({0}) - 1 / std::sqrt(1e-5)) < 1e-3);
-        // dx = rstd * (g*dy - mean(g*dy)); dgamma = 0; dbeta = sum(dy).
-        CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
-        CHECK(max_abs_diff(f64(got.dgamma), want.dgamma) < 1e-5);
-        CHECK(rel_error(f64(got.dbeta), want.dbeta) < 1e-6);
+    for (double value : {0.0, 3.7, -1e6})
+      for (int64_t D : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4097}}) {
+        Inputs in = random_inputs({4, D}, 9, dtype);
+        in.x.fill_(value);
+        const Outputs want = reference(in, 1e-5);
+        const Tensor beta_rows = f64(in.beta).reshape({1, D});
+        for (KernelMode mode : kModes) {
+          INFO("dtype " << dtype_name(dtype) << " value " << value << " D " << D << " mode " << kernel_mode_name(mode));
+          const Outputs got = run(in, 1e-5, mode);
+          CHECK(all_finite(got.y));
+          CHECK(all_finite(got.dx));
+          CHECK(all_finite(got.dgamma));
+          CHECK(all_finite(got.dbeta));
+          // var = 0 so xhat = 0: y is beta in every row, rstd is 1/sqrt(eps).
+          for (int64_t r = 0; r < 4; ++r) CHECK(max_abs_diff(f64(got.y)[r].reshape({1, D}), beta_rows) < 1e-6);
+          CHECK(std::abs(f64(got.rstd).at({0}) - 1 / std::sqrt(1e-5)) < 1e-3);
+          // dx = rstd * (g*dy - mean(g*dy)); dgamma = 0; dbeta = sum(dy).
+          CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+          CHECK(max_abs_diff(f64(got.dgamma), want.dgamma) < 1e-5);
+          CHECK(rel_error(f64(got.dbeta), want.dbeta) < 1e-6);
+        }
       }
-    }
 }
 
 // ---------------------------------------------------------------------------
