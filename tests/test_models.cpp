@@ -374,7 +374,8 @@ TEST_CASE("TransformerLayer with dropout: grads match finite differences, fused 
 
 namespace {
 
-// One forward + backward of a module with dy = w; grads and dx on the host.
+// One forward + backward of a module with dy = w; grads and dx (in the
+// field StepResult names for the DecoderLM's input gradient) on the host.
 template <class M, class Fwd>
 StepResult module_step(M& m, const Tensor& x, const Tensor& w, Fwd forward) {
   StepResult r;
@@ -430,10 +431,6 @@ auto module_stepper(const Tensor& x, const Tensor& w, Fwd forward) {
     return module_step(m, x.to(dtype).to(device), w.to(dtype).to(device), forward);
   };
 }
-
-}  // namespace
-
-namespace {
 
 // FeedForward and TransformerLayer with dropout 0.3 on every path of `device`.
 // float32 bound: measured on the CPU, the float32 paths' worst relative

@@ -100,8 +100,9 @@ inline bool cuda_required() {
 // run (test.sh and gpu_check.sh count those lines), or, under
 // HG_REQUIRE_CUDA=1, a failure. No path is dropped without a word.
 inline bool cuda_paths_run(const std::string& what) {
+  const bool required = cuda_required();  // a bad value is refused even where a GPU is present
   if (::hg::cuda_available()) return true;
-  if (cuda_required()) {
+  if (required) {
     FAIL_CHECK("HG_REQUIRE_CUDA=1 but no CUDA GPU present: the CUDA paths of " << what << " cannot run");
   } else {
     WARN("SKIPPED: no CUDA GPU present; the CUDA paths of " << what << " did not run");
@@ -113,14 +114,17 @@ inline bool cuda_paths_run(const std::string& what) {
 
 // Leaves a GPU test case that cannot run here: a visible "SKIPPED" message,
 // or a failure under HG_REQUIRE_CUDA=1 (Catch2 v2 and v3 alike).
-#define HG_GPU_UNAVAILABLE(why)                                  \
-  do {                                                           \
+#define HG_GPU_UNAVAILABLE(why)                                          \
+  do {                                                                   \
     if (::hg::test::cuda_required()) FAIL("HG_REQUIRE_CUDA=1 but " why); \
-    HG_SKIP("SKIPPED: " why);                                    \
+    HG_SKIP("SKIPPED: " why);                                            \
   } while (0)
 
-// First line of every GPU test case.
-#define HG_REQUIRE_GPU()                                                                                   \
-  do {                                                                                                     \
-    if (!::hg::cuda_available()) HG_GPU_UNAVAILABLE("no CUDA GPU present; this GPU test runs on the device machine"); \
+// First line of every GPU test case. HG_REQUIRE_CUDA's value is checked on
+// every machine, so a bad value is refused where a GPU is present too.
+#define HG_REQUIRE_GPU()                                                                   \
+  do {                                                                                     \
+    (void)::hg::test::cuda_required();                                                     \
+    if (!::hg::cuda_available())                                                           \
+      HG_GPU_UNAVAILABLE("no CUDA GPU present; this GPU test runs on the device machine"); \
   } while (0)
