@@ -432,7 +432,7 @@ auto module_stepper(const Tensor& x, const Tensor& w, Fwd forward) {
   };
 }
 
-// FeedForward and TransformerLayer with dropout 0.3 on every path of `device`.
+// Dropout, FeedForward and TransformerLayer with dropout 0.3 on every path of `device`.
 // float32 bound: measured on the CPU, the float32 paths' worst relative
 // error against float64 (any parameter gradient, dx or the loss, both
 // modules) is 3.7e-7; 3e-6 is an 8x margin. A skipped or doubled mask is off by O(p).
@@ -442,6 +442,14 @@ void check_dropout_modules_on(Device device) {
   const Tensor w = Tensor::randn({2, 5, 8}, g).to(DType::F64);
   const Tensor mask = Tensor::from_vector({0, 0, 0, 0, 0, 0, 0, -1e9, 0, 0}, {2, 1, 1, 5});
   const double f32_tol = 3e-6;
+  check_paths_against_f64(
+      "Dropout", device, [] { return std::make_unique<Dropout>(kDropP, 3); },
+      module_stepper<Dropout>(x, w,
+                              [](Dropout& m, const Tensor& in) {
+                                m.reseed(51);
+                                return m.forward(in);
+                              }),
+      f32_tol);
   check_paths_against_f64(
       "FeedForward with dropout", device,
       [] {
