@@ -23,11 +23,10 @@ __all__ = ["LayerNorm", "AttentionSoftmax", "CrossEntropyLoss", "layer_norm", "a
 
 # ---- crossing between torch and handgrad (zero-copy) ------------------------------
 
-_to_dlpack = torch.utils.dlpack.to_dlpack  # torch's C function: a capsule, no Python-level checks
+_to_dlpack = torch.utils.dlpack.to_dlpack  # torch's C function: a capsule (any tensor, grad or not)
 
 
 def _to_hg(t):
-    t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.is_cuda:

@@ -5,8 +5,8 @@
 // event (and back again when the memory is released), so nothing blocks the host.
 #include <pybind11/stl.h>
 
-#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bindings.hpp"
@@ -77,6 +77,22 @@ void capsule_destructor(PyObject* capsule, const char* name) {
   if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
 }
 
+// A capsule named `name` owning `managed` (which takes `ctx`); its destructor
+// frees them unless a consumer renamed the capsule and so took ownership.
+template <class Managed>
+py::object make_capsule(Managed* managed, ExportContext* ctx, const char* name) {
+  fill_export(managed, ctx);
+  PyObject* cap = PyCapsule_New(managed, name, [](PyObject* c) {
+    const char* own_name = std::is_same_v<Managed, dlpack::ManagedTensor> ? "dltensor" : "dltensor_versioned";
+    capsule_destructor<Managed>(c, own_name);
+  });
+  if (cap == nullptr) {
+    managed->deleter(managed);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(cap);
+}
+
 // DLPack stream argument -> the stream the consumer will use (kNoSync for "none").
 intptr_t consumer_stream(const Tensor& t, const py::object& stream) {
   if (!t.is_cuda()) return kNoSync;  // host memory: nothing to order (the spec expects None here)
@@ -99,31 +115,19 @@ py::object dlpack_export(const Tensor& self, const py::object& stream, const py:
     HG_CHECK(dev.first == own, kExport, "dl_device (", dev.first, ", ", dev.second, ") differs from the tensor's ",
              t.describe(), "; cross-device export is not supported (use Tensor.to first)");
   }
-  if (!copy.is_none() && copy.cast<bool>()) t = t.clone();
+  const bool copied = !copy.is_none() && copy.cast<bool>();
+  if (copied) t = t.clone();
 
   const intptr_t s = consumer_stream(t, stream);
   if (s != kNoSync) order_streams(handgrad_stream(), s);  // the consumer sees finished data
 
   auto* ctx = new ExportContext{t, std::vector<int64_t>(t.shape().begin(), t.shape().end()), s};
   const bool versioned = !max_version.is_none() && max_version.cast<std::pair<int, int>>().first >= 1;
-  if (versioned) {
-    auto* managed = new dlpack::ManagedTensorVersioned{};
-    managed->version = {1, 0};
-    managed->flags = 0;
-    fill_export(managed, ctx);
-    PyObject* cap = PyCapsule_New(managed, "dltensor_versioned", [](PyObject* c) {
-      capsule_destructor<dlpack::ManagedTensorVersioned>(c, "dltensor_versioned");
-    });
-    if (cap == nullptr) { managed->deleter(managed); throw py::error_already_set(); }
-    return py::reinterpret_steal<py::object>(cap);
-  }
-  auto* managed = new dlpack::ManagedTensor{};
-  fill_export(managed, ctx);
-  PyObject* cap = PyCapsule_New(managed, "dltensor", [](PyObject* c) {
-    capsule_destructor<dlpack::ManagedTensor>(c, "dltensor");
-  });
-  if (cap == nullptr) { managed->deleter(managed); throw py::error_already_set(); }
-  return py::reinterpret_steal<py::object>(cap);
+  if (!versioned) return make_capsule(new dlpack::ManagedTensor{}, ctx, "dltensor");
+  auto* managed = new dlpack::ManagedTensorVersioned{};
+  managed->version = {1, 0};
+  managed->flags = copied ? dlpack::kFlagIsCopied : 0;
+  return make_capsule(managed, ctx, "dltensor_versioned");
 }
 
 // ---- import -------------------------------------------------------------------

@@ -44,6 +44,7 @@ struct Version {
 };
 
 constexpr uint64_t kFlagReadOnly = 1;
+constexpr uint64_t kFlagIsCopied = 2;
 
 struct ManagedTensorVersioned {
   Version version;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "core/random.hpp"
 #include "core/tensor.hpp"
@@ -167,6 +168,16 @@ void bind_tensor(py::module_& m) {
     return Tensor::randn(to_shape(s), gen, parse_dtype(dt), parse_device(dev));
   }, py::arg("shape"), py::arg("generator"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
   m.def("cuda_available", &cuda_available, "True when built with CUDA and a GPU is visible.");
+  m.def("cuda_memory_stats", [] {
+    const gpu::MemoryStats s = gpu::memory_stats();
+    py::dict d;
+    d["in_use"] = s.in_use;
+    d["peak_in_use"] = s.peak_in_use;
+    d["reserved"] = s.reserved;
+    d["device_mallocs"] = s.device_mallocs;
+    return d;
+  }, "handgrad's CUDA caching allocator, in bytes (PyTorch's allocator does not see these blocks).");
+  m.def("cuda_reset_peak_memory", &gpu::reset_peak_memory);
 }
 
 }  // namespace hg::python
