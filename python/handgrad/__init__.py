@@ -11,18 +11,19 @@ on the CPU and on CUDA. The ops return what their hand-written backward needs::
 and nn.Module drop-ins. Bad input raises ``handgrad.Error`` (a ValueError and a
 RuntimeError) with handgrad's own message. See docs/python.md.
 """
-from contextlib import contextmanager
+from contextlib import contextmanager as _contextmanager
 
 from ._C import (AdamW, CrossEntropySaved, DecoderLM, Error, Generator, LayerNormSaved, Module,
                  Optimizer, Parameter, SGD, Tensor, attention_softmax_forward, clip_grad_norm,
                  cross_entropy_backward, cross_entropy_forward, cuda_available, cuda_stream,
                  from_dlpack, from_numpy, full, kernel_mode, layernorm_backward, layernorm_forward,
-                 ones, randn, set_kernel_mode, softmax_backward, softmax_forward, zeros)
+                 ones, randn, set_kernel_mode, softmax_backward, softmax_forward, zeros,
+                 cuda_memory_stats, cuda_reset_peak_memory)
 
 __all__ = [name for name in dir() if not name.startswith("_")] + ["kernels", "tensor"]
 
 
-@contextmanager
+@_contextmanager
 def kernels(mode):
     """``with handgrad.kernels("unfused"): ...`` runs the ops as primitive passes, then restores the mode."""
     previous = kernel_mode()
