@@ -181,6 +181,8 @@ Tensor wrap_managed(Managed* managed, intptr_t release_stream) {
   const Device device = import_device(dl.device);
   const Shape shape = import_shape(dl);
   void* data = static_cast<char*>(dl.data) + dl.byte_offset;
+  HG_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, kImport,
+           "the data is not aligned to its ", dtype_size(dtype), "-byte elements: pass a copy");
   return Tensor::from_blob(data, shape, dtype, device, [managed, device, release_stream] {
     // The producer may reuse the memory on its stream: order that after handgrad's queued work.
     try {

@@ -82,6 +82,8 @@ py::array to_numpy(const Tensor& t, py::handle owner) {
 
 DType numpy_dtype(const py::array& a) {
   const py::dtype dt = a.dtype();
+  HG_CHECK(dt.attr("isnative").cast<bool>(), "from_numpy", "dtype ", py::repr(dt).cast<std::string>(),
+           " is not in native byte order: pass a.astype(a.dtype.newbyteorder('='))");
   if (dt.kind() == 'f' && dt.itemsize() == 4) return DType::F32;
   if (dt.kind() == 'f' && dt.itemsize() == 8) return DType::F64;
   if (dt.kind() == 'f' && dt.itemsize() == 2) return DType::F16;
@@ -98,6 +100,8 @@ Tensor from_numpy(const py::array& a) {
            "row-major: pass numpy.ascontiguousarray(a) (a copy)");
   HG_CHECK(a.writeable(), "from_numpy",
            "the array is read-only; handgrad tensors may be written in place: pass a.copy()");
+  HG_CHECK(reinterpret_cast<uintptr_t>(a.data()) % dtype_size(dtype) == 0, "from_numpy",
+           "the array's data is not aligned to its ", dtype_size(dtype), "-byte elements: pass a.copy()");
   Shape shape(a.shape(), a.shape() + a.ndim());
   auto* keep = new py::object(a);
   return Tensor::from_blob(const_cast<void*>(a.data()), shape, dtype, Device::CPU, [keep] {

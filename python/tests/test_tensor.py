@@ -75,6 +75,10 @@ class NumpyZeroCopy(unittest.TestCase):
         ro.flags.writeable = False
         with self.assertRaisesRegex(hg.Error, "read-only"):
             hg.from_numpy(ro)
+        with self.assertRaisesRegex(hg.Error, "native byte order"):
+            hg.from_numpy(np.zeros(3, ">f4"))
+        with self.assertRaisesRegex(hg.Error, "not aligned"):
+            hg.from_numpy(np.frombuffer(bytearray(17), np.float32, count=4, offset=1))
         with self.assertRaisesRegex(hg.Error, "bfloat16"):
             hg.zeros(3, "bfloat16").numpy()
         with self.assertRaisesRegex(hg.Error, "unknown dtype 'int8'"):
