@@ -98,6 +98,17 @@ class NumpyZeroCopy(unittest.TestCase):
         with self.assertRaisesRegex(hg.Error, "(?i)cuda"):
             hg.zeros(3, device="cuda")
 
+    @unittest.skipUnless(hg.cuda_available(), "SKIPPED: no CUDA GPU present")
+    def test_cuda_tensors_refuse_numpy_and_round_trip_through_dlpack(self):
+        t = hg.full((2, 3), 1.5, device="cuda")
+        with self.assertRaisesRegex(hg.Error, "lives on the GPU"):
+            t.numpy()
+        self.assertEqual(t.__dlpack_device__(), (2, 0))
+        u = hg.from_dlpack(t)
+        self.assertEqual(u.data_ptr(), t.data_ptr())
+        self.assertEqual(u.device, "cuda")
+        self.assertEqual(u.to("cpu").tolist_flat(), [1.5] * 6)
+
     def test_error_class(self):
         self.assertTrue(issubclass(hg.Error, ValueError))
         self.assertTrue(issubclass(hg.Error, RuntimeError))

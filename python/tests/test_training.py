@@ -54,6 +54,22 @@ class Training(unittest.TestCase):
         with self.assertRaises(hg.Error):
             b.load(os.path.join(d, "missing.ckpt"))
 
+    @unittest.skipUnless(hg.cuda_available(), "SKIPPED: no CUDA GPU present")
+    def test_cuda_step_matches_cpu(self):
+        cpu, gpu = self.make(), self.make()
+        gpu.to("cuda")
+        ids, targets = batch(np.random.default_rng(2), 4, 8, 16)
+        losses = []
+        for model, dev in [(cpu, "cpu"), (gpu, "cuda")]:
+            opt = hg.SGD(model, lr=0.1)  # linear in the gradients: CPU/GPU rounding stays small (AdamW's
+            for _ in range(3):           # first steps are ~lr * sign(g), which rounding can flip)
+                loss, saved = hg.cross_entropy_forward(model.forward(ids.to(dev)), targets.to(dev), -100)
+                model.zero_grad()
+                model.backward(hg.cross_entropy_backward(saved))
+                opt.step()
+            losses.append(loss.item())
+        self.assertAlmostEqual(losses[0], losses[1], delta=1e-4)  # float32 on both, different summation orders
+
     def test_bad_model_input_raises(self):
         model = self.make()
         with self.assertRaises(hg.Error):
