@@ -100,7 +100,7 @@ if has bench; then
     tail -45 "$out/$name.txt"
   }
   run_bench bench_layernorm bench_layernorm --csv "$out/bench_layernorm.csv" --png "$out/bench_layernorm.png"
-  # Rows past 16384 (cluster kernels up to 131072, chunked beyond): fused
+  # Rows past 16384 (backward: cluster kernels up to 131072; forward, and beyond: chunked): fused
   # only, since the unfused op at these widths would take most of the run.
   run_bench bench_layernorm bench_layernorm_long --fused-only --png '' --csv "$out/bench_layernorm_long.csv" \
     --sizes 4096x16385,4096x40000,2048x65536,1024x100003,1024x131072,1024x140000
