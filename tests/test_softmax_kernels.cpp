@@ -163,7 +163,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   const Tensor mask = mask64.defined() ? mask64.to(DType::F32).to(Device::CUDA) : Tensor();
   if (mask.defined()) mask64 = mask.to(Device::CPU).to(DType::F64);  // the values the kernel reads
 
-  hg::gpu::SoftmaxLayout l;
+  hg::SoftmaxRows l;
   l.rows = c.rows();
   l.tk = tk;
   l.tq = c.tq;
