@@ -46,9 +46,15 @@ class Timer {
   void* stop_ = nullptr;
 };
 
+// FP32 GEMMs are exact FP32 by default; set_allow_tf32(true) lets cuBLAS
+// round their inputs to TF32 on the tensor cores (an explicit opt-in, --tf32).
+void set_allow_tf32(bool on);
+bool allow_tf32();
+
 // Device facts for kernels' launch heuristics and for benchmark reports.
 int sm_count();
 const char* device_name();
+int compute_capability();  // major * 10 + minor, e.g. 90 for an H100
 
 }  // namespace hg::gpu
 

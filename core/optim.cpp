@@ -69,6 +69,10 @@ template <class T> void scale_cpu(T* x, int64_t n, double s) {
 
 }  // namespace
 
+void Optimizer::refresh_compute_copies() {
+  for (Parameter* p : params_) refresh_compute_copy(*p);
+}
+
 void Optimizer::zero_grad() {
   for (Parameter* p : params_) {
     p->grad.check_defined("Optimizer::zero_grad");
@@ -145,6 +149,7 @@ void SGD::step() {
               options_.momentum, options_.weight_decay);
     }
   }
+  refresh_compute_copies();
   ++steps_;
 }
 
@@ -196,6 +201,7 @@ void AdamW::step() {
                 options_, lr_, bc1, bc2);
     }
   }
+  refresh_compute_copies();
   ++steps_;
 }
 

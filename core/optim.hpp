@@ -18,6 +18,7 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
   int64_t steps() const { return steps_; }
+  const std::vector<Parameter*>& parameters() const { return params_; }
 
   // The step count and every per-parameter buffer (momentum, Adam moments),
   // so a resumed run continues exactly where it stopped. Same file format and
@@ -27,6 +28,8 @@ class Optimizer {
   void load_state(const std::string& path);
 
  protected:
+  // Rewrites every parameter's bf16 compute copy after an update (no-op in fp32).
+  void refresh_compute_copies();
   // Named state tensors, in parameter order ("m.3", "v.3", ...); empty where none.
   virtual std::vector<std::pair<std::string, Tensor*>> state_buffers() = 0;
 

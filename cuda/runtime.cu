@@ -249,6 +249,17 @@ int sm_count() {
   return count;
 }
 
+int compute_capability() {
+  static const int cc = [] {
+    int major = 0, minor = 0;
+    const int device = current_device();
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
+  }();
+  return cc;
+}
+
 const char* device_name() {
   static const std::string name = [] {
     cudaDeviceProp prop{};
@@ -278,5 +289,16 @@ cublasHandle_t cublas_handle() {
   }();
   return handle;
 }
+
+namespace {
+bool g_allow_tf32 = false;
+}
+
+void set_allow_tf32(bool on) {
+  HG_CUBLAS_CHECK(cublasSetMathMode(cublas_handle(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  g_allow_tf32 = on;
+}
+
+bool allow_tf32() { return g_allow_tf32; }
 
 }  // namespace hg::gpu

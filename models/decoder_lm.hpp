@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/module.hpp"
+#include "core/precision.hpp"
 #include "core/random.hpp"
 #include "models/dropout.hpp"
 #include "models/embedding.hpp"
@@ -24,6 +25,9 @@ struct DecoderLMConfig {
   double ln_eps = 1e-5;
   uint64_t seed = 0;       // initialisation and dropout masks
   DType dtype = DType::F32;
+  // BF16: f32 parameters, bf16 activations and GEMMs (CUDA, sm_80+ only);
+  // docs/mixed_precision.md. default_precision(device) picks per device.
+  Precision precision = Precision::FP32;
 };
 
 // A GPT-style decoder-only language model:
