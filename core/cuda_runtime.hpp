@@ -46,11 +46,6 @@ class Timer {
   void* stop_ = nullptr;
 };
 
-// FP32 GEMMs are exact FP32 by default; set_allow_tf32(true) lets cuBLAS
-// round their inputs to TF32 on the tensor cores (an explicit opt-in, --tf32).
-void set_allow_tf32(bool on);
-bool allow_tf32();
-
 // Device facts for kernels' launch heuristics and for benchmark reports.
 int sm_count();
 const char* device_name();

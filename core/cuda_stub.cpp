@@ -37,10 +37,7 @@ float Timer::stop_ms() { no_cuda("gpu::Timer::stop_ms"); }
 
 int sm_count() { no_cuda("gpu::sm_count"); }
 int compute_capability() { no_cuda("gpu::compute_capability"); }
-bool allow_tf32() { return false; }
-void set_allow_tf32(bool on) {
-  if (on) no_cuda("gpu::set_allow_tf32");  // turning it off is a no-op without CUDA
-}
+
 const char* device_name() { no_cuda("gpu::device_name"); }
 
 void sgd_step(float*, const float*, float*, int64_t, float, float, float) { no_cuda("gpu::sgd_step"); }

@@ -519,37 +519,24 @@ void check_fits_int(const char* op, const char* what, int64_t v, const Tensor& a
 // and a row-major matrix read column-major is its transpose, so we ask cuBLAS
 // for C^T = op(B)^T op(A)^T (n x m, ldc = n): B goes first, each operand
 // keeps its own transpose flag, and the leading dims are the stored row lengths.
-void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, const void* a, long long stride_a, const void* b,
-                          long long stride_b, void* c, long long stride_c, int batch, bool accumulate,
-                          DType in_dtype, DType out_dtype) {
+template <class T>
+void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, const T* a, long long stride_a, const T* b,
+                          long long stride_b, T* c, long long stride_c, int batch, T beta) {
+  const T alpha = T(1);
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int lda = ta ? m : k;  // stored A is (k x m) when transposed, else (m x k)
   const int ldb = tb ? k : n;  // stored B is (n x k) when transposed, else (k x n)
-  cublasHandle_t h = gpu::cublas_handle();
-  if (in_dtype == DType::F64) {
-    const double alpha = 1, beta = accumulate ? 1 : 0;
-    HG_CUBLAS_CHECK(cublasDgemmStridedBatched(h, op_b, op_a, n, m, k, &alpha, static_cast<const double*>(b), ldb,
-                                              stride_b, static_cast<const double*>(a), lda, stride_a, &beta,
-                                              static_cast<double*>(c), n, stride_c, batch));
-  } else if (in_dtype == DType::F32) {
-    // Exact FP32 unless gpu::set_allow_tf32(true) switched the handle's math mode.
-    const float alpha = 1, beta = accumulate ? 1 : 0;
-    HG_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op_b, op_a, n, m, k, &alpha, static_cast<const float*>(b), ldb,
-                                              stride_b, static_cast<const float*>(a), lda, stride_a, &beta,
-                                              static_cast<float*>(c), n, stride_c, batch));
+  if constexpr (std::is_same_v<T, float>) {
+    HG_CUBLAS_CHECK(cublasSgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b,
+                                              a, lda, stride_a, &beta, c, n, stride_c, batch));
   } else {
-    // bf16 operands on the tensor cores, float accumulation, bf16 or f32 output.
-    const float alpha = 1, beta = accumulate ? 1 : 0;
-    const cudaDataType_t c_type = out_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-    HG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, op_b, op_a, n, m, k, &alpha, b, CUDA_R_16BF, ldb, stride_b, a,
-                                               CUDA_R_16BF, lda, stride_a, &beta, c, c_type, n, stride_c, batch,
-                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b,
+                                              a, lda, stride_a, &beta, c, n, stride_c, batch));
   }
 }
 
-// bf16 inputs may write an f32 output (parameter gradients accumulate in f32);
-// otherwise every operand has one dtype.
+// bf16 input may reduce into an f32 output (a bias gradient); otherwise out has x's dtype.
 void check_output_dtype(const char* op, const Tensor& in, const Tensor& out) {
   if (in.dtype() == DType::BF16 && out.dtype() == DType::F32) return;
   if (in.dtype() != out.dtype())
@@ -635,7 +622,7 @@ class CudaBackend final : public Backend {
     check_on_gpu(name, out);
     check_arithmetic_dtype(name, "a", a);
     check_same_dtype(name, a, b);
-    check_output_dtype(name, a, out);
+    check_same_dtype(name, a, out);
     const MatmulShape shape = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, name);
     if (out.shape() != shape.out)
       fail(name, "out has shape ", out.shape(), ", expected ", shape.out, " for a ", a.shape(), " b ", b.shape());
@@ -648,8 +635,16 @@ class CudaBackend final : public Backend {
     }
     for (auto [what, v] : {std::pair<const char*, int64_t>{"m", m}, {"n", n}, {"k", k}, {"batch", batch}})
       check_fits_int(name, what, v, a, b);
-    gemm_strided_batched(transpose_a, transpose_b, int(m), int(n), int(k), a.raw_data(), m * k, b.raw_data(),
-                         shared_b ? 0 : k * n, out.raw_data(), m * n, int(batch), accumulate, a.dtype(), out.dtype());
+    HG_CHECK(a.dtype() != DType::BF16, name, "bf16 operands ", a.shape(), " x ", b.shape(),
+             " need the cuBLASLt GEMM (Backend::gemm)");
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      gemm_strided_batched<T>(transpose_a, transpose_b, int(m), int(n), int(k), static_cast<const T*>(a.raw_data()),
+                              m * k, static_cast<const T*>(b.raw_data()), shared_b ? 0 : k * n,
+                              static_cast<T*>(out.raw_data()), m * n, int(batch), accumulate ? T(1) : T(0));
+    };
+    if (a.dtype() == DType::F32) run(float{});
+    else run(double{});
   }
 
   void fill(Tensor& out, double value) override {

@@ -290,15 +290,4 @@ cublasHandle_t cublas_handle() {
   return handle;
 }
 
-namespace {
-bool g_allow_tf32 = false;
-}
-
-void set_allow_tf32(bool on) {
-  HG_CUBLAS_CHECK(cublasSetMathMode(cublas_handle(), on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-  g_allow_tf32 = on;
-}
-
-bool allow_tf32() { return g_allow_tf32; }
-
 }  // namespace hg::gpu
