@@ -13,6 +13,11 @@ TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions op
   const std::vector<Parameter*> params = model.parameters();
   HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
   check_precision_supported(precision_, params.front()->value.device(), "TrainStep");
+  // Capture needs a step without host round trips; today the embedding and
+  // cross-entropy read ids / targets on the host, and clip_grad_norm and
+  // AdamW::step pass host scalars to their kernels (docs/mixed_precision.md).
+  graph_note_ = options.use_graph ? "not captured: the step still reads ids/targets and the gradient norm on the host"
+                                  : "off (--no-graph)";
 }
 
 StepResult TrainStep::run(const Tensor& ids, const Tensor& targets) {

@@ -12,6 +12,7 @@ namespace hg {
 struct TrainStepOptions {
   double clip_norm = 1.0;       // global gradient-norm clip; <= 0 turns clipping off
   int64_t ignore_index = -100;  // targets equal to it do not count in the loss
+  bool use_graph = true;        // capture and replay the step as a CUDA graph when it can be (see graph_note())
 };
 
 // What one step measured, read back after the step has run.
@@ -41,6 +42,9 @@ class TrainStep {
   StepResult run(const Tensor& ids, const Tensor& targets);
 
   Precision precision() const { return precision_; }
+  // Whether steps replay a captured CUDA graph, and if not, why not.
+  bool graph_active() const { return false; }
+  const std::string& graph_note() const { return graph_note_; }
 
  private:
   DecoderLM& model_;
@@ -48,6 +52,7 @@ class TrainStep {
   TrainStepOptions options_;
   Precision precision_;
   int64_t steps_ = 0;
+  std::string graph_note_;
 };
 
 }  // namespace hg
