@@ -1,15 +1,13 @@
 #include "models/layernorm.hpp"
 
-#include <cmath>
-
 #include "core/tensor_functions.hpp"
 
 namespace hg {
 
 LayerNorm::LayerNorm(int64_t dim, double eps, DType dtype) : dim_(dim), eps_(eps) {
   HG_CHECK(dim > 0, "LayerNorm", "dim must be positive, got ", dim);
-  // Checked here too so a bad eps fails at construction, not at the first forward.
-  HG_CHECK(std::isfinite(eps) && eps > 0, "LayerNorm", "eps must be finite and > 0, got ", eps);
+  // The op's own rule, applied now so a bad eps fails at construction, not at the first forward.
+  check_layernorm_eps(eps, dtype, "LayerNorm");
   register_parameter("gamma", gamma, Tensor::ones({dim}, dtype));
   register_parameter("beta", beta, Tensor::zeros({dim}, dtype));
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
 #include "ops/cpu/layernorm_cpu.hpp"
 #include "ops/layernorm_unfused.hpp"
 #ifdef HG_WITH_CUDA
@@ -58,24 +59,25 @@ void check_row_stat(const Tensor& s, const char* name, const Tensor& x) {
            device_name(s.device()), " but x ", x.shape(), " is on ", device_name(x.device()));
 }
 
-void check_eps(double eps, DType x_dtype) {
-  HG_CHECK(std::isfinite(eps) && eps > 0, kForward, "eps must be finite and > 0, got ", eps);
+}  // namespace
+
+void check_layernorm_eps(double eps, DType x_dtype, const char* op) {
+  HG_CHECK(std::isfinite(eps) && eps > 0, op, "eps must be finite and > 0, got ", eps);
   // The float32 paths use eps as a float: it must stay positive and finite there too.
   if (x_dtype != DType::F64) {
     const float e = static_cast<float>(eps);
-    HG_CHECK(std::isfinite(e) && e > 0, kForward, "eps ", eps,
-             " is not a finite positive float32 (needed for ", dtype_name(x_dtype), " input)");
+    HG_CHECK(std::isfinite(e) && e > 0, op, "eps ", eps, " is not a finite positive float32 (needed for ",
+             dtype_name(x_dtype), " input)");
   }
 }
 
-}  // namespace
-
 Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
                          LayerNormSaved* saved) {
+  HG_PROFILE("layernorm", x.device());
   check_x(x, "x", kForward);
   check_feature_vector(gamma, "gamma", x, kForward);
   check_feature_vector(beta, "beta", x, kForward);
-  check_eps(eps, x.dtype());
+  check_layernorm_eps(eps, x.dtype(), kForward);
 
   const int64_t D = x.size(-1), rows = rows_of(x);
   const DType stat_dtype = math_dtype(x.dtype());
@@ -107,6 +109,7 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                   const LayerNormSaved& saved) {
+  HG_PROFILE("layernorm", x.device());
   check_x(x, "x", kBackward);
   HG_CHECK(dy.defined(), kBackward, "dy is undefined");
   HG_CHECK(dy.shape() == x.shape(), kBackward, "dy shape ", dy.shape(), " does not match x ", x.shape());

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
 #include "ops/cpu/softmax_cpu.hpp"
 #include "ops/softmax_unfused.hpp"
 #ifdef HG_WITH_CUDA
@@ -110,6 +111,7 @@ Tensor run_forward(const ForwardCall& c) {
 }  // namespace
 
 Tensor softmax_forward(const Tensor& x) {
+  HG_PROFILE("softmax", x.device());
   check_softmax_input(x, "x", kPlainOp);
   ForwardCall c;
   c.x = x;
@@ -118,6 +120,7 @@ Tensor softmax_forward(const Tensor& x) {
 }
 
 Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& options) {
+  HG_PROFILE("softmax", scores.device());
   check_softmax_input(scores, "scores", kAttentionOp);
   HG_CHECK(scores.ndim() == 4, kAttentionOp, "scores must be 4-D (B, H, Tq, Tk), got shape ", scores.shape());
   check_scale(options.scale, scores.dtype(), kAttentionOp);
@@ -134,6 +137,7 @@ Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& opt
 }
 
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
+  HG_PROFILE("softmax", y.device());
   check_softmax_input(y, "y", kBackwardOp);
   check_softmax_input(dy, "dy", kBackwardOp);
   HG_CHECK(dy.shape() == y.shape(), kBackwardOp, "dy shape ", dy.shape(), " differs from y shape ", y.shape());
