@@ -34,6 +34,7 @@ struct Result {
   bench::Timing timing;
   double peak_mib = 0;
   bool graph = false;
+  std::string graph_note;
   std::vector<prof::Entry> breakdown;  // per step
   double profiled_step_ms = 0;
 };
@@ -93,6 +94,7 @@ Result run(Device dev, KernelMode mode, Precision precision, bool use_graph, con
   r.timing = bench::time_op(dev, 2, warmup, iters, [&](int i) { step.run(ids[i], targets[i]); });
   if (dev == Device::CUDA) r.peak_mib = static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20);
   r.graph = step.graph_active();
+  r.graph_note = step.graph_note();
   if (profile_steps <= 0) return r;
 
   // The breakdown needs every op launched (and synchronized) on its own: no graph.
@@ -208,7 +210,7 @@ int main(int argc, char** argv) {
                     kernel_mode_name(mode), r.timing.median_ms, r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3),
                     r.peak_mib, tflops);
         if (peak > 0) std::printf("  MFU %5.1f%% of %.0f", 100 * mfu, peak);
-        std::printf("  graph %s\n", r.graph ? "on" : "off");
+        std::printf("\n         CUDA graph %s\n", r.graph_note.c_str());
         csv.row(device_name(dev), gpu_name, precision_name(precision), kernel_mode_name(mode), r.graph ? 1 : 0,
                 tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
                 r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);

@@ -30,6 +30,13 @@ void empty_cache() { no_cuda("gpu::empty_cache"); }
 void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda("gpu::copy_bytes"); }
 void synchronize() { no_cuda("gpu::synchronize"); }
 
+Graph::~Graph() = default;
+void Graph::begin_capture() { no_cuda("gpu::Graph::begin_capture"); }
+void Graph::end_capture() { no_cuda("gpu::Graph::end_capture"); }
+void Graph::abort_capture() noexcept {}
+void Graph::replay() { no_cuda("gpu::Graph::replay"); }
+void Graph::reset() noexcept {}
+
 Timer::Timer() { no_cuda("gpu::Timer"); }
 Timer::~Timer() = default;
 void Timer::start() { no_cuda("gpu::Timer::start"); }

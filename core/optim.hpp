@@ -19,6 +19,10 @@ class Optimizer {
   double lr() const { return lr_; }
   int64_t steps() const { return steps_; }
   const std::vector<Parameter*>& parameters() const { return params_; }
+  // True when step() can be captured in a CUDA graph: it reads its per-step
+  // scalars (learning rate, step count) from device memory and skips the
+  // update on a non-finite gradient norm without the host. False here.
+  virtual bool capturable() const { return false; }
 
   // The step count and every per-parameter buffer (momentum, Adam moments),
   // so a resumed run continues exactly where it stopped. Same file format and

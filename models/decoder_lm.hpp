@@ -32,6 +32,10 @@ struct DecoderLMConfig {
 
 // A GPT-style decoder-only language model:
 //   h = Dropout(Embedding(ids)); h = Layer_i(h) for each layer; logits = Head(LN_f(h))
+// Under bf16 precision the embedding sum stays f32 and is rounded to bf16
+// once at the entry of forward_embedded; the layers, LN_f, the head and the
+// logits then run in bf16 (docs/mixed_precision.md). backward returns the
+// gradient at h in h's own dtype.
 class DecoderLM : public Module {
  private:
   // Declared first so they exist before the modules that are built from them.
@@ -60,6 +64,7 @@ class DecoderLM : public Module {
  private:
   bool embedded_from_ids_ = false;  // whether backward should continue into the embedding
   Shape h_shape_;
+  DType h_dtype_ = DType::F32;
 };
 
 }  // namespace hg

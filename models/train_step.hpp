@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "core/optim.hpp"
 #include "core/precision.hpp"
@@ -12,29 +13,38 @@ namespace hg {
 struct TrainStepOptions {
   double clip_norm = 1.0;       // global gradient-norm clip; <= 0 turns clipping off
   int64_t ignore_index = -100;  // targets equal to it do not count in the loss
-  bool use_graph = true;        // capture and replay the step as a CUDA graph when it can be (see graph_note())
+  bool use_graph = true;        // capture the step as a CUDA graph and replay it, when it can be (graph_note())
+  int warmup_steps = 2;         // plain steps before the capture (cuBLASLt plans, allocator cache)
 };
 
 // What one step measured, read back after the step has run.
 struct StepResult {
-  int64_t step = 0;         // 1-based count of steps run by this TrainStep
-  double loss = 0;          // mean cross-entropy of the batch
-  double grad_norm = 0;     // global L2 norm of the gradients before clipping (0 when clipping is off)
+  int64_t step = 0;      // 1-based count of steps run by this TrainStep
+  double loss = 0;       // mean cross-entropy of the batch
+  double grad_norm = 0;  // global L2 norm of the gradients before clipping (0 when clipping is off)
 };
 
 // Thrown when a step's loss or gradient norm is not finite. The optimizer
-// has NOT been applied: the parameters are those before the step, so a
+// has not been applied: the parameters are those before the step, so a
 // caller that stops here never saves a poisoned checkpoint.
 class NonFiniteError : public Error {
  public:
   using Error::Error;
 };
 
-// One training step of a DecoderLM, in the model's precision
+// One training step of a DecoderLM in the model's precision
 // (docs/mixed_precision.md): zero grads -> forward -> cross-entropy ->
 // backward -> clip -> optimizer. The model and optimizer are borrowed and
 // must outlive the TrainStep. ids and targets are (B, T) F32 tensors on the
-// model's device.
+// model's device, the same shape every step.
+//
+// CUDA graphs: after warmup_steps plain steps, the next step is captured
+// (inputs first copied into tensors the TrainStep owns) and every later step
+// replays the graph. Capture is attempted only when nothing in the step needs
+// the host (optimizer.capturable(), no dropout); if the captured work still
+// synchronizes, the capture is dropped and the steps stay plain, with the
+// reason in graph_note(). Plain and replayed steps launch the same kernels
+// on the same data, so their results are bitwise equal.
 class TrainStep {
  public:
   TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options = {});
@@ -42,17 +52,27 @@ class TrainStep {
   StepResult run(const Tensor& ids, const Tensor& targets);
 
   Precision precision() const { return precision_; }
-  // Whether steps replay a captured CUDA graph, and if not, why not.
-  bool graph_active() const { return false; }
+  bool graph_active() const { return graph_.ready(); }
   const std::string& graph_note() const { return graph_note_; }
 
  private:
+  // Queues the step on the device; the loss and norm land in loss_ / norm_.
+  void enqueue(const Tensor& ids, const Tensor& targets);
+  StepResult plain_step(const Tensor& ids, const Tensor& targets, StepResult r);
+  StepResult graph_step(const Tensor& ids, const Tensor& targets, StepResult r);
+  [[noreturn]] void non_finite(const StepResult& r) const;
+
   DecoderLM& model_;
   Optimizer& optimizer_;
   TrainStepOptions options_;
   Precision precision_;
   int64_t steps_ = 0;
+  bool try_graph_ = false;
+  gpu::Graph graph_;
   std::string graph_note_;
+  Tensor ids_in_, targets_in_;  // graph mode: the inputs every replay reads
+  Tensor loss_;                 // 0-d, written by the step
+  double host_norm_ = 0;        // plain mode: the norm clip_grad_norm returned
 };
 
 }  // namespace hg
