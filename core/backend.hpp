@@ -11,6 +11,28 @@ enum class UnaryOp { Identity, Neg, Exp, Log, Sqrt, Rsqrt, Reciprocal, Square, A
 enum class BinaryOp { Add, Sub, Mul, Div, Max, Min, Pow, Eq, Gt };
 enum class ReduceOp { Sum, Max, Min, Mean };
 
+// What a GEMM does after the product (cuBLASLt epilogues on CUDA). Shapes in
+// row-major terms, out (M, N) = op(a) (M, K) * op(b) (K, N); docs/gemm.md.
+enum class GemmEpilogue {
+  None,          // out = product (+ out when accumulate)
+  Bias,          // out = product + bias[n]
+  BiasGelu,      // aux = product + bias[n] (pre-activation, saved); out = gelu(aux)
+  GeluBackward,  // out = product * gelu'(aux[m, n]); bias_grad[n] = sum_m out[m, n] when given
+  BiasGradA,     // out = product; bias_grad[m] = sum_k op(a)[m, k]   (dW = dy^T x: db from dy)
+  BiasGradB,     // out = product; bias_grad[n] = sum_k op(b)[k, n]
+};
+
+const char* gemm_epilogue_name(GemmEpilogue e);
+
+struct GemmArgs {
+  bool transpose_a = false, transpose_b = false;
+  bool accumulate = false;  // out += product (beta = 1) instead of out = product
+  GemmEpilogue epilogue = GemmEpilogue::None;
+  const Tensor* bias = nullptr;  // Bias, BiasGelu: (N,)
+  Tensor* aux = nullptr;         // BiasGelu: written (M, N); GeluBackward: read (M, N)
+  Tensor* bias_grad = nullptr;   // BiasGradA (M,), BiasGradB (N,), GeluBackward (N,) optional; always overwritten
+};
+
 const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);
 const char* reduce_op_name(ReduceOp op);
@@ -46,6 +68,15 @@ class Backend {
   // contiguous copy. The default stages through the host so every backend has
   // it; a device backend overrides it with a kernel to avoid the round trip.
   virtual void transpose(const Tensor& x, int dim0, int dim1, Tensor& out);
+
+  // ---- mixed precision (issue 13) ----
+
+  // out = epilogue(op(a) * op(b)), shapes as matmul (epilogues other than None
+  // need 2-D operands). a and b share a dtype; out may be wider: BF16 x BF16
+  // -> BF16 or F32 (fp32 accumulation always; F32 out for weight gradients
+  // accumulated with beta = 1). F32 x F32 -> F32 is exact FP32 unless
+  // hg::set_allow_tf32(true). CPU: F32 / F64 only. Validation: core/gemm_check.hpp.
+  virtual void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) = 0;
 };
 
 Backend& cpu_backend();

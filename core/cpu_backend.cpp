@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/gemm_check.hpp"
 #include "core/half.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/transpose_plan.hpp"
@@ -428,6 +429,42 @@ class CpuBackend final : public Backend {
         return;
     }
     fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));
+  }
+
+  // The epilogues composed from this backend's own passes: the reference the
+  // cuBLASLt epilogues are tested against (tests/test_gemm.cpp).
+  void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) override {
+    const char* name = "gemm";
+    check_gemm(a, b, out, args, name);
+    check_cpu_float(a, name, "a");  // F32 / F64 only on the CPU (so out, bias, aux match it)
+    const GemmEpilogue e = args.epilogue;
+    if (e == GemmEpilogue::GeluBackward) {
+      Tensor product = Tensor::empty(out.shape(), out.dtype());
+      matmul(a, b, product, args.transpose_a, args.transpose_b, false);
+      map(UnaryOp::GeluGrad, *args.aux, out);
+      zip(BinaryOp::Mul, product, out, out);
+      if (args.bias_grad) {
+        Tensor sums = args.bias_grad->reshape({1, out.size(1)});
+        reduce(ReduceOp::Sum, out, 0, sums);
+      }
+      return;
+    }
+    matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
+    if (e == GemmEpilogue::Bias) zip(BinaryOp::Add, out, *args.bias, out);
+    if (e == GemmEpilogue::BiasGelu) {
+      zip(BinaryOp::Add, out, *args.bias, *args.aux);
+      map(UnaryOp::Gelu, *args.aux, out);
+    }
+    if (e == GemmEpilogue::BiasGradA) {  // sum over k of op(a) (M, K)
+      const int k_dim = args.transpose_a ? 0 : 1;
+      Tensor sums = args.bias_grad->reshape(k_dim == 0 ? Shape{1, a.size(1)} : Shape{a.size(0), 1});
+      reduce(ReduceOp::Sum, a, k_dim, sums);
+    }
+    if (e == GemmEpilogue::BiasGradB) {  // sum over k of op(b) (K, N)
+      const int k_dim = args.transpose_b ? 1 : 0;
+      Tensor sums = args.bias_grad->reshape(k_dim == 0 ? Shape{1, b.size(1)} : Shape{b.size(0), 1});
+      reduce(ReduceOp::Sum, b, k_dim, sums);
+    }
   }
 };
 

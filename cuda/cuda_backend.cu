@@ -1,9 +1,9 @@
 // The primitive backend on the GPU (the unfused path): one small kernel per
-// map / zip / reduce op, cuBLAS for matmul. Arithmetic runs on F32, F64 or
-// BF16 storage; BF16 is widened to float for the math (reductions accumulate
-// in float, GEMMs accumulate in float on the tensor cores). fill, cast and
-// transpose also handle F16 storage. Every kernel runs on the handgrad stream
-// and nothing here synchronises with the host.
+// map / zip / reduce op, cuBLASLt for matmul (cuda/gemm_lt.cu; cublasDgemm for
+// F64). Arithmetic runs on F32, F64 or BF16 storage; BF16 is widened to float
+// for the math (reductions accumulate in float, GEMMs accumulate in float on
+// the tensor cores). fill, cast and transpose also handle F16 storage. Every
+// kernel runs on the handgrad stream and nothing here synchronises with the host.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,10 +17,12 @@
 
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
+#include "core/gemm_check.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/gemm_lt.hpp"
 
 namespace hg {
 namespace {
@@ -519,21 +521,16 @@ void check_fits_int(const char* op, const char* what, int64_t v, const Tensor& a
 // and a row-major matrix read column-major is its transpose, so we ask cuBLAS
 // for C^T = op(B)^T op(A)^T (n x m, ldc = n): B goes first, each operand
 // keeps its own transpose flag, and the leading dims are the stored row lengths.
-template <class T>
-void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, const T* a, long long stride_a, const T* b,
-                          long long stride_b, T* c, long long stride_c, int batch, T beta) {
-  const T alpha = T(1);
+void dgemm_strided_batched(bool ta, bool tb, int m, int n, int k, const double* a, long long stride_a,
+                           const double* b, long long stride_b, double* c, long long stride_c, int batch,
+                           double beta) {
+  const double alpha = 1.0;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int lda = ta ? m : k;  // stored A is (k x m) when transposed, else (m x k)
   const int ldb = tb ? k : n;  // stored B is (n x k) when transposed, else (k x n)
-  if constexpr (std::is_same_v<T, float>) {
-    HG_CUBLAS_CHECK(cublasSgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b,
-                                              a, lda, stride_a, &beta, c, n, stride_c, batch));
-  } else {
-    HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b,
-                                              a, lda, stride_a, &beta, c, n, stride_c, batch));
-  }
+  HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b, a,
+                                            lda, stride_a, &beta, c, n, stride_c, batch));
 }
 
 // bf16 input may reduce into an f32 output (a bias gradient); otherwise out has x's dtype.
@@ -614,6 +611,8 @@ class CudaBackend final : public Backend {
     fail(name, "unknown ReduceOp ", static_cast<int>(op));
   }
 
+  // F32 and BF16 go through cuBLASLt (Backend::gemm without an epilogue);
+  // F64 keeps cublasDgemm.
   void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
               bool accumulate) override {
     const char* name = "cuda matmul";
@@ -623,6 +622,13 @@ class CudaBackend final : public Backend {
     check_arithmetic_dtype(name, "a", a);
     check_same_dtype(name, a, b);
     check_same_dtype(name, a, out);
+    if (a.dtype() != DType::F64) {
+      GemmArgs args;
+      args.transpose_a = transpose_a;
+      args.transpose_b = transpose_b;
+      args.accumulate = accumulate;
+      return gemm(a, b, out, args);
+    }
     const MatmulShape shape = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, name);
     if (out.shape() != shape.out)
       fail(name, "out has shape ", out.shape(), ", expected ", shape.out, " for a ", a.shape(), " b ", b.shape());
@@ -635,16 +641,9 @@ class CudaBackend final : public Backend {
     }
     for (auto [what, v] : {std::pair<const char*, int64_t>{"m", m}, {"n", n}, {"k", k}, {"batch", batch}})
       check_fits_int(name, what, v, a, b);
-    HG_CHECK(a.dtype() != DType::BF16, name, "bf16 operands ", a.shape(), " x ", b.shape(),
-             " need the cuBLASLt GEMM (Backend::gemm)");
-    auto run = [&](auto zero) {
-      using T = decltype(zero);
-      gemm_strided_batched<T>(transpose_a, transpose_b, int(m), int(n), int(k), static_cast<const T*>(a.raw_data()),
-                              m * k, static_cast<const T*>(b.raw_data()), shared_b ? 0 : k * n,
-                              static_cast<T*>(out.raw_data()), m * n, int(batch), accumulate ? T(1) : T(0));
-    };
-    if (a.dtype() == DType::F32) run(float{});
-    else run(double{});
+    dgemm_strided_batched(transpose_a, transpose_b, int(m), int(n), int(k), static_cast<const double*>(a.raw_data()),
+                          m * k, static_cast<const double*>(b.raw_data()), shared_b ? 0 : k * n,
+                          static_cast<double*>(out.raw_data()), m * n, int(batch), accumulate ? 1.0 : 0.0);
   }
 
   void fill(Tensor& out, double value) override {
@@ -706,6 +705,15 @@ class CudaBackend final : public Backend {
       case 8: return launch_transpose<uint64_t>(x.raw_data(), out.raw_data(), total, p.n0, p.M, p.n1, p.B);
     }
     fail(name, "unsupported element size for dtype ", dtype_name(x.dtype()));
+  }
+
+  void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) override {
+    const char* name = "cuda gemm";
+    check_on_gpu(name, a);
+    const MatmulShape shape = check_gemm(a, b, out, args, name);
+    if (a.dtype() == DType::F64 && args.epilogue == GemmEpilogue::None)
+      return matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
+    gpu::gemm_lt(a, b, out, args, shape);
   }
 };
 

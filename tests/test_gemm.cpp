@@ -1,0 +1,360 @@
+// Backend::gemm (the GEMM with epilogue) against a float64 reference written
+// here with plain loops: every epilogue, every transpose combination,
+// accumulate, odd sizes (M, N, K not multiples of 8 or 16) and unaligned
+// views; the validation messages. CPU F32 / F64 here, CUDA F32 / BF16 on the
+// device.
+//
+// Bounds (and why), per element, against the float64 result of the same
+// (already rounded) inputs; s = sum_k |op(a)[m,k]| |op(b)[k,n]|:
+// - CPU F64: 1e-12 s. CPU F32 and CUDA F32 (exact FP32, CUBLAS_COMPUTE_32F):
+//   1e-5 s (K <= 200 products: the float32 accumulation error is well under
+//   K * 6e-8 * s). The GELU outputs are compared through the same bound
+//   scaled by max |gelu'| ~ 1.13, plus 1e-6 for the tanh evaluation. With
+//   this bound the CUDA F32 case also shows cuBLASLt's GELU is the tanh form:
+//   the erf form differs from it by up to 4.7e-4 (at |x| ~ 2), far above.
+// - CUDA BF16 operands, fp32 accumulation: F32 out 1e-5 s + 1e-6; BF16 out
+//   adds one rounding to bf16: 2^-8 |ref| (half an ulp is 2^-9; 2^-8 also
+//   covers the rounded aux feeding the GELU derivative).
+// - TF32 (hg::set_allow_tf32): inputs rounded to 10-bit mantissas, so
+//   2^-10 s per product: 2e-3 s.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/math_mode.hpp"
+#include "tests/test_util.hpp"
+
+using namespace hg;
+using hg::test::f64;
+
+namespace {
+
+constexpr double kGeluC = 0.7978845608028654, kGeluA = 0.044715;
+double gelu(double x) { return 0.5 * x * (1 + std::tanh(kGeluC * (x + kGeluA * x * x * x))); }
+double gelu_grad(double x) {
+  const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kGeluC * (1 + 3 * kGeluA * x * x);
+}
+
+struct Case {
+  int64_t m, n, k;
+  bool ta, tb;
+};
+
+// op(a)[m][k] from a stored row-major (M, K), or (K, M) when transposed.
+double op_at(const std::vector<double>& x, bool t, int64_t rows, int64_t cols, int64_t i, int64_t j) {
+  return t ? x[j * rows + i] : x[i * cols + j];
+}
+
+struct Reference {
+  std::vector<double> out, aux, bias_grad, scale;  // scale: s = sum |a||b| per element
+};
+
+// The float64 result of gemm on the values of a, b, bias, aux and the old out.
+Reference reference(const Case& c, const Tensor& a, const Tensor& b, const Tensor& old_out, const GemmArgs& args) {
+  const auto av = f64(a).to_vector(), bv = f64(b).to_vector(), ov = f64(old_out).to_vector();
+  const std::vector<double> bias = args.bias ? f64(*args.bias).to_vector() : std::vector<double>();
+  const std::vector<double> aux_in = args.aux ? f64(*args.aux).to_vector() : std::vector<double>();
+  Reference r;
+  r.out.assign(c.m * c.n, 0);
+  r.scale.assign(c.m * c.n, 0);
+  r.aux.assign(c.m * c.n, 0);
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double sum = 0, s = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        const double x = op_at(av, c.ta, c.m, c.k, i, p), y = op_at(bv, c.tb, c.k, c.n, p, j);
+        sum += x * y;
+        s += std::abs(x * y);
+      }
+      if (args.accumulate) sum += ov[i * c.n + j];
+      r.scale[i * c.n + j] = s + (args.accumulate ? std::abs(ov[i * c.n + j]) : 0);
+      double v = sum;
+      switch (args.epilogue) {
+        case GemmEpilogue::Bias:
+          v = sum + bias[j];
+          r.scale[i * c.n + j] += std::abs(bias[j]);
+          break;
+        case GemmEpilogue::BiasGelu:
+          r.scale[i * c.n + j] += std::abs(bias[j]);
+          r.aux[i * c.n + j] = sum + bias[j];
+          v = gelu(sum + bias[j]);
+          break;
+        case GemmEpilogue::GeluBackward: v = sum * gelu_grad(aux_in[i * c.n + j]); break;
+        default: break;
+      }
+      r.out[i * c.n + j] = v;
+    }
+  if (args.epilogue == GemmEpilogue::BiasGradA) {
+    r.bias_grad.assign(c.m, 0);
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t p = 0; p < c.k; ++p) r.bias_grad[i] += op_at(av, c.ta, c.m, c.k, i, p);
+  } else if (args.epilogue == GemmEpilogue::BiasGradB) {
+    r.bias_grad.assign(c.n, 0);
+    for (int64_t j = 0; j < c.n; ++j)
+      for (int64_t p = 0; p < c.k; ++p) r.bias_grad[j] += op_at(bv, c.tb, c.k, c.n, p, j);
+  } else if (args.epilogue == GemmEpilogue::GeluBackward) {
+    r.bias_grad.assign(c.n, 0);
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) r.bias_grad[j] += r.out[i * c.n + j];
+  }
+  return r;
+}
+
+struct Tolerance {
+  double per_scale;  // times s
+  double rel;        // times |ref|
+  double abs;
+};
+
+// Worst violation ratio |got - want| / bound (<= 1 passes).
+double worst_ratio(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& s,
+                   const Tolerance& tol) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound = tol.per_scale * (s.empty() ? 0 : s[i]) + tol.rel * std::abs(want[i]) + tol.abs;
+    const double err = std::abs(got[i] - want[i]);
+    if (!(err <= bound)) worst = std::max(worst, std::isfinite(err) ? err / bound : 1e30);
+  }
+  return worst;
+}
+
+// The bias-gradient sums have their own scale: sum of |terms|.
+std::vector<double> bias_grad_scale(const Reference& r, const Case& c, GemmEpilogue e, const Tensor& a,
+                                    const Tensor& b) {
+  const auto av = f64(a).to_vector(), bv = f64(b).to_vector();
+  std::vector<double> s;
+  if (e == GemmEpilogue::BiasGradA) {
+    s.assign(c.m, 0);
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t p = 0; p < c.k; ++p) s[i] += std::abs(op_at(av, c.ta, c.m, c.k, i, p));
+  } else if (e == GemmEpilogue::BiasGradB) {
+    s.assign(c.n, 0);
+    for (int64_t j = 0; j < c.n; ++j)
+      for (int64_t p = 0; p < c.k; ++p) s[j] += std::abs(op_at(bv, c.tb, c.k, c.n, p, j));
+  } else {
+    s.assign(c.n, 0);
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) s[j] += std::abs(r.out[i * c.n + j]) + 1.13 * r.scale[i * c.n + j];
+  }
+  return s;
+}
+
+// The hg::Error message of f(), or "" when it does not throw one.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+#define CHECK_THAT_ERROR(call, needle)                         \
+  do {                                                         \
+    const std::string hg_msg_ = error_of(call);                \
+    INFO("message: " << hg_msg_);                              \
+    CHECK(hg_msg_.find(needle) != std::string::npos);          \
+  } while (0)
+
+const GemmEpilogue kEpilogues[] = {GemmEpilogue::None,         GemmEpilogue::Bias,      GemmEpilogue::BiasGelu,
+                                   GemmEpilogue::GeluBackward, GemmEpilogue::BiasGradA, GemmEpilogue::BiasGradB};
+
+// Runs every epilogue x transpose x accumulate on one shape and checks it.
+// in: operand dtype; out_dtype: out (and aux, bias, bias_grad) dtype.
+void check_all_epilogues(Device dev, DType in, DType out_dtype, int64_t m, int64_t n, int64_t k, const Tolerance& tol,
+                         bool gelu_epilogues = true) {
+  Generator gen(1234 + m * 7 + n * 13 + k);
+  for (const GemmEpilogue e : kEpilogues) {
+    if (!gelu_epilogues && (e == GemmEpilogue::BiasGelu || e == GemmEpilogue::GeluBackward)) continue;
+    for (int t = 0; t < 4; ++t)
+      for (const bool acc : {false, true}) {
+        if (acc && e == GemmEpilogue::GeluBackward) continue;
+        const Case c{m, n, k, (t & 1) != 0, (t & 2) != 0};
+        INFO("epilogue " << gemm_epilogue_name(e) << " M " << m << " N " << n << " K " << k << " ta " << c.ta
+                         << " tb " << c.tb << " accumulate " << acc << " " << dtype_name(in) << " -> "
+                         << dtype_name(out_dtype));
+        const Tensor a = Tensor::randn(c.ta ? Shape{k, m} : Shape{m, k}, gen, DType::F64).to(in).to(dev);
+        const Tensor b = Tensor::randn(c.tb ? Shape{n, k} : Shape{k, n}, gen, DType::F64).to(in).to(dev);
+        Tensor out = Tensor::randn({m, n}, gen, DType::F64).to(out_dtype).to(dev);
+        const Tensor old_out = out.clone();
+        Tensor bias = Tensor::randn({n}, gen, DType::F64).to(out_dtype).to(dev);
+        Tensor aux = Tensor::randn({m, n}, gen, DType::F64, Device::CPU, 0.0, 2.0).to(out_dtype).to(dev);
+        Tensor bias_grad = Tensor::full({e == GemmEpilogue::BiasGradA ? m : n}, 99.0, out_dtype, dev);
+        GemmArgs args;
+        args.transpose_a = c.ta;
+        args.transpose_b = c.tb;
+        args.accumulate = acc;
+        args.epilogue = e;
+        if (e == GemmEpilogue::Bias || e == GemmEpilogue::BiasGelu) args.bias = &bias;
+        if (e == GemmEpilogue::BiasGelu || e == GemmEpilogue::GeluBackward) args.aux = &aux;
+        if (e == GemmEpilogue::BiasGradA || e == GemmEpilogue::BiasGradB || e == GemmEpilogue::GeluBackward)
+          args.bias_grad = &bias_grad;
+        const Reference r = reference(c, a, b, old_out, args);
+        backend_for(dev).gemm(a, b, out, args);
+        const Tolerance out_tol{tol.per_scale * 1.13, tol.rel, tol.abs};
+        CHECK(worst_ratio(f64(out).to_vector(), r.out, r.scale, out_tol) <= 1.0);
+        if (e == GemmEpilogue::BiasGelu) CHECK(worst_ratio(f64(aux).to_vector(), r.aux, r.scale, tol) <= 1.0);
+        if (args.bias_grad) {
+          // GeluBackward's sum is of the rounded out values on the device: 2 x rel.
+          const Tolerance bg_tol{tol.per_scale + tol.rel, tol.rel, tol.abs};
+          CHECK(worst_ratio(f64(bias_grad).to_vector(), r.bias_grad, bias_grad_scale(r, c, e, a, b), bg_tol) <= 1.0);
+        }
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gemm on the CPU: every epilogue, transpose and accumulate vs float64 loops", "[gemm]") {
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 65}, {3, 40, 2}}) {
+    check_all_epilogues(Device::CPU, DType::F64, DType::F64, m, n, k, {1e-12, 0, 1e-300});
+    check_all_epilogues(Device::CPU, DType::F32, DType::F32, m, n, k, {1e-5, 0, 1e-6});
+  }
+}
+
+TEST_CASE("gemm rejects what it cannot do with a clear message", "[gemm]") {
+  Generator gen(7);
+  const Tensor a = Tensor::randn({4, 3}, gen), b = Tensor::randn({3, 5}, gen);
+  Tensor out = Tensor::zeros({4, 5});
+  Tensor bias = Tensor::zeros({5}), aux = Tensor::zeros({4, 5}), bg = Tensor::zeros({5});
+  Backend& be = cpu_backend();
+  GemmArgs args;
+  args.epilogue = GemmEpilogue::Bias;
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "needs a bias");
+  args.bias = &bias;
+  args.aux = &aux;
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "takes no aux");
+  args = GemmArgs();
+  args.epilogue = GemmEpilogue::GeluBackward;
+  args.aux = &aux;
+  args.accumulate = true;
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "cannot accumulate");
+  args = GemmArgs();
+  args.epilogue = GemmEpilogue::BiasGradA;
+  args.bias_grad = &bg;  // (5,) but BiasGradA sums to (M,) = (4,)
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "expected (4)");
+  args = GemmArgs();
+  args.epilogue = GemmEpilogue::Bias;
+  Tensor bias_wrong = Tensor::zeros({4});
+  args.bias = &bias_wrong;
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "expected (5)");
+  const Tensor a3 = Tensor::randn({2, 4, 3}, gen);
+  Tensor out3 = Tensor::zeros({2, 4, 5});
+  args.bias = &bias;
+  CHECK_THAT_ERROR([&] { be.gemm(a3, b, out3, args); }, "needs 2-D operands");
+  args = GemmArgs();
+  Tensor out_f64 = Tensor::zeros({4, 5}, DType::F64);
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out_f64, args); }, "out has dtype f64");
+  Tensor aux_alias = out;
+  args.epilogue = GemmEpilogue::BiasGelu;
+  args.bias = &bias;
+  args.aux = &aux_alias;
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "different tensors");
+  const Tensor a_bf16 = a.to(DType::BF16), b_bf16 = b.to(DType::BF16);
+  CHECK_THAT_ERROR([&] { be.gemm(a_bf16, b_bf16, out, GemmArgs()); }, "f32 or f64");
+}
+
+TEST_CASE("gemm with batched operands and no epilogue equals matmul", "[gemm]") {
+  Generator gen(11);
+  const Tensor a = Tensor::randn({3, 5, 7}, gen), b = Tensor::randn({7, 4}, gen);
+  Tensor via_gemm = Tensor::zeros({3, 5, 4}), via_matmul = Tensor::zeros({3, 5, 4});
+  cpu_backend().gemm(a, b, via_gemm, GemmArgs());
+  cpu_backend().matmul(a, b, via_matmul, false, false);
+  CHECK(hg::test::max_abs_diff(via_gemm, via_matmul) == 0.0);
+}
+
+TEST_CASE("CUDA gemm, exact FP32: every epilogue vs float64 (also shows cuBLASLt's GELU is the tanh form)",
+          "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{7, 16, 5}, {33, 24, 65}, {130, 40, 200}})
+    check_all_epilogues(Device::CUDA, DType::F32, DType::F32, m, n, k, {1e-5, 0, 1e-6});
+  // N not a multiple of 8: every epilogue without a GELU aux.
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 65}})
+    check_all_epilogues(Device::CUDA, DType::F32, DType::F32, m, n, k, {1e-5, 0, 1e-6}, false);
+}
+
+TEST_CASE("CUDA gemm, BF16 operands with fp32 accumulation, BF16 or F32 out", "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{7, 16, 5}, {33, 24, 65}, {130, 40, 200}}) {
+    check_all_epilogues(Device::CUDA, DType::BF16, DType::F32, m, n, k, {1e-5, 0, 1e-6});
+    check_all_epilogues(Device::CUDA, DType::BF16, DType::BF16, m, n, k, {1e-5, std::ldexp(1.0, -8), 1e-6});
+  }
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 13, 5}, {33, 17, 3}}) {
+    check_all_epilogues(Device::CUDA, DType::BF16, DType::F32, m, n, k, {1e-5, 0, 1e-6}, false);
+    check_all_epilogues(Device::CUDA, DType::BF16, DType::BF16, m, n, k, {1e-5, std::ldexp(1.0, -8), 1e-6}, false);
+  }
+}
+
+TEST_CASE("CUDA gemm: a bf16 bias with f32 out is refused, an f32 bias with bf16 out works", "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  Generator gen(5);
+  const Tensor a = Tensor::randn({9, 16}, gen, DType::BF16, Device::CUDA);
+  const Tensor b = Tensor::randn({16, 24}, gen, DType::BF16, Device::CUDA);
+  const Tensor bias = Tensor::randn({24}, gen, DType::F32, Device::CUDA);
+  Tensor out = Tensor::zeros({9, 24}, DType::BF16, Device::CUDA);
+  GemmArgs args;
+  args.epilogue = GemmEpilogue::Bias;
+  args.bias = &bias;
+  cuda_backend().gemm(a, b, out, args);
+  Tensor want = Tensor::zeros({9, 24}, DType::F64);
+  GemmArgs ref_args = args;
+  const Tensor bias64 = f64(bias);
+  ref_args.bias = &bias64;
+  cpu_backend().gemm(f64(a), f64(b), want, ref_args);
+  const auto got = f64(out).to_vector(), w = want.to_vector();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - w[i]) <= std::ldexp(std::abs(w[i]), -8) + 1e-4);
+  Tensor out_f32 = Tensor::zeros({9, 24}, DType::F32, Device::CUDA);
+  const Tensor bias_bf16 = bias.to(DType::BF16);
+  args.bias = &bias_bf16;
+  CHECK_THAT_ERROR([&] { cuda_backend().gemm(a, b, out_f32, args); }, "bias has dtype");
+}
+
+TEST_CASE("CUDA gemm: unaligned views (2-byte offsets) and batched operands", "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  Generator gen(9);
+  // Row 1 onward of a (10, 7) bf16 tensor starts 14 bytes in: no 16-byte alignment.
+  const Tensor a_full = Tensor::randn({10, 7}, gen, DType::BF16, Device::CUDA);
+  const Tensor a = a_full.slice(1, 10);
+  const Tensor b = Tensor::randn({7, 5}, gen, DType::BF16, Device::CUDA);
+  Tensor out = Tensor::zeros({9, 5}, DType::F32, Device::CUDA);
+  cuda_backend().gemm(a, b, out, GemmArgs());
+  Tensor want = Tensor::zeros({9, 5}, DType::F64);
+  cpu_backend().matmul(f64(a), f64(b), want, false, false);
+  CHECK(hg::test::max_abs_diff(f64(out), want) <= 1e-4);
+  // Batched, shared b, through matmul: bf16 in, bf16 out.
+  const Tensor x = Tensor::randn({3, 5, 24}, gen, DType::BF16, Device::CUDA);
+  const Tensor w = Tensor::randn({24, 8}, gen, DType::BF16, Device::CUDA);
+  Tensor y = Tensor::zeros({3, 5, 8}, DType::BF16, Device::CUDA);
+  cuda_backend().matmul(x, w, y, false, false);
+  Tensor y_want = Tensor::zeros({3, 5, 8}, DType::F64);
+  cpu_backend().matmul(f64(x), f64(w), y_want, false, false);
+  const auto got = f64(y).to_vector(), ref = y_want.to_vector();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - ref[i]) <= std::ldexp(std::abs(ref[i]), -8) + 1e-4);
+}
+
+TEST_CASE("CUDA gemm: TF32 only when allowed, within its bound", "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  REQUIRE_FALSE(allow_tf32());
+  Generator gen(3);
+  const Tensor a = Tensor::randn({64, 256}, gen, DType::F32, Device::CUDA);
+  const Tensor b = Tensor::randn({256, 48}, gen, DType::F32, Device::CUDA);
+  Tensor exact = Tensor::zeros({64, 48}, DType::F32, Device::CUDA), fast = exact.clone();
+  cuda_backend().gemm(a, b, exact, GemmArgs());
+  set_allow_tf32(true);
+  cuda_backend().gemm(a, b, fast, GemmArgs());
+  set_allow_tf32(false);
+  Tensor want = Tensor::zeros({64, 48}, DType::F64);
+  cpu_backend().matmul(f64(a), f64(b), want, false, false);
+  // s <= 256 * max|a||b| ~ 256 * 16: exact within 1e-5 s, TF32 within 2e-3 s.
+  double s = 0;
+  for (double v : f64(a).to_vector()) s = std::max(s, std::abs(v));
+  double t = 0;
+  for (double v : f64(b).to_vector()) t = std::max(t, std::abs(v));
+  CHECK(hg::test::max_abs_diff(f64(exact), want) <= 1e-5 * 256 * s * t);
+  CHECK(hg::test::max_abs_diff(f64(fast), want) <= 2e-3 * 256 * s * t);
+}
