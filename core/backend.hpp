@@ -1,4 +1,7 @@
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "core/tensor.hpp"
 
 namespace hg {
@@ -77,6 +80,17 @@ class Backend {
   // accumulated with beta = 1). F32 x F32 -> F32 is exact FP32 unless
   // hg::set_allow_tf32(true). CPU: F32 / F64 only. Validation: core/gemm_check.hpp.
   virtual void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) = 0;
+
+  // Embedding rows (core/indexing.hpp validates and calls these). ids holds
+  // the row ids as F32 on this device; host_ids is the same list on the host,
+  // every id already checked to be in [0, V). table / grad_table (V, D) and
+  // out / grad (N, D), N = host_ids.size(), all F32 or all F64.
+  // out[i, :] = table[ids[i], :].
+  virtual void gather_rows(const Tensor& table, const Tensor& ids, const std::vector<int32_t>& host_ids,
+                           Tensor& out) = 0;
+  // grad_table[ids[i], :] += grad[i, :], summed in increasing i for each row
+  // (deterministic, no float atomics).
+  virtual void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) = 0;
 };
 
 Backend& cpu_backend();

@@ -23,6 +23,7 @@
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
+#include "cuda/indexing_kernels.hpp"
 
 namespace hg {
 namespace {
@@ -714,6 +715,14 @@ class CudaBackend final : public Backend {
     if (a.dtype() == DType::F64 && args.epilogue == GemmEpilogue::None)
       return matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
     gpu::gemm_lt(a, b, out, args, shape);
+  }
+
+  void gather_rows(const Tensor& table, const Tensor& ids, const std::vector<int32_t>&, Tensor& out) override {
+    gpu::gather_rows_cuda(table, ids, ids.numel(), out);  // reads the ids already on the GPU
+  }
+
+  void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
+    gpu::scatter_add_rows_cuda(grad, host_ids, grad_table);
   }
 };
 

@@ -21,7 +21,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_kernels.hpp"
-#include "ops/softmax.hpp"  // kSoftmaxMaskThreshold: one definition for every path
+#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 
 namespace hg::gpu {
 namespace {
@@ -522,12 +522,12 @@ struct BackwardLauncher {
 };
 
 template <class T>
-void forward_typed(const Tensor& x, const SoftmaxLayout& l, Tensor& y) {
+void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   constexpr int V = VecWidth<T>::value;
   const float* mask = l.mask != nullptr ? l.mask->data<float>() : nullptr;
   ForwardLauncher<T> launcher{ForwardArgs<T>{
       static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), mask, l.rows, l.tk, l.tq,
-      l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, l.scale, l.causal,
+      l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, static_cast<float>(l.scale), l.causal,
       l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX}};
   // 16-byte access needs every row start 16-byte aligned: Tk a multiple of
   // the vector width and aligned base pointers (a mask row is read V floats
@@ -559,7 +559,7 @@ void check_storage(const char* op, const Tensor& t, const Tensor& like, int64_t 
 
 }  // namespace
 
-void softmax_forward_fused(const Tensor& x, const SoftmaxLayout& layout, Tensor& y) {
+void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
   constexpr const char* op = "softmax_forward_fused";
   HG_CHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op,
            "bad layout: rows ", layout.rows, " tk ", layout.tk, " tq ", layout.tq, " heads ", layout.heads);

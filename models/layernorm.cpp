@@ -1,5 +1,6 @@
 #include "models/layernorm.hpp"
 
+#include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 
 namespace hg {
@@ -13,12 +14,14 @@ LayerNorm::LayerNorm(int64_t dim, double eps, DType dtype) : dim_(dim), eps_(eps
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
+  HG_PROFILE("layernorm", x.device());  // the op and the caching, one kind
   Tensor y = layernorm_forward(x, gamma.value, beta.value, eps_, &saved_);
   x_ = x;
   return y;
 }
 
 Tensor LayerNorm::backward(const Tensor& dy) {
+  HG_PROFILE("layernorm", dy.device());  // the op and the grad accumulation
   HG_CHECK(x_.defined(), "LayerNorm::backward", "backward called before forward");
   LayerNormGrads g = layernorm_backward(dy, x_, gamma.value, saved_);
   // Accumulate in place: the grad tensors keep their storage (optimizers hold them).

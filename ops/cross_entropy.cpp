@@ -6,11 +6,8 @@
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
-#include "ops/cpu/cross_entropy_cpu.hpp"
-
-#if HG_WITH_CUDA
 #include "cuda/cross_entropy_kernels.hpp"
-#endif
+#include "ops/cpu/cross_entropy_cpu.hpp"
 
 namespace hg {
 namespace {
@@ -90,7 +87,6 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
     if (saved) saved->dlogits = dlogits.reshape(logits.shape());
     return Tensor::full({}, loss, x.dtype(), Device::CPU);
   }
-#if HG_WITH_CUDA
   // The CUDA kernel is float32; float64 on the GPU takes the primitive path.
   if (fused && logits.is_cuda() && logits.dtype() == DType::F32) {
     Tensor dlogits = Tensor::empty({n_rows, vocab}, DType::F32, Device::CUDA);
@@ -100,7 +96,6 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
     if (saved) saved->dlogits = dlogits.reshape(logits.shape());
     return loss;
   }
-#endif
   return unfused(x, targets, n_rows, vocab, ignore_index, inv_count, saved);
 }
 

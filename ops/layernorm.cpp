@@ -4,11 +4,9 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "cuda/layernorm_kernels.hpp"
 #include "ops/cpu/layernorm_cpu.hpp"
 #include "ops/layernorm_unfused.hpp"
-#ifdef HG_WITH_CUDA
-#include "cuda/layernorm_kernels.hpp"
-#endif
 
 // Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
 // device), CUDA fused. The math of each path lives in its own file.
@@ -89,13 +87,9 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
     mean = Tensor::empty({rows}, stat_dtype, x.device());
     rstd = Tensor::empty({rows}, stat_dtype, x.device());
     if (x.is_cuda()) {
-#ifdef HG_WITH_CUDA
       Tensor y_rows = y.reshape({rows, D});
       gpu::layernorm_forward_fused(x.reshape({rows, D}), gamma, beta, static_cast<float>(eps), y_rows,
                                    mean, rstd);
-#else
-      fail(kForward, "x ", x.shape(), " is on CUDA but handgrad was built without CUDA");
-#endif
     } else {
       cpu::layernorm_forward(x, gamma, beta, eps, rows, D, y, mean, rstd);
     }
@@ -130,13 +124,9 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   g.dgamma = Tensor::empty({D}, gamma.dtype(), x.device());
   g.dbeta = Tensor::empty({D}, gamma.dtype(), x.device());
   if (x.is_cuda()) {
-#ifdef HG_WITH_CUDA
     Tensor dx_rows = g.dx.reshape({rows, D});
     gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean,
                                   saved.rstd, dx_rows, g.dgamma, g.dbeta);
-#else
-    fail(kBackward, "x ", x.shape(), " is on CUDA but handgrad was built without CUDA");
-#endif
   } else {
     cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
   }

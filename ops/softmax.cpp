@@ -5,11 +5,9 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "cuda/softmax_kernels.hpp"
 #include "ops/cpu/softmax_cpu.hpp"
 #include "ops/softmax_unfused.hpp"
-#ifdef HG_WITH_CUDA
-#include "cuda/softmax_kernels.hpp"
-#endif
 
 // Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
 // device), CUDA fused. The math of each path lives in its own file.
@@ -72,11 +70,9 @@ struct ForwardCall {
   int64_t mask_query_stride() const { return mask.defined() && mask.size(2) > 1 ? tk : 0; }
 };
 
-// The row layout both fused paths take (gpu::SoftmaxLayout, cpu::SoftmaxRows:
-// the same fields; the GPU's scale is a float).
-template <class Layout>
-Layout layout_of(const ForwardCall& c) {
-  Layout l;
+// The row layout both fused paths take (core/softmax_layout.hpp).
+SoftmaxRows layout_of(const ForwardCall& c) {
+  SoftmaxRows l;
   l.rows = c.rows();
   l.tk = c.tk;
   l.tq = c.tq;
@@ -85,21 +81,14 @@ Layout layout_of(const ForwardCall& c) {
   l.mask_batch_stride = c.mask_batch_stride();
   l.mask_query_stride = c.mask_query_stride();
   l.causal = c.causal;
-  l.scale = static_cast<decltype(l.scale)>(c.scale);
+  l.scale = c.scale;
   return l;
 }
 
 Tensor fused_forward(const ForwardCall& c) {
   Tensor y = Tensor::empty(c.x.shape(), c.x.dtype(), c.x.device());
-  if (c.x.is_cuda()) {
-#ifdef HG_WITH_CUDA
-    gpu::softmax_forward_fused(c.x, layout_of<gpu::SoftmaxLayout>(c), y);
-    return y;
-#else
-    fail(kPlainOp, "a CUDA tensor ", c.x.shape(), " but handgrad was built without CUDA");
-#endif
-  }
-  cpu::softmax_forward(c.x, layout_of<cpu::SoftmaxRows>(c), y);
+  if (c.x.is_cuda()) gpu::softmax_forward_fused(c.x, layout_of(c), y);
+  else cpu::softmax_forward(c.x, layout_of(c), y);
   return y;
 }
 
@@ -150,15 +139,8 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
   if (kernel_mode() == KernelMode::Unfused) return unfused::softmax_backward(dy, y, scale);
   const int64_t tk = y.size(-1);
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-  if (y.is_cuda()) {
-#ifdef HG_WITH_CUDA
-    gpu::softmax_backward_fused(dy, y, y.numel() / tk, tk, static_cast<float>(scale), dx);
-    return dx;
-#else
-    fail(kBackwardOp, "a CUDA tensor ", y.shape(), " but handgrad was built without CUDA");
-#endif
-  }
-  cpu::softmax_backward(dy, y, tk, scale, dx);
+  if (y.is_cuda()) gpu::softmax_backward_fused(dy, y, y.numel() / tk, tk, static_cast<float>(scale), dx);
+  else cpu::softmax_backward(dy, y, tk, scale, dx);
   return dx;
 }
 

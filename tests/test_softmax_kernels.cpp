@@ -14,11 +14,8 @@
 #include "core/tensor.hpp"
 #include "ops/softmax.hpp"
 #include "tests/test_util.hpp"
-#ifdef HG_WITH_CUDA
 #include "cuda/softmax_kernels.hpp"
-#endif
 
-#ifdef HG_WITH_CUDA
 namespace {
 
 using hg::Device;
@@ -163,7 +160,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   const Tensor mask = mask64.defined() ? mask64.to(DType::F32).to(Device::CUDA) : Tensor();
   if (mask.defined()) mask64 = mask.to(Device::CPU).to(DType::F64);  // the values the kernel reads
 
-  hg::gpu::SoftmaxLayout l;
+  hg::SoftmaxRows l;
   l.rows = c.rows();
   l.tk = tk;
   l.tq = c.tq;
@@ -195,11 +192,9 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
 }
 
 }  // namespace
-#endif  // HG_WITH_CUDA
 
 TEST_CASE("fused softmax kernels agree with float64 at every layout boundary", "[softmax][cuda]") {
   HG_REQUIRE_GPU();
-#ifdef HG_WITH_CUDA
   // Around each switch: f32 16-byte lanes 8/16/32 x 1/2/4/8 up to 1024, bf16
   // up to 1024 (N <= 4), scalar lanes up to 256, block team up to 16384
   // (scalar backward 8192), then streaming. Odd values force the scalar path.
@@ -212,5 +207,4 @@ TEST_CASE("fused softmax kernels agree with float64 at every layout boundary", "
       for (const int64_t offset : {0, 1})
         for (const Variant v : {Variant::Plain, Variant::PaddingCausal, Variant::FullMaskHostile})
           run_case(v, tk, dtype, offset, seed++);
-#endif
 }
