@@ -15,7 +15,8 @@
 #include "tests/test_util.hpp"
 
 using namespace hg;
-using Catch::Matchers::ContainsSubstring;
+using hg::test::contains;
+using hg::test::thrown_message;
 
 namespace {
 
@@ -85,7 +86,7 @@ TEST_CASE("gpu::Graph: a host read inside the capture fails and leaves the alloc
   }
   CHECK(threw);
   CHECK_FALSE(graph.ready());
-  CHECK_THROWS_WITH(graph.replay(), ContainsSubstring("nothing captured"));
+  CHECK(contains(thrown_message([&] { graph.replay(); }), "nothing captured"));
   // Plain work afterwards runs normally.
   CHECK(exp(x).to_vector() == exp(x).to_vector());
   CHECK(std::isfinite(sum_all(exp(x)).item()));
@@ -137,7 +138,7 @@ TEST_CASE("TrainStep: graph mode that cannot capture says why and matches plain 
     CHECK(ra.grad_norm == rb.grad_norm);
   }
   INFO(sa.graph_note());
-  if (!sa.graph_active()) CHECK_THAT(sa.graph_note(), ContainsSubstring("off"));
+  if (!sa.graph_active()) CHECK(contains(sa.graph_note(), "off"));
   const auto pa = a.parameters(), pb = b.parameters();
   for (size_t k = 0; k < pa.size(); ++k) CHECK(pa[k]->value.to_vector() == pb[k]->value.to_vector());
 }
