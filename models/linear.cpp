@@ -59,7 +59,36 @@ Tensor Linear::forward(const Tensor& x) {
   return y.reshape(y_shape);
 }
 
-Tensor Linear::backward(const Tensor& dy) {
+Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
+  HG_PROFILE("linear", x.device());
+  HG_CHECK(gelu_fusable(), "Linear::forward_gelu", "needs a bias and out_features % 8 == 0, got out_features ", out_);
+  HG_CHECK(x.defined() && x.ndim() == 2 && x.size(1) == in_, "Linear::forward_gelu", "x must be (rows, ", in_,
+           "), got ", x.defined() ? x.shape() : Shape{});
+  check_input("Linear::forward_gelu", x, weight.value);
+  x_ = x;
+  pre = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
+  GemmArgs args;
+  args.transpose_b = true;
+  args.epilogue = GemmEpilogue::BiasGelu;
+  args.bias = &bias.value;
+  args.aux = &pre;
+  backend_for(x.device()).gemm(x, weight_for(x), y, args);
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, nullptr, nullptr, nullptr); }
+
+Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum) {
+  return backward_impl(dy, nullptr, &pre, &dpre_sum);
+}
+
+Tensor Linear::backward_with_bias_grad(const Tensor& dy, const Tensor& db) {
+  HG_CHECK(has_bias_, "Linear::backward_with_bias_grad", "the layer has no bias");
+  return backward_impl(dy, &db, nullptr, nullptr);
+}
+
+Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum) {
   HG_PROFILE("linear", dy.device());
   HG_CHECK(x_.defined(), "Linear::backward", "called before forward");
   HG_CHECK(dy.defined(), "Linear::backward", "dy is an undefined tensor");
@@ -77,8 +106,8 @@ Tensor Linear::backward(const Tensor& dy) {
   GemmArgs dw;
   dw.transpose_a = true;
   dw.accumulate = true;
-  Tensor db;
-  if (has_bias_ && kernel_mode() == KernelMode::Fused) {
+  Tensor db = db_given != nullptr ? *db_given : Tensor();
+  if (has_bias_ && !db.defined() && kernel_mode() == KernelMode::Fused) {
     db = Tensor::empty({out_}, bias.grad.dtype(), dy.device());
     dw.epilogue = GemmEpilogue::BiasGradA;  // db = sum over rows of dy, from the same pass
     dw.bias_grad = &db;
@@ -90,7 +119,14 @@ Tensor Linear::backward(const Tensor& dy) {
   }
   if (has_bias_) be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
-  be.gemm(dy2, weight_for(dy), dx, GemmArgs{});
+  GemmArgs dx_args;
+  if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
+    dx_args.epilogue = GemmEpilogue::GeluBackward;
+    dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
+    *dpre_sum = Tensor::empty({in_}, weight.grad.dtype(), dy.device());  // f32 (f64 for f64 models)
+    dx_args.bias_grad = dpre_sum;
+  }
+  be.gemm(dy2, weight_for(dy), dx, dx_args);
   return dx.reshape(x_.shape());
 }
 

@@ -26,6 +26,19 @@ class Linear : public Module {
   // The weight as the GEMM reads it for input x: W itself, or its bf16 copy for bf16 x.
   const Tensor& weight_for(const Tensor& x);
 
+  // GELU fused into the GEMMs (FeedForward, fused mode; x 2-D, a bias, and
+  // out_features % 8 == 0 as cuBLASLt's GELU epilogue needs: gelu_fusable()).
+  // forward_gelu: gelu(x W^T + b) from one GEMM; the pre-activation x W^T + b
+  // is written to `pre` for the backward.
+  bool gelu_fusable() const { return has_bias_ && out_ % 8 == 0; }
+  Tensor forward_gelu(const Tensor& x, Tensor& pre);
+  // For the Linear that consumes gelu(pre): its dW and db as backward(), and
+  // d pre = (dy W) * gelu'(pre) from one GEMM, whose column sums (the
+  // producing Linear's bias gradient) land in dpre_sum (f32, (in_features,)).
+  Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum);
+  // backward() for a layer whose bias gradient db (f32) is already summed.
+  Tensor backward_with_bias_grad(const Tensor& dy, const Tensor& db);
+
   Parameter weight;
   Parameter bias;  // undefined value when built with bias = false
 
@@ -37,6 +50,8 @@ class Linear : public Module {
   int64_t in_, out_;
   bool has_bias_;
   Tensor x_;  // the last forward input
+
+  Tensor backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum);
 };
 
 }  // namespace hg
