@@ -18,10 +18,12 @@
 #include "core/cuda_runtime.hpp"
 #include "core/gemm_check.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/optimizer_ops.hpp"
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
+#include "cuda/optim_kernels.hpp"
 
 namespace hg {
 namespace {
@@ -690,6 +692,26 @@ class CudaBackend final : public Backend {
     if (a.dtype() == DType::F64 && args.epilogue == GemmEpilogue::None)
       return matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
     gpu::gemm_lt(a, b, out, args, shape);
+  }
+
+  void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {
+    check_adamw_group(group, config, state, /*allow_f64=*/false, "cuda adamw_multi");
+    check_on_gpu("cuda adamw_multi", state);
+    gpu::adamw_multi(group, config, state);
+  }
+
+  void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) override {
+    check_sum_of_squares(xs, out, /*allow_f64=*/false, "cuda sum_of_squares");
+    check_on_gpu("cuda sum_of_squares", out);
+    gpu::sum_of_squares_multi(xs, out);
+  }
+
+  void sgd_update(Tensor& p, const Tensor& g, Tensor* velocity, double lr, double momentum,
+                  double weight_decay) override {
+    check_sgd_update(p, g, velocity, /*allow_f64=*/false, "cuda sgd_update");
+    check_on_gpu("cuda sgd_update", p);
+    gpu::sgd_step(p.data<float>(), g.data<float>(), velocity ? velocity->data<float>() : nullptr, p.numel(),
+                  static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(weight_decay));
   }
 };
 
