@@ -8,6 +8,7 @@
 
 #include "core/backend.hpp"
 #include "core/gemm_check.hpp"
+#include "core/optimizer_ops.hpp"
 #include "core/half.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/transpose_plan.hpp"
@@ -494,6 +495,25 @@ class CpuBackend final : public Backend {
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     if (grad.dtype() == DType::F32) scatter_add_rows_typed<float>(grad, host_ids, grad_table);
     else scatter_add_rows_typed<double>(grad, host_ids, grad_table);
+  }
+
+  void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {
+    check_adamw_group(group, config, state, /*allow_f64=*/true, "adamw_multi");
+    state.check_device(Device::CPU, "adamw_multi");
+    cpu::adamw_multi(group, config, state);
+  }
+
+  void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) override {
+    check_sum_of_squares(xs, out, /*allow_f64=*/true, "sum_of_squares");
+    out.check_device(Device::CPU, "sum_of_squares");
+    cpu::sum_of_squares(xs, out);
+  }
+
+  void sgd_update(Tensor& p, const Tensor& g, Tensor* velocity, double lr, double momentum,
+                  double weight_decay) override {
+    check_sgd_update(p, g, velocity, /*allow_f64=*/true, "sgd_update");
+    p.check_device(Device::CPU, "sgd_update");
+    cpu::sgd_update(p, g, velocity, lr, momentum, weight_decay);
   }
 };
 

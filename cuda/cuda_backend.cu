@@ -19,11 +19,13 @@
 #include "core/cuda_runtime.hpp"
 #include "core/gemm_check.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/optimizer_ops.hpp"
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
 #include "cuda/indexing_kernels.hpp"
+#include "cuda/optim_kernels.hpp"
 
 namespace hg {
 namespace {
@@ -723,6 +725,26 @@ class CudaBackend final : public Backend {
 
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     gpu::scatter_add_rows_cuda(grad, host_ids, grad_table);
+  }
+
+  void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {
+    check_adamw_group(group, config, state, /*allow_f64=*/false, "cuda adamw_multi");
+    check_on_gpu("cuda adamw_multi", state);
+    gpu::adamw_multi(group, config, state);
+  }
+
+  void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) override {
+    check_sum_of_squares(xs, out, /*allow_f64=*/false, "cuda sum_of_squares");
+    check_on_gpu("cuda sum_of_squares", out);
+    gpu::sum_of_squares_multi(xs, out);
+  }
+
+  void sgd_update(Tensor& p, const Tensor& g, Tensor* velocity, double lr, double momentum,
+                  double weight_decay) override {
+    check_sgd_update(p, g, velocity, /*allow_f64=*/false, "cuda sgd_update");
+    check_on_gpu("cuda sgd_update", p);
+    gpu::sgd_step(p.data<float>(), g.data<float>(), velocity ? velocity->data<float>() : nullptr, p.numel(),
+                  static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(weight_decay));
   }
 };
 
