@@ -75,7 +75,9 @@ Result run(Device dev, KernelMode mode, Precision precision, bool use_graph, con
   c.precision = precision;
   DecoderLM model(c);
   model.to(dev);
-  AdamW opt(model.parameters(), AdamWOptions{});
+  AdamWOptions adamw;
+  adamw.max_grad_norm = 1.0;  // clipping inside the multi-tensor update
+  AdamW opt(model.parameters(), adamw);
   TrainStepOptions options;
   options.use_graph = use_graph;
   TrainStep step(model, opt, options);

@@ -89,6 +89,8 @@ class AdamW : public Optimizer {
   void set_compute_copies(std::vector<Tensor> copies);
   // step() reads lr and the step count from device memory: capturable in a CUDA graph.
   bool capturable() const override { return true; }
+  // A CUDA graph replayed a captured step(): the device state advanced, so does the host count.
+  void step_replayed() { ++steps_; }
   void write_lr_to_device();
   // Read back from the device (synchronises): the global grad norm of the
   // last step before clipping, and whether it was non-finite so the step

@@ -7,9 +7,8 @@
 
 namespace hg {
 
-TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options)
+TrainStep::TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions options)
     : model_(model), optimizer_(optimizer), options_(options), precision_(model.config().precision) {
-  HG_CHECK(std::isfinite(options.clip_norm), "TrainStep", "clip_norm must be finite, got ", options.clip_norm);
   HG_CHECK(options.warmup_steps >= 1, "TrainStep", "warmup_steps must be >= 1, got ", options.warmup_steps);
   const std::vector<Parameter*> params = model.parameters();
   HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
@@ -18,44 +17,50 @@ TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions op
   if (!options.use_graph) graph_note_ = "off (use_graph = false / --no-graph)";
   else if (dev != Device::CUDA) graph_note_ = "off: CUDA graphs need a CUDA model";
   else if (model.config().dropout > 0) graph_note_ = "off: dropout draws its masks on the host each step";
-  else if (!optimizer.capturable()) graph_note_ = "off: the optimizer reads its step scalars on the host";
-  else if (options.clip_norm > 0) graph_note_ = "off: clip_grad_norm reads the gradient norm on the host";
   else try_graph_ = true;
 }
 
-void TrainStep::enqueue(const Tensor& ids, const Tensor& targets) {
+void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, bool on_device_loss) {
   model_.zero_grad();
   const Tensor logits = model_.forward(ids);
   CrossEntropySaved saved;
+  (void)on_device_loss;  // bf16m: switches to cross_entropy_forward_on_device when bf16k's lands
   loss_ = cross_entropy_forward(logits, targets, options_.ignore_index, &saved);
   model_.backward(cross_entropy_backward(saved));
-  HG_PROFILE("optimizer", ids.device());
-  host_norm_ = options_.clip_norm > 0 ? clip_grad_norm(optimizer_.parameters(), options_.clip_norm) : 0.0;
 }
 
-void TrainStep::non_finite(const StepResult& r) const {
+StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const {
+  r.loss = loss_.item();
+  r.grad_norm = stepped ? optimizer_.last_grad_norm() : std::nan("");
+  const bool skipped = stepped && optimizer_.last_step_skipped();
+  if (std::isfinite(r.loss) && stepped && !skipped) return r;
+  const bool unchanged = !stepped || skipped || !update_applied_if_loss_bad;
   throw NonFiniteError("TrainStep: step " + std::to_string(r.step) + ": loss " + std::to_string(r.loss) +
-                       ", gradient norm " + std::to_string(r.grad_norm) +
-                       " is not finite; the optimizer step was skipped, parameters are unchanged");
+                       (stepped ? ", gradient norm " + std::to_string(r.grad_norm) : std::string()) +
+                       " is not finite; " +
+                       (unchanged ? "the optimizer step was skipped, parameters are unchanged"
+                                  : "the parameters were updated with finite gradients"));
 }
 
 StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, StepResult r) {
-  enqueue(ids, targets);
-  r.loss = loss_.item();
-  r.grad_norm = host_norm_;
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) non_finite(r);
-  HG_PROFILE("optimizer", ids.device());
-  optimizer_.step();
-  return r;
+  enqueue_gradients(ids, targets, /*on_device_loss=*/false);
+  // Checked before the update, so a non-finite loss never reaches the parameters.
+  if (!std::isfinite(loss_.item())) return finish(r, /*stepped=*/false, false);
+  {
+    HG_PROFILE("optimizer", ids.device());
+    optimizer_.step();
+  }
+  return finish(r, /*stepped=*/true, false);
 }
 
 StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepResult r) {
+  optimizer_.write_lr_to_device();  // outside the graph: the replay reads lr from the device
   if (!graph_.ready()) {
     ids_in_ = ids.clone();
     targets_in_ = targets.clone();
     try {
       graph_.begin_capture();
-      enqueue(ids_in_, targets_in_);
+      enqueue_gradients(ids_in_, targets_in_, /*on_device_loss=*/true);
       optimizer_.step();
       graph_.end_capture();
     } catch (const std::exception& e) {
@@ -68,14 +73,12 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
   } else {
     ids_in_.copy_(ids);
     targets_in_.copy_(targets);
+    optimizer_.step_replayed();
   }
   graph_.replay();
-  r.loss = loss_.item();
-  r.grad_norm = host_norm_;
-  // The captured optimizer skips its update when the norm is not finite
-  // (Optimizer::capturable()), so the parameters are still those before the step.
-  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) non_finite(r);
-  return r;
+  // A non-finite norm made the captured update skip itself; a non-finite
+  // loss with a finite norm is reported as applied.
+  return finish(r, /*stepped=*/true, /*update_applied_if_loss_bad=*/true);
 }
 
 StepResult TrainStep::run(const Tensor& ids, const Tensor& targets) {

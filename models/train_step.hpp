@@ -10,8 +10,9 @@
 
 namespace hg {
 
+// Gradient clipping is the optimizer's: AdamWOptions::max_grad_norm (inside
+// the same multi-tensor launches as the update).
 struct TrainStepOptions {
-  double clip_norm = 1.0;       // global gradient-norm clip; <= 0 turns clipping off
   int64_t ignore_index = -100;  // targets equal to it do not count in the loss
   bool use_graph = true;        // capture the step as a CUDA graph and replay it, when it can be (graph_note())
   int warmup_steps = 2;         // plain steps before the capture (cuBLASLt plans, allocator cache)
@@ -21,7 +22,7 @@ struct TrainStepOptions {
 struct StepResult {
   int64_t step = 0;      // 1-based count of steps run by this TrainStep
   double loss = 0;       // mean cross-entropy of the batch
-  double grad_norm = 0;  // global L2 norm of the gradients before clipping (0 when clipping is off)
+  double grad_norm = 0;  // global L2 norm of the gradients before clipping
 };
 
 // Thrown when a step's loss or gradient norm is not finite. The optimizer
@@ -34,20 +35,21 @@ class NonFiniteError : public Error {
 
 // One training step of a DecoderLM in the model's precision
 // (docs/mixed_precision.md): zero grads -> forward -> cross-entropy ->
-// backward -> clip -> optimizer. The model and optimizer are borrowed and
-// must outlive the TrainStep. ids and targets are (B, T) F32 tensors on the
-// model's device, the same shape every step.
+// backward -> clip + AdamW (one multi-tensor update, which skips itself on a
+// non-finite gradient norm). The model and optimizer are borrowed and must
+// outlive the TrainStep; set the optimizer's lr before run(). ids and
+// targets are (B, T) F32 tensors on the model's device.
 //
 // CUDA graphs: after warmup_steps plain steps, the next step is captured
 // (inputs first copied into tensors the TrainStep owns) and every later step
 // replays the graph. Capture is attempted only when nothing in the step needs
-// the host (optimizer.capturable(), no dropout); if the captured work still
+// the host (no dropout); if the captured work still
 // synchronizes, the capture is dropped and the steps stay plain, with the
 // reason in graph_note(). Plain and replayed steps launch the same kernels
 // on the same data, so their results are bitwise equal.
 class TrainStep {
  public:
-  TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options = {});
+  TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions options = {});
 
   StepResult run(const Tensor& ids, const Tensor& targets);
 
@@ -56,14 +58,15 @@ class TrainStep {
   const std::string& graph_note() const { return graph_note_; }
 
  private:
-  // Queues the step on the device; the loss and norm land in loss_ / norm_.
-  void enqueue(const Tensor& ids, const Tensor& targets);
+  // Queues forward, loss and backward; the loss lands in loss_.
+  void enqueue_gradients(const Tensor& ids, const Tensor& targets, bool on_device_loss);
   StepResult plain_step(const Tensor& ids, const Tensor& targets, StepResult r);
   StepResult graph_step(const Tensor& ids, const Tensor& targets, StepResult r);
-  [[noreturn]] void non_finite(const StepResult& r) const;
+  // Reads the loss and norm back; throws NonFiniteError when either is not finite.
+  StepResult finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const;
 
   DecoderLM& model_;
-  Optimizer& optimizer_;
+  AdamW& optimizer_;
   TrainStepOptions options_;
   Precision precision_;
   int64_t steps_ = 0;
@@ -72,7 +75,6 @@ class TrainStep {
   std::string graph_note_;
   Tensor ids_in_, targets_in_;  // graph mode: the inputs every replay reads
   Tensor loss_;                 // 0-d, written by the step
-  double host_norm_ = 0;        // plain mode: the norm clip_grad_norm returned
 };
 
 }  // namespace hg
