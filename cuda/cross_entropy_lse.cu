@@ -10,17 +10,13 @@
 #include "cuda/cross_entropy_lse_kernels.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
+#include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
 namespace {
 
 constexpr int kRowThreads = 256;
 constexpr int kSumThreads = 1024;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // -1: ignored row; -2: not a class (the loss becomes NaN); else the class.
 __device__ __forceinline__ int64_t target_class(float t, int64_t vocab, int64_t ignore_index) {
@@ -83,7 +79,7 @@ __global__ void lse_backward(const T* __restrict__ logits, const float* __restri
   const float m = row_stats[2 * row], log_s = row_stats[2 * row + 1];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     const float p = expf((to_f(x[j]) - m) - log_s);
-    store(dx + j, (p - (j == target ? 1.f : 0.f)) * scale);
+    dx[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
+#include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
 namespace {
@@ -56,11 +57,6 @@ int alignment_of(const void* p) {
 
 // ---- bias gradients cuBLASLt cannot fuse: out[i] = sum_j x[i*si + j*sj] ----
 
-__device__ __forceinline__ float load_f(float v) { return v; }
-__device__ __forceinline__ float load_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_f(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
 // One warp per output; lanes take j = lane, lane + 32, ... and combine in a
 // fixed shuffle tree, so the result does not depend on timing.
 template <class T, class O>
@@ -70,9 +66,9 @@ __global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out,
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
     float acc = 0.f;
-    for (int64_t j = lane; j < len; j += 32) acc += load_f(x[i * si + j * sj]);
+    for (int64_t j = lane; j < len; j += 32) acc += to_f(x[i * si + j * sj]);
     for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if (lane == 0) store_f(out + i, acc);
+    if (lane == 0) out[i] = from_f<O>(acc);
   }
 }
 
