@@ -231,8 +231,16 @@ bool try_run(const Call& c) {
 
 }  // namespace
 
-void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& s) {
+void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape) {
   const char* op = "cuda gemm";
+  // A 2-D b shared by every batch of an untransposed a: the batches are
+  // consecutive rows of a and out, so one GEMM with batch * m rows does it all.
+  MatmulShape s = shape;
+  if (s.b_shared && !args.transpose_a && s.batch * s.m <= INT_MAX) {
+    s.m *= s.batch;
+    s.batch = 1;
+    s.b_shared = false;
+  }
   HG_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16, op, "a has dtype ", dtype_name(a.dtype()),
            "; cuBLASLt GEMMs take f32 or bf16 operands");
   for (const auto& [what, v] : {std::pair<const char*, int64_t>{"m", s.m}, {"n", s.n}, {"k", s.k}, {"batch", s.batch}})
@@ -261,6 +269,15 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     case GemmEpilogue::BiasGradB: fused = CUBLASLT_EPILOGUE_BGRADA; break;
   }
   if (try_run(Call{a, b, out, args, s, fused, vec})) return;
+  if (args.bias && args.bias->dtype() != out.dtype()) {
+    // cuBLASLt documents the bias in D's type; an F32 bias with BF16 out is
+    // rounded to BF16 first (what autocast does) when the mixed form has no algorithm.
+    Tensor rounded = Tensor::empty(args.bias->shape(), out.dtype(), Device::CUDA);
+    cuda_backend().cast(*args.bias, rounded);
+    GemmArgs with_rounded = args;
+    with_rounded.bias = &rounded;
+    if (try_run(Call{a, b, out, with_rounded, s, fused, &rounded})) return;
+  }
   if (!args.bias_grad) no_algorithm(Call{a, b, out, args, s, fused, vec});
 
   // The bias gradient on its own: the GEMM without it, then one sum kernel.
