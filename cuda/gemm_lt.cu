@@ -15,6 +15,7 @@
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
+#include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
 namespace {
@@ -56,11 +57,6 @@ int alignment_of(const void* p) {
 
 // ---- bias gradients cuBLASLt cannot fuse: out[i] = sum_j x[i*si + j*sj] ----
 
-__device__ __forceinline__ float load_f(float v) { return v; }
-__device__ __forceinline__ float load_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ void store_f(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store_f(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-
 // One warp per output; lanes take j = lane, lane + 32, ... and combine in a
 // fixed shuffle tree, so the result does not depend on timing.
 template <class T, class O>
@@ -70,9 +66,9 @@ __global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out,
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
     float acc = 0.f;
-    for (int64_t j = lane; j < len; j += 32) acc += load_f(x[i * si + j * sj]);
+    for (int64_t j = lane; j < len; j += 32) acc += to_f(x[i * si + j * sj]);
     for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if (lane == 0) store_f(out + i, acc);
+    if (lane == 0) out[i] = from_f<O>(acc);
   }
 }
 
@@ -235,8 +231,16 @@ bool try_run(const Call& c) {
 
 }  // namespace
 
-void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& s) {
+void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape) {
   const char* op = "cuda gemm";
+  // A 2-D b shared by every batch of an untransposed a: the batches are
+  // consecutive rows of a and out, so one GEMM with batch * m rows does it all.
+  MatmulShape s = shape;
+  if (s.b_shared && !args.transpose_a && s.batch * s.m <= INT_MAX) {
+    s.m *= s.batch;
+    s.batch = 1;
+    s.b_shared = false;
+  }
   HG_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16, op, "a has dtype ", dtype_name(a.dtype()),
            "; cuBLASLt GEMMs take f32 or bf16 operands");
   for (const auto& [what, v] : {std::pair<const char*, int64_t>{"m", s.m}, {"n", s.n}, {"k", s.k}, {"batch", s.batch}})
@@ -265,6 +269,15 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     case GemmEpilogue::BiasGradB: fused = CUBLASLT_EPILOGUE_BGRADA; break;
   }
   if (try_run(Call{a, b, out, args, s, fused, vec})) return;
+  if (args.bias && args.bias->dtype() != out.dtype()) {
+    // cuBLASLt documents the bias in D's type; an F32 bias with BF16 out is
+    // rounded to BF16 first (what autocast does) when the mixed form has no algorithm.
+    Tensor rounded = Tensor::empty(args.bias->shape(), out.dtype(), Device::CUDA);
+    cuda_backend().cast(*args.bias, rounded);
+    GemmArgs with_rounded = args;
+    with_rounded.bias = &rounded;
+    if (try_run(Call{a, b, out, with_rounded, s, fused, &rounded})) return;
+  }
   if (!args.bias_grad) no_algorithm(Call{a, b, out, args, s, fused, vec});
 
   // The bias gradient on its own: the GEMM without it, then one sum kernel.

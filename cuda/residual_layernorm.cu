@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
 #include "cuda/residual_layernorm_kernels.hpp"
+#include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
 namespace {
@@ -20,12 +21,6 @@ constexpr int kThreads = 256;
 // Blocks of the backward: fixed (not per device), so dgamma / dbeta are summed
 // in the same order on every GPU.
 constexpr int64_t kBackwardBlocks = 256;
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
 // h = x + r rounded to T (h may alias x or r: every element is read before
 // the same thread writes it); the statistics are those of the stored h, so the

@@ -24,8 +24,9 @@ void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, bool
   model_.zero_grad();
   const Tensor logits = model_.forward(ids);
   CrossEntropySaved saved;
-  (void)on_device_loss;  // bf16m: switches to cross_entropy_forward_on_device when bf16k's lands
-  loss_ = cross_entropy_forward(logits, targets, options_.ignore_index, &saved);
+  // The on-device form counts the rows on the GPU (nothing read back: capturable).
+  loss_ = on_device_loss ? cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved)
+                         : cross_entropy_forward(logits, targets, options_.ignore_index, &saved);
   model_.backward(cross_entropy_backward(saved));
 }
 
