@@ -28,7 +28,7 @@ Tensor work(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("gpu::Graph: replays equal plain launches bit for bit, on new inputs copied in", "[graph][gpu]") {
+TEST_CASE("gpu::Graph: replays equal plain launches bit for bit, on new inputs copied in", "[graph][cuda]") {
   HG_REQUIRE_GPU();
   Generator gen(21);
   const Tensor w = Tensor::randn({33, 65}, gen, DType::F32, Device::CUDA);
@@ -69,7 +69,7 @@ TEST_CASE("gpu::Graph: replays equal plain launches bit for bit, on new inputs c
   CHECK(out.to_vector() == want[1]);
 }
 
-TEST_CASE("gpu::Graph: a host read inside the capture fails and leaves the allocator usable", "[graph][gpu]") {
+TEST_CASE("gpu::Graph: a host read inside the capture fails and leaves the allocator usable", "[graph][cuda]") {
   HG_REQUIRE_GPU();
   Generator gen(22);
   const Tensor x = Tensor::randn({9, 9}, gen, DType::F32, Device::CUDA);
@@ -92,7 +92,7 @@ TEST_CASE("gpu::Graph: a host read inside the capture fails and leaves the alloc
   CHECK(std::isfinite(sum_all(exp(x)).item()));
 }
 
-TEST_CASE("gpu::Graph: a destroyed graph's blocks return to the shared cache", "[graph][gpu]") {
+TEST_CASE("gpu::Graph: a destroyed graph's blocks return to the shared cache", "[graph][cuda]") {
   HG_REQUIRE_GPU();
   Generator gen(23);
   const Tensor x = Tensor::randn({1000, 50}, gen, DType::F32, Device::CUDA);
@@ -110,7 +110,7 @@ TEST_CASE("gpu::Graph: a destroyed graph's blocks return to the shared cache", "
 }
 
 TEST_CASE("TrainStep: graph mode that cannot capture says why and matches plain steps bit for bit",
-          "[graph][gpu]") {
+          "[graph][cuda]") {
   HG_REQUIRE_GPU();
   DecoderLMConfig c;
   c.vocab_size = 64;

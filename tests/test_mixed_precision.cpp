@@ -120,9 +120,7 @@ TEST_CASE("bf16 arithmetic on the CPU is refused with a message naming the fix",
 
 TEST_CASE("DecoderLM and TrainStep in bf16 precision on the CPU throw instead of running", "[precision]") {
   DecoderLM model(small_config(Precision::BF16));
-  const auto batch = random_batch(2, 8, 96, 1, Device::CPU);
-  const Tensor& ids = batch.first;
-  const Tensor& targets = batch.second;
+  const Tensor ids = random_batch(2, 8, 96, 1, Device::CPU).first;
   CHECK(contains(thrown_message([&] { model.forward(ids); }), "the CPU trains in fp32"));
   AdamW opt(model.parameters(), clipped());
   CHECK(contains(thrown_message([&] { TrainStep step(model, opt); }), "bf16 precision runs only on CUDA"));
@@ -177,7 +175,7 @@ TEST_CASE("TrainStep: a non-finite loss stops the run naming the step; parameter
   CHECK(opt.steps() == 1);
 }
 
-TEST_CASE("CUDA bf16 map / zip / reduce: f32 math on bf16 values, one rounding", "[precision][gpu]") {
+TEST_CASE("CUDA bf16 map / zip / reduce: f32 math on bf16 values, one rounding", "[precision][cuda]") {
   HG_REQUIRE_GPU();
   Generator gen(11);
   // Odd sizes: no vector path, ragged grid tails.
@@ -220,7 +218,7 @@ TEST_CASE("CUDA bf16 map / zip / reduce: f32 math on bf16 values, one rounding",
 }
 
 TEST_CASE("CUDA bf16 DecoderLM: loss and every gradient agree with the fp32 model (fused and unfused)",
-          "[precision][gpu]") {
+          "[precision][cuda]") {
   HG_REQUIRE_GPU();
   for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
     INFO(kernel_mode_name(mode));
@@ -242,7 +240,7 @@ TEST_CASE("CUDA bf16 DecoderLM: loss and every gradient agree with the fp32 mode
   }
 }
 
-TEST_CASE("CUDA TrainStep: one bf16 step vs one fp32 step on the same batch", "[precision][gpu]") {
+TEST_CASE("CUDA TrainStep: one bf16 step vs one fp32 step on the same batch", "[precision][cuda]") {
   HG_REQUIRE_GPU();
   DecoderLM f32(small_config(Precision::FP32)), b16(small_config(Precision::BF16));
   f32.to(Device::CUDA);
