@@ -116,6 +116,9 @@ class Backend {
   // grad_table[ids[i], :] += grad[i, :], summed in increasing i for each row
   // (deterministic, no float atomics).
   virtual void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) = 0;
+  // The same from ids on this device alone (nothing read back: a CUDA graph
+  // can capture it); ids that name no row are left out.
+  virtual void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) = 0;
 
   // One AdamW step (decoupled weight decay, bias correction, as hg::AdamW)
   // over every tensor of the group, with optional global-norm clipping, in

@@ -10,6 +10,7 @@
 #include "core/gemm_check.hpp"
 #include "core/optimizer_ops.hpp"
 #include "core/half.hpp"
+#include "core/indexing.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/transpose_plan.hpp"
 
@@ -495,6 +496,11 @@ class CpuBackend final : public Backend {
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     if (grad.dtype() == DType::F32) scatter_add_rows_typed<float>(grad, host_ids, grad_table);
     else scatter_add_rows_typed<double>(grad, host_ids, grad_table);
+  }
+
+  // On the CPU the ids are on the host already: checked and scattered as usual.
+  void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) override {
+    scatter_add_rows(grad, read_indices(ids, grad_table.size(0), "scatter_add_rows"), grad_table);
   }
 
   void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {

@@ -723,6 +723,10 @@ class CudaBackend final : public Backend {
     gpu::gather_rows_cuda(table, ids, ids.numel(), out);  // reads the ids already on the GPU
   }
 
+  void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) override {
+    gpu::scatter_add_rows_cuda_device_ids(grad, ids, grad_table);
+  }
+
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     gpu::scatter_add_rows_cuda(grad, host_ids, grad_table);
   }

@@ -79,6 +79,9 @@ void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t
 }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }
+void scatter_add_rows_cuda_device_ids(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("gpu::scatter_add_rows_cuda_device_ids");
+}
 void scatter_add_rows_cuda(const Tensor&, const std::vector<int32_t>&, Tensor&) {
   no_cuda("gpu::scatter_add_rows_cuda");
 }

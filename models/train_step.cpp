@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/indexing.hpp"
 #include "core/profiler.hpp"
 #include "ops/cross_entropy.hpp"
 
@@ -20,13 +21,14 @@ TrainStep::TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions option
   else try_graph_ = true;
 }
 
-void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, bool on_device_loss) {
+void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets) {
   model_.zero_grad();
   const Tensor logits = model_.forward(ids);
   CrossEntropySaved saved;
-  // The on-device form counts the rows on the GPU (nothing read back: capturable).
-  loss_ = on_device_loss ? cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved)
-                         : cross_entropy_forward(logits, targets, options_.ignore_index, &saved);
+  // The on-device form (rows counted on the GPU, nothing read back) in plain
+  // and captured steps alike, so both run the same arithmetic; check_batch
+  // has checked the targets on the host.
+  loss_ = cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved);
   model_.backward(cross_entropy_backward(saved));
 }
 
@@ -44,7 +46,8 @@ StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_
 }
 
 StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, StepResult r) {
-  enqueue_gradients(ids, targets, /*on_device_loss=*/false);
+  check_batch(ids, targets);
+  enqueue_gradients(ids, targets);
   // Checked before the update, so a non-finite loss never reaches the parameters.
   if (!std::isfinite(loss_.item())) return finish(r, /*stepped=*/false, false);
   {
@@ -56,20 +59,25 @@ StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, StepR
 
 StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepResult r) {
   optimizer_.write_lr_to_device();  // outside the graph: the replay reads lr from the device
+  // The captured step checks nothing on the host: the batch is checked here.
+  check_batch(ids, targets);
   if (!graph_.ready()) {
     ids_in_ = ids.clone();
     targets_in_ = targets.clone();
+    model_.embed.set_id_check(IdCheck::Device);
     try {
       graph_.begin_capture();
-      enqueue_gradients(ids_in_, targets_in_, /*on_device_loss=*/true);
+      enqueue_gradients(ids_in_, targets_in_);
       optimizer_.step();
       graph_.end_capture();
     } catch (const std::exception& e) {
       graph_.abort_capture();
+      model_.embed.set_id_check(IdCheck::Host);
       try_graph_ = false;
       graph_note_ = std::string("off: the capture failed: ") + e.what();
       return plain_step(ids, targets, r);
     }
+    model_.embed.set_id_check(IdCheck::Host);  // plain use of the model (evaluation) checks on the host
     graph_note_ = "on: captured at step " + std::to_string(r.step);
   } else {
     ids_in_.copy_(ids);
@@ -80,6 +88,18 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
   // A non-finite norm made the captured update skip itself; a non-finite
   // loss with a finite norm is reported as applied.
   return finish(r, /*stepped=*/true, /*update_applied_if_loss_bad=*/true);
+}
+
+void TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {
+  const char* op = "TrainStep::run";
+  const int64_t vocab = model_.config().vocab_size;
+  read_indices(ids, vocab, op);
+  const std::vector<double> t = targets.to_vector();
+  for (size_t i = 0; i < t.size(); ++i)
+    HG_CHECK(t[i] == static_cast<double>(options_.ignore_index) ||
+                 (t[i] >= 0 && t[i] < static_cast<double>(vocab) && t[i] == std::floor(t[i])),
+             op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
+             ") nor ignore_index ", options_.ignore_index);
 }
 
 StepResult TrainStep::run(const Tensor& ids, const Tensor& targets) {

@@ -42,11 +42,13 @@ class NonFiniteError : public Error {
 //
 // CUDA graphs: after warmup_steps plain steps, the next step is captured
 // (inputs first copied into tensors the TrainStep owns) and every later step
-// replays the graph. Capture is attempted only when nothing in the step needs
-// the host (no dropout); if the captured work still
+// replays the graph, each batch checked on the host before it is copied in
+// (the captured embedding and loss check nothing on the host). Capture is
+// attempted only when nothing in the step needs the host (no dropout); if the captured work still
 // synchronizes, the capture is dropped and the steps stay plain, with the
-// reason in graph_note(). Plain and replayed steps launch the same kernels
-// on the same data, so their results are bitwise equal.
+// reason in graph_note(). Plain and replayed steps run the same arithmetic
+// in the same order (the device-built embedding CSR has the host one's
+// order), so their results are bitwise equal.
 class TrainStep {
  public:
   TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions options = {});
@@ -59,11 +61,13 @@ class TrainStep {
 
  private:
   // Queues forward, loss and backward; the loss lands in loss_.
-  void enqueue_gradients(const Tensor& ids, const Tensor& targets, bool on_device_loss);
+  void enqueue_gradients(const Tensor& ids, const Tensor& targets);
   StepResult plain_step(const Tensor& ids, const Tensor& targets, StepResult r);
   StepResult graph_step(const Tensor& ids, const Tensor& targets, StepResult r);
   // Reads the loss and norm back; throws NonFiniteError when either is not finite.
   StepResult finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const;
+  // ids and targets checked on the host (the step itself checks them only on the device).
+  void check_batch(const Tensor& ids, const Tensor& targets) const;
 
   DecoderLM& model_;
   AdamW& optimizer_;
