@@ -166,8 +166,7 @@ Plan build_plan(const Call& c) {
   set_pointers(p, c);
 
   const cudaDataType_t in = cuda_type(c.a.dtype()), out = cuda_type(c.out.dtype());
-  p.lt_a = tb ? make_layout(in, k, n, k, c.s.batch, c.s.b_shared ? 0 : k * n)
-              : make_layout(in, n, k, n, c.s.batch, c.s.b_shared ? 0 : k * n);
+  p.lt_a = tb ? make_layout(in, k, n, k, c.s.batch, k * n) : make_layout(in, n, k, n, c.s.batch, k * n);
   p.lt_b = ta ? make_layout(in, m, k, m, c.s.batch, m * k) : make_layout(in, k, m, k, c.s.batch, m * k);
   p.lt_d = make_layout(out, n, m, n, c.s.batch, m * n);
 
@@ -240,6 +239,19 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     s.m *= s.batch;
     s.batch = 1;
     s.b_shared = false;
+  } else if (s.b_shared) {
+    // Transposed batches of a against one b: one GEMM per batch (rare; it
+    // avoids relying on a zero batch stride, which cuBLASLt does not document).
+    const Tensor a3 = a.reshape({s.batch, a.size(-2), a.size(-1)});
+    Tensor out3 = out.reshape({s.batch, s.m, s.n});
+    MatmulShape one = s;
+    one.batch = 1;
+    one.b_shared = false;
+    for (int64_t i = 0; i < s.batch; ++i) {
+      Tensor out_i = out3[i];
+      gemm_lt(a3[i], b, out_i, args, one);
+    }
+    return;
   }
   HG_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16, op, "a has dtype ", dtype_name(a.dtype()),
            "; cuBLASLt GEMMs take f32 or bf16 operands");
