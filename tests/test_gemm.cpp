@@ -28,6 +28,7 @@
 
 #include "core/backend.hpp"
 #include "core/math_mode.hpp"
+#include "core/matmul_shape.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
@@ -425,4 +426,38 @@ TEST_CASE("CUDA gemm: cuBLASLt's GELU epilogue is the tanh form (UnaryOp::Gelu),
   WARN("cuBLASLt GELU epilogue on [-5, 5]: max |out - gelu_tanh| " << max_tanh << ", max |out - gelu_erf| "
                                                                     << max_erf << ", beta " << beta);
   CHECK(std::abs(beta) < 0.3);
+}
+
+TEST_CASE("CUDA matmul through cuBLASLt: batched forms (strided, shared b folded, shared b transposed a)",
+          "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  Generator gen(21);
+  struct Form {
+    Shape a, b;
+    bool ta, tb;
+  };
+  const std::vector<Form> forms = {
+      {{2, 3, 5, 7}, {2, 3, 7, 4}, false, false},  // strided batches (attention scores)
+      {{2, 3, 5, 7}, {2, 3, 4, 7}, false, true},
+      {{2, 3, 7, 5}, {2, 3, 7, 4}, true, false},
+      {{4, 5, 7}, {7, 6}, false, false},  // shared b: folded into one GEMM of 20 rows
+      {{4, 7, 5}, {7, 6}, true, false},   // shared b, transposed a: one GEMM per batch
+      {{4, 7, 5}, {6, 7}, true, true},
+  };
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const Form& f : forms) {
+      INFO(dtype_name(dtype) << " a " << shape_str(f.a) << " b " << shape_str(f.b) << " ta " << f.ta << " tb " << f.tb);
+      const Tensor a = Tensor::randn(f.a, gen, DType::F32, Device::CUDA).to(dtype);
+      const Tensor b = Tensor::randn(f.b, gen, DType::F32, Device::CUDA).to(dtype);
+      const Tensor a64 = f64(a), b64 = f64(b);
+      Tensor want = Tensor::zeros(matmul_shape(f.a, f.b, f.ta, f.tb, "test").out, DType::F64);
+      cpu_backend().matmul(a64, b64, want, f.ta, f.tb);
+      Tensor got = Tensor::zeros(want.shape(), dtype, Device::CUDA);
+      cuda_backend().matmul(a, b, got, f.ta, f.tb);
+      // K = 7 products of N(0,1) values: |err| <= 1e-5 * 7 * 16 (f32), plus
+      // the bf16 rounding of out, 2^-9 |want| (bound 2^-8).
+      const auto g = f64(got).to_vector(), w = want.to_vector();
+      for (size_t i = 0; i < g.size(); ++i)
+        CHECK(std::abs(g[i] - w[i]) <= 1e-3 + (dtype == DType::BF16 ? std::ldexp(std::abs(w[i]), -8) : 0.0));
+    }
 }
