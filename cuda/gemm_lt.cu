@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
+#include <tuple>
+
+#include <spdlog/spdlog.h>
 
 #include "core/cuda_runtime.hpp"
 #include "core/math_mode.hpp"
@@ -166,8 +170,7 @@ Plan build_plan(const Call& c) {
   set_pointers(p, c);
 
   const cudaDataType_t in = cuda_type(c.a.dtype()), out = cuda_type(c.out.dtype());
-  p.lt_a = tb ? make_layout(in, k, n, k, c.s.batch, c.s.b_shared ? 0 : k * n)
-              : make_layout(in, n, k, n, c.s.batch, c.s.b_shared ? 0 : k * n);
+  p.lt_a = tb ? make_layout(in, k, n, k, c.s.batch, k * n) : make_layout(in, n, k, n, c.s.batch, k * n);
   p.lt_b = ta ? make_layout(in, m, k, m, c.s.batch, m * k) : make_layout(in, k, m, k, c.s.batch, m * k);
   p.lt_d = make_layout(out, n, m, n, c.s.batch, m * n);
 
@@ -229,6 +232,59 @@ bool try_run(const Call& c) {
        alignment_of(c.out.raw_data()), " bytes)");
 }
 
+// Says once per kind of call (epilogue, dtypes, transposes) that a fallback
+// runs, so a slow GEMM can be traced to it.
+void note_fallback(const Call& c, const char* what) {
+  static std::mutex mutex;
+  static std::set<std::tuple<int, int, int, int, bool, bool>> seen;
+  const Tensor* vec = c.args.bias ? c.args.bias : c.args.bias_grad;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!seen.insert({int(c.args.epilogue), int(c.a.dtype()), int(c.out.dtype()), vec ? int(vec->dtype()) : -1,
+                    c.args.transpose_a, c.args.transpose_b})
+           .second)
+    return;
+  spdlog::warn("cuda gemm: cuBLASLt has no fused algorithm for epilogue {} with {} operands, {} out{}{}; {}",
+               gemm_epilogue_name(c.args.epilogue), dtype_name(c.a.dtype()), dtype_name(c.out.dtype()),
+               vec ? ", bias/bias_grad " : "", vec ? dtype_name(vec->dtype()) : "", what);
+}
+
+// Bias / BiasGelu / GeluBackward for a combination cuBLASLt has no fused
+// algorithm for (e.g. an F32 bias with BF16 out, whose documented bias type
+// is D's): the plain GEMM into an F32 buffer, then the epilogue on the CUDA
+// backend's F32 passes (the same GELU as UnaryOp::Gelu), then one rounding
+// to out's dtype.
+void composed_epilogue(const Call& c) {
+  note_fallback(c, "running the GEMM into F32, then the epilogue as separate passes");
+  Backend& be = cuda_backend();
+  const GemmArgs& args = c.args;
+  Tensor acc = c.out.dtype() == DType::F32 ? c.out : Tensor::empty(c.out.shape(), DType::F32, Device::CUDA);
+  if (args.accumulate && acc.raw_data() != c.out.raw_data()) be.cast(c.out, acc);
+  GemmArgs plain;
+  plain.transpose_a = args.transpose_a;
+  plain.transpose_b = args.transpose_b;
+  plain.accumulate = args.accumulate;
+  const Call gemm_only{c.a, c.b, acc, plain, c.s, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
+  if (!try_run(gemm_only)) no_algorithm(gemm_only);
+  const auto as_f32 = [](const Tensor& t) { return t.dtype() == DType::F32 ? t : t.to(DType::F32); };
+  switch (args.epilogue) {
+    case GemmEpilogue::Bias: be.zip(BinaryOp::Add, acc, as_f32(*args.bias), acc); break;
+    case GemmEpilogue::BiasGelu:
+      be.zip(BinaryOp::Add, acc, as_f32(*args.bias), acc);
+      be.cast(acc, *args.aux);
+      be.map(UnaryOp::Gelu, acc, acc);
+      break;
+    case GemmEpilogue::GeluBackward: {
+      Tensor slope = Tensor::empty(acc.shape(), DType::F32, Device::CUDA);
+      be.map(UnaryOp::GeluGrad, as_f32(*args.aux), slope);
+      be.zip(BinaryOp::Mul, acc, slope, acc);
+      if (args.bias_grad) strided_sum(acc, *args.bias_grad, c.s.n, c.s.m, 1, c.s.n);
+      break;
+    }
+    default: fail("cuda gemm", "composed_epilogue called for epilogue ", gemm_epilogue_name(args.epilogue));
+  }
+  if (acc.raw_data() != c.out.raw_data()) be.cast(acc, c.out);
+}
+
 }  // namespace
 
 void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape) {
@@ -240,6 +296,19 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     s.m *= s.batch;
     s.batch = 1;
     s.b_shared = false;
+  } else if (s.b_shared) {
+    // Transposed batches of a against one b: one GEMM per batch (rare; it
+    // avoids relying on a zero batch stride, which cuBLASLt does not document).
+    const Tensor a3 = a.reshape({s.batch, a.size(-2), a.size(-1)});
+    Tensor out3 = out.reshape({s.batch, s.m, s.n});
+    MatmulShape one = s;
+    one.batch = 1;
+    one.b_shared = false;
+    for (int64_t i = 0; i < s.batch; ++i) {
+      Tensor out_i = out3[i];
+      gemm_lt(a3[i], b, out_i, args, one);
+    }
+    return;
   }
   HG_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16, op, "a has dtype ", dtype_name(a.dtype()),
            "; cuBLASLt GEMMs take f32 or bf16 operands");
@@ -269,24 +338,22 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     case GemmEpilogue::BiasGradB: fused = CUBLASLT_EPILOGUE_BGRADA; break;
   }
   if (try_run(Call{a, b, out, args, s, fused, vec})) return;
-  if (args.bias && args.bias->dtype() != out.dtype()) {
-    // cuBLASLt documents the bias in D's type; an F32 bias with BF16 out is
-    // rounded to BF16 first (what autocast does) when the mixed form has no algorithm.
-    Tensor rounded = Tensor::empty(args.bias->shape(), out.dtype(), Device::CUDA);
-    cuda_backend().cast(*args.bias, rounded);
-    GemmArgs with_rounded = args;
-    with_rounded.bias = &rounded;
-    if (try_run(Call{a, b, out, with_rounded, s, fused, &rounded})) return;
-  }
-  if (!args.bias_grad) no_algorithm(Call{a, b, out, args, s, fused, vec});
-
-  // The bias gradient on its own: the GEMM without it, then one sum kernel.
-  if (!try_run(Call{a, b, out, args, s, unfused, nullptr})) no_algorithm(Call{a, b, out, args, s, unfused, nullptr});
   const int64_t m = s.m, n = s.n, k = s.k;
   const bool ta = args.transpose_a, tb = args.transpose_b;
-  if (e == GemmEpilogue::BiasGradA) strided_sum(a, *args.bias_grad, m, k, ta ? 1 : k, ta ? m : 1);
-  else if (e == GemmEpilogue::BiasGradB) strided_sum(b, *args.bias_grad, n, k, tb ? k : 1, tb ? 1 : n);
-  else strided_sum(out, *args.bias_grad, n, m, 1, n);  // GeluBackward: sum over rows of out
+  if (e == GemmEpilogue::BiasGradA || e == GemmEpilogue::BiasGradB) {
+    // The bias gradient on its own: the plain GEMM, then one sum kernel.
+    note_fallback(Call{a, b, out, args, s, fused, vec}, "summing the bias gradient in a separate kernel");
+    if (!try_run(Call{a, b, out, args, s, unfused, nullptr})) no_algorithm(Call{a, b, out, args, s, unfused, nullptr});
+    if (e == GemmEpilogue::BiasGradA) strided_sum(a, *args.bias_grad, m, k, ta ? 1 : k, ta ? m : 1);
+    else strided_sum(b, *args.bias_grad, n, k, tb ? k : 1, tb ? 1 : n);
+    return;
+  }
+  if (e == GemmEpilogue::GeluBackward && args.bias_grad && try_run(Call{a, b, out, args, s, unfused, nullptr})) {
+    note_fallback(Call{a, b, out, args, s, fused, vec}, "DGELU fused, the bias gradient summed in a separate kernel");
+    strided_sum(out, *args.bias_grad, n, m, 1, n);  // DGELU fused, the bias gradient summed after
+    return;
+  }
+  composed_epilogue(Call{a, b, out, args, s, CUBLASLT_EPILOGUE_DEFAULT, nullptr});
 }
 
 }  // namespace hg::gpu
