@@ -3,11 +3,13 @@
 // same kernels on the same values), blocks a graph uses are never handed to
 // allocations outside it, a capture broken by a host read leaves no trace,
 // and TrainStep's graph mode falls back to plain steps with identical results.
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/cuda_runtime.hpp"
+#include "core/indexing.hpp"
 #include "core/optim.hpp"
 #include "core/precision.hpp"
 #include "core/tensor_functions.hpp"
@@ -108,6 +110,39 @@ TEST_CASE("gpu::Graph: a destroyed graph's blocks return to the shared cache", "
   const int64_t mallocs = gpu::memory_stats().device_mallocs;
   for (int i = 0; i < 4; ++i) (void)exp(exp(x)).to_vector();
   CHECK(gpu::memory_stats().device_mallocs == mallocs);
+}
+
+TEST_CASE("gather / scatter-add with ids checked on the device equal the host-checked ops bit for bit",
+          "[graph][cuda]") {
+  HG_REQUIRE_GPU();
+  Generator gen(31);
+  for (int64_t v : {1, 7, 300, 5000}) {
+    INFO("V " << v);
+    const int64_t n = 1037, d = 45;  // many repeats per row; odd sizes
+    std::vector<double> id_values(static_cast<size_t>(n));
+    for (double& x : id_values) x = static_cast<double>(gen.next_u64() % static_cast<uint64_t>(v));
+    const Tensor ids = Tensor::from_vector(id_values, {n}, DType::F32, Device::CUDA);
+    const Tensor table = Tensor::randn({v, d}, gen, DType::F32, Device::CUDA);
+    const Tensor grad = Tensor::randn({n, d}, gen, DType::F32, Device::CUDA);
+    CHECK(gather_rows(table, ids, IdCheck::Device).to_vector() == gather_rows(table, ids).to_vector());
+    Tensor host_checked = Tensor::randn({v, d}, gen, DType::F32, Device::CUDA);
+    Tensor device_checked = host_checked.clone();
+    scatter_add_rows(grad, ids, host_checked);
+    scatter_add_rows(grad, ids, device_checked, IdCheck::Device);
+    CHECK(device_checked.to_vector() == host_checked.to_vector());
+  }
+  // An id naming no row: a NaN row from the gather, left out by the scatter.
+  const Tensor table = Tensor::ones({4, 3}, DType::F32, Device::CUDA);
+  const Tensor ids = Tensor::from_vector({1, 9, 2.5, 3}, {4}, DType::F32, Device::CUDA);
+  const std::vector<double> rows = gather_rows(table, ids, IdCheck::Device).to_vector();
+  CHECK(rows[0] == 1.0);
+  CHECK(std::isnan(rows[3]));
+  CHECK(std::isnan(rows[6]));
+  CHECK(rows[9] == 1.0);
+  Tensor acc = Tensor::zeros({4, 3}, DType::F32, Device::CUDA);
+  scatter_add_rows(Tensor::ones({4, 3}, DType::F32, Device::CUDA), ids, acc, IdCheck::Device);
+  CHECK(acc.to_vector() == std::vector<double>{0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1});
+  CHECK(contains(thrown_message([&] { gather_rows(table, ids); }), "not an integer in [0, 4)"));
 }
 
 TEST_CASE("TrainStep: steps replayed from a CUDA graph equal plain steps bit for bit (fp32 and bf16)",
