@@ -1,9 +1,10 @@
-// bench_train: end-to-end DecoderLM training step, fused vs unfused kernels.
-//
-// For each device and kernel mode: median step time (forward, loss, backward,
-// clip, AdamW), tokens/s, peak GPU memory, then a profiled pass that splits
-// the step into op kinds (each op synchronized and timed; see core/profiler.hpp)
-// so the fused gain can be read per kind. Writes two CSV files.
+// bench_train: the end-to-end DecoderLM training step (models/train_step.hpp:
+// forward, cross-entropy, backward, clip, AdamW), per device, precision and
+// kernel mode: median step time (CUDA events, warm-up, two rotating batches),
+// tokens/s, peak GPU memory, MFU; then a profiled pass that splits the step
+// into op kinds (each op synchronized and timed; core/profiler.hpp).
+// Writes two CSV files. docs/training.md and docs/mixed_precision.md explain
+// the numbers; docs/benchmarks.md records them.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -14,10 +15,12 @@
 #include "bench/bench_util.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
+#include "core/math_mode.hpp"
 #include "core/optim.hpp"
+#include "core/precision.hpp"
 #include "core/profiler.hpp"
 #include "models/decoder_lm.hpp"
-#include "ops/cross_entropy.hpp"
+#include "models/train_step.hpp"
 
 using namespace hg;
 
@@ -30,11 +33,37 @@ struct Size {
 struct Result {
   bench::Timing timing;
   double peak_mib = 0;
+  bool graph = false;
+  std::string graph_note;
   std::vector<prof::Entry> breakdown;  // per step
   double profiled_step_ms = 0;
 };
 
-Result run(Device dev, KernelMode mode, const Size& s, int warmup, int iters, int profile_steps) {
+// Model FLOPs of one training step (forward + backward = 3x forward):
+//   6 * N * tokens            N = weight elements of every Linear (QKV, proj,
+//                             fc1, fc2 per layer, and the LM head); embeddings,
+//                             LayerNorm and biases do no GEMM work
+// + 12 * L * T * d * tokens   attention scores and P V (4 B T^2 d per layer
+//                             forward), counted in full: the causal half is computed too.
+double model_flops_per_step(const Size& s, int64_t ffn_hidden) {
+  const double d = static_cast<double>(s.d_model), h = static_cast<double>(ffn_hidden);
+  const double L = static_cast<double>(s.layers), T = static_cast<double>(s.seq);
+  const double tokens = static_cast<double>(s.batch * s.seq);
+  const double n_matmul = L * (d * 3 * d + d * d + 2 * d * h) + d * static_cast<double>(s.vocab);
+  return 6 * n_matmul * tokens + 12 * L * T * d * tokens;
+}
+
+// Dense bf16 tensor-core peak (TFLOP/s, no sparsity) of known GPUs; 0 when unknown.
+double bf16_peak_tflops(const std::string& gpu_name) {
+  auto has = [&](const char* s) { return gpu_name.find(s) != std::string::npos; };
+  if (has("H100") && (has("PCIe") || has("PCIE"))) return 756;
+  if (has("H100") || has("H200") || has("GH200")) return 989;  // SXM / HBM3 parts
+  if (has("A100")) return 312;
+  return 0;
+}
+
+Result run(Device dev, KernelMode mode, Precision precision, bool use_graph, const Size& s, int warmup, int iters,
+           int profile_steps) {
   KernelModeScope scope(mode);
   DecoderLMConfig c;
   c.vocab_size = s.vocab;
@@ -43,9 +72,15 @@ Result run(Device dev, KernelMode mode, const Size& s, int warmup, int iters, in
   c.n_heads = s.heads;
   c.n_layers = s.layers;
   c.seed = 1;
+  c.precision = precision;
   DecoderLM model(c);
   model.to(dev);
-  AdamW opt(model.parameters(), AdamWOptions{});
+  AdamWOptions adamw;
+  adamw.max_grad_norm = 1.0;  // clipping inside the multi-tensor update
+  AdamW opt(model.parameters(), adamw);
+  TrainStepOptions options;
+  options.use_graph = use_graph;
+  TrainStep step(model, opt, options);
   // Two input sets, so no step sees the previous step's batch.
   Generator g(2);
   std::vector<Tensor> ids, targets;
@@ -56,33 +91,21 @@ Result run(Device dev, KernelMode mode, const Size& s, int warmup, int iters, in
     ids.push_back(Tensor::from_vector(a, {s.batch, s.seq}, DType::F32, dev));
     targets.push_back(Tensor::from_vector(b, {s.batch, s.seq}, DType::F32, dev));
   }
-  auto step = [&](int i) {
-    model.zero_grad();
-    const Tensor logits = model.forward(ids[i]);
-    CrossEntropySaved saved;
-    Tensor loss;
-    {
-      HG_PROFILE("cross_entropy", dev);
-      loss = cross_entropy_forward(logits, targets[i], -100, &saved);
-    }
-    Tensor dlogits;
-    {
-      HG_PROFILE("cross_entropy", dev);
-      dlogits = cross_entropy_backward(saved);
-    }
-    model.backward(dlogits);
-    HG_PROFILE("optimizer", dev);
-    clip_grad_norm(model.parameters(), 1.0);
-    opt.step();
-  };
   Result r;
   if (dev == Device::CUDA) gpu::reset_peak_memory();
-  r.timing = bench::time_op(dev, 2, warmup, iters, step);
+  r.timing = bench::time_op(dev, 2, warmup, iters, [&](int i) { step.run(ids[i], targets[i]); });
   if (dev == Device::CUDA) r.peak_mib = static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20);
+  r.graph = step.graph_active();
+  r.graph_note = step.graph_note();
+  if (profile_steps <= 0) return r;
 
+  // The breakdown needs every op launched (and synchronized) on its own: no graph.
+  TrainStepOptions plain = options;
+  plain.use_graph = false;
+  TrainStep profiled(model, opt, plain);
   prof::reset();
   prof::enable(true);
-  for (int i = 0; i < profile_steps; ++i) step(i % 2);
+  for (int i = 0; i < profile_steps; ++i) profiled.run(ids[i % 2], targets[i % 2]);
   prof::enable(false);
   for (prof::Entry e : prof::entries()) {
     e.total_ms /= profile_steps;
@@ -94,31 +117,53 @@ Result run(Device dev, KernelMode mode, const Size& s, int warmup, int iters, in
   return r;
 }
 
+std::vector<KernelMode> modes_for(const std::string& kernels) {
+  if (kernels == "fused") return {KernelMode::Fused};
+  if (kernels == "unfused") return {KernelMode::Unfused};
+  return {KernelMode::Unfused, KernelMode::Fused};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_train: DecoderLM training step, fused vs unfused, with a per-op-kind breakdown"};
-  std::string devices = "auto";
+  CLI::App app{"bench_train: DecoderLM training step per precision and kernel mode, with MFU and a per-op-kind "
+               "breakdown"};
+  std::string devices = "auto", precision_name_arg = "auto", kernels = "both";
   Size gpu{512, 8, 6, 256, 32, 256};
   Size cpu{128, 4, 2, 64, 8, 256};
   int warmup = 3, iters = 10, profile_steps = 3;
+  bool tf32 = false, no_graph = false;
+  double peak_tflops = 0;
   std::string csv_path = "bench_train.csv", breakdown_path = "bench_train_breakdown.csv";
   app.add_option("--device", devices, "auto (cpu, plus cuda when present), cpu, cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--d-model", gpu.d_model, "CUDA model width")->capture_default_str();
-  app.add_option("--heads", gpu.heads, "CUDA heads")->capture_default_str();
-  app.add_option("--layers", gpu.layers, "CUDA layers")->capture_default_str();
-  app.add_option("--seq-len", gpu.seq, "CUDA sequence length")->capture_default_str();
-  app.add_option("--batch", gpu.batch, "CUDA batch")->capture_default_str();
-  app.add_option("--vocab", gpu.vocab, "vocabulary (both devices)")->capture_default_str();
-  app.add_option("--cpu-d-model", cpu.d_model, "CPU model width")->capture_default_str();
-  app.add_option("--cpu-heads", cpu.heads, "CPU heads")->capture_default_str();
-  app.add_option("--cpu-layers", cpu.layers, "CPU layers")->capture_default_str();
-  app.add_option("--cpu-seq-len", cpu.seq, "CPU sequence length")->capture_default_str();
-  app.add_option("--cpu-batch", cpu.batch, "CPU batch")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps")->capture_default_str();
-  app.add_option("--iters", iters, "timed steps (median reported)")->capture_default_str();
-  app.add_option("--profile-steps", profile_steps, "steps of the per-op-kind breakdown")->capture_default_str();
+  app.add_option("--precision", precision_name_arg,
+                 "auto (bf16 on GPUs with sm_80+, fp32 on the CPU), fp32, bf16 (CUDA only)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  app.add_option("--kernels", kernels, "both, fused or unfused")->check(CLI::IsMember({"both", "fused", "unfused"}));
+  app.add_flag("--tf32", tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
+  auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
+  app.add_option("--d-model", gpu.d_model, "CUDA model width")->capture_default_str()->check(positive);
+  app.add_option("--heads", gpu.heads, "CUDA heads (must divide --d-model)")->capture_default_str()->check(positive);
+  app.add_option("--layers", gpu.layers, "CUDA layers")->capture_default_str()->check(positive);
+  app.add_option("--seq-len", gpu.seq, "CUDA sequence length")->capture_default_str()->check(positive);
+  app.add_option("--batch", gpu.batch, "CUDA batch")->capture_default_str()->check(positive);
+  app.add_option("--vocab", gpu.vocab, "vocabulary (both devices)")->capture_default_str()->check(positive);
+  app.add_option("--cpu-d-model", cpu.d_model, "CPU model width")->capture_default_str()->check(positive);
+  app.add_option("--cpu-heads", cpu.heads, "CPU heads")->capture_default_str()->check(positive);
+  app.add_option("--cpu-layers", cpu.layers, "CPU layers")->capture_default_str()->check(positive);
+  app.add_option("--cpu-seq-len", cpu.seq, "CPU sequence length")->capture_default_str()->check(positive);
+  app.add_option("--cpu-batch", cpu.batch, "CPU batch")->capture_default_str()->check(positive);
+  app.add_option("--warmup", warmup, "untimed steps (>= 0)")->capture_default_str()->check(CLI::Range(0, 1000000));
+  app.add_option("--iters", iters, "timed steps, median reported (>= 1)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--profile-steps", profile_steps, "steps of the per-op-kind breakdown (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--peak-tflops", peak_tflops, "dense bf16 peak for MFU when the GPU is not in the built-in table")
+      ->check(CLI::PositiveNumber);
   app.add_option("--csv", csv_path, "summary CSV")->capture_default_str();
   app.add_option("--breakdown-csv", breakdown_path, "per-op-kind CSV")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -129,46 +174,74 @@ int main(int argc, char** argv) {
     if (devices != "cuda") devs.push_back(Device::CPU);
     if (devices == "cuda" || (devices == "auto" && cuda_available())) devs.push_back(Device::CUDA);
     HG_CHECK(devices != "cuda" || cuda_available(), "bench_train", "--device cuda but no CUDA GPU is available");
-
-    bench::Csv csv(csv_path, "device,gpu,mode,d_model,heads,layers,seq,batch,vocab,median_ms,min_ms,tokens_per_s,"
-                             "peak_mem_mib,speedup_vs_unfused");
-    bench::Csv kinds(breakdown_path, "device,mode,kind,ms_per_step,calls_per_step,share_of_profiled_step");
     for (Device dev : devs) {
       const Size& s = dev == Device::CUDA ? gpu : cpu;
+      HG_CHECK(s.d_model % s.heads == 0, "bench_train", device_name(dev), " d_model ", s.d_model,
+               " is not a multiple of heads ", s.heads);
+      if (precision_name_arg != "auto")
+        check_precision_supported(parse_precision(precision_name_arg), dev, "bench_train --precision");
+    }
+    if (tf32) set_allow_tf32(true);
+
+    bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
+                             "min_ms,tokens_per_s,peak_mem_mib,model_tflop_per_step,mfu");
+    bench::Csv kinds(breakdown_path, "device,precision,mode,kind,ms_per_step,calls_per_step,share_of_profiled_step");
+    for (Device dev : devs) {
+      const Size& s = dev == Device::CUDA ? gpu : cpu;
+      const Precision precision =
+          precision_name_arg == "auto" ? default_precision(dev) : parse_precision(precision_name_arg);
       const std::string gpu_name = dev == Device::CUDA ? gpu::device_name() : "";
-      std::printf("\n== %s%s%s: d_model %lld, heads %lld, layers %lld, seq %lld, batch %lld, vocab %lld ==\n",
-                  device_name(dev), gpu_name.empty() ? "" : " ", gpu_name.c_str(), (long long)s.d_model,
-                  (long long)s.heads, (long long)s.layers, (long long)s.seq, (long long)s.batch, (long long)s.vocab);
+      const double flops = model_flops_per_step(s, 4 * s.d_model);
+      const double peak = dev == Device::CUDA ? (peak_tflops > 0 ? peak_tflops : bf16_peak_tflops(gpu_name)) : 0;
+      std::printf("\n== %s%s%s, %s%s: d_model %lld, heads %lld, layers %lld, seq %lld, batch %lld, vocab %lld ==\n",
+                  device_name(dev), gpu_name.empty() ? "" : " ", gpu_name.c_str(), precision_name(precision),
+                  tf32 ? " (tf32 on)" : "", (long long)s.d_model, (long long)s.heads, (long long)s.layers,
+                  (long long)s.seq, (long long)s.batch, (long long)s.vocab);
+      std::printf("model FLOPs per step %.3f TFLOP (6 N tokens + 12 L T d tokens)%s\n", flops / 1e12,
+                  peak > 0 ? "" : (dev == Device::CUDA ? "; MFU n/a: unknown GPU, pass --peak-tflops" : ""));
+      const std::vector<KernelMode> modes = modes_for(kernels);
       std::map<KernelMode, Result> results;
-      for (KernelMode mode : {KernelMode::Unfused, KernelMode::Fused})
-        results[mode] = run(dev, mode, s, warmup, iters, profile_steps);
+      for (KernelMode mode : modes)
+        results[mode] = run(dev, mode, precision, !no_graph, s, warmup, iters, profile_steps);
       const double tokens = static_cast<double>(s.batch * s.seq);
-      for (KernelMode mode : {KernelMode::Unfused, KernelMode::Fused}) {
+      for (KernelMode mode : modes) {
         const Result& r = results[mode];
-        const double speedup = results[KernelMode::Unfused].timing.median_ms / r.timing.median_ms;
-        std::printf("%-8s step %9.2f ms (min %9.2f)  %10.0f tokens/s  peak %8.1f MiB  speedup %.2fx\n",
+        const double tflops = flops / (r.timing.median_ms * 1e-3) / 1e12;
+        const double mfu = peak > 0 ? tflops / peak : 0;
+        std::printf("%-8s step %9.2f ms (min %9.2f)  %10.0f tokens/s  peak %8.1f MiB  %7.1f TFLOP/s",
                     kernel_mode_name(mode), r.timing.median_ms, r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3),
-                    r.peak_mib, speedup);
-        csv.row(device_name(dev), gpu_name, kernel_mode_name(mode), s.d_model, s.heads, s.layers, s.seq, s.batch,
-                s.vocab, r.timing.median_ms, r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib,
-                speedup);
+                    r.peak_mib, tflops);
+        if (peak > 0) std::printf("  MFU %5.1f%% of %.0f", 100 * mfu, peak);
+        std::printf("\n         CUDA graph %s\n", r.graph_note.c_str());
+        csv.row(device_name(dev), gpu_name, precision_name(precision), kernel_mode_name(mode), r.graph ? 1 : 0,
+                tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
+                r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);
       }
-      // Breakdown side by side: kinds in the unfused run's order.
-      std::printf("%-14s %12s %12s %8s\n", "op kind", "unfused ms", "fused ms", "gain");
-      const Result& ru = results[KernelMode::Unfused];
-      const Result& rf = results[KernelMode::Fused];
-      for (const prof::Entry& e : ru.breakdown) {
-        double fused_ms = 0;
-        for (const prof::Entry& f : rf.breakdown)
-          if (f.kind == e.kind) fused_ms = f.total_ms;
-        std::printf("%-14s %12.3f %12.3f %7.2fx\n", e.kind.c_str(), e.total_ms, fused_ms,
-                    fused_ms > 0 ? e.total_ms / fused_ms : 0.0);
-      }
-      std::printf("%-14s %12.3f %12.3f %7.2fx  (profiled: every op synchronized)\n", "total", ru.profiled_step_ms,
-                  rf.profiled_step_ms, ru.profiled_step_ms / rf.profiled_step_ms);
-      for (KernelMode mode : {KernelMode::Unfused, KernelMode::Fused})
+      if (profile_steps <= 0) continue;
+      // Breakdown side by side, kinds in the first mode's order.
+      std::printf("%-14s", "op kind");
+      for (KernelMode mode : modes) std::printf(" %10s ms", kernel_mode_name(mode));
+      std::printf("\n");
+      std::vector<std::string> order;
+      for (KernelMode mode : modes)
         for (const prof::Entry& e : results[mode].breakdown)
-          kinds.row(device_name(dev), kernel_mode_name(mode), e.kind, e.total_ms, e.calls,
+          if (std::find(order.begin(), order.end(), e.kind) == order.end()) order.push_back(e.kind);
+      for (const std::string& kind : order) {
+        std::printf("%-14s", kind.c_str());
+        for (KernelMode mode : modes) {
+          double ms = 0;
+          for (const prof::Entry& e : results[mode].breakdown)
+            if (e.kind == kind) ms = e.total_ms;
+          std::printf(" %13.3f", ms);
+        }
+        std::printf("\n");
+      }
+      std::printf("%-14s", "total");
+      for (KernelMode mode : modes) std::printf(" %13.3f", results[mode].profiled_step_ms);
+      std::printf("  (profiled: every op synchronized, no graph)\n");
+      for (KernelMode mode : modes)
+        for (const prof::Entry& e : results[mode].breakdown)
+          kinds.row(device_name(dev), precision_name(precision), kernel_mode_name(mode), e.kind, e.total_ms, e.calls,
                     e.total_ms / results[mode].profiled_step_ms);
     }
     std::printf("\nwrote %s and %s\n", csv_path.c_str(), breakdown_path.c_str());

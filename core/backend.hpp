@@ -14,6 +14,53 @@ enum class UnaryOp { Identity, Neg, Exp, Log, Sqrt, Rsqrt, Reciprocal, Square, A
 enum class BinaryOp { Add, Sub, Mul, Div, Max, Min, Pow, Eq, Gt };
 enum class ReduceOp { Sum, Max, Min, Mean };
 
+// What a GEMM does after the product (cuBLASLt epilogues on CUDA). Shapes in
+// row-major terms, out (M, N) = op(a) (M, K) * op(b) (K, N); docs/gemm.md.
+enum class GemmEpilogue {
+  None,          // out = product (+ out when accumulate)
+  Bias,          // out = product + bias[n]
+  BiasGelu,      // aux = product + bias[n] (pre-activation, saved); out = gelu(aux)
+  GeluBackward,  // out = product * gelu'(aux[m, n]); bias_grad[n] = sum_m out[m, n] when given
+  BiasGradA,     // out = product; bias_grad[m] = sum_k op(a)[m, k]   (dW = dy^T x: db from dy)
+  BiasGradB,     // out = product; bias_grad[n] = sum_k op(b)[k, n]
+};
+
+const char* gemm_epilogue_name(GemmEpilogue e);
+
+struct GemmArgs {
+  bool transpose_a = false, transpose_b = false;
+  bool accumulate = false;  // out += product (beta = 1) instead of out = product
+  GemmEpilogue epilogue = GemmEpilogue::None;
+  const Tensor* bias = nullptr;  // Bias, BiasGelu: (N,)
+  Tensor* aux = nullptr;         // BiasGelu: written (M, N); GeluBackward: read (M, N)
+  Tensor* bias_grad = nullptr;   // BiasGradA (M,), BiasGradB (N,), GeluBackward (N,) optional; always overwritten
+};
+
+// One multi-tensor AdamW step over many parameters (Backend::adamw_multi).
+// Entry i of each list belongs to parameter i; all F32 (F64 too on the CPU),
+// on one device. compute_copies[i] is a BF16 tensor of the parameter's shape
+// to refresh with the new value, or undefined where there is none.
+struct AdamWGroup {
+  std::vector<Tensor> params, grads, m, v, compute_copies;
+};
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double max_grad_norm = 0.0;  // > 0: clip the global gradient norm to it; 0: no clipping
+};
+
+// The device-side state of adamw_multi: an F64 (kAdamWStateSize,) tensor on
+// the parameters' device, so a step reads nothing from the host (a CUDA graph
+// can replay it while lr changes between replays).
+enum AdamWStateIndex : int {
+  kAdamWStep = 0,      // t, incremented by every step (read and written on the device)
+  kAdamWLr = 1,        // learning rate, written by the caller (fill of a 1-element slice)
+  kAdamWGradNorm = 2,  // global L2 norm of the grads before clipping (written)
+  kAdamWClipScale = 3, // factor the grads were multiplied by (written; 1 when not clipped)
+  kAdamWSkipped = 4,   // 1 when the norm was not finite and nothing was updated (written)
+  kAdamWStateSize = 8, // [5], [6]: bias corrections 1 - beta^t of this step
+};
+
 const char* unary_op_name(UnaryOp op);
 const char* binary_op_name(BinaryOp op);
 const char* reduce_op_name(ReduceOp op);
@@ -50,6 +97,15 @@ class Backend {
   // it; a device backend overrides it with a kernel to avoid the round trip.
   virtual void transpose(const Tensor& x, int dim0, int dim1, Tensor& out);
 
+  // ---- mixed precision (issue 13) ----
+
+  // out = epilogue(op(a) * op(b)), shapes as matmul (epilogues other than None
+  // need 2-D operands). a and b share a dtype; out may be wider: BF16 x BF16
+  // -> BF16 or F32 (fp32 accumulation always; F32 out for weight gradients
+  // accumulated with beta = 1). F32 x F32 -> F32 is exact FP32 unless
+  // hg::set_allow_tf32(true). CPU: F32 / F64 only. Validation: core/gemm_check.hpp.
+  virtual void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) = 0;
+
   // Embedding rows (core/indexing.hpp validates and calls these). ids holds
   // the row ids as F32 on this device; host_ids is the same list on the host,
   // every id already checked to be in [0, V). table / grad_table (V, D) and
@@ -60,6 +116,26 @@ class Backend {
   // grad_table[ids[i], :] += grad[i, :], summed in increasing i for each row
   // (deterministic, no float atomics).
   virtual void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) = 0;
+  // The same from ids on this device alone (nothing read back: a CUDA graph
+  // can capture it); ids that name no row are left out.
+  virtual void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) = 0;
+
+  // One AdamW step (decoupled weight decay, bias correction, as hg::AdamW)
+  // over every tensor of the group, with optional global-norm clipping, in
+  // at most 3 launches on CUDA whatever the number of tensors, and no host
+  // synchronisation: the norm, clip scale and bias corrections are computed
+  // on the device into `state` (see AdamWStateIndex), readable afterwards.
+  // Grads are scaled as they are read (not written back). A non-finite norm
+  // skips the update of every tensor (state[kAdamWSkipped] = 1).
+  virtual void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) = 0;
+
+  // out (1,) F64 = sum over all tensors of sum(x^2), accumulated in double
+  // in a fixed order (deterministic). F32 tensors (F64 too on the CPU).
+  virtual void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) = 0;
+
+  // SGD on one tensor: g' = g + wd p ; v = momentum v + g' (v may be nullptr) ; p -= lr v.
+  virtual void sgd_update(Tensor& p, const Tensor& g, Tensor* velocity, double lr, double momentum,
+                          double weight_decay) = 0;
 };
 
 Backend& cpu_backend();

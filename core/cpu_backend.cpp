@@ -7,7 +7,10 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/gemm_check.hpp"
+#include "core/optimizer_ops.hpp"
 #include "core/half.hpp"
+#include "core/indexing.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/transpose_plan.hpp"
 
@@ -449,6 +452,42 @@ class CpuBackend final : public Backend {
     fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));
   }
 
+  // The epilogues composed from this backend's own passes: the reference the
+  // cuBLASLt epilogues are tested against (tests/test_gemm.cpp).
+  void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) override {
+    const char* name = "gemm";
+    check_gemm(a, b, out, args, name);
+    check_cpu_float(a, name, "a");  // F32 / F64 only on the CPU (so out, bias, aux match it)
+    const GemmEpilogue e = args.epilogue;
+    if (e == GemmEpilogue::GeluBackward) {
+      Tensor product = Tensor::empty(out.shape(), out.dtype());
+      matmul(a, b, product, args.transpose_a, args.transpose_b, false);
+      map(UnaryOp::GeluGrad, *args.aux, out);
+      zip(BinaryOp::Mul, product, out, out);
+      if (args.bias_grad) {
+        Tensor sums = args.bias_grad->reshape({1, out.size(1)});
+        reduce(ReduceOp::Sum, out, 0, sums);
+      }
+      return;
+    }
+    matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
+    if (e == GemmEpilogue::Bias) zip(BinaryOp::Add, out, *args.bias, out);
+    if (e == GemmEpilogue::BiasGelu) {
+      zip(BinaryOp::Add, out, *args.bias, *args.aux);
+      map(UnaryOp::Gelu, *args.aux, out);
+    }
+    if (e == GemmEpilogue::BiasGradA) {  // sum over k of op(a) (M, K)
+      const int k_dim = args.transpose_a ? 0 : 1;
+      Tensor sums = args.bias_grad->reshape(k_dim == 0 ? Shape{1, a.size(1)} : Shape{a.size(0), 1});
+      reduce(ReduceOp::Sum, a, k_dim, sums);
+    }
+    if (e == GemmEpilogue::BiasGradB) {  // sum over k of op(b) (K, N)
+      const int k_dim = args.transpose_b ? 1 : 0;
+      Tensor sums = args.bias_grad->reshape(k_dim == 0 ? Shape{1, b.size(1)} : Shape{b.size(0), 1});
+      reduce(ReduceOp::Sum, b, k_dim, sums);
+    }
+  }
+
   void gather_rows(const Tensor& table, const Tensor&, const std::vector<int32_t>& host_ids, Tensor& out) override {
     if (table.dtype() == DType::F32) gather_rows_typed<float>(table, host_ids, out);
     else gather_rows_typed<double>(table, host_ids, out);
@@ -457,6 +496,30 @@ class CpuBackend final : public Backend {
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     if (grad.dtype() == DType::F32) scatter_add_rows_typed<float>(grad, host_ids, grad_table);
     else scatter_add_rows_typed<double>(grad, host_ids, grad_table);
+  }
+
+  // On the CPU the ids are on the host already: checked and scattered as usual.
+  void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) override {
+    scatter_add_rows(grad, read_indices(ids, grad_table.size(0), "scatter_add_rows"), grad_table);
+  }
+
+  void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {
+    check_adamw_group(group, config, state, /*allow_f64=*/true, "adamw_multi");
+    state.check_device(Device::CPU, "adamw_multi");
+    cpu::adamw_multi(group, config, state);
+  }
+
+  void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) override {
+    check_sum_of_squares(xs, out, /*allow_f64=*/true, "sum_of_squares");
+    out.check_device(Device::CPU, "sum_of_squares");
+    cpu::sum_of_squares(xs, out);
+  }
+
+  void sgd_update(Tensor& p, const Tensor& g, Tensor* velocity, double lr, double momentum,
+                  double weight_decay) override {
+    check_sgd_update(p, g, velocity, /*allow_f64=*/true, "sgd_update");
+    p.check_device(Device::CPU, "sgd_update");
+    cpu::sgd_update(p, g, velocity, lr, momentum, weight_decay);
   }
 };
 

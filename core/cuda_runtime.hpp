@@ -27,9 +27,40 @@ void reset_peak_memory();
 void empty_cache();  // returns cached blocks to the driver
 
 // Copies between any two devices (host <-> device, device <-> device) on the
-// one handgrad stream; returns when the copy is done.
+// one handgrad stream. A copy from or to the host has finished when it
+// returns; a device-to-device copy is queued on the stream like a kernel.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void synchronize();
+
+// A CUDA graph of the work queued on the handgrad stream between
+// begin_capture() and end_capture(); replay() launches it again in one call.
+// Nothing runs during a capture. While capturing, the caching allocator
+// serves this graph from its own pool (blocks no allocation outside the
+// graph will get while the Graph lives), so tensors allocated and freed
+// inside the captured work have the same addresses on every replay; inputs
+// are copied into tensors allocated before the capture. Captured work must
+// not synchronize with the host (a copy to the host, reading a value):
+// end_capture() then throws hg::Error and abort_capture() leaves no trace.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void begin_capture();
+  void end_capture();             // instantiates the graph; throws hg::Error if the capture failed
+  void abort_capture() noexcept;  // after an exception inside the captured work
+  void replay();
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+  int pool_ = 0;
+  bool capturing_ = false;
+};
 
 // Times GPU work with CUDA events recorded on the handgrad stream.
 class Timer {
@@ -49,6 +80,7 @@ class Timer {
 // Device facts for kernels' launch heuristics and for benchmark reports.
 int sm_count();
 const char* device_name();
+int compute_capability();  // major * 10 + minor, e.g. 90 for an H100
 
 }  // namespace hg::gpu
 

@@ -33,12 +33,15 @@ void check_table(const Tensor& table, const char* op) {
 
 }  // namespace
 
-Tensor gather_rows(const Tensor& table, const Tensor& ids) {
+Tensor gather_rows(const Tensor& table, const Tensor& ids, IdCheck check) {
   const char* op = "gather_rows";
   check_table(table, op);
   ids.check_defined(op);
+  ids.check_dtype(DType::F32, op);
   check_same_device(op, table, ids);
-  const std::vector<int32_t> idx = read_indices(ids, table.size(0), op);
+  // The CUDA gather reads the ids on the device; the host list is for the CPU.
+  const bool on_device = check == IdCheck::Device && table.is_cuda();
+  const std::vector<int32_t> idx = on_device ? std::vector<int32_t>() : read_indices(ids, table.size(0), op);
   Shape out_shape = ids.shape();
   out_shape.push_back(table.size(1));
   Tensor out = Tensor::empty(out_shape, table.dtype(), table.device());
@@ -48,7 +51,7 @@ Tensor gather_rows(const Tensor& table, const Tensor& ids) {
   return out;
 }
 
-void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table) {
+void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table, IdCheck check) {
   const char* op = "scatter_add_rows";
   check_table(grad_table, op);
   grad.check_defined(op);
@@ -59,6 +62,14 @@ void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table)
   expected.push_back(grad_table.size(1));
   HG_CHECK(grad.shape() == expected, op, "grad ", grad.shape(), " must be ids.shape + (D,) = ", expected,
            " for ids ", ids.shape(), " and table ", grad_table.shape());
+  if (check == IdCheck::Device && grad_table.is_cuda()) {
+    ids.check_dtype(DType::F32, op);
+    if (grad.numel() > 0)
+      backend_for(grad_table.device())
+          .scatter_add_rows_device_ids(grad.reshape({ids.numel(), grad_table.size(1)}), ids.reshape({ids.numel()}),
+                                       grad_table);
+    return;
+  }
   const std::vector<int32_t> idx = read_indices(ids, grad_table.size(0), op);
   if (grad.numel() == 0) return;
   backend_for(grad_table.device()).scatter_add_rows(grad.reshape({ids.numel(), grad_table.size(1)}), idx,

@@ -13,13 +13,21 @@ namespace hg {
 // [0, limit); throws hg::Error naming `op` and the first bad value otherwise.
 std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* op);
 
+// Where the ids are checked. Host: copied back and validated, a bad id
+// throws. Device (CUDA): nothing leaves the GPU, so a CUDA graph can capture
+// the op; the caller has checked the ids before (TrainStep does when it
+// stages a batch), and an id that names no row still cannot read out of
+// bounds: gathered it gives a NaN row, scattered it is left out. On the CPU
+// both are Host.
+enum class IdCheck { Host, Device };
+
 // out[i, :] = table[ids[i], :]. table (V, D) F32/F64; ids F32 of any shape;
 // out has shape ids.shape + (D,), table's dtype and device.
-Tensor gather_rows(const Tensor& table, const Tensor& ids);
+Tensor gather_rows(const Tensor& table, const Tensor& ids, IdCheck check = IdCheck::Host);
 
 // grad_table[ids[i], :] += grad[i, :] for every i, in increasing i for each
 // row (deterministic on every device: no float atomics). grad has shape
 // ids.shape + (D,); grad_table (V, D) is accumulated into in place.
-void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table);
+void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table, IdCheck check = IdCheck::Host);
 
 }  // namespace hg

@@ -6,6 +6,19 @@
 
 namespace hg {
 
+// ---- bf16 compute copies ----
+
+const Tensor& bf16_copy(Parameter& p) {
+  p.value.check_defined("bf16_copy");
+  if (!p.compute.defined() || p.compute.device() != p.value.device() || p.compute.shape() != p.value.shape())
+    p.compute = p.value.to(DType::BF16);
+  return p.compute;
+}
+
+void refresh_compute_copy(Parameter& p) {
+  if (p.compute.defined()) p.compute.copy_(p.value);
+}
+
 // ---- the tree ----
 
 Parameter& Module::register_parameter(const std::string& name, Parameter& p, Tensor init) {
@@ -56,6 +69,7 @@ void Module::to(Device device) {
   for (auto& entry : params_) {
     entry.second->value = entry.second->value.to(device);
     entry.second->grad = entry.second->grad.to(device);
+    entry.second->compute = Tensor();  // remade on the new device at first use
   }
   on_device_change(device);
   for (auto& entry : children_) entry.second->to(device);
@@ -65,6 +79,7 @@ void Module::to(DType dtype) {
   for (Parameter* p : parameters()) {
     p->value = p->value.to(dtype);
     p->grad = p->grad.to(dtype);
+    p->compute = Tensor();
   }
 }
 
@@ -106,7 +121,10 @@ void Module::load(const std::string& path) {
       fail("Module::load", path, ": '", name, "' has shape ", e.shape(), " in the file but ", p->value.shape(),
            " in the module");
   }
-  for (const auto& [name, p] : named) p->value.copy_(entries.at(name));
+  for (const auto& [name, p] : named) {
+    p->value.copy_(entries.at(name));
+    refresh_compute_copy(*p);
+  }
 }
 
 }  // namespace hg

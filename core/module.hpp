@@ -9,10 +9,19 @@ namespace hg {
 
 // A trainable tensor and its gradient (same shape, dtype, device).
 // Modules accumulate into grad in backward(); zero_grad() clears it.
+// Under bf16 precision a module that feeds the value to a GEMM also keeps a
+// bf16 copy in `compute` (made by bf16_copy() on first use); every optimizer
+// step and Module::load refresh it, Module::to drops it. value and grad stay f32.
 struct Parameter {
   Tensor value;
   Tensor grad;
+  Tensor compute;  // undefined unless bf16_copy() made it
 };
+
+// The bf16 copy of p.value, made on first use on value's device.
+const Tensor& bf16_copy(Parameter& p);
+// Rewrites p.compute from p.value when the copy exists (one cast pass).
+void refresh_compute_copy(Parameter& p);
 
 // Base of every layer. A module owns its Parameters and child modules as
 // plain members and registers them by name, so named_parameters() walks the

@@ -3,11 +3,9 @@
 #include <cmath>
 #include <map>
 
+#include "core/backend.hpp"
 #include "core/checkpoint.hpp"
-
-#ifdef HG_WITH_CUDA
-#include "cuda/optim_kernels.hpp"  // hg::gpu::sgd_step / adamw_step / sum_of_squares / scale_inplace
-#endif
+#include "core/optimizer_ops.hpp"
 
 namespace hg {
 
@@ -26,48 +24,29 @@ void check_param(const Parameter& p, const char* op) {
     fail(op, "CUDA parameters must be f32, got ", dtype_name(p.value.dtype()), " tensor ", p.value.shape());
 }
 
-#ifndef HG_WITH_CUDA
-[[noreturn]] void no_cuda(const char* op) { fail(op, "CUDA parameter but handgrad was built without CUDA"); }
-#endif
-
-template <class T>
-void sgd_cpu(T* p, const T* g, T* v, int64_t n, double lr, double momentum, double wd) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double grad = static_cast<double>(g[i]) + wd * static_cast<double>(p[i]);
-    double step = grad;
-    if (v != nullptr) {
-      v[i] = static_cast<T>(momentum * static_cast<double>(v[i]) + grad);
-      step = v[i];
-    }
-    p[i] = static_cast<T>(static_cast<double>(p[i]) - lr * step);
-  }
+// Every parameter on one device (the one of the first): the optimizer's
+// device work runs on that device's backend.
+Device device_of(const std::vector<Parameter*>& params, const char* op) {
+  if (params.empty()) return Device::CPU;
+  const Device d = params[0]->value.device();
+  for (size_t i = 0; i < params.size(); ++i)
+    HG_CHECK(params[i]->value.device() == d, op, "parameter ", i, " ", params[i]->value.shape(), " is on ",
+             device_name(params[i]->value.device()), " but parameter 0 is on ", device_name(d),
+             "; one optimizer updates parameters of one device");
+  return d;
 }
 
-template <class T>
-void adamw_cpu(T* p, const T* g, T* m, T* v, int64_t n, const AdamWOptions& o, double lr, double bc1, double bc2) {
-  for (int64_t i = 0; i < n; ++i) {
-    double param = static_cast<double>(p[i]) * (1.0 - lr * o.weight_decay);  // decoupled decay
-    const double grad = g[i];
-    const double m1 = o.beta1 * static_cast<double>(m[i]) + (1.0 - o.beta1) * grad;
-    const double v1 = o.beta2 * static_cast<double>(v[i]) + (1.0 - o.beta2) * grad * grad;
-    m[i] = static_cast<T>(m1);
-    v[i] = static_cast<T>(v1);
-    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + o.eps);
-    p[i] = static_cast<T>(param);
-  }
-}
-
-template <class T> double sum_of_squares_cpu(const T* x, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return s;
-}
-
-template <class T> void scale_cpu(T* x, int64_t n, double s) {
-  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<double>(x[i]) * s);
+// Writes one element of an F64 state tensor on its device (one fill launch).
+void set_state(Tensor& state, int index, double value) {
+  Tensor slot = state.slice(index, index + 1);
+  backend_for(state.device()).fill(slot, value);
 }
 
 }  // namespace
+
+void Optimizer::refresh_compute_copies() {
+  for (Parameter* p : params_) refresh_compute_copy(*p);
+}
 
 void Optimizer::zero_grad() {
   for (Parameter* p : params_) {
@@ -105,6 +84,7 @@ void Optimizer::load_state(const std::string& path) {
   }
   for (const auto& [name, t] : buffers) t->copy_(entries.at(name));
   steps_ = static_cast<int64_t>(steps);
+  on_state_loaded();
 }
 
 // ---- SGD ----
@@ -128,23 +108,10 @@ void SGD::step() {
     Parameter& p = *params_[i];
     check_param(p, "SGD::step");
     Tensor& v = velocity_[i];
-    const int64_t n = p.value.numel();
-    if (p.value.is_cuda()) {
-#ifdef HG_WITH_CUDA
-      gpu::sgd_step(p.value.data<float>(), p.grad.data<float>(), v.defined() ? v.data<float>() : nullptr, n,
-                    static_cast<float>(lr_), static_cast<float>(options_.momentum),
-                    static_cast<float>(options_.weight_decay));
-#else
-      no_cuda("SGD::step");
-#endif
-    } else if (p.value.dtype() == DType::F32) {
-      sgd_cpu(p.value.data<float>(), p.grad.data<float>(), v.defined() ? v.data<float>() : nullptr, n, lr_,
-              options_.momentum, options_.weight_decay);
-    } else {
-      sgd_cpu(p.value.data<double>(), p.grad.data<double>(), v.defined() ? v.data<double>() : nullptr, n, lr_,
-              options_.momentum, options_.weight_decay);
-    }
+    backend_for(p.value.device())
+        .sgd_update(p.value, p.grad, v.defined() ? &v : nullptr, lr_, options_.momentum, options_.weight_decay);
   }
+  refresh_compute_copies();
   ++steps_;
 }
 
@@ -163,41 +130,67 @@ AdamW::AdamW(std::vector<Parameter*> params, AdamWOptions options) : Optimizer(s
   HG_CHECK(options.beta2 >= 0 && options.beta2 < 1, "AdamW", "beta2 must be in [0, 1), got ", options.beta2);
   HG_CHECK(options.eps > 0, "AdamW", "eps must be > 0, got ", options.eps);
   HG_CHECK(options.weight_decay >= 0, "AdamW", "weight_decay must be >= 0, got ", options.weight_decay);
+  HG_CHECK(options.max_grad_norm >= 0 && std::isfinite(options.max_grad_norm), "AdamW",
+           "max_grad_norm must be finite and >= 0 (0 = no clipping), got ", options.max_grad_norm);
   lr_ = options.lr;
   for (Parameter* p : params_) {
     check_param(*p, "AdamW");
     m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device()));
     v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device()));
+    group_.params.push_back(p->value);
+    group_.grads.push_back(p->grad);
+    group_.m.push_back(m_.back());
+    group_.v.push_back(v_.back());
   }
+  state_ = Tensor::zeros({kAdamWStateSize}, DType::F64, device_of(params_, "AdamW"));
+}
+
+void AdamW::set_compute_copies(std::vector<Tensor> copies) {
+  HG_CHECK(copies.empty() || copies.size() == params_.size(), "AdamW::set_compute_copies", "got ", copies.size(),
+           " copies for ", params_.size(), " parameters (give one per parameter, undefined where none)");
+  group_.compute_copies = std::move(copies);
+  const AdamWConfig config = config_();
+  check_adamw_group(group_, config, state_, !state_.is_cuda(), "AdamW::set_compute_copies");
+}
+
+AdamWConfig AdamW::config_() const {
+  AdamWConfig c;
+  c.beta1 = options_.beta1;
+  c.beta2 = options_.beta2;
+  c.eps = options_.eps;
+  c.weight_decay = options_.weight_decay;
+  c.max_grad_norm = options_.max_grad_norm;
+  return c;
+}
+
+void AdamW::write_lr_to_device() {
+  if (device_lr_ == lr_) return;
+  set_state(state_, kAdamWLr, lr_);
+  device_lr_ = lr_;
 }
 
 void AdamW::step() {
-  const double t = static_cast<double>(steps_ + 1);
-  const double bc1 = 1.0 - std::pow(options_.beta1, t);
-  const double bc2 = 1.0 - std::pow(options_.beta2, t);
+  // Re-read the parameters' tensors: a module may have replaced them since.
   for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter& p = *params_[i];
-    check_param(p, "AdamW::step");
-    const int64_t n = p.value.numel();
-    if (p.value.is_cuda()) {
-#ifdef HG_WITH_CUDA
-      gpu::adamw_step(p.value.data<float>(), p.grad.data<float>(), m_[i].data<float>(), v_[i].data<float>(), n,
-                      static_cast<float>(lr_), static_cast<float>(options_.beta1),
-                      static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
-                      static_cast<float>(options_.weight_decay), static_cast<float>(bc1), static_cast<float>(bc2));
-#else
-      no_cuda("AdamW::step");
-#endif
-    } else if (p.value.dtype() == DType::F32) {
-      adamw_cpu(p.value.data<float>(), p.grad.data<float>(), m_[i].data<float>(), v_[i].data<float>(), n, options_,
-                lr_, bc1, bc2);
-    } else {
-      adamw_cpu(p.value.data<double>(), p.grad.data<double>(), m_[i].data<double>(), v_[i].data<double>(), n,
-                options_, lr_, bc1, bc2);
-    }
+    check_param(*params_[i], "AdamW::step");
+    group_.params[i] = params_[i]->value;
+    group_.grads[i] = params_[i]->grad;
   }
+  // bf16 compute copies the modules made (Parameter::compute) are rewritten in the same pass.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i]->compute.defined()) continue;
+    group_.compute_copies.resize(params_.size());
+    group_.compute_copies[i] = params_[i]->compute;
+  }
+  write_lr_to_device();
+  backend_for(state_.device()).adamw_multi(group_, config_(), state_);
   ++steps_;
 }
+
+double AdamW::last_grad_norm() const { return state_.to(Device::CPU).data<double>()[kAdamWGradNorm]; }
+bool AdamW::last_step_skipped() const { return state_.to(Device::CPU).data<double>()[kAdamWSkipped] != 0; }
+
+void AdamW::on_state_loaded() { set_state(state_, kAdamWStep, static_cast<double>(steps_)); }
 
 std::vector<std::pair<std::string, Tensor*>> AdamW::state_buffers() {
   std::vector<std::pair<std::string, Tensor*>> out;
@@ -212,37 +205,21 @@ std::vector<std::pair<std::string, Tensor*>> AdamW::state_buffers() {
 
 double clip_grad_norm(const std::vector<Parameter*>& params, double max_norm) {
   HG_CHECK(max_norm > 0, "clip_grad_norm", "max_norm must be > 0, got ", max_norm);
-  double total = 0;
+  std::vector<Tensor> grads;
   for (Parameter* p : params) {
     check_param(*p, "clip_grad_norm");
-    const int64_t n = p->grad.numel();
-    if (p->grad.is_cuda()) {
-#ifdef HG_WITH_CUDA
-      total += gpu::sum_of_squares(p->grad.data<float>(), n);
-#else
-      no_cuda("clip_grad_norm");
-#endif
-    } else if (p->grad.dtype() == DType::F32) {
-      total += sum_of_squares_cpu(p->grad.data<float>(), n);
-    } else {
-      total += sum_of_squares_cpu(p->grad.data<double>(), n);
-    }
+    grads.push_back(p->grad);
   }
-  const double norm = std::sqrt(total);
+  const Device device = device_of(params, "clip_grad_norm");
+  Tensor total = Tensor::zeros({1}, DType::F64, device);
+  backend_for(device).sum_of_squares(grads, total);
+  const double norm = std::sqrt(total.item());
   // A non-finite norm has no meaningful scale: leave grads alone and let the caller see it and skip the step.
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
   const double scale = max_norm / norm;
-  for (Parameter* p : params) {
-    const int64_t n = p->grad.numel();
-    if (p->grad.is_cuda()) {
-#ifdef HG_WITH_CUDA
-      gpu::scale_inplace(p->grad.data<float>(), n, static_cast<float>(scale));
-#endif
-    } else if (p->grad.dtype() == DType::F32) {
-      scale_cpu(p->grad.data<float>(), n, scale);
-    } else {
-      scale_cpu(p->grad.data<double>(), n, scale);
-    }
+  for (Tensor& g : grads) {
+    const Tensor factor = Tensor::full({1}, scale, g.dtype(), device);
+    backend_for(device).zip(BinaryOp::Mul, g, factor, g);
   }
   return norm;
 }

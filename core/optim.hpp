@@ -3,12 +3,14 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/module.hpp"
 
 namespace hg {
 
 // Optimizers update Parameter::value from Parameter::grad in place, on the
-// parameter's own device (one fused kernel per parameter on CUDA).
+// parameters' device, through its Backend (sgd_update per parameter;
+// AdamW: one adamw_multi over all parameters, 3 launches on CUDA).
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Parameter*> params) : params_(std::move(params)) {}
@@ -18,6 +20,11 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
   int64_t steps() const { return steps_; }
+  const std::vector<Parameter*>& parameters() const { return params_; }
+  // True when step() can be captured in a CUDA graph: it reads its per-step
+  // scalars (learning rate, step count) from device memory and skips the
+  // update on a non-finite gradient norm without the host. False here.
+  virtual bool capturable() const { return false; }
 
   // The step count and every per-parameter buffer (momentum, Adam moments),
   // so a resumed run continues exactly where it stopped. Same file format and
@@ -27,8 +34,12 @@ class Optimizer {
   void load_state(const std::string& path);
 
  protected:
+  // Rewrites every parameter's bf16 compute copy after an update (no-op in fp32).
+  void refresh_compute_copies();
   // Named state tensors, in parameter order ("m.3", "v.3", ...); empty where none.
   virtual std::vector<std::pair<std::string, Tensor*>> state_buffers() = 0;
+  // Called after load_state has restored steps_ and the buffers.
+  virtual void on_state_loaded() {}
 
   std::vector<Parameter*> params_;
   double lr_ = 1e-3;
@@ -58,18 +69,44 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;  // decoupled: p -= lr * wd * p
+  double max_grad_norm = 0.0;  // > 0: clip the global grad norm to it inside step(); 0: off
 };
 
-// Loshchilov & Hutter's AdamW with bias correction.
+// Loshchilov & Hutter's AdamW with bias correction, one Backend::adamw_multi
+// per step over all parameters (clipping included when max_grad_norm > 0).
+// The step reads lr, the step count and the clip scale from a device-side
+// state, so once a step has run (uploading the tensor table), step() issues
+// only device work and can be captured in a CUDA graph. For graph replays:
+// call write_lr_to_device() after set_lr and before the replay (it is one
+// fill launch, and a no-op when lr has not changed since the last write).
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Parameter*> params, AdamWOptions options);
   void step() override;
 
+  // BF16 compute copies of the parameters (one per parameter, undefined where
+  // none), rewritten from the new fp32 value in the same pass as the update.
+  void set_compute_copies(std::vector<Tensor> copies);
+  // step() reads lr and the step count from device memory: capturable in a CUDA graph.
+  bool capturable() const override { return true; }
+  // A CUDA graph replayed a captured step(): the device state advanced, so does the host count.
+  void step_replayed() { ++steps_; }
+  void write_lr_to_device();
+  // Read back from the device (synchronises): the global grad norm of the
+  // last step before clipping, and whether it was non-finite so the step
+  // left every parameter unchanged.
+  double last_grad_norm() const;
+  bool last_step_skipped() const;
+
  private:
   std::vector<std::pair<std::string, Tensor*>> state_buffers() override;
+  void on_state_loaded() override;
+  AdamWConfig config_() const;
   AdamWOptions options_;
   std::vector<Tensor> m_, v_;
+  AdamWGroup group_;  // views of params, grads, m, v (+ compute copies)
+  Tensor state_;      // F64 (kAdamWStateSize,) on the parameters' device
+  double device_lr_ = -1;  // the lr last written into state_
 };
 
 // Clips the global L2 norm of all grads to max_norm; returns the norm before clipping.

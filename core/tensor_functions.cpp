@@ -9,10 +9,14 @@
 namespace hg {
 namespace {
 
+// f32 and f64 on any device; bf16 storage (f32 math) on CUDA only.
 void check_float(const Tensor& t, const char* op, const char* role) {
   HG_CHECK(t.defined(), op, role, " is an undefined tensor");
-  HG_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, op, role, " ", t.shape(), " has dtype ",
-           dtype_name(t.dtype()), ", arithmetic needs f32 or f64");
+  const DType d = t.dtype();
+  HG_CHECK(d == DType::F32 || d == DType::F64 || d == DType::BF16, op, role, " ", t.shape(), " has dtype ",
+           dtype_name(d), ", arithmetic needs f32, f64, or bf16 on CUDA");
+  HG_CHECK(d != DType::BF16 || t.is_cuda(), op, role, " ", t.shape(),
+           " is bf16 on the CPU; bf16 arithmetic runs only on CUDA (the CPU computes in f32 or f64)");
 }
 
 void check_pair(const Tensor& a, const Tensor& b, const char* op) {

@@ -1,7 +1,9 @@
 // The primitive backend on the GPU (the unfused path): one small kernel per
-// map / zip / reduce op, cuBLAS for matmul. Arithmetic runs in F32 or F64;
-// fill and cast also handle BF16 / F16 storage. Every kernel runs on the
-// handgrad stream and nothing here synchronises with the host.
+// map / zip / reduce op, cuBLASLt for matmul (cuda/gemm_lt.cu; cublasDgemm for
+// F64). Arithmetic runs on F32, F64 or BF16 storage; BF16 is widened to float
+// for the math (reductions accumulate in float, GEMMs accumulate in float on
+// the tensor cores). fill, cast and transpose also handle F16 storage. Every
+// kernel runs on the handgrad stream and nothing here synchronises with the host.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -15,11 +17,15 @@
 
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
+#include "core/gemm_check.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/optimizer_ops.hpp"
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/gemm_lt.hpp"
 #include "cuda/indexing_kernels.hpp"
+#include "cuda/optim_kernels.hpp"
 
 namespace hg {
 namespace {
@@ -40,19 +46,40 @@ void check_on_gpu(const char* op, const Tensor& t) {
   t.check_device(Device::CUDA, op);
 }
 
-bool is_float_or_double(DType t) { return t == DType::F32 || t == DType::F64; }
+bool is_arithmetic(DType t) { return t == DType::F32 || t == DType::F64 || t == DType::BF16; }
 
 void check_arithmetic_dtype(const char* op, const char* what, const Tensor& t) {
-  if (!is_float_or_double(t.dtype()))
-    fail(op, what, " has dtype ", dtype_name(t.dtype()), ", but the CUDA backend computes in f32 or f64 only (shape ",
-         t.shape(), ")");
+  if (!is_arithmetic(t.dtype()))
+    fail(op, what, " has dtype ", dtype_name(t.dtype()),
+         ", but the CUDA backend computes on f32, f64 or bf16 (f32 math) only (shape ", t.shape(), ")");
 }
 
-// Calls f(T{}) with T = float or double according to `dtype` (already checked).
+// Calls f(S{}) with S = float, double or __nv_bfloat16 according to `dtype` (already checked).
 template <class F>
-void with_float_type(DType dtype, F&& f) {
+void with_arith_type(DType dtype, F&& f) {
   if (dtype == DType::F32) f(float{});
-  else f(double{});
+  else if (dtype == DType::F64) f(double{});
+  else f(__nv_bfloat16{});
+}
+
+// The type the math runs in for a storage type: float for bf16, else itself.
+template <class S> struct MathOf { using type = S; };
+template <> struct MathOf<__nv_bfloat16> { using type = float; };
+template <class S> using math_t = typename MathOf<S>::type;
+
+// Conversions go through float (or double between F32 / F64), the same route
+// the CPU takes, so CUDA and CPU casts agree bit for bit. Rounding is to
+// nearest even everywhere.
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ double widen(double x) { return x; }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+
+template <class D, class W>
+__device__ __forceinline__ D narrow(W x) {
+  if constexpr (std::is_same_v<D, float> || std::is_same_v<D, double>) return static_cast<D>(x);
+  else if constexpr (std::is_same_v<D, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(x));
+  else return __float2half_rn(static_cast<float>(x));
 }
 
 // ---- math that has separate float / double spellings on the device ----------
@@ -106,10 +133,10 @@ __device__ __forceinline__ T apply_unary(T x) {
 }
 
 // x and y may alias (in-place map): each element is read before it is written.
-template <UnaryOp OP, class T>
-__global__ void map_kernel(const T* x, T* y, int64_t n) {
+template <UnaryOp OP, class S>
+__global__ void map_kernel(const S* x, S* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = apply_unary<OP>(x[i]);
+    y[i] = narrow<S>(apply_unary<OP>(widen(x[i])));
 }
 
 // float4 loads and stores when both pointers are 16-byte aligned and n % 4 == 0.
@@ -132,7 +159,7 @@ bool vec4_ok(const void* p, const void* q, int64_t n) {
 template <UnaryOp OP>
 void launch_map(const Tensor& x, Tensor& out) {
   const int64_t n = x.numel();
-  with_float_type(x.dtype(), [&](auto zero) {
+  with_arith_type(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* xs = static_cast<const T*>(x.raw_data());
     T* ys = static_cast<T*>(out.raw_data());
@@ -169,10 +196,10 @@ __device__ __forceinline__ T apply_binary(T a, T b) {
 }
 
 // Equal shapes: one flat pass (out may alias a or b).
-template <BinaryOp OP, class T>
-__global__ void zip_same_shape_kernel(const T* a, const T* b, T* out, int64_t n) {
+template <BinaryOp OP, class S>
+__global__ void zip_same_shape_kernel(const S* a, const S* b, S* out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = apply_binary<OP>(a[i], b[i]);
+    out[i] = narrow<S>(apply_binary<OP>(widen(a[i]), widen(b[i])));
 }
 
 // Broadcasting: out's index is split into coordinates, innermost dim first;
@@ -189,8 +216,8 @@ struct ZipGeometry {
   I b_stride[kMaxZipDims];
 };
 
-template <BinaryOp OP, class T, class I>
-__global__ void zip_broadcast_kernel(const T* a, const T* b, T* out, int64_t n, ZipGeometry<I> g) {
+template <BinaryOp OP, class S, class I>
+__global__ void zip_broadcast_kernel(const S* a, const S* b, S* out, int64_t n, ZipGeometry<I> g) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     I rest = static_cast<I>(i), a_off = 0, b_off = 0;
 #pragma unroll
@@ -201,7 +228,7 @@ __global__ void zip_broadcast_kernel(const T* a, const T* b, T* out, int64_t n, 
       a_off += coord * g.a_stride[d];
       b_off += coord * g.b_stride[d];
     }
-    out[i] = apply_binary<OP>(a[a_off], b[b_off]);
+    out[i] = narrow<S>(apply_binary<OP>(widen(a[a_off]), widen(b[b_off])));
   }
 }
 
@@ -254,7 +281,7 @@ void launch_zip_broadcast(const T* a, const T* b, T* out, int64_t n, const std::
 template <BinaryOp OP>
 void launch_zip(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t n = out.numel();
-  with_float_type(out.dtype(), [&](auto zero) {
+  with_arith_type(out.dtype(), [&](auto zero) {
     using T = decltype(zero);
     const T* as = static_cast<const T*>(a.raw_data());
     const T* bs = static_cast<const T*>(b.raw_data());
@@ -280,7 +307,8 @@ void launch_zip(const Tensor& a, const Tensor& b, Tensor& out) {
 //
 // x is viewed as (outer, R, inner) with R the reduced dim; out is (outer, inner).
 // Each output is reduced by one fixed set of threads in a fixed order, so
-// results are deterministic run to run.
+// results are deterministic run to run. S is the input storage type, O the
+// output's (bf16 input may write f32 output), T = math_t<S> the accumulator.
 
 template <ReduceOp OP, class T>
 struct Reducer {
@@ -307,31 +335,33 @@ struct Reducer {
 };
 
 // inner == 1, short rows: one warp per contiguous row.
-template <ReduceOp OP, class T>
-__global__ void reduce_rows_warp_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t len) {
+template <ReduceOp OP, class S, class O>
+__global__ void reduce_rows_warp_kernel(const S* __restrict__ x, O* __restrict__ out, int64_t rows, int64_t len) {
+  using T = math_t<S>;
   using R = Reducer<OP, T>;
   const int lane = threadIdx.x & 31;
   const int64_t warps_per_block = blockDim.x / 32;
   // `row` is the same for all lanes of a warp, so the full-mask shuffles are safe.
   for (int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < rows; row += gridDim.x * warps_per_block) {
-    const T* xr = x + row * len;
+    const S* xr = x + row * len;
     T acc = R::identity();
-    for (int64_t j = lane; j < len; j += 32) acc = R::combine(acc, xr[j]);
+    for (int64_t j = lane; j < len; j += 32) acc = R::combine(acc, widen(xr[j]));
     acc = R::warp_reduce(acc);
-    if (lane == 0) out[row] = R::finish(acc, T(len));
+    if (lane == 0) out[row] = narrow<O>(R::finish(acc, T(len)));
   }
 }
 
 // inner == 1, long rows: one block per contiguous row.
-template <ReduceOp OP, class T>
-__global__ void reduce_rows_block_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t len) {
+template <ReduceOp OP, class S, class O>
+__global__ void reduce_rows_block_kernel(const S* __restrict__ x, O* __restrict__ out, int64_t rows, int64_t len) {
+  using T = math_t<S>;
   using R = Reducer<OP, T>;
   __shared__ T warp_results[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * len;
+    const S* xr = x + row * len;
     T acc = R::identity();
-    for (int64_t j = threadIdx.x; j < len; j += kThreads) acc = R::combine(acc, xr[j]);
+    for (int64_t j = threadIdx.x; j < len; j += kThreads) acc = R::combine(acc, widen(xr[j]));
     acc = R::warp_reduce(acc);
     __syncthreads();  // the previous row's warp 0 may still read warp_results
     if (lane == 0) warp_results[warp] = acc;
@@ -339,7 +369,7 @@ __global__ void reduce_rows_block_kernel(const T* __restrict__ x, T* __restrict_
     if (warp == 0) {
       acc = lane < kThreads / 32 ? warp_results[lane] : R::identity();
       acc = R::warp_reduce(acc);
-      if (lane == 0) out[row] = R::finish(acc, T(len));
+      if (lane == 0) out[row] = narrow<O>(R::finish(acc, T(len)));
     }
   }
 }
@@ -349,9 +379,10 @@ __global__ void reduce_rows_block_kernel(const T* __restrict__ x, T* __restrict_
 // reduced dim, then thread row 0 combines the 8 partials in order.
 constexpr int kColTileX = 32, kColTileY = 8;
 
-template <ReduceOp OP, class T>
-__global__ void reduce_cols_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t outer, int64_t len,
+template <ReduceOp OP, class S, class O>
+__global__ void reduce_cols_kernel(const S* __restrict__ x, O* __restrict__ out, int64_t outer, int64_t len,
                                    int64_t inner) {
+  using T = math_t<S>;
   using R = Reducer<OP, T>;
   __shared__ T partial[kColTileY][kColTileX];
   const int64_t tiles_per_outer = (inner + kColTileX - 1) / kColTileX;
@@ -361,8 +392,8 @@ __global__ void reduce_cols_kernel(const T* __restrict__ x, T* __restrict__ out,
     const int64_t col = (tile % tiles_per_outer) * kColTileX + threadIdx.x;
     T acc = R::identity();
     if (col < inner) {
-      const T* xc = x + o * len * inner + col;
-      for (int64_t r = threadIdx.y; r < len; r += kColTileY) acc = R::combine(acc, xc[r * inner]);
+      const S* xc = x + o * len * inner + col;
+      for (int64_t r = threadIdx.y; r < len; r += kColTileY) acc = R::combine(acc, widen(xc[r * inner]));
     }
     partial[threadIdx.y][threadIdx.x] = acc;
     __syncthreads();
@@ -370,7 +401,7 @@ __global__ void reduce_cols_kernel(const T* __restrict__ x, T* __restrict__ out,
       T total = partial[0][threadIdx.x];
 #pragma unroll
       for (int k = 1; k < kColTileY; ++k) total = R::combine(total, partial[k][threadIdx.x]);
-      out[o * inner + col] = R::finish(total, T(len));
+      out[o * inner + col] = narrow<O>(R::finish(total, T(len)));
     }
     __syncthreads();  // partial is rewritten by the next tile
   }
@@ -382,23 +413,28 @@ void launch_reduce(const Tensor& x, int dim, Tensor& out) {
   for (int d = 0; d < dim; ++d) outer *= x.shape()[d];
   for (int d = dim + 1; d < x.ndim(); ++d) inner *= x.shape()[d];
   const int64_t len = x.shape()[dim];
-  with_float_type(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    const T* xs = static_cast<const T*>(x.raw_data());
-    T* os = static_cast<T*>(out.raw_data());
+  auto launch = [&](auto in_zero, auto out_zero) {
+    using S = decltype(in_zero);
+    using O = decltype(out_zero);
+    const S* xs = static_cast<const S*>(x.raw_data());
+    O* os = static_cast<O*>(out.raw_data());
     cudaStream_t s = gpu::stream();
     if (inner == 1 && len > 1024) {
-      reduce_rows_block_kernel<OP, T><<<grid_for(outer, 1), kThreads, 0, s>>>(xs, os, outer, len);
+      reduce_rows_block_kernel<OP, S, O><<<grid_for(outer, 1), kThreads, 0, s>>>(xs, os, outer, len);
       HG_CUDA_CHECK_LAUNCH("reduce_rows_block_kernel");
     } else if (inner == 1) {
-      reduce_rows_warp_kernel<OP, T><<<grid_for(outer, kThreads / 32), kThreads, 0, s>>>(xs, os, outer, len);
+      reduce_rows_warp_kernel<OP, S, O><<<grid_for(outer, kThreads / 32), kThreads, 0, s>>>(xs, os, outer, len);
       HG_CUDA_CHECK_LAUNCH("reduce_rows_warp_kernel");
     } else {
       const int64_t tiles = outer * ((inner + kColTileX - 1) / kColTileX);
-      reduce_cols_kernel<OP, T><<<grid_for(tiles, 1), dim3(kColTileX, kColTileY), 0, s>>>(xs, os, outer, len, inner);
+      reduce_cols_kernel<OP, S, O><<<grid_for(tiles, 1), dim3(kColTileX, kColTileY), 0, s>>>(xs, os, outer, len,
+                                                                                            inner);
       HG_CUDA_CHECK_LAUNCH("reduce_cols_kernel");
     }
-  });
+  };
+  // bf16 input may reduce into an f32 output (e.g. a bias gradient); else out has x's dtype.
+  if (x.dtype() == DType::BF16 && out.dtype() == DType::F32) return launch(__nv_bfloat16{}, float{});
+  with_arith_type(x.dtype(), [&](auto zero) { launch(zero, zero); });
 }
 
 // ---- fill and cast -------------------------------------------------------------
@@ -423,21 +459,6 @@ uint16_t half_bits(Half h) {
   uint16_t bits;
   std::memcpy(&bits, &h, sizeof bits);
   return bits;
-}
-
-// Conversions go through float (or double between F32 / F64), the same route
-// the CPU takes, so CUDA and CPU casts agree bit for bit. Rounding is to
-// nearest even everywhere.
-__device__ __forceinline__ float widen(float x) { return x; }
-__device__ __forceinline__ double widen(double x) { return x; }
-__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
-
-template <class D, class W>
-__device__ __forceinline__ D narrow(W x) {
-  if constexpr (std::is_same_v<D, float> || std::is_same_v<D, double>) return static_cast<D>(x);
-  else if constexpr (std::is_same_v<D, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(x));
-  else return __float2half_rn(static_cast<float>(x));
 }
 
 template <class S, class D>
@@ -503,21 +524,24 @@ void check_fits_int(const char* op, const char* what, int64_t v, const Tensor& a
 // and a row-major matrix read column-major is its transpose, so we ask cuBLAS
 // for C^T = op(B)^T op(A)^T (n x m, ldc = n): B goes first, each operand
 // keeps its own transpose flag, and the leading dims are the stored row lengths.
-template <class T>
-void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, const T* a, long long stride_a, const T* b,
-                          long long stride_b, T* c, long long stride_c, int batch, T beta) {
-  const T alpha = T(1);
+void dgemm_strided_batched(bool ta, bool tb, int m, int n, int k, const double* a, long long stride_a,
+                           const double* b, long long stride_b, double* c, long long stride_c, int batch,
+                           double beta) {
+  const double alpha = 1.0;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int lda = ta ? m : k;  // stored A is (k x m) when transposed, else (m x k)
   const int ldb = tb ? k : n;  // stored B is (n x k) when transposed, else (k x n)
-  if constexpr (std::is_same_v<T, float>) {
-    HG_CUBLAS_CHECK(cublasSgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b,
-                                              a, lda, stride_a, &beta, c, n, stride_c, batch));
-  } else {
-    HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b,
-                                              a, lda, stride_a, &beta, c, n, stride_c, batch));
-  }
+  HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b, a,
+                                            lda, stride_a, &beta, c, n, stride_c, batch));
+}
+
+// bf16 input may reduce into an f32 output (a bias gradient); otherwise out has x's dtype.
+void check_output_dtype(const char* op, const Tensor& in, const Tensor& out) {
+  if (in.dtype() == DType::BF16 && out.dtype() == DType::F32) return;
+  if (in.dtype() != out.dtype())
+    fail(op, "out ", out.shape(), " has dtype ", dtype_name(out.dtype()), " but the input ", in.shape(), " is ",
+         dtype_name(in.dtype()), " (only bf16 input may write an f32 output)");
 }
 
 // ---- the backend ------------------------------------------------------------------
@@ -573,7 +597,7 @@ class CudaBackend final : public Backend {
     check_on_gpu(name, x);
     check_on_gpu(name, out);
     check_arithmetic_dtype(name, reduce_op_name(op), x);
-    check_same_dtype(name, x, out);
+    check_output_dtype(name, x, out);
     const int d = normalize_dim(dim, x.ndim(), name);
     Shape expected = x.shape();
     expected[d] = 1;
@@ -590,6 +614,8 @@ class CudaBackend final : public Backend {
     fail(name, "unknown ReduceOp ", static_cast<int>(op));
   }
 
+  // F32 and BF16 go through cuBLASLt (Backend::gemm without an epilogue);
+  // F64 keeps cublasDgemm.
   void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
               bool accumulate) override {
     const char* name = "cuda matmul";
@@ -599,6 +625,13 @@ class CudaBackend final : public Backend {
     check_arithmetic_dtype(name, "a", a);
     check_same_dtype(name, a, b);
     check_same_dtype(name, a, out);
+    if (a.dtype() != DType::F64) {
+      GemmArgs args;
+      args.transpose_a = transpose_a;
+      args.transpose_b = transpose_b;
+      args.accumulate = accumulate;
+      return gemm(a, b, out, args);
+    }
     const MatmulShape shape = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, name);
     if (out.shape() != shape.out)
       fail(name, "out has shape ", out.shape(), ", expected ", shape.out, " for a ", a.shape(), " b ", b.shape());
@@ -611,12 +644,9 @@ class CudaBackend final : public Backend {
     }
     for (auto [what, v] : {std::pair<const char*, int64_t>{"m", m}, {"n", n}, {"k", k}, {"batch", batch}})
       check_fits_int(name, what, v, a, b);
-    with_float_type(a.dtype(), [&](auto zero) {
-      using T = decltype(zero);
-      gemm_strided_batched<T>(transpose_a, transpose_b, int(m), int(n), int(k), static_cast<const T*>(a.raw_data()),
-                              m * k, static_cast<const T*>(b.raw_data()), shared_b ? 0 : k * n,
-                              static_cast<T*>(out.raw_data()), m * n, int(batch), accumulate ? T(1) : T(0));
-    });
+    dgemm_strided_batched(transpose_a, transpose_b, int(m), int(n), int(k), static_cast<const double*>(a.raw_data()),
+                          m * k, static_cast<const double*>(b.raw_data()), shared_b ? 0 : k * n,
+                          static_cast<double*>(out.raw_data()), m * n, int(batch), accumulate ? 1.0 : 0.0);
   }
 
   void fill(Tensor& out, double value) override {
@@ -680,12 +710,45 @@ class CudaBackend final : public Backend {
     fail(name, "unsupported element size for dtype ", dtype_name(x.dtype()));
   }
 
+  void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) override {
+    const char* name = "cuda gemm";
+    check_on_gpu(name, a);
+    const MatmulShape shape = check_gemm(a, b, out, args, name);
+    if (a.dtype() == DType::F64 && args.epilogue == GemmEpilogue::None)
+      return matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
+    gpu::gemm_lt(a, b, out, args, shape);
+  }
+
   void gather_rows(const Tensor& table, const Tensor& ids, const std::vector<int32_t>&, Tensor& out) override {
     gpu::gather_rows_cuda(table, ids, ids.numel(), out);  // reads the ids already on the GPU
   }
 
+  void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) override {
+    gpu::scatter_add_rows_cuda_device_ids(grad, ids, grad_table);
+  }
+
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     gpu::scatter_add_rows_cuda(grad, host_ids, grad_table);
+  }
+
+  void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {
+    check_adamw_group(group, config, state, /*allow_f64=*/false, "cuda adamw_multi");
+    check_on_gpu("cuda adamw_multi", state);
+    gpu::adamw_multi(group, config, state);
+  }
+
+  void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) override {
+    check_sum_of_squares(xs, out, /*allow_f64=*/false, "cuda sum_of_squares");
+    check_on_gpu("cuda sum_of_squares", out);
+    gpu::sum_of_squares_multi(xs, out);
+  }
+
+  void sgd_update(Tensor& p, const Tensor& g, Tensor* velocity, double lr, double momentum,
+                  double weight_decay) override {
+    check_sgd_update(p, g, velocity, /*allow_f64=*/false, "cuda sgd_update");
+    check_on_gpu("cuda sgd_update", p);
+    gpu::sgd_step(p.data<float>(), g.data<float>(), velocity ? velocity->data<float>() : nullptr, p.numel(),
+                  static_cast<float>(lr), static_cast<float>(momentum), static_cast<float>(weight_decay));
   }
 };
 

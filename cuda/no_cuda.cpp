@@ -36,12 +36,21 @@ void empty_cache() { no_cuda("gpu::empty_cache"); }
 void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda("gpu::copy_bytes"); }
 void synchronize() { no_cuda("gpu::synchronize"); }
 
+Graph::~Graph() = default;
+void Graph::begin_capture() { no_cuda("gpu::Graph::begin_capture"); }
+void Graph::end_capture() { no_cuda("gpu::Graph::end_capture"); }
+void Graph::abort_capture() noexcept {}
+void Graph::replay() { no_cuda("gpu::Graph::replay"); }
+void Graph::reset() noexcept {}
+
 Timer::Timer() { no_cuda("gpu::Timer"); }
 Timer::~Timer() = default;
 void Timer::start() { no_cuda("gpu::Timer::start"); }
 float Timer::stop_ms() { no_cuda("gpu::Timer::stop_ms"); }
 
 int sm_count() { no_cuda("gpu::sm_count"); }
+int compute_capability() { no_cuda("gpu::compute_capability"); }
+
 const char* device_name() { no_cuda("gpu::device_name"); }
 
 void sgd_step(float*, const float*, float*, int64_t, float, float, float) { no_cuda("gpu::sgd_step"); }
@@ -70,6 +79,9 @@ void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t
 }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }
+void scatter_add_rows_cuda_device_ids(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("gpu::scatter_add_rows_cuda_device_ids");
+}
 void scatter_add_rows_cuda(const Tensor&, const std::vector<int32_t>&, Tensor&) {
   no_cuda("gpu::scatter_add_rows_cuda");
 }

@@ -1,5 +1,6 @@
-// Fused optimizer updates and the gradient-norm reduction (one kernel per
-// parameter per step; see cuda/optim_kernels.hpp for the formulas).
+// Per-tensor optimizer updates (one kernel per parameter per step; see
+// cuda/optim_kernels.hpp for the formulas). The norm reductions and the
+// multi-tensor AdamW live in cuda/multi_tensor_adamw.cu.
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/optim_kernels.hpp"
@@ -50,40 +51,6 @@ __global__ void scale_kernel(float* __restrict__ x, int64_t n, float s) {
     x[i] *= s;
 }
 
-// Block-wide sum of doubles in a fixed tree order; the result is valid in thread 0.
-__device__ double block_sum_double(double v) {
-  __shared__ double warp_sums[kThreads / 32];
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  v = 0.0;
-  if (warp == 0) {
-    v = lane < kThreads / 32 ? warp_sums[lane] : 0.0;
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
-// Stage 1: block b sums the squares of its grid-stride share into partials[b].
-__global__ void sum_squares_partials(const float* __restrict__ x, int64_t n, double* __restrict__ partials) {
-  double acc = 0.0;
-  for (int64_t i = blockIdx.x * int64_t(kThreads) + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
-    const double xi = x[i];
-    acc += xi * xi;
-  }
-  acc = block_sum_double(acc);
-  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
-}
-
-// Stage 2: one block adds the partials in a fixed order.
-__global__ void sum_partials(const double* __restrict__ partials, int count, double* __restrict__ out) {
-  double acc = 0.0;
-  for (int i = threadIdx.x; i < count; i += kThreads) acc += partials[i];
-  acc = block_sum_double(acc);
-  if (threadIdx.x == 0) *out = acc;
-}
-
 }  // namespace
 
 void sgd_step(float* p, const float* g, float* v, int64_t n, float lr, float momentum, float weight_decay) {
@@ -104,31 +71,6 @@ void scale_inplace(float* x, int64_t n, float s) {
   if (n <= 0) return;
   scale_kernel<<<grid_for(n), kThreads, 0, stream()>>>(x, n, s);
   HG_CUDA_CHECK_LAUNCH("scale_kernel");
-}
-
-double sum_of_squares(const float* x, int64_t n) {
-  if (n <= 0) return 0.0;
-  // The grid depends on n only (not on the GPU), so the summation order and
-  // hence the bits of the result are the same on every device.
-  constexpr int64_t kMaxBlocks = 1024;
-  const int64_t wanted = (n + 4 * kThreads - 1) / (4 * kThreads);
-  const int blocks = static_cast<int>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
-
-  // partials[0 .. blocks) then the total at partials[blocks].
-  auto* partials = static_cast<double*>(allocate((blocks + 1) * sizeof(double)));
-  double total = 0.0;
-  try {
-    sum_squares_partials<<<blocks, kThreads, 0, stream()>>>(x, n, partials);
-    HG_CUDA_CHECK_LAUNCH("sum_squares_partials");
-    sum_partials<<<1, kThreads, 0, stream()>>>(partials, blocks, partials + blocks);
-    HG_CUDA_CHECK_LAUNCH("sum_partials");
-    copy_bytes(&total, Device::CPU, partials + blocks, Device::CUDA, sizeof(double));
-  } catch (...) {
-    release(partials);
-    throw;
-  }
-  release(partials);
-  return total;
 }
 
 }  // namespace hg::gpu

@@ -4,6 +4,9 @@
 // parameters after checking shapes, dtypes (F32) and devices. Each update is
 // one kernel over the n elements of one parameter, on the handgrad stream.
 #include <cstdint>
+#include <vector>
+
+#include "core/backend.hpp"
 
 namespace hg::gpu {
 
@@ -20,11 +23,20 @@ void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float l
                 float beta2, float eps, float weight_decay, float bias_correction1,
                 float bias_correction2);
 
-// sum(x^2) accumulated in double. Deterministic: per-block partial sums, then
-// one block adds them in a fixed order; the grid depends on n only.
+// sum(x^2) accumulated in double, read back to the host (synchronises).
+// Deterministic: per-chunk partial sums, then one block adds them in a fixed
+// order; the chunks depend on n only (cuda/multi_tensor_adamw.cu).
 double sum_of_squares(const float* x, int64_t n);
 
 // x *= s.
 void scale_inplace(float* x, int64_t n, float s);
+
+// Backend::adamw_multi / sum_of_squares on CUDA (cuda/multi_tensor_adamw.cu),
+// after the backend's checks (all F32, state F64 on the GPU). 3 launches / 2
+// launches whatever the number of tensors. The first call for a set of
+// pointers uploads its tensor table (a synchronous copy): run one step before
+// capturing a CUDA graph.
+void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state);
+void sum_of_squares_multi(const std::vector<Tensor>& xs, Tensor& out);
 
 }  // namespace hg::gpu

@@ -69,26 +69,35 @@ size_t round_size(size_t bytes) {
   return (bytes + unit - 1) / unit * unit;
 }
 
+// CUDA graphs (class Graph below): while a graph is being captured, every
+// block handed out or given back belongs to that graph's private pool. A
+// replay re-reads and re-writes those addresses without the host knowing, so
+// a pool block is only ever reused by the same graph's capture, never by an
+// allocation outside it; blocks of the shared cache released during a capture
+// join the pool (the captured work may still use them). When the graph is
+// destroyed its pool is closed: its free blocks return to the shared cache,
+// and its live blocks follow when their tensors release them.
+//
 // Stats count whole blocks (the rounded size), so in_use can exceed the sum
 // of the tensors' nbytes by the rounding.
+using FreeList = std::multimap<size_t, void*>;  // block size -> cached block
+
 class CachingAllocator {
  public:
   void* allocate(size_t bytes) {
     const size_t size = round_size(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
-    // Smallest cached block that fits; reused only if it wastes at most half
-    // of itself, so a huge block is not pinned by a tiny tensor.
-    auto it = free_.lower_bound(size);
-    if (it != free_.end() && it->first <= 2 * size) {
-      void* ptr = it->second;
-      const size_t block = it->first;
-      free_.erase(it);
-      hand_out(ptr, block);
+    if (capture_pool_ != 0) {
+      // The pool's own blocks first, then the shared cache (whose queued
+      // users all precede the graph on the stream), then the driver.
+      if (void* ptr = take_cached(pools_[capture_pool_].free, size, capture_pool_)) return ptr;
+      if (void* ptr = take_cached(free_, size, capture_pool_)) return ptr;
+    } else if (void* ptr = take_cached(free_, size, 0)) {
       return ptr;
     }
     void* ptr = nullptr;
     cudaError_t err = cudaMalloc(&ptr, size);
-    if (err != cudaSuccess) {
+    if (err != cudaSuccess && capture_pool_ == 0) {  // freeing the cache synchronizes: not while capturing
       // Out of memory (or fragmented): give the cache back and try once more.
       cudaGetLastError();
       free_cached_locked();
@@ -104,7 +113,7 @@ class CachingAllocator {
     }
     stats_.reserved += size;
     stats_.device_mallocs += 1;
-    hand_out(ptr, size);
+    hand_out(ptr, size, capture_pool_);
     return ptr;
   }
 
@@ -118,10 +127,34 @@ class CachingAllocator {
       unknown_releases_ += 1;
       return;
     }
-    const size_t block = it->second;
+    const Block block = it->second;
     live_.erase(it);
-    stats_.in_use -= block;
-    free_.emplace(block, ptr);
+    stats_.in_use -= block.size;
+    free_list_for(block).emplace(block.size, ptr);
+  }
+
+  // Graph capture: blocks handed out or released until end_capture() belong to the new pool.
+  int begin_capture() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (capture_pool_ != 0) fail("gpu::Graph::begin_capture", "another graph is already being captured");
+    capture_pool_ = next_pool_++;
+    pools_[capture_pool_] = Pool{};
+    return capture_pool_;
+  }
+
+  void end_capture() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    capture_pool_ = 0;
+  }
+
+  // The graph is gone: its cached blocks return to the shared cache.
+  void close_pool(int id) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pools_.find(id);
+    if (it == pools_.end()) return;
+    for (const auto& entry : it->second.free) free_.emplace(entry);
+    pools_.erase(it);
+    if (capture_pool_ == id) capture_pool_ = 0;
   }
 
   MemoryStats stats() {
@@ -140,8 +173,36 @@ class CachingAllocator {
   }
 
  private:
-  void hand_out(void* ptr, size_t block) {
-    live_.emplace(ptr, block);
+  struct Block {
+    size_t size;
+    int pool;  // 0: the shared cache; else the graph pool it belongs to
+  };
+  struct Pool {
+    FreeList free;
+  };
+
+  // Smallest cached block of `list` that fits and wastes at most half of
+  // itself (a huge block is not pinned by a tiny tensor); nullptr if none.
+  void* take_cached(FreeList& list, size_t size, int pool) {
+    auto it = list.lower_bound(size);
+    if (it == list.end() || it->first > 2 * size) return nullptr;
+    void* ptr = it->second;
+    const size_t block = it->first;
+    list.erase(it);
+    hand_out(ptr, block, pool);
+    return ptr;
+  }
+
+  // Where a released block is cached: the capturing graph's pool during a
+  // capture, else the pool it belongs to while that graph lives, else the shared cache.
+  FreeList& free_list_for(const Block& block) {
+    if (capture_pool_ != 0) return pools_[capture_pool_].free;
+    auto it = pools_.find(block.pool);
+    return it != pools_.end() ? it->second.free : free_;
+  }
+
+  void hand_out(void* ptr, size_t block, int pool) {
+    live_.emplace(ptr, Block{block, pool});
     stats_.in_use += block;
     if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
   }
@@ -159,8 +220,11 @@ class CachingAllocator {
   }
 
   std::mutex mutex_;
-  std::multimap<size_t, void*> free_;       // block size -> cached block
-  std::unordered_map<void*, size_t> live_;  // handed-out block -> its size
+  FreeList free_;                          // the shared cache
+  std::unordered_map<void*, Block> live_;  // handed-out block -> its size and pool
+  std::map<int, Pool> pools_;              // live graphs' pools
+  int capture_pool_ = 0;                   // the pool of the graph being captured, 0 when none
+  int next_pool_ = 1;
   MemoryStats stats_;
   int64_t unknown_releases_ = 0;
 };
@@ -173,6 +237,78 @@ CachingAllocator& allocator() {
 }  // namespace
 
 void* allocate(size_t bytes) { return allocator().allocate(bytes); }
+
+// ---- CUDA graphs ---------------------------------------------------------------
+
+Graph::~Graph() { reset(); }
+
+void Graph::begin_capture() {
+  reset();
+  pool_ = allocator().begin_capture();
+  const cudaError_t err = cudaStreamBeginCapture(stream(), cudaStreamCaptureModeRelaxed);
+  if (err != cudaSuccess) {
+    allocator().end_capture();
+    allocator().close_pool(pool_);
+    pool_ = 0;
+    throw_cuda_error(err, "cudaStreamBeginCapture", __FILE__, __LINE__);
+  }
+  capturing_ = true;
+}
+
+void Graph::end_capture() {
+  if (!capturing_) fail("gpu::Graph::end_capture", "no capture in progress");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(stream(), &graph);
+  allocator().end_capture();
+  if (err != cudaSuccess) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    reset();
+    throw_cuda_error(err, "cudaStreamEndCapture (was something in the captured work synchronizing with the host?)",
+                     __FILE__, __LINE__);
+  }
+  graph_ = graph;
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  if (inst != cudaSuccess) {
+    cudaGetLastError();
+    reset();
+    throw_cuda_error(inst, "cudaGraphInstantiate", __FILE__, __LINE__);
+  }
+  exec_ = exec;
+}
+
+void Graph::abort_capture() noexcept {
+  if (capturing_) {
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(stream(), &graph);  // ends the (possibly invalidated) capture
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    allocator().end_capture();
+  }
+  reset();
+}
+
+void Graph::replay() {
+  if (exec_ == nullptr) fail("gpu::Graph::replay", "nothing captured (call begin_capture / end_capture first)");
+  HG_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), stream()));
+}
+
+void Graph::reset() noexcept {
+  if (capturing_) return abort_capture();
+  if (exec_ != nullptr || graph_ != nullptr) {
+    cudaStreamSynchronize(stream());  // a replay may still be running on the pool's blocks
+    if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+    cudaGetLastError();
+  }
+  exec_ = nullptr;
+  graph_ = nullptr;
+  if (pool_ != 0) allocator().close_pool(pool_);
+  pool_ = 0;
+}
 void release(void* ptr) { allocator().release(ptr); }
 MemoryStats memory_stats() { return allocator().stats(); }
 void reset_peak_memory() { allocator().reset_peak(); }
@@ -193,8 +329,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   if (src_device == Device::CPU) kind = cudaMemcpyHostToDevice;
   HG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream()));
   // Host memory may be pageable and may be reused by the caller right after
-  // we return, so every copy completes before returning.
-  HG_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  // we return, so a copy from or to the host completes before returning. A
+  // device-to-device copy is ordered on the stream like a kernel: no wait
+  // (and so it can be captured in a CUDA graph).
+  if (kind != cudaMemcpyDeviceToDevice) HG_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 void synchronize() { HG_CUDA_CHECK(cudaStreamSynchronize(stream())); }
@@ -247,6 +385,17 @@ int sm_count() {
     return n;
   }();
   return count;
+}
+
+int compute_capability() {
+  static const int cc = [] {
+    int major = 0, minor = 0;
+    const int device = current_device();
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
+  }();
+  return cc;
 }
 
 const char* device_name() {

@@ -23,7 +23,9 @@
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/logging.hpp"
+#include "core/math_mode.hpp"
 #include "core/optim.hpp"
+#include "core/precision.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor.hpp"
 #include "examples/png_plot.hpp"
@@ -42,6 +44,8 @@ namespace {
 struct Options {
   std::string data;
   bool unfused = false;
+  std::string precision = "auto";  // auto, fp32, bf16
+  bool tf32 = false;
   std::string device = "auto";
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
   double lr = 3e-3, dropout = 0.0, weight_decay = 0.01, clip = 1.0;
@@ -286,6 +290,10 @@ int main(int argc, char** argv) {
   app.add_option("--log-csv", o.log_csv, "per-step CSV log")->capture_default_str();
   app.add_option("--plot", o.plot, "PNG loss curve")->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
+  app.add_option("--precision", o.precision, "auto (bf16 on GPUs with sm_80+, fp32 on the CPU), fp32, bf16 (CUDA)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -300,6 +308,9 @@ int main(int argc, char** argv) {
                                            : (cuda_available() ? Device::CUDA : Device::CPU);
     HG_CHECK(dev == Device::CPU || cuda_available(), "train", "--device cuda but no CUDA GPU is available");
     set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
+    const Precision precision = o.precision == "auto" ? default_precision(dev) : parse_precision(o.precision);
+    check_precision_supported(precision, dev, "train --precision");
+    if (o.tf32) set_allow_tf32(true);
 
     // ---- data ----
     const bool lm = !o.data.empty();
@@ -330,6 +341,7 @@ int main(int argc, char** argv) {
     cfg.n_layers = o.layers;
     cfg.dropout = o.dropout;
     cfg.seed = static_cast<uint64_t>(o.seed);
+    cfg.precision = precision;
     DecoderLM model(cfg);
     if (o.resume) model.load(o.checkpoint);
     model.to(dev);
@@ -353,6 +365,7 @@ int main(int argc, char** argv) {
                 kernel_mode_name(kernel_mode()), static_cast<long long>(model.num_parameters()),
                 static_cast<long long>(o.d_model), static_cast<long long>(o.heads), static_cast<long long>(o.layers),
                 static_cast<long long>(o.seq_len), static_cast<long long>(o.batch));
+    std::printf("precision %s%s\n", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
     if (o.resume) std::printf("resumed from %s (+ .optim) at step %lld\n", o.checkpoint.c_str(), static_cast<long long>(start_step));
 
     std::ofstream csv(o.log_csv, o.resume ? std::ios::app : std::ios::trunc);

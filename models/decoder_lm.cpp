@@ -37,9 +37,11 @@ Tensor DecoderLM::forward_embedded(const Tensor& h, const Tensor& key_padding_ma
   h.check_defined(op);
   HG_CHECK(h.ndim() == 3 && h.size(2) == config_.d_model, op, "hidden states must be (B, T, ", config_.d_model,
            "), got ", h.shape());
+  check_precision_supported(config_.precision, h.device(), op);
   embedded_from_ids_ = false;
   h_shape_ = h.shape();
-  Tensor x = h;
+  h_dtype_ = h.dtype();
+  Tensor x = config_.precision == Precision::BF16 ? h.to(DType::BF16) : h;
   for (auto& layer : layers) x = layer->forward(x, key_padding_mask);
   x = ln_f.forward(x);
   const int64_t rows = h.size(0) * h.size(1);
@@ -55,6 +57,7 @@ Tensor DecoderLM::backward(const Tensor& dlogits) {
   const int64_t rows = h_shape_[0] * h_shape_[1];
   Tensor dx = ln_f.backward(head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_));
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dx = (*it)->backward(dx);
+  dx = dx.to(h_dtype_);
   if (embedded_from_ids_) embed.backward(embed_drop.backward(dx));
   return dx;
 }

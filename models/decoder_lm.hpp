@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/module.hpp"
+#include "core/precision.hpp"
 #include "core/random.hpp"
 #include "models/dropout.hpp"
 #include "models/embedding.hpp"
@@ -24,10 +25,17 @@ struct DecoderLMConfig {
   double ln_eps = 1e-5;
   uint64_t seed = 0;       // initialisation and dropout masks
   DType dtype = DType::F32;
+  // BF16: f32 parameters, bf16 activations and GEMMs (CUDA, sm_80+ only);
+  // docs/mixed_precision.md. default_precision(device) picks per device.
+  Precision precision = Precision::FP32;
 };
 
 // A GPT-style decoder-only language model:
 //   h = Dropout(Embedding(ids)); h = Layer_i(h) for each layer; logits = Head(LN_f(h))
+// Under bf16 precision the embedding sum stays f32 and is rounded to bf16
+// once at the entry of forward_embedded; the layers, LN_f, the head and the
+// logits then run in bf16 (docs/mixed_precision.md). backward returns the
+// gradient at h in h's own dtype.
 class DecoderLM : public Module {
  private:
   // Declared first so they exist before the modules that are built from them.
@@ -56,6 +64,7 @@ class DecoderLM : public Module {
  private:
   bool embedded_from_ids_ = false;  // whether backward should continue into the embedding
   Shape h_shape_;
+  DType h_dtype_ = DType::F32;
 };
 
 }  // namespace hg

@@ -25,7 +25,7 @@ Tensor Embedding::forward(const Tensor& ids) {
   HG_PROFILE("embedding", ids.device());
   ids_ = ids;
   // (B, T, D) + (T, D) broadcasts the position rows over the batch.
-  return add(gather_rows(token.value, ids), position.value.slice(0, t));
+  return add(gather_rows(token.value, ids, id_check_), position.value.slice(0, t));
 }
 
 void Embedding::backward(const Tensor& dy) {
@@ -34,7 +34,7 @@ void Embedding::backward(const Tensor& dy) {
   const int64_t b = ids_.size(0), t = ids_.size(1), d = token.value.size(1);
   HG_CHECK(dy.shape() == Shape({b, t, d}), op, "dy ", dy.shape(), " must be (B, T, D) = ", Shape({b, t, d}));
   HG_PROFILE("embedding", dy.device());
-  scatter_add_rows(dy, ids_, token.grad);
+  scatter_add_rows(dy, ids_, token.grad, id_check_);
   // Position t's gradient is the sum over the batch; its rows [0, T) of the table.
   Tensor dpos = sum(dy, 0);
   Tensor pos_grad_rows = position.grad.slice(0, t);

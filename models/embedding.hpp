@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/indexing.hpp"
 #include "core/module.hpp"
 #include "core/random.hpp"
 
@@ -21,8 +22,14 @@ class Embedding : public Module {
   Parameter token;     // (vocab, dim)
   Parameter position;  // (max_positions, dim)
 
+  // Where ids are checked (core/indexing.hpp): on the host (default), or on
+  // the device while TrainStep captures a CUDA graph (it checks each batch
+  // on the host before copying it in).
+  void set_id_check(IdCheck check) { id_check_ = check; }
+
  private:
   Tensor ids_;  // saved by forward
+  IdCheck id_check_ = IdCheck::Host;
 };
 
 }  // namespace hg

@@ -1,5 +1,7 @@
 #include "models/feedforward.hpp"
 
+#include "core/kernel_mode.hpp"
+
 namespace hg {
 
 FeedForward::FeedForward(int64_t d_model, int64_t hidden, Generator& gen, double dropout, uint64_t dropout_seed,
@@ -16,15 +18,27 @@ Tensor FeedForward::forward(const Tensor& x) {
   HG_CHECK(x.ndim() >= 1 && x.size(-1) == d_model_, "FeedForward::forward", "x must end in d_model ", d_model_,
            ", got ", x.shape());
   x_shape_ = x.shape();
-  const Tensor hidden = act.forward(fc1.forward(x.reshape({-1, d_model_})));
+  const Tensor rows = x.reshape({-1, d_model_});
+  Tensor hidden;
+  if (kernel_mode() == KernelMode::Fused && fc1.gelu_fusable()) {
+    hidden = fc1.forward_gelu(rows, pre_);
+  } else {
+    pre_ = Tensor();
+    hidden = act.forward(fc1.forward(rows));
+  }
   return drop.forward(fc2.forward(hidden)).reshape(x_shape_);
 }
 
 Tensor FeedForward::backward(const Tensor& dy) {
   HG_CHECK(dy.shape() == x_shape_, "FeedForward::backward", "dy ", dy.shape(), " must match the forward input ",
            x_shape_);
-  const Tensor dhidden = act.backward(fc2.backward(drop.backward(dy.reshape({-1, d_model_}))));
-  return fc1.backward(dhidden).reshape(x_shape_);
+  const Tensor dout = drop.backward(dy.reshape({-1, d_model_}));
+  if (pre_.defined()) {
+    Tensor db1;
+    const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_, db1);
+    return fc1.backward_with_bias_grad(dpre, db1).reshape(x_shape_);
+  }
+  return fc1.backward(act.backward(fc2.backward(dout))).reshape(x_shape_);
 }
 
 }  // namespace hg

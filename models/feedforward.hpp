@@ -10,6 +10,10 @@
 namespace hg {
 
 // Position-wise MLP: Linear(d, hidden) -> GELU -> Linear(hidden, d) -> Dropout.
+// Fused mode with hidden % 8 == 0 runs GELU inside the GEMMs: fc1's bias+GELU
+// epilogue keeps the pre-activation, and fc2's dx GEMM applies gelu' and sums
+// fc1's bias gradient in its epilogue. Otherwise (unfused mode) the GELU
+// module runs as its own passes.
 class FeedForward : public Module {
  public:
   FeedForward(int64_t d_model, int64_t hidden, Generator& gen, double dropout = 0.0, uint64_t dropout_seed = 0,
@@ -26,6 +30,7 @@ class FeedForward : public Module {
  private:
   Shape x_shape_;
   int64_t d_model_;
+  Tensor pre_;  // fc1's pre-activation when GELU ran in the epilogue, else undefined
 };
 
 }  // namespace hg

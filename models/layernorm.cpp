@@ -1,5 +1,6 @@
 #include "models/layernorm.hpp"
 
+#include "core/backend.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 
@@ -24,10 +25,30 @@ Tensor LayerNorm::backward(const Tensor& dy) {
   HG_PROFILE("layernorm", dy.device());  // the op and the grad accumulation
   HG_CHECK(x_.defined(), "LayerNorm::backward", "backward called before forward");
   LayerNormGrads g = layernorm_backward(dy, x_, gamma.value, saved_);
-  // Accumulate in place: the grad tensors keep their storage (optimizers hold them).
-  gamma.grad.copy_(add(gamma.grad, g.dgamma));
-  beta.grad.copy_(add(beta.grad, g.dbeta));
+  accumulate_grads(g);
   return g.dx;
+}
+
+ResidualLayerNormOutput LayerNorm::forward_residual(const Tensor& x, const Tensor& r) {
+  HG_PROFILE("layernorm", x.device());
+  ResidualLayerNormOutput out = residual_layernorm_forward(x, r, gamma.value, beta.value, eps_, &saved_);
+  x_ = out.h;
+  return out;
+}
+
+Tensor LayerNorm::backward_residual(const Tensor& dy, const Tensor& dh_in) {
+  HG_PROFILE("layernorm", dy.device());
+  HG_CHECK(x_.defined(), "LayerNorm::backward_residual", "backward called before forward");
+  LayerNormGrads g = residual_layernorm_backward(dy, dh_in, x_, gamma.value, saved_);
+  accumulate_grads(g);
+  return g.dx;
+}
+
+void LayerNorm::accumulate_grads(const LayerNormGrads& g) {
+  // In place: the grad tensors keep their storage (optimizers hold them).
+  Backend& be = backend_for(gamma.grad.device());
+  be.zip(BinaryOp::Add, gamma.grad, g.dgamma, gamma.grad);
+  be.zip(BinaryOp::Add, beta.grad, g.dbeta, beta.grad);
 }
 
 }  // namespace hg

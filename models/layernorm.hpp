@@ -3,6 +3,7 @@
 
 #include "core/module.hpp"
 #include "ops/layernorm.hpp"
+#include "ops/residual_layernorm.hpp"
 
 namespace hg {
 
@@ -17,6 +18,13 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x);    // (..., dim) -> (..., dim)
   Tensor backward(const Tensor& dy);  // dy like the last x -> dx
 
+  // The residual seam in one pass (ops/residual_layernorm.hpp): h = x + r
+  // and y = LN(h); h is this module's input for backward.
+  ResidualLayerNormOutput forward_residual(const Tensor& x, const Tensor& r);
+  // The gradient of h: dh_in (the residual path; may be undefined) plus the
+  // LayerNorm backward of dy, in one pass; accumulates dgamma / dbeta.
+  Tensor backward_residual(const Tensor& dy, const Tensor& dh_in);
+
   int64_t dim() const { return dim_; }
   double eps() const { return eps_; }
 
@@ -26,8 +34,9 @@ class LayerNorm : public Module {
  private:
   int64_t dim_;
   double eps_;
-  Tensor x_;  // saved by forward
+  Tensor x_;  // saved by forward (h for forward_residual)
   LayerNormSaved saved_;
+  void accumulate_grads(const LayerNormGrads& g);
 };
 
 }  // namespace hg

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/backend.hpp"
+#include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 
@@ -18,23 +19,76 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool w
   if (with_bias) register_parameter("bias", bias, Tensor::rand({out_features}, gen, dtype, Device::CPU, -bound, bound));
 }
 
+namespace {
+
+// f32 weights serve bf16 input through their bf16 copies; otherwise x and W share a dtype.
+bool mixed(const Tensor& x, const Tensor& w) { return x.dtype() == DType::BF16 && w.dtype() == DType::F32; }
+
+void check_input(const char* op, const Tensor& x, const Tensor& w) {
+  check_same_device(op, x, w);
+  if (!mixed(x, w)) check_same_dtype(op, x, w);
+}
+
+}  // namespace
+
+const Tensor& Linear::weight_for(const Tensor& x) { return mixed(x, weight.value) ? bf16_copy(weight) : weight.value; }
+
 Tensor Linear::forward(const Tensor& x) {
   HG_PROFILE("linear", x.device());
   HG_CHECK(x.defined(), "Linear::forward", "x is an undefined tensor");
   HG_CHECK(x.ndim() >= 1 && x.shape().back() == in_, "Linear::forward", "x shape ", x.shape(),
            " should end in in_features=", in_, " (weight ", weight.value.shape(), ")");
-  check_same_device("Linear::forward", x, weight.value);
-  check_same_dtype("Linear::forward", x, weight.value);
+  check_input("Linear::forward", x, weight.value);
   x_ = x;
-  // Every leading dim folds into rows, so one 2-D matmul does the whole batch.
+  // Every leading dim folds into rows, so one 2-D GEMM does the whole batch.
   Shape y_shape = x.shape();
   y_shape.back() = out_;
-  Tensor y = matmul(x.reshape({-1, in_}), weight.value, false, true);
-  if (has_bias_) y = add(y, bias.value);
+  const Tensor x2 = x.reshape({-1, in_});
+  const Tensor& w = weight_for(x);
+  Tensor y = Tensor::empty({x2.size(0), out_}, x.dtype(), x.device());
+  GemmArgs args;
+  args.transpose_b = true;
+  if (has_bias_ && kernel_mode() == KernelMode::Fused) {
+    args.epilogue = GemmEpilogue::Bias;  // f32 bias, added before the output is rounded
+    args.bias = &bias.value;
+    backend_for(x.device()).gemm(x2, w, y, args);
+    return y.reshape(y_shape);
+  }
+  backend_for(x.device()).gemm(x2, w, y, args);
+  if (has_bias_) y = add(y, mixed(x, bias.value) ? bf16_copy(bias) : bias.value);
   return y.reshape(y_shape);
 }
 
-Tensor Linear::backward(const Tensor& dy) {
+Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
+  HG_PROFILE("linear", x.device());
+  HG_CHECK(gelu_fusable(), "Linear::forward_gelu", "needs a bias and out_features % 8 == 0, got out_features ", out_);
+  HG_CHECK(x.defined() && x.ndim() == 2 && x.size(1) == in_, "Linear::forward_gelu", "x must be (rows, ", in_,
+           "), got ", x.defined() ? x.shape() : Shape{});
+  check_input("Linear::forward_gelu", x, weight.value);
+  x_ = x;
+  pre = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
+  Tensor y = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
+  GemmArgs args;
+  args.transpose_b = true;
+  args.epilogue = GemmEpilogue::BiasGelu;
+  args.bias = &bias.value;
+  args.aux = &pre;
+  backend_for(x.device()).gemm(x, weight_for(x), y, args);
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, nullptr, nullptr, nullptr); }
+
+Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum) {
+  return backward_impl(dy, nullptr, &pre, &dpre_sum);
+}
+
+Tensor Linear::backward_with_bias_grad(const Tensor& dy, const Tensor& db) {
+  HG_CHECK(has_bias_, "Linear::backward_with_bias_grad", "the layer has no bias");
+  return backward_impl(dy, &db, nullptr, nullptr);
+}
+
+Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum) {
   HG_PROFILE("linear", dy.device());
   HG_CHECK(x_.defined(), "Linear::backward", "called before forward");
   HG_CHECK(dy.defined(), "Linear::backward", "dy is an undefined tensor");
@@ -42,14 +96,38 @@ Tensor Linear::backward(const Tensor& dy) {
   y_shape.back() = out_;
   HG_CHECK(dy.shape() == y_shape, "Linear::backward", "dy shape ", dy.shape(), " should be ", y_shape,
            " for the forward input ", x_.shape());
-  check_same_device("Linear::backward", dy, weight.value);
-  check_same_dtype("Linear::backward", dy, weight.value);
+  HG_CHECK(dy.dtype() == x_.dtype(), "Linear::backward", "dy ", dy.shape(), " is ", dtype_name(dy.dtype()),
+           " but the forward input was ", dtype_name(x_.dtype()));
+  check_input("Linear::backward", dy, weight.value);
   const Tensor dy2 = dy.reshape({-1, out_});
   const Tensor x2 = x_.reshape({-1, in_});
   Backend& be = backend_for(dy.device());
-  be.matmul(dy2, x2, weight.grad, /*transpose_a=*/true, /*transpose_b=*/false, /*accumulate=*/true);  // dW += dy^T x
-  if (has_bias_) be.zip(BinaryOp::Add, bias.grad, sum(dy2, 0, false), bias.grad);  // elementwise, in place
-  return matmul(dy2, weight.value).reshape(x_.shape());
+  // dW += dy^T x, in f32 for f32 weights whatever the activations' dtype.
+  GemmArgs dw;
+  dw.transpose_a = true;
+  dw.accumulate = true;
+  Tensor db = db_given != nullptr ? *db_given : Tensor();
+  if (has_bias_ && !db.defined() && kernel_mode() == KernelMode::Fused) {
+    db = Tensor::empty({out_}, bias.grad.dtype(), dy.device());
+    dw.epilogue = GemmEpilogue::BiasGradA;  // db = sum over rows of dy, from the same pass
+    dw.bias_grad = &db;
+  }
+  be.gemm(dy2, x2, weight.grad, dw);
+  if (has_bias_ && !db.defined()) {
+    db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());  // f32 sum of bf16 dy
+    be.reduce(ReduceOp::Sum, dy2, 0, db);
+  }
+  if (has_bias_) be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
+  Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
+  GemmArgs dx_args;
+  if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
+    dx_args.epilogue = GemmEpilogue::GeluBackward;
+    dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
+    *dpre_sum = Tensor::empty({in_}, weight.grad.dtype(), dy.device());  // f32 (f64 for f64 models)
+    dx_args.bias_grad = dpre_sum;
+  }
+  be.gemm(dy2, weight_for(dy), dx, dx_args);
+  return dx.reshape(x_.shape());
 }
 
 }  // namespace hg

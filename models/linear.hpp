@@ -10,6 +10,10 @@ namespace hg {
 // Fully connected layer y = x W^T + b for x of shape (..., in).
 // W is (out, in), so each output feature is a contiguous row of W;
 // W and b start uniform in [-1/sqrt(in), 1/sqrt(in)].
+// bf16 x (bf16 precision, CUDA): the GEMM reads the bf16 copy of W
+// (Parameter::compute), the output is bf16, dW and db accumulate in f32.
+// Fused mode folds the bias into the GEMM (and db into the dW GEMM); unfused
+// mode adds it with a separate pass.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, Generator& gen, bool with_bias = true, DType dtype = DType::F32);
@@ -18,6 +22,22 @@ class Linear : public Module {
   Tensor forward(const Tensor& x);
   // Adds dL/dW and dL/db into the parameter grads and returns dL/dx.
   Tensor backward(const Tensor& dy);
+
+  // The weight as the GEMM reads it for input x: W itself, or its bf16 copy for bf16 x.
+  const Tensor& weight_for(const Tensor& x);
+
+  // GELU fused into the GEMMs (FeedForward, fused mode; x 2-D, a bias, and
+  // out_features % 8 == 0 as cuBLASLt's GELU epilogue needs: gelu_fusable()).
+  // forward_gelu: gelu(x W^T + b) from one GEMM; the pre-activation x W^T + b
+  // is written to `pre` for the backward.
+  bool gelu_fusable() const { return has_bias_ && out_ % 8 == 0; }
+  Tensor forward_gelu(const Tensor& x, Tensor& pre);
+  // For the Linear that consumes gelu(pre): its dW and db as backward(), and
+  // d pre = (dy W) * gelu'(pre) from one GEMM, whose column sums (the
+  // producing Linear's bias gradient) land in dpre_sum (f32, (in_features,)).
+  Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum);
+  // backward() for a layer whose bias gradient db (f32) is already summed.
+  Tensor backward_with_bias_grad(const Tensor& dy, const Tensor& db);
 
   Parameter weight;
   Parameter bias;  // undefined value when built with bias = false
@@ -30,6 +50,8 @@ class Linear : public Module {
   int64_t in_, out_;
   bool has_bias_;
   Tensor x_;  // the last forward input
+
+  Tensor backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum);
 };
 
 }  // namespace hg

@@ -30,12 +30,15 @@ TransformerLayer::TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const Tensor& key_padding_mask) {
-  const Tensor h = residual_add(x, attn_drop.forward(attn.forward(ln1.forward(x), key_padding_mask)));
-  return residual_add(h, ffn.forward(ln2.forward(h)));
+  const Tensor a = attn_drop.forward(attn.forward(ln1.forward(x), key_padding_mask));
+  // h = x + a and LN2(h) in one pass.
+  const ResidualLayerNormOutput seam = ln2.forward_residual(x, a);
+  return residual_add(seam.h, ffn.forward(seam.y));
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
-  const Tensor dh = residual_add(dy, ln2.backward(ffn.backward(dy)));
+  // dh = dy (the residual path) + LN2's backward of the FFN's input gradient, in one pass.
+  const Tensor dh = ln2.backward_residual(ffn.backward(dy), dy);
   return residual_add(dh, ln1.backward(attn.backward(attn_drop.backward(dh))));
 }
 

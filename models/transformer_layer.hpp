@@ -13,6 +13,8 @@ namespace hg {
 // Pre-LN decoder block (GPT-2 style):
 //   h = x + Dropout(Attention(LN1(x)))
 //   y = h + FeedForward(LN2(h))          (FeedForward ends in its own dropout)
+// The first residual add and LN2 run as one op (LayerNorm::forward_residual),
+// whose backward also adds the residual gradient in the same pass.
 // Backward: the residual passes dy straight through and adds each branch's dx.
 class TransformerLayer : public Module {
  public:

@@ -7,6 +7,7 @@
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
+#include "cuda/cross_entropy_lse_kernels.hpp"
 #include "ops/cpu/cross_entropy_cpu.hpp"
 
 namespace hg {
@@ -47,23 +48,72 @@ Tensor unfused(const Tensor& x, const Tensor& targets, int64_t n_rows, int64_t v
   return loss;
 }
 
-}  // namespace
-
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                             CrossEntropySaved* saved) {
-  HG_PROFILE("cross_entropy", logits.device());
+void check_shapes(const Tensor& logits, const Tensor& targets) {
   logits.check_defined(kOp);
   targets.check_defined(kOp);
-  HG_CHECK(logits.dtype() == DType::F32 || logits.dtype() == DType::F64, kOp, "logits must be F32 or F64, got ",
-           dtype_name(logits.dtype()));
+  const DType t = logits.dtype();
+  HG_CHECK(t == DType::F32 || t == DType::F64 || (t == DType::BF16 && logits.is_cuda()), kOp,
+           "logits must be F32 or F64 (or BF16 on CUDA), got ", dtype_name(t), " on ", device_name(logits.device()));
   targets.check_dtype(DType::F32, kOp);
   check_same_device(kOp, logits, targets);
   HG_CHECK(logits.ndim() >= 1, kOp, "logits must have a class dim, got ", logits.shape());
   Shape expected(logits.shape().begin(), logits.shape().end() - 1);
   HG_CHECK(targets.shape() == expected, kOp, "targets ", targets.shape(), " must be logits ", logits.shape(),
            " without its last dim");
+  HG_CHECK(logits.size(-1) > 0, kOp, "empty class dim in logits ", logits.shape());
+}
+
+// CUDA, fused mode, F32 / BF16 logits: the kernels that keep two floats per row.
+bool use_lse_kernels(const Tensor& logits) {
+  return logits.is_cuda() && kernel_mode() == KernelMode::Fused &&
+         (logits.dtype() == DType::BF16 || logits.dtype() == DType::F32);
+}
+
+#if HG_WITH_CUDA
+Tensor lse_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, CrossEntropySaved* saved) {
+  const int64_t vocab = logits.size(-1), n_rows = targets.numel();
+  const Tensor x = logits.reshape({n_rows, vocab}), t = targets.reshape({n_rows});
+  Tensor loss = Tensor::empty({}, DType::F32, Device::CUDA);
+  Tensor row_stats = Tensor::empty({n_rows, 2}, DType::F32, Device::CUDA);
+  Tensor inv_count = Tensor::empty({1}, DType::F32, Device::CUDA);
+  gpu::cross_entropy_lse_forward(x, t, ignore_index, row_stats, loss, inv_count);
+  if (saved) {
+    saved->logits = x;
+    saved->targets = t;
+    saved->row_stats = row_stats;
+    saved->inv_count_device = inv_count;
+    saved->ignore_index = ignore_index;
+  }
+  return loss;
+}
+#else
+// Unreachable: without CUDA no tensor is on CUDA.
+Tensor lse_forward(const Tensor&, const Tensor&, int64_t, CrossEntropySaved*) {
+  fail(kOp, "logits are on CUDA but handgrad was built without CUDA");
+}
+#endif
+
+}  // namespace
+
+Tensor cross_entropy_forward_on_device(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                       CrossEntropySaved* saved) {
+  HG_PROFILE("cross_entropy", logits.device());
+  check_shapes(logits, targets);
+  if (!use_lse_kernels(logits)) return cross_entropy_forward(logits, targets, ignore_index, saved);
+  if (saved) {
+    *saved = CrossEntropySaved{};
+    saved->logits_shape = logits.shape();
+    saved->n_valid = -1;
+    saved->grad_dtype = logits.dtype();
+  }
+  return lse_forward(logits, targets, ignore_index, saved);
+}
+
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             CrossEntropySaved* saved) {
+  HG_PROFILE("cross_entropy", logits.device());
+  check_shapes(logits, targets);
   const int64_t vocab = logits.size(-1);
-  HG_CHECK(vocab > 0, kOp, "empty class dim in logits ", logits.shape());
   const int64_t n_rows = targets.numel();
   const int64_t n_valid = count_valid_targets(targets, vocab, ignore_index);
   const double inv_count = n_valid > 0 ? 1.0 / static_cast<double>(n_valid) : 0.0;
@@ -72,11 +122,17 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
     saved->inv_count = inv_count;
     saved->logits_shape = logits.shape();
     saved->n_valid = n_valid;
+    saved->grad_dtype = logits.dtype();
   }
-  const Tensor x = logits.reshape({n_rows, vocab});
+  // BF16 logits: fused mode keeps no probabilities (the gradient is written in
+  // BF16 by the backward); unfused mode computes in F32.
+  if (logits.dtype() == DType::BF16 && use_lse_kernels(logits) && n_rows > 0)
+    return lse_forward(logits, targets, ignore_index, saved);
+  const Tensor x = logits.dtype() == DType::BF16 ? logits.reshape({n_rows, vocab}).to(DType::F32)
+                                                 : logits.reshape({n_rows, vocab});
   if (n_rows == 0) {
     if (saved) saved->dlogits = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
-    return Tensor::zeros({}, logits.dtype(), logits.device());
+    return Tensor::zeros({}, math_dtype(logits.dtype()), logits.device());
   }
 
   const bool fused = kernel_mode() == KernelMode::Fused;
@@ -100,14 +156,24 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
 }
 
 Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss) {
-  HG_PROFILE("cross_entropy", saved.dlogits.defined() ? saved.dlogits.device() : saved.log_probs.device());
+  HG_PROFILE("cross_entropy", saved.row_stats.defined() ? saved.row_stats.device()
+                              : saved.dlogits.defined() ? saved.dlogits.device() : saved.log_probs.device());
   const char* op = "cross_entropy_backward";
   HG_CHECK(std::isfinite(dloss), op, "upstream gradient ", dloss, " is not finite");
+  if (saved.row_stats.defined()) {
+#if HG_WITH_CUDA
+    Tensor dlogits = Tensor::empty(saved.logits.shape(), saved.logits.dtype(), Device::CUDA);
+    gpu::cross_entropy_lse_backward(saved.logits, saved.targets, saved.ignore_index, saved.row_stats,
+                                    saved.inv_count_device, static_cast<float>(dloss), dlogits);
+    return dlogits.reshape(saved.logits_shape);
+#endif
+  }
   if (saved.dlogits.defined()) return dloss == 1.0 ? saved.dlogits : mul_scalar(saved.dlogits, dloss);
   HG_CHECK(saved.log_probs.defined(), op, "nothing saved: call cross_entropy_forward with a saved struct first");
   // d/dlogits of -(1/n) sum onehot * log_softmax = (softmax * valid - onehot) / n
   const Tensor g = sub(mul(exp(saved.log_probs), saved.valid), saved.onehot);
-  return mul_scalar(g, dloss * saved.inv_count).reshape(saved.logits_shape);
+  const Tensor dlogits = mul_scalar(g, dloss * saved.inv_count).reshape(saved.logits_shape);
+  return saved.grad_dtype == DType::BF16 ? dlogits.to(DType::BF16) : dlogits;
 }
 
 }  // namespace hg

@@ -21,13 +21,32 @@ struct CrossEntropySaved {
   Tensor valid;      // unfused path: (N, 1), 1 where the target counts
   double inv_count = 0;  // 1 / n_valid, or 0 when nothing counts
   Shape logits_shape;
-  int64_t n_valid = 0;
+  int64_t n_valid = 0;       // -1 when counted on the device (cross_entropy_forward_on_device)
+  // CUDA, BF16 logits (or the on-device variant): no probabilities kept; the
+  // backward recomputes them from the logits and two floats per row.
+  Tensor logits;            // (N, V) as given
+  Tensor targets;           // (N,)
+  Tensor row_stats;         // (N, 2) F32: row max m, log sum exp(x - m)
+  Tensor inv_count_device;  // (1,) F32: 1 / n_valid, or 0
+  int64_t ignore_index = 0;
+  DType grad_dtype = DType::F32;  // dtype of the returned gradient (the logits')
 };
 
 // Returns a 0-d tensor on logits' device. Targets must be integers in [0, V)
 // or equal to ignore_index (hg::Error otherwise). saved may be nullptr.
+// Logits F32 or F64; BF16 on CUDA (float32 math: fused mode keeps no
+// probabilities and writes BF16 dlogits; unfused mode computes in F32).
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                              CrossEntropySaved* saved);
+
+// The same loss without reading anything back to the host, for a step that
+// is captured in a CUDA graph: on CUDA in fused mode (F32 / BF16 logits) the
+// targets are not checked on the host and the counted rows are counted on
+// the device; a target that is neither a class nor ignore_index makes the
+// loss NaN (the caller's non-finite check reports it) instead of throwing.
+// Elsewhere it is cross_entropy_forward.
+Tensor cross_entropy_forward_on_device(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                       CrossEntropySaved* saved);
 
 // d loss / d logits (logits' shape), scaled by the upstream gradient dloss.
 Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss = 1.0);

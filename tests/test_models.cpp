@@ -785,8 +785,20 @@ TEST_CASE("profiler: records op kinds only when enabled", "[core][profiler]") {
     CHECK(e.calls > 0);
     CHECK(e.total_ms >= 0);
   }
-  for (const char* k : {"embedding", "layernorm", "linear", "matmul", "softmax", "layout", "gelu", "residual"})
+  for (const char* k : {"embedding", "layernorm", "linear", "matmul", "softmax", "layout", "residual"})
     CHECK(std::find(kinds.begin(), kinds.end(), k) != kinds.end());
+  // Fused mode runs GELU in the GEMM epilogues (kind "linear"); unfused, it is its own kind.
+  CHECK(std::find(kinds.begin(), kinds.end(), "gelu") == kinds.end());
+  {
+    KernelModeScope unfused(KernelMode::Unfused);
+    prof::reset();
+    prof::enable(true);
+    lm_step(model, ids, targets);
+    prof::enable(false);
+    bool gelu = false;
+    for (const auto& e : prof::entries()) gelu = gelu || e.kind == "gelu";
+    CHECK(gelu);
+  }
   prof::reset();
 }
 

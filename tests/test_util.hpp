@@ -80,6 +80,18 @@ inline bool all_finite(const Tensor& t) {
 // takes (exact: every storage type widens to float64 exactly).
 inline Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
 
+// The message of the exception `f` throws, or "" when it returns normally
+// (one spelling for Catch2 v2 and v3, which differ in their matchers).
+template <class F> std::string thrown_message(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
 }  // namespace hg::test
 
 namespace hg::test {

@@ -1,0 +1,148 @@
+#include "core/optimizer_ops.hpp"
+
+#include <cmath>
+
+namespace hg {
+namespace {
+
+void check_float(const Tensor& t, const char* what, size_t i, bool allow_f64, const char* op) {
+  t.check_defined(op);
+  HG_CHECK(t.dtype() == DType::F32 || (allow_f64 && t.dtype() == DType::F64), op, what, "[", i, "] ", t.shape(),
+           " has dtype ", dtype_name(t.dtype()), allow_f64 ? "; expected f32 or f64" : "; expected f32");
+}
+
+void check_twin(const Tensor& t, const Tensor& ref, const char* what, size_t i, const char* op) {
+  t.check_defined(op);
+  HG_CHECK(t.shape() == ref.shape() && t.dtype() == ref.dtype() && t.device() == ref.device(), op, what, "[", i,
+           "] is ", t.describe(), " but params[", i, "] is ", ref.describe());
+}
+
+template <class T>
+double sum_sq(const T* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+double sum_of_squares_of(const std::vector<Tensor>& xs) {
+  double total = 0;
+  for (const Tensor& x : xs)
+    total += x.dtype() == DType::F32 ? sum_sq(x.data<float>(), x.numel()) : sum_sq(x.data<double>(), x.numel());
+  return total;
+}
+
+// The arithmetic of hg::AdamW on the CPU (double), grads scaled by `scale`.
+template <class T>
+void adamw_tensor(T* p, const T* g, T* m, T* v, bf16_t* copy, int64_t n, const AdamWConfig& o, double lr,
+                  double bc1, double bc2, double scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    double param = static_cast<double>(p[i]) * (1.0 - lr * o.weight_decay);  // decoupled decay
+    const double grad = static_cast<double>(g[i]) * scale;
+    const double m1 = o.beta1 * static_cast<double>(m[i]) + (1.0 - o.beta1) * grad;
+    const double v1 = o.beta2 * static_cast<double>(v[i]) + (1.0 - o.beta2) * grad * grad;
+    m[i] = static_cast<T>(m1);
+    v[i] = static_cast<T>(v1);
+    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + o.eps);
+    p[i] = static_cast<T>(param);
+    if (copy) copy[i] = float_to_bf16(static_cast<float>(p[i]));
+  }
+}
+
+}  // namespace
+
+void check_adamw_group(const AdamWGroup& g, const AdamWConfig& c, const Tensor& state, bool allow_f64,
+                       const char* op) {
+  const size_t n = g.params.size();
+  HG_CHECK(g.grads.size() == n && g.m.size() == n && g.v.size() == n &&
+               (g.compute_copies.empty() || g.compute_copies.size() == n),
+           op, "the group's lists differ in length: params ", n, ", grads ", g.grads.size(), ", m ", g.m.size(),
+           ", v ", g.v.size(), ", compute_copies ", g.compute_copies.size(), " (0 or ", n, ")");
+  HG_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1 && c.eps > 0 && c.weight_decay >= 0 &&
+               c.max_grad_norm >= 0 && std::isfinite(c.max_grad_norm),
+           op, "bad config: beta1 ", c.beta1, ", beta2 ", c.beta2, " (each in [0, 1)), eps ", c.eps, " (> 0), weight_decay ",
+           c.weight_decay, " (>= 0), max_grad_norm ", c.max_grad_norm, " (finite, >= 0; 0 = no clipping)");
+  state.check_defined(op);
+  HG_CHECK(state.dtype() == DType::F64 && state.shape() == Shape{kAdamWStateSize}, op, "state is ",
+           state.describe(), ", expected f64 (", int(kAdamWStateSize), ",)");
+  for (size_t i = 0; i < n; ++i) {
+    check_float(g.params[i], "params", i, allow_f64, op);
+    HG_CHECK(g.params[i].device() == state.device(), op, "params[", i, "] is on ", device_name(g.params[i].device()),
+             " but state is on ", device_name(state.device()));
+    check_twin(g.grads[i], g.params[i], "grads", i, op);
+    check_twin(g.m[i], g.params[i], "m", i, op);
+    check_twin(g.v[i], g.params[i], "v", i, op);
+    if (!g.compute_copies.empty() && g.compute_copies[i].defined()) {
+      const Tensor& c16 = g.compute_copies[i];
+      HG_CHECK(c16.dtype() == DType::BF16 && c16.shape() == g.params[i].shape() &&
+                   c16.device() == g.params[i].device(),
+               op, "compute_copies[", i, "] is ", c16.describe(), ", expected bf16 like params[", i, "] ",
+               g.params[i].describe());
+    }
+  }
+}
+
+void check_sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, bool allow_f64, const char* op) {
+  out.check_defined(op);
+  HG_CHECK(out.dtype() == DType::F64 && out.shape() == Shape{1}, op, "out is ", out.describe(), ", expected f64 (1,)");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_float(xs[i], "xs", i, allow_f64, op);
+    HG_CHECK(xs[i].device() == out.device(), op, "xs[", i, "] is on ", device_name(xs[i].device()),
+             " but out is on ", device_name(out.device()));
+  }
+}
+
+void check_sgd_update(const Tensor& p, const Tensor& g, const Tensor* velocity, bool allow_f64, const char* op) {
+  check_float(p, "p", 0, allow_f64, op);
+  check_twin(g, p, "g", 0, op);
+  if (velocity) check_twin(*velocity, p, "velocity", 0, op);
+}
+
+namespace cpu {
+
+void adamw_multi(const AdamWGroup& g, const AdamWConfig& c, Tensor& state) {
+  double* s = state.data<double>();
+  const double norm = std::sqrt(sum_of_squares_of(g.grads));
+  s[kAdamWStep] += 1;
+  s[kAdamWGradNorm] = norm;
+  s[kAdamWSkipped] = std::isfinite(norm) ? 0 : 1;
+  s[kAdamWClipScale] = c.max_grad_norm > 0 && norm > c.max_grad_norm ? c.max_grad_norm / norm : 1.0;
+  s[5] = 1.0 - std::pow(c.beta1, s[kAdamWStep]);
+  s[6] = 1.0 - std::pow(c.beta2, s[kAdamWStep]);
+  if (s[kAdamWSkipped] != 0) return;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    bf16_t* copy = !g.compute_copies.empty() && g.compute_copies[i].defined() ? g.compute_copies[i].data<bf16_t>()
+                                                                              : nullptr;
+    const int64_t n = g.params[i].numel();
+    if (g.params[i].dtype() == DType::F32)
+      adamw_tensor(g.params[i].data<float>(), g.grads[i].data<float>(), g.m[i].data<float>(), g.v[i].data<float>(),
+                   copy, n, c, s[kAdamWLr], s[5], s[6], s[kAdamWClipScale]);
+    else
+      adamw_tensor(g.params[i].data<double>(), g.grads[i].data<double>(), g.m[i].data<double>(),
+                   g.v[i].data<double>(), copy, n, c, s[kAdamWLr], s[5], s[6], s[kAdamWClipScale]);
+  }
+}
+
+void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) { out.data<double>()[0] = sum_of_squares_of(xs); }
+
+template <class T>
+void sgd_typed(T* p, const T* g, T* v, int64_t n, double lr, double momentum, double wd) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double grad = static_cast<double>(g[i]) + wd * static_cast<double>(p[i]);
+    double step = grad;
+    if (v != nullptr) {
+      v[i] = static_cast<T>(momentum * static_cast<double>(v[i]) + grad);
+      step = v[i];
+    }
+    p[i] = static_cast<T>(static_cast<double>(p[i]) - lr * step);
+  }
+}
+
+void sgd_update(Tensor& p, const Tensor& g, Tensor* v, double lr, double momentum, double wd) {
+  if (p.dtype() == DType::F32)
+    sgd_typed(p.data<float>(), g.data<float>(), v ? v->data<float>() : nullptr, p.numel(), lr, momentum, wd);
+  else
+    sgd_typed(p.data<double>(), g.data<double>(), v ? v->data<double>() : nullptr, p.numel(), lr, momentum, wd);
+}
+
+}  // namespace cpu
+}  // namespace hg

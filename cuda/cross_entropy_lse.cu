@@ -1,0 +1,126 @@
+// Cross-entropy without saved probabilities (API and contract:
+// cuda/cross_entropy_lse_kernels.hpp; the math: docs/cross_entropy.md).
+// One block per row, any vocabulary size (threads stride over V, so V need
+// not be a multiple of anything).
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "core/cuda_runtime.hpp"
+#include "cuda/cross_entropy_lse_kernels.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/reduce.cuh"
+#include "cuda/storage_cast.cuh"
+
+namespace hg::gpu {
+namespace {
+
+constexpr int kRowThreads = 256;
+constexpr int kSumThreads = 1024;
+
+// -1: ignored row; -2: not a class (the loss becomes NaN); else the class.
+__device__ __forceinline__ int64_t target_class(float t, int64_t vocab, int64_t ignore_index) {
+  if (t == static_cast<float>(ignore_index)) return -1;
+  if (!(t >= 0.f && t < static_cast<float>(vocab)) || t != floorf(t)) return -2;
+  return static_cast<int64_t>(t);
+}
+
+// row_loss[row] = log s - (x[target] - m); counted[row] = 1 unless ignored.
+template <class T>
+__global__ void lse_rows(const T* __restrict__ logits, const float* __restrict__ targets, int64_t vocab,
+                         int64_t ignore_index, float* __restrict__ row_stats, float* __restrict__ row_loss,
+                         float* __restrict__ counted) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * vocab;
+  const int64_t target = target_class(targets[row], vocab, ignore_index);  // the same for the whole block
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
+  m = block_max(m, scratch);
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(to_f(x[j]) - m);
+  s = block_sum(s, scratch);
+  if (threadIdx.x != 0) return;
+  // m and log s are kept apart: m + log s would round to the ulp of m.
+  const float log_s = logf(s);
+  row_stats[2 * row] = m;
+  row_stats[2 * row + 1] = log_s;
+  counted[row] = target == -1 ? 0.f : 1.f;
+  row_loss[row] = target == -1 ? 0.f : target == -2 ? NAN : log_s - (to_f(x[target]) - m);
+}
+
+// One block: fixed-order sums of the row losses and the counted rows.
+__global__ void lse_finish(const float* __restrict__ row_loss, const float* __restrict__ counted, int64_t rows,
+                           float* __restrict__ loss, float* __restrict__ inv_count) {
+  __shared__ float scratch[32];
+  float acc = 0.f, n = 0.f;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    acc += row_loss[i];
+    n += counted[i];
+  }
+  acc = block_sum(acc, scratch);
+  n = block_sum(n, scratch);  // exact: integers below 2^24
+  if (threadIdx.x == 0) {
+    const float inv = n > 0.f ? 1.f / n : 0.f;
+    loss[0] = acc * inv;
+    inv_count[0] = inv;
+  }
+}
+
+template <class T>
+__global__ void lse_backward(const T* __restrict__ logits, const float* __restrict__ targets, int64_t vocab,
+                             int64_t ignore_index, const float* __restrict__ row_stats,
+                             const float* __restrict__ inv_count, float dloss, T* __restrict__ dlogits) {
+  const int64_t row = blockIdx.x;
+  const T* x = logits + row * vocab;
+  T* dx = dlogits + row * vocab;
+  const int64_t target = target_class(targets[row], vocab, ignore_index);
+  const float scale = target == -1 ? 0.f : inv_count[0] * dloss;
+  const float m = row_stats[2 * row], log_s = row_stats[2 * row + 1];
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float p = expf((to_f(x[j]) - m) - log_s);
+    dx[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
+  }
+}
+
+template <class F>
+void with_logits_type(DType dtype, F&& f) {
+  if (dtype == DType::F32) f(float{});
+  else f(__nv_bfloat16{});
+}
+
+}  // namespace
+
+void cross_entropy_lse_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& row_stats,
+                               Tensor& loss, Tensor& inv_count) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  Tensor scratch = Tensor::empty({2, rows}, DType::F32, Device::CUDA);  // row losses, counted flags
+  float* row_loss = scratch.data<float>();
+  if (rows > 0) {
+    with_logits_type(logits.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      lse_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          static_cast<const T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index,
+          row_stats.data<float>(), row_loss, row_loss + rows);
+      HG_CUDA_CHECK_LAUNCH("lse_rows");
+    });
+  }
+  lse_finish<<<1, kSumThreads, 0, stream()>>>(row_loss, row_loss + rows, rows, loss.data<float>(),
+                                              inv_count.data<float>());
+  HG_CUDA_CHECK_LAUNCH("lse_finish");
+}
+
+void cross_entropy_lse_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                const Tensor& row_stats, const Tensor& inv_count, float dloss, Tensor& dlogits) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (rows == 0) return;
+  with_logits_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    lse_backward<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+        static_cast<const T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index, row_stats.data<float>(),
+        inv_count.data<float>(), dloss, static_cast<T*>(dlogits.raw_data()));
+    HG_CUDA_CHECK_LAUNCH("lse_backward");
+  });
+}
+
+}  // namespace hg::gpu

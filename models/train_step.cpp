@@ -1,0 +1,119 @@
+#include "models/train_step.hpp"
+
+#include <cmath>
+
+#include "core/indexing.hpp"
+#include "core/profiler.hpp"
+#include "ops/cross_entropy.hpp"
+
+namespace hg {
+
+TrainStep::TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions options)
+    : model_(model), optimizer_(optimizer), options_(options), precision_(model.config().precision) {
+  HG_CHECK(options.warmup_steps >= 1, "TrainStep", "warmup_steps must be >= 1, got ", options.warmup_steps);
+  const std::vector<Parameter*> params = model.parameters();
+  HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
+  const Device dev = params.front()->value.device();
+  check_precision_supported(precision_, dev, "TrainStep");
+  if (!options.use_graph) graph_note_ = "off (use_graph = false / --no-graph)";
+  else if (dev != Device::CUDA) graph_note_ = "off: CUDA graphs need a CUDA model";
+  else if (model.config().dropout > 0) graph_note_ = "off: dropout draws its masks on the host each step";
+  else try_graph_ = true;
+}
+
+void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets) {
+  model_.zero_grad();
+  const Tensor logits = model_.forward(ids);
+  CrossEntropySaved saved;
+  // The on-device form (rows counted on the GPU, nothing read back) in plain
+  // and captured steps alike, so both run the same arithmetic; check_batch
+  // has checked the targets on the host.
+  loss_ = cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved);
+  model_.backward(cross_entropy_backward(saved));
+}
+
+StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const {
+  r.loss = loss_.item();
+  r.grad_norm = stepped ? optimizer_.last_grad_norm() : std::nan("");
+  const bool skipped = stepped && optimizer_.last_step_skipped();
+  if (std::isfinite(r.loss) && stepped && !skipped) return r;
+  const bool unchanged = !stepped || skipped || !update_applied_if_loss_bad;
+  throw NonFiniteError("TrainStep: step " + std::to_string(r.step) + ": loss " + std::to_string(r.loss) +
+                       (stepped ? ", gradient norm " + std::to_string(r.grad_norm) : std::string()) +
+                       " is not finite; " +
+                       (unchanged ? "the optimizer step was skipped, parameters are unchanged"
+                                  : "the parameters were updated with finite gradients"));
+}
+
+StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, StepResult r) {
+  check_batch(ids, targets);
+  enqueue_gradients(ids, targets);
+  // Checked before the update, so a non-finite loss never reaches the parameters.
+  if (!std::isfinite(loss_.item())) return finish(r, /*stepped=*/false, false);
+  {
+    HG_PROFILE("optimizer", ids.device());
+    optimizer_.step();
+  }
+  return finish(r, /*stepped=*/true, false);
+}
+
+StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepResult r) {
+  optimizer_.write_lr_to_device();  // outside the graph: the replay reads lr from the device
+  // The captured step checks nothing on the host: the batch is checked here.
+  check_batch(ids, targets);
+  if (!graph_.ready()) {
+    ids_in_ = ids.clone();
+    targets_in_ = targets.clone();
+    model_.embed.set_id_check(IdCheck::Device);
+    try {
+      graph_.begin_capture();
+      enqueue_gradients(ids_in_, targets_in_);
+      optimizer_.step();
+      graph_.end_capture();
+    } catch (const std::exception& e) {
+      graph_.abort_capture();
+      model_.embed.set_id_check(IdCheck::Host);
+      try_graph_ = false;
+      graph_note_ = std::string("off: the capture failed: ") + e.what();
+      return plain_step(ids, targets, r);
+    }
+    model_.embed.set_id_check(IdCheck::Host);  // plain use of the model (evaluation) checks on the host
+    graph_note_ = "on: captured at step " + std::to_string(r.step);
+  } else {
+    ids_in_.copy_(ids);
+    targets_in_.copy_(targets);
+    optimizer_.step_replayed();
+  }
+  graph_.replay();
+  // A non-finite norm made the captured update skip itself; a non-finite
+  // loss with a finite norm is reported as applied.
+  return finish(r, /*stepped=*/true, /*update_applied_if_loss_bad=*/true);
+}
+
+void TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {
+  const char* op = "TrainStep::run";
+  const int64_t vocab = model_.config().vocab_size;
+  read_indices(ids, vocab, op);
+  const std::vector<double> t = targets.to_vector();
+  for (size_t i = 0; i < t.size(); ++i)
+    HG_CHECK(t[i] == static_cast<double>(options_.ignore_index) ||
+                 (t[i] >= 0 && t[i] < static_cast<double>(vocab) && t[i] == std::floor(t[i])),
+             op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
+             ") nor ignore_index ", options_.ignore_index);
+}
+
+StepResult TrainStep::run(const Tensor& ids, const Tensor& targets) {
+  const char* op = "TrainStep::run";
+  ids.check_defined(op);
+  targets.check_defined(op);
+  HG_CHECK(ids.shape() == targets.shape() && ids.ndim() == 2, op, "ids ", ids.shape(), " and targets ",
+           targets.shape(), " must both be (B, T)");
+  HG_CHECK(!graph_.ready() || ids.shape() == ids_in_.shape(), op, "ids ", ids.shape(),
+           " differ in shape from the captured step's ", ids_in_.shape(), "; a CUDA graph replays fixed shapes");
+  StepResult r;
+  r.step = ++steps_;
+  if (try_graph_ && r.step > options_.warmup_steps) return graph_step(ids, targets, r);
+  return plain_step(ids, targets, r);
+}
+
+}  // namespace hg
