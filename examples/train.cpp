@@ -59,7 +59,6 @@ struct Options {
   int sample_bytes = 300;
   std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png";
   bool resume = false;
-  bool plot_given = false;  // --plot on the command line (an error without cairo)
   cli::CommonFlags common;
 };
 
@@ -299,7 +298,7 @@ void add_flags(CLI::App& app, Options& o) {
       "--checkpoint", o.checkpoint,
       "save the model here (and the optimizer state to PATH.optim) at each evaluation, at the end and when stopped");
   app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")->needs(checkpoint);
-  app.add_option("--log-csv", o.log_csv, "per-step CSV log (flushed every step; a resumed run continues it)")
+  app.add_option("--log-csv", o.log_csv, "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
       ->capture_default_str();
   app.add_option("--plot", o.plot, "loss curve, .png or .svg, of the whole run ('' for none)")->capture_default_str();
   cli::add_common_flags(app, o.common);
@@ -317,7 +316,7 @@ int64_t distinct_sentences(const Options& o) {
   return total;
 }
 
-void validate(Options& o, const CLI::App& app) {
+void validate(Options& o) {
   if (o.d_model % o.heads != 0)
     usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
   if (o.data.empty()) {
@@ -328,10 +327,8 @@ void validate(Options& o, const CLI::App& app) {
                   o.words, ", --min-len ", o.min_len, " and --max-len ", o.max_len,
                   " (held-out sentences never appear in training)");
   }
-  o.plot_given = app.count("--plot") > 0;
   if (!o.plot.empty() && !cli::plots_available()) {
-    if (o.plot_given) usage_error("--plot", o.plot, ": ", cli::plots_unavailable_reason());
-    spdlog::info("no loss plot: {}", cli::plots_unavailable_reason());
+    spdlog::warn("--plot {} skipped: {}", o.plot, cli::plots_unavailable_reason());
     o.plot.clear();
   }
   const auto ends_with = [](const std::string& s, const char* suffix) {
@@ -482,8 +479,11 @@ void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt) {
 History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& data, Device dev, int64_t start_step) {
   History h;
   h.start_step = h.end_step = start_step;
-  cli::StepLog log(o.log_csv, kLogHeader, o.resume ? start_step : -1);
-  load_history(log, h);
+  std::optional<cli::StepLog> log;  // none for --log-csv ''
+  if (!o.log_csv.empty()) {
+    log.emplace(o.log_csv, kLogHeader, o.resume ? start_step : -1);
+    load_history(*log, h);
+  }
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
   cli::Progress progress("step", o.steps, start_step, "tok", print_every);
   std::signal(SIGINT, on_stop_signal);
@@ -523,7 +523,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     }
     // The row before the checkpoint: a crash between the two leaves a log
     // that reaches past the checkpoint, which a resume cuts back.
-    log.row(row);
+    if (log) log->row(row);
     if (eval_now) save_checkpoint(o, model, opt);
   }
   progress.finish();
@@ -580,13 +580,14 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
       for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
     }
   }
-  std::printf("log: %s%s%s\n", o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ", o.plot.c_str());
+  std::printf("log: %s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ",
+              o.plot.c_str());
   if (!o.checkpoint.empty()) std::printf("checkpoint: %s\n", o.checkpoint.c_str());
   std::fflush(stdout);
 }
 
-int run(Options& o, const CLI::App& app) {
-  validate(o, app);
+int run(Options& o) {
+  validate(o);
   const Device dev = cli::resolve_device(o.device);
   set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
 
@@ -622,5 +623,5 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"train: trains a handgrad DecoderLM (built-in synthetic translation task, or --data FILE)", "train"};
   add_flags(app, o);
-  return cli::run_program(app, o.common, argc, argv, [&] { return run(o, app); });
+  return cli::run_program(app, o.common, argc, argv, [&] { return run(o); });
 }
