@@ -13,7 +13,7 @@ train=$(realpath "$1")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
-tiny=(--d-model 16 --heads 2 --layers 1 --held-out 40 --batch 8 --eval-every 25 --seed 3 --threads 1)
+tiny=(--device cpu --d-model 16 --heads 2 --layers 1 --held-out 40 --batch 8 --eval-every 25 --seed 3 --threads 1)
 failures=0
 check() {  # description, condition...
   local what=$1; shift
