@@ -14,16 +14,21 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
 tiny=(--device cpu --d-model 16 --heads 2 --layers 1 --held-out 40 --batch 8 --eval-every 25 --seed 3 --threads 1)
+N=400  # steps: long enough that a kill lands mid-run, even at ~1 ms per step
 failures=0
 check() {  # description, condition...
   local what=$1; shift
   if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
 }
-rows() { [[ -f $1 ]] && tail -n +2 "$1" | grep -c '^[0-9]' || echo 0; }
+rows() {  # complete or partial rows in a log (0 when there is none yet)
+  local n=0
+  [[ -f $1 ]] && n=$(tail -n +2 "$1" | grep -c '^[0-9]')
+  echo "${n:-0}"
+}
 wait_rows() {  # file, count: until the log has that many complete rows (60 s at most)
-  for _ in $(seq 600); do
+  for _ in $(seq 3000); do
     (($(rows "$1") >= $2)) && return 0
-    sleep 0.1
+    sleep 0.02
   done
   return 1
 }
@@ -37,20 +42,21 @@ continuous() {  # file, N
 # step and loss of every row: what a bit-exact resume reproduces.
 losses() { cut -d, -f1,2 "$1"; }
 
-# ---- reference: 150 steps uninterrupted
-"$train" "${tiny[@]}" --steps 150 --log-csv ref.csv --plot '' -q > ref.out 2>&1
-check "uninterrupted run" continuous ref.csv 150
+# ---- reference: N steps uninterrupted
+"$train" "${tiny[@]}" --steps $N --log-csv ref.csv --plot '' -q > ref.out 2>&1
+check "uninterrupted run" continuous ref.csv $N
 
-# ---- 1. SIGKILL after step 60 (last checkpoint at 50), resume
-"$train" "${tiny[@]}" --steps 150 --log-csv kill.csv --plot kill.png --checkpoint kill.ck -q > kill1.out 2>&1 &
+# ---- 1. SIGKILL after step 60 or a little later (checkpoints every 25 steps), resume
+"$train" "${tiny[@]}" --steps $N --log-csv kill.csv --plot kill.png --checkpoint kill.ck -q > kill1.out 2>&1 &
 pid=$!
 wait_rows kill.csv 60
 kill -KILL $pid
 wait $pid
 check "SIGKILL exit status 137" [ $? == 137 ]
-"$train" "${tiny[@]}" --steps 150 --log-csv kill.csv --plot kill.png --checkpoint kill.ck --resume > kill2.out 2>&1
+check "SIGKILL landed mid-run (the log stops before step $N)" [ "$(rows kill.csv)" -lt $N ]
+"$train" "${tiny[@]}" --steps $N --log-csv kill.csv --plot kill.png --checkpoint kill.ck --resume > kill2.out 2>&1
 check "resume after SIGKILL exits 0" [ $? == 0 ]
-check "resume after SIGKILL: the log has steps 1..150 once each" continuous kill.csv 150
+check "resume after SIGKILL: the log has steps 1..N once each" continuous kill.csv $N
 check "resume after SIGKILL: losses equal the uninterrupted run's" diff <(losses ref.csv) <(losses kill.csv)
 check "resume after SIGKILL: the plot exists, PNG, under 150 KB" \
   bash -c '[[ $(head -c 4 kill.png | tail -c 3) == PNG && $(stat -c %s kill.png) -lt 153600 ]]'
@@ -58,19 +64,20 @@ check "resume after SIGKILL: the plot exists, PNG, under 150 KB" \
 # ---- 2. SIGTERM (exit 143) and SIGINT (exit 130), each resumed
 for sig in TERM INT; do
   want=$([[ $sig == TERM ]] && echo 143 || echo 130)
-  "$train" "${tiny[@]}" --steps 150 --log-csv $sig.csv --plot '' --checkpoint $sig.ck > $sig.1.out 2>&1 &
+  "$train" "${tiny[@]}" --steps $N --log-csv $sig.csv --plot '' --checkpoint $sig.ck > $sig.1.out 2>&1 &
   pid=$!
   wait_rows $sig.csv 30
   kill -$sig $pid
   wait $pid
   check "SIG$sig: exit status $want" [ $? == "$want" ]
+  check "SIG$sig: landed mid-run" [ "$(rows $sig.csv)" -lt $N ]
   check "SIG$sig: says it stopped and saved" grep -q "stopped by SIG$sig after step" $sig.1.out
   check "SIG$sig: summary written" grep -q "==== summary ====" $sig.1.out
   stopped=$(grep -oE 'stopped by SIG[A-Z]+ after step [0-9]+' $sig.1.out | grep -oE '[0-9]+$')
   check "SIG$sig: the log ends at the step it stopped after" [ "$(tail -1 $sig.csv | cut -d, -f1)" == "$stopped" ]
-  "$train" "${tiny[@]}" --steps 150 --log-csv $sig.csv --plot '' --checkpoint $sig.ck --resume > $sig.2.out 2>&1
+  "$train" "${tiny[@]}" --steps $N --log-csv $sig.csv --plot '' --checkpoint $sig.ck --resume > $sig.2.out 2>&1
   check "SIG$sig: resume continues from step $stopped" grep -q "resumed from $sig.ck (+ .optim) at step $stopped" $sig.2.out
-  check "SIG$sig: the log has steps 1..150 once each" continuous $sig.csv 150
+  check "SIG$sig: the log has steps 1..N once each" continuous $sig.csv $N
   check "SIG$sig: losses equal the uninterrupted run's" diff <(losses ref.csv) <(losses $sig.csv)
 done
 
