@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -399,14 +401,25 @@ std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data) {
 // moves to the device and the optimizer is built on its parameters).
 int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data& data) {
   if (!o.resume) return 0;
-  opt.load_state(o.checkpoint + ".optim");
+  const std::string optim = o.checkpoint + ".optim";
+  opt.load_state(optim);
+  if (model_step >= 0 && model_step != opt.steps() && std::ifstream(optim + ".next")) {
+    // A save stopped between its two renames (see save_checkpoint): finish it.
+    opt.load_state(optim + ".next");
+    if (opt.steps() == model_step) {
+      HG_CHECK(std::rename((optim + ".next").c_str(), optim.c_str()) == 0, "train", "cannot rename ", optim, ".next");
+      spdlog::warn("{}: completed a checkpoint save that was interrupted (step {})", o.checkpoint, model_step);
+    } else {
+      opt.load_state(optim);
+    }
+  }
   const int64_t step = opt.steps();
   if (model_step < 0)
-    spdlog::warn("{} holds no step record (written by an older train); cannot check that it matches {}.optim", o.checkpoint,
-                 o.checkpoint);
+    spdlog::warn("{} holds no step record (written by an older train); cannot check that it matches {}", o.checkpoint,
+                 optim);
   else if (model_step != step)
-    fail("train", "--checkpoint ", o.checkpoint, " is from step ", model_step, " but ", o.checkpoint,
-         ".optim is from step ", step, ": they were not saved together; refusing to resume from the pair");
+    fail("train", "--checkpoint ", o.checkpoint, " is from step ", model_step, " but ", optim, " is from step ", step,
+         ": they were not saved together; refusing to resume from the pair");
   if (step >= o.steps)
     usage_error("--steps", o.steps, ": the checkpoint ", o.checkpoint, " is already at step ", step,
                 "; pass --steps > ", step, " to train further");
@@ -468,12 +481,19 @@ void load_history(const cli::StepLog& log, History& h) {
   }
 }
 
+// Both files are first written in full (each durable: temp, fsync, rename)
+// under a ".next" name, then renamed into place one after the other. A crash
+// before the renames leaves the previous pair; a crash between them leaves
+// PATH new and PATH.optim old, with the new state still in PATH.optim.next,
+// which maybe_resume then completes. Both files carry the step.
 void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt) {
   if (o.checkpoint.empty()) return;
-  // Each file is written atomically (temp + rename); both carry the step, so
-  // a crash between the two writes leaves a pair that --resume refuses.
-  model.save(o.checkpoint, opt.steps());
-  opt.save_state(o.checkpoint + ".optim");
+  const std::string optim = o.checkpoint + ".optim";
+  model.save(o.checkpoint + ".next", opt.steps());
+  opt.save_state(optim + ".next");
+  for (const std::string& path : {o.checkpoint, optim})
+    HG_CHECK(std::rename((path + ".next").c_str(), path.c_str()) == 0, "train", "cannot rename ", path, ".next to ",
+             path, ": ", std::strerror(errno));
 }
 
 History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& data, Device dev, int64_t start_step) {

@@ -5,7 +5,8 @@
 #   2. SIGTERM mid-run: exit 143 after saving a checkpoint at the last logged
 #      step; SIGINT: exit 130; the resumed run completes the log.
 #   3. A model checkpoint and optimizer state from different steps are
-#      refused; resuming past --steps is a usage error (exit 2).
+#      refused, unless the save was cut between its renames (then the resume
+#      completes it); resuming past --steps is a usage error (exit 2).
 #
 #   train_resume.sh PATH/TO/train
 set -uo pipefail
@@ -88,10 +89,18 @@ cp a.ck.optim a20.optim
 "$train" "${tiny[@]}" --steps 20 --log-csv b.csv --plot '' --checkpoint a.ck --resume > past.out 2>&1
 check "resume past the end: exit 2" [ $? == 2 ]
 check "resume past the end: message names --steps and the step" grep -q -- "--steps 20: the checkpoint a.ck is already at step" past.out
+cp a.ck.optim a30.optim
 cp a20.optim a.ck.optim  # model from step 30, optimizer from step 20
 "$train" "${tiny[@]}" --steps 40 --log-csv a.csv --plot '' --checkpoint a.ck --resume > mismatch.out 2>&1
 check "mismatched pair: exit 1" [ $? == 1 ]
 check "mismatched pair: message names both steps" grep -q "is from step 30 but a.ck.optim is from step 20" mismatch.out
+# A save killed between its two renames: model at 30, optimizer at 20, the
+# optimizer's step-30 state still in .optim.next: the resume completes it.
+cp a30.optim a.ck.optim.next
+"$train" "${tiny[@]}" --steps 40 --log-csv a.csv --plot '' --checkpoint a.ck --resume > completed.out 2>&1
+check "save interrupted between renames: resume completes it and exits 0" [ $? == 0 ]
+check "save interrupted between renames: says so" grep -q "completed a checkpoint save that was interrupted (step 30)" completed.out
+check "save interrupted between renames: resumed at step 30" grep -q "at step 30" completed.out
 if ((failures)); then
   for f in *.out; do echo "--- $f"; tail -5 "$f"; done
   echo "$failures check(s) failed"
