@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "examples/common/progress.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "core/kernel_mode.hpp"
@@ -45,9 +46,12 @@ std::vector<Size> parse_sizes(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    const auto x = item.find('x');
-    HG_CHECK(x != std::string::npos, "bench_layernorm", "size '", item, "' is not MxN");
-    sizes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+    long long m = 0, n = 0;
+    char x = 0, rest = 0;
+    if (std::sscanf(item.c_str(), "%lld%c%lld%c", &m, &x, &n, &rest) != 3 || x != 'x' || m < 1 || n < 1 ||
+        m > (1LL << 31) || n > (1LL << 31))
+      cli::usage_error("--sizes", text, ": '", item, "' is not MxN with 1 <= M, N <= 2^31");
+    sizes.push_back({m, n});
   }
   return sizes;
 }
@@ -96,18 +100,19 @@ struct Options {
   std::string device = "all";
   std::string sizes;
   std::string dtypes = "f32,bf16";
-  int iters = 0;  // 0: 50 on CUDA, 10 on the CPU
+  int iters = 0;  // 0 (not given): 50 on CUDA, 10 on the CPU
   int warmup = 3;
   bool fused_only = false;
   std::string csv = "bench_layernorm.csv";
   std::string png = "bench_layernorm.png";
+  cli::CommonFlags common;
 };
 
 DType parse_dtype(const std::string& name) {
   if (name == "f32") return DType::F32;
   if (name == "bf16") return DType::BF16;
   if (name == "f64") return DType::F64;
-  fail("bench_layernorm", "unknown dtype '", name, "' (f32, bf16, f64)");
+  cli::usage_error("--dtypes", name, ": unknown dtype (allowed: f32, bf16, f64)");
 }
 
 void run_device(Device device, const Options& opt, std::vector<Result>& results) {
@@ -129,6 +134,9 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
     dtypes.push_back(d);
   }
 
+  cli::Progress progress(std::string("bench_layernorm ") + device_name(device) + " case", int64_t(sizes.size() * dtypes.size()),
+                         0, "cases", 1);
+  int64_t cases_done = 0;
   for (const Size s : sizes) {
     for (const DType dtype : dtypes) {
       const double elems = double(s.M) * double(s.N);
@@ -150,8 +158,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
         try {
           record(pass, impl, measure());
         } catch (const hg::Error& e) {
-          std::fprintf(stderr, "skipped %s %s %s %lldx%lld: %s\n", pass, impl, dtype_name(dtype),
-                       static_cast<long long>(s.M), static_cast<long long>(s.N), e.what());
+          spdlog::warn("skipped {} {} {} {}x{}: {}", pass, impl, dtype_name(dtype), s.M, s.N, e.what());
         }
       };
 
@@ -212,11 +219,13 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
         if (r.impl == "fused" && r.M == s.M && r.N == s.N && r.dtype == dtype_name(dtype) &&
             r.device == device_name(device))
           rates += " " + r.pass + " " + std::to_string(static_cast<int>(r.gbps())) + " GB/s";
-      std::fprintf(stderr, "done %s %s %lldx%lld (%d input sets, %d calls per sample):%s\n", device_name(device),
-                   dtype_name(dtype), static_cast<long long>(s.M), static_cast<long long>(s.N), n_sets, reps,
-                   rates.c_str());
+      progress.update(++cases_done, 1,
+                      std::string(dtype_name(dtype)) + " " + std::to_string(s.M) + "x" + std::to_string(s.N) + " (" +
+                          std::to_string(n_sets) + " input sets, " + std::to_string(reps) + " calls per sample):" +
+                          rates);
     }
   }
+  progress.finish();
 }
 
 // The copy's rate (bytes read + written) for the same device, dtype and size.
@@ -250,7 +259,7 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
                 r.median_ms, r.gbps(), speedup > 0 ? (std::to_string(speedup).substr(0, 5) + "x").c_str() : "-",
                 pct > 0 ? (std::to_string(pct).substr(0, 5)).c_str() : "-");
   }
-  std::printf("CSV written to %s\n", csv_path.c_str());
+  spdlog::info("CSV written to {}", csv_path);
 }
 
 // GB/s against N for the fused and unfused ops and the copy, at the M most
@@ -264,34 +273,36 @@ void write_plot(const std::vector<Result>& results, const std::string& path) {
   bench::PlotLines lines;
   for (const Result& r : results)
     if (r.M == m && r.impl != "kernel") lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.impl, r.N, r.gbps());
-  bench::write_gbps_png(path, "N, M = " + std::to_string(m), lines.lines());
+  bench::write_gbps_plot(path, "LayerNorm bandwidth, M = " + std::to_string(m), "N (row length)", lines.lines());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  CLI::App app{"LayerNorm forward/backward bandwidth: fused vs unfused, CUDA and CPU"};
+  CLI::App app{"LayerNorm forward/backward bandwidth: fused vs unfused, CUDA and CPU", "bench_layernorm"};
   app.add_option("--device", opt.device, "cuda, cpu or all (all: CUDA when a GPU is present, then CPU)")
-      ->check(CLI::IsMember({"cuda", "cpu", "all"}));
+      ->check(CLI::IsMember({"cuda", "cpu", "all"}))
+      ->capture_default_str();
   app.add_option("--sizes", opt.sizes, "comma-separated MxN list, e.g. 4096x1024,16384x768 (default: per device)");
-  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only), f64 (CPU only)");
-  app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)");
-  app.add_option("--warmup", opt.warmup, "untimed samples per case");
+  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only), f64 (CPU only)")->capture_default_str();
+  app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)")->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_flag("--fused-only", opt.fused_only,
                "skip the unfused op (most of the time of a run at D ~ 1e5; no vs_unf column then)");
-  app.add_option("--csv", opt.csv, "CSV output path");
-  app.add_option("--png", opt.png, "PNG plot of GB/s against N at the most common M ('' for none)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
+  app.add_option("--png", opt.png, "plot of GB/s against N at the most common M, .png or .svg ('' for none)")
+      ->capture_default_str();
+  cli::add_common_flags(app, opt.common);
 
-  try {
+  return cli::run_program(app, opt.common, argc, argv, [&] {
+    cli::check_writable(opt.csv, "--csv");
+    bench::check_plot_path(opt.png, "--png");
+    if (!opt.sizes.empty()) parse_sizes(opt.sizes);  // a bad list fails now, not after the first device
     std::vector<Result> results;
     bench::for_each_device(opt.device, "bench_layernorm", [&](Device d) { run_device(d, opt, results); });
     report(results, opt.csv);
     if (!opt.png.empty()) write_plot(results, opt.png);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_layernorm: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return cli::kExitOk;
+  });
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "examples/common/progress.hpp"
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
@@ -57,8 +58,10 @@ std::vector<Size> parse_sizes(const std::string& text) {
     char x1 = 0, x2 = 0;
     std::stringstream is(item);
     long long b = 0, h = 0, t = 0;
-    HG_CHECK((is >> b >> x1 >> h >> x2 >> t) && x1 == 'x' && x2 == 'x' && b > 0 && h > 0 && t > 0, kBench,
-             "size '", item, "' is not BxHxT");
+    char rest = 0;
+    if (!((is >> b >> x1 >> h >> x2 >> t) && x1 == 'x' && x2 == 'x' && b > 0 && h > 0 && t > 0 && !(is >> rest)) ||
+        b > (1LL << 20) || h > (1LL << 20) || t > (1LL << 20))
+      cli::usage_error("--sizes", text, ": '", item, "' is not BxHxT with 1 <= B, H, T <= 2^20");
     s.B = b, s.H = h, s.T = t;
     sizes.push_back(s);
   }
@@ -126,16 +129,17 @@ struct Options {
   std::string device = "all";
   std::string sizes;
   std::string dtypes = "f32,bf16";
-  int iters = 0;  // 0: 30 on CUDA, 5 on the CPU
+  int iters = 0;  // 0 (not given): 30 on CUDA, 5 on the CPU
   int warmup = 3;
   std::string csv = "bench_softmax.csv";
   std::string png = "bench_softmax.png";
+  cli::CommonFlags common;
 };
 
 DType parse_dtype(const std::string& name) {
   if (name == "f32") return DType::F32;
   if (name == "bf16") return DType::BF16;
-  fail(kBench, "unknown dtype '", name, "' (f32, bf16)");
+  cli::usage_error("--dtypes", name, ": unknown dtype (allowed: f32, bf16)");
 }
 
 // One (device, size, dtype): forward (mask, causal) and backward, each fused,
@@ -192,9 +196,13 @@ class SizeRun {
       time_copy(fwd_bytes);
     }
 #endif
-    std::fprintf(stderr, "done %s %s (%lld, %lld, %lld) (%d input sets, %d calls per sample)\n",
-                 device_name(device_), dtype_name(dtype_), static_cast<long long>(size_.B),
-                 static_cast<long long>(size_.H), static_cast<long long>(size_.T), n_sets_, reps_);
+  }
+
+  // "f32 (B, H, T) (n input sets, r calls per sample)", for the progress line.
+  std::string describe() const {
+    return std::string(dtype_name(dtype_)) + " (" + std::to_string(size_.B) + ", " + std::to_string(size_.H) + ", " +
+           std::to_string(size_.T) + ") (" + std::to_string(n_sets_) + " input sets, " + std::to_string(reps_) +
+           " calls per sample)";
   }
 
  private:
@@ -219,8 +227,7 @@ class SizeRun {
         timings[m] = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) { keep[i] = op(i); });
         outputs[m] = keep[0];
       } catch (const hg::Error& e) {
-        std::fprintf(stderr, "skipped %s %s %s %s: %s\n", pass, variant, kernel_mode_name(modes[m]),
-                     dtype_name(dtype_), e.what());
+        spdlog::warn("skipped {} {} {} {}: {}", pass, variant, kernel_mode_name(modes[m]), dtype_name(dtype_), e.what());
       }
     }
     const double diff =
@@ -294,14 +301,19 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
     if (!cuda && d == DType::BF16) continue;  // BF16 softmax runs only on CUDA
     dtypes.push_back(d);
   }
+  cli::Progress progress(std::string(kBench) + " " + device_name(device) + " case", int64_t(sizes.size() * dtypes.size()), 0,
+                         "cases", 1);
+  int64_t cases_done = 0;
   for (const Size& s : sizes)
     for (const DType dtype : dtypes) {
       {
         SizeRun run(device, s, dtype, opt, iters, results);
         run.run_all();
+        progress.update(++cases_done, 1, run.describe());
       }
       if (cuda) gpu::empty_cache();  // the largest sizes hold GBs of cached blocks
     }
+  progress.finish();
 }
 
 const Result* find(const std::vector<Result>& results, const Result& r, const char* pass, const char* impl) {
@@ -338,7 +350,7 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
                 speedup > 0 ? (fixed(speedup, 2) + "x").c_str() : "-", pct > 0 ? fixed(pct, 1).c_str() : "-",
                 r.max_abs_diff >= 0 || std::isnan(r.max_abs_diff) ? fixed(r.max_abs_diff, 6).c_str() : "-");
   }
-  std::printf("CSV written to %s\n", csv_path.c_str());
+  spdlog::info("CSV written to {}", csv_path);
 }
 
 // GB/s against T for every fused and unfused case and the copy.
@@ -347,32 +359,33 @@ void write_plot(const std::vector<Result>& results, const std::string& path) {
   for (const Result& r : results)
     if (r.impl == "fused" || r.impl == "unfused" || r.pass == "copy")
       lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.variant + " " + r.impl, r.size.T, r.gbps());
-  bench::write_gbps_png(path, "T", lines.lines());
+  bench::write_gbps_plot(path, "Attention softmax bandwidth, scores (B, H, T, T)", "T (sequence length)", lines.lines());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  CLI::App app{"Attention softmax forward/backward bandwidth: fused vs unfused, CUDA and CPU"};
+  CLI::App app{"Attention softmax forward/backward bandwidth: fused vs unfused, CUDA and CPU", kBench};
   app.add_option("--device", opt.device, "cuda, cpu or all (all: CUDA when a GPU is present, then CPU)")
-      ->check(CLI::IsMember({"cuda", "cpu", "all"}));
+      ->check(CLI::IsMember({"cuda", "cpu", "all"}))
+      ->capture_default_str();
   app.add_option("--sizes", opt.sizes, "comma-separated BxHxT list, scores (B, H, T, T) (default: per device)");
-  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only)");
-  app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)");
-  app.add_option("--warmup", opt.warmup, "untimed samples per case");
-  app.add_option("--csv", opt.csv, "CSV output path");
-  app.add_option("--png", opt.png, "PNG plot of GB/s against T ('' for none)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only)")->capture_default_str();
+  app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)")->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
+  app.add_option("--png", opt.png, "plot of GB/s against T, .png or .svg ('' for none)")->capture_default_str();
+  cli::add_common_flags(app, opt.common);
 
-  try {
+  return cli::run_program(app, opt.common, argc, argv, [&] {
+    cli::check_writable(opt.csv, "--csv");
+    bench::check_plot_path(opt.png, "--png");
+    if (!opt.sizes.empty()) parse_sizes(opt.sizes);  // a bad list fails now, not after the first device
     std::vector<Result> results;
     bench::for_each_device(opt.device, kBench, [&](Device d) { run_device(d, opt, results); });
     report(results, opt.csv);
     if (!opt.png.empty()) write_plot(results, opt.png);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", kBench, e.what());
-    return 1;
-  }
-  return 0;
+    return cli::kExitOk;
+  });
 }

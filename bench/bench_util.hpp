@@ -15,7 +15,8 @@
 #include "core/cuda_runtime.hpp"
 #include "core/device.hpp"
 #include "core/error.hpp"
-#include "examples/png_plot.hpp"
+#include "examples/common/cli.hpp"
+#include "examples/common/plot.hpp"
 
 namespace hg::bench {
 
@@ -25,6 +26,7 @@ struct Timing {
 };
 
 inline Timing summarize(std::vector<double> ms) {
+  HG_CHECK(!ms.empty(), "bench", "no timed samples (iterations must be >= 1)");
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front()};
 }
@@ -80,28 +82,33 @@ struct PlotLine {
   std::vector<double> size, gbps;
 };
 
-// Writes a PNG of GB/s against log2(size), one colour per line, and prints
-// which colour is which (the PNG's tiny font has digits only, no legend).
-inline void write_gbps_png(const std::string& path, const std::string& size_name,
-                           const std::vector<PlotLine>& lines) {
-  static const std::array<std::pair<const char*, std::array<uint8_t, 3>>, 12> kColours = {{
-      {"blue", {31, 119, 180}},   {"orange", {255, 127, 14}}, {"green", {44, 160, 44}},
-      {"red", {214, 39, 40}},     {"purple", {148, 103, 189}}, {"brown", {140, 86, 75}},
-      {"pink", {227, 119, 194}},  {"grey", {127, 127, 127}},  {"olive", {188, 189, 34}},
-      {"cyan", {23, 190, 207}},   {"black", {0, 0, 0}},       {"gold", {255, 200, 0}},
-  }};
-  std::vector<plot::Series> series;
-  std::printf("PNG %s: GB/s (y) against log2(%s) (x)\n", path.c_str(), size_name.c_str());
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const auto& colour = kColours[i % kColours.size()];
-    plot::Series s;
-    for (double v : lines[i].size) s.x.push_back(std::log2(v));
-    s.y = lines[i].gbps;
-    s.rgb = colour.second;
-    series.push_back(s);
-    std::printf("  %-7s %s%s\n", colour.first, lines[i].name.c_str(), i >= kColours.size() ? " (colour reused)" : "");
+// Plots GB/s against `size_name` (log axis), one line per PlotLine, with a
+// legend; .png or .svg by the file's extension.
+inline void write_gbps_plot(const std::string& path, const std::string& title, const std::string& size_name,
+                            const std::vector<PlotLine>& lines) {
+  cli::PlotSpec spec;
+  spec.title = title;
+  spec.x_label = size_name;
+  spec.y_label = "GB/s (median)";
+  spec.log_x = true;
+  for (const PlotLine& l : lines) spec.series.push_back({l.name, l.size, l.gbps, true});
+  cli::write_plot(path, spec);
+  spdlog::info("plot written to {}", path);
+}
+
+// Checks a --png path before any work: writable, .png or .svg. Empty: no
+// plot. In a build without cairo the plot is skipped with a warning (the CSV
+// is the result; scripts/plot_bench.py can plot it) and the path cleared.
+inline void check_plot_path(std::string& path, const std::string& flag) {
+  if (path.empty()) return;
+  const auto ext = path.size() >= 4 ? path.substr(path.size() - 4) : std::string();
+  if (ext != ".png" && ext != ".svg") cli::usage_error(flag, path, ": the name must end in .png or .svg");
+  if (!cli::plots_available()) {
+    spdlog::warn("{} {} skipped: {}", flag, path, cli::plots_unavailable_reason());
+    path.clear();
+    return;
   }
-  if (!plot::line_plot(path, series)) std::fprintf(stderr, "could not write %s\n", path.c_str());
+  cli::check_writable(path, flag);
 }
 
 // Groups points into lines by name, keeping first-seen order.
@@ -124,29 +131,41 @@ class PlotLines {
 };
 
 // Runs `run(device)` for the devices `which` names: "cuda", "cpu", or "all"
-// (CUDA when a GPU is present, then the CPU). "cuda" without a GPU is an error.
-inline void for_each_device(const std::string& which, const char* bench, const std::function<void(Device)>& run) {
+// (CUDA when a GPU is present, then the CPU). "cuda" without a GPU is a usage
+// error ("--device cuda: no CUDA GPU ...").
+inline void for_each_device(const std::string& which, const char*, const std::function<void(Device)>& run) {
   const bool have_gpu = gpu::device_count() > 0;
-  if (which == "cuda" && !have_gpu) fail(bench, "--device cuda but no GPU is visible");
+  if (which == "cuda") cli::resolve_device("cuda");  // throws without a GPU
   if (which != "cpu" && have_gpu) {
-    std::fprintf(stderr, "GPU: %s, %d SMs\n", gpu::device_name(), gpu::sm_count());
+    spdlog::info("GPU: {}, {} SMs", gpu::device_name(), gpu::sm_count());
     run(Device::CUDA);
   }
   if (which != "cuda") run(Device::CPU);
 }
 
-// Appends rows to a CSV file, writing the header once.
+// Writes a CSV file: the header, then rows, each flushed; a failed open or
+// write throws hg::Error (so nothing is reported as written that was not).
 class Csv {
  public:
-  Csv(const std::string& path, const std::string& header) : out_(path) { out_ << header << '\n'; }
+  Csv(const std::string& path, const std::string& header) : path_(path), out_(path) {
+    HG_CHECK(out_.good(), "Csv", "cannot open ", path, " for writing");
+    out_ << header << '\n';
+    check();
+  }
   template <class... Cols> void row(const Cols&... cols) {
     bool first = true;
     ((out_ << (first ? "" : ",") << cols, first = false), ...);
     out_ << '\n';
-    out_.flush();
+    check();
   }
+  const std::string& path() const { return path_; }
 
  private:
+  void check() {
+    out_.flush();
+    HG_CHECK(out_.good(), "Csv", "cannot write to ", path_);
+  }
+  std::string path_;
   std::ofstream out_;
 };
 

@@ -1,5 +1,6 @@
 #include "core/module.hpp"
 
+#include <cmath>
 #include <map>
 
 #include "core/checkpoint.hpp"
@@ -92,14 +93,27 @@ void Module::train(bool on) {
 // The format and the crash-safe file I/O live in core/checkpoint.cpp; here:
 // matching the file's records against this module before touching any value.
 
-void Module::save(const std::string& path) {
+namespace {
+constexpr const char* kStepRecord = "@step";  // '@' never occurs in a parameter name
+}
+
+void Module::save(const std::string& path, int64_t step) {
   std::vector<CheckpointRecord> records;
   for (const auto& [name, p] : named_parameters()) records.push_back({name, p->value});
+  if (step >= 0) records.push_back({kStepRecord, Tensor::from_vector({static_cast<double>(step)}, {1}, DType::F64)});
   write_checkpoint_file(path, records, "Module::save");
 }
 
-void Module::load(const std::string& path) {
-  const std::map<std::string, Tensor> entries = read_checkpoint_file(path, "Module::load");
+int64_t Module::load(const std::string& path) {
+  std::map<std::string, Tensor> entries = read_checkpoint_file(path, "Module::load");
+  int64_t step = -1;
+  if (const auto it = entries.find(kStepRecord); it != entries.end()) {
+    const std::vector<double> v = it->second.to_vector();
+    HG_CHECK(v.size() == 1 && v[0] >= 0 && v[0] < 9e15 && v[0] == std::floor(v[0]), "Module::load", path,
+             ": the '@step' record is not one non-negative integer");
+    step = static_cast<int64_t>(v[0]);
+    entries.erase(it);
+  }
 
   // Verify every parameter against the file before writing any of them.
   const auto named = named_parameters();
@@ -125,6 +139,7 @@ void Module::load(const std::string& path) {
     p->value.copy_(entries.at(name));
     refresh_compute_copy(*p);
   }
+  return step;
 }
 
 }  // namespace hg

@@ -50,8 +50,11 @@ class Module {
   // One file holds every parameter by name. Written to "<path>.tmp" and
   // renamed, so a crash never leaves a half-written checkpoint; load()
   // verifies names, shapes, dtypes and a checksum before touching any value.
-  void save(const std::string& path);
-  void load(const std::string& path);
+  // A training step >= 0 passed to save() is stored with the parameters (as
+  // the record "@step") and returned by load(); -1 when the file has none.
+  // Training programs compare it with the optimizer state's step count.
+  void save(const std::string& path, int64_t step = -1);
+  int64_t load(const std::string& path);
 
  protected:
   // Registers `p` (a member) under `name`; value is `init`, grad zeros like it.

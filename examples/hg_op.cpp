@@ -7,7 +7,10 @@
 //
 // Each op is one CLI11 subcommand, set up by its own add_<op>_command().
 // Inputs keep the dtype of their file (float32 or float64); the op checks
-// that they agree and throws hg::Error (exit 2) naming the shapes if not.
+// that they agree and throws hg::Error naming the shapes if not (exit 1;
+// a bad command line exits 2, see examples/common/cli.hpp).
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -18,6 +21,7 @@
 #include "core/kernel_mode.hpp"
 #include "core/npy.hpp"
 #include "core/tensor.hpp"
+#include "examples/common/cli.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
 
@@ -28,18 +32,21 @@ namespace {
 // What a subcommand runs once the command line is parsed.
 using Command = std::function<void()>;
 
-Device parse_device(const std::string& name) {
-  if (name == "cpu") return Device::CPU;
-  if (name == "cuda") return Device::CUDA;
-  fail("hg_op", "unknown device '", name, "' (cpu or cuda)");
+// The output directory is made (and checked writable) before any work.
+void prepare_output_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    cli::usage_error("--out", dir, ": cannot create the directory (", ec ? ec.message() : "a file is in the way", ")");
+  if (::access(dir.c_str(), W_OK) != 0) cli::usage_error("--out", dir, ": the directory is not writable");
 }
 
 Tensor load_input(const std::string& path, Device device) { return load_npy(path).to(device); }
 
 void write_output(const std::filesystem::path& dir, const char* name, const Tensor& t) {
   const std::filesystem::path path = dir / (std::string(name) + ".npy");
-  save_npy(path.string(), t);
-  std::printf("  wrote %s %s\n", path.string().c_str(), t.describe().c_str());
+  save_npy(path.string(), t);  // throws when the write fails
+  spdlog::info("  wrote {} {}", path.string(), t.describe());
 }
 
 // ---- layernorm ---------------------------------------------------------------
@@ -52,7 +59,8 @@ struct LayerNormArgs {
 };
 
 void run_layernorm(const LayerNormArgs& a) {
-  const Device device = parse_device(a.device);
+  const Device device = cli::resolve_device(a.device);
+  prepare_output_dir(a.out);
   const Tensor x = load_input(a.x, device);
   const Tensor gamma = load_input(a.gamma, device);
   const Tensor beta = load_input(a.beta, device);
@@ -63,9 +71,8 @@ void run_layernorm(const LayerNormArgs& a) {
   const Tensor y = layernorm_forward(x, gamma, beta, a.eps, &saved);
   const LayerNormGrads g = layernorm_backward(dy, x, gamma, saved);
 
-  std::filesystem::create_directories(a.out);
-  std::printf("hg_op layernorm: x %s, eps %g, %s, %s path\n", shape_str(x.shape()).c_str(), a.eps,
-              device_name(device), a.unfused ? "unfused" : "fused");
+  spdlog::info("hg_op layernorm: x {}, eps {}, {}, {} path", shape_str(x.shape()), a.eps, device_name(device),
+               a.unfused ? "unfused" : "fused");
   write_output(a.out, "y", y);
   write_output(a.out, "mean", saved.mean);
   write_output(a.out, "rstd", saved.rstd);
@@ -82,7 +89,7 @@ void add_layernorm_command(CLI::App& app, Command& command) {
   sub->add_option("--beta", args->beta, "beta (D,)")->required()->check(CLI::ExistingFile);
   sub->add_option("--dy", args->dy, "upstream gradient, shaped like x")->required()->check(CLI::ExistingFile);
   sub->add_option("--out", args->out, "output directory (created if missing)")->required();
-  sub->add_option("--eps", args->eps, "epsilon (finite, > 0)");
+  sub->add_option("--eps", args->eps, "epsilon (finite, > 0)")->check(cli::real_range(1e-30, 1e30));
   sub->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   sub->add_flag("--unfused", args->unfused, "use the unfused (primitive backend) path");
   sub->callback([args, &command] { command = [args] { run_layernorm(*args); }; });
@@ -104,7 +111,8 @@ struct SoftmaxArgs {
 };
 
 void run_softmax(const SoftmaxArgs& a) {
-  const Device device = parse_device(a.device);
+  const Device device = cli::resolve_device(a.device);
+  prepare_output_dir(a.out);
   Tensor x = load_input(a.x, device);
   Tensor dy = load_input(a.dy, device);
   if (a.bf16) {  // bf16 storage (CUDA only); the mask stays float32
@@ -121,10 +129,9 @@ void run_softmax(const SoftmaxArgs& a) {
   const Tensor y = attention ? attention_softmax_forward(x, options) : softmax_forward(x);
   const Tensor dx = softmax_backward(dy, y, a.scale);
 
-  std::filesystem::create_directories(a.out);
-  std::printf("hg_op softmax: x %s%s, mask %s, causal %d, scale %g, %s, %s path\n", shape_str(x.shape()).c_str(),
-              a.bf16 ? " bf16" : "", options.mask.defined() ? shape_str(options.mask.shape()).c_str() : "none",
-              a.causal ? 1 : 0, a.scale, device_name(device), a.unfused ? "unfused" : "fused");
+  spdlog::info("hg_op softmax: x {}{}, mask {}, causal {}, scale {}, {}, {} path", shape_str(x.shape()),
+               a.bf16 ? " bf16" : "", options.mask.defined() ? shape_str(options.mask.shape()) : "none",
+               a.causal ? 1 : 0, a.scale, device_name(device), a.unfused ? "unfused" : "fused");
   // .npy holds float32/float64: bf16 results are widened (exactly) to float32.
   write_output(a.out, "y", a.bf16 ? y.to(DType::F32) : y);
   write_output(a.out, "dx", a.bf16 ? dx.to(DType::F32) : dx);
@@ -139,7 +146,7 @@ void add_softmax_command(CLI::App& app, Command& command) {
   sub->add_option("--mask", args->mask, "additive mask (B, 1, 1, Tk) or (B, 1, Tq, Tk); <= -1e9 masks a key")
       ->check(CLI::ExistingFile);
   sub->add_flag("--causal", args->causal, "query q sees keys k <= q + (Tk - Tq)");
-  sub->add_option("--scale", args->scale, "multiplies x before the mask (default 1)");
+  sub->add_option("--scale", args->scale, "multiplies x before the mask (default 1)")->check(cli::real_range(-1e30, 1e30));
   sub->add_option("--dy", args->dy, "upstream gradient, shaped like x")->required()->check(CLI::ExistingFile);
   sub->add_option("--out", args->out, "output directory (created if missing)")->required();
   sub->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
@@ -153,21 +160,15 @@ void add_softmax_command(CLI::App& app, Command& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"hg_op: run one handgrad op forward and backward on .npy files"};
+  CLI::App app{"hg_op: run one handgrad op forward and backward on .npy files", "hg_op"};
   app.require_subcommand(1);
+  cli::CommonFlags common;
+  cli::add_common_flags(app, common);
   Command command;
   add_layernorm_command(app, command);
   add_softmax_command(app, command);
-  CLI11_PARSE(app, argc, argv);
-
-  try {
+  return cli::run_program(app, common, argc, argv, [&] {
     command();
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::filesystem::filesystem_error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+    return cli::kExitOk;
+  });
 }

@@ -4,7 +4,8 @@
 //   layernorm_gradcheck --B 2 --T 3 --D 8 --seed 0 [--eps 1e-5] [--unfused]
 //
 // The loss is sum(y * w) for a fixed random w, so the backward is run with
-// dy = w. Prints the relative error of dx, dgamma and dbeta; exit 1 on FAIL.
+// dy = w. Prints the relative error of dx, dgamma and dbeta. Exit codes:
+// 0 PASS, 1 FAIL or runtime error, 2 usage error (examples/common/cli.hpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "core/gradcheck.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
+#include "examples/common/cli.hpp"
 #include "ops/layernorm.hpp"
 
 using namespace hg;
@@ -23,6 +25,9 @@ using namespace hg;
 namespace {
 
 constexpr double kThreshold = 1e-6;
+// Finite differences run two forward passes per element: quadratic time.
+// The cap keeps a run to minutes, not days.
+constexpr int64_t kMaxElements = int64_t{1} << 16;
 
 }  // namespace
 
@@ -31,16 +36,21 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   double eps = 1e-5;
   bool unfused = false;
-  CLI::App app{"layernorm_gradcheck: finite-difference check of the LayerNorm backward (float64, CPU)"};
-  app.add_option("--B", B, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--T", T, "sequence length")->check(CLI::PositiveNumber);
-  app.add_option("--D", D, "normalised (last) dimension")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "random seed for x, gamma, beta and w");
-  app.add_option("--eps", eps, "LayerNorm epsilon (finite, > 0)");
+  CLI::App app{"layernorm_gradcheck: finite-difference check of the LayerNorm backward (float64, CPU)",
+               "layernorm_gradcheck"};
+  app.add_option("--B", B, "batch size")->check(CLI::Range(int64_t{1}, kMaxElements))->capture_default_str();
+  app.add_option("--T", T, "sequence length")->check(CLI::Range(int64_t{1}, kMaxElements))->capture_default_str();
+  app.add_option("--D", D, "normalised (last) dimension")->check(CLI::Range(int64_t{1}, kMaxElements))->capture_default_str();
+  app.add_option("--seed", seed, "random seed for x, gamma, beta and w")->capture_default_str();
+  app.add_option("--eps", eps, "LayerNorm epsilon")->check(cli::real_range(1e-30, 1e30))->capture_default_str();
   app.add_flag("--unfused", unfused, "check the unfused (primitive backend) path instead of the fused one");
-  CLI11_PARSE(app, argc, argv);
+  cli::CommonFlags common;
+  cli::add_common_flags(app, common);
 
-  try {
+  return cli::run_program(app, common, argc, argv, [&] {
+    if (B * T * D > kMaxElements)
+      cli::usage_error("--B/--T/--D", B, " x ", T, " x ", D, " = ", B * T * D, " elements: at most ", kMaxElements,
+                       " (finite differences run 2 forward passes per element, so the time grows quadratically)");
     KernelModeScope mode(unfused ? KernelMode::Unfused : KernelMode::Fused);
     Generator gen(seed);
     Tensor x = Tensor::randn({B, T, D}, gen, DType::F64);
@@ -66,9 +76,6 @@ int main(int argc, char** argv) {
     std::printf("  dbeta   relative error %.3e\n", e_dbeta);
     const bool pass = e_dx < kThreshold && e_dgamma < kThreshold && e_dbeta < kThreshold;
     std::printf("%s (threshold %.0e)\n", pass ? "PASS" : "FAIL", kThreshold);
-    return pass ? 0 : 1;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
+    return pass ? cli::kExitOk : cli::kExitRuntime;
+  });
 }

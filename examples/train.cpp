@@ -5,15 +5,19 @@
 //
 // Every flag: train --help. Same seed, same device, same mode -> the same
 // loss curve. --unfused swaps every fused kernel for its primitive version.
-#include <unistd.h>
-
+// Exit codes: 0 done, 1 runtime error, 2 usage error, 130/143 stopped by
+// SIGINT/SIGTERM after finishing the step and saving (examples/common/cli.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,18 +32,24 @@
 #include "core/precision.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor.hpp"
-#include "examples/png_plot.hpp"
+#include "examples/common/cli.hpp"
+#include "examples/common/plot.hpp"
+#include "examples/common/progress.hpp"
+#include "examples/common/step_log.hpp"
 #include "examples/translation_task.hpp"
 #include "models/decoder_lm.hpp"
 #include "ops/cross_entropy.hpp"
 
 using namespace hg;
+using hg::cli::usage_error;
 using hg::examples::Batch;
 using hg::examples::Example;
 using hg::examples::kIgnore;
 using hg::examples::TranslationTask;
 
 namespace {
+
+constexpr const char* kLogHeader = "step,loss,lr,ms,tokens_per_s,eval_loss,eval_token_acc";
 
 struct Options {
   std::string data;
@@ -53,8 +63,9 @@ struct Options {
   int words = 24, min_len = 4, max_len = 10, held_out = 500;
   int64_t eval_every = 200, print_every = 0;
   int sample_bytes = 300;
-  std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png", log_level;
+  std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png";
   bool resume = false;
+  cli::CommonFlags common;
 };
 
 // Linear warm-up, then cosine decay to 10% of the peak.
@@ -65,6 +76,16 @@ double learning_rate(const Options& o, int64_t step) {
 }
 
 std::vector<double> to_double(const std::vector<int32_t>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+// ---- stopping on SIGINT / SIGTERM ---------------------------------------------------
+// The handler only records the signal; the loop stops after the current step.
+// A second signal takes the default action (an impatient Ctrl-C still kills).
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+  std::signal(sig, SIG_DFL);
+}
 
 // ---- byte-level language model data -----------------------------------------
 struct TextData {
@@ -99,39 +120,32 @@ Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g) 
   return out;
 }
 
-// ---- the training step -----------------------------------------------------------
-struct Trainer {
-  DecoderLM& model;
-  Optimizer& opt;
-  Device device;
-  double clip;
-
-  // One step; returns the loss (reading it synchronizes the device).
-  double step(const Batch& b) {
-    const Tensor ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, device);
-    const Tensor targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, device);
-    model.zero_grad();
-    const Tensor logits = model.forward(ids);
-    CrossEntropySaved saved;
-    Tensor loss;
-    {
-      HG_PROFILE("cross_entropy", device);
-      loss = cross_entropy_forward(logits, targets, kIgnore, &saved);
-    }
-    Tensor dlogits;
-    {
-      HG_PROFILE("cross_entropy", device);
-      dlogits = cross_entropy_backward(saved);
-    }
-    model.backward(dlogits);
-    {
-      HG_PROFILE("optimizer", device);
-      if (clip > 0) clip_grad_norm(model.parameters(), clip);
-      opt.step();
-    }
-    return loss.item();
+// ---- the training step ------------------------------------------------------------------
+// One optimizer step on one batch; returns the loss (reading it synchronizes the device).
+double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, const Batch& b) {
+  const Tensor ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, device);
+  const Tensor targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, device);
+  model.zero_grad();
+  const Tensor logits = model.forward(ids);
+  CrossEntropySaved saved;
+  Tensor loss;
+  {
+    HG_PROFILE("cross_entropy", device);
+    loss = cross_entropy_forward(logits, targets, kIgnore, &saved);
   }
-};
+  Tensor dlogits;
+  {
+    HG_PROFILE("cross_entropy", device);
+    dlogits = cross_entropy_backward(saved);
+  }
+  model.backward(dlogits);
+  {
+    HG_PROFILE("optimizer", device);
+    if (clip > 0) clip_grad_norm(model.parameters(), clip);
+    opt.step();
+  }
+  return loss.item();
+}
 
 // Logits of a batch in eval mode, on the host: (B, T, V) row-major.
 std::vector<double> eval_logits(DecoderLM& model, const std::vector<double>& inputs, int64_t b, int64_t t, Device dev) {
@@ -248,228 +262,409 @@ std::string printable(const std::string& s) {
   return out;
 }
 
-void progress(bool tty, int64_t step, int64_t steps, double loss, double ms, double tok_s, double lr) {
-  const int width = 24;
-  const int filled = static_cast<int>(width * (step + 1) / std::max<int64_t>(1, steps));
-  std::printf("%s[%s%s] step %5lld/%lld  loss %.4f  %7.1f ms/step  %9.0f tok/s  lr %.2e%s", tty ? "\r" : "",
-              std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-              static_cast<long long>(step + 1), static_cast<long long>(steps), loss, ms, tok_s, lr, tty ? "" : "\n");
+// ---- 1. flags --------------------------------------------------------------------------
+void add_flags(CLI::App& app, Options& o) {
+  using cli::real_range;
+  constexpr int64_t kBig = int64_t{1} << 40;
+  app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
+      ->check(CLI::ExistingFile);
+  auto* fused = app.add_flag("--fused", "fused kernels (default)");
+  app.add_flag("--unfused", o.unfused, "kernels composed from primitive map/zip/reduce passes")->excludes(fused);
+  app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--precision", o.precision, "auto (bf16 on GPUs with sm_80+, fp32 on the CPU), fp32, bf16 (CUDA)")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  app.add_option("--d-model", o.d_model, "model width")->check(CLI::Range(int64_t{1}, int64_t{65536}))->capture_default_str();
+  app.add_option("--heads", o.heads, "attention heads (must divide --d-model)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}))
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "transformer layers")->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "sequence length (--data mode; the task sets its own)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+  app.add_option("--lr", o.lr, "peak AdamW learning rate")->check(real_range(1e-12, 10))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->check(real_range(0, 10))->capture_default_str();
+  app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(real_range(0, 1e6))->capture_default_str();
+  app.add_option("--steps", o.steps, "total training steps")->check(CLI::Range(int64_t{1}, kBig))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(CLI::Range(int64_t{0}, kBig))->capture_default_str();
+  app.add_option("--dropout", o.dropout, "dropout probability")->check(real_range(0, 0.99))->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(CLI::Range(int64_t{0}, kBig))->capture_default_str();
+  app.add_option("--words", o.words, "task: vocabulary size of each language")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--min-len", o.min_len, "task: shortest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--max-len", o.max_len, "task: longest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--held-out", o.held_out, "task: held-out sentences for the metrics")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
+      ->check(CLI::Range(int64_t{0}, kBig))
+      ->capture_default_str();
+  app.add_option("--print-every", o.print_every, "steps between progress lines when not a terminal (0: auto)")
+      ->check(CLI::Range(int64_t{0}, kBig));
+  auto* checkpoint = app.add_option(
+      "--checkpoint", o.checkpoint,
+      "save the model here (and the optimizer state to PATH.optim) at each evaluation, at the end and when stopped");
+  app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")->needs(checkpoint);
+  app.add_option("--log-csv", o.log_csv, "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
+      ->capture_default_str();
+  app.add_option("--plot", o.plot, "loss curve, .png or .svg, of the whole run ('' for none)")->capture_default_str();
+  cli::add_common_flags(app, o.common);
+}
+
+// ---- 2. validate: everything that can be checked before any work ------------------------
+// Number of distinct sentences of the task (capped: only compared with --held-out).
+int64_t distinct_sentences(const Options& o) {
+  int64_t total = 0;
+  for (int n = o.min_len; n <= o.max_len && total < (int64_t{1} << 40); ++n) {
+    int64_t count = 1;
+    for (int i = 0; i < n && count < (int64_t{1} << 40); ++i) count *= o.words;
+    total += count;
+  }
+  return total;
+}
+
+void validate(Options& o) {
+  if (o.d_model % o.heads != 0)
+    usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
+  if (o.data.empty()) {
+    if (o.max_len < o.min_len) usage_error("--max-len", o.max_len, ": must be >= --min-len ", o.min_len);
+    const int64_t distinct = distinct_sentences(o);
+    if (o.held_out >= distinct)
+      usage_error("--held-out", o.held_out, ": must be < ", distinct, ", the number of distinct sentences with --words ",
+                  o.words, ", --min-len ", o.min_len, " and --max-len ", o.max_len,
+                  " (held-out sentences never appear in training)");
+  }
+  if (!o.plot.empty() && !cli::plots_available()) {
+    spdlog::warn("--plot {} skipped: {}", o.plot, cli::plots_unavailable_reason());
+    o.plot.clear();
+  }
+  const auto ends_with = [](const std::string& s, const char* suffix) {
+    const std::string x(suffix);
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+  };
+  if (!o.plot.empty() && !ends_with(o.plot, ".png") && !ends_with(o.plot, ".svg"))
+    usage_error("--plot", o.plot, ": the name must end in .png or .svg");
+  cli::check_writable(o.log_csv, "--log-csv");
+  cli::check_writable(o.plot, "--plot");
+  if (!o.checkpoint.empty()) {
+    cli::check_writable(o.checkpoint, "--checkpoint");
+    cli::check_writable(o.checkpoint + ".optim", "--checkpoint");
+    if (o.resume && !std::ifstream(o.checkpoint))
+      usage_error("--checkpoint", o.checkpoint, ": --resume needs an existing checkpoint, and there is none");
+  }
+}
+
+// ---- 3. data --------------------------------------------------------------------------------
+struct Data {
+  bool lm = false;
+  TranslationTask task;
+  TextData text;
+  std::vector<Example> held_out;
+  Generator gen;
+  int64_t batch = 0, seq_len = 0;
+
+  Batch next() {
+    if (lm) return text_batch(text.train, batch, seq_len, gen);
+    std::vector<Example> ex;
+    for (int64_t i = 0; i < batch; ++i) ex.push_back(task.train_sample(gen));
+    return task.make_batch(ex);
+  }
+};
+
+std::unique_ptr<Data> build_data(Options& o) {
+  auto d = std::unique_ptr<Data>(new Data{!o.data.empty(), TranslationTask(o.words, o.min_len, o.max_len), {}, {},
+                                          Generator(static_cast<uint64_t>(o.seed) * 1000003 + 17), o.batch, 0});
+  if (d->lm) {
+    d->text = TextData::load(o.data, o.seq_len);
+  } else {
+    Generator held_gen(99);  // the held-out set does not depend on --seed
+    d->held_out = d->task.make_held_out(o.held_out, held_gen);
+    o.seq_len = d->task.seq_len();
+  }
+  d->seq_len = o.seq_len;
+  return d;
+}
+
+// ---- 4. model --------------------------------------------------------------------------------
+std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data, Precision precision) {
+  DecoderLMConfig cfg;
+  cfg.vocab_size = data.lm ? 256 : data.task.vocab_size();
+  cfg.max_seq_len = o.seq_len;
+  cfg.d_model = o.d_model;
+  cfg.n_heads = o.heads;
+  cfg.n_layers = o.layers;
+  cfg.dropout = o.dropout;
+  cfg.seed = static_cast<uint64_t>(o.seed);
+  cfg.precision = precision;
+  return std::make_unique<DecoderLM>(cfg);
+}
+
+// ---- 5. resume -------------------------------------------------------------------------------
+// Loads the model and the optimizer state (moments and step count), refuses a
+// pair from different steps, and replays the data stream so the resumed run
+// sees the batches it would have seen. Returns the step to start from.
+// `model_step`: what DecoderLM::load returned (the model is loaded before it
+// moves to the device and the optimizer is built on its parameters).
+int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data& data) {
+  if (!o.resume) return 0;
+  const std::string optim = o.checkpoint + ".optim";
+  opt.load_state(optim);
+  if (model_step >= 0 && model_step != opt.steps() && std::ifstream(optim + ".next")) {
+    // A save stopped between its two renames (see save_checkpoint): finish it.
+    opt.load_state(optim + ".next");
+    if (opt.steps() == model_step) {
+      HG_CHECK(std::rename((optim + ".next").c_str(), optim.c_str()) == 0, "train", "cannot rename ", optim, ".next");
+      spdlog::warn("{}: completed a checkpoint save that was interrupted (step {})", o.checkpoint, model_step);
+    } else {
+      opt.load_state(optim);
+    }
+  }
+  const int64_t step = opt.steps();
+  if (model_step < 0)
+    spdlog::warn("{} holds no step record (written by an older train); cannot check that it matches {}", o.checkpoint,
+                 optim);
+  else if (model_step != step)
+    fail("train", "--checkpoint ", o.checkpoint, " is from step ", model_step, " but ", optim, " is from step ", step,
+         ": they were not saved together; refusing to resume from the pair");
+  if (step >= o.steps)
+    usage_error("--steps", o.steps, ": the checkpoint ", o.checkpoint, " is already at step ", step,
+                "; pass --steps > ", step, " to train further");
+  for (int64_t s = 0; s < step; ++s) data.next();
+  return step;
+}
+
+// ---- 6. the training loop ----------------------------------------------------------------------
+struct History {
+  std::vector<double> steps, losses, eval_steps, eval_losses;
+  std::vector<double> step_ms;  // this run's steps after its first (which pays one-time costs)
+  double last_loss = NAN;
+  int64_t start_step = 0, end_step = 0;
+  int stop_signal = 0;
+};
+
+struct EvalPoint {
+  double loss = 0, token_acc = 0;
+};
+
+EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device dev) {
+  EvalPoint p;
+  if (data.lm) {
+    Generator val_gen(4242);
+    double sum = 0;
+    for (int k = 0; k < 4; ++k) {
+      const Batch b = text_batch(data.text.val, o.batch, o.seq_len, val_gen);
+      model.eval();
+      const Tensor logits = model.forward(Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, dev));
+      model.train();
+      sum += cross_entropy_forward(logits, Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, dev), kIgnore,
+                                   nullptr)
+                 .item();
+    }
+    p.loss = sum / 4;
+  } else {
+    p.token_acc = teacher_forced(model, data.task, data.held_out, dev, &p.loss);
+  }
+  return p;
+}
+
+std::string fmt_g(double v, int precision = 9) {
+  std::ostringstream os;
+  os.precision(precision);
+  os << v;
+  return os.str();
+}
+
+// Plot history from the rows a resumed run kept (steps before this run).
+void load_history(const cli::StepLog& log, History& h) {
+  for (const auto& f : log.kept_rows()) {
+    if (f.size() < 2) continue;
+    h.steps.push_back(std::atof(f[0].c_str()));
+    h.losses.push_back(std::atof(f[1].c_str()));
+    if (f.size() >= 6 && !f[5].empty()) {
+      h.eval_steps.push_back(std::atof(f[0].c_str()));
+      h.eval_losses.push_back(std::atof(f[5].c_str()));
+    }
+  }
+}
+
+// Both files are first written in full (each durable: temp, fsync, rename)
+// under a ".next" name, then renamed into place one after the other. A crash
+// before the renames leaves the previous pair; a crash between them leaves
+// PATH new and PATH.optim old, with the new state still in PATH.optim.next,
+// which maybe_resume then completes. Both files carry the step.
+void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt) {
+  if (o.checkpoint.empty()) return;
+  const std::string optim = o.checkpoint + ".optim";
+  model.save(o.checkpoint + ".next", opt.steps());
+  opt.save_state(optim + ".next");
+  for (const std::string& path : {o.checkpoint, optim})
+    HG_CHECK(std::rename((path + ".next").c_str(), path.c_str()) == 0, "train", "cannot rename ", path, ".next to ",
+             path, ": ", std::strerror(errno));
+}
+
+History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& data, Device dev, int64_t start_step) {
+  History h;
+  h.start_step = h.end_step = start_step;
+  std::optional<cli::StepLog> log;  // none for --log-csv ''
+  if (!o.log_csv.empty()) {
+    log.emplace(o.log_csv, kLogHeader, o.resume ? start_step : -1);
+    load_history(*log, h);
+  }
+  const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
+  cli::Progress progress("step", o.steps, start_step, "tok", print_every);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+
+  for (int64_t step = start_step; step < o.steps && g_stop_signal == 0; ++step) {
+    const double lr = learning_rate(o, step);
+    opt.set_lr(lr);
+    const Batch b = data.next();
+    const auto t0 = std::chrono::steady_clock::now();
+    const double loss = train_step(model, opt, dev, o.clip, b);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    HG_CHECK(std::isfinite(loss), "train", "loss became ", loss, " at step ", step + 1);
+    if (step > start_step) h.step_ms.push_back(ms);
+    h.last_loss = loss;
+    h.end_step = step + 1;
+    h.steps.push_back(double(step + 1));
+    h.losses.push_back(loss);
+    const double tokens = static_cast<double>(b.batch * b.seq);
+    char detail[64];
+    std::snprintf(detail, sizeof detail, "loss %.4f  lr %.2e", loss, lr);
+    progress.update(step + 1, tokens, detail);
+
+    std::string row = std::to_string(step + 1) + ',' + fmt_g(loss) + ',' + fmt_g(lr) + ',' + fmt_g(ms) + ',' +
+                      fmt_g(tokens / (ms * 1e-3));
+    const bool eval_now = (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps;
+    if (eval_now) {
+      const EvalPoint p = evaluate(model, data, o, dev);
+      char acc[64] = "";
+      if (!data.lm) std::snprintf(acc, sizeof acc, ", token accuracy %.2f%%", 100 * p.token_acc);
+      spdlog::info("  eval @ step {}: held-out loss {:.4f}{}", step + 1, p.loss, acc);
+      h.eval_steps.push_back(double(step + 1));
+      h.eval_losses.push_back(p.loss);
+      row += ',' + fmt_g(p.loss) + ',' + (data.lm ? std::string() : fmt_g(p.token_acc));
+    } else {
+      row += ",,";
+    }
+    // The row before the checkpoint: a crash between the two leaves a log
+    // that reaches past the checkpoint, which a resume cuts back.
+    if (log) log->row(row);
+    if (eval_now) save_checkpoint(o, model, opt);
+  }
+  progress.finish();
+  h.stop_signal = g_stop_signal;
+  if (h.stop_signal != 0) {
+    spdlog::warn("stopped by {} after step {}", h.stop_signal == SIGINT ? "SIGINT" : "SIGTERM", h.end_step);
+    if (!o.checkpoint.empty()) {
+      save_checkpoint(o, model, opt);
+      spdlog::warn("saved {} (+ .optim) at step {}; continue with --resume", o.checkpoint, h.end_step);
+    }
+  }
+  return h;
+}
+
+// ---- 7. outputs: plot and summary --------------------------------------------------------------
+void write_loss_plot(const Options& o, const History& h) {
+  if (o.plot.empty()) return;
+  cli::PlotSpec spec;
+  spec.title = o.data.empty() ? "train: synthetic translation" : "train: byte-level LM on " + o.data;
+  spec.x_label = "step";
+  spec.y_label = "cross-entropy loss";
+  spec.log_y = true;
+  spec.series.push_back({"train loss (per step)", h.steps, h.losses, false});
+  spec.series.push_back({"held-out loss", h.eval_steps, h.eval_losses, true});
+  cli::write_plot(o.plot, spec);
+}
+
+void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, History& h, double wall_s) {
+  // Median: robust to the odd slow step on a shared machine.
+  std::sort(h.step_ms.begin(), h.step_ms.end());
+  const double median_ms = h.step_ms.empty() ? NAN : h.step_ms[h.step_ms.size() / 2];
+  std::printf("\n==== summary ====\n");
+  if (h.stop_signal != 0)
+    std::printf("stopped early at step %lld of %lld (final evaluation skipped)\n", static_cast<long long>(h.end_step),
+                static_cast<long long>(o.steps));
+  std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
+              static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms,
+              static_cast<double>(o.batch * o.seq_len) / (median_ms * 1e-3));
+  std::printf("final train loss %.4f\n", h.last_loss);
+  if (dev == Device::CUDA)
+    std::printf("peak GPU memory %.1f MiB\n", static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20));
+  if (h.stop_signal == 0) {
+    if (data.lm) {
+      Generator sample_gen(static_cast<uint64_t>(o.seed) + 5);
+      const std::string prompt = data.text.val.substr(0, std::min<size_t>(32, data.text.val.size()));
+      std::printf("sample (prompt in [brackets], temperature 0.8):\n[%s]%s\n", printable(prompt).c_str(),
+                  printable(sample_text(model, prompt, o.sample_bytes, o.seq_len, dev, sample_gen)).c_str());
+    } else {
+      const TranslationScore s = evaluate_translation(model, data.task, data.held_out, dev);
+      std::printf("held-out (%zu unseen sentences): loss %.4f, token accuracy %.2f%% (teacher forced)\n",
+                  data.held_out.size(), s.loss, 100 * s.token_acc);
+      std::printf("greedy decoding: token accuracy %.2f%%, exact match %.2f%%\n", 100 * s.greedy_token_acc,
+                  100 * s.exact_match);
+      for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
+    }
+  }
+  std::printf("log: %s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ",
+              o.plot.c_str());
+  if (!o.checkpoint.empty()) std::printf("checkpoint: %s\n", o.checkpoint.c_str());
   std::fflush(stdout);
+}
+
+int run(Options& o) {
+  validate(o);
+  const Device dev = cli::resolve_device(o.device);
+  set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
+  const Precision precision = o.precision == "auto" ? default_precision(dev) : parse_precision(o.precision);
+  check_precision_supported(precision, dev, "train --precision");
+  set_allow_tf32(o.tf32);
+
+  const std::unique_ptr<Data> data = build_data(o);
+  const std::unique_ptr<DecoderLM> model = build_model(o, *data, precision);
+  const int64_t model_step = o.resume ? model->load(o.checkpoint) : -1;
+  model->to(dev);
+  AdamWOptions adam;
+  adam.lr = o.lr;
+  adam.weight_decay = o.weight_decay;
+  AdamW opt(model->parameters(), adam);
+  const int64_t start_step = maybe_resume(o, model_step, opt, *data);
+
+  spdlog::info("handgrad train: {}", data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")");
+  spdlog::info("device {}{}{}, kernels {}, {} parameters (d_model {}, heads {}, layers {}, seq {}, batch {})",
+               device_name(dev), dev == Device::CUDA ? " " : "", dev == Device::CUDA ? gpu::device_name() : "",
+               kernel_mode_name(kernel_mode()), model->num_parameters(), o.d_model, o.heads, o.layers, o.seq_len,
+               o.batch);
+  spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
+  if (o.resume) spdlog::info("resumed from {} (+ .optim) at step {}", o.checkpoint, start_step);
+
+  const auto run_start = std::chrono::steady_clock::now();
+  History history = train_loop(o, *model, opt, *data, dev, start_step);
+  const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+
+  // A plot that cannot be written is an error (exit 1), but the summary of
+  // the run still comes first.
+  bool plot_failed = false;
+  try {
+    write_loss_plot(o, history);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    plot_failed = true;
+    o.plot.clear();
+  }
+  print_summary(o, *model, *data, dev, history, wall_s);
+  if (history.stop_signal != 0) return 128 + history.stop_signal;
+  return plot_failed ? cli::kExitRuntime : cli::kExitOk;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"train: trains a handgrad DecoderLM (built-in synthetic translation task, or --data FILE)"};
-  bool fused_flag = false;
-  app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task");
-  auto* f_fused = app.add_flag("--fused", fused_flag, "fused kernels (default)");
-  app.add_flag("--unfused", o.unfused, "kernels composed from primitive map/zip/reduce passes")->excludes(f_fused);
-  app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is present)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--d-model", o.d_model, "model width")->capture_default_str();
-  app.add_option("--heads", o.heads, "attention heads")->capture_default_str();
-  app.add_option("--layers", o.layers, "transformer layers")->capture_default_str();
-  app.add_option("--seq-len", o.seq_len, "sequence length (--data mode; the task sets its own)")->capture_default_str();
-  app.add_option("--batch", o.batch, "sequences per step")->capture_default_str();
-  app.add_option("--lr", o.lr, "peak AdamW learning rate")->capture_default_str();
-  app.add_option("--steps", o.steps, "total training steps")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--dropout", o.dropout, "dropout probability")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for init, data and dropout")->capture_default_str();
-  app.add_option("--words", o.words, "task: vocabulary size of each language")->capture_default_str();
-  app.add_option("--min-len", o.min_len, "task: shortest sentence")->capture_default_str();
-  app.add_option("--max-len", o.max_len, "task: longest sentence")->capture_default_str();
-  app.add_option("--held-out", o.held_out, "task: held-out sentences for the metrics")->capture_default_str();
-  app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
-      ->capture_default_str();
-  app.add_option("--print-every", o.print_every, "steps between progress lines when not a terminal (0: auto)");
-  app.add_option("--checkpoint", o.checkpoint, "save the model here (and the optimizer state to PATH.optim) at each evaluation and at the end");
-  app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step");
-  app.add_option("--log-csv", o.log_csv, "per-step CSV log")->capture_default_str();
-  app.add_option("--plot", o.plot, "PNG loss curve")->capture_default_str();
-  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error, off");
-  app.add_option("--precision", o.precision, "auto (bf16 on GPUs with sm_80+, fp32 on the CPU), fp32, bf16 (CUDA)")
-      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
-      ->capture_default_str();
-  app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
-  CLI11_PARSE(app, argc, argv);
-
-  try {
-    init_logging(o.log_level);
-    HG_CHECK(o.steps > 0 && o.batch > 0 && o.seq_len > 1 && o.lr > 0 && o.warmup >= 0, "train",
-             "need steps > 0, batch > 0, seq-len > 1, lr > 0, warmup >= 0");
-    HG_CHECK(o.words >= 1 && o.min_len >= 1 && o.max_len >= o.min_len, "train", "bad task sizes: words ", o.words,
-             " min-len ", o.min_len, " max-len ", o.max_len);
-    HG_CHECK(!o.resume || !o.checkpoint.empty(), "train", "--resume needs --checkpoint PATH");
-    const Device dev = o.device == "cuda" ? Device::CUDA
-                       : o.device == "cpu" ? Device::CPU
-                                           : (cuda_available() ? Device::CUDA : Device::CPU);
-    HG_CHECK(dev == Device::CPU || cuda_available(), "train", "--device cuda but no CUDA GPU is available");
-    set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
-    const Precision precision = o.precision == "auto" ? default_precision(dev) : parse_precision(o.precision);
-    check_precision_supported(precision, dev, "train --precision");
-    if (o.tf32) set_allow_tf32(true);
-
-    // ---- data ----
-    const bool lm = !o.data.empty();
-    TranslationTask task(o.words, o.min_len, o.max_len);
-    TextData text;
-    std::vector<Example> held_out;
-    Generator data_gen(static_cast<uint64_t>(o.seed) * 1000003 + 17);
-    if (lm) {
-      text = TextData::load(o.data, o.seq_len);
-    } else {
-      Generator held_gen(99);  // the held-out set does not depend on --seed
-      held_out = task.make_held_out(o.held_out, held_gen);
-      o.seq_len = task.seq_len();
-    }
-    auto next_batch = [&]() {
-      if (lm) return text_batch(text.train, o.batch, o.seq_len, data_gen);
-      std::vector<Example> ex;
-      for (int64_t i = 0; i < o.batch; ++i) ex.push_back(task.train_sample(data_gen));
-      return task.make_batch(ex);
-    };
-
-    // ---- model ----
-    DecoderLMConfig cfg;
-    cfg.vocab_size = lm ? 256 : task.vocab_size();
-    cfg.max_seq_len = o.seq_len;
-    cfg.d_model = o.d_model;
-    cfg.n_heads = o.heads;
-    cfg.n_layers = o.layers;
-    cfg.dropout = o.dropout;
-    cfg.seed = static_cast<uint64_t>(o.seed);
-    cfg.precision = precision;
-    DecoderLM model(cfg);
-    if (o.resume) model.load(o.checkpoint);
-    model.to(dev);
-    AdamWOptions adam;
-    adam.lr = o.lr;
-    adam.weight_decay = o.weight_decay;
-    AdamW opt(model.parameters(), adam);
-    int64_t start_step = 0;
-    if (o.resume) {
-      // Moments and step count: the resumed run continues the same trajectory.
-      opt.load_state(o.checkpoint + ".optim");
-      start_step = opt.steps();
-      // Replay the data stream so a resumed run sees the batches it would have seen.
-      for (int64_t s = 0; s < start_step; ++s) next_batch();
-    }
-    Trainer trainer{model, opt, dev, o.clip};
-
-    std::printf("handgrad train: %s\n", lm ? ("byte-level LM on " + o.data).c_str() : ("synthetic translation (" + task.describe() + ")").c_str());
-    std::printf("device %s%s%s, kernels %s, %lld parameters (d_model %lld, heads %lld, layers %lld, seq %lld, batch %lld)\n",
-                device_name(dev), dev == Device::CUDA ? " " : "", dev == Device::CUDA ? gpu::device_name() : "",
-                kernel_mode_name(kernel_mode()), static_cast<long long>(model.num_parameters()),
-                static_cast<long long>(o.d_model), static_cast<long long>(o.heads), static_cast<long long>(o.layers),
-                static_cast<long long>(o.seq_len), static_cast<long long>(o.batch));
-    std::printf("precision %s%s\n", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
-    if (o.resume) std::printf("resumed from %s (+ .optim) at step %lld\n", o.checkpoint.c_str(), static_cast<long long>(start_step));
-
-    std::ofstream csv(o.log_csv, o.resume ? std::ios::app : std::ios::trunc);
-    csv.precision(9);
-    if (!o.resume) csv << "step,loss,lr,ms,tokens_per_s,eval_loss,eval_token_acc\n";
-    const bool tty = isatty(fileno(stdout));
-    const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
-    std::vector<double> xs, losses, eval_xs, eval_losses;
-    std::vector<double> step_ms;  // steps after the first (which pays one-time costs)
-    double last_loss = NAN;
-    const auto save_checkpoint = [&] {
-      if (o.checkpoint.empty()) return;
-      // Each file is written atomically (temp + rename); the step count lives in the optimizer state.
-      model.save(o.checkpoint);
-      opt.save_state(o.checkpoint + ".optim");
-    };
-    auto evaluate = [&](int64_t step_done) {
-      double eval_loss = 0, acc = 0;
-      if (lm) {
-        Generator val_gen(4242);
-        double sum = 0;
-        for (int k = 0; k < 4; ++k) {
-          const Batch b = text_batch(text.val, o.batch, o.seq_len, val_gen);
-          model.eval();
-          const Tensor logits = model.forward(Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, dev));
-          model.train();
-          sum += cross_entropy_forward(logits, Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, dev), kIgnore,
-                                       nullptr).item();
-        }
-        eval_loss = sum / 4;
-      } else {
-        acc = teacher_forced(model, task, held_out, dev, &eval_loss);
-      }
-      if (tty) std::printf("\n");
-      std::printf("  eval @ step %lld: held-out loss %.4f%s\n", static_cast<long long>(step_done), eval_loss,
-                  lm ? "" : (", token accuracy " + std::to_string(100 * acc).substr(0, 5) + "%").c_str());
-      eval_xs.push_back(static_cast<double>(step_done));
-      eval_losses.push_back(eval_loss);
-      save_checkpoint();
-      return std::make_pair(eval_loss, acc);
-    };
-
-    const auto run_start = std::chrono::steady_clock::now();
-    for (int64_t step = start_step; step < o.steps; ++step) {
-      const double lr = learning_rate(o, step);
-      opt.set_lr(lr);
-      const Batch b = next_batch();
-      const auto t0 = std::chrono::steady_clock::now();
-      const double loss = trainer.step(b);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      HG_CHECK(std::isfinite(loss), "train", "loss became ", loss, " at step ", step + 1);
-      if (step > start_step) step_ms.push_back(ms);
-      last_loss = loss;
-      const double tok_s = static_cast<double>(b.batch * b.seq) / (ms * 1e-3);
-      xs.push_back(static_cast<double>(step + 1));
-      losses.push_back(loss);
-      csv << step + 1 << ',' << loss << ',' << lr << ',' << ms << ',' << tok_s;
-      const bool eval_now = (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps;
-      if (tty || (step + 1) % print_every == 0 || step + 1 == o.steps) progress(tty, step, o.steps, loss, ms, tok_s, lr);
-      if (eval_now) {
-        const auto [el, acc] = evaluate(step + 1);
-        csv << ',' << el << ',' << (lm ? std::string() : std::to_string(acc));
-      } else {
-        csv << ",,";
-      }
-      csv << '\n';
-    }
-    csv.flush();
-    const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-    // Median: robust to the odd slow step on a shared machine.
-    std::sort(step_ms.begin(), step_ms.end());
-    const double avg_ms = step_ms.empty() ? NAN : step_ms[step_ms.size() / 2];
-
-    if (!o.plot.empty()) {
-      plot::Series train_curve{xs, losses, {31, 119, 180}};
-      plot::Series eval_curve{eval_xs, eval_losses, {214, 39, 40}};
-      if (!plot::line_plot(o.plot, {train_curve, eval_curve}, /*log_y=*/true)) spdlog::warn("could not write {}", o.plot);
-    }
-
-    std::printf("\n==== summary ====\n");
-    std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
-                static_cast<long long>(o.steps - start_step), wall_s, avg_ms,
-                static_cast<double>(o.batch * o.seq_len) / (avg_ms * 1e-3));
-    std::printf("final train loss %.4f\n", last_loss);
-    if (dev == Device::CUDA)
-      std::printf("peak GPU memory %.1f MiB\n", static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20));
-    if (lm) {
-      Generator sample_gen(static_cast<uint64_t>(o.seed) + 5);
-      const std::string prompt = text.val.substr(0, std::min<size_t>(32, text.val.size()));
-      std::printf("sample (prompt in [brackets], temperature 0.8):\n[%s]%s\n", printable(prompt).c_str(),
-                  printable(sample_text(model, prompt, o.sample_bytes, o.seq_len, dev, sample_gen)).c_str());
-    } else {
-      const TranslationScore s = evaluate_translation(model, task, held_out, dev);
-      std::printf("held-out (%zu unseen sentences): loss %.4f, token accuracy %.2f%% (teacher forced)\n",
-                  held_out.size(), s.loss, 100 * s.token_acc);
-      std::printf("greedy decoding: token accuracy %.2f%%, exact match %.2f%%\n", 100 * s.greedy_token_acc,
-                  100 * s.exact_match);
-      for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
-    }
-    std::printf("log: %s%s%s\n", o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ", o.plot.c_str());
-    if (!o.checkpoint.empty()) std::printf("checkpoint: %s\n", o.checkpoint.c_str());
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ntrain: error: %s\n", e.what());
-    return 1;
-  }
+  CLI::App app{"train: trains a handgrad DecoderLM (built-in synthetic translation task, or --data FILE)", "train"};
+  add_flags(app, o);
+  return cli::run_program(app, o.common, argc, argv, [&] { return run(o); });
 }

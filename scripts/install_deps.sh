@@ -4,7 +4,9 @@
 # /usr/local/cuda/bin) the CUDA backend builds too.
 set -euo pipefail
 
-packages=(cmake make g++ libeigen3-dev catch2 libspdlog-dev libfmt-dev libcli11-dev
+# libcairo2-dev + pkg-config: the programs' plots (optional at build time:
+# without them everything builds and the programs say no plot can be written).
+packages=(cmake make g++ pkg-config libeigen3-dev catch2 libspdlog-dev libfmt-dev libcli11-dev libcairo2-dev
           nlohmann-json3-dev python3 python3-matplotlib)
 # The Python module (python/, optional in CMake) and its tests: pybind11, NumPy,
 # and PyTorch for the handgrad.torch tests (Debian's 1.13, CPU; measured

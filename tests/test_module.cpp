@@ -212,3 +212,21 @@ TEST_CASE("a leftover .tmp from a crashed save does not affect the checkpoint") 
   REQUIRE(net.first.bias.value.to_vector() == std::vector<double>{0.5, 0.5});
   fs::remove_all(dir);
 }
+
+TEST_CASE("a checkpoint carries the training step passed to save; load returns it, or -1 when none was stored") {
+  const fs::path dir = hg::test::make_temp_dir("module_step");
+  const std::string path = (dir / "net.ckpt").string();
+  hg::Generator g(11);
+  Net net(g);
+  const auto saved = hg::test::parameter_snapshot(net);
+  net.save(path, 1234);
+  hg::Generator g2(12);
+  Net other(g2);
+  REQUIRE(other.load(path) == 1234);
+  REQUIRE(hg::test::parameter_snapshot(other) == saved);  // the step record is not a parameter
+  net.save(path);
+  REQUIRE(other.load(path) == -1);
+  net.save(path, 0);
+  REQUIRE(other.load(path) == 0);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,127 @@
+#include "examples/common/cli.hpp"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <new>
+#include <sstream>
+
+#include "core/error.hpp"
+#include "core/logging.hpp"
+#include "core/parallel.hpp"
+
+namespace hg::cli {
+
+namespace detail {
+std::string join(const std::function<void(std::ostream&)>& write) {
+  std::ostringstream os;
+  write(os);
+  return os.str();
+}
+}  // namespace detail
+
+std::string version_string() { return std::string("handgrad ") + HG_VERSION; }
+
+void add_common_flags(CLI::App& app, CommonFlags& flags) {
+  app.add_option("--log-level", flags.log_level,
+                 "trace, debug, info, warn, error or off (default: $HG_LOG_LEVEL, $SPDLOG_LEVEL, else info)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "off"}));
+  app.add_flag("--quiet,-q", flags.quiet, "only warnings, errors and results (log level warn)");
+  app.add_option("--threads", flags.threads, "CPU threads (default: $HG_NUM_THREADS, else every core)")
+      ->check(CLI::Range(1, 1024));
+  app.set_version_flag("--version", version_string());
+}
+
+int run_program(CLI::App& app, CommonFlags& flags, int argc, char** argv, const std::function<int()>& body) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help, the version, or the error and a hint
+    return code == 0 ? kExitOk : kExitUsage;
+  }
+  const std::string program = app.get_name().empty() ? "handgrad" : app.get_name();
+  try {
+    init_logging(flags.quiet && flags.log_level.empty() ? "warn" : flags.log_level, program);
+  } catch (const std::exception& e) {  // a bad HG_LOG_LEVEL / SPDLOG_LEVEL
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
+    return kExitUsage;
+  }
+  try {
+    if (flags.threads > 0) set_num_threads(flags.threads);
+    const int code = body();
+    end_status_line();
+    return code;
+  } catch (const UsageError& e) {
+    end_status_line();
+    spdlog::error("{}", e.what());
+    return kExitUsage;
+  } catch (const std::bad_alloc&) {
+    end_status_line();
+    spdlog::error("out of memory (std::bad_alloc): the sizes asked for need more host memory than is available");
+    return kExitRuntime;
+  } catch (const std::exception& e) {
+    end_status_line();
+    spdlog::error("{}", e.what());
+    return kExitRuntime;
+  }
+}
+
+Device resolve_device(const std::string& name, const std::string& flag) {
+  if (name == "cpu") return Device::CPU;
+  if (name == "auto") return cuda_available() ? Device::CUDA : Device::CPU;
+  if (name == "cuda") {
+    if (!cuda_available())
+      usage_error(flag, "cuda: no CUDA GPU ",
+#ifdef HG_WITH_CUDA
+                  "is visible to this process",
+#else
+                  "support: this build has no CUDA backend (nvcc was not found at configure time)",
+#endif
+                  "; use ", flag, " cpu");
+    return Device::CUDA;
+  }
+  usage_error(flag, name, ": unknown device (allowed: cpu, cuda, auto)");
+}
+
+void check_writable(const std::string& path, const std::string& flag) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) usage_error(flag, path, ": is a directory, expected a file path");
+  if (fs::exists(p, ec)) {
+    if (::access(path.c_str(), W_OK) != 0) usage_error(flag, path, ": the file exists and is not writable");
+    return;
+  }
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) usage_error(flag, path, ": directory '", dir.string(), "' does not exist");
+  if (::access(dir.c_str(), W_OK) != 0) usage_error(flag, path, ": directory '", dir.string(), "' is not writable");
+}
+
+}  // namespace hg::cli
+
+namespace hg::cli {
+
+CLI::Validator real_range(double lo, double hi) {
+  char range[96];
+  std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+  const std::string text = range;
+  return CLI::Validator(
+      [lo, hi, text](std::string& input) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(input, &used);
+        } catch (const std::exception&) {
+          return "Value " + input + " is not a number";
+        }
+        if (used != input.size() || !std::isfinite(v) || v < lo || v > hi)
+          return "Value " + input + " not in range " + text;
+        return std::string();
+      },
+      "REAL in " + text);
+}
+
+}  // namespace hg::cli
