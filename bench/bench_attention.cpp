@@ -75,9 +75,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> dtypes{"bf16", "f32"};
   app.add_option("--tokens", tokens, "B * T")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--width", width, "H * dh")->check(CLI::Range(int64_t(32), int64_t(1) << 16));
-  app.add_option("--seq", seqs, "sequence lengths T")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  app.add_option("--head-dim", head_dims, "head dims (32, 64, 128)")->check(CLI::IsMember({32, 64, 128}));
-  app.add_option("--dtype", dtypes, "bf16 and/or f32")->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--seq", seqs, "sequence lengths T")->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--head-dim", head_dims, "head dims (32, 64, 128)")->delimiter(',')->check(CLI::IsMember({32, 64, 128}));
+  app.add_option("--dtype", dtypes, "bf16 and/or f32")->delimiter(',')->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option("--warmup", warmup)->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters)->check(CLI::Range(1, 100000));
   app.add_option("--max-unfused-seq", max_unfused_t, "skip the unfused path above this T (its memory grows as T^2)");
