@@ -39,6 +39,7 @@ struct Args {
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;
   float* lse;
+  float2* stats;  // per query row: base-2 max and 1 / sum, what the backward rebuilds p from
   float* delta;
   const float* mask;
   int64_t mask_batch_stride;
@@ -70,9 +71,12 @@ __device__ __forceinline__ float logit2(const Args& a, const float* mask_row, in
   return x;
 }
 
-// p from a base-2 logit and the row's natural log-sum-exp; 0 for removed keys.
-__device__ __forceinline__ float prob_from_lse(float x2, float lse) {
-  return (x2 == -INFINITY || lse == -INFINITY) ? 0.f : exp2f(x2 - lse * kLog2e);
+// p from a base-2 logit and the forward's row statistics {max, 1 / sum}: the
+// same arithmetic as the forward's last normalisation, so the backward's p is
+// the forward's p (rebuilding it from the float32 lse would not be at logits
+// of 1e4, whose ulp is 1e-3: docs/attention.md). 0 for removed keys.
+__device__ __forceinline__ float prob(float x2, float2 stats) {
+  return x2 == -INFINITY ? 0.f : exp2f(x2 - stats.x) * stats.y;
 }
 
 __device__ __forceinline__ float quad_sum(float x) {
@@ -142,33 +146,54 @@ __device__ void load_a_rows(uint32_t (&a)[DH / 16][4], const bf16* src, int r0, 
     }
 }
 
-// Rows [r0, r0 + ROWS) of a (rows, D) matrix into shared memory, row-major or
-// transposed (tile[c][r]); rows past the end are zeros. 16-byte global loads.
-template <int ROWS, int D, bool kTransposed, class T>
+// B[k][n] read from a row-major matrix M[k][n] (k rows): ldmatrix with
+// .trans hands each lane the two k-consecutive elements of its column.
+__device__ __forceinline__ void load_b_trans(uint32_t& b0, uint32_t& b1, const bf16* m, int stride, int k0, int n0) {
+  const unsigned addr =
+      static_cast<unsigned>(__cvta_generic_to_shared(m + (k0 + threadIdx.x % 16) * stride + n0));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+}
+
+// Rows [r0, r0 + ROWS) of a (rows, D) matrix into a row-major shared tile;
+// rows past the end are zeros. Plain 16-byte loads (F32 kernels).
+template <int ROWS, int D, class T>
 __device__ void stage_rows(T* tile, int stride, const T* src, int r0, int rows) {
   constexpr int kVec = 16 / sizeof(T);
   for (int idx = threadIdx.x; idx < ROWS * D / kVec; idx += kThreads) {
     const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
     uint4 raw = make_uint4(0, 0, 0, 0);
     if (r0 + r < rows) raw = *reinterpret_cast<const uint4*>(src + int64_t(r0 + r) * D + c);
-    if constexpr (kTransposed) {
-      const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) tile[(c + i) * stride + r] = e[i];
-    } else {
-      *reinterpret_cast<uint4*>(tile + r * stride + c) = raw;
-    }
+    *reinterpret_cast<uint4*>(tile + r * stride + c) = raw;
   }
 }
 
+// The same with cp.async (global -> shared without registers; zero-fill past
+// the end); the caller commits the group and waits before reading the tile.
+template <int ROWS, int D>
+__device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int r0, int rows) {
+  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += kThreads) {
+    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
+    const bool in = r0 + r < rows;
+    const bf16* from = src + (in ? int64_t(r0 + r) * D + c : 0);
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * stride + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0));
+  }
+}
+
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 // ---- BF16 forward ------------------------------------------------------------
+// K and V tiles row-major, double-buffered: tile t + 1 loads while t computes.
 
 template <int DH, int KB>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
-  constexpr int KS = DH + 8, VS = KB + 8;
+  constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [KB][KS]
-  bf16* vt = ks + KB * KS;                   // [DH][VS], v transposed
+  bf16* buf = reinterpret_cast<bf16*>(smem);  // [2 stages][k, v][KB][S]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
@@ -176,24 +201,38 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   const bf16* k = static_cast<const bf16*>(a.k) + bh * a.tk * DH;
   const bf16* v = static_cast<const bf16*>(a.v) + bh * a.tk * DH;
   const float* mask_row = a.mask_row(bh);
+  auto stage = [&](int tile) {
+    bf16* ks = buf + (tile % 2) * 2 * KB * S;
+    stage_rows_async<KB, DH>(ks, S, k, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks + KB * S, S, v, tile * KB, a.tk);
+    async_commit();
+  };
 
+  const int key_end = a.key_end(min(q_block + 64, a.tq));
+  const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
+  if (tiles > 0) stage(0);
   uint32_t qa[DH / 16][4];
   load_a_rows<DH>(qa, q, q0, a.tq);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[DH / 8][4] = {};
-  const int key_end = a.key_end(min(q_block + 64, a.tq));
-  for (int n0 = 0; n0 < key_end; n0 += KB) {
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) {
+      stage(tile + 1);
+      async_wait<1>();
+    } else {
+      async_wait<0>();
+    }
     __syncthreads();
-    stage_rows<KB, DH, false>(ks, KS, k, n0, a.tk);
-    stage_rows<KB, DH, true>(vt, VS, v, n0, a.tk);
-    __syncthreads();
+    const bf16* ks = buf + (tile % 2) * 2 * KB * S;
+    const bf16* vs = ks + KB * S;
+    const int n0 = tile * KB;
     float s[KB / 8][4] = {};
 #pragma unroll
     for (int kc = 0; kc < DH / 16; ++kc)
 #pragma unroll
       for (int nb = 0; nb < KB / 8; ++nb) {
         uint32_t b0, b1;
-        load_b(b0, b1, ks, KS, nb * 8, kc * 16);
+        load_b(b0, b1, ks, S, nb * 8, kc * 16);
         mma(s[nb], qa[kc], b0, b1);
       }
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -231,10 +270,11 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
 #pragma unroll
       for (int db = 0; db < DH / 8; ++db) {
         uint32_t b0, b1;
-        load_b(b0, b1, vt, VS, db * 8, kk * 16);
+        load_b_trans(b0, b1, vs, S, kk * 16, db * 8);
         mma(o[db], pa, b0, b1);
       }
     }
+    __syncthreads();  // the next iteration's stage() overwrites this buffer
   }
   bf16* out = static_cast<bf16*>(a.out) + bh * a.tq * DH;
 #pragma unroll
@@ -247,7 +287,10 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     for (int db = 0; db < DH / 8; ++db)
       *reinterpret_cast<uint32_t*>(out + int64_t(row) * DH + db * 8 + 2 * t) =
           pack(o[db][2 * h] * inv, o[db][2 * h + 1] * inv);
-    if (t == 0) a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * kLn2 + logf(total);
+    if (t == 0) {
+      a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * kLn2 + logf(total);
+      a.stats[bh * a.tq + row] = make_float2(m[h], inv);
+    }
   }
 }
 
@@ -256,16 +299,14 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
 // dk, dv for 64 keys (16 per warp), looping over query tiles of QB.
 template <int DH, int QB>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
-  constexpr int S = DH + 8, TS = QB + 8;
+  constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [64][S]
   bf16* vs = ks + 64 * S;                    // [64][S]
   bf16* qs = vs + 64 * S;                    // [QB][S]
   bf16* dos = qs + QB * S;                   // [QB][S]
-  bf16* qt = dos + QB * S;                   // [DH][TS]
-  bf16* dot = qt + DH * TS;                  // [DH][TS]
-  float* lse_s = reinterpret_cast<float*>(dot + DH * TS);
-  float* delta_s = lse_s + QB;
+  float2* stat_s = reinterpret_cast<float2*>(dos + QB * S);
+  float* delta_s = reinterpret_cast<float*>(stat_s + QB);
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
   const int k_block = blockIdx.x * 64;
@@ -274,20 +315,21 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   const bf16* dout = static_cast<const bf16*>(a.dout) + qoff;
   const float* mask_row = a.mask_row(bh);
 
-  stage_rows<64, DH, false>(ks, S, static_cast<const bf16*>(a.k) + koff, k_block, a.tk);
-  stage_rows<64, DH, false>(vs, S, static_cast<const bf16*>(a.v) + koff, k_block, a.tk);
+  stage_rows_async<64, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, k_block, a.tk);
+  stage_rows_async<64, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, k_block, a.tk);
+  async_commit();
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   for (int m0 = a.first_query(k_block) / QB * QB; m0 < a.tq; m0 += QB) {
     __syncthreads();
-    stage_rows<QB, DH, false>(qs, S, q, m0, a.tq);
-    stage_rows<QB, DH, false>(dos, S, dout, m0, a.tq);
-    stage_rows<QB, DH, true>(qt, TS, q, m0, a.tq);
-    stage_rows<QB, DH, true>(dot, TS, dout, m0, a.tq);
+    stage_rows_async<QB, DH>(qs, S, q, m0, a.tq);
+    stage_rows_async<QB, DH>(dos, S, dout, m0, a.tq);
+    async_commit();
     for (int r = threadIdx.x; r < QB; r += kThreads) {
       const bool in = m0 + r < a.tq;
-      lse_s[r] = in ? a.lse[bh * a.tq + m0 + r] : -INFINITY;
+      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
       delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
     }
+    async_wait<0>();
     __syncthreads();
     float st[QB / 8][4] = {}, dpt[QB / 8][4] = {};  // s^T and dp^T: 16 keys x QB queries
 #pragma unroll
@@ -309,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int il = nb * 8 + 2 * t + (e & 1), j = k_block + warp * 16 + g + 8 * (e >> 1);
-        st[nb][e] = prob_from_lse(logit2(a, mask_row, m0 + il, j, st[nb][e]), lse_s[il]);
+        st[nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[nb][e]), stat_s[il]);
       }
 #pragma unroll
     for (int kk = 0; kk < QB / 16; ++kk) {  // dv += p^T do
@@ -318,7 +360,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 #pragma unroll
       for (int db = 0; db < DH / 8; ++db) {
         uint32_t b0, b1;
-        load_b(b0, b1, dot, TS, db * 8, kk * 16);
+        load_b_trans(b0, b1, dos, S, kk * 16, db * 8);
         mma(dv[db], pa, b0, b1);
       }
     }
@@ -333,7 +375,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 #pragma unroll
       for (int db = 0; db < DH / 8; ++db) {
         uint32_t b0, b1;
-        load_b(b0, b1, qt, TS, db * 8, kk * 16);
+        load_b_trans(b0, b1, qs, S, kk * 16, db * 8);
         mma(dk[db], pa, b0, b1);
       }
     }
@@ -353,14 +395,12 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   }
 }
 
-// dq for 64 queries (16 per warp), looping over key tiles of KB.
+// dq for 64 queries (16 per warp), looping over double-buffered key tiles of KB.
 template <int DH, int KB>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
-  constexpr int S = DH + 8, TS = KB + 8;
+  constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [KB][S]
-  bf16* vs = ks + KB * S;                    // [KB][S]
-  bf16* kt = vs + KB * S;                    // [DH][TS]
+  bf16* buf = reinterpret_cast<bf16*>(smem);  // [2 stages][k, v][KB][S]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
@@ -368,25 +408,39 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   const bf16* k = static_cast<const bf16*>(a.k) + koff;
   const bf16* v = static_cast<const bf16*>(a.v) + koff;
   const float* mask_row = a.mask_row(bh);
+  auto stage = [&](int tile) {
+    bf16* ks = buf + (tile % 2) * 2 * KB * S;
+    stage_rows_async<KB, DH>(ks, S, k, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks + KB * S, S, v, tile * KB, a.tk);
+    async_commit();
+  };
+  const int key_end = a.key_end(min(q_block + 64, a.tq));
+  const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
+  if (tiles > 0) stage(0);
 
   uint32_t qa[DH / 16][4], doa[DH / 16][4];
   load_a_rows<DH>(qa, static_cast<const bf16*>(a.q) + qoff, q0, a.tq);
   load_a_rows<DH>(doa, static_cast<const bf16*>(a.dout) + qoff, q0, a.tq);
-  float lse[2], delta[2];
+  float2 stats[2];
+  float delta[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = q0 + g + 8 * h;
-    lse[h] = row < a.tq ? a.lse[bh * a.tq + row] : -INFINITY;
+    stats[h] = row < a.tq ? a.stats[bh * a.tq + row] : make_float2(-INFINITY, 0.f);
     delta[h] = row < a.tq ? a.delta[bh * a.tq + row] : 0.f;
   }
   float dq[DH / 8][4] = {};
-  const int key_end = a.key_end(min(q_block + 64, a.tq));
-  for (int n0 = 0; n0 < key_end; n0 += KB) {
+  for (int tile = 0; tile < tiles; ++tile) {
+    if (tile + 1 < tiles) {
+      stage(tile + 1);
+      async_wait<1>();
+    } else {
+      async_wait<0>();
+    }
     __syncthreads();
-    stage_rows<KB, DH, false>(ks, S, k, n0, a.tk);
-    stage_rows<KB, DH, false>(vs, S, v, n0, a.tk);
-    stage_rows<KB, DH, true>(kt, TS, k, n0, a.tk);
-    __syncthreads();
+    const bf16* ks = buf + (tile % 2) * 2 * KB * S;
+    const bf16* vs = ks + KB * S;
+    const int n0 = tile * KB;
     float s[KB / 8][4] = {}, dp[KB / 8][4] = {};
 #pragma unroll
     for (int kc = 0; kc < DH / 16; ++kc)
@@ -403,8 +457,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e >> 1;
-        const float p = prob_from_lse(logit2(a, mask_row, q0 + g + 8 * h, n0 + nb * 8 + 2 * t + (e & 1), s[nb][e]),
-                                      lse[h]);
+        const float p = prob(logit2(a, mask_row, q0 + g + 8 * h, n0 + nb * 8 + 2 * t + (e & 1), s[nb][e]), stats[h]);
         s[nb][e] = p * (dp[nb][e] - delta[h]);  // ds without the scale
       }
 #pragma unroll
@@ -414,10 +467,11 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
 #pragma unroll
       for (int db = 0; db < DH / 8; ++db) {
         uint32_t b0, b1;
-        load_b(b0, b1, kt, TS, db * 8, kk * 16);
+        load_b_trans(b0, b1, ks, S, kk * 16, db * 8);
         mma(dq[db], da, b0, b1);
       }
     }
+    __syncthreads();
   }
   bf16* dq_out = static_cast<bf16*>(a.dq) + qoff;
 #pragma unroll
@@ -496,8 +550,8 @@ __global__ void __launch_bounds__(kThreads) forward_f32_kernel(Args a) {
   const int key_end = a.key_end(min(q_block + kRowsF32, a.tq));
   for (int n0 = 0; n0 < key_end; n0 += kTileF32) {
     __syncthreads();
-    stage_rows<kTileF32, DH, false>(ks, DH, k, n0, a.tk);
-    stage_rows<kTileF32, DH, false>(vs, DH, v, n0, a.tk);
+    stage_rows<kTileF32, DH>(ks, DH, k, n0, a.tk);
+    stage_rows<kTileF32, DH>(vs, DH, v, n0, a.tk);
     __syncthreads();
     float s[kTileF32];
     float tile_max = -INFINITY;
@@ -520,14 +574,19 @@ __global__ void __launch_bounds__(kThreads) forward_f32_kernel(Args a) {
     }
   }
   if (i >= a.tq) return;
-  o.store(static_cast<float*>(a.out) + (bh * a.tq + i) * DH, l == 0.f ? 0.f : 1.f / l);
-  if (threadIdx.x % 4 == 0) a.lse[bh * a.tq + i] = l == 0.f ? -INFINITY : m * kLn2 + logf(l);
+  const float inv = l == 0.f ? 0.f : 1.f / l;
+  o.store(static_cast<float*>(a.out) + (bh * a.tq + i) * DH, inv);
+  if (threadIdx.x % 4 == 0) {
+    a.lse[bh * a.tq + i] = l == 0.f ? -INFINITY : m * kLn2 + logf(l);
+    a.stats[bh * a.tq + i] = make_float2(m, inv);
+  }
 }
 
 template <int DH>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
   __shared__ __align__(16) float qs[kTileF32 * DH], dos[kTileF32 * DH];
-  __shared__ float lse_s[kTileF32], delta_s[kTileF32];
+  __shared__ float2 stat_s[kTileF32];
+  __shared__ float delta_s[kTileF32];
   const int64_t bh = blockIdx.y;
   const int k_block = blockIdx.x * kRowsF32, j = k_block + threadIdx.x / 4;
   const int64_t koff = bh * a.tk * DH;
@@ -546,16 +605,16 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
   dv.zero();
   for (int m0 = a.first_query(k_block) / kTileF32 * kTileF32; m0 < a.tq; m0 += kTileF32) {
     __syncthreads();
-    stage_rows<kTileF32, DH, false>(qs, DH, q, m0, a.tq);
-    stage_rows<kTileF32, DH, false>(dos, DH, dout, m0, a.tq);
+    stage_rows<kTileF32, DH>(qs, DH, q, m0, a.tq);
+    stage_rows<kTileF32, DH>(dos, DH, dout, m0, a.tq);
     for (int r = threadIdx.x; r < kTileF32; r += kThreads) {
       const bool in = m0 + r < a.tq;
-      lse_s[r] = in ? a.lse[bh * a.tq + m0 + r] : -INFINITY;
+      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
       delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
     }
     __syncthreads();
     for (int r = 0; r < kTileF32; ++r) {
-      const float p = prob_from_lse(logit2(a, mask_row, m0 + r, j, kr.dot(qs + r * DH)), lse_s[r]);
+      const float p = prob(logit2(a, mask_row, m0 + r, j, kr.dot(qs + r * DH)), stat_s[r]);
       const float dp = vr.dot(dos + r * DH);
       dv.axpy(p, dos + r * DH);
       dk.axpy(p * (dp - delta_s[r]), qs + r * DH);
@@ -568,8 +627,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
 
 // dq for 32 queries. Two sweeps over the keys: the first sums delta_i =
 // sum_j p_ij dp_ij over the very p the gradient uses (not do . o, which at
-// logits of 1e4 differs from it by the rounding of the saved lse and leaves
-// ds rows that no longer sum to zero), the second accumulates dq. delta is
+// logits of 1e4 differs from it by the float32 rounding of o and leaves ds
+// rows that no longer sum to zero), the second accumulates dq. delta is
 // written for the dk, dv kernel that runs next.
 template <int DH>
 __global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
@@ -581,11 +640,11 @@ __global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
   const float* v = static_cast<const float*>(a.v) + bh * a.tk * DH;
   const float* mask_row = a.mask_row(bh);
   Quarter<DH> q, dout, dq;
-  float lse = -INFINITY;
+  float2 stats = make_float2(-INFINITY, 0.f);
   if (i < a.tq) {
     q.load(static_cast<const float*>(a.q) + qoff);
     dout.load(static_cast<const float*>(a.dout) + qoff);
-    lse = a.lse[bh * a.tq + i];
+    stats = a.stats[bh * a.tq + i];
   } else {
     q.zero();
     dout.zero();
@@ -596,11 +655,11 @@ __global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
   for (int sweep = 0; sweep < 2; ++sweep) {
     for (int n0 = 0; n0 < key_end; n0 += kTileF32) {
       __syncthreads();
-      stage_rows<kTileF32, DH, false>(ks, DH, k, n0, a.tk);
-      stage_rows<kTileF32, DH, false>(vs, DH, v, n0, a.tk);
+      stage_rows<kTileF32, DH>(ks, DH, k, n0, a.tk);
+      stage_rows<kTileF32, DH>(vs, DH, v, n0, a.tk);
       __syncthreads();
       for (int j = 0; j < kTileF32; ++j) {
-        const float p = prob_from_lse(logit2(a, mask_row, i, n0 + j, q.dot(ks + j * DH)), lse);
+        const float p = prob(logit2(a, mask_row, i, n0 + j, q.dot(ks + j * DH)), stats);
         const float dp = dout.dot(vs + j * DH);
         if (sweep == 0) {
           delta += p * dp;
@@ -656,9 +715,9 @@ void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* 
 }
 
 // Shared memory of each BF16 kernel, in bytes.
-constexpr size_t forward_smem(int dh, int kb) { return 2 * (kb * (dh + 8) + dh * (kb + 8)); }
-constexpr size_t dkdv_smem(int dh, int qb) { return 2 * (2 * 64 * (dh + 8) + 2 * qb * (dh + 8) + 2 * dh * (qb + 8)) + 8 * qb; }
-constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kb * (dh + 8) + dh * (kb + 8)); }
+constexpr size_t forward_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }  // 2 stages of k, v
+constexpr size_t dkdv_smem(int dh, int qb) { return 2 * (2 * 64 * (dh + 8) + 2 * qb * (dh + 8)) + 12 * qb; }
+constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }
 
 // Tile sizes per head dim: dh 128 halves the inner tile of the backward to
 // keep its accumulators in registers.
@@ -709,7 +768,7 @@ void check_sizes(const AttentionLayout& l, const char* op) {
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& layout, Tensor& o,
-                       Tensor& lse) {
+                       Tensor& lse, Tensor& stats) {
   const char* op = "attention_forward";
   check_sizes(layout, op);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k, &v, &o}) check_aligned(*t, "operand", op);
@@ -719,12 +778,13 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   a.v = v.raw_data();
   a.out = o.raw_data();
   a.lse = lse.data<float>();
+  a.stats = reinterpret_cast<float2*>(stats.data<float>());
   const bool bf16_inputs = q.dtype() == DType::BF16;
   by_head_dim(layout.head_dim, [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& lse, const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+                        const Tensor& stats, const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "attention_backward";
   check_sizes(layout, op);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dout, &q, &k, &v, &o, &dq, &dk, &dv})
@@ -747,7 +807,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   a.dq = dq.raw_data();
   a.dk = dk.raw_data();
   a.dv = dv.raw_data();
-  a.lse = lse.data<float>();
+  a.stats = reinterpret_cast<float2*>(stats.data<float>());
   a.delta = delta.data<float>();
   by_head_dim(layout.head_dim,
               [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });

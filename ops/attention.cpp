@@ -97,7 +97,8 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
     const AttentionLayout l = layout_of(s);
     if (q.is_cuda()) {
 #ifdef HG_WITH_CUDA
-      gpu::attention_forward(q, k, v, l, s.o, s.lse);
+      s.softmax_stats = Tensor::empty({q.size(0), q.size(1), q.size(2), 2}, DType::F32, q.device());
+      gpu::attention_forward(q, k, v, l, s.o, s.lse, s.softmax_stats);
 #else
       fail(kForwardOp, "a CUDA tensor ", q.shape(), " but handgrad was built without CUDA");
 #endif
@@ -124,7 +125,7 @@ AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& save
   const AttentionLayout l = layout_of(saved);
   if (dout.is_cuda()) {
 #ifdef HG_WITH_CUDA
-    gpu::attention_backward(dout, saved.q, saved.k, saved.v, saved.o, saved.lse, l, g.dq, g.dk, g.dv);
+    gpu::attention_backward(dout, saved.q, saved.k, saved.v, saved.o, saved.softmax_stats, l, g.dq, g.dk, g.dv);
 #else
     fail(kBackwardOp, "a CUDA tensor ", dout.shape(), " but handgrad was built without CUDA");
 #endif

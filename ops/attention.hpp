@@ -29,7 +29,8 @@ struct AttentionSaved {
   Tensor mask;
   bool causal = false;
   double scale = 1.0;
-  Tensor probs;  // unfused path only: the (B, H, Tq, Tk) probabilities it saves anyway
+  Tensor probs;          // unfused path only: the (B, H, Tq, Tk) probabilities it saves anyway
+  Tensor softmax_stats;  // CUDA fused only: (B, H, Tq, 2) row max and 1 / sum, O(T)
 };
 
 struct AttentionGrads {
