@@ -1,4 +1,7 @@
 #pragma once
+#include <cstdint>
+#include <vector>
+
 #include "core/tensor.hpp"
 
 namespace hg {
@@ -46,6 +49,17 @@ class Backend {
   // contiguous copy. The default stages through the host so every backend has
   // it; a device backend overrides it with a kernel to avoid the round trip.
   virtual void transpose(const Tensor& x, int dim0, int dim1, Tensor& out);
+
+  // Embedding rows (core/indexing.hpp validates and calls these). ids holds
+  // the row ids as F32 on this device; host_ids is the same list on the host,
+  // every id already checked to be in [0, V). table / grad_table (V, D) and
+  // out / grad (N, D), N = host_ids.size(), all F32 or all F64.
+  // out[i, :] = table[ids[i], :].
+  virtual void gather_rows(const Tensor& table, const Tensor& ids, const std::vector<int32_t>& host_ids,
+                           Tensor& out) = 0;
+  // grad_table[ids[i], :] += grad[i, :], summed in increasing i for each row
+  // (deterministic, no float atomics).
+  virtual void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) = 0;
 };
 
 Backend& cpu_backend();

@@ -303,6 +303,25 @@ void transpose_typed(const Elem* x, Elem* y, int64_t A, int64_t n0, int64_t M, i
         }
 }
 
+template <class T>
+void gather_rows_typed(const Tensor& table, const std::vector<int32_t>& idx, Tensor& out) {
+  const int64_t d = table.size(1);
+  const T* src = table.data<T>();
+  T* dst = out.data<T>();
+  for (size_t i = 0; i < idx.size(); ++i)
+    for (int64_t j = 0; j < d; ++j) dst[static_cast<int64_t>(i) * d + j] = src[idx[i] * d + j];
+}
+
+template <class T>
+void scatter_add_rows_typed(const Tensor& grad, const std::vector<int32_t>& idx, Tensor& table) {
+  const int64_t d = table.size(1);
+  const T* src = grad.data<T>();
+  T* dst = table.data<T>();
+  for (size_t i = 0; i < idx.size(); ++i)
+    for (int64_t j = 0; j < d; ++j) dst[idx[i] * d + j] += src[static_cast<int64_t>(i) * d + j];
+}
+
+
 class CpuBackend final : public Backend {
  public:
   void map(UnaryOp op, const Tensor& x, Tensor& out) override {
@@ -428,6 +447,16 @@ class CpuBackend final : public Backend {
         return;
     }
     fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));
+  }
+
+  void gather_rows(const Tensor& table, const Tensor&, const std::vector<int32_t>& host_ids, Tensor& out) override {
+    if (table.dtype() == DType::F32) gather_rows_typed<float>(table, host_ids, out);
+    else gather_rows_typed<double>(table, host_ids, out);
+  }
+
+  void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
+    if (grad.dtype() == DType::F32) scatter_add_rows_typed<float>(grad, host_ids, grad_table);
+    else scatter_add_rows_typed<double>(grad, host_ids, grad_table);
   }
 };
 

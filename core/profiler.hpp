@@ -6,11 +6,12 @@
 #include "core/device.hpp"
 
 // A lightweight, optional op-kind profiler for the end-to-end benchmark.
-// Models wrap each op call in HG_PROFILE("matmul", device). When profiling is
-// off (the default) a scope costs one branch. When on, a scope synchronizes
-// the device at entry and exit and adds the steady_clock time to its kind, so
-// the breakdown explains where a training step goes. Nested scopes count only
-// the outermost one, so no time is counted twice.
+// Each op and leaf module opens one HG_PROFILE("softmax", device) at its
+// entry (the kinds: docs/architecture.md); model code has no scopes of its
+// own. When profiling is off (the default) a scope costs one branch. When on,
+// a scope synchronizes the device at entry and exit and adds the steady_clock
+// time to its kind, so the breakdown explains where a training step goes.
+// Nested scopes count only the outermost one, so no time is counted twice.
 namespace hg::prof {
 
 void enable(bool on);

@@ -80,6 +80,13 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(Storage::allocate(bytes, device), 0, shape, dtype, device);
 }
 
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                         std::function<void()> release) {
+  check_shape(shape, dtype, "Tensor::from_blob");
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  return Tensor(Storage::wrap(data, bytes, device, std::move(release)), 0, shape, dtype, device);
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return full(shape, 0.0, dtype, device);
 }

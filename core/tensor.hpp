@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
@@ -38,6 +39,12 @@ class Tensor {
                       Device device = Device::CPU, double mean = 0.0, double stddev = 1.0);
   static Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::F32,
                      Device device = Device::CPU, double low = 0.0, double high = 1.0);
+
+  // Uses `data` (contiguous, row-major, `device` memory) in place without
+  // owning it; `release` runs when the last tensor viewing it is gone.
+  // Interop (NumPy, DLPack) builds on this: see python/ and docs/python.md.
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                          std::function<void()> release);
 
   // ---- metadata ----
   bool defined() const { return storage_ != nullptr; }

@@ -4,6 +4,7 @@
 #include "core/tensor_functions.hpp"
 
 #include "core/matmul_shape.hpp"
+#include "core/profiler.hpp"
 
 namespace hg {
 namespace {
@@ -138,6 +139,7 @@ Tensor sum_all(const Tensor& x) {
 // ---------------------------------------------------------------- matmul
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) {
+  HG_PROFILE("matmul", a.device());
   check_pair(a, b, "matmul");
   const MatmulShape s = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, "matmul");
   Tensor out = empty_like(a, s.out);
@@ -145,7 +147,21 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose
   return out;
 }
 
+void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b) {
+  HG_PROFILE("matmul", a.device());
+  check_pair(a, b, "matmul_into");
+  out.check_defined("matmul_into");
+  HG_CHECK(out.device() == a.device() && out.dtype() == a.dtype(), "matmul_into", "out ",
+           out.shape(), " must be a ", dtype_name(a.dtype()), " tensor on ", device_name(a.device()),
+           " like a ", a.shape());
+  const MatmulShape s = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, "matmul_into");
+  HG_CHECK(out.shape() == s.out, "matmul_into", "out has shape ", out.shape(), ", expected ", s.out, " for a ",
+           a.shape(), " b ", b.shape());
+  backend_for(a.device()).matmul(a, b, out, transpose_a, transpose_b, false);
+}
+
 Tensor transpose(const Tensor& x, int dim0, int dim1) {
+  HG_PROFILE("layout", x.device());
   HG_CHECK(x.defined(), "transpose", "x is an undefined tensor");
   const int d0 = normalize_dim(dim0, x.ndim(), "transpose");
   const int d1 = normalize_dim(dim1, x.ndim(), "transpose");

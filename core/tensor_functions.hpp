@@ -7,6 +7,8 @@
 // miniTorch's tensor_functions: validated, allocating wrappers over the
 // primitive backend, plus the hand-written backward of each primitive that
 // the models need. Inputs must share device and dtype (hg::Error otherwise).
+// matmul / matmul_into are profiled as kind "matmul", transpose as "layout"
+// (core/profiler.hpp); map/zip/reduce count toward the op that calls them.
 namespace hg {
 
 // ---- map ----
@@ -40,6 +42,9 @@ Tensor sum_all(const Tensor& x);  // scalar tensor of shape ()
 // ---- matmul ----
 // (..., m, k) x (..., k, n) -> (..., m, n); b may be 2-D (k, n) and shared.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
+// The same product written into an existing tensor of the product's shape
+// (e.g. a slice of a larger buffer, so no concatenation copy follows).
+void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a = false, bool transpose_b = false);
 
 // Layout helpers (copies): swap two dims of a contiguous tensor.
 Tensor transpose(const Tensor& x, int dim0, int dim1);

@@ -19,6 +19,7 @@
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/indexing_kernels.hpp"
 
 namespace hg {
 namespace {
@@ -677,6 +678,14 @@ class CudaBackend final : public Backend {
       case 8: return launch_transpose<uint64_t>(x.raw_data(), out.raw_data(), total, p.n0, p.M, p.n1, p.B);
     }
     fail(name, "unsupported element size for dtype ", dtype_name(x.dtype()));
+  }
+
+  void gather_rows(const Tensor& table, const Tensor& ids, const std::vector<int32_t>&, Tensor& out) override {
+    gpu::gather_rows_cuda(table, ids, ids.numel(), out);  // reads the ids already on the GPU
+  }
+
+  void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
+    gpu::scatter_add_rows_cuda(grad, host_ids, grad_table);
   }
 };
 

@@ -64,10 +64,17 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
-void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& offsets,
-                           const std::vector<int32_t>& positions, Tensor& grad_table) {
+void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows, Tensor& grad_table) {
   const int64_t v = grad_table.size(0);
   const int64_t d = grad_table.size(1);
+  // Counting sort of positions by row (a CSR), so each GPU thread owns one
+  // (row, column) and sums its positions in ascending order.
+  std::vector<int32_t> offsets(static_cast<size_t>(v) + 1, 0);
+  for (int32_t r : rows) ++offsets[r + 1];
+  for (int64_t r = 0; r < v; ++r) offsets[r + 1] += offsets[r];
+  std::vector<int32_t> positions(rows.size());
+  std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
+  for (size_t p = 0; p < rows.size(); ++p) positions[fill[rows[p]]++] = static_cast<int32_t>(p);
   DeviceBuffer d_offsets = upload(offsets);
   DeviceBuffer d_positions = upload(positions);
   const int threads = 128;

@@ -1,6 +1,7 @@
 #pragma once
-// Launch API of the row gather / scatter-add kernels (cuda/indexing.cu).
-// core/indexing.cpp validates shapes and ids before calling these.
+// Launch API of the row gather / scatter-add kernels (cuda/indexing.cu),
+// behind the CUDA backend's gather_rows / scatter_add_rows (core/backend.hpp);
+// core/indexing.cpp validates shapes and ids before those are called.
 #include <cstdint>
 #include <vector>
 
@@ -11,10 +12,9 @@ namespace hg::gpu {
 // out (N, D) = table (V, D) rows picked by ids (N) F32; table/out F32 or F64.
 void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor& out);
 
-// grad_table[v, :] += sum over positions p of row v of grad[p, :], where the
-// positions of row v are positions[offsets[v] .. offsets[v+1]) (a CSR built
-// on the host, ascending p). One thread owns one (v, d): deterministic.
-void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& offsets,
-                           const std::vector<int32_t>& positions, Tensor& grad_table);
+// grad_table (V, D) [v, :] += sum of grad (N, D) [p, :] over the positions p
+// with rows[p] == v (rows: N ids in [0, V), on the host), in ascending p. One
+// thread owns one (v, d): deterministic.
+void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows, Tensor& grad_table);
 
 }  // namespace hg::gpu

@@ -21,7 +21,8 @@
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_kernels.hpp"
-#include "ops/softmax.hpp"  // kSoftmaxMaskThreshold: one definition for every path
+#include "cuda/vec.cuh"
+#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 
 namespace hg::gpu {
 namespace {
@@ -56,75 +57,6 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 // Subtracting inf (rather than returning -inf) keeps a NaN mask value NaN,
 // exactly as the CPU path does.
 __device__ __forceinline__ float additive_mask(float m) { return m > kMaskThreshold ? m : m - INFINITY; }
-
-// ---- 16-byte and scalar access ---------------------------------------------------
-
-template <class T> struct VecWidth;
-template <> struct VecWidth<float> { static constexpr int value = 4; };  // float4
-template <> struct VecWidth<bf16> { static constexpr int value = 8; };   // 8 x bf16 = 16 bytes
-
-template <int W>
-__device__ __forceinline__ void load(const float* __restrict__ p, float (&v)[W]) {
-  if constexpr (W == 1) {
-    v[0] = __ldg(p);
-  } else {
-    static_assert(W % 4 == 0, "float access is 1 or a multiple of 4 wide");
-#pragma unroll
-    for (int c = 0; c < W / 4; ++c) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(p) + c);
-      v[4 * c + 0] = a.x;
-      v[4 * c + 1] = a.y;
-      v[4 * c + 2] = a.z;
-      v[4 * c + 3] = a.w;
-    }
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void load(const bf16* __restrict__ p, float (&v)[W]) {
-  if constexpr (W == 1) {
-    v[0] = __bfloat162float(__ldg(p));
-  } else {
-    static_assert(W % 8 == 0, "bf16 access is 1 or a multiple of 8 wide");
-#pragma unroll
-    for (int c = 0; c < W / 8; ++c) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + c);
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const float2 f = __bfloat1622float2(pairs[t]);
-        v[8 * c + 2 * t] = f.x;
-        v[8 * c + 2 * t + 1] = f.y;
-      }
-    }
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void store(float* __restrict__ p, const float (&v)[W]) {
-  if constexpr (W == 1) {
-    p[0] = v[0];
-  } else {
-#pragma unroll
-    for (int c = 0; c < W / 4; ++c)
-      reinterpret_cast<float4*>(p)[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-  }
-}
-
-template <int W>
-__device__ __forceinline__ void store(bf16* __restrict__ p, const float (&v)[W]) {
-  if constexpr (W == 1) {
-    p[0] = __float2bfloat16_rn(v[0]);
-  } else {
-#pragma unroll
-    for (int c = 0; c < W / 8; ++c) {
-      alignas(16) __nv_bfloat162 pairs[4];
-#pragma unroll
-      for (int t = 0; t < 4; ++t) pairs[t] = __floats2bfloat162_rn(v[8 * c + 2 * t], v[8 * c + 2 * t + 1]);
-      reinterpret_cast<uint4*>(p)[c] = *reinterpret_cast<const uint4*>(pairs);
-    }
-  }
-}
 
 // ---- who owns a row ---------------------------------------------------------------
 
@@ -209,10 +141,10 @@ __device__ __forceinline__ RowSpan row_span(const ForwardArgs<T>& a, int64_t row
 template <class T, int W>
 __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int64_t k0, float scale,
                                        float (&z)[W]) {
-  load<W>(x_row + k0, z);
+  load_vec<W, Load::ReadOnly>(x_row + k0, z);
   if (span.mask != nullptr) {
     float m[W];
-    load<W>(span.mask + k0, m);
+    load_vec<W, Load::ReadOnly>(span.mask + k0, m);
     // _rn: no fused multiply-add, so z rounds exactly as the CPU path's z.
 #pragma unroll
     for (int j = 0; j < W; ++j) z[j] = __fadd_rn(__fmul_rn(scale, z[j]), additive_mask(m[j]));
@@ -284,7 +216,7 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
       if (k0 < a.tk) {
 #pragma unroll
         for (int j = 0; j < W; ++j) v[i][j] *= inv;
-        store<W>(y_row + k0, v[i]);
+        store_vec<W>(y_row + k0, v[i]);
       }
     }
   }
@@ -346,7 +278,7 @@ __global__ void __launch_bounds__(kMaxBlock) softmax_forward_streaming_kernel(Fo
       }
 #pragma unroll
       for (int j = 0; j < W; ++j) z[j] = expf(z[j] - norm.shift) * inv;
-      store<W>(y_row + k0, z);
+      store_vec<W>(y_row + k0, z);
     }
   }
 }
@@ -375,8 +307,8 @@ __device__ __forceinline__ void backward_rows_in_registers(const BackwardArgs<T>
     for (int i = 0; i < N; ++i) {
       const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
       if (k0 < tk) {
-        load<W>(a.y + offset + k0, yv[i]);
-        load<W>(a.dy + offset + k0, gv[i]);
+        load_vec<W, Load::ReadOnly>(a.y + offset + k0, yv[i]);
+        load_vec<W, Load::ReadOnly>(a.dy + offset + k0, gv[i]);
       } else {
 #pragma unroll
         for (int j = 0; j < W; ++j) yv[i][j] = gv[i][j] = 0.0f;
@@ -396,7 +328,7 @@ __device__ __forceinline__ void backward_rows_in_registers(const BackwardArgs<T>
       if (k0 < tk) {
 #pragma unroll
         for (int j = 0; j < W; ++j) gv[i][j] = a.scale * yv[i][j] * (gv[i][j] - dot);
-        store<W>(a.dx + offset + k0, gv[i]);
+        store_vec<W>(a.dx + offset + k0, gv[i]);
       }
     }
   }
@@ -425,8 +357,8 @@ __global__ void __launch_bounds__(kMaxBlock) softmax_backward_streaming_kernel(B
     float dot = 0.0f;
     for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * W; k0 < a.tk; k0 += stride) {
       float yv[W], gv[W];
-      load<W>(y_row + k0, yv);
-      load<W>(dy_row + k0, gv);
+      load_vec<W, Load::ReadOnly>(y_row + k0, yv);
+      load_vec<W, Load::ReadOnly>(dy_row + k0, gv);
 #pragma unroll
       for (int j = 0; j < W; ++j) dot += yv[j] * gv[j];
     }
@@ -434,18 +366,16 @@ __global__ void __launch_bounds__(kMaxBlock) softmax_backward_streaming_kernel(B
     T* dx_row = a.dx + row * a.tk;
     for (int64_t k0 = static_cast<int64_t>(threadIdx.x) * W; k0 < a.tk; k0 += stride) {
       float yv[W], gv[W];
-      load<W>(y_row + k0, yv);
-      load<W>(dy_row + k0, gv);
+      load_vec<W, Load::ReadOnly>(y_row + k0, yv);
+      load_vec<W, Load::ReadOnly>(dy_row + k0, gv);
 #pragma unroll
       for (int j = 0; j < W; ++j) gv[j] = a.scale * yv[j] * (gv[j] - dot);
-      store<W>(dx_row + k0, gv);
+      store_vec<W>(dx_row + k0, gv);
     }
   }
 }
 
 // ---- host-side choice of layout ----------------------------------------------------
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -522,12 +452,12 @@ struct BackwardLauncher {
 };
 
 template <class T>
-void forward_typed(const Tensor& x, const SoftmaxLayout& l, Tensor& y) {
+void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   constexpr int V = VecWidth<T>::value;
   const float* mask = l.mask != nullptr ? l.mask->data<float>() : nullptr;
   ForwardLauncher<T> launcher{ForwardArgs<T>{
       static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), mask, l.rows, l.tk, l.tq,
-      l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, l.scale, l.causal,
+      l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, static_cast<float>(l.scale), l.causal,
       l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX}};
   // 16-byte access needs every row start 16-byte aligned: Tk a multiple of
   // the vector width and aligned base pointers (a mask row is read V floats
@@ -559,7 +489,7 @@ void check_storage(const char* op, const Tensor& t, const Tensor& like, int64_t 
 
 }  // namespace
 
-void softmax_forward_fused(const Tensor& x, const SoftmaxLayout& layout, Tensor& y) {
+void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
   constexpr const char* op = "softmax_forward_fused";
   HG_CHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op,
            "bad layout: rows ", layout.rows, " tk ", layout.tk, " tq ", layout.tq, " heads ", layout.heads);

@@ -2,8 +2,6 @@
 
 #include <cmath>
 
-#include "core/backend.hpp"
-#include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 #include "ops/softmax.hpp"
 
@@ -34,44 +32,21 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
              Shape({b, 1, 1, t}), ", got ", key_padding_mask.shape(), " for x ", x.shape());
   batch_ = b;
   seq_ = t;
-  const Device dev = x.device();
 
-  Tensor packed;
-  {
-    HG_PROFILE("linear", dev);
-    packed = qkv.forward(x.reshape({b * t, d_model_}));  // (B*T, 3d)
-  }
-  {
-    // (B, T, 3H, dh) -> (B, 3H, T, dh) = (B, 3, H*T*dh) -> (3, B, H*T*dh): q, k, v lead.
-    HG_PROFILE("layout", dev);
-    Tensor bh = transpose(packed.reshape({b, t, 3 * h, dh}), 1, 2);
-    heads_ = transpose(bh.reshape({b, 3, h * t * dh}), 0, 1).reshape({3, b, h, t, dh});
-  }
+  const Tensor packed = qkv.forward(x.reshape({b * t, d_model_}));  // (B*T, 3d)
+  // (B, T, 3H, dh) -> (B, 3H, T, dh) = (B, 3, H*T*dh) -> (3, B, H*T*dh): q, k, v lead.
+  const Tensor bh = transpose(packed.reshape({b, t, 3 * h, dh}), 1, 2);
+  heads_ = transpose(bh.reshape({b, 3, h * t * dh}), 0, 1).reshape({3, b, h, t, dh});
   const Tensor q = heads_[0], k = heads_[1], v = heads_[2];  // views, (B, H, T, dh)
 
-  Tensor scores, ctx;
-  {
-    HG_PROFILE("matmul", dev);
-    scores = matmul(q, k, false, true);  // (B, H, T, T)
-  }
-  {
-    HG_PROFILE("softmax", dev);
-    SoftmaxOptions options;
-    options.mask = key_padding_mask;
-    options.causal = causal_;
-    options.scale = scale_;
-    probs_ = attention_softmax_forward(scores, options);
-  }
-  {
-    HG_PROFILE("matmul", dev);
-    ctx = matmul(probs_, v);  // (B, H, T, dh)
-  }
-  Tensor merged;
-  {
-    HG_PROFILE("layout", dev);
-    merged = transpose(ctx, 1, 2).reshape({b * t, d_model_});  // (B, T, H, dh) -> (B*T, d)
-  }
-  HG_PROFILE("linear", dev);
+  const Tensor scores = matmul(q, k, false, true);  // (B, H, T, T)
+  SoftmaxOptions options;
+  options.mask = key_padding_mask;
+  options.causal = causal_;
+  options.scale = scale_;
+  probs_ = attention_softmax_forward(scores, options);
+  const Tensor ctx = matmul(probs_, v);                                   // (B, H, T, dh)
+  const Tensor merged = transpose(ctx, 1, 2).reshape({b * t, d_model_});  // (B, T, H, dh) -> (B*T, d)
   return proj.forward(merged).reshape({b, t, d_model_});
 }
 
@@ -81,47 +56,21 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
   const int64_t b = batch_, t = seq_, h = n_heads_, dh = head_dim_;
   HG_CHECK(dy.shape() == Shape({b, t, d_model_}), op, "dy ", dy.shape(), " must match the forward output ",
            Shape({b, t, d_model_}));
-  const Device dev = dy.device();
   const Tensor q = heads_[0], k = heads_[1], v = heads_[2];
 
-  Tensor dmerged;
-  {
-    HG_PROFILE("linear", dev);
-    dmerged = proj.backward(dy.reshape({b * t, d_model_}));
-  }
-  Tensor dctx;
-  {
-    HG_PROFILE("layout", dev);
-    dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
-  }
+  const Tensor dmerged = proj.backward(dy.reshape({b * t, d_model_}));
+  const Tensor dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
   // dq, dk, dv are written straight into the slices of one (3, B, H, T, dh)
   // tensor, so no concatenation copy is needed before the QKV backward.
-  Tensor dheads = Tensor::empty({3, b, h, t, dh}, dy.dtype(), dev);
+  Tensor dheads = Tensor::empty({3, b, h, t, dh}, dy.dtype(), dy.device());
   Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
-  Backend& be = backend_for(dev);
-  Tensor dprobs;
-  {
-    HG_PROFILE("matmul", dev);
-    dprobs = matmul(dctx, v, false, true);     // dP = dctx v^T
-    be.matmul(probs_, dctx, dv, true, false);  // dv = P^T dctx
-  }
-  Tensor dscores;
-  {
-    HG_PROFILE("softmax", dev);
-    dscores = softmax_backward(dprobs, probs_, scale_);
-  }
-  {
-    HG_PROFILE("matmul", dev);
-    be.matmul(dscores, k, dq, false, false);  // dq = dS k
-    be.matmul(dscores, q, dk, true, false);   // dk = dS^T q
-  }
-  Tensor dpacked;
-  {
-    HG_PROFILE("layout", dev);
-    Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
-    dpacked = transpose(bh, 1, 2).reshape({b * t, 3 * d_model_});
-  }
-  HG_PROFILE("linear", dev);
+  const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
+  matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
+  const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
+  matmul_into(dscores, k, dq, false, false);  // dq = dS k
+  matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
+  const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
+  const Tensor dpacked = transpose(bh, 1, 2).reshape({b * t, 3 * d_model_});
   return qkv.backward(dpacked).reshape({b, t, d_model_});
 }
 

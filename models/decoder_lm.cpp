@@ -2,8 +2,6 @@
 
 #include <string>
 
-#include "core/profiler.hpp"
-
 namespace hg {
 
 DecoderLM::DecoderLM(const DecoderLMConfig& c)
@@ -43,12 +41,8 @@ Tensor DecoderLM::forward_embedded(const Tensor& h, const Tensor& key_padding_ma
   h_shape_ = h.shape();
   Tensor x = h;
   for (auto& layer : layers) x = layer->forward(x, key_padding_mask);
-  {
-    HG_PROFILE("layernorm", x.device());
-    x = ln_f.forward(x);
-  }
+  x = ln_f.forward(x);
   const int64_t rows = h.size(0) * h.size(1);
-  HG_PROFILE("linear", x.device());
   return head.forward(x.reshape({rows, config_.d_model})).reshape({h.size(0), h.size(1), config_.vocab_size});
 }
 
@@ -59,15 +53,7 @@ Tensor DecoderLM::backward(const Tensor& dlogits) {
   HG_CHECK(dlogits.shape() == logits_shape, op, "dlogits ", dlogits.shape(), " must match the logits ",
            logits_shape);
   const int64_t rows = h_shape_[0] * h_shape_[1];
-  Tensor dx;
-  {
-    HG_PROFILE("linear", dlogits.device());
-    dx = head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_);
-  }
-  {
-    HG_PROFILE("layernorm", dlogits.device());
-    dx = ln_f.backward(dx);
-  }
+  Tensor dx = ln_f.backward(head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_));
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dx = (*it)->backward(dx);
   if (embedded_from_ids_) embed.backward(embed_drop.backward(dx));
   return dx;

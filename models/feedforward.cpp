@@ -1,7 +1,5 @@
 #include "models/feedforward.hpp"
 
-#include "core/profiler.hpp"
-
 namespace hg {
 
 FeedForward::FeedForward(int64_t d_model, int64_t hidden, Generator& gen, double dropout, uint64_t dropout_seed,
@@ -18,32 +16,14 @@ Tensor FeedForward::forward(const Tensor& x) {
   HG_CHECK(x.ndim() >= 1 && x.size(-1) == d_model_, "FeedForward::forward", "x must end in d_model ", d_model_,
            ", got ", x.shape());
   x_shape_ = x.shape();
-  const Tensor rows = x.reshape({-1, d_model_});
-  Tensor hidden;
-  {
-    HG_PROFILE("linear", x.device());
-    hidden = fc1.forward(rows);
-  }
-  hidden = act.forward(hidden);
-  Tensor out;
-  {
-    HG_PROFILE("linear", x.device());
-    out = fc2.forward(hidden);
-  }
-  return drop.forward(out).reshape(x_shape_);
+  const Tensor hidden = act.forward(fc1.forward(x.reshape({-1, d_model_})));
+  return drop.forward(fc2.forward(hidden)).reshape(x_shape_);
 }
 
 Tensor FeedForward::backward(const Tensor& dy) {
   HG_CHECK(dy.shape() == x_shape_, "FeedForward::backward", "dy ", dy.shape(), " must match the forward input ",
            x_shape_);
-  const Tensor dout = drop.backward(dy.reshape({-1, d_model_}));
-  Tensor dhidden;
-  {
-    HG_PROFILE("linear", dy.device());
-    dhidden = fc2.backward(dout);
-  }
-  dhidden = act.backward(dhidden);
-  HG_PROFILE("linear", dy.device());
+  const Tensor dhidden = act.backward(fc2.backward(drop.backward(dy.reshape({-1, d_model_}))));
   return fc1.backward(dhidden).reshape(x_shape_);
 }
 

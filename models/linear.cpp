@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/backend.hpp"
+#include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 
 namespace hg {
@@ -18,6 +19,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, Generator& gen, bool w
 }
 
 Tensor Linear::forward(const Tensor& x) {
+  HG_PROFILE("linear", x.device());
   HG_CHECK(x.defined(), "Linear::forward", "x is an undefined tensor");
   HG_CHECK(x.ndim() >= 1 && x.shape().back() == in_, "Linear::forward", "x shape ", x.shape(),
            " should end in in_features=", in_, " (weight ", weight.value.shape(), ")");
@@ -33,6 +35,7 @@ Tensor Linear::forward(const Tensor& x) {
 }
 
 Tensor Linear::backward(const Tensor& dy) {
+  HG_PROFILE("linear", dy.device());
   HG_CHECK(x_.defined(), "Linear::backward", "called before forward");
   HG_CHECK(dy.defined(), "Linear::backward", "dy is an undefined tensor");
   Shape y_shape = x_.shape();

@@ -4,6 +4,16 @@
 #include "core/tensor_functions.hpp"
 
 namespace hg {
+namespace {
+
+// x + branch: the skip connection, its own kind in the profiler. Its backward
+// is the same sum (the gradient flows unchanged down both paths).
+Tensor residual_add(const Tensor& x, const Tensor& branch) {
+  HG_PROFILE("residual", x.device());
+  return add(x, branch);
+}
+
+}  // namespace
 
 TransformerLayer::TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn_hidden, Generator& gen,
                                    double dropout, uint64_t dropout_seed, DType dtype, double ln_eps)
@@ -20,45 +30,13 @@ TransformerLayer::TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const Tensor& key_padding_mask) {
-  Tensor a;
-  {
-    HG_PROFILE("layernorm", x.device());
-    a = ln1.forward(x);
-  }
-  a = attn_drop.forward(attn.forward(a, key_padding_mask));
-  Tensor h;
-  {
-    HG_PROFILE("residual", x.device());
-    h = add(x, a);
-  }
-  Tensor f;
-  {
-    HG_PROFILE("layernorm", x.device());
-    f = ln2.forward(h);
-  }
-  f = ffn.forward(f);
-  HG_PROFILE("residual", x.device());
-  return add(h, f);
+  const Tensor h = residual_add(x, attn_drop.forward(attn.forward(ln1.forward(x), key_padding_mask)));
+  return residual_add(h, ffn.forward(ln2.forward(h)));
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
-  Tensor dh_branch = ffn.backward(dy);
-  {
-    HG_PROFILE("layernorm", dy.device());
-    dh_branch = ln2.backward(dh_branch);
-  }
-  Tensor dh;
-  {
-    HG_PROFILE("residual", dy.device());
-    dh = add(dy, dh_branch);
-  }
-  Tensor dx_branch = attn.backward(attn_drop.backward(dh));
-  {
-    HG_PROFILE("layernorm", dy.device());
-    dx_branch = ln1.backward(dx_branch);
-  }
-  HG_PROFILE("residual", dy.device());
-  return add(dh, dx_branch);
+  const Tensor dh = residual_add(dy, ln2.backward(ffn.backward(dy)));
+  return residual_add(dh, ln1.backward(attn.backward(attn_drop.backward(dh))));
 }
 
 }  // namespace hg

@@ -4,11 +4,10 @@
 #include <vector>
 
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
-
-#if HG_WITH_CUDA
 #include "cuda/cross_entropy_kernels.hpp"
-#endif
+#include "ops/cpu/cross_entropy_cpu.hpp"
 
 namespace hg {
 namespace {
@@ -27,34 +26,6 @@ int64_t count_valid_targets(const Tensor& targets, int64_t vocab, int64_t ignore
     ++n_valid;
   }
   return n_valid;
-}
-
-// One pass per row: log-sum-exp, the row loss and its gradient together.
-template <class T>
-double fused_cpu(const Tensor& logits, const std::vector<double>& targets, int64_t vocab, int64_t ignore_index,
-                 double inv_count, Tensor& dlogits) {
-  const T* x_all = logits.data<T>();
-  T* dx_all = dlogits.data<T>();
-  double total = 0;
-  for (size_t r = 0; r < targets.size(); ++r) {
-    const T* x = x_all + static_cast<int64_t>(r) * vocab;
-    T* dx = dx_all + static_cast<int64_t>(r) * vocab;
-    if (targets[r] == static_cast<double>(ignore_index)) {
-      for (int64_t j = 0; j < vocab; ++j) dx[j] = 0;
-      continue;
-    }
-    const auto target = static_cast<int64_t>(targets[r]);
-    T m = x[0];
-    for (int64_t j = 1; j < vocab; ++j) m = x[j] > m ? x[j] : m;
-    double s = 0;
-    for (int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(x[j] - m));
-    // Relative to the max, so large offsets keep their digits (see docs/cross_entropy.md).
-    const double log_s = std::log(s);
-    for (int64_t j = 0; j < vocab; ++j)
-      dx[j] = static_cast<T>((std::exp(static_cast<double>(x[j] - m) - log_s) - (j == target ? 1.0 : 0.0)) * inv_count);
-    total += log_s - static_cast<double>(x[target] - m);
-  }
-  return total * inv_count;
 }
 
 // log-softmax and the NLL pick written on map/zip/reduce, like miniTorch.
@@ -80,6 +51,7 @@ Tensor unfused(const Tensor& x, const Tensor& targets, int64_t n_rows, int64_t v
 
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                              CrossEntropySaved* saved) {
+  HG_PROFILE("cross_entropy", logits.device());
   logits.check_defined(kOp);
   targets.check_defined(kOp);
   HG_CHECK(logits.dtype() == DType::F32 || logits.dtype() == DType::F64, kOp, "logits must be F32 or F64, got ",
@@ -111,13 +83,10 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   if (fused && !logits.is_cuda()) {
     Tensor dlogits = Tensor::empty({n_rows, vocab}, x.dtype(), Device::CPU);
     const std::vector<double> t = targets.to_vector();
-    const double loss = x.dtype() == DType::F32
-                            ? fused_cpu<float>(x, t, vocab, ignore_index, inv_count, dlogits)
-                            : fused_cpu<double>(x, t, vocab, ignore_index, inv_count, dlogits);
+    const double loss = cpu::cross_entropy_forward(x, t, vocab, ignore_index, inv_count, dlogits);
     if (saved) saved->dlogits = dlogits.reshape(logits.shape());
     return Tensor::full({}, loss, x.dtype(), Device::CPU);
   }
-#if HG_WITH_CUDA
   // The CUDA kernel is float32; float64 on the GPU takes the primitive path.
   if (fused && logits.is_cuda() && logits.dtype() == DType::F32) {
     Tensor dlogits = Tensor::empty({n_rows, vocab}, DType::F32, Device::CUDA);
@@ -127,11 +96,11 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
     if (saved) saved->dlogits = dlogits.reshape(logits.shape());
     return loss;
   }
-#endif
   return unfused(x, targets, n_rows, vocab, ignore_index, inv_count, saved);
 }
 
 Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss) {
+  HG_PROFILE("cross_entropy", saved.dlogits.defined() ? saved.dlogits.device() : saved.log_probs.device());
   const char* op = "cross_entropy_backward";
   HG_CHECK(std::isfinite(dloss), op, "upstream gradient ", dloss, " is not finite");
   if (saved.dlogits.defined()) return dloss == 1.0 ? saved.dlogits : mul_scalar(saved.dlogits, dloss);

@@ -3,11 +3,10 @@
 #include <cmath>
 
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
+#include "cuda/layernorm_kernels.hpp"
 #include "ops/cpu/layernorm_cpu.hpp"
 #include "ops/layernorm_unfused.hpp"
-#ifdef HG_WITH_CUDA
-#include "cuda/layernorm_kernels.hpp"
-#endif
 
 // Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
 // device), CUDA fused. The math of each path lives in its own file.
@@ -58,24 +57,25 @@ void check_row_stat(const Tensor& s, const char* name, const Tensor& x) {
            device_name(s.device()), " but x ", x.shape(), " is on ", device_name(x.device()));
 }
 
-void check_eps(double eps, DType x_dtype) {
-  HG_CHECK(std::isfinite(eps) && eps > 0, kForward, "eps must be finite and > 0, got ", eps);
+}  // namespace
+
+void check_layernorm_eps(double eps, DType x_dtype, const char* op) {
+  HG_CHECK(std::isfinite(eps) && eps > 0, op, "eps must be finite and > 0, got ", eps);
   // The float32 paths use eps as a float: it must stay positive and finite there too.
   if (x_dtype != DType::F64) {
     const float e = static_cast<float>(eps);
-    HG_CHECK(std::isfinite(e) && e > 0, kForward, "eps ", eps,
-             " is not a finite positive float32 (needed for ", dtype_name(x_dtype), " input)");
+    HG_CHECK(std::isfinite(e) && e > 0, op, "eps ", eps, " is not a finite positive float32 (needed for ",
+             dtype_name(x_dtype), " input)");
   }
 }
 
-}  // namespace
-
 Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
                          LayerNormSaved* saved) {
+  HG_PROFILE("layernorm", x.device());
   check_x(x, "x", kForward);
   check_feature_vector(gamma, "gamma", x, kForward);
   check_feature_vector(beta, "beta", x, kForward);
-  check_eps(eps, x.dtype());
+  check_layernorm_eps(eps, x.dtype(), kForward);
 
   const int64_t D = x.size(-1), rows = rows_of(x);
   const DType stat_dtype = math_dtype(x.dtype());
@@ -87,13 +87,9 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
     mean = Tensor::empty({rows}, stat_dtype, x.device());
     rstd = Tensor::empty({rows}, stat_dtype, x.device());
     if (x.is_cuda()) {
-#ifdef HG_WITH_CUDA
       Tensor y_rows = y.reshape({rows, D});
       gpu::layernorm_forward_fused(x.reshape({rows, D}), gamma, beta, static_cast<float>(eps), y_rows,
                                    mean, rstd);
-#else
-      fail(kForward, "x ", x.shape(), " is on CUDA but handgrad was built without CUDA");
-#endif
     } else {
       cpu::layernorm_forward(x, gamma, beta, eps, rows, D, y, mean, rstd);
     }
@@ -107,6 +103,7 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                   const LayerNormSaved& saved) {
+  HG_PROFILE("layernorm", x.device());
   check_x(x, "x", kBackward);
   HG_CHECK(dy.defined(), kBackward, "dy is undefined");
   HG_CHECK(dy.shape() == x.shape(), kBackward, "dy shape ", dy.shape(), " does not match x ", x.shape());
@@ -127,13 +124,9 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   g.dgamma = Tensor::empty({D}, gamma.dtype(), x.device());
   g.dbeta = Tensor::empty({D}, gamma.dtype(), x.device());
   if (x.is_cuda()) {
-#ifdef HG_WITH_CUDA
     Tensor dx_rows = g.dx.reshape({rows, D});
     gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean,
                                   saved.rstd, dx_rows, g.dgamma, g.dbeta);
-#else
-    fail(kBackward, "x ", x.shape(), " is on CUDA but handgrad was built without CUDA");
-#endif
   } else {
     cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
   }

@@ -28,4 +28,9 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                   const LayerNormSaved& saved);
 
+// The eps rule of layernorm_forward (finite, > 0, and still so as a float32
+// unless x is F64), for callers that hold an eps before any x exists (the
+// LayerNorm module checks it at construction). Throws hg::Error naming `op`.
+void check_layernorm_eps(double eps, DType x_dtype, const char* op);
+
 }  // namespace hg

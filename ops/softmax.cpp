@@ -4,11 +4,10 @@
 #include <limits>
 
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
+#include "cuda/softmax_kernels.hpp"
 #include "ops/cpu/softmax_cpu.hpp"
 #include "ops/softmax_unfused.hpp"
-#ifdef HG_WITH_CUDA
-#include "cuda/softmax_kernels.hpp"
-#endif
 
 // Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
 // device), CUDA fused. The math of each path lives in its own file.
@@ -71,11 +70,9 @@ struct ForwardCall {
   int64_t mask_query_stride() const { return mask.defined() && mask.size(2) > 1 ? tk : 0; }
 };
 
-// The row layout both fused paths take (gpu::SoftmaxLayout, cpu::SoftmaxRows:
-// the same fields; the GPU's scale is a float).
-template <class Layout>
-Layout layout_of(const ForwardCall& c) {
-  Layout l;
+// The row layout both fused paths take (core/softmax_layout.hpp).
+SoftmaxRows layout_of(const ForwardCall& c) {
+  SoftmaxRows l;
   l.rows = c.rows();
   l.tk = c.tk;
   l.tq = c.tq;
@@ -84,21 +81,14 @@ Layout layout_of(const ForwardCall& c) {
   l.mask_batch_stride = c.mask_batch_stride();
   l.mask_query_stride = c.mask_query_stride();
   l.causal = c.causal;
-  l.scale = static_cast<decltype(l.scale)>(c.scale);
+  l.scale = c.scale;
   return l;
 }
 
 Tensor fused_forward(const ForwardCall& c) {
   Tensor y = Tensor::empty(c.x.shape(), c.x.dtype(), c.x.device());
-  if (c.x.is_cuda()) {
-#ifdef HG_WITH_CUDA
-    gpu::softmax_forward_fused(c.x, layout_of<gpu::SoftmaxLayout>(c), y);
-    return y;
-#else
-    fail(kPlainOp, "a CUDA tensor ", c.x.shape(), " but handgrad was built without CUDA");
-#endif
-  }
-  cpu::softmax_forward(c.x, layout_of<cpu::SoftmaxRows>(c), y);
+  if (c.x.is_cuda()) gpu::softmax_forward_fused(c.x, layout_of(c), y);
+  else cpu::softmax_forward(c.x, layout_of(c), y);
   return y;
 }
 
@@ -110,6 +100,7 @@ Tensor run_forward(const ForwardCall& c) {
 }  // namespace
 
 Tensor softmax_forward(const Tensor& x) {
+  HG_PROFILE("softmax", x.device());
   check_softmax_input(x, "x", kPlainOp);
   ForwardCall c;
   c.x = x;
@@ -118,6 +109,7 @@ Tensor softmax_forward(const Tensor& x) {
 }
 
 Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& options) {
+  HG_PROFILE("softmax", scores.device());
   check_softmax_input(scores, "scores", kAttentionOp);
   HG_CHECK(scores.ndim() == 4, kAttentionOp, "scores must be 4-D (B, H, Tq, Tk), got shape ", scores.shape());
   check_scale(options.scale, scores.dtype(), kAttentionOp);
@@ -134,6 +126,7 @@ Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& opt
 }
 
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
+  HG_PROFILE("softmax", y.device());
   check_softmax_input(y, "y", kBackwardOp);
   check_softmax_input(dy, "dy", kBackwardOp);
   HG_CHECK(dy.shape() == y.shape(), kBackwardOp, "dy shape ", dy.shape(), " differs from y shape ", y.shape());
@@ -146,15 +139,8 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
   if (kernel_mode() == KernelMode::Unfused) return unfused::softmax_backward(dy, y, scale);
   const int64_t tk = y.size(-1);
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-  if (y.is_cuda()) {
-#ifdef HG_WITH_CUDA
-    gpu::softmax_backward_fused(dy, y, y.numel() / tk, tk, static_cast<float>(scale), dx);
-    return dx;
-#else
-    fail(kBackwardOp, "a CUDA tensor ", y.shape(), " but handgrad was built without CUDA");
-#endif
-  }
-  cpu::softmax_backward(dy, y, tk, scale, dx);
+  if (y.is_cuda()) gpu::softmax_backward_fused(dy, y, y.numel() / tk, tk, static_cast<float>(scale), dx);
+  else cpu::softmax_backward(dy, y, tk, scale, dx);
   return dx;
 }
 

@@ -1,4 +1,5 @@
 #pragma once
+#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold
 #include "core/tensor.hpp"
 
 namespace hg {
@@ -11,11 +12,11 @@ namespace hg {
 //                                or (B, 1, Tq, Tk); -inf or a large negative masks a key)
 // with, if causal, key j of query i masked when j > i + (Tk - Tq).
 // A row whose keys are all masked gives all zeros (never NaN) and zero grad.
-// An additive mask value at or below this (including -inf) masks its key
-// outright: the key gets weight exactly 0, so a row whose every key is masked
-// this way (e.g. mask -1e9 everywhere) gives zeros, as a -inf row does.
+// An additive mask value at or below kSoftmaxMaskThreshold (-1e9, in
+// core/softmax_layout.hpp so the CUDA kernels share it; -inf included) masks
+// its key outright: the key gets weight exactly 0, so a row whose every key is
+// masked this way (e.g. mask -1e9 everywhere) gives zeros, as a -inf row does.
 // Larger negative values (ALiBi biases, -1e4) stay ordinary additive biases.
-inline constexpr double kSoftmaxMaskThreshold = -1e9;
 
 struct SoftmaxOptions {
   Tensor mask;         // optional (undefined = none); same dtype family as scores (F32/F64)

@@ -11,14 +11,23 @@ that checked the old revision still hold for it: its tests and
 compute-sanitizer. Host code, and which kernel runs at which size, are not
 compared.
 
-Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]
+Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]... [--diff SUBSTRING]
   REV_B may be WORKTREE (the files as they are on disk); F defaults to
   cuda/layernorm.cu. --rename-a rewrites REV_A's demangled kernel names
   before matching, for a change that drops a template argument, e.g.
   --rename-a '(layernorm_forward_kernel<[^>]*), false>' '\1>'
+  (may be given several times; applied in order).
+A changed kernel is reported as "identical up to register names" (the same
+program, its virtual registers numbered differently), "same float/memory
+ops" (its floating-point, memory and barrier instructions are the same
+opcodes in the same order; the difference lies in integer instructions or
+operands, to be read with --diff SUBSTRING, which prints the normalised PTX
+diff of the changed kernels whose name contains it), or "float/memory ops
+differ". Changed kernels need their GPU tests again.
 Exit status: 0 if every kernel of both revisions is identical, 1 otherwise.
 """
 import argparse
+import difflib
 import os
 import re
 import subprocess
@@ -60,12 +69,31 @@ def kernels(ptx_path):
     return {d: bodies[n] for d, n in zip(demangled, names)}
 
 
+OP = re.compile(r"^\s*(?:\{\s*)?(?:@!?%p\d+\s+)?([a-z][\w.]*)", re.M)
+KEEP = re.compile(r"\.(f16|bf16|f32|f64|bf16x2)\b|^(ld|st|bar|barrier|prefetch|shfl|atom|red|fence|membar|mapa)\.")
+
+
+def renamed_registers(body):
+    """The body with its virtual registers renumbered in order of first use:
+    equal for two kernels that differ only in register names."""
+    names = {}
+    def rename(m):
+        return names.setdefault(m.group(0), f"%{m.group(1)}_{len(names)}")
+    return re.sub(r"%(rd|rs|r|f|fd|p|h|hh)\d+", rename, re.sub(r"^\s*\.reg .*\n", "", body, flags=re.M))
+
+
+def float_memory_ops(body):
+    """The opcodes of a kernel's floating-point, memory and barrier instructions, in order."""
+    return [op for op in OP.findall(body.split("{", 1)[1]) if KEEP.search(op)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rev_a")
     parser.add_argument("rev_b")
     parser.add_argument("--file", default="cuda/layernorm.cu")
-    parser.add_argument("--rename-a", nargs=2, metavar=("REGEX", "REPL"))
+    parser.add_argument("--diff", metavar="SUBSTRING", help="print the PTX diff of changed kernels matching this")
+    parser.add_argument("--rename-a", nargs=2, metavar=("REGEX", "REPL"), action="append", default=[])
     args = parser.parse_args()
     rev_a, rev_b, path = args.rev_a, args.rev_b, args.file
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,12 +107,20 @@ def main():
                             "-o", ptx, os.path.join(tree, path)], check=True)
             found.append(kernels(ptx))
     a, b = found
-    if args.rename_a:
-        a = {re.sub(args.rename_a[0], args.rename_a[1], k): v for k, v in a.items()}
+    for regex, repl in args.rename_a:
+        a = {re.sub(regex, repl, k): v for k, v in a.items()}
     same = sorted(k for k in a.keys() & b.keys() if a[k] == b[k])
     changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     for k in changed:
-        print("changed:    ", k)
+        if renamed_registers(a[k]) == renamed_registers(b[k]):
+            how = "(identical up to register names)"
+        elif float_memory_ops(a[k]) == float_memory_ops(b[k]):
+            how = "(same float/memory ops)"
+        else:
+            how = "(float/memory ops differ)"
+        print("changed:    ", k, how)
+        if args.diff and args.diff in k:
+            sys.stdout.writelines(difflib.unified_diff(a[k].splitlines(True), b[k].splitlines(True), rev_a, rev_b))
     for k in sorted(a.keys() - b.keys()):
         print("only in", rev_a + ":", k)
     for k in sorted(b.keys() - a.keys()):

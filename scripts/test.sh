@@ -35,6 +35,15 @@ for t in "$build_dir"/tests/test_*; do
   n=$("$t" "[cuda]" 2>&1 | grep -c "SKIPPED: no CUDA GPU present" || true)
   skipped=$((skipped + n))
 done
+# The Python tests (python/tests, one CTest entry) log their skips in ctest's log.
+py_log="$build_dir/Testing/Temporary/LastTest.log"
+if [[ -f $py_log ]]; then
+  n=$(grep -c "skipped 'SKIPPED: no CUDA GPU present'" "$py_log" || true)
+  skipped=$((skipped + n))
+  if grep -q "skipped 'SKIPPED: PyTorch not installed" "$py_log"; then
+    echo "NOTE: Python handgrad.torch tests SKIPPED: PyTorch not installed"
+  fi
+fi
 ((skipped)) && echo "NOTE: $skipped GPU test cases SKIPPED: no CUDA GPU present (they run on a GPU machine: scripts/gpu_check.sh)"
 ((quick)) && exit 0
 

@@ -1,17 +1,24 @@
 // The CPU primitive backend (map / zip / reduce / matmul / fill / cast /
-// transpose) and the tensor_functions wrappers, each against a plain-loop
-// reference written here in double precision that shares no code with it.
+// transpose / gather / scatter) and the tensor_functions wrappers, each
+// against a plain-loop reference written here in double precision that shares
+// no code with it; and, in CPU-only builds, the throwing GPU entry points.
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/cuda_runtime.hpp"
 #include "core/half.hpp"
 #include "core/tensor_functions.hpp"
 #include "core/transpose_plan.hpp"
+#include "cuda/cross_entropy_kernels.hpp"
+#include "cuda/indexing_kernels.hpp"
+#include "cuda/layernorm_kernels.hpp"
+#include "cuda/softmax_kernels.hpp"
 #include "tests/test_util.hpp"
 
 namespace {
@@ -554,5 +561,75 @@ TEST_CASE("zip may write into an operand of out's shape", "[backend][zip]") {
     hg::cpu_backend().zip(BinaryOp::Add, acc, g, acc);
     INFO("b " << hg::shape_str(sb));
     REQUIRE(hg::test::max_abs_diff(acc, want) == 0.0);
+  }
+}
+
+TEST_CASE("matmul_into writes the product into a slice and checks out", "[backend][matmul]") {
+  hg::Generator gen(19);
+  const Tensor a = Tensor::randn({2, 3, 4}, gen, DType::F64), b = Tensor::randn({2, 5, 4}, gen, DType::F64);
+  Tensor buffer = Tensor::zeros({3, 2, 3, 5}, DType::F64);
+  Tensor slot = buffer[1];
+  hg::matmul_into(a, b, slot, false, true);
+  REQUIRE(hg::test::max_abs_diff(slot, hg::matmul(a, b, false, true)) == 0.0);
+  REQUIRE(hg::test::max_abs_diff(buffer[0], Tensor::zeros({2, 3, 5}, DType::F64)) == 0.0);  // neighbours untouched
+  Tensor wrong = Tensor::zeros({2, 5, 3}, DType::F64);
+  Tensor wrong_dtype = Tensor::zeros({2, 3, 5}, DType::F32);
+  for (Tensor* out : {&wrong, &wrong_dtype}) {
+    try {
+      hg::matmul_into(a, b, *out, false, true);
+      FAIL("matmul_into accepted out " << hg::shape_str(out->shape()));
+    } catch (const hg::Error& e) {
+      const std::string what = e.what();
+      CHECK(what.find("matmul_into") != std::string::npos);
+      CHECK(what.find("(2, 3, 5)") != std::string::npos);  // the shape it needed, or a's
+    }
+  }
+}
+
+TEST_CASE("gather / scatter rows are Backend operations on the CPU", "[backend][indexing]") {
+  // Through backend_for() exactly as core/indexing.cpp calls them, with
+  // repeated ids: scatter sums every position of a row.
+  const Tensor table = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, DType::F64);
+  const std::vector<int32_t> ids = {2, 0, 2};
+  const Tensor ids_tensor = Tensor::from_vector({2, 0, 2}, {3}, DType::F32);
+  Tensor out = Tensor::empty({3, 2}, DType::F64);
+  hg::backend_for(Device::CPU).gather_rows(table, ids_tensor, ids, out);
+  REQUIRE(out.to_vector() == std::vector<double>{5, 6, 1, 2, 5, 6});
+  Tensor grad_table = Tensor::ones({3, 2}, DType::F64);
+  hg::backend_for(Device::CPU).scatter_add_rows(Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, DType::F64), ids,
+                                                grad_table);
+  REQUIRE(grad_table.to_vector() == std::vector<double>{4, 5, 1, 1, 7, 9});
+}
+
+TEST_CASE("without CUDA every GPU entry point throws an hg::Error naming it", "[backend][no-cuda]") {
+  if (hg::gpu::built_with_cuda()) HG_SKIP("SKIPPED: built with CUDA; this case checks cuda/no_cuda.cpp of CPU-only builds");
+  CHECK(hg::gpu::device_count() == 0);
+  Tensor t = Tensor::zeros({2, 4});
+  const Tensor v = Tensor::ones({4});
+  hg::SoftmaxRows rows;
+  rows.rows = 2;
+  rows.tk = 4;
+  const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"cuda_backend", [] { hg::cuda_backend(); }},
+      {"gpu::allocate", [] { hg::gpu::allocate(16); }},
+      {"gpu::synchronize", [] { hg::gpu::synchronize(); }},
+      {"gpu::layernorm_forward_fused", [&] { hg::gpu::layernorm_forward_fused(t, v, v, 1e-5f, t, t, t); }},
+      {"gpu::layernorm_backward_fused", [&] { hg::gpu::layernorm_backward_fused(t, t, v, t, t, t, t, t); }},
+      {"gpu::softmax_forward_fused", [&] { hg::gpu::softmax_forward_fused(t, rows, t); }},
+      {"gpu::softmax_backward_fused", [&] { hg::gpu::softmax_backward_fused(t, t, 2, 4, 1.0f, t); }},
+      {"gpu::cross_entropy_fused", [&] { hg::gpu::cross_entropy_fused(t, v, 2, 4, -100, 0.5f, t, t); }},
+      {"gpu::gather_rows_cuda", [&] { hg::gpu::gather_rows_cuda(t, v, 2, t); }},
+      {"gpu::scatter_add_rows_cuda", [&] { hg::gpu::scatter_add_rows_cuda(t, {0, 1}, t); }},
+  };
+  for (const auto& [name, call] : calls) {
+    INFO(name);
+    try {
+      call();
+      FAIL("no error");
+    } catch (const hg::Error& e) {
+      const std::string what = e.what();
+      CHECK(what.find(name) != std::string::npos);
+      CHECK(what.find("built without CUDA") != std::string::npos);
+    }
   }
 }

@@ -2,8 +2,9 @@
 // every op (primitive map/zip/reduce/matmul and their backwards, layernorm,
 // softmax, attention softmax, cross-entropy) and for full DecoderLM training
 // steps (forward, loss, backward, AdamW), in fused and unfused mode, on CPU and
-// on CUDA -- twice in one process and across two processes (the test re-runs
-// its own executable in a hidden child mode that writes every digest to a file).
+// on CUDA -- twice in one process, in other orders and counts of calls, and
+// across two processes (the test re-runs its own executable in a hidden child
+// mode that writes every digest to a file).
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -246,7 +247,71 @@ void check_twice_in_process(Device dev) {
   }
 }
 
+// One call of each op on other (odd) shapes, results dropped: between the
+// sections of run B below it shifts every op's call count by one.
+void one_call_each(Device dev) {
+  Generator g(404);
+  const Tensor x = Tensor::randn({3, 5}, g, DType::F32, dev);
+  const Tensor d = Tensor::randn({3, 5}, g, DType::F32, dev);
+  const Tensor gamma = Tensor::randn({5}, g, DType::F32, dev), beta = Tensor::randn({5}, g, DType::F32, dev);
+  LayerNormSaved ln;
+  layernorm_forward(x, gamma, beta, 1e-5, &ln);
+  layernorm_backward(d, x, gamma, ln);
+  softmax_backward(d, softmax_forward(x));
+  const Tensor s4 = x.reshape({1, 1, 3, 5});
+  attention_softmax_forward(s4, SoftmaxOptions{Tensor(), true, 0.5});
+  CrossEntropySaved ce;
+  cross_entropy_forward(x, Tensor::from_vector({0, 4, 2}, {3}).to(dev), -100, &ce);
+  cross_entropy_backward(ce);
+  matmul(x, d, false, true);
+  sum(map(UnaryOp::Exp, x), 1, false);
+}
+
+// The same sections in other orders and counts, with the kernel mode
+// switching between calls: run A calls each section once per mode; run B
+// calls them in reverse, repeats some back to back, alternates modes and
+// puts one extra call of every op between some of them. Every call of a
+// section must give run A's bits. Repeating one identical sequence (above)
+// cannot see state carried from one call into the next (a cache, memory
+// reused without being written, a buffer that alternates) when the state
+// repeats with the sequence; e.g. a result that differs on every other call
+// of an op called an even number of times per sequence. Run B catches that
+// (checked by planting exactly that in layernorm_forward).
+void check_interleavings(Device dev) {
+  using Section = void (*)(Recorder&, Device);
+  const std::vector<std::pair<std::string, Section>> sections = {
+      {"primitives", primitives}, {"normalisation", normalisation_and_losses}, {"training", training_steps}};
+  const auto run_section = [&](size_t i, KernelMode mode) {
+    KernelModeScope scope(mode);
+    Recorder r;
+    sections[i].second(r, dev);
+    return r.digest;
+  };
+  const auto key = [&](size_t i, KernelMode mode) { return sections[i].first + "/" + kernel_mode_name(mode); };
+  std::map<std::string, Digest> run_a;
+  for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused})
+    for (size_t i = 0; i < sections.size(); ++i) run_a[key(i, mode)] = run_section(i, mode);
+  const KernelMode F = KernelMode::Fused, U = KernelMode::Unfused;
+  const std::vector<std::pair<size_t, KernelMode>> run_b = {{2, U}, {1, F}, {1, F}, {0, U}, {2, F}, {1, U},
+                                                            {0, F}, {0, F}, {2, U}, {1, F}, {2, F}};
+  for (size_t k = 0; k < run_b.size(); ++k) {
+    const auto [i, mode] = run_b[k];
+    if (k % 3 == 1) one_call_each(dev);
+    require_equal(run_a[key(i, mode)], run_section(i, mode), std::string(device_name(dev)) + " run B " + key(i, mode));
+  }
+}
+
 }  // namespace
+
+TEST_CASE("determinism: results do not depend on the calls before them (order, count, mode)", "[determinism]") {
+  check_interleavings(Device::CPU);
+}
+
+TEST_CASE("determinism: CUDA results do not depend on the calls before them (order, count, mode)",
+          "[determinism][cuda]") {
+  HG_REQUIRE_GPU();
+  check_interleavings(Device::CUDA);
+}
 
 TEST_CASE("determinism: every CPU op and training step is bitwise repeatable in one process", "[determinism]") {
   check_twice_in_process(Device::CPU);
@@ -285,7 +350,7 @@ TEST_CASE("determinism: a second process computes bitwise-identical results (CPU
 
   const auto cfgs = configs();
   REQUIRE(child.size() == cfgs.size());
-  if (!cuda_available()) WARN("no CUDA GPU present: the cross-process check covered the CPU configurations only");
+  hg::test::cuda_paths_run("the cross-process determinism check");
   for (const auto& [dev, mode] : cfgs) {
     const std::string cname = config_name(dev, mode);
     require_equal(run_everything(dev, mode), child[cname], "other process, " + cname);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/host_allocator.hpp"
@@ -342,4 +343,32 @@ TEST_CASE("host allocator: CPU blocks are cached and reused; a much smaller requ
   }
   hg::host::empty_cache();
   CHECK(hg::host::memory_stats().cached == 0);
+}
+
+TEST_CASE("from_blob uses external memory in place and releases it once, after the last view") {
+  std::vector<float> buffer = {1, 2, 3, 4, 5, 6};
+  int released = 0;
+  {
+    Tensor t = Tensor::from_blob(buffer.data(), {2, 3}, DType::F32, Device::CPU, [&released] { ++released; });
+    REQUIRE(t.raw_data() == buffer.data());
+    REQUIRE(t.at({1, 2}) == 6.0);
+    Tensor row = t[1];
+    t = Tensor();  // the view still holds the storage
+    REQUIRE(released == 0);
+    row.fill_(-1);  // writes land in the caller's buffer
+    REQUIRE(buffer[3] == -1.0f);
+    REQUIRE(buffer[0] == 1.0f);
+  }
+  REQUIRE(released == 1);
+  REQUIRE(contains(error_message([] { Tensor::from_blob(nullptr, {-1}, DType::F32, Device::CPU, [] {}); }),
+                   "Tensor::from_blob: negative dimension"));
+  REQUIRE(contains(error_message([] { Tensor::from_blob(nullptr, {4}, DType::F32, Device::CPU, [] {}); }),
+                   "Storage::wrap: null data"));
+  REQUIRE(contains(error_message([] {
+                     float x = 0;
+                     Tensor::from_blob(&x, {1}, DType::F32, Device::CPU, nullptr);
+                   }),
+                   "release callback is required"));
+  const Tensor empty = Tensor::from_blob(nullptr, {0, 3}, DType::F64, Device::CPU, [] {});
+  REQUIRE(empty.numel() == 0);
 }

@@ -2,7 +2,10 @@
 // Helpers shared by the Catch2 tests: finite differences, error norms, GPU skip.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/device.hpp"
@@ -79,8 +82,49 @@ inline Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
 
 }  // namespace hg::test
 
-// Leaves the test case with a visible "skipped" message when no GPU is present.
-#define HG_REQUIRE_GPU()                                                        \
-  do {                                                                          \
-    if (!::hg::cuda_available()) HG_SKIP("SKIPPED: no CUDA GPU present; this GPU test runs on the device machine"); \
+namespace hg::test {
+
+// HG_REQUIRE_CUDA=1 (scripts/gpu_check.sh sets it) says this machine must run
+// the GPU tests: every case that would skip for want of a GPU fails instead.
+// Unset or 0: skip, visibly. Any other value is refused, not guessed at.
+inline bool cuda_required() {
+  const char* text = std::getenv("HG_REQUIRE_CUDA");
+  const std::string v = text == nullptr ? "" : text;
+  if (v.empty() || v == "0") return false;
+  if (v == "1") return true;
+  throw std::runtime_error("HG_REQUIRE_CUDA must be 0 or 1 (or unset), got '" + v + "'");
+}
+
+// For a CPU test case that also runs CUDA variants when it can: true where a
+// GPU is present; otherwise a visible SKIPPED warning naming what did not
+// run (test.sh and gpu_check.sh count those lines), or, under
+// HG_REQUIRE_CUDA=1, a failure. No path is dropped without a word.
+inline bool cuda_paths_run(const std::string& what) {
+  const bool required = cuda_required();  // a bad value is refused even where a GPU is present
+  if (::hg::cuda_available()) return true;
+  if (required) {
+    FAIL_CHECK("HG_REQUIRE_CUDA=1 but no CUDA GPU present: the CUDA paths of " << what << " cannot run");
+  } else {
+    WARN("SKIPPED: no CUDA GPU present; the CUDA paths of " << what << " did not run");
+  }
+  return false;
+}
+
+}  // namespace hg::test
+
+// Leaves a GPU test case that cannot run here: a visible "SKIPPED" message,
+// or a failure under HG_REQUIRE_CUDA=1 (Catch2 v2 and v3 alike).
+#define HG_GPU_UNAVAILABLE(why)                                          \
+  do {                                                                   \
+    if (::hg::test::cuda_required()) FAIL("HG_REQUIRE_CUDA=1 but " why); \
+    HG_SKIP("SKIPPED: " why);                                            \
+  } while (0)
+
+// First line of every GPU test case. HG_REQUIRE_CUDA's value is checked on
+// every machine, so a bad value is refused where a GPU is present too.
+#define HG_REQUIRE_GPU()                                                                   \
+  do {                                                                                     \
+    (void)::hg::test::cuda_required();                                                     \
+    if (!::hg::cuda_available())                                                           \
+      HG_GPU_UNAVAILABLE("no CUDA GPU present; this GPU test runs on the device machine"); \
   } while (0)

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/softmax.hpp"
+#include "core/softmax_layout.hpp"
 
 namespace hg::cpu {
 namespace {

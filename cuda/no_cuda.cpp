@@ -1,12 +1,18 @@
-// The GPU API for builds without CUDA: queries answer "no GPU", everything
-// else throws hg::Error naming the call, so a CPU-only build links and fails
-// loudly (never silently) if a CUDA path is reached.
-#ifndef HG_WITH_CUDA
+// The GPU API for builds without CUDA, linked instead of cuda/*.cu (the one
+// place that decides is cuda/CMakeLists.txt). Queries answer "no GPU";
+// everything else throws hg::Error naming the call, so a CPU-only build has
+// the same API, needs no #ifdef in ops/ or core/, and fails loudly (never
+// silently) if a CUDA path is reached. Every entry point of cuda/*_kernels.hpp
+// and core/cuda_runtime.hpp has its throwing twin here.
 
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/cross_entropy_kernels.hpp"
+#include "cuda/indexing_kernels.hpp"
+#include "cuda/layernorm_kernels.hpp"
 #include "cuda/optim_kernels.hpp"
+#include "cuda/softmax_kernels.hpp"
 
 namespace hg {
 namespace {
@@ -46,7 +52,28 @@ void adamw_step(float*, const float*, float*, float*, int64_t, float, float, flo
 double sum_of_squares(const float*, int64_t) { no_cuda("gpu::sum_of_squares"); }
 void scale_inplace(float*, int64_t, float) { no_cuda("gpu::scale_inplace"); }
 
+void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&) {
+  no_cuda("gpu::layernorm_forward_fused");
+}
+void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                              Tensor&, Tensor&) {
+  no_cuda("gpu::layernorm_backward_fused");
+}
+
+void softmax_forward_fused(const Tensor&, const SoftmaxRows&, Tensor&) { no_cuda("gpu::softmax_forward_fused"); }
+void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, float, Tensor&) {
+  no_cuda("gpu::softmax_backward_fused");
+}
+
+void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, float, Tensor&, Tensor&) {
+  no_cuda("gpu::cross_entropy_fused");
+}
+
+void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }
+void scatter_add_rows_cuda(const Tensor&, const std::vector<int32_t>&, Tensor&) {
+  no_cuda("gpu::scatter_add_rows_cuda");
+}
+
 }  // namespace gpu
 }  // namespace hg
 
-#endif  // HG_WITH_CUDA

@@ -1,0 +1,105 @@
+#pragma once
+// Row access for the fused kernels (layernorm.cu, softmax.cu): W elements of
+// float32 or bf16 per access, converted to and from float32. W is
+// VecWidth<T>::value (16 bytes: one float4, or 8 bf16 as one uint4) when every
+// row start is 16-byte aligned (aligned16 on the host), else 1 (scalar).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hg::gpu {
+
+template <class T>
+struct VecWidth;
+template <>
+struct VecWidth<float> {
+  static constexpr int value = 4;
+};
+template <>
+struct VecWidth<__nv_bfloat16> {
+  static constexpr int value = 8;
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Loads: Plain lets the compiler pick the cache path (kernels taking
+// `const T* __restrict__` get the read-only one where it can prove it);
+// ReadOnly asks for it (ld.global.nc) where the pointer comes in an argument
+// struct. Stores: Streaming (st.global.cs, evict-first) for outputs nothing
+// reads again in the kernel; scalar stores stay plain.
+enum class Load { Plain, ReadOnly };
+enum class Store { Plain, Streaming };
+
+template <Load L, class V>
+__device__ __forceinline__ V load_one(const V* p) {
+  if constexpr (L == Load::ReadOnly) return __ldg(p);
+  else return *p;
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <int W, Load L = Load::Plain>
+__device__ __forceinline__ void load_vec(const float* p, float (&out)[W]) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      const float4 f = load_one<L>(reinterpret_cast<const float4*>(p) + q);
+      out[4 * q] = f.x, out[4 * q + 1] = f.y, out[4 * q + 2] = f.z, out[4 * q + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) out[k] = load_one<L>(p + k);
+  }
+}
+
+template <int W, Load L = Load::Plain>
+__device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&out)[W]) {
+  static_assert(W == 1 || W == 8, "bf16 access is 1 or 8 wide");
+  if constexpr (W == 8) {
+    const uint4 raw = load_one<L>(reinterpret_cast<const uint4*>(p));
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float2 f = __bfloat1622float2(pairs[h]);  // exact: a bf16 is the top half of a float32
+      out[2 * h] = f.x, out[2 * h + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) out[k] = __bfloat162float(load_one<L>(p + k));
+  }
+}
+
+template <int W, Store S = Store::Plain>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[W]) {
+  if constexpr (W % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < W / 4; ++q) {
+      const float4 f = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+      if constexpr (S == Store::Streaming) __stcs(reinterpret_cast<float4*>(p) + q, f);
+      else reinterpret_cast<float4*>(p)[q] = f;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = v[k];
+  }
+}
+
+template <int W, Store S = Store::Plain>
+__device__ __forceinline__ void store_vec(__nv_bfloat16* p, const float (&v)[W]) {
+  static_assert(W == 1 || W == 8, "bf16 access is 1 or 8 wide");
+  if constexpr (W == 8) {
+    alignas(16) __nv_bfloat162 pairs[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) pairs[h] = __floats2bfloat162_rn(v[2 * h], v[2 * h + 1]);  // nearest even
+    const uint4 raw = *reinterpret_cast<const uint4*>(pairs);
+    if constexpr (S == Store::Streaming) __stcs(reinterpret_cast<uint4*>(p), raw);
+    else *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = __float2bfloat16_rn(v[k]);
+  }
+}
+
+}  // namespace hg::gpu

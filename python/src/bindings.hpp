@@ -1,0 +1,23 @@
+#pragma once
+// One registration function per concept; module.cpp calls them in order.
+#include <pybind11/pybind11.h>
+
+#include "core/dtype.hpp"
+#include "core/device.hpp"
+
+namespace hg::python {
+
+namespace py = pybind11;
+
+void bind_tensor(py::module_& m);   // tensor.cpp: Tensor, factories, NumPy
+void bind_dlpack(py::module_& m);   // dlpack.cpp: __dlpack__, from_dlpack
+void bind_ops(py::module_& m);      // ops.cpp: layernorm, softmax, cross-entropy, kernel mode
+void bind_models(py::module_& m);   // models.cpp: DecoderLM, optimizers
+void bind_bench_hooks(py::module_& m);  // bench_hooks.cpp: C++-side timing for bench/python_overhead.py
+
+// Python spellings: "float32", "float64", "bfloat16", "float16"; "cpu", "cuda".
+DType parse_dtype(const std::string& name);
+const char* dtype_py_name(DType dtype);
+Device parse_device(const std::string& name);
+
+}  // namespace hg::python

@@ -1,0 +1,88 @@
+// Enough of the models and optimizers to train from Python:
+// logits = model.forward(ids); loss, s = cross_entropy_forward(...);
+// model.zero_grad(); model.backward(cross_entropy_backward(s)); opt.step().
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "bindings.hpp"
+#include "core/optim.hpp"
+#include "models/decoder_lm.hpp"
+
+namespace hg::python {
+
+void bind_models(py::module_& m) {
+  py::class_<Parameter>(m, "Parameter", "A trainable tensor and its gradient (views, no copies).")
+      .def_readonly("value", &Parameter::value)
+      .def_readonly("grad", &Parameter::grad);
+
+  py::class_<Module>(m, "Module")
+      .def("parameters", &Module::parameters, py::return_value_policy::reference_internal)
+      .def("named_parameters", &Module::named_parameters, py::return_value_policy::reference_internal)
+      .def("num_parameters", &Module::num_parameters)
+      .def("zero_grad", &Module::zero_grad)
+      .def("to", [](Module& mod, const std::string& device) { mod.to(parse_device(device)); }, py::arg("device"))
+      .def("train", &Module::train, py::arg("on") = true)
+      .def("eval", &Module::eval)
+      .def("save", &Module::save, py::arg("path"))
+      .def("load", &Module::load, py::arg("path"));
+
+  py::class_<DecoderLM, Module>(m, "DecoderLM", "GPT-style pre-LN decoder LM with hand-written backward.")
+      .def(py::init([](int64_t vocab_size, int64_t max_seq_len, int64_t d_model, int64_t n_heads, int64_t n_layers,
+                       int64_t ffn_hidden, double dropout, double ln_eps, uint64_t seed, const std::string& dtype) {
+             DecoderLMConfig c;
+             c.vocab_size = vocab_size;
+             c.max_seq_len = max_seq_len;
+             c.d_model = d_model;
+             c.n_heads = n_heads;
+             c.n_layers = n_layers;
+             c.ffn_hidden = ffn_hidden;
+             c.dropout = dropout;
+             c.ln_eps = ln_eps;
+             c.seed = seed;
+             c.dtype = parse_dtype(dtype);
+             return new DecoderLM(c);
+           }),
+           py::kw_only(), py::arg("vocab_size") = 256, py::arg("max_seq_len") = 128, py::arg("d_model") = 128,
+           py::arg("n_heads") = 4, py::arg("n_layers") = 2, py::arg("ffn_hidden") = 0, py::arg("dropout") = 0.0,
+           py::arg("ln_eps") = 1e-5, py::arg("seed") = 0, py::arg("dtype") = "float32")
+      .def("forward", [](DecoderLM& lm, const Tensor& ids, const py::object& mask) {
+        return lm.forward(ids, mask.is_none() ? Tensor() : mask.cast<Tensor>());
+      }, py::arg("ids"), py::arg("key_padding_mask") = py::none(), "ids (B, T) float32 token ids -> logits (B, T, V).")
+      .def("backward", &DecoderLM::backward, py::arg("dlogits"),
+           "Accumulates every parameter gradient; returns d loss / d embedding output.");
+
+  py::class_<Optimizer>(m, "Optimizer")
+      .def("step", &Optimizer::step)
+      .def("zero_grad", &Optimizer::zero_grad)
+      .def_property("lr", &Optimizer::lr, &Optimizer::set_lr)
+      .def_property_readonly("steps", &Optimizer::steps)
+      .def("save_state", &Optimizer::save_state, py::arg("path"))
+      .def("load_state", &Optimizer::load_state, py::arg("path"));
+
+  py::class_<AdamW, Optimizer>(m, "AdamW")
+      .def(py::init([](Module& module, double lr, std::pair<double, double> betas, double eps, double weight_decay) {
+             AdamWOptions o;
+             o.lr = lr;
+             o.beta1 = betas.first;
+             o.beta2 = betas.second;
+             o.eps = eps;
+             o.weight_decay = weight_decay;
+             return new AdamW(module.parameters(), o);
+           }),
+           py::arg("module"), py::kw_only(), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.01,
+           py::keep_alive<1, 2>());  // the optimizer points at the module's parameters
+
+  py::class_<SGD, Optimizer>(m, "SGD")
+      .def(py::init([](Module& module, double lr, double momentum, double weight_decay) {
+             return new SGD(module.parameters(), SGDOptions{lr, momentum, weight_decay});
+           }),
+           py::arg("module"), py::kw_only(), py::arg("lr") = 1e-2, py::arg("momentum") = 0.0,
+           py::arg("weight_decay") = 0.0, py::keep_alive<1, 2>());
+
+  m.def("clip_grad_norm", [](Module& module, double max_norm) { return clip_grad_norm(module.parameters(), max_norm); },
+        py::arg("module"), py::arg("max_norm"), "Clips the global L2 grad norm; returns the norm before clipping.");
+}
+
+}  // namespace hg::python

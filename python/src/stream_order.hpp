@@ -1,0 +1,21 @@
+#pragma once
+// CUDA stream ordering for DLPack exchanges, as plain C++ (the only file of
+// the module that sees CUDA headers is stream_order.cpp). Streams are the
+// integers DLPack uses: 1 = legacy default stream, 2 = per-thread default
+// stream, anything else a cudaStream_t. In CPU-only builds every call is a no-op
+// (there is no CUDA memory to order) except handgrad_stream(), which returns 0.
+#include <cstdint>
+
+namespace hg::python {
+
+// The one stream handgrad queues all its CUDA work on.
+intptr_t handgrad_stream();
+
+// Work queued later on `to` waits for everything queued so far on `from`
+// (an event recorded on `from`; the host does not block). No-op if equal.
+void order_streams(intptr_t from, intptr_t to);
+
+// The CUDA device handgrad allocates on (the current device), -1 without CUDA.
+int cuda_current_device();
+
+}  // namespace hg::python

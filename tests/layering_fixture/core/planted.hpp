@@ -1,0 +1,2 @@
+#pragma once
+#include "ops/softmax.hpp"  // planted: core -> ops

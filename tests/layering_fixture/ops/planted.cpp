@@ -1,0 +1,1 @@
+#include "../models/linear.hpp"  // planted: ops -> models, written relative
