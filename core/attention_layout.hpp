@@ -1,6 +1,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold, the same rule as the softmax op
+
 namespace hg {
 
 // How the fused attention kernels (CPU and CUDA) see one validated call:
@@ -18,8 +20,5 @@ struct AttentionLayout {
   // The last key query i may see (exclusive bound), before padding masks.
   int64_t key_end(int64_t i) const { return causal ? i + (tk - tq) + 1 : tk; }
 };
-
-// A mask value at or below this removes its key outright (as the softmax op).
-inline constexpr double kAttentionMaskThreshold = -1e9;
 
 }  // namespace hg

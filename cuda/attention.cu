@@ -33,7 +33,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kThreads = 128;  // 4 warps per block in every kernel
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kMaskThreshold = static_cast<float>(kAttentionMaskThreshold);
+constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
 
 struct Args {
   const void *q, *k, *v, *o, *dout;

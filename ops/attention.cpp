@@ -3,11 +3,10 @@
 #include <cmath>
 
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
+#include "cuda/attention_kernels.hpp"
 #include "ops/attention_unfused.hpp"
 #include "ops/cpu/attention_cpu.hpp"
-#ifdef HG_WITH_CUDA
-#include "cuda/attention_kernels.hpp"
-#endif
 
 // Validation and dispatch: CPU fused (Eigen, tiled), unfused (primitives, any
 // device), CUDA fused (cuda/attention.cu).
@@ -81,6 +80,7 @@ AttentionLayout layout_of(const AttentionSaved& s) {
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                          AttentionSaved* saved) {
+  HG_PROFILE("attention", q.device());
   check_inputs(q, k, v, options);
   AttentionSaved s;
   s.q = q;
@@ -96,12 +96,8 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
     s.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, math_dtype(q.dtype()), q.device());
     const AttentionLayout l = layout_of(s);
     if (q.is_cuda()) {
-#ifdef HG_WITH_CUDA
       s.softmax_stats = Tensor::empty({q.size(0), q.size(1), q.size(2), 2}, DType::F32, q.device());
       gpu::attention_forward(q, k, v, l, s.o, s.lse, s.softmax_stats);
-#else
-      fail(kForwardOp, "a CUDA tensor ", q.shape(), " but handgrad was built without CUDA");
-#endif
     } else {
       cpu::attention_forward(q, k, v, l, s.o, s.lse);
     }
@@ -112,6 +108,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
 }
 
 AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& saved) {
+  HG_PROFILE("attention", dout.device());
   HG_CHECK(saved.o.defined() && saved.lse.defined(), kBackwardOp, "saved state is empty: run attention_forward first");
   HG_CHECK(dout.defined(), kBackwardOp, "dout is undefined");
   HG_CHECK(dout.shape() == saved.o.shape(), kBackwardOp, "dout shape ", dout.shape(), " differs from the output's ",
@@ -124,11 +121,7 @@ AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& save
                    Tensor::empty(saved.v.shape(), saved.v.dtype(), saved.v.device())};
   const AttentionLayout l = layout_of(saved);
   if (dout.is_cuda()) {
-#ifdef HG_WITH_CUDA
     gpu::attention_backward(dout, saved.q, saved.k, saved.v, saved.o, saved.softmax_stats, l, g.dq, g.dk, g.dv);
-#else
-    fail(kBackwardOp, "a CUDA tensor ", dout.shape(), " but handgrad was built without CUDA");
-#endif
   } else {
     cpu::attention_backward(dout, saved.q, saved.k, saved.v, saved.lse, l, g.dq, g.dk, g.dv);
   }

@@ -40,7 +40,7 @@ struct Head {
       if (mask_row == nullptr) continue;
       for (int64_t j = 0; j < end; ++j) {
         const T m = mask_row[j];
-        z(r, j) = m > static_cast<T>(kAttentionMaskThreshold) ? z(r, j) + m : -inf;
+        z(r, j) = m > static_cast<T>(kSoftmaxMaskThreshold) ? z(r, j) + m : -inf;
       }
     }
   }
