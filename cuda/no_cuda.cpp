@@ -8,6 +8,7 @@
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/attention_kernels.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
 #include "cuda/indexing_kernels.hpp"
 #include "cuda/layernorm_kernels.hpp"
@@ -72,6 +73,14 @@ void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const
 void softmax_forward_fused(const Tensor&, const SoftmaxRows&, Tensor&) { no_cuda("gpu::softmax_forward_fused"); }
 void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, float, Tensor&) {
   no_cuda("gpu::softmax_backward_fused");
+}
+
+void attention_forward(const Tensor&, const Tensor&, const Tensor&, const AttentionLayout&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("gpu::attention_forward");
+}
+void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const AttentionLayout&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("gpu::attention_backward");
 }
 
 void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, float, Tensor&, Tensor&) {

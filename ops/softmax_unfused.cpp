@@ -46,7 +46,7 @@ double lowest_finite(DType dtype) {
                              : static_cast<double>(std::numeric_limits<float>::lowest());
 }
 
-Tensor forward_math(const Tensor& x, const Tensor& mask, bool causal, double scale) {
+Tensor forward_math(const Tensor& x, const Tensor& mask, bool causal, double scale, Tensor* lse) {
   const int last = x.ndim() - 1;
   Tensor z = scale == 1.0 ? x : mul_scalar(x, scale);
   if (mask.defined() || causal) z = add(z, additive_term(mask, causal, z));
@@ -54,6 +54,8 @@ Tensor forward_math(const Tensor& x, const Tensor& mask, bool causal, double sca
   const Tensor row_max = maximum(raw_max, scalar_like(lowest_finite(z.dtype()), z));
   const Tensor e = exp(sub(z, row_max));  // the max key gives exactly 1 unless the row is fully masked
   const Tensor total = sum(e, last, /*keepdim=*/true);
+  // log-sum-exp of z: row_max + log(total); a fully masked row gets log(0) = -inf.
+  if (lse != nullptr) *lse = add(row_max, log(total));
   // Row factor visible / total, applied with one multiply: 1 / total for a
   // row with a visible key, 0 for a fully masked row (whose max is -inf).
   // Its total is 0 (or tiny, where exp(-inf) is not exactly 0): adding
@@ -73,10 +75,10 @@ Tensor backward_math(const Tensor& dy, const Tensor& y, double scale) {
 
 }  // namespace
 
-Tensor softmax_forward(const Tensor& x, const Tensor& mask, bool causal, double scale) {
+Tensor softmax_forward(const Tensor& x, const Tensor& mask, bool causal, double scale, Tensor* lse) {
   if (x.dtype() == DType::BF16)
-    return forward_math(x.to(DType::F32), mask, causal, scale).to(DType::BF16);
-  return forward_math(x, mask, causal, scale);
+    return forward_math(x.to(DType::F32), mask, causal, scale, lse).to(DType::BF16);
+  return forward_math(x, mask, causal, scale, lse);
 }
 
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {

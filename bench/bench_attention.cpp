@@ -1,0 +1,126 @@
+// bench_attention: scaled dot-product attention forward and backward, fused
+// (one kernel, O(T) memory) against unfused (GEMM + softmax + GEMM), on the
+// sizes of shared/anchors/torch_sdpa.py: B*T = tokens, H*dh = width.
+// TFLOP/s as that script counts them: forward 4*B*H*Tq*Tk*dh, backward 2.5x,
+// causal halves both. Peak extra memory: the most the allocator held above
+// the inputs during one forward + backward.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "bench/bench_util.hpp"
+#include "core/cuda_runtime.hpp"
+#include "core/kernel_mode.hpp"
+#include "ops/attention.hpp"
+
+using namespace hg;
+
+namespace {
+
+struct Config {
+  DType dtype;
+  int64_t t, dh;
+  bool causal;
+  KernelMode mode;
+};
+
+struct Result {
+  bench::Timing fwd, bwd;
+  double peak_extra_mib = 0;
+};
+
+Result measure(const Config& c, int64_t tokens, int64_t width, int warmup, int iters) {
+  KernelModeScope scope(c.mode);
+  const int64_t b = tokens / c.t, h = width / c.dh;
+  constexpr int kSets = 2;  // rotate input sets so the L2 does not hold the next call's data
+  Generator gen(1);
+  std::vector<Tensor> q, k, v, dout;
+  for (int s = 0; s < kSets; ++s) {
+    for (auto* list : {&q, &k, &v, &dout}) list->push_back(Tensor::randn({b, h, c.t, c.dh}, gen, c.dtype, Device::CUDA));
+  }
+  AttentionOptions opt;
+  opt.causal = c.causal;
+  std::vector<AttentionSaved> saved(kSets);
+  Result r;
+  r.fwd = bench::time_op(Device::CUDA, kSets, warmup, iters,
+                         [&](int i) { attention_forward(q[i], k[i], v[i], opt, &saved[i]); });
+  r.bwd = bench::time_op(Device::CUDA, kSets, warmup, iters, [&](int i) { attention_backward(dout[i], saved[i]); });
+  saved = std::vector<AttentionSaved>(kSets);
+  gpu::synchronize();
+  const size_t base = gpu::memory_stats().in_use;
+  gpu::reset_peak_memory();
+  {
+    AttentionSaved s;
+    attention_forward(q[0], k[0], v[0], opt, &s);
+    attention_backward(dout[0], s);
+    gpu::synchronize();
+  }
+  r.peak_extra_mib = double(gpu::memory_stats().peak_in_use - base) / (1 << 20);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_attention: fused vs unfused attention, TFLOP/s and peak memory (CUDA)"};
+  int64_t tokens = 16384, width = 2048;
+  int warmup = 3, iters = 15;
+  int64_t max_unfused_t = 4096;
+  bool fused_only = false;
+  std::string csv_path;
+  std::vector<int64_t> seqs{512, 1024, 2048, 4096}, head_dims{64, 128};
+  std::vector<std::string> dtypes{"bf16", "f32"};
+  app.add_option("--tokens", tokens, "B * T")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  app.add_option("--width", width, "H * dh")->check(CLI::Range(int64_t(32), int64_t(1) << 16));
+  app.add_option("--seq", seqs, "sequence lengths T")->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  app.add_option("--head-dim", head_dims, "head dims (32, 64, 128)")->delimiter(',')->check(CLI::IsMember({32, 64, 128}));
+  app.add_option("--dtype", dtypes, "bf16 and/or f32")->delimiter(',')->check(CLI::IsMember({"bf16", "f32"}));
+  app.add_option("--warmup", warmup)->check(CLI::Range(0, 1000));
+  app.add_option("--iters", iters)->check(CLI::Range(1, 100000));
+  app.add_option("--max-unfused-seq", max_unfused_t, "skip the unfused path above this T (its memory grows as T^2)");
+  app.add_flag("--fused-only", fused_only);
+  app.add_option("--csv", csv_path, "write every row here too");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (gpu::device_count() == 0) {
+      std::fprintf(stderr, "bench_attention: no CUDA GPU present (this benchmark times the CUDA paths)\n");
+      return 1;
+    }
+    std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up\n", gpu::device_name(),
+                static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup);
+    std::printf("%-5s %5s %4s %6s %-7s | %9s %9s | %8s %8s | %9s\n", "dtype", "T", "dh", "causal", "path",
+                "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "peak MiB");
+    std::unique_ptr<bench::Csv> csv;
+    if (!csv_path.empty())
+      csv = std::make_unique<bench::Csv>(csv_path, "dtype,T,B,H,dh,causal,path,fwd_ms,bwd_ms,fwd_tflops,bwd_tflops,"
+                                                   "peak_extra_mib");
+    for (const std::string& dt : dtypes)
+      for (int64_t dh : head_dims)
+        for (int64_t t : seqs)
+          for (bool causal : {false, true})
+            for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
+              if (mode == KernelMode::Unfused && (fused_only || t > max_unfused_t)) continue;
+              if (tokens % t != 0 || width % dh != 0) continue;
+              const Config c{dt == "bf16" ? DType::BF16 : DType::F32, t, dh, causal, mode};
+              const Result r = measure(c, tokens, width, warmup, iters);
+              const double flops = 4.0 * double(tokens) * double(t) * double(width) * (causal ? 0.5 : 1.0);
+              const double fwd_tf = flops / (r.fwd.median_ms * 1e-3) * 1e-12;
+              const double bwd_tf = 2.5 * flops / (r.bwd.median_ms * 1e-3) * 1e-12;
+              const char* path = mode == KernelMode::Fused ? "fused" : "unfused";
+              std::printf("%-5s %5lld %4lld %6s %-7s | %9.3f %9.3f | %8.1f %8.1f | %9.1f\n", dt.c_str(),
+                          static_cast<long long>(t), static_cast<long long>(dh), causal ? "yes" : "no", path,
+                          r.fwd.median_ms, r.bwd.median_ms, fwd_tf, bwd_tf, r.peak_extra_mib);
+              std::fflush(stdout);
+              if (csv)
+                csv->row(dt, t, tokens / t, width / dh, dh, causal ? 1 : 0, path, r.fwd.median_ms, r.bwd.median_ms,
+                         fwd_tf, bwd_tf, r.peak_extra_mib);
+            }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

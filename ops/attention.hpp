@@ -1,0 +1,48 @@
+#pragma once
+#include <optional>
+
+#include "core/tensor.hpp"
+
+namespace hg {
+
+// Scaled dot-product attention in one op, forward and hand-written backward
+// (derivation: docs/attention.md, "Fused attention").
+//
+//   q (B, H, Tq, dh), k and v (B, H, Tk, dh), all one dtype and device.
+//   z[i, j] = scale * q_i . k_j + mask[b, j]     (mask (B|1, 1, 1, Tk), additive)
+//   o_i     = sum_j softmax_j(z[i, :]) v_j
+//   lse_i   = log sum_j exp(z[i, j])              saved, float32 (float64 for F64)
+// Same conventions as attention_softmax_forward: with causal, key j is masked
+// for query i when j > i + (Tk - Tq); a mask value at or below
+// kSoftmaxMaskThreshold (-1e9, -inf included) removes its key outright; a row
+// whose every key is removed gives o_i = 0, lse_i = -inf and zero gradients.
+struct AttentionOptions {
+  Tensor mask;                  // optional key-padding mask; F32 (F64 for F64 q)
+  bool causal = false;
+  std::optional<double> scale;  // default 1 / sqrt(dh)
+};
+
+// What the backward needs: the inputs, the output and the log-sum-exp, O(T)
+// beside them (no Tq x Tk buffer on the fused paths).
+struct AttentionSaved {
+  Tensor q, k, v, o, lse;
+  Tensor mask;
+  bool causal = false;
+  double scale = 1.0;
+  Tensor probs;          // unfused path only: the (B, H, Tq, Tk) probabilities it saves anyway
+  Tensor softmax_stats;  // CUDA fused only: (B, H, Tq, 2) row max and 1 / sum, O(T)
+};
+
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+
+// Paths: CPU (F32, F64; tiled, O(Tk) scratch per query tile), unfused (GEMM +
+// attention softmax + GEMM on the primitive backend, any device), CUDA fused
+// (BF16 on tensor cores, F32 on the CUDA cores; head dims 32, 64, 128).
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                         AttentionSaved* saved);
+
+AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& saved);
+
+}  // namespace hg

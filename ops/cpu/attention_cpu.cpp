@@ -1,0 +1,137 @@
+#include "ops/cpu/attention_cpu.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace hg::cpu {
+namespace {
+
+constexpr int64_t kQueryTile = 64;
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using ConstMap = Eigen::Map<const Mat<T>>;
+template <class T>
+using MutMap = Eigen::Map<Mat<T>>;
+
+// The (b, h) slice views and the logits of one query tile.
+template <class T>
+struct Head {
+  const AttentionLayout& l;
+  int64_t bh;
+  const T* mask_row;  // nullptr: no mask
+
+  Head(const AttentionLayout& layout, int64_t index)
+      : l(layout), bh(index), mask_row(layout.mask == nullptr ? nullptr
+                                                              : static_cast<const T*>(layout.mask) +
+                                                                    (index / layout.heads) * layout.mask_batch_stride) {}
+
+  // z = scale * q k^T + mask for queries [i0, i0 + rows); removed keys get -inf.
+  void logits(const ConstMap<T>& q, const ConstMap<T>& k, int64_t i0, int64_t rows, Mat<T>& z) const {
+    z.noalias() = q.middleRows(i0, rows) * k.transpose();
+    z *= static_cast<T>(l.scale);
+    const T inf = std::numeric_limits<T>::infinity();
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t end = std::clamp<int64_t>(l.key_end(i0 + r), 0, l.tk);
+      for (int64_t j = end; j < l.tk; ++j) z(r, j) = -inf;
+      if (mask_row == nullptr) continue;
+      for (int64_t j = 0; j < end; ++j) {
+        const T m = mask_row[j];
+        z(r, j) = m > static_cast<T>(kSoftmaxMaskThreshold) ? z(r, j) + m : -inf;
+      }
+    }
+  }
+};
+
+// p = exp(z - lse) row-wise; a row with lse = -inf (every key removed) is all zeros.
+template <class T>
+void probabilities(Mat<T>& z, const T* lse) {
+  for (int64_t r = 0; r < z.rows(); ++r) {
+    if (std::isinf(lse[r])) {
+      z.row(r).setZero();
+    } else {
+      z.row(r) = (z.row(r).array() - lse[r]).exp();
+    }
+  }
+}
+
+template <class T>
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& l, Tensor& o, Tensor& lse) {
+  const int64_t dh = l.head_dim;
+  const T inf = std::numeric_limits<T>::infinity();
+  for (int64_t bh = 0; bh < l.heads_total(); ++bh) {
+    const Head<T> head(l, bh);
+    const ConstMap<T> qm(q.data<T>() + bh * l.tq * dh, l.tq, dh);
+    const ConstMap<T> km(k.data<T>() + bh * l.tk * dh, l.tk, dh);
+    const ConstMap<T> vm(v.data<T>() + bh * l.tk * dh, l.tk, dh);
+    MutMap<T> om(o.data<T>() + bh * l.tq * dh, l.tq, dh);
+    T* lse_row = lse.data<T>() + bh * l.tq;
+    Mat<T> z(std::min(kQueryTile, l.tq), l.tk);
+    for (int64_t i0 = 0; i0 < l.tq; i0 += kQueryTile) {
+      const int64_t rows = std::min(kQueryTile, l.tq - i0);
+      z.resize(rows, l.tk);
+      head.logits(qm, km, i0, rows, z);
+      for (int64_t r = 0; r < rows; ++r) {
+        const T m = z.row(r).maxCoeff();
+        lse_row[i0 + r] = m == -inf ? -inf : m + std::log((z.row(r).array() - m).exp().sum());
+      }
+      probabilities(z, lse_row + i0);
+      om.middleRows(i0, rows).noalias() = z * vm;
+    }
+  }
+}
+
+template <class T>
+void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, const AttentionLayout& l, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const int64_t dh = l.head_dim;
+  const T scale = static_cast<T>(l.scale);
+  for (int64_t bh = 0; bh < l.heads_total(); ++bh) {
+    const Head<T> head(l, bh);
+    const ConstMap<T> qm(q.data<T>() + bh * l.tq * dh, l.tq, dh);
+    const ConstMap<T> km(k.data<T>() + bh * l.tk * dh, l.tk, dh);
+    const ConstMap<T> vm(v.data<T>() + bh * l.tk * dh, l.tk, dh);
+    const ConstMap<T> dom(dout.data<T>() + bh * l.tq * dh, l.tq, dh);
+    MutMap<T> dqm(dq.data<T>() + bh * l.tq * dh, l.tq, dh);
+    MutMap<T> dkm(dk.data<T>() + bh * l.tk * dh, l.tk, dh);
+    MutMap<T> dvm(dv.data<T>() + bh * l.tk * dh, l.tk, dh);
+    dkm.setZero();
+    dvm.setZero();
+    const T* lse_row = lse.data<T>() + bh * l.tq;
+    Mat<T> p, dp;
+    for (int64_t i0 = 0; i0 < l.tq; i0 += kQueryTile) {
+      const int64_t rows = std::min(kQueryTile, l.tq - i0);
+      p.resize(rows, l.tk);
+      head.logits(qm, km, i0, rows, p);
+      probabilities(p, lse_row + i0);
+      const auto d_out = dom.middleRows(i0, rows);
+      dvm.noalias() += p.transpose() * d_out;
+      dp.noalias() = d_out * vm.transpose();
+      // D_i = sum_j p_ij dp_ij (= do_i . o_i in exact arithmetic; summed over
+      // the same p the gradient uses, so ds rows sum to zero to rounding even
+      // where p is nearly one-hot: docs/attention.md).
+      const Eigen::Matrix<T, Eigen::Dynamic, 1> d = (p.array() * dp.array()).rowwise().sum();
+      p.array() *= (dp.array().colwise() - d.array());  // p now holds dS / scale
+      dqm.middleRows(i0, rows).noalias() = scale * (p * km);
+      dkm.noalias() += scale * (p.transpose() * qm.middleRows(i0, rows));
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& layout, Tensor& o,
+                       Tensor& lse) {
+  if (q.dtype() == DType::F64) return forward<double>(q, k, v, layout, o, lse);
+  forward<float>(q, k, v, layout, o, lse);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
+                        const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (q.dtype() == DType::F64) return backward<double>(dout, q, k, v, lse, layout, dq, dk, dv);
+  backward<float>(dout, q, k, v, lse, layout, dq, dk, dv);
+}
+
+}  // namespace hg::cpu
