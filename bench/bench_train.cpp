@@ -62,8 +62,8 @@ double bf16_peak_tflops(const std::string& gpu_name) {
   return 0;
 }
 
-Result run(Device dev, KernelMode mode, Precision precision, bool use_graph, const Size& s, int warmup, int iters,
-           int profile_steps) {
+Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl attention, bool use_graph, const Size& s,
+           int warmup, int iters, int profile_steps) {
   KernelModeScope scope(mode);
   DecoderLMConfig c;
   c.vocab_size = s.vocab;
@@ -73,6 +73,7 @@ Result run(Device dev, KernelMode mode, Precision precision, bool use_graph, con
   c.n_layers = s.layers;
   c.seed = 1;
   c.precision = precision;
+  c.attention = attention;
   DecoderLM model(c);
   model.to(dev);
   AdamWOptions adamw;
@@ -128,7 +129,7 @@ std::vector<KernelMode> modes_for(const std::string& kernels) {
 int main(int argc, char** argv) {
   CLI::App app{"bench_train: DecoderLM training step per precision and kernel mode, with MFU and a per-op-kind "
                "breakdown"};
-  std::string devices = "auto", precision_name_arg = "auto", kernels = "both";
+  std::string devices = "auto", precision_name_arg = "auto", kernels = "both", attention = "auto";
   Size gpu{512, 8, 6, 256, 32, 256};
   Size cpu{128, 4, 2, 64, 8, 256};
   int warmup = 3, iters = 10, profile_steps = 3;
@@ -142,6 +143,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   app.add_option("--kernels", kernels, "both, fused or unfused")->check(CLI::IsMember({"both", "fused", "unfused"}));
   app.add_flag("--tf32", tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
+      ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
   app.add_option("--d-model", gpu.d_model, "CUDA model width")->capture_default_str()->check(positive);
@@ -202,7 +205,8 @@ int main(int argc, char** argv) {
       const std::vector<KernelMode> modes = modes_for(kernels);
       std::map<KernelMode, Result> results;
       for (KernelMode mode : modes)
-        results[mode] = run(dev, mode, precision, !no_graph, s, warmup, iters, profile_steps);
+        results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph, s, warmup, iters,
+                            profile_steps);
       const double tokens = static_cast<double>(s.batch * s.seq);
       for (KernelMode mode : modes) {
         const Result& r = results[mode];

@@ -55,6 +55,7 @@ struct Options {
   std::string data;
   bool unfused = false;
   std::string precision = "auto";  // auto, fp32, bf16
+  std::string attention = "auto";  // auto, flash, softmax
   bool tf32 = false;
   std::string device = "auto";
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
@@ -277,6 +278,9 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
+      ->check(CLI::IsMember({"auto", "flash", "softmax"}))
+      ->capture_default_str();
   app.add_option("--d-model", o.d_model, "model width")->check(CLI::Range(int64_t{1}, int64_t{65536}))->capture_default_str();
   app.add_option("--heads", o.heads, "attention heads (must divide --d-model)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))
@@ -399,6 +403,7 @@ std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data, Preci
   cfg.dropout = o.dropout;
   cfg.seed = static_cast<uint64_t>(o.seed);
   cfg.precision = precision;
+  cfg.attention = parse_attention_impl(o.attention);
   return std::make_unique<DecoderLM>(cfg);
 }
 

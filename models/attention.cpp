@@ -2,10 +2,33 @@
 
 #include <cmath>
 
+#include "core/kernel_mode.hpp"
 #include "core/tensor_functions.hpp"
 #include "ops/softmax.hpp"
 
 namespace hg {
+
+AttentionImpl parse_attention_impl(const std::string& name) {
+  if (name == "auto") return AttentionImpl::Auto;
+  if (name == "flash") return AttentionImpl::Flash;
+  if (name == "softmax") return AttentionImpl::Softmax;
+  fail("parse_attention_impl", "'", name, "' is not an attention implementation: allowed auto, flash, softmax");
+}
+
+const char* attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::Auto: return "auto";
+    case AttentionImpl::Flash: return "flash";
+    case AttentionImpl::Softmax: return "softmax";
+  }
+  return "unknown";
+}
+
+bool MultiHeadAttention::used_flash(const Tensor& x) const {
+  if (kernel_mode() == KernelMode::Unfused || impl_ == AttentionImpl::Softmax) return false;
+  if (impl_ == AttentionImpl::Flash) return true;  // the op names an unsupported head dim itself
+  return x.is_cuda() && (head_dim_ == 32 || head_dim_ == 64 || head_dim_ == 128);
+}
 
 MultiHeadAttention::MultiHeadAttention(int64_t d_model, int64_t n_heads, Generator& gen, DType dtype, bool causal)
     : qkv(d_model, 3 * d_model, gen, true, dtype),
@@ -39,20 +62,31 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
   heads_ = transpose(bh.reshape({b, 3, h * t * dh}), 0, 1).reshape({3, b, h, t, dh});
   const Tensor q = heads_[0], k = heads_[1], v = heads_[2];  // views, (B, H, T, dh)
 
-  const Tensor scores = matmul(q, k, false, true);  // (B, H, T, T)
-  SoftmaxOptions options;
-  options.mask = key_padding_mask;
-  options.causal = causal_;
-  options.scale = scale_;
-  probs_ = attention_softmax_forward(scores, options);
-  const Tensor ctx = matmul(probs_, v);                                   // (B, H, T, dh)
+  Tensor ctx;  // (B, H, T, dh)
+  probs_ = Tensor();
+  flash_ = AttentionSaved();
+  if (used_flash(x)) {
+    AttentionOptions options;
+    options.mask = key_padding_mask;
+    options.causal = causal_;
+    options.scale = scale_;
+    ctx = attention_forward(q, k, v, options, &flash_);
+  } else {
+    const Tensor scores = matmul(q, k, false, true);  // (B, H, T, T)
+    SoftmaxOptions options;
+    options.mask = key_padding_mask;
+    options.causal = causal_;
+    options.scale = scale_;
+    probs_ = attention_softmax_forward(scores, options);
+    ctx = matmul(probs_, v);
+  }
   const Tensor merged = transpose(ctx, 1, 2).reshape({b * t, d_model_});  // (B, T, H, dh) -> (B*T, d)
   return proj.forward(merged).reshape({b, t, d_model_});
 }
 
 Tensor MultiHeadAttention::backward(const Tensor& dy) {
   const char* op = "MultiHeadAttention::backward";
-  HG_CHECK(probs_.defined(), op, "backward called before forward");
+  HG_CHECK(probs_.defined() || flash_.o.defined(), op, "backward called before forward");
   const int64_t b = batch_, t = seq_, h = n_heads_, dh = head_dim_;
   HG_CHECK(dy.shape() == Shape({b, t, d_model_}), op, "dy ", dy.shape(), " must match the forward output ",
            Shape({b, t, d_model_}));
@@ -64,11 +98,19 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
   // tensor, so no concatenation copy is needed before the QKV backward.
   Tensor dheads = Tensor::empty({3, b, h, t, dh}, dy.dtype(), dy.device());
   Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
-  const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
-  matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
-  const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
-  matmul_into(dscores, k, dq, false, false);  // dq = dS k
-  matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
+  if (flash_.o.defined()) {
+    // The op returns its own tensors; one copy each into the packed slices.
+    const AttentionGrads g = attention_backward(dctx, flash_);
+    dq.copy_(g.dq);
+    dk.copy_(g.dk);
+    dv.copy_(g.dv);
+  } else {
+    const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
+    matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
+    const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
+    matmul_into(dscores, k, dq, false, false);  // dq = dS k
+    matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
+  }
   const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
   const Tensor dpacked = transpose(bh, 1, 2).reshape({b * t, 3 * d_model_});
   return qkv.backward(dpacked).reshape({b, t, d_model_});

@@ -3,9 +3,22 @@
 
 #include "core/module.hpp"
 #include "core/random.hpp"
+#include <string>
+
 #include "models/linear.hpp"
+#include "ops/attention.hpp"
 
 namespace hg {
+
+// How the fused mode computes the attention core (the unfused mode always
+// composes GEMM + softmax + GEMM from primitive passes):
+//  - Flash: one attention op (ops/attention.hpp), O(T) memory, no T x T
+//    probabilities saved; on CUDA it needs a head dim of 32, 64 or 128;
+//  - Softmax: scores GEMM, the fused attention softmax, GEMM (saves P);
+//  - Auto: Flash on CUDA where the head dim has a kernel, Softmax otherwise.
+enum class AttentionImpl { Auto, Flash, Softmax };
+AttentionImpl parse_attention_impl(const std::string& name);  // "auto", "flash", "softmax"
+const char* attention_impl_name(AttentionImpl impl);
 
 // Causal multi-head self-attention with a fused QKV projection:
 //   [q k v] = x Wqkv^T + b          (one Linear(d, 3d))
@@ -23,6 +36,8 @@ class MultiHeadAttention : public Module {
   Tensor backward(const Tensor& dy);  // dy (B, T, d) -> dx (B, T, d)
 
   int64_t heads() const { return n_heads_; }
+  void set_impl(AttentionImpl impl) { impl_ = impl; }
+  AttentionImpl impl() const { return impl_; }
 
   Linear qkv;
   Linear proj;
@@ -31,8 +46,12 @@ class MultiHeadAttention : public Module {
   int64_t d_model_, n_heads_, head_dim_;
   bool causal_;
   double scale_;
-  // Saved by forward: the (3, B, H, T, dh) head-split projections and P.
+  AttentionImpl impl_ = AttentionImpl::Auto;
+  bool used_flash(const Tensor& x) const;
+  // Saved by forward: the (3, B, H, T, dh) head-split projections, and P
+  // (softmax path) or the attention op's O(T) state (flash path).
   Tensor heads_, probs_;
+  AttentionSaved flash_;
   int64_t batch_ = 0, seq_ = 0;
 };
 

@@ -19,6 +19,7 @@ DecoderLM::DecoderLM(const DecoderLMConfig& c)
     const uint64_t drop_seed = c.seed * 7919 + 2 * static_cast<uint64_t>(i) + 2;
     layers.push_back(std::make_unique<TransformerLayer>(c.d_model, c.n_heads, hidden, init_gen_, c.dropout,
                                                         drop_seed, c.dtype, c.ln_eps));
+    layers.back()->attn.set_impl(c.attention);
     register_module("layers." + std::to_string(i), *layers.back());
   }
   register_module("ln_f", ln_f);

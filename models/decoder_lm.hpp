@@ -28,6 +28,8 @@ struct DecoderLMConfig {
   // BF16: f32 parameters, bf16 activations and GEMMs (CUDA, sm_80+ only);
   // docs/mixed_precision.md. default_precision(device) picks per device.
   Precision precision = Precision::FP32;
+  // Fused-mode attention core (models/attention.hpp): Auto = flash on CUDA.
+  AttentionImpl attention = AttentionImpl::Auto;
 };
 
 // A GPT-style decoder-only language model:

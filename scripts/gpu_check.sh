@@ -2,6 +2,7 @@
 # The whole GPU job in one call (for the lent H100): build for sm_90, run every
 # test, then the benchmarks; logs, CSVs and plots go to $OUT (default out/).
 # Usage: scripts/gpu_check.sh [tests|bench|sanitize|all]...   (default: tests bench)
+# HG_TEST_TIMEOUT caps each test program (seconds, default 900).
 # HG_TEST_PROGS (space-separated test program names) builds only those test
 # programs and the benchmarks, and runs only those tests.
 set -uo pipefail
@@ -10,6 +11,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 # This is the GPU machine: a GPU test that would skip for want of a GPU fails
 # instead (tests/test_util.hpp). HG_REQUIRE_CUDA=0 turns that off.
 export HG_REQUIRE_CUDA="${HG_REQUIRE_CUDA:-1}"
+export HG_TEST_TIMEOUT="${HG_TEST_TIMEOUT:-900}"
 out="${OUT:-out}"
 mkdir -p "$out"
 stages=("$@")
@@ -25,7 +27,10 @@ if [[ -n ${HG_TEST_PROGS:-} ]]; then
   read -ra targets <<< "$HG_TEST_PROGS"
   targets=(--target "${targets[@]}" $(ls bench/bench_*.cpp | xargs -n1 basename | sed 's/\.cpp$//'))
 fi
-if ! { cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+# The Python module builds where pip's pybind11 is importable (the GPU image has no pybind11-dev).
+py=(); pyb=$(python3 -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null) \
+  && py=(-DPython3_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$pyb")
+if ! { cmake -S . -B build-gpu "${gen[@]}" "${py[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
          && cmake --build build-gpu -j"$(nproc)" "${targets[@]}"; } > "$out/build.log" 2>&1; then
   grep -E 'error|Error' "$out/build.log" | head -40
   echo "BUILD FAILED"; exit 1
@@ -36,11 +41,22 @@ if has tests; then
   # Each test program once, in parallel, its whole output kept; the summary
   # line of each shows how many assertions ran (GPU cases included).
   mkdir -p "$out/tests"
-  if [[ -n ${HG_TEST_PROGS:-} ]]; then printf 'build-gpu/tests/%s\n' $HG_TEST_PROGS; else ls build-gpu/tests/test_*; fi | xargs -P 6 -I{} bash -c 't={}; n=$(basename $t); timeout 900 $t > '"$out"'/tests/$n.log 2>&1 && echo "$n: PASS" || echo "$n: FAIL rc=$?"' \
+  if [[ -n ${HG_TEST_PROGS:-} ]]; then printf 'build-gpu/tests/%s\n' $HG_TEST_PROGS; else ls build-gpu/tests/test_*; fi | xargs -P 6 -I{} bash -c 't={}; n=$(basename $t); timeout ${HG_TEST_TIMEOUT:-900} $t > '"$out"'/tests/$n.log 2>&1 && echo "$n: PASS" || echo "$n: FAIL rc=$?"' \
     | sort > "$out/test_status.txt"
   for f in "$out"/tests/*.log; do
     echo "$(basename "$f" .log): $(grep -E '^(All tests passed|test cases:)' "$f" | tail -1) $(grep -c 'SKIPPED' "$f") skipped"
   done > "$out/test_summary.txt"
+  # The Python module's suite, where it was built (pip's pybind11 found).
+  if [[ -d build-gpu/python/handgrad && -z ${HG_TEST_PROGS:-} ]]; then
+    if PYTHONPATH=build-gpu/python timeout "$HG_TEST_TIMEOUT" python3 -m unittest discover -s python/tests \
+         -t python/tests > "$out/tests/python.log" 2>&1; then
+      echo "python_tests: PASS" >> "$out/test_status.txt"
+    else
+      echo "python_tests: FAIL" >> "$out/test_status.txt"
+    fi
+    echo "python_tests: $(tail -1 "$out/tests/python.log") $(grep -c 'skipped' "$out/tests/python.log") skipped" \
+      >> "$out/test_summary.txt"
+  fi
   grep -q FAIL "$out/test_status.txt" && status=1
   cat "$out/test_status.txt" "$out/test_summary.txt"
 fi

@@ -11,9 +11,11 @@ packages=(cmake make g++ pkg-config libeigen3-dev catch2 libspdlog-dev libfmt-de
 # The Python module (python/, optional in CMake) and its tests: pybind11, NumPy,
 # and PyTorch for the handgrad.torch tests (Debian's 1.13, CPU; measured
 # 2026-11-23 on the 2-core box: apt-get install 75 s, ~1 GB with its deps).
-# HG_NO_TORCH=1 leaves PyTorch out: those tests then skip with a message.
+# Only the test command needs PyTorch: scripts/test.sh sets HG_WITH_TORCH=1
+# (HG_NO_TORCH=1 there leaves it out, and those tests skip with a message);
+# the main job (scripts/run.sh) does not install it.
 packages+=(python3-dev pybind11-dev python3-numpy)
-[[ "${HG_NO_TORCH:-0}" == 1 ]] || packages+=(python3-torch)
+[[ "${HG_WITH_TORCH:-0}" == 1 && "${HG_NO_TORCH:-0}" != 1 ]] && packages+=(python3-torch)
 [[ "${HG_WITH_FUZZ:-0}" == 1 ]] && packages+=(clang libclang-rt-dev)
 
 missing=()

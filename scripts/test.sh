@@ -24,7 +24,7 @@ for arg in "$@"; do
   esac
 done
 
-scripts/install_deps.sh
+HG_WITH_TORCH=1 scripts/install_deps.sh
 scripts/build.sh
 build_dir="${HG_BUILD_DIR:-build}"
 ctest --test-dir "$build_dir" --output-on-failure -j"$(nproc)"

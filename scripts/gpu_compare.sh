@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# handgrad's benchmarks beside the PyTorch reference scripts, in ONE call on the
+# GPU machine (machines are noisy: only ratios from the same call count).
+# Needs a build-gpu/ from scripts/gpu_check.sh. Outputs go to $OUT (default out/).
+#
+#   scripts/gpu_compare.sh STAGE...   stages:
+#     train       bench_train (bench config, bf16 + fp32) | torch_train_step.py --config bench
+#     gpt2s       bench_train at GPT-2-small shape (bf16) | torch_train_step.py --config gpt2s
+#     attention   bench_attention                          | torch_sdpa.py
+#     norms       bench_layernorm, bench_softmax           | torch_norms.py
+#     accuracy    train --precision bf16 and fp32 on the built-in task (loss curves, held-out accuracy)
+#     python      bench/python_train_step.py (handgrad ops swapped into the anchor model)
+#
+# HG_ANCHORS: folder of the PyTorch scripts (default ../shared/anchors, else .anchors).
+# HG_TORCH_VARIANTS: torch_train_step.py variants (default: the eager ones; add compile-* when time allows).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-out}"
+mkdir -p "$out"
+anchors="${HG_ANCHORS:-../shared/anchors}"
+[[ -d $anchors ]] || anchors=.anchors
+variants="${HG_TORCH_VARIANTS:-eager-fp32,eager-fp32-sdpa,eager-bf16-sdpa}"
+b=build-gpu/bench
+status=0
+run() {  # log name, command...
+  local name=$1; shift
+  echo "== $name: $*"
+  "$@" > "$out/$name.txt" 2>&1 || { echo "$name FAILED (rc=$?)"; status=1; }
+  tail -n "${HG_TAIL:-25}" "$out/$name.txt"
+}
+torch_ref() {  # log name, script, args...
+  local name=$1 script=$2; shift 2
+  [[ -f $anchors/$script ]] || { echo "$name: $anchors/$script not found"; status=1; return; }
+  run "$name" python3 "$anchors/$script" "$@"
+}
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu_compare.txt"
+date -u +%Y-%m-%dT%H:%MZ | tee -a "$out/gpu_compare.txt"
+for stage in "$@"; do
+  case $stage in
+    train)
+      run bench_train_bf16 $b/bench_train --device cuda --precision bf16 --kernels fused --profile-steps 1 \
+        --csv "$out/bench_train_bf16.csv" --breakdown-csv "$out/bench_train_bf16_kinds.csv"
+      run bench_train_fp32 $b/bench_train --device cuda --precision fp32 --kernels fused --profile-steps 0 \
+        --csv "$out/bench_train_fp32.csv" --breakdown-csv /dev/null
+      torch_ref torch_train_bench torch_train_step.py --config bench --variants "$variants" \
+        --json "$out/torch_train_bench.json" ;;
+    gpt2s)
+      run bench_train_gpt2s $b/bench_train --device cuda --precision bf16 --kernels fused --profile-steps 0 \
+        --d-model 768 --heads 12 --layers 12 --seq-len 1024 --batch 8 --vocab 50304 \
+        --csv "$out/bench_train_gpt2s.csv" --breakdown-csv /dev/null
+      torch_ref torch_train_gpt2s torch_train_step.py --config gpt2s --variants "${HG_TORCH_VARIANTS:-eager-bf16-sdpa}" \
+        --json "$out/torch_train_gpt2s.json" ;;
+    attention)
+      run bench_attention $b/bench_attention --seq 1024,4096 --max-unfused-seq 1024 --iters 10 \
+        --csv "$out/bench_attention.csv"
+      torch_ref torch_sdpa torch_sdpa.py --json "$out/torch_sdpa.json" ;;
+    norms)
+      run bench_layernorm $b/bench_layernorm --device cuda --png '' --csv "$out/bench_layernorm.csv"
+      run bench_softmax $b/bench_softmax --device cuda --png '' --csv "$out/bench_softmax.csv"
+      torch_ref torch_norms torch_norms.py ;;
+    accuracy)
+      for p in bf16 fp32; do
+        run "train_$p" build-gpu/examples/train --device cuda --precision "$p" --log-csv "$out/train_$p.csv" \
+          --plot "$out/train_$p.png"
+      done ;;
+    python)
+      run python_train_step env PYTHONPATH=build-gpu/python python3 bench/python_train_step.py \
+        --json "$out/python_train_step.json" ;;
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms accuracy python)" >&2
+       exit 2 ;;
+  esac
+done
+exit $status
