@@ -47,10 +47,13 @@ HG_SIMD_INLINE Floats keep_first(Floats v, int64_t k, float fill = 0.f) {
   const Ints lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   return lane < static_cast<int32_t>(k) ? v : splat(fill);
 }
-// max that propagates a NaN from either side.
-HG_SIMD_INLINE Floats max_nan(Floats a, Floats b) {
-  const Floats m = a > b ? a : b;
-  return a != a ? a : m;
+// True when any lane of a comparison result is set.
+HG_SIMD_INLINE bool any(Ints mask) {
+  int32_t a[kLanes];
+  std::memcpy(a, &mask, sizeof a);
+  int32_t r = 0;
+  for (int i = 0; i < kLanes; ++i) r |= a[i];
+  return r != 0;
 }
 HG_SIMD_INLINE Floats abs(Floats v) { return (Floats)((Ints)v & 0x7fffffff); }
 
@@ -62,11 +65,11 @@ HG_SIMD_INLINE float sum_lanes(Floats v) {
     for (int i = 0; i < w; ++i) a[i] += a[i + w];
   return a[0];
 }
-HG_SIMD_INLINE float max_lanes(Floats v) {
+HG_SIMD_INLINE float max_lanes(Floats v) {  // v holds no NaN
   float a[kLanes];
   std::memcpy(a, &v, sizeof a);
   for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] = a[i] != a[i] ? a[i] : (a[i + w] > a[i] || a[i + w] != a[i + w] ? a[i + w] : a[i]);
+    for (int i = 0; i < w; ++i) a[i] = a[i + w] > a[i] ? a[i + w] : a[i];
   return a[0];
 }
 

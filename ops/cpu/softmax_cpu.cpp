@@ -65,19 +65,24 @@ HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const S
       }
       return k == kLanes ? v : simd::keep_first(v, k, -inf);
     };
+    // The max, and separately whether any score is NaN (the row is then NaN):
+    // two short dependency chains instead of one NaN-propagating max.
     Floats vmax = simd::splat(-inf);
+    simd::Ints nan{};
     int64_t i = 0;
     for (; i + kLanes <= visible; i += kLanes) {
       const Floats v = scores(i, kLanes);
       simd::store(z + i, v);
-      vmax = simd::max_nan(vmax, v);
+      vmax = v > vmax ? v : vmax;
+      nan |= v != v;
     }
     if (i < visible) {
-      const Floats v = scores(i, visible - i);
+      const Floats v = scores(i, visible - i);  // padded lanes are -inf
       simd::store_partial(z + i, v, visible - i);
-      vmax = simd::max_nan(vmax, v);  // padded lanes are -inf
+      vmax = v > vmax ? v : vmax;
+      nan |= v != v;
     }
-    const float max = simd::max_lanes(vmax);
+    const float max = simd::any(nan) ? std::numeric_limits<float>::quiet_NaN() : simd::max_lanes(vmax);
     if (max == -inf) {  // every key masked: zeros, not (-inf) - (-inf) = NaN
       std::fill(z, z + l.tk, 0.f);
       continue;
