@@ -260,16 +260,10 @@ void zip_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 
 // ---------------------------------------------------------------- reduce
 
-// x viewed as (outer, len, inner). inner == 1 (the last dim) reduces each
-// contiguous run at once; otherwise rows of length inner are combined one
-// after another, so every pass reads memory in order. Sums accumulate in
-// double: a float32 running sum over a long slice with a large common offset
-// loses ~len*eps (measured 3e-4 relative for the mean of 65536 values near
-// 1e4, 1e-2 at 2^20), which would poison an unfused LayerNorm's mean.
-// One contiguous run reduced to one value. Sums accumulate in double: a
-// float32 running sum over a long slice with a large common offset loses
-// ~len*eps (measured 3e-4 relative for the mean of 65536 values near 1e4),
-// which would poison an unfused LayerNorm's mean.
+// Sums accumulate in double: a float32 running sum over a long slice with a
+// large common offset loses ~len*eps (measured 3e-4 relative for the mean of
+// 65536 values near 1e4, 1e-2 at 2^20), which would poison an unfused
+// LayerNorm's mean. One contiguous run reduced to one value:
 template <class T>
 double reduce_run(ReduceOp op, const T* run, int64_t len) {
   const ConstVecMap<T> x(run, len);
@@ -284,6 +278,9 @@ constexpr int64_t kReduceChunk = int64_t(1) << 16;
 // Columns per task when reducing over a leading dim.
 constexpr int64_t kReduceColumns = 256;
 
+// x viewed as (outer, len, inner). inner == 1 (the last dim) reduces each
+// contiguous run at once; otherwise rows of length inner are combined one
+// after another, so every pass reads memory in order.
 template <class T>
 void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int64_t inner) {
   if (len == 0) {  // only Sum gets here: an empty sum is 0
@@ -312,8 +309,7 @@ void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int
     for_rows(outer, len, [&](int64_t o) { y[o] = static_cast<T>(reduce_run(op, x + o * len, len) * scale); });
     return;
   }
-  // x viewed as (outer, len, inner): rows of `inner` values are combined one
-  // after another, so every pass reads memory in order; tasks own columns.
+  // Tasks own blocks of columns.
   const int64_t column_pieces = pieces(inner, kReduceColumns);
   parallel_for(outer * column_pieces, outer * len * inner, [&](int64_t t) {
     const int64_t o = t / column_pieces, c0 = (t % column_pieces) * kReduceColumns;
