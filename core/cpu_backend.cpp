@@ -549,8 +549,8 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Backend& cpu_backend() {
-  // Eigen must not start threads of its own inside a tile: hg::num_threads()
-  // decides, through the tiles above.
+  // Eigen must not start threads of its own (it would, built with OpenMP):
+  // hg::num_threads() decides, through the tiles above.
   static const bool eigen_serial = (Eigen::setNbThreads(1), true);
   (void)eigen_serial;
   static CpuBackend backend;

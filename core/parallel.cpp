@@ -36,14 +36,6 @@ std::atomic<int>& configured() {
 
 int num_threads() { return configured().load(std::memory_order_relaxed); }
 
-bool openmp_enabled() {
-#if defined(_OPENMP)
-  return true;
-#else
-  return false;
-#endif
-}
-
 void set_num_threads(int n) {
   HG_CHECK(n >= 1 && n <= kMaxThreads, "set_num_threads", "thread count ", n, " is not allowed: 1..", kMaxThreads);
   configured().store(n, std::memory_order_relaxed);

@@ -9,28 +9,30 @@ namespace hg {
 
 int num_threads();
 void set_num_threads(int n);  // n >= 1, else hg::Error naming the value
-bool openmp_enabled();        // false when built without OpenMP: every op runs on one thread
 
-// Runs body(task) for every task in [0, tasks) on up to num_threads() threads
-// (OpenMP, static schedule). Callers cut their work into tasks from the
-// problem's shape alone, never from the thread count, and combine per-task
-// results in task order: results are then bitwise the same at any thread
-// count. work is the number of elements (or flops) in all: below
-// kSerialWork the threads' start-up costs more than they save.
+namespace detail {
+using TaskFn = void (*)(const void* body, int64_t task);
+// Runs fn(body, t) for t in [0, tasks) on the calling thread plus up to
+// threads - 1 pool workers (core/parallel.cpp); rethrows a task's exception.
+void run_tasks(int64_t tasks, int threads, TaskFn fn, const void* body);
+}  // namespace detail
+
+// Runs body(task) for every task in [0, tasks) on up to num_threads()
+// threads. Callers cut their work into tasks from the problem's shape alone,
+// never from the thread count, and combine per-task results in task order:
+// results are then bitwise the same at any thread count. work is the number
+// of elements (or flops) in all: below kSerialWork starting threads costs
+// more than it saves.
 constexpr int64_t kSerialWork = int64_t(1) << 15;
 
 template <class Body>
 void parallel_for(int64_t tasks, int64_t work, const Body& body) {
   const int threads = static_cast<int>(std::min<int64_t>(num_threads(), tasks));
-#if defined(_OPENMP)
   if (threads > 1 && work >= kSerialWork) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t t = 0; t < tasks; ++t) body(t);
+    detail::run_tasks(
+        tasks, threads, [](const void* b, int64_t t) { (*static_cast<const Body*>(b))(t); }, &body);
     return;
   }
-#endif
-  (void)threads;
-  (void)work;
   for (int64_t t = 0; t < tasks; ++t) body(t);
 }
 

@@ -2,6 +2,7 @@
 // one: every op cuts its work by the problem's shape, never by the thread
 // count (core/parallel.hpp). Each op runs at 1, 2, 3 and 8 threads on shapes
 // large enough to be cut into many pieces, plus odd sizes.
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -63,6 +64,30 @@ TEST_CASE("set_num_threads takes effect and rejects bad counts", "[threads]") {
   CHECK(hg::num_threads() == 3);
   CHECK_THROWS_AS(hg::set_num_threads(0), hg::Error);
   CHECK(hg::num_threads() == 3);
+}
+
+TEST_CASE("parallel_for runs every task once, nests, and passes exceptions on", "[threads]") {
+  ThreadScope scope;
+  hg::set_num_threads(4);
+  const int64_t tasks = 1000, work = hg::kSerialWork;  // enough work to use the pool
+  std::vector<int> hits(static_cast<size_t>(tasks), 0);
+  hg::parallel_for(tasks, work, [&](int64_t t) { ++hits[static_cast<size_t>(t)]; });
+  CHECK(std::count(hits.begin(), hits.end(), 1) == tasks);
+  // A task's own parallel_for runs serially on that thread, still complete.
+  std::vector<int64_t> sums(8, 0);
+  hg::parallel_for(8, work, [&](int64_t t) {
+    hg::parallel_for(100, work, [&](int64_t u) { sums[static_cast<size_t>(t)] += u; });
+  });
+  CHECK(std::count(sums.begin(), sums.end(), 4950) == 8);
+  // An exception in any task reaches the caller; the pool keeps working.
+  CHECK_THROWS_AS(hg::parallel_for(tasks, work,
+                                   [&](int64_t t) {
+                                     if (t == 777) hg::fail("test", "task ", t);
+                                   }),
+                  hg::Error);
+  std::fill(hits.begin(), hits.end(), 0);
+  hg::parallel_for(tasks, work, [&](int64_t t) { ++hits[static_cast<size_t>(t)]; });
+  CHECK(std::count(hits.begin(), hits.end(), 1) == tasks);
 }
 
 TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
