@@ -18,7 +18,12 @@
 #else
 #define HG_SIMD_CLONES
 #endif
+// Every function and lambda that takes or returns Floats must be inlined
+// into its kernel: a call across clones would pass a 64-byte vector under
+// two ABIs (zmm register vs memory). always_inline makes GCC refuse to build
+// rather than call (hence -Wno-psabi on the targets, whose notes say so).
 #define HG_SIMD_INLINE inline __attribute__((always_inline))
+#define HG_SIMD_LAMBDA __attribute__((always_inline))
 
 namespace hg::simd {
 

@@ -64,9 +64,9 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
   const double inv_d = 1.0 / static_cast<double>(D);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
-    const float shift = static_cast<float>(simd::sum(D, [&](int64_t i, int64_t k) { return load_n(xr + i, k); }) * inv_d);
-    const double s1 = simd::sum(D, [&](int64_t i, int64_t k) { return load_n(xr + i, k) - shift; });
-    const double s2 = simd::sum(D, [&](int64_t i, int64_t k) {
+    const float shift = static_cast<float>(simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(xr + i, k); }) * inv_d);
+    const double s1 = simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(xr + i, k) - shift; });
+    const double s2 = simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA {
       const Floats c = load_n(xr + i, k) - shift;
       return c * c;
     });
@@ -89,8 +89,8 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
 
 HG_SIMD_CLONES void backward_row_f32(const float* dy, const float* x, const float* g, float mean, float rs,
                                      int64_t D, float* dx, float* acc_g, float* acc_b) {
-  auto xhat = [&](int64_t i, int64_t k) { return (load_n(x + i, k) - mean) * rs; };
-  auto gdy = [&](int64_t i, int64_t k) { return load_n(g + i, k) * load_n(dy + i, k); };
+  auto xhat = [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return (load_n(x + i, k) - mean) * rs; };
+  auto gdy = [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(g + i, k) * load_n(dy + i, k); };
   const double inv_d = 1.0 / static_cast<double>(D);
   // The saved mean was rounded to float32; its error shifts every xhat by the
   // same amount. The true xhat has mean zero, so that shift is the mean c of
@@ -98,17 +98,17 @@ HG_SIMD_CLONES void backward_row_f32(const float* dy, const float* x, const floa
   const double c = simd::sum(D, xhat) * inv_d;
   const double mean_gdy = simd::sum(D, gdy) * inv_d;
   const double mean_gdy_xhat =
-      simd::sum(D, [&](int64_t i, int64_t k) { return gdy(i, k) * xhat(i, k); }) * inv_d - c * mean_gdy;
+      simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return gdy(i, k) * xhat(i, k); }) * inv_d - c * mean_gdy;
   const float cf = static_cast<float>(c), mg = static_cast<float>(mean_gdy), mgx = static_cast<float>(mean_gdy_xhat);
-  auto row = [&](int64_t i, int64_t k, auto store) {
+  auto row = [&](int64_t i, int64_t k, auto store) HG_SIMD_LAMBDA {
     const Floats xc = xhat(i, k) - cf, d = load_n(dy + i, k);
     store(dx + i, rs * (gdy(i, k) - mg - xc * mgx));
     store(acc_g + i, load_n(acc_g + i, k) + d * xc);
     store(acc_b + i, load_n(acc_b + i, k) + d);
   };
   int64_t i = 0;
-  for (; i + kLanes <= D; i += kLanes) row(i, kLanes, [](float* p, Floats v) { simd::store(p, v); });
-  if (i < D) row(i, D - i, [k = D - i](float* p, Floats v) { simd::store_partial(p, v, k); });
+  for (; i + kLanes <= D; i += kLanes) row(i, kLanes, [](float* p, Floats v) HG_SIMD_LAMBDA { simd::store(p, v); });
+  if (i < D) row(i, D - i, [k = D - i](float* p, Floats v) HG_SIMD_LAMBDA { simd::store_partial(p, v, k); });
 }
 
 // ---------------------------------------------------------------- threads

@@ -57,7 +57,7 @@ HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const S
     float* z = ys + r * l.tk;  // y's row holds z until it is normalised
     // z = scale * x (+ mask: a value at or below the threshold masks its key
     // outright; adding (m - inf) rather than assigning -inf keeps a NaN mask NaN).
-    auto scores = [&](int64_t i, int64_t k) {
+    auto scores = [&](int64_t i, int64_t k) HG_SIMD_LAMBDA {
       Floats v = scale * (k == kLanes ? simd::load(xr + i) : simd::load_partial(xr + i, k, 0.f));
       if (mr) {
         const Floats m = k == kLanes ? simd::load(mr + i) : simd::load_partial(mr + i, k, 0.f);
@@ -87,18 +87,18 @@ HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const S
       std::fill(z, z + l.tk, 0.f);
       continue;
     }
-    auto weight = [&](Floats v) {
+    auto weight = [&](Floats v) HG_SIMD_LAMBDA {
       Floats e = v - max;
       e = simd::exp(e < kExpFloor<float> ? simd::splat(kExpFloor<float>) : e);
       return e <= drop_at ? Floats{} : e;
     };
-    const float sum = simd::sum(visible, [&](int64_t j, int64_t k) {
+    const float sum = simd::sum(visible, [&](int64_t j, int64_t k) HG_SIMD_LAMBDA {
       const Floats e = weight(k == kLanes ? simd::load(z + j) : simd::load_partial(z + j, k, -inf));
       if (k == kLanes) simd::store(z + j, e);
       else simd::store_partial(z + j, e, k);
       return e;
     });
-    simd::transform(z, z, visible, [&](Floats e) { return e / sum; });
+    simd::transform(z, z, visible, [&](Floats e) HG_SIMD_LAMBDA { return e / sum; });
     // Causally hidden keys are not read at all (as in the CUDA kernel): weight 0.
     std::fill(z + visible, z + l.tk, 0.f);
   }
@@ -108,15 +108,15 @@ HG_SIMD_CLONES void backward_rows_f32(const float* dys, const float* ys, int64_t
                                       float* dxs) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *dy = dys + r * tk, *y = ys + r * tk;
-    auto both = [&](int64_t i, int64_t k, auto f) {
+    auto both = [&](int64_t i, int64_t k, auto f) HG_SIMD_LAMBDA {
       return k == kLanes ? f(simd::load(dy + i), simd::load(y + i))
                          : f(simd::load_partial(dy + i, k, 0.f), simd::load_partial(y + i, k, 0.f));
     };
-    const float dot = simd::sum(tk, [&](int64_t i, int64_t k) { return both(i, k, [](Floats d, Floats v) { return d * v; }); });
+    const float dot = simd::sum(tk, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return both(i, k, [](Floats d, Floats v) HG_SIMD_LAMBDA { return d * v; }); });
     float* dx = dxs + r * tk;
     int64_t i = 0;
     for (; i + kLanes <= tk; i += kLanes) simd::store(dx + i, s * simd::load(y + i) * (simd::load(dy + i) - dot));
-    if (i < tk) simd::store_partial(dx + i, both(i, tk - i, [&](Floats d, Floats v) { return s * v * (d - dot); }), tk - i);
+    if (i < tk) simd::store_partial(dx + i, both(i, tk - i, [&](Floats d, Floats v) HG_SIMD_LAMBDA { return s * v * (d - dot); }), tk - i);
   }
 }
 
