@@ -7,11 +7,13 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/cpu_math.hpp"
 #include "core/gemm_check.hpp"
 #include "core/optimizer_ops.hpp"
 #include "core/half.hpp"
 #include "core/indexing.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/parallel.hpp"
 #include "core/transpose_plan.hpp"
 
 namespace hg {
@@ -33,6 +35,29 @@ void check_cpu_float(const Tensor& t, const char* op, const char* role) {
 void check_same_dtype_as(const Tensor& t, const Tensor& ref, const char* op, const char* role) {
   HG_CHECK(t.dtype() == ref.dtype(), op, role, " ", t.shape(), " has dtype ", dtype_name(t.dtype()),
            ", expected ", dtype_name(ref.dtype()));
+}
+
+// Elementwise work is cut into pieces of this many elements: the pieces
+// depend on the size alone, so results do not depend on the thread count.
+constexpr int64_t kElementChunk = int64_t(1) << 14;
+
+// body(begin, end) over [0, n) in kElementChunk pieces, on the threads.
+template <class Body>
+void for_chunks(int64_t n, const Body& body) {
+  parallel_for(pieces(n, kElementChunk), n, [&](int64_t t) {
+    const int64_t begin = t * kElementChunk;
+    body(begin, std::min(n, begin + kElementChunk));
+  });
+}
+
+// body(r) for each of `rows` rows of `len` elements, in pieces of about
+// kElementChunk elements (whole rows), on the threads.
+template <class Body>
+void for_rows(int64_t rows, int64_t len, const Body& body) {
+  const int64_t per_task = std::max<int64_t>(1, kElementChunk / std::max<int64_t>(1, len));
+  parallel_for(pieces(rows, per_task), rows * len, [&](int64_t t) {
+    for (int64_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r) body(r);
+  });
 }
 
 // ---------------------------------------------------------------- map
@@ -61,8 +86,25 @@ void exp_with_exact_underflow(const T* xp, T* yp, int64_t n) {
     if (xp[i] < T(-80)) yp[i] = std::exp(xp[i]);
 }
 
+// Float32 exp, tanh and the functions built on them go through
+// core/cpu_math (vectorised, no libm call per element); null otherwise.
+using MathKernel = void (*)(const float*, float*, int64_t);
+MathKernel vector_math_kernel(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Exp: return cpu_math::exp;
+    case UnaryOp::Tanh: return cpu_math::tanh;
+    case UnaryOp::Sigmoid: return cpu_math::sigmoid;
+    case UnaryOp::Gelu: return cpu_math::gelu;
+    case UnaryOp::GeluGrad: return cpu_math::gelu_grad;
+    default: return nullptr;
+  }
+}
+
 template <class T>
 void map_typed(UnaryOp op, const T* xp, T* yp, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (const MathKernel kernel = vector_math_kernel(op)) return kernel(xp, yp, n);
+  }
   const ConstVecMap<T> x(xp, n);
   VecMap<T> y(yp, n);
   switch (op) {
@@ -86,6 +128,11 @@ void map_typed(UnaryOp op, const T* xp, T* yp, int64_t n) {
     case UnaryOp::Sigmoid: y = T(1) / (T(1) + (-x).exp()); return;
   }
   fail("map", "unknown unary op ", static_cast<int>(op));
+}
+
+template <class T>
+void map_threaded(UnaryOp op, const T* x, T* y, int64_t n) {
+  for_chunks(n, [&](int64_t begin, int64_t end) { map_typed(op, x + begin, y + begin, end - begin); });
 }
 
 // ---------------------------------------------------------------- zip
@@ -188,19 +235,27 @@ void zip_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   T* po = out.data<T>();
   const Shape& os = out.shape();
   if (a.numel() == n && b.numel() == n) {  // same shape (up to leading 1s)
-    zip_arrays<T>(op, ConstVecMap<T>(pa, n), ConstVecMap<T>(pb, n), VecMap<T>(po, n));
+    for_chunks(n, [&](int64_t i, int64_t end) {
+      zip_arrays<T>(op, ConstVecMap<T>(pa + i, end - i), ConstVecMap<T>(pb + i, end - i), VecMap<T>(po + i, end - i));
+    });
   } else if (b.numel() == 1 && a.numel() == n) {
-    zip_arrays<T>(op, ConstVecMap<T>(pa, n), Vec<T>::Constant(n, pb[0]), VecMap<T>(po, n));
+    for_chunks(n, [&](int64_t i, int64_t end) {
+      zip_arrays<T>(op, ConstVecMap<T>(pa + i, end - i), Vec<T>::Constant(end - i, pb[0]), VecMap<T>(po + i, end - i));
+    });
   } else if (a.numel() == 1 && b.numel() == n) {
-    zip_arrays<T>(op, Vec<T>::Constant(n, pa[0]), ConstVecMap<T>(pb, n), VecMap<T>(po, n));
+    for_chunks(n, [&](int64_t i, int64_t end) {
+      zip_arrays<T>(op, Vec<T>::Constant(end - i, pa[0]), ConstVecMap<T>(pb + i, end - i), VecMap<T>(po + i, end - i));
+    });
   } else if (a.numel() == n && is_trailing_block(b.shape(), os)) {  // e.g. (N, D) + (D,)
     const int64_t d = b.numel();
-    for (int64_t r = 0; r < n / d; ++r)
+    for_rows(n / d, d, [&](int64_t r) {
       zip_arrays<T>(op, ConstVecMap<T>(pa + r * d, d), ConstVecMap<T>(pb, d), VecMap<T>(po + r * d, d));
+    });
   } else if (b.numel() == n && is_trailing_block(a.shape(), os)) {  // e.g. (D,) - (N, D)
     const int64_t d = a.numel();
-    for (int64_t r = 0; r < n / d; ++r)
+    for_rows(n / d, d, [&](int64_t r) {
       zip_arrays<T>(op, ConstVecMap<T>(pa, d), ConstVecMap<T>(pb + r * d, d), VecMap<T>(po + r * d, d));
+    });
   } else {
     zip_general(op, pa, a.shape(), pb, b.shape(), po, os);
   }
@@ -208,12 +263,27 @@ void zip_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 
 // ---------------------------------------------------------------- reduce
 
+// Sums accumulate in double: a float32 running sum over a long slice with a
+// large common offset loses ~len*eps (measured 3e-4 relative for the mean of
+// 65536 values near 1e4, 1e-2 at 2^20), which would poison an unfused
+// LayerNorm's mean. One contiguous run reduced to one value:
+template <class T>
+double reduce_run(ReduceOp op, const T* run, int64_t len) {
+  const ConstVecMap<T> x(run, len);
+  if (op == ReduceOp::Max) return static_cast<double>(x.maxCoeff());
+  if (op == ReduceOp::Min) return static_cast<double>(x.minCoeff());
+  return x.template cast<double>().sum();
+}
+
+// A single long run (a full sum) is cut into pieces of this many elements
+// whose partial sums are added in order: threads, same bits at any count.
+constexpr int64_t kReduceChunk = int64_t(1) << 16;
+// Columns per task when reducing over a leading dim.
+constexpr int64_t kReduceColumns = 256;
+
 // x viewed as (outer, len, inner). inner == 1 (the last dim) reduces each
 // contiguous run at once; otherwise rows of length inner are combined one
-// after another, so every pass reads memory in order. Sums accumulate in
-// double: a float32 running sum over a long slice with a large common offset
-// loses ~len*eps (measured 3e-4 relative for the mean of 65536 values near
-// 1e4, 1e-2 at 2^20), which would poison an unfused LayerNorm's mean.
+// after another, so every pass reads memory in order.
 template <class T>
 void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int64_t inner) {
   if (len == 0) {  // only Sum gets here: an empty sum is 0
@@ -222,49 +292,94 @@ void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int
   }
   const bool is_sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
   const double scale = op == ReduceOp::Mean ? 1.0 / static_cast<double>(len) : 1.0;
-  Vec<double> acc;  // per-column sums when inner > 1
-  for (int64_t o = 0; o < outer; ++o) {
-    const T* block = x + o * len * inner;
-    if (inner == 1) {
-      const ConstVecMap<T> run(block, len);
-      if (is_sum) y[o] = static_cast<T>(run.template cast<double>().sum() * scale);
-      else y[o] = op == ReduceOp::Max ? run.maxCoeff() : run.minCoeff();
-      continue;
+  if (inner == 1 && outer == 1 && len > kReduceChunk) {
+    const int64_t n = pieces(len, kReduceChunk);
+    std::vector<double> part(static_cast<size_t>(n));
+    parallel_for(n, len, [&](int64_t t) {
+      const int64_t begin = t * kReduceChunk;
+      part[static_cast<size_t>(t)] = reduce_run(op, x + begin, std::min(len, begin + kReduceChunk) - begin);
+    });
+    double r = part[0];
+    for (int64_t t = 1; t < n; ++t) {
+      const double v = part[static_cast<size_t>(t)];
+      r = is_sum ? r + v : (op == ReduceOp::Max ? std::max(r, v) : std::min(r, v));
+      if (!is_sum && std::isnan(v)) r = v;  // like maxCoeff on one run: NaN is not skipped
     }
-    VecMap<T> out(y + o * inner, inner);
-    if (is_sum) {
-      acc = ConstVecMap<T>(block, inner).template cast<double>();
-      for (int64_t l = 1; l < len; ++l) acc += ConstVecMap<T>(block + l * inner, inner).template cast<double>();
-      out = (acc * scale).template cast<T>();
-    } else {
-      out = ConstVecMap<T>(block, inner);
-      for (int64_t l = 1; l < len; ++l) {
-        const ConstVecMap<T> row(block + l * inner, inner);
-        if (op == ReduceOp::Max) out = out.max(row);
-        else out = out.min(row);
-      }
-    }
+    y[0] = static_cast<T>(r * scale);
+    return;
   }
+  if (inner == 1) {
+    for_rows(outer, len, [&](int64_t o) { y[o] = static_cast<T>(reduce_run(op, x + o * len, len) * scale); });
+    return;
+  }
+  // Tasks own blocks of columns.
+  const int64_t column_pieces = pieces(inner, kReduceColumns);
+  parallel_for(outer * column_pieces, outer * len * inner, [&](int64_t t) {
+    const int64_t o = t / column_pieces, c0 = (t % column_pieces) * kReduceColumns;
+    const int64_t w = std::min(inner, c0 + kReduceColumns) - c0;
+    const T* block = x + o * len * inner + c0;
+    VecMap<T> out(y + o * inner + c0, w);
+    if (is_sum) {
+      Vec<double> acc = ConstVecMap<T>(block, w).template cast<double>();
+      for (int64_t l = 1; l < len; ++l) acc += ConstVecMap<T>(block + l * inner, w).template cast<double>();
+      out = (acc * scale).template cast<T>();
+      return;
+    }
+    out = ConstVecMap<T>(block, w);
+    for (int64_t l = 1; l < len; ++l) {
+      const ConstVecMap<T> row(block + l * inner, w);
+      if (op == ReduceOp::Max) out = out.max(row);
+      else out = out.min(row);
+    }
+  });
 }
 
 // ---------------------------------------------------------------- matmul
+
+// The output of each batch entry is cut into tiles from its shape alone;
+// each tile is one single-threaded Eigen product (packing, blocking and the
+// order of the k-sum depend only on the tile), and the tiles run on the
+// threads: the result is bitwise the same at any thread count. Tiles start at
+// 64 x 128 and are halved, larger side first, until there are 16 per product
+// (enough for 16 cores when m x n is small and k long, as in weight
+// gradients) or they reach 16 x 32. Products under kSerialFlops stay whole.
+struct GemmTiles {
+  int64_t rows, cols, row_tiles, col_tiles;
+};
+
+constexpr int64_t kSerialFlops = int64_t(1) << 17;
+
+GemmTiles gemm_tiles(const MatmulShape& s) {
+  if (s.m * s.n * s.k < kSerialFlops) return {s.m, s.n, 1, 1};
+  int64_t rows = std::min<int64_t>(s.m, 64), cols = std::min<int64_t>(s.n, 128);
+  auto count = [&] { return pieces(s.m, rows) * pieces(s.n, cols); };
+  while (count() < 16 && (rows > 16 || cols > 32)) {
+    if (cols > 32 && (cols >= 2 * rows || rows <= 16)) cols /= 2;
+    else rows /= 2;
+  }
+  return {rows, cols, pieces(s.m, rows), pieces(s.n, cols)};
+}
 
 template <class T>
 void matmul_typed(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
   using ConstMat = Eigen::Map<const RowMat<T>>;
   const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
   const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
-  for (int64_t i = 0; i < s.batch; ++i) {
+  const GemmTiles g = gemm_tiles(s);
+  const int64_t tiles = g.row_tiles * g.col_tiles;
+  parallel_for(s.batch * tiles, s.batch * s.m * s.n * s.k, [&](int64_t task) {
+    const int64_t i = task / tiles, r0 = (task % tiles) / g.col_tiles * g.rows, c0 = task % g.col_tiles * g.cols;
+    const int64_t tr = std::min(g.rows, s.m - r0), tc = std::min(g.cols, s.n - c0);
     const ConstMat A(a + i * s.m * s.k, a_rows, a_cols);
     const ConstMat B(b + (s.b_shared ? 0 : i * s.k * s.n), b_rows, b_cols);
-    Eigen::Map<RowMat<T>> C(c + i * s.m * s.n, s.m, s.n);
+    auto C = Eigen::Map<RowMat<T>>(c + i * s.m * s.n, s.m, s.n).block(r0, c0, tr, tc);
     // Always "+=" so both modes share one product kernel per transpose combination.
     if (!accumulate) C.setZero();
-    if (!ta && !tb) C.noalias() += A * B;
-    else if (!ta && tb) C.noalias() += A * B.transpose();
-    else if (ta && !tb) C.noalias() += A.transpose() * B;
-    else C.noalias() += A.transpose() * B.transpose();
-  }
+    if (!ta && !tb) C.noalias() += A.middleRows(r0, tr) * B.middleCols(c0, tc);
+    else if (!ta && tb) C.noalias() += A.middleRows(r0, tr) * B.middleRows(c0, tc).transpose();
+    else if (ta && !tb) C.noalias() += A.middleCols(r0, tr).transpose() * B.middleCols(c0, tc);
+    else C.noalias() += A.middleCols(r0, tr).transpose() * B.middleRows(c0, tc).transpose();
+  });
 }
 
 // ---------------------------------------------------------------- fill / cast
@@ -333,8 +448,8 @@ class CpuBackend final : public Backend {
     check_cpu_float(out, name, "out");
     check_same_dtype_as(out, x, name, "out");
     HG_CHECK(out.shape() == x.shape(), name, "out shape ", out.shape(), " differs from x shape ", x.shape());
-    if (x.dtype() == DType::F32) map_typed(op, x.data<float>(), out.data<float>(), x.numel());
-    else map_typed(op, x.data<double>(), out.data<double>(), x.numel());
+    if (x.dtype() == DType::F32) map_threaded(op, x.data<float>(), out.data<float>(), x.numel());
+    else map_threaded(op, x.data<double>(), out.data<double>(), x.numel());
   }
 
   void zip(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
@@ -526,6 +641,10 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Backend& cpu_backend() {
+  // Eigen must not start threads of its own (it would, built with OpenMP):
+  // hg::num_threads() decides, through the tiles above.
+  static const bool eigen_serial = (Eigen::setNbThreads(1), true);
+  (void)eigen_serial;
   static CpuBackend backend;
   return backend;
 }

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <limits>
 
+#include "core/parallel.hpp"
+#include "core/simd.hpp"
 #include "core/softmax_layout.hpp"
+#include "ops/softmax.hpp"
 
 namespace hg::cpu {
 namespace {
@@ -21,14 +24,112 @@ int64_t causally_visible_keys(const SoftmaxRows& l, int64_t q) {
   return std::clamp<int64_t>(q + (l.tk - l.tq) + 1, 0, l.tk);
 }
 
+// Exponents are floored at kExpFloor (-80 float, -700 double) before the
+// exp, and any weight at or below twice exp(kExpFloor) is then set to exactly
+// 0: no subnormal arithmetic (~100x slower on x86), and a masked key (-inf)
+// weighs exactly 0. A key dropped this way weighs < 4e-35 (float) next to a
+// row sum >= 1 (the max key gives exactly 1): far below one rounding of the
+// sum. NaN passes through (max(NaN, f) is NaN here).
+template <class T> constexpr T kExpFloor = sizeof(T) == 4 ? T(-80) : T(-700);
+
+// Rows per task: about 16K elements, whole rows.
+template <class Body>
+void for_row_tasks(int64_t rows, int64_t len, const Body& body) {
+  const int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, len));
+  parallel_for(pieces(rows, per), rows * len, [&](int64_t t) { body(t * per, std::min(rows, (t + 1) * per)); });
+}
+
+// ---------------------------------------------------------------- float32
+// SIMD rows (core/simd.hpp: vectorised exp, fixed lane order), same rules as
+// the float64 path below.
+using simd::Floats;
+using simd::kLanes;
+
+HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const SoftmaxRows& l, int64_t r0,
+                                     int64_t r1, float* ys) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const float scale = static_cast<float>(l.scale), threshold = static_cast<float>(kSoftmaxMaskThreshold);
+  const float drop_at = 2 * std::exp(kExpFloor<float>);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t b = r / (l.heads * l.tq), q = r % l.tq;
+    const int64_t visible = causally_visible_keys(l, q);
+    const float* xr = xs + r * l.tk;
+    const float* mr = mask ? mask + b * l.mask_batch_stride + q * l.mask_query_stride : nullptr;
+    float* z = ys + r * l.tk;  // y's row holds z until it is normalised
+    // z = scale * x (+ mask: a value at or below the threshold masks its key
+    // outright; adding (m - inf) rather than assigning -inf keeps a NaN mask NaN).
+    auto scores = [&](int64_t i, int64_t k) HG_SIMD_LAMBDA {
+      Floats v = scale * (k == kLanes ? simd::load(xr + i) : simd::load_partial(xr + i, k, 0.f));
+      if (mr) {
+        const Floats m = k == kLanes ? simd::load(mr + i) : simd::load_partial(mr + i, k, 0.f);
+        v += m > threshold ? m : m - inf;
+      }
+      return k == kLanes ? v : simd::keep_first(v, k, -inf);
+    };
+    // The max, and separately whether any score is NaN (the row is then NaN):
+    // two short dependency chains instead of one NaN-propagating max.
+    Floats vmax = simd::splat(-inf);
+    simd::Ints nan{};
+    int64_t i = 0;
+    for (; i + kLanes <= visible; i += kLanes) {
+      const Floats v = scores(i, kLanes);
+      simd::store(z + i, v);
+      vmax = v > vmax ? v : vmax;
+      nan |= v != v;
+    }
+    if (i < visible) {
+      const Floats v = scores(i, visible - i);  // padded lanes are -inf
+      simd::store_partial(z + i, v, visible - i);
+      vmax = v > vmax ? v : vmax;
+      nan |= v != v;
+    }
+    const float max = simd::any(nan) ? std::numeric_limits<float>::quiet_NaN() : simd::max_lanes(vmax);
+    if (max == -inf) {  // every key masked: zeros, not (-inf) - (-inf) = NaN
+      std::fill(z, z + l.tk, 0.f);
+      continue;
+    }
+    auto weight = [&](Floats v) HG_SIMD_LAMBDA {
+      Floats e = v - max;
+      e = simd::exp(e < kExpFloor<float> ? simd::splat(kExpFloor<float>) : e);
+      return e <= drop_at ? Floats{} : e;
+    };
+    const float sum = simd::sum(visible, [&](int64_t j, int64_t k) HG_SIMD_LAMBDA {
+      const Floats e = weight(k == kLanes ? simd::load(z + j) : simd::load_partial(z + j, k, -inf));
+      if (k == kLanes) simd::store(z + j, e);
+      else simd::store_partial(z + j, e, k);
+      return e;
+    });
+    simd::transform(z, z, visible, [&](Floats e) HG_SIMD_LAMBDA { return e / sum; });
+    // Causally hidden keys are not read at all (as in the CUDA kernel): weight 0.
+    std::fill(z + visible, z + l.tk, 0.f);
+  }
+}
+
+HG_SIMD_CLONES void backward_rows_f32(const float* dys, const float* ys, int64_t tk, float s, int64_t r0, int64_t r1,
+                                      float* dxs) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *dy = dys + r * tk, *y = ys + r * tk;
+    auto both = [&](int64_t i, int64_t k, auto f) HG_SIMD_LAMBDA {
+      return k == kLanes ? f(simd::load(dy + i), simd::load(y + i))
+                         : f(simd::load_partial(dy + i, k, 0.f), simd::load_partial(y + i, k, 0.f));
+    };
+    const float dot = simd::sum(tk, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return both(i, k, [](Floats d, Floats v) HG_SIMD_LAMBDA { return d * v; }); });
+    float* dx = dxs + r * tk;
+    int64_t i = 0;
+    for (; i + kLanes <= tk; i += kLanes) simd::store(dx + i, s * simd::load(y + i) * (simd::load(dy + i) - dot));
+    if (i < tk) simd::store_partial(dx + i, both(i, tk - i, [&](Floats d, Floats v) HG_SIMD_LAMBDA { return s * v * (d - dot); }), tk - i);
+  }
+}
+
+// ---------------------------------------------------------------- float64
 template <class T>
-void forward_rows(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
+void forward_rows(const Tensor& x, const SoftmaxRows& l, int64_t r0, int64_t r1, Tensor& y) {
   constexpr T inf = std::numeric_limits<T>::infinity();
   const T* xs = x.data<T>();
   T* ys = y.data<T>();
   const T* mask = l.mask ? l.mask->data<T>() : nullptr;
   const T scale = static_cast<T>(l.scale);
-  for (int64_t r = 0; r < l.rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t b = r / (l.heads * l.tq), q = r % l.tq;
     ConstRow<T> xr(xs + r * l.tk, l.tk);
     Row<T> z(ys + r * l.tk, l.tk);  // y's row holds z until it is normalised
@@ -51,21 +152,15 @@ void forward_rows(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
       z.setZero();
       continue;
     }
-    // In (0, 1]; the max key gives exactly 1, so sum >= 1. Exponents are
-    // floored at kExpFloor (-80 float, -700 double) before the exp, and any
-    // weight at or below twice exp(kExpFloor) is then set to exactly 0. Why:
-    // Eigen 3.4's vectorised exp turns -inf (a masked key) into a subnormal
-    // (~3e-39), which must be 0, and subnormal arithmetic is ~100x slower on
-    // x86. A key dropped this way weighs < 4e-35 (float) next to a sum >= 1:
-    // far below one rounding of the sum. NaN passes through (max(NaN, f) is
-    // NaN here). Causally hidden keys get 0 without an exp.
-    constexpr T kExpFloor = sizeof(T) == 4 ? T(-80) : T(-700);
-    const T drop_at = 2 * std::exp(kExpFloor);
+    // Weights in (0, 1], floored and dropped as described at kExpFloor.
+    // Causally hidden keys get 0 without an exp.
+    const T floor = kExpFloor<T>;
+    const T drop_at = 2 * std::exp(floor);
     auto head = z.head(visible);
     T* zp = z.data();
     for (int64_t k = 0; k < visible; ++k) {
       const T e = zp[k] - max;
-      zp[k] = e < kExpFloor ? kExpFloor : e;
+      zp[k] = e < floor ? floor : e;
     }
     head = head.exp();
     for (int64_t k = 0; k < visible; ++k) zp[k] = zp[k] <= drop_at ? T(0) : zp[k];
@@ -75,13 +170,12 @@ void forward_rows(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
 }
 
 template <class T>
-void backward_rows(const Tensor& dy, const Tensor& y, int64_t tk, double scale, Tensor& dx) {
-  const int64_t rows = y.numel() / tk;
+void backward_rows(const Tensor& dy, const Tensor& y, int64_t tk, double scale, int64_t r0, int64_t r1, Tensor& dx) {
   const T* dys = dy.data<T>();
   const T* ys = y.data<T>();
   T* dxs = dx.data<T>();
   const T s = static_cast<T>(scale);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     ConstRow<T> dyr(dys + r * tk, tk), yr(ys + r * tk, tk);
     Row<T> dxr(dxs + r * tk, tk);
     const T dot = (dyr * yr).sum();
@@ -93,16 +187,27 @@ void backward_rows(const Tensor& dy, const Tensor& y, int64_t tk, double scale, 
 
 void softmax_forward(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
   switch (x.dtype()) {
-    case DType::F32: return forward_rows<float>(x, layout, y);
-    case DType::F64: return forward_rows<double>(x, layout, y);
+    case DType::F32:
+      return for_row_tasks(layout.rows, layout.tk, [&](int64_t r0, int64_t r1) {
+        forward_rows_f32(x.data<float>(), layout.mask ? layout.mask->data<float>() : nullptr, layout, r0, r1,
+                         y.data<float>());
+      });
+    case DType::F64:
+      return for_row_tasks(layout.rows, layout.tk,
+                           [&](int64_t r0, int64_t r1) { forward_rows<double>(x, layout, r0, r1, y); });
     default: fail("softmax (cpu)", "dtype ", dtype_name(x.dtype()), " is not supported on the CPU (F32/F64)");
   }
 }
 
 void softmax_backward(const Tensor& dy, const Tensor& y, int64_t tk, double scale, Tensor& dx) {
   switch (y.dtype()) {
-    case DType::F32: return backward_rows<float>(dy, y, tk, scale, dx);
-    case DType::F64: return backward_rows<double>(dy, y, tk, scale, dx);
+    case DType::F32:
+      return for_row_tasks(y.numel() / tk, tk, [&](int64_t r0, int64_t r1) {
+        backward_rows_f32(dy.data<float>(), y.data<float>(), tk, static_cast<float>(scale), r0, r1, dx.data<float>());
+      });
+    case DType::F64:
+      return for_row_tasks(y.numel() / tk, tk,
+                           [&](int64_t r0, int64_t r1) { backward_rows<double>(dy, y, tk, scale, r0, r1, dx); });
     default: fail("softmax_backward (cpu)", "dtype ", dtype_name(y.dtype()), " is not supported on the CPU (F32/F64)");
   }
 }

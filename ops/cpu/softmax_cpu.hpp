@@ -1,5 +1,6 @@
 #pragma once
-// Internal to ops/: the fused CPU softmax (Eigen), one pass per row.
+// Internal to ops/: the fused CPU softmax (float32: SIMD, float64: Eigen),
+// rows on hg::num_threads() threads.
 #include <cstdint>
 
 #include "core/softmax_layout.hpp"

@@ -1,0 +1,171 @@
+// The CPU backend on several threads gives bitwise the same results as on
+// one: every op cuts its work by the problem's shape, never by the thread
+// count (core/parallel.hpp). Each op runs at 1, 2, 3 and 8 threads on shapes
+// large enough to be cut into many pieces, plus odd sizes.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/parallel.hpp"
+#include "core/random.hpp"
+#include "core/tensor_functions.hpp"
+#include "ops/layernorm.hpp"
+#include "ops/softmax.hpp"
+#include "tests/test_util.hpp"
+
+namespace {
+
+using hg::BinaryOp;
+using hg::DType;
+using hg::ReduceOp;
+using hg::Shape;
+using hg::Tensor;
+using hg::UnaryOp;
+
+// Restores the thread count a test changed.
+struct ThreadScope {
+  int saved = hg::num_threads();
+  ~ThreadScope() { hg::set_num_threads(saved); }
+};
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// Runs op at 1 thread, then at each other count, and compares every output.
+void check_thread_independent(const std::function<std::vector<Tensor>()>& op) {
+  ThreadScope scope;
+  hg::set_num_threads(1);
+  const std::vector<Tensor> want = op();
+  for (int n : {2, 3, 8}) {
+    hg::set_num_threads(n);
+    const std::vector<Tensor> got = op();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("threads " << n << ", output " << i);
+      CHECK(same_bits(got[i], want[i]));
+    }
+  }
+}
+
+Tensor randn(const Shape& s, uint64_t seed, DType dtype = DType::F32, double mean = 0, double std = 1) {
+  hg::Generator g(seed);
+  return Tensor::randn(s, g, dtype, hg::Device::CPU, mean, std);
+}
+
+}  // namespace
+
+TEST_CASE("set_num_threads takes effect and rejects bad counts", "[threads]") {
+  ThreadScope scope;
+  hg::set_num_threads(3);
+  CHECK(hg::num_threads() == 3);
+  CHECK_THROWS_AS(hg::set_num_threads(0), hg::Error);
+  CHECK(hg::num_threads() == 3);
+}
+
+TEST_CASE("parallel_for runs every task once, nests, and passes exceptions on", "[threads]") {
+  ThreadScope scope;
+  hg::set_num_threads(4);
+  const int64_t tasks = 1000, work = hg::kSerialWork;  // enough work to use the pool
+  std::vector<int> hits(static_cast<size_t>(tasks), 0);
+  hg::parallel_for(tasks, work, [&](int64_t t) { ++hits[static_cast<size_t>(t)]; });
+  CHECK(std::count(hits.begin(), hits.end(), 1) == tasks);
+  // A task's own parallel_for runs serially on that thread, still complete.
+  std::vector<int64_t> sums(8, 0);
+  hg::parallel_for(8, work, [&](int64_t t) {
+    hg::parallel_for(100, work, [&](int64_t u) { sums[static_cast<size_t>(t)] += u; });
+  });
+  CHECK(std::count(sums.begin(), sums.end(), 4950) == 8);
+  // An exception in any task reaches the caller; the pool keeps working.
+  CHECK_THROWS_AS(hg::parallel_for(tasks, work,
+                                   [&](int64_t t) {
+                                     if (t == 777) hg::fail("test", "task ", t);
+                                   }),
+                  hg::Error);
+  std::fill(hits.begin(), hits.end(), 0);
+  hg::parallel_for(tasks, work, [&](int64_t t) { ++hits[static_cast<size_t>(t)]; });
+  CHECK(std::count(hits.begin(), hits.end(), 1) == tasks);
+}
+
+TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
+  struct Case {
+    Shape a, b;
+    bool ta, tb;
+  };
+  // Forward, weight-gradient (k long, m x n small) and batched shapes.
+  const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false}, {{2048, 64}, {2048, 96}, true, false},
+                                   {{129, 64}, {200, 64}, false, true},  {{64, 129}, {200, 64}, true, true},
+                                   {{12, 65, 33}, {12, 33, 70}, false, false}};
+  for (DType dt : {DType::F32, DType::F64})
+    for (const Case& c : cases) {
+      const Tensor a = randn(c.a, 1, dt), b = randn(c.b, 2, dt);
+      check_thread_independent([&] {
+        const Tensor out = hg::matmul(a, b, c.ta, c.tb);
+        Tensor acc = out.clone();
+        hg::cpu_backend().matmul(a, b, acc, c.ta, c.tb, true);
+        return std::vector<Tensor>{out, acc};
+      });
+    }
+}
+
+TEST_CASE("maps, zips and reductions are bitwise the same at any thread count", "[threads]") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    const Tensor x = randn({333, 517}, 3, dt), y = randn({333, 517}, 4, dt), row = randn({517}, 5, dt);
+    check_thread_independent([&] {
+      std::vector<Tensor> out;
+      for (UnaryOp op : {UnaryOp::Exp, UnaryOp::Gelu, UnaryOp::GeluGrad, UnaryOp::Tanh, UnaryOp::Sigmoid}) {
+        out.push_back(Tensor::empty(x.shape(), dt));
+        hg::cpu_backend().map(op, x, out.back());
+      }
+      for (const Tensor* b : {&y, &row}) {
+        out.push_back(Tensor::empty(x.shape(), dt));
+        hg::cpu_backend().zip(BinaryOp::Mul, x, *b, out.back());
+      }
+      const Tensor flat = x.reshape({333 * 517});
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Mean}) {
+        for (int dim : {0, 1}) {
+          Shape s = x.shape();
+          s[static_cast<size_t>(dim)] = 1;
+          out.push_back(Tensor::empty(s, dt));
+          hg::cpu_backend().reduce(op, x, dim, out.back());
+        }
+        out.push_back(Tensor::empty({1}, dt));
+        hg::cpu_backend().reduce(op, flat, 0, out.back());  // one long run: cut in pieces
+      }
+      return out;
+    });
+  }
+}
+
+TEST_CASE("fused LayerNorm is bitwise the same at any thread count", "[threads][layernorm]") {
+  for (DType dt : {DType::F32, DType::F64})
+    for (const Shape& s : std::vector<Shape>{{1000, 77}, {64, 4097}, {3, 5}}) {
+      const Tensor x = randn(s, 6, dt, 3.0, 2.0), dy = randn(s, 7, dt);
+      const Tensor gamma = randn({s[1]}, 8, dt, 1.0), beta = randn({s[1]}, 9, dt);
+      check_thread_independent([&] {
+        hg::LayerNormSaved saved;
+        const Tensor yv = hg::layernorm_forward(x, gamma, beta, 1e-5, &saved);
+        const hg::LayerNormGrads g = hg::layernorm_backward(dy, x, gamma, saved);
+        return std::vector<Tensor>{yv, saved.mean, saved.rstd, g.dx, g.dgamma, g.dbeta};
+      });
+    }
+}
+
+TEST_CASE("fused softmax is bitwise the same at any thread count", "[threads][softmax]") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    const Tensor scores = randn({4, 3, 65, 130}, 10, dt, 0, 3);
+    const Tensor dy = randn(scores.shape(), 11, dt);
+    Tensor mask = randn({4, 1, 1, 130}, 12, dt);
+    check_thread_independent([&] {
+      hg::SoftmaxOptions o;
+      o.mask = mask;
+      o.causal = true;
+      o.scale = 0.125;
+      const Tensor yv = hg::attention_softmax_forward(scores, o);
+      return std::vector<Tensor>{yv, hg::softmax_backward(dy, yv, 0.125), hg::softmax_forward(scores)};
+    });
+  }
+}
