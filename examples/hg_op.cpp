@@ -23,6 +23,7 @@
 #include "core/tensor.hpp"
 #include "examples/common/cli.hpp"
 #include "ops/layernorm.hpp"
+#include "ops/attention.hpp"
 #include "ops/softmax.hpp"
 
 using namespace hg;
@@ -155,6 +156,67 @@ void add_softmax_command(CLI::App& app, Command& command) {
   sub->callback([args, &command] { command = [args] { run_softmax(*args); }; });
 }
 
+// ---- attention ------------------------------------------------------------------
+//   hg_op attention --q q.npy --k k.npy --v v.npy --dout do.npy [--mask m.npy] [--causal]
+//                   [--scale s] --out DIR [--device cpu|cuda] [--unfused] [--bf16]
+//       writes DIR/{o, lse, dq, dk, dv}.npy (ops/attention.hpp).
+
+struct AttentionArgs {
+  std::string q, k, v, dout, mask, out;
+  bool causal = false;
+  double scale = 0;  // 0: 1 / sqrt(dh)
+  std::string device = "cpu";
+  bool unfused = false;
+  bool bf16 = false;
+};
+
+void run_attention(const AttentionArgs& a) {
+  const Device device = cli::resolve_device(a.device);
+  prepare_output_dir(a.out);
+  auto input = [&](const std::string& path) {
+    const Tensor t = load_input(path, device);
+    return a.bf16 ? t.to(DType::BF16) : t;  // bf16 storage (CUDA only); the mask stays float32
+  };
+  const Tensor q = input(a.q), k = input(a.k), v = input(a.v), dout = input(a.dout);
+  AttentionOptions options;
+  if (!a.mask.empty()) options.mask = load_input(a.mask, device);
+  options.causal = a.causal;
+  if (a.scale != 0) options.scale = a.scale;
+
+  KernelModeScope mode(a.unfused ? KernelMode::Unfused : KernelMode::Fused);
+  AttentionSaved saved;
+  const Tensor o = attention_forward(q, k, v, options, &saved);
+  const AttentionGrads g = attention_backward(dout, saved);
+  spdlog::info("hg_op attention: q {}, k {}{}, mask {}, causal {}, scale {}, {}, {} path", shape_str(q.shape()),
+               shape_str(k.shape()), a.bf16 ? " bf16" : "",
+               options.mask.defined() ? shape_str(options.mask.shape()) : "none", a.causal ? 1 : 0, saved.scale,
+               device_name(device), a.unfused ? "unfused" : "fused");
+  auto widened = [&](const Tensor& t) { return t.dtype() == DType::BF16 ? t.to(DType::F32) : t; };
+  write_output(a.out, "o", widened(o));
+  write_output(a.out, "lse", saved.lse);
+  write_output(a.out, "dq", widened(g.dq));
+  write_output(a.out, "dk", widened(g.dk));
+  write_output(a.out, "dv", widened(g.dv));
+}
+
+void add_attention_command(CLI::App& app, Command& command) {
+  auto args = std::make_shared<AttentionArgs>();
+  CLI::App* sub = app.add_subcommand("attention", "scaled dot-product attention: o, lse, dq, dk, dv");
+  sub->add_option("--q", args->q, "queries (B, H, Tq, dh)")->required()->check(CLI::ExistingFile);
+  sub->add_option("--k", args->k, "keys (B, H, Tk, dh)")->required()->check(CLI::ExistingFile);
+  sub->add_option("--v", args->v, "values (B, H, Tk, dh)")->required()->check(CLI::ExistingFile);
+  sub->add_option("--dout", args->dout, "upstream gradient, shaped like q")->required()->check(CLI::ExistingFile);
+  sub->add_option("--mask", args->mask, "additive key-padding mask (B, 1, 1, Tk); <= -1e9 removes a key")
+      ->check(CLI::ExistingFile);
+  sub->add_flag("--causal", args->causal, "query i sees keys j <= i + (Tk - Tq)");
+  sub->add_option("--scale", args->scale, "logit scale (default 1 / sqrt(dh))")->check(cli::real_range(-1e30, 1e30));
+  sub->add_option("--out", args->out, "output directory (created if missing)")->required();
+  sub->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_flag("--unfused", args->unfused, "GEMM + softmax + GEMM on the primitive backend");
+  sub->add_flag("--bf16", args->bf16, "store q, k, v, dout and the outputs as bf16 (CUDA only)");
+  sub->callback([args, &command] { command = [args] { run_attention(*args); }; });
+}
+
 // ---- further ops: add_<op>_command() above this line, one call in main() ----
 
 }  // namespace
@@ -167,6 +229,7 @@ int main(int argc, char** argv) {
   Command command;
   add_layernorm_command(app, command);
   add_softmax_command(app, command);
+  add_attention_command(app, command);
   return cli::run_program(app, common, argc, argv, [&] {
     command();
     return cli::kExitOk;

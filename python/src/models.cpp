@@ -24,7 +24,7 @@ void bind_models(py::module_& m) {
       .def("to", [](Module& mod, const std::string& device) { mod.to(parse_device(device)); }, py::arg("device"))
       .def("train", &Module::train, py::arg("on") = true)
       .def("eval", &Module::eval)
-      .def("save", &Module::save, py::arg("path"))
+      .def("save", &Module::save, py::arg("path"), py::arg("step") = -1)
       .def("load", &Module::load, py::arg("path"));
 
   py::class_<DecoderLM, Module>(m, "DecoderLM", "GPT-style pre-LN decoder LM with hand-written backward.")
