@@ -26,6 +26,9 @@ endforeach()
 foreach(program train hg_op layernorm_gradcheck)
   install(TARGETS ${program} RUNTIME DESTINATION bin)
 endforeach()
+if(TARGET translate)
+  install(TARGETS translate RUNTIME DESTINATION bin)
+endif()
 
 install(EXPORT handgradTargets NAMESPACE handgrad:: DESTINATION lib/cmake/handgrad)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/handgradConfig.cmake.in
