@@ -39,8 +39,11 @@ int run(const Options& o) {
   DecoderLM model(info.config);
   model.load(o.checkpoint);
   model.to(dev);
-  spdlog::info("translate: {} ({} parameters, {} subword pieces), {}", o.checkpoint, model.num_parameters(),
-               tokenizer.vocab_size(), o.beam <= 1 ? std::string("greedy") : "beam " + std::to_string(o.beam));
+  // stdout carries the translations only: the status line goes to stderr.
+  if (!o.common.quiet)
+    std::fprintf(stderr, "translate: %s (%lld parameters, %lld subword pieces), %s\n", o.checkpoint.c_str(),
+                 static_cast<long long>(model.num_parameters()), static_cast<long long>(tokenizer.vocab_size()),
+                 o.beam <= 1 ? "greedy" : ("beam " + std::to_string(o.beam)).c_str());
   std::vector<std::string> lines;
   for (std::string line; std::getline(std::cin, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
