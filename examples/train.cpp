@@ -728,9 +728,19 @@ int run(Options& o) {
   History history = train_loop(o, *model, opt, *data, dev, start_step);
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
 
-  write_loss_plot(o, history);
+  // A plot that cannot be written is an error (exit 1), but the summary of
+  // the run still comes first.
+  bool plot_failed = false;
+  try {
+    write_loss_plot(o, history);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    plot_failed = true;
+    o.plot.clear();
+  }
   print_summary(o, *model, *data, dev, history, wall_s);
-  return history.stop_signal == 0 ? cli::kExitOk : 128 + history.stop_signal;
+  if (history.stop_signal != 0) return 128 + history.stop_signal;
+  return plot_failed ? cli::kExitRuntime : cli::kExitOk;
 }
 
 }  // namespace
