@@ -351,6 +351,12 @@ void add_flags(CLI::App& app, Options& o) {
 }
 
 // ---- 2. validate: everything that can be checked before any work ------------------------
+// --task translate: BLEU next to the loss plot, in PLOT-stem_bleu.png/.svg.
+std::string bleu_plot_path(const std::string& plot) {
+  const size_t dot = plot.rfind('.');
+  return plot.substr(0, dot) + "_bleu" + plot.substr(dot);
+}
+
 // Number of distinct sentences of the task (capped: only compared with --held-out).
 int64_t distinct_sentences(const Options& o) {
   int64_t total = 0;
@@ -393,6 +399,7 @@ void validate(Options& o) {
     usage_error("--plot", o.plot, ": the name must end in .png or .svg");
   cli::check_writable(o.log_csv, "--log-csv");
   cli::check_writable(o.plot, "--plot");
+  if (o.task == "translate" && !o.plot.empty()) cli::check_writable(bleu_plot_path(o.plot), "--plot");
   if (!o.checkpoint.empty()) {
     cli::check_writable(o.checkpoint, "--checkpoint");
     cli::check_writable(o.checkpoint + ".optim", "--checkpoint");
@@ -622,12 +629,6 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
 }
 
 // ---- 7. outputs: plot and summary --------------------------------------------------------------
-// --task translate: BLEU next to the loss plot, in PLOT-stem_bleu.png/.svg.
-std::string bleu_plot_path(const std::string& plot) {
-  const size_t dot = plot.rfind('.');
-  return plot.substr(0, dot) + "_bleu" + plot.substr(dot);
-}
-
 void write_loss_plot(const Options& o, const History& h) {
   if (o.plot.empty()) return;
   cli::PlotSpec spec;
