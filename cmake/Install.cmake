@@ -23,12 +23,9 @@ foreach(dir core ops models cuda)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION include/handgrad/${dir}
           FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 endforeach()
-foreach(program train hg_op layernorm_gradcheck)
+foreach(program train translate hg_op layernorm_gradcheck)
   install(TARGETS ${program} RUNTIME DESTINATION bin)
 endforeach()
-if(TARGET translate)
-  install(TARGETS translate RUNTIME DESTINATION bin)
-endif()
 
 install(EXPORT handgradTargets NAMESPACE handgrad:: DESTINATION lib/cmake/handgrad)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/handgradConfig.cmake.in

@@ -36,10 +36,8 @@
 #include "examples/common/progress.hpp"
 #include "examples/common/step_log.hpp"
 #include "examples/translation_task.hpp"
-#ifdef HG_WITH_TRANSLATION
 #include "examples/translation/translate_run.hpp"
 #include "examples/translation/translation_checkpoint.hpp"
-#endif
 #include "models/decoder_lm.hpp"
 #include "ops/cross_entropy.hpp"
 
@@ -53,20 +51,6 @@ using hg::examples::TranslationTask;
 namespace {
 
 constexpr const char* kLogHeader = "step,loss,lr,ms,tokens_per_s,eval_loss,eval_token_acc";
-
-#ifndef HG_WITH_TRANSLATION
-namespace translation {  // the flags still parse; validate() says what is missing
-struct TranslateOptions {
-  std::string pairs, valid, test;
-  int64_t valid_pairs = 500, test_pairs = 1000;
-  int vocab_size = 8000;
-  std::string tokenizer_type = "bpe";
-  int beam = 1;
-  int64_t bleu_sentences = 300;
-};
-class ParallelTask {};
-}  // namespace translation
-#endif
 
 struct Options {
   std::string data, task = "synthetic";
@@ -372,10 +356,9 @@ void validate(Options& o) {
   if (o.d_model % o.heads != 0)
     usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
   if (o.task == "translate") {
-#ifndef HG_WITH_TRANSLATION
-    usage_error("--task", o.task, ": this train was built without SentencePiece (apt-get install libsentencepiece-dev, "
-                "then reconfigure)");
-#endif
+    if (!translation::SubwordTokenizer::available())
+      usage_error("--task", o.task, ": this train was built without SentencePiece (apt-get install "
+                  "libsentencepiece-dev, then reconfigure)");
     if (o.tr.pairs.empty()) usage_error("--task", o.task, ": needs --pairs FILE.tsv (source<TAB>target lines)");
   } else if (!o.tr.pairs.empty() || !o.tr.valid.empty() || !o.tr.test.empty()) {
     usage_error("--pairs", o.tr.pairs, ": --pairs/--valid/--test need --task translate");
@@ -420,9 +403,7 @@ struct Data {
 
   Batch next() {
     if (lm) return text_batch(text.train, batch, seq_len, gen);
-#ifdef HG_WITH_TRANSLATION
     if (parallel) return parallel->train_batch(batch, gen);
-#endif
     std::vector<Example> ex;
     for (int64_t i = 0; i < batch; ++i) ex.push_back(task.train_sample(gen));
     return task.make_batch(ex);
@@ -435,11 +416,9 @@ std::unique_ptr<Data> build_data(Options& o) {
   if (d->lm) {
     d->text = TextData::load(o.data, o.seq_len);
   } else if (o.task == "translate") {
-#ifdef HG_WITH_TRANSLATION
     // A resumed run keeps the vocabulary it was trained with (CHECKPOINT.vocab).
     d->parallel = translation::build_parallel_task(o.tr, o.seq_len, static_cast<uint64_t>(o.seed),
                                                    o.resume ? o.checkpoint : "");
-#endif
   } else {
     Generator held_gen(99);  // the held-out set does not depend on --seed
     d->held_out = d->task.make_held_out(o.held_out, held_gen);
@@ -453,9 +432,7 @@ std::unique_ptr<Data> build_data(Options& o) {
 std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data) {
   DecoderLMConfig cfg;
   cfg.vocab_size = data.lm ? 256 : data.task.vocab_size();
-#ifdef HG_WITH_TRANSLATION
   if (data.parallel) cfg.vocab_size = data.parallel->vocab_size();
-#endif
   cfg.max_seq_len = o.seq_len;
   cfg.d_model = o.d_model;
   cfg.n_heads = o.heads;
@@ -518,11 +495,9 @@ EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device 
     }
     p.loss = sum / 4;
   } else if (data.parallel) {
-#ifdef HG_WITH_TRANSLATION
     const translation::TranslateEval e = translation::evaluate_valid(model, *data.parallel, o.tr, dev);
     p.loss = e.loss;
     p.bleu = e.bleu.bleu;
-#endif
   } else {
     p.token_acc = teacher_forced(model, data.task, data.held_out, dev, &p.loss);
   }
@@ -676,9 +651,7 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
       std::printf("sample (prompt in [brackets], temperature 0.8):\n[%s]%s\n", printable(prompt).c_str(),
                   printable(sample_text(model, prompt, o.sample_bytes, o.seq_len, dev, sample_gen)).c_str());
     } else if (data.parallel) {
-#ifdef HG_WITH_TRANSLATION
       translation::report_test(model, *data.parallel, o.tr, dev);
-#endif
     } else {
       const TranslationScore s = evaluate_translation(model, data.task, data.held_out, dev);
       std::printf("held-out (%zu unseen sentences): loss %.4f, token accuracy %.2f%% (teacher forced)\n",
@@ -702,11 +675,9 @@ int run(Options& o) {
   const std::unique_ptr<Data> data = build_data(o);
   const std::unique_ptr<DecoderLM> model = build_model(o, *data);
   const int64_t model_step = o.resume ? model->load(o.checkpoint) : -1;
-#ifdef HG_WITH_TRANSLATION
   // The vocabulary and model shape, once: a resumed run reuses the file.
   if (data->parallel && !o.checkpoint.empty() && !o.resume)
     translation::save_translation_info(o.checkpoint, {data->parallel->tokenizer().model_bytes(), model->config()});
-#endif
   model->to(dev);
   AdamWOptions adam;
   adam.lr = o.lr;
@@ -715,9 +686,7 @@ int run(Options& o) {
   const int64_t start_step = maybe_resume(o, model_step, opt, *data);
 
   std::string what = data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")";
-#ifdef HG_WITH_TRANSLATION
   if (data->parallel) what = "translation of " + o.tr.pairs + " (" + data->parallel->describe() + ")";
-#endif
   spdlog::info("handgrad train: {}", what);
   spdlog::info("device {}{}{}, kernels {}, {} parameters (d_model {}, heads {}, layers {}, seq {}, batch {})",
                device_name(dev), dev == Device::CUDA ? " " : "", dev == Device::CUDA ? gpu::device_name() : "",

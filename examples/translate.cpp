@@ -32,6 +32,9 @@ struct Options {
 };
 
 int run(const Options& o) {
+  if (!translation::SubwordTokenizer::available())
+    throw cli::UsageError("translate: this build has no SentencePiece (apt-get install libsentencepiece-dev, then "
+                          "reconfigure)");
   const Device dev = cli::resolve_device(o.device);
   set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
   const translation::TranslationModelInfo info = translation::load_translation_info(o.checkpoint);

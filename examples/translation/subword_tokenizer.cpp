@@ -24,6 +24,8 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 
 }  // namespace
 
+bool SubwordTokenizer::available() { return true; }
+
 SubwordTokenizer SubwordTokenizer::train(const std::vector<std::string>& sentences, int vocab_size,
                                          const std::string& model_type) {
   HG_CHECK(model_type == "bpe" || model_type == "unigram", "SubwordTokenizer", "model type '", model_type,

@@ -19,6 +19,9 @@ class SubwordTokenizer {
  public:
   static constexpr int32_t kPad = 0, kUnk = 1, kBos = 2, kEos = 3, kSep = 4;
 
+  // False in a build without SentencePiece, where every constructor throws.
+  static bool available();
+
   // Trains a "bpe" or "unigram" model on `sentences`. vocab_size is an upper
   // bound: a small corpus may give fewer pieces (hard_vocab_limit off).
   static SubwordTokenizer train(const std::vector<std::string>& sentences, int vocab_size, const std::string& model_type);
