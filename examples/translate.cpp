@@ -52,8 +52,12 @@ int run(const Options& o) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     lines.push_back(line);
   }
+  std::vector<size_t> truncated;
   const auto out = translation::translate_sentences(translation::model_scorer(model, dev), tokenizer, lines, o.beam,
-                                                    info.config.max_seq_len);
+                                                    info.config.max_seq_len, &truncated);
+  for (size_t i : truncated)
+    spdlog::warn("line {}: longer than the model's context of {} pieces; only its first {} pieces were translated", i + 1,
+                 info.config.max_seq_len, info.config.max_seq_len / 2);
   for (const std::string& t : out) std::printf("%s\n", t.c_str());
   std::fflush(stdout);
   return cli::kExitOk;

@@ -80,12 +80,19 @@ Batch ParallelTask::make_batch(const std::vector<const EncodedPair*>& pairs) con
 }
 
 std::vector<std::string> translate_sentences(const NextTokenScorer& scorer, const SubwordTokenizer& tokenizer,
-                                             const std::vector<std::string>& sources, int beam, int64_t max_line) {
+                                             const std::vector<std::string>& sources, int beam, int64_t max_line,
+                                             std::vector<size_t>* truncated) {
   std::vector<std::string> out;
   for (size_t from = 0; from < sources.size(); from += kDecodeChunk) {
     std::vector<Tokens> prompts;
-    for (size_t i = from; i < std::min(sources.size(), from + kDecodeChunk); ++i)
-      prompts.push_back(make_prompt(tokenizer.encode(sources[i])));
+    for (size_t i = from; i < std::min(sources.size(), from + kDecodeChunk); ++i) {
+      Tokens source = tokenizer.encode(sources[i]);
+      if (static_cast<int64_t>(source.size()) + 2 >= max_line) {
+        source.resize(static_cast<size_t>(std::max<int64_t>(0, max_line / 2)));
+        if (truncated) truncated->push_back(i);
+      }
+      prompts.push_back(make_prompt(source));
+    }
     const std::vector<Tokens> gen = beam <= 1 ? greedy_decode(scorer, prompts, max_line, SubwordTokenizer::kEos)
                                               : beam_decode(scorer, prompts, beam, max_line, SubwordTokenizer::kEos);
     for (const Tokens& t : gen) out.push_back(tokenizer.decode(t));

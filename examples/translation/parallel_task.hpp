@@ -63,8 +63,11 @@ struct Translations {
 Translations translate_split(const NextTokenScorer& scorer, const ParallelTask& task, const EncodedSplit& split,
                              int beam, int64_t max_line, int64_t limit);
 
-// Detokenized translations of raw source sentences.
+// Detokenized translations of raw source sentences. A source too long to
+// leave room for any output (prompt >= max_line) is cut to its first
+// max_line / 2 pieces; `truncated` (if given) receives the indices of those.
 std::vector<std::string> translate_sentences(const NextTokenScorer& scorer, const SubwordTokenizer& tokenizer,
-                                             const std::vector<std::string>& sources, int beam, int64_t max_line);
+                                             const std::vector<std::string>& sources, int beam, int64_t max_line,
+                                             std::vector<size_t>* truncated = nullptr);
 
 }  // namespace hg::translation

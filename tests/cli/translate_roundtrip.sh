@@ -5,7 +5,8 @@
 #   2. --resume continues from CK.vocab's vocabulary (no new one is trained)
 #      to the same losses as an uninterrupted run;
 #   3. translate reads stdin and prints one line per input line, greedy and
-#      beam, and beam 1 prints what greedy prints.
+#      beam, and beam 1 prints what greedy prints; a line longer than the
+#      model's context is cut, with a warning.
 #
 #   translate_roundtrip.sh PATH/TO/train PATH/TO/translate PATH/TO/pairs.tsv
 set -uo pipefail
@@ -47,6 +48,10 @@ check "one output line per input line" test "$(wc -l < greedy.txt)" -eq 2
 check "beam 1 prints what greedy prints" cmp -s greedy.txt beam1.txt
 "$translate" --checkpoint ck --device cpu --beam 3 < in.txt > beam3.txt 2>/dev/null
 check "beam 3 exits 0 with two lines" test $? -eq 0 -a "$(wc -l < beam3.txt)" -eq 2
+long=$(printf 'word%d ' $(seq 200))
+printf 'Open file\n%s\n' "$long" | "$translate" --checkpoint ck --device cpu > long.txt 2> long.err
+check "a line longer than the context: translated in part, with a warning naming it" \
+  bash -c "test \$(wc -l < long.txt) -eq 2 && grep -q 'line 2: longer than the model.s context of 64 pieces' long.err"
 "$translate" --checkpoint full.csv --device cpu < in.txt > /dev/null 2> bad.err
 check "a checkpoint without .vocab is a runtime error naming it" \
   bash -c "test $? -eq 1 && grep -q 'full.csv.vocab' bad.err"
