@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # train --task translate and translate, end to end on 40 pairs (seconds on the CPU):
+#   0. --valid/--test files are used as given;
 #   1. a run with --checkpoint writes CK, CK.optim and CK.vocab, logs valid
 #      BLEU in the CSV, reports the malformed line and prints test BLEU;
 #   2. --resume continues from CK.vocab's vocabulary (no new one is trained)
@@ -17,16 +18,16 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
 tiny=(--task translate --pairs "$pairs" --valid-pairs 4 --test-pairs 4 --vocab-size 120 --device cpu --d-model 16
-      --heads 2 --layers 1 --batch 8 --eval-every 4 --seq-len 64 --seed 3 --threads 1 --plot '')
+      --heads 2 --layers 1 --batch 8 --eval-every 4 --seed 3 --threads 1 --plot '')
 failures=0
 check() {  # description, condition...
   local what=$1; shift
   if "$@"; then echo "ok: $what"; else echo "FAIL: $what"; failures=$((failures + 1)); fi
 }
 
-"$train" "${tiny[@]}" --steps 8 --log-csv full.csv > full.out 2>&1
+"$train" "${tiny[@]}" --seq-len 64 --steps 8 --log-csv full.csv > full.out 2>&1
 check "uninterrupted run exits 0" test $? -eq 0
-"$train" "${tiny[@]}" --steps 4 --checkpoint ck --log-csv part.csv > first.out 2>&1
+"$train" "${tiny[@]}" --seq-len 64 --steps 4 --checkpoint ck --log-csv part.csv > first.out 2>&1
 check "first half exits 0" test $? -eq 0
 check "checkpoint, optimizer state and vocabulary written" test -s ck -a -s ck.optim -a -s ck.vocab
 check "malformed line reported with its number" grep -q "tiny_pairs.tsv line 41: no tab" first.out
@@ -34,11 +35,16 @@ check "test BLEU in the summary" grep -qE "^test BLEU [0-9.]+ \([0-9]+ pairs, gr
 check "valid_bleu column in the log" grep -q "^step,loss,lr,ms,tokens_per_s,eval_loss,eval_token_acc,valid_bleu$" part.csv
 check "valid BLEU logged at step 4" grep -qE "^4,([^,]*,){6}[0-9.]+$" part.csv
 vocab_before=$(md5sum < ck.vocab)
-"$train" "${tiny[@]}" --steps 8 --checkpoint ck --log-csv part.csv --resume > resume.out 2>&1
+"$train" "${tiny[@]}" --seq-len 64 --steps 8 --checkpoint ck --log-csv part.csv --resume > resume.out 2>&1
 check "resumed run exits 0" test $? -eq 0
 check "resume trains no new vocabulary" bash -c "! grep -q 'trained a bpe vocabulary' resume.out"
 check "CK.vocab unchanged by the resume" test "$vocab_before" == "$(md5sum < ck.vocab)"
 check "resumed losses equal the uninterrupted run's" test "$(cut -d, -f1,2 full.csv)" == "$(cut -d, -f1,2 part.csv)"
+
+# --valid/--test given as files: nothing is cut from --pairs (the corpus has 40 valid pairs).
+head -5 "$pairs" > valid.tsv
+"$train" "${tiny[@]}" --seq-len 200 --steps 2 --valid valid.tsv --test "$pairs" --log-csv '' > files.out 2>&1
+check "--valid and --test files replace the split" grep -qF "train 40, valid 5, test 40 pairs" files.out
 
 printf 'Open file\nunknown option\n' > in.txt
 "$translate" --checkpoint ck --device cpu < in.txt > greedy.txt 2> translate.err
