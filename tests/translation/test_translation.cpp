@@ -52,6 +52,8 @@ TEST_CASE("13a tokenization splits punctuation as sacrebleu does") {
   CHECK(tokenize_13a("well-known") == V{"well-known"});                     // ... elsewhere not
   CHECK(tokenize_13a("&quot;a&quot; (b)") == V{"\"", "a", "\"", "(", "b", ")"});
   CHECK(tokenize_13a("don't") == V{"don't"});
+  CHECK(tokenize_13a("a_b{c}~d[e]^f`g|h@i/j=k") ==
+        V{"a", "_", "b", "{", "c", "}", "~", "d", "[", "e", "]", "^", "f", "`", "g", "|", "h", "@", "i", "/", "j", "=", "k"});
   CHECK(tokenize_13a("Größe: »%s«") == V{"Größe", ":", "»", "%", "s«"});   // non-ASCII is not punctuation to 13a
   CHECK(tokenize_13a("   ").empty());
 }
