@@ -23,7 +23,7 @@ foreach(dir core ops models cuda)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION include/handgrad/${dir}
           FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 endforeach()
-foreach(program train hg_op layernorm_gradcheck)
+foreach(program train translate hg_op layernorm_gradcheck)
   install(TARGETS ${program} RUNTIME DESTINATION bin)
 endforeach()
 

@@ -2,6 +2,9 @@
 //
 //   train                      built-in synthetic translation task (no download)
 //   train --data FILE          byte-level language model on any text file
+//   train --task translate --pairs FILE.tsv
+//                              translation of parallel text (subword vocabulary, BLEU;
+//                              docs/translation.md)
 //
 // Every flag: train --help. Same seed, same device, same mode -> the same
 // loss curve. --unfused swaps every fused kernel for its primitive version.
@@ -37,6 +40,8 @@
 #include "examples/common/progress.hpp"
 #include "examples/common/step_log.hpp"
 #include "examples/translation_task.hpp"
+#include "examples/translation/translate_run.hpp"
+#include "examples/translation/translation_checkpoint.hpp"
 #include "models/decoder_lm.hpp"
 #include "ops/cross_entropy.hpp"
 
@@ -52,7 +57,8 @@ namespace {
 constexpr const char* kLogHeader = "step,loss,lr,ms,tokens_per_s,eval_loss,eval_token_acc";
 
 struct Options {
-  std::string data;
+  std::string data, task = "synthetic";
+  translation::TranslateOptions tr;
   bool unfused = false;
   std::string precision = "auto";  // auto, fp32, bf16
   std::string attention = "auto";  // auto, flash, softmax
@@ -267,8 +273,32 @@ std::string printable(const std::string& s) {
 void add_flags(CLI::App& app, Options& o) {
   using cli::real_range;
   constexpr int64_t kBig = int64_t{1} << 40;
-  app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
+  auto* data = app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
+                   ->check(CLI::ExistingFile);
+  app.add_option("--task", o.task, "synthetic (built-in) or translate (parallel text from --pairs)")
+      ->check(CLI::IsMember({"synthetic", "translate"}))
+      ->excludes(data)
+      ->capture_default_str();
+  app.add_option("--pairs", o.tr.pairs, "translate: source<TAB>target lines (train, and valid/test unless given)")
       ->check(CLI::ExistingFile);
+  app.add_option("--valid", o.tr.valid, "translate: validation pairs (default: cut from --pairs)")->check(CLI::ExistingFile);
+  app.add_option("--test", o.tr.test, "translate: test pairs (default: cut from --pairs)")->check(CLI::ExistingFile);
+  app.add_option("--valid-pairs", o.tr.valid_pairs, "translate: pairs cut from --pairs for validation (at most 10%)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--test-pairs", o.tr.test_pairs, "translate: pairs cut from --pairs for the test (at most 10%)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--vocab-size", o.tr.vocab_size, "translate: subword vocabulary size (an upper bound)")
+      ->check(CLI::Range(16, 1000000))
+      ->capture_default_str();
+  app.add_option("--tokenizer", o.tr.tokenizer_type, "translate: SentencePiece model type")
+      ->check(CLI::IsMember({"bpe", "unigram"}))
+      ->capture_default_str();
+  app.add_option("--beam", o.tr.beam, "translate: beam width for BLEU (1: greedy)")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--bleu-sentences", o.tr.bleu_sentences, "translate: valid pairs translated at each evaluation (0: all)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
   auto* fused = app.add_flag("--fused", "fused kernels (default)");
   app.add_flag("--unfused", o.unfused, "kernels composed from primitive map/zip/reduce passes")->excludes(fused);
   app.add_option("--device", o.device, "cpu, cuda or auto (cuda when a GPU is present)")
@@ -319,6 +349,12 @@ void add_flags(CLI::App& app, Options& o) {
 }
 
 // ---- 2. validate: everything that can be checked before any work ------------------------
+// --task translate: BLEU next to the loss plot, in PLOT-stem_bleu.png/.svg.
+std::string bleu_plot_path(const std::string& plot) {
+  const size_t dot = plot.rfind('.');
+  return plot.substr(0, dot) + "_bleu" + plot.substr(dot);
+}
+
 // Number of distinct sentences of the task (capped: only compared with --held-out).
 int64_t distinct_sentences(const Options& o) {
   int64_t total = 0;
@@ -333,7 +369,14 @@ int64_t distinct_sentences(const Options& o) {
 void validate(Options& o) {
   if (o.d_model % o.heads != 0)
     usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
-  if (o.data.empty()) {
+  if (o.task == "translate") {
+    if (!translation::SubwordTokenizer::available())
+      usage_error("--task", o.task, ": this train was built without SentencePiece (apt-get install "
+                  "libsentencepiece-dev, then reconfigure)");
+    if (o.tr.pairs.empty()) usage_error("--task", o.task, ": needs --pairs FILE.tsv (source<TAB>target lines)");
+  } else if (!o.tr.pairs.empty() || !o.tr.valid.empty() || !o.tr.test.empty()) {
+    usage_error("--pairs", o.tr.pairs, ": --pairs/--valid/--test need --task translate");
+  } else if (o.data.empty()) {
     if (o.max_len < o.min_len) usage_error("--max-len", o.max_len, ": must be >= --min-len ", o.min_len);
     const int64_t distinct = distinct_sentences(o);
     if (o.held_out >= distinct)
@@ -353,6 +396,7 @@ void validate(Options& o) {
     usage_error("--plot", o.plot, ": the name must end in .png or .svg");
   cli::check_writable(o.log_csv, "--log-csv");
   cli::check_writable(o.plot, "--plot");
+  if (o.task == "translate" && !o.plot.empty()) cli::check_writable(bleu_plot_path(o.plot), "--plot");
   if (!o.checkpoint.empty()) {
     cli::check_writable(o.checkpoint, "--checkpoint");
     cli::check_writable(o.checkpoint + ".optim", "--checkpoint");
@@ -365,6 +409,7 @@ void validate(Options& o) {
 struct Data {
   bool lm = false;
   TranslationTask task;
+  std::unique_ptr<translation::ParallelTask> parallel;  // --task translate
   TextData text;
   std::vector<Example> held_out;
   Generator gen;
@@ -372,6 +417,7 @@ struct Data {
 
   Batch next() {
     if (lm) return text_batch(text.train, batch, seq_len, gen);
+    if (parallel) return parallel->train_batch(batch, gen);
     std::vector<Example> ex;
     for (int64_t i = 0; i < batch; ++i) ex.push_back(task.train_sample(gen));
     return task.make_batch(ex);
@@ -379,10 +425,14 @@ struct Data {
 };
 
 std::unique_ptr<Data> build_data(Options& o) {
-  auto d = std::unique_ptr<Data>(new Data{!o.data.empty(), TranslationTask(o.words, o.min_len, o.max_len), {}, {},
+  auto d = std::unique_ptr<Data>(new Data{!o.data.empty(), TranslationTask(o.words, o.min_len, o.max_len), {}, {}, {},
                                           Generator(static_cast<uint64_t>(o.seed) * 1000003 + 17), o.batch, 0});
   if (d->lm) {
     d->text = TextData::load(o.data, o.seq_len);
+  } else if (o.task == "translate") {
+    // A resumed run keeps the vocabulary it was trained with (CHECKPOINT.vocab).
+    d->parallel = translation::build_parallel_task(o.tr, o.seq_len, static_cast<uint64_t>(o.seed),
+                                                   o.resume ? o.checkpoint : "");
   } else {
     Generator held_gen(99);  // the held-out set does not depend on --seed
     d->held_out = d->task.make_held_out(o.held_out, held_gen);
@@ -396,6 +446,7 @@ std::unique_ptr<Data> build_data(Options& o) {
 std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data, Precision precision) {
   DecoderLMConfig cfg;
   cfg.vocab_size = data.lm ? 256 : data.task.vocab_size();
+  if (data.parallel) cfg.vocab_size = data.parallel->vocab_size();
   cfg.max_seq_len = o.seq_len;
   cfg.d_model = o.d_model;
   cfg.n_heads = o.heads;
@@ -443,7 +494,8 @@ int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data&
 
 // ---- 6. the training loop ----------------------------------------------------------------------
 struct History {
-  std::vector<double> steps, losses, eval_steps, eval_losses;
+  std::vector<double> steps, losses, eval_steps, eval_losses, eval_bleu;
+  double tokens = 0, seconds = 0;  // this run's steps after its first
   std::vector<double> step_ms;  // this run's steps after its first (which pays one-time costs)
   double last_loss = NAN;
   int64_t start_step = 0, end_step = 0;
@@ -451,7 +503,7 @@ struct History {
 };
 
 struct EvalPoint {
-  double loss = 0, token_acc = 0;
+  double loss = 0, token_acc = 0, bleu = NAN;
 };
 
 EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device dev) {
@@ -469,6 +521,10 @@ EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device 
                  .item();
     }
     p.loss = sum / 4;
+  } else if (data.parallel) {
+    const translation::TranslateEval e = translation::evaluate_valid(model, *data.parallel, o.tr, dev);
+    p.loss = e.loss;
+    p.bleu = e.bleu.bleu;
   } else {
     p.token_acc = teacher_forced(model, data.task, data.held_out, dev, &p.loss);
   }
@@ -491,6 +547,7 @@ void load_history(const cli::StepLog& log, History& h) {
     if (f.size() >= 6 && !f[5].empty()) {
       h.eval_steps.push_back(std::atof(f[0].c_str()));
       h.eval_losses.push_back(std::atof(f[5].c_str()));
+      h.eval_bleu.push_back(f.size() >= 8 && !f[7].empty() ? std::atof(f[7].c_str()) : NAN);
     }
   }
 }
@@ -515,7 +572,8 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
   h.start_step = h.end_step = start_step;
   std::optional<cli::StepLog> log;  // none for --log-csv ''
   if (!o.log_csv.empty()) {
-    log.emplace(o.log_csv, kLogHeader, o.resume ? start_step : -1);
+    log.emplace(o.log_csv, data.parallel ? std::string(kLogHeader) + ",valid_bleu" : kLogHeader,
+                o.resume ? start_step : -1);
     load_history(*log, h);
   }
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
@@ -531,7 +589,11 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     const double loss = train_step(model, opt, dev, o.clip, b);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     HG_CHECK(std::isfinite(loss), "train", "loss became ", loss, " at step ", step + 1);
-    if (step > start_step) h.step_ms.push_back(ms);
+    if (step > start_step) {
+      h.step_ms.push_back(ms);
+      h.tokens += static_cast<double>(b.batch * b.seq);
+      h.seconds += ms * 1e-3;
+    }
     h.last_loss = loss;
     h.end_step = step + 1;
     h.steps.push_back(double(step + 1));
@@ -547,13 +609,16 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     if (eval_now) {
       const EvalPoint p = evaluate(model, data, o, dev);
       char acc[64] = "";
-      if (!data.lm) std::snprintf(acc, sizeof acc, ", token accuracy %.2f%%", 100 * p.token_acc);
+      if (data.parallel) std::snprintf(acc, sizeof acc, ", valid BLEU %.2f", p.bleu);
+      else if (!data.lm) std::snprintf(acc, sizeof acc, ", token accuracy %.2f%%", 100 * p.token_acc);
       spdlog::info("  eval @ step {}: held-out loss {:.4f}{}", step + 1, p.loss, acc);
       h.eval_steps.push_back(double(step + 1));
       h.eval_losses.push_back(p.loss);
-      row += ',' + fmt_g(p.loss) + ',' + (data.lm ? std::string() : fmt_g(p.token_acc));
+      h.eval_bleu.push_back(p.bleu);
+      row += ',' + fmt_g(p.loss) + ',' + (data.lm || data.parallel ? std::string() : fmt_g(p.token_acc));
+      if (data.parallel) row += ',' + fmt_g(p.bleu, 4);
     } else {
-      row += ",,";
+      row += data.parallel ? ",,," : ",,";
     }
     // The row before the checkpoint: a crash between the two leaves a log
     // that reaches past the checkpoint, which a resume cuts back.
@@ -576,13 +641,24 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
 void write_loss_plot(const Options& o, const History& h) {
   if (o.plot.empty()) return;
   cli::PlotSpec spec;
-  spec.title = o.data.empty() ? "train: synthetic translation" : "train: byte-level LM on " + o.data;
+  spec.title = o.task == "translate" ? "train: translation of " + o.tr.pairs
+               : o.data.empty()      ? "train: synthetic translation"
+                                     : "train: byte-level LM on " + o.data;
   spec.x_label = "step";
   spec.y_label = "cross-entropy loss";
   spec.log_y = true;
   spec.series.push_back({"train loss (per step)", h.steps, h.losses, false});
   spec.series.push_back({"held-out loss", h.eval_steps, h.eval_losses, true});
   cli::write_plot(o.plot, spec);
+  if (o.task == "translate") {
+    cli::PlotSpec bleu;
+    bleu.title = spec.title;
+    bleu.x_label = "step";
+    bleu.y_label = "valid BLEU";
+    bleu.series.push_back({"valid BLEU (" + std::string(o.tr.beam <= 1 ? "greedy" : "beam") + ")", h.eval_steps,
+                           h.eval_bleu, true});
+    cli::write_plot(bleu_plot_path(o.plot), bleu);
+  }
 }
 
 void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, History& h, double wall_s) {
@@ -593,9 +669,12 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
   if (h.stop_signal != 0)
     std::printf("stopped early at step %lld of %lld (final evaluation skipped)\n", static_cast<long long>(h.end_step),
                 static_cast<long long>(o.steps));
+  // Translation batches are padded to their longest line: tokens/s counts
+  // the padded positions processed, over the timed steps.
+  const double tokens_per_s = data.parallel ? h.tokens / h.seconds
+                                            : static_cast<double>(o.batch * o.seq_len) / (median_ms * 1e-3);
   std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
-              static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms,
-              static_cast<double>(o.batch * o.seq_len) / (median_ms * 1e-3));
+              static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms, tokens_per_s);
   std::printf("final train loss %.4f\n", h.last_loss);
   if (dev == Device::CUDA)
     std::printf("peak GPU memory %.1f MiB\n", static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20));
@@ -605,6 +684,8 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
       const std::string prompt = data.text.val.substr(0, std::min<size_t>(32, data.text.val.size()));
       std::printf("sample (prompt in [brackets], temperature 0.8):\n[%s]%s\n", printable(prompt).c_str(),
                   printable(sample_text(model, prompt, o.sample_bytes, o.seq_len, dev, sample_gen)).c_str());
+    } else if (data.parallel) {
+      translation::report_test(model, *data.parallel, o.tr, dev);
     } else {
       const TranslationScore s = evaluate_translation(model, data.task, data.held_out, dev);
       std::printf("held-out (%zu unseen sentences): loss %.4f, token accuracy %.2f%% (teacher forced)\n",
@@ -614,8 +695,8 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
       for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
     }
   }
-  std::printf("log: %s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ",
-              o.plot.c_str());
+  std::printf("log: %s%s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ",
+              o.plot.c_str(), o.plot.empty() || !data.parallel ? "" : (" + " + bleu_plot_path(o.plot)).c_str());
   if (!o.checkpoint.empty()) std::printf("checkpoint: %s\n", o.checkpoint.c_str());
   std::fflush(stdout);
 }
@@ -631,6 +712,9 @@ int run(Options& o) {
   const std::unique_ptr<Data> data = build_data(o);
   const std::unique_ptr<DecoderLM> model = build_model(o, *data, precision);
   const int64_t model_step = o.resume ? model->load(o.checkpoint) : -1;
+  // The vocabulary and model shape, once: a resumed run reuses the file.
+  if (data->parallel && !o.checkpoint.empty() && !o.resume)
+    translation::save_translation_info(o.checkpoint, {data->parallel->tokenizer().model_bytes(), model->config()});
   model->to(dev);
   AdamWOptions adam;
   adam.lr = o.lr;
@@ -638,7 +722,9 @@ int run(Options& o) {
   AdamW opt(model->parameters(), adam);
   const int64_t start_step = maybe_resume(o, model_step, opt, *data);
 
-  spdlog::info("handgrad train: {}", data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")");
+  std::string what = data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")";
+  if (data->parallel) what = "translation of " + o.tr.pairs + " (" + data->parallel->describe() + ")";
+  spdlog::info("handgrad train: {}", what);
   spdlog::info("device {}{}{}, kernels {}, {} parameters (d_model {}, heads {}, layers {}, seq {}, batch {})",
                device_name(dev), dev == Device::CUDA ? " " : "", dev == Device::CUDA ? gpu::device_name() : "",
                kernel_mode_name(kernel_mode()), model->num_parameters(), o.d_model, o.heads, o.layers, o.seq_len,

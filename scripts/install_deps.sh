@@ -6,7 +6,10 @@ set -euo pipefail
 
 # libcairo2-dev + pkg-config: the programs' plots (optional at build time:
 # without them everything builds and the programs say no plot can be written).
+# libsentencepiece-dev: the subword vocabulary of train --task translate (optional
+# at build time: without it `translate` is not built and the task says why).
 packages=(cmake make g++ pkg-config libeigen3-dev catch2 libspdlog-dev libfmt-dev libcli11-dev libcairo2-dev
+          libsentencepiece-dev
           nlohmann-json3-dev python3 python3-matplotlib)
 # The Python module (python/, optional in CMake) and its tests: pybind11, NumPy,
 # and PyTorch for the handgrad.torch tests (Debian's 1.13, CPU; measured

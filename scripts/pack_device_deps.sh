@@ -8,4 +8,11 @@ dst=.deps/include
 rm -rf .deps && mkdir -p "$dst"
 cp -r /usr/include/eigen3 "$dst/"
 cp -r /usr/include/spdlog /usr/include/fmt /usr/include/CLI /usr/include/catch2 "$dst/"
+# SentencePiece (train --task translate): its headers and shared libraries,
+# which need only libstdc++/libc, so Debian 12's build runs on Ubuntu 24.04.
+if [[ -f /usr/include/sentencepiece_processor.h ]]; then
+  cp /usr/include/sentencepiece_processor.h /usr/include/sentencepiece_trainer.h "$dst/"
+  mkdir -p .deps/lib
+  cp -L /usr/lib/x86_64-linux-gnu/libsentencepiece.so.0 /usr/lib/x86_64-linux-gnu/libsentencepiece_train.so.0 .deps/lib/
+fi
 du -sh .deps
