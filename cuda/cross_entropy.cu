@@ -37,8 +37,9 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits, cons
   // m + log(s) would round to the ulp of m (large offsets lose digits).
   const float log_s = logf(s);
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float p = expf((x[j] - m) - log_s);
-    dx[j] = (p - (j == target ? 1.0f : 0.0f)) * inv_count;
+    // The target's p - 1 as expm1: exact where p rounds to 1 (a confident row).
+    const float z = (x[j] - m) - log_s;
+    dx[j] = (j == target ? expm1f(z) : expf(z)) * inv_count;
   }
   if (threadIdx.x == 0) row_loss[row] = log_s - (x[target] - m);
 }

@@ -78,8 +78,9 @@ __global__ void lse_backward(const T* __restrict__ logits, const float* __restri
   const float scale = target == -1 ? 0.f : inv_count[0] * dloss;
   const float m = row_stats[2 * row], log_s = row_stats[2 * row + 1];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float p = expf((to_f(x[j]) - m) - log_s);
-    dx[j] = from_f<T>((p - (j == target ? 1.f : 0.f)) * scale);
+    // The target's p - 1 as expm1: exact where p rounds to 1 (a confident row).
+    const float z = (to_f(x[j]) - m) - log_s;
+    dx[j] = from_f<T>((j == target ? expm1f(z) : expf(z)) * scale);
   }
 }
 

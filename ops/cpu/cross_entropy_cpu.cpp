@@ -26,8 +26,10 @@ double fused_rows(const Tensor& logits, const std::vector<double>& targets, int6
     for (int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(x[j] - m));
     // Relative to the max, so large offsets keep their digits (see docs/cross_entropy.md).
     const double log_s = std::log(s);
-    for (int64_t j = 0; j < vocab; ++j)
-      dx[j] = static_cast<T>((std::exp(static_cast<double>(x[j] - m) - log_s) - (j == target ? 1.0 : 0.0)) * inv_count);
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double z = static_cast<double>(x[j] - m) - log_s;  // the target's p - 1 as expm1 (no cancellation)
+      dx[j] = static_cast<T>((j == target ? std::expm1(z) : std::exp(z)) * inv_count);
+    }
     total += log_s - static_cast<double>(x[target] - m);
   }
   return total * inv_count;
