@@ -4,6 +4,7 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "ops/dispatch_log.hpp"
 #include "cuda/attention_kernels.hpp"
 #include "ops/attention_unfused.hpp"
 #include "ops/cpu/attention_cpu.hpp"
@@ -89,6 +90,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   s.mask = options.mask;
   s.causal = options.causal;
   s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  log_dispatch(kForwardOp, dispatch_path(q, kernel_mode() == KernelMode::Unfused), q);
   if (kernel_mode() == KernelMode::Unfused) {
     unfused::attention_forward(q, k, v, s);
   } else {
@@ -115,6 +117,7 @@ AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& save
            saved.o.shape());
   check_same_dtype(kBackwardOp, dout, saved.o);
   check_same_device(kBackwardOp, dout, saved.o);
+  log_dispatch(kBackwardOp, dispatch_path(dout, saved.probs.defined()), dout);
   if (saved.probs.defined()) return unfused::attention_backward(dout, saved);
   AttentionGrads g{Tensor::empty(saved.q.shape(), saved.q.dtype(), saved.q.device()),
                    Tensor::empty(saved.k.shape(), saved.k.dtype(), saved.k.device()),

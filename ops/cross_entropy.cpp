@@ -5,6 +5,7 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "ops/dispatch_log.hpp"
 #include "core/tensor_functions.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
@@ -126,8 +127,10 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   }
   // BF16 logits: fused mode keeps no probabilities (the gradient is written in
   // BF16 by the backward); unfused mode computes in F32.
-  if (logits.dtype() == DType::BF16 && use_lse_kernels(logits) && n_rows > 0)
+  if (logits.dtype() == DType::BF16 && use_lse_kernels(logits) && n_rows > 0) {
+    log_dispatch("cross_entropy_forward", "CUDA fused (log-sum-exp, no probabilities kept)", logits);
     return lse_forward(logits, targets, ignore_index, saved);
+  }
   const Tensor x = logits.dtype() == DType::BF16 ? logits.reshape({n_rows, vocab}).to(DType::F32)
                                                  : logits.reshape({n_rows, vocab});
   if (n_rows == 0) {
@@ -136,6 +139,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   }
 
   const bool fused = kernel_mode() == KernelMode::Fused;
+  const bool fused_kernel = fused && (!logits.is_cuda() || logits.dtype() == DType::F32);
+  log_dispatch("cross_entropy_forward", dispatch_path(logits, !fused_kernel), logits);
   if (fused && !logits.is_cuda()) {
     Tensor dlogits = Tensor::empty({n_rows, vocab}, x.dtype(), Device::CPU);
     const std::vector<double> t = targets.to_vector();

@@ -4,6 +4,7 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "ops/dispatch_log.hpp"
 #include "cuda/layernorm_kernels.hpp"
 #include "ops/cpu/layernorm_cpu.hpp"
 #include "ops/layernorm_unfused.hpp"
@@ -80,6 +81,7 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
   const int64_t D = x.size(-1), rows = rows_of(x);
   const DType stat_dtype = math_dtype(x.dtype());
   Tensor y, mean, rstd;
+  log_dispatch(kForward, dispatch_path(x, kernel_mode() == KernelMode::Unfused), x);
   if (kernel_mode() == KernelMode::Unfused) {
     y = unfused::layernorm_forward(x, gamma, beta, eps, mean, rstd);
   } else {
@@ -115,6 +117,7 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   check_row_stat(saved.mean, "mean", x);
   check_row_stat(saved.rstd, "rstd", x);
 
+  log_dispatch(kBackward, dispatch_path(x, kernel_mode() == KernelMode::Unfused), x);
   if (kernel_mode() == KernelMode::Unfused)
     return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
 

@@ -5,6 +5,7 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "ops/dispatch_log.hpp"
 #include "cuda/softmax_kernels.hpp"
 #include "ops/cpu/softmax_cpu.hpp"
 #include "ops/softmax_unfused.hpp"
@@ -93,6 +94,7 @@ Tensor fused_forward(const ForwardCall& c) {
 }
 
 Tensor run_forward(const ForwardCall& c) {
+  log_dispatch(kPlainOp, dispatch_path(c.x, kernel_mode() == KernelMode::Unfused), c.x);
   if (kernel_mode() == KernelMode::Unfused) return unfused::softmax_forward(c.x, c.mask, c.causal, c.scale);
   return fused_forward(c);
 }
@@ -136,6 +138,7 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
            " but y ", y.shape(), " is on ", device_name(y.device()));
   check_scale(scale, y.dtype(), kBackwardOp);
 
+  log_dispatch(kBackwardOp, dispatch_path(y, kernel_mode() == KernelMode::Unfused), y);
   if (kernel_mode() == KernelMode::Unfused) return unfused::softmax_backward(dy, y, scale);
   const int64_t tk = y.size(-1);
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
