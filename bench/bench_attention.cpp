@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.hpp"
+#include "examples/common/cli.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "ops/attention.hpp"
@@ -83,12 +84,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-unfused-seq", max_unfused_t, "skip the unfused path above this T (its memory grows as T^2)");
   app.add_flag("--fused-only", fused_only);
   app.add_option("--csv", csv_path, "write every row here too");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    if (gpu::device_count() == 0) {
-      std::fprintf(stderr, "bench_attention: no CUDA GPU present (this benchmark times the CUDA paths)\n");
-      return 1;
-    }
+  cli::CommonFlags common;
+  cli::add_common_flags(app, common);
+  return cli::run_program(app, common, argc, argv, [&] {
+    cli::resolve_device("cuda", "bench_attention");  // times the CUDA paths: "no CUDA GPU" is a usage error
+    if (!csv_path.empty()) cli::check_writable(csv_path, "--csv");
     std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up\n", gpu::device_name(),
                 static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup);
     std::printf("%-5s %5s %4s %6s %-7s | %9s %9s | %8s %8s | %9s\n", "dtype", "T", "dh", "causal", "path",
@@ -118,9 +118,6 @@ int main(int argc, char** argv) {
                 csv->row(dt, t, tokens / t, width / dh, dh, causal ? 1 : 0, path, r.fwd.median_ms, r.bwd.median_ms,
                          fwd_tf, bwd_tf, r.peak_extra_mib);
             }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_attention: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return cli::kExitOk;
+  });
 }

@@ -14,6 +14,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "examples/common/cli.hpp"
+
 #include "core/parallel.hpp"
 #include "core/random.hpp"
 #include "core/tensor_functions.hpp"
@@ -56,13 +58,10 @@ int main(int argc, char** argv) {
   int iters = 7;
   app.add_option("--threads", threads, "thread counts to run (hg::set_num_threads)")->delimiter(',');
   app.add_option("--iters", iters, "timed calls per kernel (median)")->check(CLI::Range(1, 1000));
-  CLI11_PARSE(app, argc, argv);
-  for (int n : threads) {
-    if (n < 1) {
-      std::fprintf(stderr, "bench_cpu_kernels: --threads %d is not a thread count (>= 1)\n", n);
-      return 2;
-    }
-  }
+  cli::CommonFlags common;  // --threads is this program's own list here
+  return cli::run_program(app, common, argc, argv, [&] {
+  for (int n : threads)
+    if (n < 1) cli::usage_error("--threads", n, ": not a thread count (>= 1)");
   Generator g(1);
   for (int n : threads) {
     set_num_threads(n);
@@ -97,5 +96,6 @@ int main(int argc, char** argv) {
     std::printf("%-34s wall %8.2f ms (%6.1f GFLOP/s) cpu %8.2f ms\n", "matmul 2048x64 * (256x64)^T", mm.wall_ms,
                 2.0 * 2048 * 64 * 256 / (mm.wall_ms * 1e6), mm.cpu_ms);
   }
-  return 0;
+  return cli::kExitOk;
+  });
 }

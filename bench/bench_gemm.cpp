@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
+#include "examples/common/cli.hpp"
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/device.hpp"
@@ -52,10 +53,10 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "calls per timed sample")->check(CLI::PositiveNumber);
   app.add_option("--sets", sets, "rotating input sets")->check(CLI::PositiveNumber);
   app.add_option("--csv", csv, "write the rows to this CSV file");
-  CLI11_PARSE(app, argc, argv);
-
-  try {
-    HG_CHECK(cuda_available(), kBench, "needs a CUDA GPU (none is visible)");
+  cli::CommonFlags common;
+  cli::add_common_flags(app, common);
+  return cli::run_program(app, common, argc, argv, [&] {
+    cli::resolve_device("cuda", kBench);  // times the CUDA GEMMs: "no CUDA GPU" is a usage error
     const DType dtype = dtype_text == "bf16" ? DType::BF16 : DType::F32;
     set_allow_tf32(tf32);
     Backend& be = cuda_backend();
@@ -109,9 +110,6 @@ int main(int argc, char** argv) {
           if (out) out->row(kBench, gpu::device_name(), dtype_text, tf32 ? 1 : 0, f.name, m, k, n, t.median_ms, tflops);
         }
       }
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return cli::kExitOk;
+  });
 }

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.hpp"
+#include "examples/common/cli.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/math_mode.hpp"
@@ -169,14 +170,14 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--csv", csv_path, "summary CSV")->capture_default_str();
   app.add_option("--breakdown-csv", breakdown_path, "per-op-kind CSV")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  cpu.vocab = gpu.vocab;
-
-  try {
+  cli::CommonFlags common;
+  cli::add_common_flags(app, common);
+  return cli::run_program(app, common, argc, argv, [&] {
+    cpu.vocab = gpu.vocab;
     std::vector<Device> devs;
     if (devices != "cuda") devs.push_back(Device::CPU);
     if (devices == "cuda" || (devices == "auto" && cuda_available())) devs.push_back(Device::CUDA);
-    HG_CHECK(devices != "cuda" || cuda_available(), "bench_train", "--device cuda but no CUDA GPU is available");
+    if (devices == "cuda") cli::resolve_device("cuda", "--device");  // "no CUDA GPU": a usage error
     for (Device dev : devs) {
       const Size& s = dev == Device::CUDA ? gpu : cpu;
       HG_CHECK(s.d_model % s.heads == 0, "bench_train", device_name(dev), " d_model ", s.d_model,
@@ -249,9 +250,6 @@ int main(int argc, char** argv) {
                     e.total_ms / results[mode].profiled_step_ms);
     }
     std::printf("\nwrote %s and %s\n", csv_path.c_str(), breakdown_path.c_str());
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_train: error: %s\n", e.what());
-    return 1;
-  }
+    return cli::kExitOk;
+  });
 }
