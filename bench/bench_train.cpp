@@ -183,7 +183,11 @@ int main(int argc, char** argv) {
       HG_CHECK(s.d_model % s.heads == 0, "bench_train", device_name(dev), " d_model ", s.d_model,
                " is not a multiple of heads ", s.heads);
       if (precision_name_arg != "auto")
-        check_precision_supported(parse_precision(precision_name_arg), dev, "bench_train --precision");
+        try {
+          check_precision_supported(parse_precision(precision_name_arg), dev, "bench_train --precision");
+        } catch (const Error& e) {  // a flag value this machine cannot run: a usage error
+          cli::usage_error("--precision", precision_name_arg, ": ", e.what());
+        }
     }
     if (tf32) set_allow_tf32(true);
 

@@ -706,7 +706,11 @@ int run(Options& o) {
   const Device dev = cli::resolve_device(o.device);
   set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
   const Precision precision = o.precision == "auto" ? default_precision(dev) : parse_precision(o.precision);
-  check_precision_supported(precision, dev, "train --precision");
+  try {
+    check_precision_supported(precision, dev, "train --precision");
+  } catch (const Error& e) {  // a flag value this machine cannot run: a usage error
+    cli::usage_error("--precision", o.precision, ": ", e.what());
+  }
   set_allow_tf32(o.tf32);
 
   const std::unique_ptr<Data> data = build_data(o);
