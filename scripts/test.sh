@@ -52,8 +52,11 @@ asan_dir="${HG_ASAN_BUILD_DIR:-build-asan}"
 cmake -S . -B "$asan_dir" -DHG_SANITIZE=ON -DHG_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
 # Only the test programs: examples and benchmarks add build time, not coverage.
+# Every test program CTest registered there (tests/test_*.cpp, and optional
+# ones such as tests/translation/test_translation.cpp when their library was found).
 tests=()
-for src in tests/test_*.cpp; do tests+=("$(basename "$src" .cpp)"); done
+registered=$(ctest --test-dir "$asan_dir" -N | sed -n 's/^ *Test *#[0-9]*: \(test_[A-Za-z0-9_]*\)$/\1/p')
+for t in $registered; do tests+=("$t"); done
 cmake --build "$asan_dir" -j"$(nproc)" --target "${tests[@]}"
 # Every allocation is filled with 0xff bytes (a NaN in f32 and f64), so a
 # result that reads memory it never wrote shows up as a failed comparison.
