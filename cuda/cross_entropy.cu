@@ -30,12 +30,9 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits, cons
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);
   m = block_max(m, scratch);
-  float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(x[j] - m);
-  s = block_sum(s, scratch);
   // Work relative to the max: x - m is exact for nearby logits, while
   // m + log(s) would round to the ulp of m (large offsets lose digits).
-  const float log_s = logf(s);
+  const float log_s = block_log_sum_exp_shifted(vocab, m, [&](int64_t j) { return x[j]; }, scratch);
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     // The target's p - 1 as expm1: exact where p rounds to 1 (a confident row).
     const float z = (x[j] - m) - log_s;

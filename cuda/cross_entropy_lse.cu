@@ -37,12 +37,9 @@ __global__ void lse_rows(const T* __restrict__ logits, const float* __restrict__
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
   m = block_max(m, scratch);
-  float s = 0.f;
-  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(to_f(x[j]) - m);
-  s = block_sum(s, scratch);
-  if (threadIdx.x != 0) return;
   // m and log s are kept apart: m + log s would round to the ulp of m.
-  const float log_s = logf(s);
+  const float log_s = block_log_sum_exp_shifted(vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
+  if (threadIdx.x != 0) return;
   row_stats[2 * row] = m;
   row_stats[2 * row + 1] = log_s;
   counted[row] = target == -1 ? 0.f : 1.f;
