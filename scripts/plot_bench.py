@@ -36,6 +36,8 @@ def parse_args(argv):
     p.add_argument("--title", default="", help="plot title")
     p.add_argument("--ylabel", default=None, help="y-axis label (default: the y column)")
     p.add_argument("--linear-x", action="store_true", help="linear x axis (default log2)")
+    p.add_argument("--log-y", action="store_true", help="logarithmic y axis (loss curves)")
+    p.add_argument("--lines", action="store_true", help="lines without point markers (long curves)")
     p.add_argument("--hline", action="append", default=[], metavar="VALUE[:LABEL]",
                    help="horizontal reference line, e.g. 2950:copy rate (repeatable)")
     return p.parse_args(argv)
@@ -81,7 +83,8 @@ def main(argv):
     for key in sorted(lines):
         xs = sorted(lines[key])
         ys = [sum(lines[key][x]) / len(lines[key][x]) for x in xs]
-        ax.plot(xs, ys, marker="o", label=key or args.y)
+        ax.plot(xs, ys, marker=None if args.lines else "o", linewidth=1 if args.lines else 1.5,
+                label=key or args.y)
     for h in args.hline:
         value, _, label = h.partition(":")
         ax.axhline(float(value), linestyle="--", color="gray", linewidth=1)
@@ -90,6 +93,8 @@ def main(argv):
                         va="bottom", fontsize=8, color="gray")
     if not args.linear_x:
         ax.set_xscale("log", base=2)
+    if args.log_y:
+        ax.set_yscale("log")
     ax.set_xlabel(args.x)
     ax.set_ylabel(args.ylabel or args.y)
     ax.set_title(args.title or f"{args.y} vs {args.x} ({args.csv})")
