@@ -36,3 +36,16 @@ template <class... Parts>
   do {                                     \
     if (!(cond)) ::hg::fail(op, __VA_ARGS__); \
   } while (0)
+
+// A precondition the op boundary has already validated, restated by a kernel
+// launcher: checked in Debug and sanitizer builds, compiled out under NDEBUG
+// (Release), so a Release call validates its input exactly once.
+#ifdef NDEBUG
+#define HG_DEBUG_CHECKS 0
+#else
+#define HG_DEBUG_CHECKS 1
+#endif
+#define HG_DCHECK(cond, op, ...)                         \
+  do {                                                   \
+    if (HG_DEBUG_CHECKS && !(cond)) ::hg::fail(op, __VA_ARGS__); \
+  } while (0)

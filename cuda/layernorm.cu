@@ -7,14 +7,16 @@
 // (j * G + t) * VEC + k for j < EPT / VEC, k < VEC (VEC: 16 bytes, or 1 where
 // the rows are not 16-byte aligned): every j is one coalesced sweep of the
 // group. A group holds CAP = G * EPT elements. Longer rows are walked in
-// chunks of CAP, read twice (the chunked kernels), or, in the backward on
-// sm_90+, split over a cluster of C = 2..8 blocks, one column slice each.
+// chunks of CAP, read twice (the chunked kernels), or, on sm_90+, split over
+// a cluster of C = 2..8 blocks, one column slice each (the backward; the
+// forward for 16-byte-aligned f32 rows of 65536+ elements).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
@@ -36,24 +38,25 @@ struct Moments {
   float rstd;  // 1 / sqrt(var + eps)
 };
 
-// A row of len elements held in v (minus shift, zeros past len).
-template <int VEC, int NV, int G>
-__device__ __forceinline__ Moments moments_in_registers(const float (&v)[NV][VEC], int len, const RowGroup<G>& grp,
-                                                        float inv_d, float eps) {
+// A row of len elements held in v (minus shift, zeros past len); row_sums
+// adds a per-thread partial over the whole row (the group, or the cluster).
+template <int VEC, int NV, int G, class RowSums>
+__device__ __forceinline__ Moments moments_in_registers(const float (&v)[NV][VEC], int len, int t,
+                                                        const RowSums& row_sums, float inv_d, float eps) {
   float s[1] = {0.0f};
 #pragma unroll
   for (int j = 0; j < NV; ++j)
 #pragma unroll
     for (int k = 0; k < VEC; ++k) s[0] += v[j][k];
-  grp.sums(s);
+  row_sums(s);
   const float mean = s[0] * inv_d;
   float q[1] = {0.0f};
 #pragma unroll
   for (int j = 0; j < NV; ++j)
-    if ((j * G + grp.t) * VEC < len)
+    if ((j * G + t) * VEC < len)
 #pragma unroll
       for (int k = 0; k < VEC; ++k) q[0] += (v[j][k] - mean) * (v[j][k] - mean);
-  grp.sums(q);
+  row_sums(q);
   return {mean, rsqrtf(q[0] * inv_d + eps)};
 }
 
@@ -117,38 +120,41 @@ __device__ __forceinline__ void save_stats(float* mean_out, float* rstd_out, int
   rstd_out[row] = m.rstd;
 }
 
-// Rows of up to CAP = G * EPT elements, held in registers, read once.
-template <class T, int VEC, int EPT, int G, int R>
+// Rows (CLUSTER: row slices) of up to CAP = G * EPT elements, held in
+// registers, read once.
+template <class T, int VEC, int EPT, int G, int R, bool CLUSTER = false>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     layernorm_forward_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                              const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                              float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
   constexpr int NV = EPT / VEC;
-  constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
+  static_assert(!CLUSTER || R == 1, "a cluster block holds one row slice");
   __shared__ GroupScratch<G, R> scratch;
+  __shared__ float slots[2][kMaxRowSums];  // CLUSTER: exchange of block sums
+  int parity = 0;
   const RowGroup<G> grp = row_group<G, R>(scratch);
+  const auto row_sums = [&](float(&v)[1]) {
+    grp.sums(v);
+    if constexpr (CLUSTER) cluster_sums<1>(v, slots, parity);
+  };
   const float inv_d = 1.0f / static_cast<float>(D);
-  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-  // Rows are uniform across a group, so a group runs its loop (and its
-  // barriers) together; groups of one block are independent.
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
-    const float shift = to_float(x[row * D]);
-    const T* xr = x + row * D;
-    T* yr = y + row * D;
+  const RowSplit part = split_rows<CLUSTER, R, VEC>(D, grp.group);
+  // Rows are uniform across a group (and a cluster), so a group runs its
+  // loop (and its barriers) together; groups of one block are independent.
+  for (int64_t row = part.first_row; row < rows; row += part.row_stride) {
+    const float shift = to_float(x[row * D]);  // every block of a cluster reads the row's first element
+    const T* xr = x + row * D + part.col0;
     float v[NV][VEC];
-    load_part<T, VEC, NV, G>(xr, D, grp.t, shift, v);
-    if (prefetch_next_row(G * R) && row + row_stride < rows) prefetch_row_l2<T, G, EPT>(xr + row_stride * D, D, grp.t);
-    const Moments m = moments_in_registers<VEC, NV, G>(v, D, grp, inv_d, eps);
-    for (int off = 0; off < D; off += CAP) {  // one trip: D <= CAP
-      const int chunk = min(CAP, D - off);
-      const float* gamma_c = gamma + off;
-      const float* beta_c = beta + off;
-      T* y_c = yr + off;
-      normalise_chunk<T, VEC, NV, G>(v, chunk, m, gamma_c, beta_c, y_c, grp.t);
-    }
-    if (grp.t == 0) save_stats(mean_out, rstd_out, row, shift, m);
+    load_part<T, VEC, NV, G>(xr, part.len, grp.t, shift, v);
+    if (prefetch_next_row(G * R) && row + part.row_stride < rows)
+      prefetch_row_l2<T, G, EPT>(xr + part.row_stride * D, part.len, grp.t);
+    const Moments m = moments_in_registers<VEC, NV, G>(v, part.len, grp.t, row_sums, inv_d, eps);
+    normalise_chunk<T, VEC, NV, G>(v, part.len, m, gamma + part.col0, beta + part.col0, y + row * D + part.col0,
+                                   grp.t);
+    if (grp.t == 0 && part.col0 == 0) save_stats(mean_out, rstd_out, row, shift, m);  // CLUSTER: rank 0
   }
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // Rows of any length, one block of G threads per row, in chunks of G * EPT:
@@ -504,6 +510,61 @@ int persistent_grid(int64_t rows, int rows_per_block, int per_sm) {
   return static_cast<int>(std::min<int64_t>(wanted, int64_t(per_sm) * sm_count()));
 }
 
+// A cluster of C blocks along x.
+cudaLaunchAttribute cluster_attribute(int C) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = C, a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+  return a;
+}
+
+// A launch on the handgrad stream, with a cluster shape or (null) none.
+cudaLaunchConfig_t launch_config(dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream();
+  config.attrs = cluster_dim;
+  config.numAttrs = cluster_dim != nullptr ? 1 : 0;
+  return config;
+}
+
+// Cluster support of one kernel: how many clusters of C = 2..kMaxCluster
+// blocks are resident at once (all 0 where the device or the kernel's
+// compiled code cannot run clusters: the cluster code exists only in code
+// built for sm_90 or newer, which ptxVersion reports).
+template <class Kernel>
+std::array<int, kMaxCluster + 1> clusters_that_fit(Kernel kernel, int threads, size_t smem) {
+  std::array<int, kMaxCluster + 1> fit{};
+  int device = 0, major = 0;
+  HG_CUDA_CHECK(cudaGetDevice(&device));
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cudaFuncAttributes attr{};
+  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (major < 9 || attr.ptxVersion < 90 || attr.binaryVersion < 90) return fit;
+  if (smem > 48 * 1024)
+    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  for (int C = 2; C <= kMaxCluster; ++C) {
+    cudaLaunchAttribute cluster_dim = cluster_attribute(C);
+    const cudaLaunchConfig_t config = launch_config(dim3(C), threads, smem, &cluster_dim);
+    HG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit[C], kernel, &config));
+  }
+  return fit;
+}
+
+// The cluster size for rows of D: among the sizes whose blocks hold a
+// slice of at most CAP, the one that keeps the most blocks resident, the
+// smallest on a tie; 0 if none can run. (A cluster lives in one GPC: 18 SMs
+// hold 14 blocks in clusters of 7, but 16 in clusters of 8.)
+int cluster_size_for(int D, int VEC, int CAP, const std::array<int, kMaxCluster + 1>& fit) {
+  if (D > kMaxCluster * CAP) return 0;  // (and D + C - 1 cannot overflow below)
+  int best = 0;
+  for (int C = 2; C <= kMaxCluster; ++C)
+    if (cluster_slice(D, C, VEC) <= CAP && fit[C] * C > fit[best] * best) best = C;
+  return best;
+}
+
 struct ForwardArgs {
   const void* x;
   const float* gamma;
@@ -534,9 +595,29 @@ struct Forward {
     static const int per_sm = blocks_per_sm(kernel, G, 0, kOp);
     launch(kernel, G, persistent_grid(a.rows, 1, per_sm));
   }
-  // No cluster forward: one was built and measured slower than the chunked
-  // forward at 10 of 12 points (docs/layernorm_kernels_notes.md).
-  bool clusters() const { return false; }
+  // f32 rows of 65536+ elements (16-byte aligned) on sm_90+: a cluster per
+  // row, each block 1024 threads x 16 elements, reads the row once where the
+  // chunked forward reads it twice. It wins only there; bf16 and shorter or
+  // unaligned rows are faster chunked (docs/layernorm_kernels_notes.md).
+  bool clusters() const {
+    if constexpr (!std::is_same_v<T, float> || VEC == 1) {
+      return false;
+    } else {
+      constexpr int kEPT = 16, kThreads = 1024, kCap = kThreads * kEPT, kMinD = 65536;
+      if (a.D < kMinD) return false;
+      auto kernel = layernorm_forward_kernel<T, VEC, kEPT, kThreads, 1, true>;
+      static const std::array<int, kMaxCluster + 1> fit = clusters_that_fit(kernel, kThreads, 0);
+      const int C = cluster_size_for(a.D, VEC, kCap, fit);
+      if (C == 0) return false;
+      const int clusters = static_cast<int>(std::min<int64_t>(a.rows, fit[C]));
+      cudaLaunchAttribute cluster_dim = cluster_attribute(C);
+      const cudaLaunchConfig_t config = launch_config(dim3(C * clusters), kThreads, 0, &cluster_dim);
+      HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.x), a.gamma, a.beta,
+                                       static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps));
+      HG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel (clusters)");
+      return true;
+    }
+  }
 
   template <class Kernel>
   void launch(Kernel kernel, int threads, int blocks) const {
@@ -558,49 +639,6 @@ struct BackwardArgs {
   int64_t rows;
   int D;
 };
-
-// Cluster support of one kernel: how many clusters of C = 2..kMaxCluster
-// blocks are resident at once (all 0 where the device or the kernel's
-// compiled code cannot run clusters: the cluster code exists only in code
-// built for sm_90 or newer, which ptxVersion reports).
-template <class Kernel>
-std::array<int, kMaxCluster + 1> clusters_that_fit(Kernel kernel, int threads, size_t smem) {
-  std::array<int, kMaxCluster + 1> fit{};
-  int device = 0, major = 0;
-  HG_CUDA_CHECK(cudaGetDevice(&device));
-  HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  cudaFuncAttributes attr{};
-  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  if (major < 9 || attr.ptxVersion < 90 || attr.binaryVersion < 90) return fit;
-  if (smem > 48 * 1024)
-    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  for (int C = 2; C <= kMaxCluster; ++C) {
-    cudaLaunchAttribute cluster_dim{};
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = C, cluster_dim.val.clusterDim.y = 1, cluster_dim.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(C);
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream();
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
-    HG_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit[C], kernel, &config));
-  }
-  return fit;
-}
-
-// The cluster size for rows of D: among the sizes whose blocks hold a
-// slice of at most CAP, the one that keeps the most blocks resident, the
-// smallest on a tie; 0 if none can run. (A cluster lives in one GPC: 18 SMs
-// hold 14 blocks in clusters of 7, but 16 in clusters of 8.)
-int cluster_size_for(int D, int VEC, int CAP, const std::array<int, kMaxCluster + 1>& fit) {
-  if (D > kMaxCluster * CAP) return 0;  // (and D + C - 1 cannot overflow below)
-  int best = 0;
-  for (int C = 2; C <= kMaxCluster; ++C)
-    if (cluster_slice(D, C, VEC) <= CAP && fit[C] * C > fit[best] * best) best = C;
-  return best;
-}
 
 template <class T, int VEC>
 struct Backward {
@@ -639,9 +677,7 @@ struct Backward {
     if (C == 0) return false;
     const int clusters = static_cast<int>(std::min<int64_t>(a.rows, fit[C]));
     with_partials(clusters, [&](float* partial_dgamma, float* partial_dbeta) {
-      cudaLaunchAttribute cluster_dim{};
-      cluster_dim.id = cudaLaunchAttributeClusterDimension;
-      cluster_dim.val.clusterDim.x = C, cluster_dim.val.clusterDim.y = 1, cluster_dim.val.clusterDim.z = 1;
+      cudaLaunchAttribute cluster_dim = cluster_attribute(C);
       launch(kernel, dim3(C * clusters), kThreads, kSmem, &cluster_dim, partial_dgamma, partial_dbeta);
     });
     return true;
@@ -677,13 +713,7 @@ struct Backward {
   template <class... Params>
   void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim,
               float* partial_dgamma, float* partial_dbeta) const {
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(threads);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream();
-    config.attrs = cluster_dim;
-    config.numAttrs = cluster_dim != nullptr ? 1 : 0;
+    const cudaLaunchConfig_t config = launch_config(grid, threads, smem, cluster_dim);
     HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x),
                                      a.gamma, a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta,
                                      a.rows, a.D));
@@ -718,8 +748,8 @@ void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*>
 }
 
 void check_rows_d(const char* op, const Tensor& x) {
-  HG_CHECK(x.ndim() == 2, op, "expects (rows, D), got x ", x.shape());
-  HG_CHECK(x.size(1) <= INT_MAX, op, "D too large: x ", x.shape());
+  HG_DCHECK(x.ndim() == 2, op, "expects (rows, D), got x ", x.shape());
+  HG_CHECK(x.size(1) <= INT_MAX, op, "D too large for the kernels' 32-bit widths: x ", x.shape());
 }
 
 }  // namespace
@@ -728,8 +758,8 @@ void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor&
                              Tensor& mean, Tensor& rstd) {
   constexpr const char* kOp = "layernorm_forward_fused";
   check_rows_d(kOp, x);
-  HG_CHECK(y.dtype() == x.dtype() && gamma.dtype() == DType::F32 && beta.dtype() == DType::F32, kOp,
-           "dtypes: x ", dtype_name(x.dtype()), " y ", dtype_name(y.dtype()), " gamma/beta must be f32");
+  HG_DCHECK(y.dtype() == x.dtype() && gamma.dtype() == DType::F32 && beta.dtype() == DType::F32, kOp,
+            "dtypes: x ", dtype_name(x.dtype()), " y ", dtype_name(y.dtype()), " gamma/beta must be f32");
   const ForwardArgs a{x.raw_data(),        gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
                       rstd.data<float>(), x.size(0),           int(x.size(1)),     eps};
   if (a.rows == 0 || a.D == 0) return;
@@ -740,10 +770,10 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
                               const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   constexpr const char* kOp = "layernorm_backward_fused";
   check_rows_d(kOp, x);
-  HG_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && gamma.dtype() == DType::F32 &&
-               dgamma.dtype() == DType::F32 && dbeta.dtype() == DType::F32,
-           kOp, "dtypes: x ", dtype_name(x.dtype()), " dy ", dtype_name(dy.dtype()), " dx ", dtype_name(dx.dtype()),
-           "; gamma, dgamma, dbeta must be f32");
+  HG_DCHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && gamma.dtype() == DType::F32 &&
+                dgamma.dtype() == DType::F32 && dbeta.dtype() == DType::F32,
+            kOp, "dtypes: x ", dtype_name(x.dtype()), " dy ", dtype_name(dy.dtype()), " dx ", dtype_name(dx.dtype()),
+            "; gamma, dgamma, dbeta must be f32");
   const BackwardArgs a{dy.raw_data(),       x.raw_data(),         gamma.data<float>(), mean.data<float>(),
                        rstd.data<float>(), dx.raw_data(),        dgamma.data<float>(), dbeta.data<float>(),
                        x.size(0),          int(x.size(1))};

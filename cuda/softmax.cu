@@ -491,16 +491,18 @@ void check_storage(const char* op, const Tensor& t, const Tensor& like, int64_t 
 
 void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
   constexpr const char* op = "softmax_forward_fused";
-  HG_CHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op,
+  HG_DCHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op,
            "bad layout: rows ", layout.rows, " tk ", layout.tk, " tq ", layout.tq, " heads ", layout.heads);
-  HG_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, op, "dtype ", dtype_name(x.dtype()),
+  HG_DCHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, op, "dtype ", dtype_name(x.dtype()),
            " is not supported (F32 or BF16)");
-  check_storage(op, x, x, layout.rows * layout.tk);
-  check_storage(op, y, x, layout.rows * layout.tk);
+  if (HG_DEBUG_CHECKS) {
+    check_storage(op, x, x, layout.rows * layout.tk);
+    check_storage(op, y, x, layout.rows * layout.tk);
+  }
   if ((layout.mask != nullptr || layout.causal) && layout.rows > 0)
-    HG_CHECK(layout.rows % (layout.heads * layout.tq) == 0, op, "rows ", layout.rows,
+    HG_DCHECK(layout.rows % (layout.heads * layout.tq) == 0, op, "rows ", layout.rows,
              " is not a multiple of heads * tq = ", layout.heads * layout.tq);
-  if (layout.mask != nullptr) {
+  if (HG_DEBUG_CHECKS && layout.mask != nullptr) {
     layout.mask->check_device(Device::CUDA, op);
     layout.mask->check_dtype(DType::F32, op);
   }
@@ -512,12 +514,14 @@ void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y
 void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale,
                             Tensor& dx) {
   constexpr const char* op = "softmax_backward_fused";
-  HG_CHECK(rows >= 0 && tk >= 1, op, "bad layout: rows ", rows, " tk ", tk);
-  HG_CHECK(y.dtype() == DType::F32 || y.dtype() == DType::BF16, op, "dtype ", dtype_name(y.dtype()),
-           " is not supported (F32 or BF16)");
-  check_storage(op, y, y, rows * tk);
-  check_storage(op, dy, y, rows * tk);
-  check_storage(op, dx, y, rows * tk);
+  HG_DCHECK(rows >= 0 && tk >= 1, op, "bad layout: rows ", rows, " tk ", tk);
+  HG_DCHECK(y.dtype() == DType::F32 || y.dtype() == DType::BF16, op, "dtype ", dtype_name(y.dtype()),
+            " is not supported (F32 or BF16)");
+  if (HG_DEBUG_CHECKS) {
+    check_storage(op, y, y, rows * tk);
+    check_storage(op, dy, y, rows * tk);
+    check_storage(op, dx, y, rows * tk);
+  }
   if (rows == 0) return;
   if (y.dtype() == DType::F32) return backward_typed<float>(dy, y, rows, tk, scale, dx);
   backward_typed<bf16>(dy, y, rows, tk, scale, dx);
