@@ -188,6 +188,15 @@ Plan build_plan(const Call& c) {
                                                        sizeof align_d));
   HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                        sizeof align_d));
+  // Split-K partial sums stay in fp32: for an out narrower than fp32 only the
+  // COMPUTE_TYPE reduction (or none). INPLACE and OUTPUT_TYPE add the partial
+  // products in out's dtype, which for bf16 is not fp32 accumulation (on the
+  // H100 the heuristic picked a 44-way OUTPUT_TYPE split at M 130 N 40 K 200,
+  // and the BiasGelu result was off by 22x its single-rounding bound).
+  const uint32_t reductions = c.out.dtype() == DType::F32 ? uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK)
+                                                          : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                       sizeof reductions));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), p.desc, p.lt_a, p.lt_b, p.lt_d, p.lt_d,
