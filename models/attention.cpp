@@ -94,19 +94,23 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
   if (flash_.o.defined()) {
     // dq, dk, dv land straight in the (B, T, 3, H, dh) gradient of the QKV projection's output.
     const Tensor dpacked = attention_backward_packed(dmerged.reshape({b, t, d_model_}), flash_);
+    flash_ = AttentionSaved();  // used up: the projection output and o go before the QKV backward
     return qkv.backward(dpacked.reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
   }
-  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];
-  const Tensor dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
   // dq, dk, dv are written straight into the slices of one (3, B, H, T, dh)
   // tensor, so no concatenation copy is needed before the QKV backward.
   Tensor dheads = Tensor::empty({3, b, h, t, dh}, dy.dtype(), dy.device());
-  Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
-  const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
-  matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
-  const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
-  matmul_into(dscores, k, dq, false, false);  // dq = dS k
-  matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
+  {
+    const Tensor q = heads_[0], k = heads_[1], v = heads_[2];
+    const Tensor dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
+    Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
+    const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
+    matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
+    const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
+    matmul_into(dscores, k, dq, false, false);  // dq = dS k
+    matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
+  }
+  heads_ = probs_ = Tensor();  // used up: freed before the QKV backward
   const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
   const Tensor dpacked = transpose(bh, 1, 2).reshape({b * t, 3 * d_model_});
   return qkv.backward(dpacked).reshape({b, t, d_model_});

@@ -135,7 +135,9 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
     dx_args.bias_grad = dpre_sum;
   }
   be.gemm(dy2, weight_for(dy), dx, dx_args);
-  return dx.reshape(x_.shape());
+  const Shape x_shape = x_.shape();
+  x_ = Tensor();  // the forward input is used up: its memory can serve the rest of the backward
+  return dx.reshape(x_shape);
 }
 
 }  // namespace hg
