@@ -46,7 +46,12 @@ struct Args {
   int heads, tq, tk;
   bool causal;
   float scale, scale_log2;
+  // Element strides (batch, head, row) of q and dq; k, v, dk, dv; o and dout.
+  int64_t q_batch, q_head, q_row, kv_batch, kv_head, kv_row, o_batch, o_head, o_row;
 
+  __device__ int64_t q_base(int64_t bh) const { return (bh / heads) * q_batch + (bh % heads) * q_head; }
+  __device__ int64_t kv_base(int64_t bh) const { return (bh / heads) * kv_batch + (bh % heads) * kv_head; }
+  __device__ int64_t o_base(int64_t bh) const { return (bh / heads) * o_batch + (bh % heads) * o_head; }
   __device__ const float* mask_row(int64_t bh) const {
     return mask == nullptr ? nullptr : mask + (bh / heads) * mask_batch_stride;
   }
@@ -133,16 +138,17 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
-// A fragments of 16 rows x DH straight from global memory (rows past `rows` are zeros).
+// A fragments of 16 rows x DH straight from global memory, rows `ld`
+// elements apart (rows past `rows` are zeros).
 template <int DH>
-__device__ void load_a_rows(uint32_t (&a)[DH / 16][4], const bf16* src, int r0, int rows) {
+__device__ void load_a_rows(uint32_t (&a)[DH / 16][4], const bf16* src, int64_t ld, int r0, int rows) {
   const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
 #pragma unroll
   for (int kc = 0; kc < DH / 16; ++kc)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = r0 + g + 8 * (e & 1), c = kc * 16 + 2 * t + 8 * (e >> 1);
-      a[kc][e] = r < rows ? word(src + int64_t(r) * DH + c) : 0u;
+      a[kc][e] = r < rows ? word(src + int64_t(r) * ld + c) : 0u;
     }
 }
 
@@ -154,15 +160,16 @@ __device__ __forceinline__ void load_b_trans(uint32_t& b0, uint32_t& b1, const b
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
 }
 
-// Rows [r0, r0 + ROWS) of a (rows, D) matrix into a row-major shared tile;
-// rows past the end are zeros. Plain 16-byte loads (F32 kernels).
+// Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
+// apart into a row-major shared tile; rows past the end are zeros. Plain
+// 16-byte loads (F32 kernels).
 template <int ROWS, int D, class T>
-__device__ void stage_rows(T* tile, int stride, const T* src, int r0, int rows) {
+__device__ void stage_rows(T* tile, int stride, const T* src, int64_t ld, int r0, int rows) {
   constexpr int kVec = 16 / sizeof(T);
   for (int idx = threadIdx.x; idx < ROWS * D / kVec; idx += kThreads) {
     const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
     uint4 raw = make_uint4(0, 0, 0, 0);
-    if (r0 + r < rows) raw = *reinterpret_cast<const uint4*>(src + int64_t(r0 + r) * D + c);
+    if (r0 + r < rows) raw = *reinterpret_cast<const uint4*>(src + int64_t(r0 + r) * ld + c);
     *reinterpret_cast<uint4*>(tile + r * stride + c) = raw;
   }
 }
@@ -170,11 +177,11 @@ __device__ void stage_rows(T* tile, int stride, const T* src, int r0, int rows) 
 // The same with cp.async (global -> shared without registers; zero-fill past
 // the end); the caller commits the group and waits before reading the tile.
 template <int ROWS, int D>
-__device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int r0, int rows) {
+__device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
   for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += kThreads) {
     const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
     const bool in = r0 + r < rows;
-    const bf16* from = src + (in ? int64_t(r0 + r) * D + c : 0);
+    const bf16* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * stride + c));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0));
   }
@@ -197,14 +204,14 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
-  const bf16* q = static_cast<const bf16*>(a.q) + bh * a.tq * DH;
-  const bf16* k = static_cast<const bf16*>(a.k) + bh * a.tk * DH;
-  const bf16* v = static_cast<const bf16*>(a.v) + bh * a.tk * DH;
+  const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
+  const bf16* k = static_cast<const bf16*>(a.k) + a.kv_base(bh);
+  const bf16* v = static_cast<const bf16*>(a.v) + a.kv_base(bh);
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int tile) {
     bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    stage_rows_async<KB, DH>(ks, S, k, tile * KB, a.tk);
-    stage_rows_async<KB, DH>(ks + KB * S, S, v, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
 
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
   if (tiles > 0) stage(0);
   uint32_t qa[DH / 16][4];
-  load_a_rows<DH>(qa, q, q0, a.tq);
+  load_a_rows<DH>(qa, q, a.q_row, q0, a.tq);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[DH / 8][4] = {};
   for (int tile = 0; tile < tiles; ++tile) {
@@ -276,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     }
     __syncthreads();  // the next iteration's stage() overwrites this buffer
   }
-  bf16* out = static_cast<bf16*>(a.out) + bh * a.tq * DH;
+  bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float total = quad_sum(l[h]);
@@ -285,7 +292,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
 #pragma unroll
     for (int db = 0; db < DH / 8; ++db)
-      *reinterpret_cast<uint32_t*>(out + int64_t(row) * DH + db * 8 + 2 * t) =
+      *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + db * 8 + 2 * t) =
           pack(o[db][2 * h] * inv, o[db][2 * h + 1] * inv);
     if (t == 0) {
       a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * kLn2 + logf(total);
@@ -310,19 +317,19 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
   const int k_block = blockIdx.x * 64;
-  const int64_t qoff = bh * a.tq * DH, koff = bh * a.tk * DH;
-  const bf16* q = static_cast<const bf16*>(a.q) + qoff;
-  const bf16* dout = static_cast<const bf16*>(a.dout) + qoff;
+  const int64_t koff = a.kv_base(bh);
+  const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
+  const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
   const float* mask_row = a.mask_row(bh);
 
-  stage_rows_async<64, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, k_block, a.tk);
-  stage_rows_async<64, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, k_block, a.tk);
+  stage_rows_async<64, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage_rows_async<64, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
   async_commit();
   float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
   for (int m0 = a.first_query(k_block) / QB * QB; m0 < a.tq; m0 += QB) {
     __syncthreads();
-    stage_rows_async<QB, DH>(qs, S, q, m0, a.tq);
-    stage_rows_async<QB, DH>(dos, S, dout, m0, a.tq);
+    stage_rows_async<QB, DH>(qs, S, q, a.q_row, m0, a.tq);
+    stage_rows_async<QB, DH>(dos, S, dout, a.o_row, m0, a.tq);
     async_commit();
     for (int r = threadIdx.x; r < QB; r += kThreads) {
       const bool in = m0 + r < a.tq;
@@ -388,7 +395,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
     if (j >= a.tk) continue;
 #pragma unroll
     for (int db = 0; db < DH / 8; ++db) {
-      const int64_t at = int64_t(j) * DH + db * 8 + 2 * t;
+      const int64_t at = int64_t(j) * a.kv_row + db * 8 + 2 * t;
       *reinterpret_cast<uint32_t*>(dk_out + at) = pack(dk[db][2 * h] * a.scale, dk[db][2 * h + 1] * a.scale);
       *reinterpret_cast<uint32_t*>(dv_out + at) = pack(dv[db][2 * h], dv[db][2 * h + 1]);
     }
@@ -404,14 +411,14 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
-  const int64_t qoff = bh * a.tq * DH, koff = bh * a.tk * DH;
+  const int64_t qoff = a.q_base(bh), koff = a.kv_base(bh);
   const bf16* k = static_cast<const bf16*>(a.k) + koff;
   const bf16* v = static_cast<const bf16*>(a.v) + koff;
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int tile) {
     bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    stage_rows_async<KB, DH>(ks, S, k, tile * KB, a.tk);
-    stage_rows_async<KB, DH>(ks + KB * S, S, v, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
   const int key_end = a.key_end(min(q_block + 64, a.tq));
@@ -419,8 +426,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   if (tiles > 0) stage(0);
 
   uint32_t qa[DH / 16][4], doa[DH / 16][4];
-  load_a_rows<DH>(qa, static_cast<const bf16*>(a.q) + qoff, q0, a.tq);
-  load_a_rows<DH>(doa, static_cast<const bf16*>(a.dout) + qoff, q0, a.tq);
+  load_a_rows<DH>(qa, static_cast<const bf16*>(a.q) + qoff, a.q_row, q0, a.tq);
+  load_a_rows<DH>(doa, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q0, a.tq);
   float2 stats[2];
   float delta[2];
 #pragma unroll
@@ -480,7 +487,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
     if (row >= a.tq) continue;
 #pragma unroll
     for (int db = 0; db < DH / 8; ++db)
-      *reinterpret_cast<uint32_t*>(dq_out + int64_t(row) * DH + db * 8 + 2 * t) =
+      *reinterpret_cast<uint32_t*>(dq_out + int64_t(row) * a.q_row + db * 8 + 2 * t) =
           pack(dq[db][2 * h] * a.scale, dq[db][2 * h + 1] * a.scale);
   }
 }
@@ -540,18 +547,18 @@ __global__ void __launch_bounds__(kThreads) forward_f32_kernel(Args a) {
   __shared__ __align__(16) float ks[kTileF32 * DH], vs[kTileF32 * DH];
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * kRowsF32, i = q_block + threadIdx.x / 4;
-  const float* k = static_cast<const float*>(a.k) + bh * a.tk * DH;
-  const float* v = static_cast<const float*>(a.v) + bh * a.tk * DH;
+  const float* k = static_cast<const float*>(a.k) + a.kv_base(bh);
+  const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
   const float* mask_row = a.mask_row(bh);
   Quarter<DH> q, o;
-  if (i < a.tq) q.load(static_cast<const float*>(a.q) + (bh * a.tq + i) * DH); else q.zero();
+  if (i < a.tq) q.load(static_cast<const float*>(a.q) + a.q_base(bh) + int64_t(i) * a.q_row); else q.zero();
   o.zero();
   float m = -INFINITY, l = 0.f;
   const int key_end = a.key_end(min(q_block + kRowsF32, a.tq));
   for (int n0 = 0; n0 < key_end; n0 += kTileF32) {
     __syncthreads();
-    stage_rows<kTileF32, DH>(ks, DH, k, n0, a.tk);
-    stage_rows<kTileF32, DH>(vs, DH, v, n0, a.tk);
+    stage_rows<kTileF32, DH>(ks, DH, k, a.kv_row, n0, a.tk);
+    stage_rows<kTileF32, DH>(vs, DH, v, a.kv_row, n0, a.tk);
     __syncthreads();
     float s[kTileF32];
     float tile_max = -INFINITY;
@@ -575,7 +582,7 @@ __global__ void __launch_bounds__(kThreads) forward_f32_kernel(Args a) {
   }
   if (i >= a.tq) return;
   const float inv = l == 0.f ? 0.f : 1.f / l;
-  o.store(static_cast<float*>(a.out) + (bh * a.tq + i) * DH, inv);
+  o.store(static_cast<float*>(a.out) + a.o_base(bh) + int64_t(i) * a.o_row, inv);
   if (threadIdx.x % 4 == 0) {
     a.lse[bh * a.tq + i] = l == 0.f ? -INFINITY : m * kLn2 + logf(l);
     a.stats[bh * a.tq + i] = make_float2(m, inv);
@@ -589,14 +596,14 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
   __shared__ float delta_s[kTileF32];
   const int64_t bh = blockIdx.y;
   const int k_block = blockIdx.x * kRowsF32, j = k_block + threadIdx.x / 4;
-  const int64_t koff = bh * a.tk * DH;
-  const float* q = static_cast<const float*>(a.q) + bh * a.tq * DH;
-  const float* dout = static_cast<const float*>(a.dout) + bh * a.tq * DH;
+  const int64_t koff = a.kv_base(bh) + int64_t(j) * a.kv_row;
+  const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
+  const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
   const float* mask_row = a.mask_row(bh);
   Quarter<DH> kr, vr, dk, dv;
   if (j < a.tk) {
-    kr.load(static_cast<const float*>(a.k) + koff + int64_t(j) * DH);
-    vr.load(static_cast<const float*>(a.v) + koff + int64_t(j) * DH);
+    kr.load(static_cast<const float*>(a.k) + koff);
+    vr.load(static_cast<const float*>(a.v) + koff);
   } else {
     kr.zero();
     vr.zero();
@@ -605,8 +612,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
   dv.zero();
   for (int m0 = a.first_query(k_block) / kTileF32 * kTileF32; m0 < a.tq; m0 += kTileF32) {
     __syncthreads();
-    stage_rows<kTileF32, DH>(qs, DH, q, m0, a.tq);
-    stage_rows<kTileF32, DH>(dos, DH, dout, m0, a.tq);
+    stage_rows<kTileF32, DH>(qs, DH, q, a.q_row, m0, a.tq);
+    stage_rows<kTileF32, DH>(dos, DH, dout, a.o_row, m0, a.tq);
     for (int r = threadIdx.x; r < kTileF32; r += kThreads) {
       const bool in = m0 + r < a.tq;
       stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
@@ -621,8 +628,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
     }
   }
   if (j >= a.tk) return;
-  dk.store(static_cast<float*>(a.dk) + koff + int64_t(j) * DH, a.scale);
-  dv.store(static_cast<float*>(a.dv) + koff + int64_t(j) * DH, 1.f);
+  dk.store(static_cast<float*>(a.dk) + koff, a.scale);
+  dv.store(static_cast<float*>(a.dv) + koff, 1.f);
 }
 
 // dq for 32 queries. Two sweeps over the keys: the first sums delta_i =
@@ -635,15 +642,15 @@ __global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
   __shared__ __align__(16) float ks[kTileF32 * DH], vs[kTileF32 * DH];
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * kRowsF32, i = q_block + threadIdx.x / 4;
-  const int64_t qoff = (bh * a.tq + i) * DH;
-  const float* k = static_cast<const float*>(a.k) + bh * a.tk * DH;
-  const float* v = static_cast<const float*>(a.v) + bh * a.tk * DH;
+  const int64_t qoff = a.q_base(bh) + int64_t(i) * a.q_row;
+  const float* k = static_cast<const float*>(a.k) + a.kv_base(bh);
+  const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
   const float* mask_row = a.mask_row(bh);
   Quarter<DH> q, dout, dq;
   float2 stats = make_float2(-INFINITY, 0.f);
   if (i < a.tq) {
     q.load(static_cast<const float*>(a.q) + qoff);
-    dout.load(static_cast<const float*>(a.dout) + qoff);
+    dout.load(static_cast<const float*>(a.dout) + a.o_base(bh) + int64_t(i) * a.o_row);
     stats = a.stats[bh * a.tq + i];
   } else {
     q.zero();
@@ -655,8 +662,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
   for (int sweep = 0; sweep < 2; ++sweep) {
     for (int n0 = 0; n0 < key_end; n0 += kTileF32) {
       __syncthreads();
-      stage_rows<kTileF32, DH>(ks, DH, k, n0, a.tk);
-      stage_rows<kTileF32, DH>(vs, DH, v, n0, a.tk);
+      stage_rows<kTileF32, DH>(ks, DH, k, a.kv_row, n0, a.tk);
+      stage_rows<kTileF32, DH>(vs, DH, v, a.kv_row, n0, a.tk);
       __syncthreads();
       for (int j = 0; j < kTileF32; ++j) {
         const float p = prob(logit2(a, mask_row, i, n0 + j, q.dot(ks + j * DH)), stats);
@@ -674,17 +681,20 @@ __global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
   if (threadIdx.x % 4 == 0) a.delta[bh * a.tq + i] = delta;
 }
 
-// delta_i = sum_c do[i, c] * o[i, c], one warp per row, in F32 (BF16 path).
+// delta_i = sum_c do[i, c] * o[i, c], one warp per query row (rows =
+// B * H * Tq, in (b, h, i) order), in F32 (BF16 path). do and o share o's strides.
 template <class T>
-__global__ void delta_kernel(const T* dout, const T* o, float* delta, int64_t rows, int dh) {
+__global__ void delta_kernel(Args a, int64_t rows, int dh) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
+  const int64_t at = a.o_base(row / a.tq) + (row % a.tq) * a.o_row;
+  const T* dout = static_cast<const T*>(a.dout) + at;
+  const T* o = static_cast<const T*>(a.o) + at;
   float acc = 0.f;
-  for (int c = threadIdx.x % 32; c < dh; c += 32)
-    acc += static_cast<float>(dout[row * dh + c]) * static_cast<float>(o[row * dh + c]);
+  for (int c = threadIdx.x % 32; c < dh; c += 32) acc += static_cast<float>(dout[c]) * static_cast<float>(o[c]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (threadIdx.x % 32 == 0) delta[row] = acc;
+  if (threadIdx.x % 32 == 0) a.delta[row] = acc;
 }
 
 // ---- launchers ---------------------------------------------------------------
@@ -699,6 +709,9 @@ Args args_of(const AttentionLayout& l) {
   a.causal = l.causal;
   a.scale = static_cast<float>(l.scale);
   a.scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
+  a.q_batch = l.q.batch, a.q_head = l.q.head, a.q_row = l.q.row;
+  a.kv_batch = l.kv.batch, a.kv_head = l.kv.head, a.kv_row = l.kv.row;
+  a.o_batch = l.o.batch, a.o_head = l.o.head, a.o_row = l.o.row;
   return a;
 }
 
@@ -754,61 +767,76 @@ void by_head_dim(int64_t dh, Fn&& fn) {
   fail("attention", "head dim ", dh, " has no fused CUDA kernel: allowed 32, 64, 128");
 }
 
-void check_aligned(const Tensor& t, const char* name, const char* op) {
-  HG_CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0, op, name, " ", t.shape(),
+// Every 16-byte load of the kernels starts at a base pointer plus whole
+// strides plus a multiple of 16 bytes: base and strides must keep that.
+void check_aligned(const void* p, const char* name, const char* op) {
+  HG_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0, op, name,
            " does not start on a 16-byte boundary; the fused kernel reads 16 bytes at a time (pass a contiguous copy)");
 }
 
-void check_sizes(const AttentionLayout& l, const char* op) {
+void check_strides(const HeadStrides& s, const char* name, DType dtype, const char* op) {
+  const int64_t elt = dtype == DType::BF16 ? 2 : 4;
+  for (const int64_t v : {s.batch, s.head, s.row})
+    HG_CHECK(v * elt % 16 == 0, op, name, " strides (batch ", s.batch, ", head ", s.head, ", row ", s.row,
+             " elements) are not all multiples of 16 bytes; the fused kernel reads 16 bytes at a time");
+}
+
+void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
   constexpr int64_t kMax = int64_t(1) << 30;
   HG_CHECK(l.tq < kMax && l.tk < kMax && l.heads_total() < 65536, op, "Tq ", l.tq, ", Tk ", l.tk, ", B*H ",
            l.heads_total(), " exceed the fused kernel's grid (T < 2^30, B*H < 65536)");
+  HG_CHECK(dtype == DType::F32 || dtype == DType::BF16, op, "dtype ", dtype_name(dtype),
+           " has no fused CUDA kernel (F32, BF16)");
+  check_strides(l.q, "q", dtype, op);
+  check_strides(l.kv, "k/v", dtype, op);
+  check_strides(l.o, "o", dtype, op);
 }
 
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& layout, Tensor& o,
-                       Tensor& lse, Tensor& stats) {
+void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
+                       void* out, Tensor& lse, Tensor& stats) {
   const char* op = "attention_forward";
-  check_sizes(layout, op);
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k, &v, &o}) check_aligned(*t, "operand", op);
+  check_sizes(layout, dtype, op);
+  for (const auto& [p, name] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"}, {out, "o"}})
+    check_aligned(p, name, op);
   Args a = args_of(layout);
-  a.q = q.raw_data();
-  a.k = k.raw_data();
-  a.v = v.raw_data();
-  a.out = o.raw_data();
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.out = out;
   a.lse = lse.data<float>();
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
-  const bool bf16_inputs = q.dtype() == DType::BF16;
+  const bool bf16_inputs = dtype == DType::BF16;
   by_head_dim(layout.head_dim, [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }
 
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& stats, const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
+                        const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv) {
   const char* op = "attention_backward";
-  check_sizes(layout, op);
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dout, &q, &k, &v, &o, &dq, &dk, &dv})
-    check_aligned(*t, "operand", op);
+  check_sizes(layout, dtype, op);
+  for (const auto& [p, name] : {std::pair<const void*, const char*>{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"},
+                                {o, "o"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
+    check_aligned(p, name, op);
   Tensor delta = Tensor::empty({layout.heads_total() * layout.tq}, DType::F32, Device::CUDA);
   const int64_t rows = layout.heads_total() * layout.tq;
-  const bool bf16_inputs = q.dtype() == DType::BF16;
-  if (bf16_inputs) {  // F32 sums delta inside its dq kernel
-    delta_kernel<<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(
-        static_cast<const bf16*>(dout.raw_data()), static_cast<const bf16*>(o.raw_data()), delta.data<float>(), rows,
-        static_cast<int>(layout.head_dim));
-    HG_CUDA_CHECK_LAUNCH("attention_delta");
-  }
+  const bool bf16_inputs = dtype == DType::BF16;
   Args a = args_of(layout);
-  a.q = q.raw_data();
-  a.k = k.raw_data();
-  a.v = v.raw_data();
-  a.o = o.raw_data();
-  a.dout = dout.raw_data();
-  a.dq = dq.raw_data();
-  a.dk = dk.raw_data();
-  a.dv = dv.raw_data();
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.o = o;
+  a.dout = dout;
+  a.dq = dq;
+  a.dk = dk;
+  a.dv = dv;
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
   a.delta = delta.data<float>();
+  if (bf16_inputs) {  // F32 sums delta inside its dq kernel
+    delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(
+        a, rows, static_cast<int>(layout.head_dim));
+    HG_CUDA_CHECK_LAUNCH("attention_delta");
+  }
   by_head_dim(layout.head_dim,
               [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }

@@ -6,16 +6,20 @@
 
 namespace hg::gpu {
 
-// o (B, H, Tq, dh) in q's dtype (F32 or BF16), lse (B, H, Tq) F32, and
-// stats (B, H, Tq, 2) F32: each row's base-2 max and 1 / sum, which the
-// backward rebuilds the probabilities from. Head dims 32, 64 and 128; no
-// Tq x Tk buffer.
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& layout, Tensor& o,
-                       Tensor& lse, Tensor& stats);
+// The operands by base pointer, each addressed through the layout's strides
+// (q: layout.q; k, v: layout.kv; out: layout.o), all of `dtype` (F32 or
+// BF16): contiguous (B, H, T, dh) tensors, or q, k, v read in place from the
+// QKV projection's (B, T, 3, H, dh) output and o written as (B, T, H, dh).
+// lse (B, H, Tq) F32 and stats (B, H, Tq, 2) F32 (each row's base-2 max and
+// 1 / sum, which the backward rebuilds the probabilities from) are
+// contiguous. Head dims 32, 64 and 128; no Tq x Tk buffer.
+void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
+                       void* out, Tensor& lse, Tensor& stats);
 
-// dq, dk, dv without floating-point atomics: one kernel owns dk and dv per key
-// tile, another dq per query tile, so results are bitwise repeatable.
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                        const Tensor& stats, const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv);
+// dq (layout.q), dk, dv (layout.kv) from dout (layout.o) without
+// floating-point atomics: one kernel owns dk and dv per key tile, another dq
+// per query tile, so results are bitwise repeatable.
+void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
+                        const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv);
 
 }  // namespace hg::gpu

@@ -64,10 +64,13 @@ __global__ void lse_finish(const float* __restrict__ row_loss, const float* __re
   }
 }
 
+// dlogits may be logits itself (cross_entropy_backward_over_logits): each
+// element is read once and written once, by the same thread, so neither
+// pointer is __restrict__.
 template <class T>
-__global__ void lse_backward(const T* __restrict__ logits, const float* __restrict__ targets, int64_t vocab,
-                             int64_t ignore_index, const float* __restrict__ row_stats,
-                             const float* __restrict__ inv_count, float dloss, T* __restrict__ dlogits) {
+__global__ void lse_backward(const T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
+                             const float* __restrict__ row_stats, const float* __restrict__ inv_count, float dloss,
+                             T* dlogits) {
   const int64_t row = blockIdx.x;
   const T* x = logits + row * vocab;
   T* dx = dlogits + row * vocab;

@@ -61,8 +61,9 @@ int alignment_of(const void* p) {
 
 // ---- bias gradients cuBLASLt cannot fuse: out[i] = sum_j x[i*si + j*sj] ----
 
-// One warp per output; lanes take j = lane, lane + 32, ... and combine in a
-// fixed shuffle tree, so the result does not depend on timing.
+// One warp per output (row sums, sj == 1: the lanes read adjacent terms);
+// lanes take j = lane, lane + 32, ... and combine in a fixed shuffle tree, so
+// the result does not depend on timing.
 template <class T, class O>
 __global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out, int64_t count, int64_t len,
                                    int64_t si, int64_t sj) {
@@ -91,9 +92,62 @@ void launch_strided_sum_to(const void* x, const Tensor& out, int64_t count, int6
   HG_CUDA_CHECK_LAUNCH("strided_sum_kernel");
 }
 
+// Column sums (si == 1: outputs adjacent in memory, the terms of one output
+// sj apart): the warp-per-output kernel would read one element per 32-byte
+// sector there. Instead a thread per column sums a chunk of kColumnChunk
+// rows (a warp reads 32 adjacent columns of a row: coalesced), and a second
+// kernel adds the chunks' partial sums in chunk order: deterministic, no atomics.
+constexpr int64_t kColumnChunk = 64;
+constexpr int kColumnThreads = 256;
+
+template <class T>
+__global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t count,
+                                      int64_t len, int64_t sj) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
+  if (i >= count) return;
+  const int64_t end = (chunk + 1) * kColumnChunk < len ? (chunk + 1) * kColumnChunk : len;
+  float acc = 0.f;
+  for (int64_t j = chunk * kColumnChunk; j < end; ++j) acc += to_f(x[i + j * sj]);
+  partial[chunk * count + i] = acc;
+}
+
+template <class O>
+__global__ void column_finish_kernel(const float* __restrict__ partial, O* __restrict__ out, int64_t count,
+                                     int64_t chunks) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= count) return;
+  float acc = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) acc += partial[c * count + i];
+  out[i] = from_f<O>(acc);
+}
+
+template <class T>
+void launch_column_sum(const void* x, const Tensor& out, int64_t count, int64_t len, int64_t sj) {
+  const int64_t chunks = (len + kColumnChunk - 1) / kColumnChunk;
+  Tensor partial = Tensor::empty({chunks, count}, DType::F32, Device::CUDA);
+  const auto blocks = static_cast<unsigned>((count + kColumnThreads - 1) / kColumnThreads);
+  column_partial_kernel<T><<<dim3(blocks, static_cast<unsigned>(chunks)), kColumnThreads, 0, stream()>>>(
+      static_cast<const T*>(x), partial.data<float>(), count, len, sj);
+  HG_CUDA_CHECK_LAUNCH("column_partial_kernel");
+  if (out.dtype() == DType::F32)
+    column_finish_kernel<float><<<blocks, kColumnThreads, 0, stream()>>>(partial.data<float>(),
+                                                                        static_cast<float*>(out.raw_data()), count,
+                                                                        chunks);
+  else
+    column_finish_kernel<__nv_bfloat16><<<blocks, kColumnThreads, 0, stream()>>>(
+        partial.data<float>(), static_cast<__nv_bfloat16*>(out.raw_data()), count, chunks);
+  HG_CUDA_CHECK_LAUNCH("column_finish_kernel");
+}
+
 void strided_sum(const Tensor& x, const Tensor& out, int64_t count, int64_t len, int64_t si, int64_t sj) {
-  if (x.dtype() == DType::F32) launch_strided_sum_to<float>(x.raw_data(), out, count, len, si, sj);
-  else launch_strided_sum_to<__nv_bfloat16>(x.raw_data(), out, count, len, si, sj);
+  const bool columns = si == 1 && sj != 1 && len > 0 && len / kColumnChunk < 65535;
+  if (x.dtype() == DType::F32) {
+    if (columns) return launch_column_sum<float>(x.raw_data(), out, count, len, sj);
+    launch_strided_sum_to<float>(x.raw_data(), out, count, len, si, sj);
+  } else {
+    if (columns) return launch_column_sum<__nv_bfloat16>(x.raw_data(), out, count, len, sj);
+    launch_strided_sum_to<__nv_bfloat16>(x.raw_data(), out, count, len, si, sj);
+  }
 }
 
 // ---- plans ----------------------------------------------------------------------
@@ -188,6 +242,15 @@ Plan build_plan(const Call& c) {
                                                        sizeof align_d));
   HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
                                                        sizeof align_d));
+  // Split-K partial sums stay in fp32: for an out narrower than fp32 only the
+  // COMPUTE_TYPE reduction (or none). INPLACE and OUTPUT_TYPE add the partial
+  // products in out's dtype, which for bf16 is not fp32 accumulation (on the
+  // H100 the heuristic picked a 44-way OUTPUT_TYPE split at M 130 N 40 K 200,
+  // and the BiasGelu result was off by 22x its single-rounding bound).
+  const uint32_t reductions = c.out.dtype() == DType::F32 ? uint32_t(CUBLASLT_REDUCTION_SCHEME_MASK)
+                                                          : uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                       sizeof reductions));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), p.desc, p.lt_a, p.lt_b, p.lt_d, p.lt_d,

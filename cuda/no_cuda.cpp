@@ -75,11 +75,11 @@ void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, floa
   no_cuda("gpu::softmax_backward_fused");
 }
 
-void attention_forward(const Tensor&, const Tensor&, const Tensor&, const AttentionLayout&, Tensor&, Tensor&, Tensor&) {
+void attention_forward(DType, const void*, const void*, const void*, const AttentionLayout&, void*, Tensor&, Tensor&) {
   no_cuda("gpu::attention_forward");
 }
-void attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                        const AttentionLayout&, Tensor&, Tensor&, Tensor&) {
+void attention_backward(DType, const void*, const void*, const void*, const void*, const void*, const Tensor&,
+                        const AttentionLayout&, void*, void*, void*) {
   no_cuda("gpu::attention_backward");
 }
 

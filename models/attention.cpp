@@ -56,30 +56,30 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
   batch_ = b;
   seq_ = t;
 
-  const Tensor packed = qkv.forward(x.reshape({b * t, d_model_}));  // (B*T, 3d)
-  // (B, T, 3H, dh) -> (B, 3H, T, dh) = (B, 3, H*T*dh) -> (3, B, H*T*dh): q, k, v lead.
-  const Tensor bh = transpose(packed.reshape({b, t, 3 * h, dh}), 1, 2);
-  heads_ = transpose(bh.reshape({b, 3, h * t * dh}), 0, 1).reshape({3, b, h, t, dh});
-  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];  // views, (B, H, T, dh)
-
-  Tensor ctx;  // (B, H, T, dh)
+  const Tensor packed = qkv.forward(x.reshape({b * t, d_model_}));  // (B*T, 3d) = (B, T, 3, H, dh)
+  heads_ = Tensor();
   probs_ = Tensor();
   flash_ = AttentionSaved();
   if (used_flash(x)) {
+    // The attention op reads q, k, v in place and writes (B, T, H, dh): no head split or merge.
     AttentionOptions options;
     options.mask = key_padding_mask;
     options.causal = causal_;
     options.scale = scale_;
-    ctx = attention_forward(q, k, v, options, &flash_);
-  } else {
-    const Tensor scores = matmul(q, k, false, true);  // (B, H, T, T)
-    SoftmaxOptions options;
-    options.mask = key_padding_mask;
-    options.causal = causal_;
-    options.scale = scale_;
-    probs_ = attention_softmax_forward(scores, options);
-    ctx = matmul(probs_, v);
+    const Tensor merged = attention_forward_packed(packed.reshape({b, t, 3 * d_model_}), h, options, &flash_);
+    return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
   }
+  // (B, T, 3H, dh) -> (B, 3H, T, dh) = (B, 3, H*T*dh) -> (3, B, H*T*dh): q, k, v lead.
+  const Tensor bh = transpose(packed.reshape({b, t, 3 * h, dh}), 1, 2);
+  heads_ = transpose(bh.reshape({b, 3, h * t * dh}), 0, 1).reshape({3, b, h, t, dh});
+  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];  // views, (B, H, T, dh)
+  const Tensor scores = matmul(q, k, false, true);           // (B, H, T, T)
+  SoftmaxOptions options;
+  options.mask = key_padding_mask;
+  options.causal = causal_;
+  options.scale = scale_;
+  probs_ = attention_softmax_forward(scores, options);
+  const Tensor ctx = matmul(probs_, v);                                     // (B, H, T, dh)
   const Tensor merged = transpose(ctx, 1, 2).reshape({b * t, d_model_});  // (B, T, H, dh) -> (B*T, d)
   return proj.forward(merged).reshape({b, t, d_model_});
 }
@@ -90,27 +90,27 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
   const int64_t b = batch_, t = seq_, h = n_heads_, dh = head_dim_;
   HG_CHECK(dy.shape() == Shape({b, t, d_model_}), op, "dy ", dy.shape(), " must match the forward output ",
            Shape({b, t, d_model_}));
-  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];
-
-  const Tensor dmerged = proj.backward(dy.reshape({b * t, d_model_}));
-  const Tensor dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
+  const Tensor dmerged = proj.backward(dy.reshape({b * t, d_model_}));  // (B*T, d) = (B, T, H, dh)
+  if (flash_.o.defined()) {
+    // dq, dk, dv land straight in the (B, T, 3, H, dh) gradient of the QKV projection's output.
+    const Tensor dpacked = attention_backward_packed(dmerged.reshape({b, t, d_model_}), flash_);
+    flash_ = AttentionSaved();  // used up: the projection output and o go before the QKV backward
+    return qkv.backward(dpacked.reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
+  }
   // dq, dk, dv are written straight into the slices of one (3, B, H, T, dh)
   // tensor, so no concatenation copy is needed before the QKV backward.
   Tensor dheads = Tensor::empty({3, b, h, t, dh}, dy.dtype(), dy.device());
-  Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
-  if (flash_.o.defined()) {
-    // The op returns its own tensors; one copy each into the packed slices.
-    const AttentionGrads g = attention_backward(dctx, flash_);
-    dq.copy_(g.dq);
-    dk.copy_(g.dk);
-    dv.copy_(g.dv);
-  } else {
+  {
+    const Tensor q = heads_[0], k = heads_[1], v = heads_[2];
+    const Tensor dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
+    Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
     const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
     matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
     const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
     matmul_into(dscores, k, dq, false, false);  // dq = dS k
     matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
   }
+  heads_ = probs_ = Tensor();  // used up: freed before the QKV backward
   const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
   const Tensor dpacked = transpose(bh, 1, 2).reshape({b * t, 3 * d_model_});
   return qkv.backward(dpacked).reshape({b, t, d_model_});

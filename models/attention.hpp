@@ -48,8 +48,9 @@ class MultiHeadAttention : public Module {
   double scale_;
   AttentionImpl impl_ = AttentionImpl::Auto;
   bool used_flash(const Tensor& x) const;
-  // Saved by forward: the (3, B, H, T, dh) head-split projections, and P
-  // (softmax path) or the attention op's O(T) state (flash path).
+  // Saved by forward: the softmax path's (3, B, H, T, dh) head-split
+  // projections and P, or the flash path's attention state (the packed
+  // (B, T, 3, H, dh) projection itself, its output and O(T) statistics).
   Tensor heads_, probs_;
   AttentionSaved flash_;
   int64_t batch_ = 0, seq_ = 0;

@@ -49,14 +49,16 @@ Tensor DecoderLM::forward_embedded(const Tensor& h, const Tensor& key_padding_ma
   return head.forward(x.reshape({rows, config_.d_model})).reshape({h.size(0), h.size(1), config_.vocab_size});
 }
 
-Tensor DecoderLM::backward(const Tensor& dlogits) {
+Tensor DecoderLM::backward(Tensor dlogits) {
   const char* op = "DecoderLM::backward";
   HG_CHECK(!h_shape_.empty(), op, "backward called before forward");
   const Shape logits_shape{h_shape_[0], h_shape_[1], config_.vocab_size};
   HG_CHECK(dlogits.shape() == logits_shape, op, "dlogits ", dlogits.shape(), " must match the logits ",
            logits_shape);
   const int64_t rows = h_shape_[0] * h_shape_[1];
-  Tensor dx = ln_f.backward(head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_));
+  Tensor dx = head.backward(dlogits.reshape({rows, config_.vocab_size}));
+  dlogits = Tensor();  // used up; a caller that moved it in frees (B, T, V) here, before the layers' backward
+  dx = ln_f.backward(dx.reshape(h_shape_));
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) dx = (*it)->backward(dx);
   dx = dx.to(h_dtype_);
   if (embedded_from_ids_) embed.backward(embed_drop.backward(dx));

@@ -52,8 +52,11 @@ class DecoderLM : public Module {
   // Everything after the embedding: h (B, T, d) -> logits. forward() calls it.
   Tensor forward_embedded(const Tensor& h, const Tensor& key_padding_mask = Tensor());
   // Accumulates every parameter gradient (embedding tables included) and
-  // returns d loss / d h, the gradient at the embedding output.
-  Tensor backward(const Tensor& dlogits);
+  // returns d loss / d h, the gradient at the embedding output. Each module
+  // frees what its forward saved once its backward has used it, and dlogits
+  // is dropped after the head's backward: pass it with std::move and its
+  // (B, T, V) memory serves the rest of the backward.
+  Tensor backward(Tensor dlogits);
 
   const DecoderLMConfig& config() const { return config_; }
 

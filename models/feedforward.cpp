@@ -36,6 +36,7 @@ Tensor FeedForward::backward(const Tensor& dy) {
   if (pre_.defined()) {
     Tensor db1;
     const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_, db1);
+    pre_ = Tensor();  // used up: its memory can serve fc1's backward
     return fc1.backward_with_bias_grad(dpre, db1).reshape(x_shape_);
   }
   return fc1.backward(act.backward(fc2.backward(dout))).reshape(x_shape_);

@@ -16,7 +16,9 @@ Tensor GELU::forward(const Tensor& x) {
 Tensor GELU::backward(const Tensor& dy) {
   HG_CHECK(x_.defined(), "GELU::backward", "backward called before forward");
   HG_PROFILE("gelu", dy.device());
-  return map_backward(UnaryOp::Gelu, dy, x_, y_);
+  const Tensor dx = map_backward(UnaryOp::Gelu, dy, x_, y_);
+  x_ = y_ = Tensor();  // used up
+  return dx;
 }
 
 }  // namespace hg

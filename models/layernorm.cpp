@@ -26,6 +26,7 @@ Tensor LayerNorm::backward(const Tensor& dy) {
   HG_CHECK(x_.defined(), "LayerNorm::backward", "backward called before forward");
   LayerNormGrads g = layernorm_backward(dy, x_, gamma.value, saved_);
   accumulate_grads(g);
+  release();
   return g.dx;
 }
 
@@ -41,7 +42,13 @@ Tensor LayerNorm::backward_residual(const Tensor& dy, const Tensor& dh_in) {
   HG_CHECK(x_.defined(), "LayerNorm::backward_residual", "backward called before forward");
   LayerNormGrads g = residual_layernorm_backward(dy, dh_in, x_, gamma.value, saved_);
   accumulate_grads(g);
+  release();
   return g.dx;
+}
+
+void LayerNorm::release() {
+  x_ = Tensor();
+  saved_ = LayerNormSaved();
 }
 
 void LayerNorm::accumulate_grads(const LayerNormGrads& g) {

@@ -37,6 +37,7 @@ class LayerNorm : public Module {
   Tensor x_;  // saved by forward (h for forward_residual)
   LayerNormSaved saved_;
   void accumulate_grads(const LayerNormGrads& g);
+  void release();  // backward has used the saved state: free it for the rest of the backward
 };
 
 }  // namespace hg

@@ -33,6 +33,8 @@ void check_input(const char* op, const Tensor& x, const Tensor& w) {
 
 const Tensor& Linear::weight_for(const Tensor& x) { return mixed(x, weight.value) ? bf16_copy(weight) : weight.value; }
 
+const Tensor& Linear::bias_for(const Tensor& x) { return mixed(x, bias.value) ? bf16_copy(bias) : bias.value; }
+
 Tensor Linear::forward(const Tensor& x) {
   HG_PROFILE("linear", x.device());
   HG_CHECK(x.defined(), "Linear::forward", "x is an undefined tensor");
@@ -49,13 +51,13 @@ Tensor Linear::forward(const Tensor& x) {
   GemmArgs args;
   args.transpose_b = true;
   if (has_bias_ && kernel_mode() == KernelMode::Fused) {
-    args.epilogue = GemmEpilogue::Bias;  // f32 bias, added before the output is rounded
-    args.bias = &bias.value;
+    args.epilogue = GemmEpilogue::Bias;  // bf16 x: the bias's bf16 copy (cuBLASLt's bias has D's dtype)
+    args.bias = &bias_for(x);
     backend_for(x.device()).gemm(x2, w, y, args);
     return y.reshape(y_shape);
   }
   backend_for(x.device()).gemm(x2, w, y, args);
-  if (has_bias_) y = add(y, mixed(x, bias.value) ? bf16_copy(bias) : bias.value);
+  if (has_bias_) y = add(y, bias_for(x));
   return y.reshape(y_shape);
 }
 
@@ -71,7 +73,7 @@ Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
   GemmArgs args;
   args.transpose_b = true;
   args.epilogue = GemmEpilogue::BiasGelu;
-  args.bias = &bias.value;
+  args.bias = &bias_for(x);
   args.aux = &pre;
   backend_for(x.device()).gemm(x, weight_for(x), y, args);
   return y;
@@ -117,17 +119,25 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
     db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());  // f32 sum of bf16 dy
     be.reduce(ReduceOp::Sum, dy2, 0, db);
   }
-  if (has_bias_) be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
+  if (has_bias_) {
+    // A bf16 db (GeluBackward's column sums with bf16 out) is widened first: the grad accumulates in f32.
+    if (db.dtype() != bias.grad.dtype()) db = db.to(bias.grad.dtype());
+    be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
+  }
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
   GemmArgs dx_args;
   if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
     dx_args.epilogue = GemmEpilogue::GeluBackward;
     dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
-    *dpre_sum = Tensor::empty({in_}, weight.grad.dtype(), dy.device());  // f32 (f64 for f64 models)
+    // In dx's dtype: cuBLASLt fuses the column sums into the GEMM only as D's
+    // dtype (bf16 for bf16 activations); the caller widens it into the f32 grad.
+    *dpre_sum = Tensor::empty({in_}, dy.dtype(), dy.device());
     dx_args.bias_grad = dpre_sum;
   }
   be.gemm(dy2, weight_for(dy), dx, dx_args);
-  return dx.reshape(x_.shape());
+  const Shape x_shape = x_.shape();
+  x_ = Tensor();  // the forward input is used up: its memory can serve the rest of the backward
+  return dx.reshape(x_shape);
 }
 
 }  // namespace hg

@@ -10,10 +10,10 @@ namespace hg {
 // Fully connected layer y = x W^T + b for x of shape (..., in).
 // W is (out, in), so each output feature is a contiguous row of W;
 // W and b start uniform in [-1/sqrt(in), 1/sqrt(in)].
-// bf16 x (bf16 precision, CUDA): the GEMM reads the bf16 copy of W
-// (Parameter::compute), the output is bf16, dW and db accumulate in f32.
-// Fused mode folds the bias into the GEMM (and db into the dW GEMM); unfused
-// mode adds it with a separate pass.
+// bf16 x (bf16 precision, CUDA): the GEMM reads the bf16 copies of W and b
+// (Parameter::compute, rewritten by every optimizer step), the output is
+// bf16, dW and db accumulate in f32. Fused mode folds the bias into the GEMM
+// (and db into the dW GEMM); unfused mode adds it with a separate pass.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, Generator& gen, bool with_bias = true, DType dtype = DType::F32);
@@ -23,8 +23,10 @@ class Linear : public Module {
   // Adds dL/dW and dL/db into the parameter grads and returns dL/dx.
   Tensor backward(const Tensor& dy);
 
-  // The weight as the GEMM reads it for input x: W itself, or its bf16 copy for bf16 x.
+  // The weight / bias as the GEMM reads them for input x: the parameter
+  // itself, or its bf16 copy (Parameter::compute) for bf16 x.
   const Tensor& weight_for(const Tensor& x);
+  const Tensor& bias_for(const Tensor& x);
 
   // GELU fused into the GEMMs (FeedForward, fused mode; x 2-D, a bias, and
   // out_features % 8 == 0 as cuBLASLt's GELU epilogue needs: gelu_fusable()).
@@ -34,7 +36,8 @@ class Linear : public Module {
   Tensor forward_gelu(const Tensor& x, Tensor& pre);
   // For the Linear that consumes gelu(pre): its dW and db as backward(), and
   // d pre = (dy W) * gelu'(pre) from one GEMM, whose column sums (the
-  // producing Linear's bias gradient) land in dpre_sum (f32, (in_features,)).
+  // producing Linear's bias gradient) land in dpre_sum ((in_features,), in
+  // dy's dtype: bf16 for bf16 dy; backward_with_bias_grad widens it).
   Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum);
   // backward() for a layer whose bias gradient db (f32) is already summed.
   Tensor backward_with_bias_grad(const Tensor& dy, const Tensor& db);

@@ -23,13 +23,17 @@ TrainStep::TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions option
 
 void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets) {
   model_.zero_grad();
-  const Tensor logits = model_.forward(ids);
-  CrossEntropySaved saved;
-  // The on-device form (rows counted on the GPU, nothing read back) in plain
-  // and captured steps alike, so both run the same arithmetic; check_batch
-  // has checked the targets on the host.
-  loss_ = cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved);
-  model_.backward(cross_entropy_backward(saved));
+  Tensor dlogits;
+  {
+    const Tensor logits = model_.forward(ids);
+    CrossEntropySaved saved;
+    // The on-device form (rows counted on the GPU, nothing read back) in plain
+    // and captured steps alike, so both run the same arithmetic; check_batch
+    // has checked the targets on the host.
+    loss_ = cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved);
+    dlogits = cross_entropy_backward_over_logits(saved);  // the logits are not needed again
+  }  // the loss's saved state is released here, dlogits once the head's backward has run
+  model_.backward(std::move(dlogits));
 }
 
 StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const {

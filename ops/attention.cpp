@@ -4,23 +4,60 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "core/tensor_functions.hpp"
 #include "ops/dispatch_log.hpp"
 #include "cuda/attention_kernels.hpp"
 #include "ops/attention_unfused.hpp"
 #include "ops/cpu/attention_cpu.hpp"
 
 // Validation and dispatch: CPU fused (Eigen, tiled), unfused (primitives, any
-// device), CUDA fused (cuda/attention.cu).
+// device), CUDA fused (cuda/attention.cu). Both the contiguous (B, H, T, dh)
+// form and the packed (B, T, 3, H, dh) form reach the same fused kernels,
+// which address every operand through strides (core/attention_layout.hpp).
 namespace hg {
 namespace {
 
 constexpr const char* kForwardOp = "attention_forward";
 constexpr const char* kBackwardOp = "attention_backward";
+constexpr const char* kPackedForwardOp = "attention_forward_packed";
+constexpr const char* kPackedBackwardOp = "attention_backward_packed";
 
 void check_operand(const Tensor& t, const char* name, const char* op) {
   HG_CHECK(t.defined(), op, name, " is undefined");
   HG_CHECK(t.ndim() == 4, op, name, " must be 4-D (B, H, T, dh), got shape ", t.shape());
   HG_CHECK(t.numel() > 0, op, name, " is empty, shape ", t.shape());
+}
+
+// What both forms check alike. x (q, or the packed qkv) names the dtype,
+// device and shape in the messages; batch and tk size the mask.
+void check_common(const char* op, const Tensor& x, const char* name, int64_t batch, int64_t tk, int64_t dh,
+                  const AttentionOptions& options) {
+  const DType t = x.dtype();
+  HG_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16, op, name, " ", x.shape(), " has dtype ",
+           dtype_name(t), "; attention takes F32, F64, or BF16 on CUDA");
+  HG_CHECK(t != DType::BF16 || x.is_cuda(), op, name, " ", x.shape(),
+           " is BF16 on the CPU; BF16 attention runs only on CUDA (F32 math)");
+  if (x.is_cuda() && kernel_mode() == KernelMode::Fused) {
+    HG_CHECK(t != DType::F64, op, name, " ", x.shape(),
+             " is F64 on CUDA; the fused CUDA kernel takes F32/BF16 (use the unfused mode or the CPU for F64)");
+    HG_CHECK(dh == 32 || dh == 64 || dh == 128, op, "head dim ", dh, " of ", name, " ", x.shape(),
+             " has no fused CUDA kernel: allowed 32, 64, 128 (the unfused mode takes any)");
+  }
+  if (options.scale) {
+    const double s = *options.scale;
+    HG_CHECK(t == DType::F64 ? std::isfinite(s) : std::isfinite(static_cast<float>(s)), op, "scale ", s,
+             " is not finite in ", dtype_name(math_dtype(t)));
+  }
+  const Tensor& m = options.mask;
+  if (!m.defined()) return;
+  HG_CHECK(m.ndim() == 4 && (m.size(0) == batch || m.size(0) == 1) && m.size(1) == 1 && m.size(2) == 1 &&
+               m.size(3) == tk,
+           op, "mask shape ", m.shape(), " must be (B, 1, 1, Tk) = (", batch, ", 1, 1, ", tk, ") (B may be 1) for ",
+           name, " ", x.shape());
+  HG_CHECK(m.dtype() == math_dtype(t), op, "mask ", m.shape(), " has dtype ", dtype_name(m.dtype()), "; ", name, " ",
+           x.shape(), " of dtype ", dtype_name(t), " needs a ", dtype_name(math_dtype(t)), " mask");
+  HG_CHECK(m.device() == x.device(), op, "mask ", m.shape(), " is on ", device_name(m.device()), " but ", name, " ",
+           x.shape(), " is on ", device_name(x.device()));
 }
 
 void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options) {
@@ -34,47 +71,101 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   check_same_dtype(kForwardOp, q, v);
   check_same_device(kForwardOp, q, k);
   check_same_device(kForwardOp, q, v);
-  const DType t = q.dtype();
-  HG_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16, kForwardOp, "q ", q.shape(), " has dtype ",
-           dtype_name(t), "; attention takes F32, F64, or BF16 on CUDA");
-  HG_CHECK(t != DType::BF16 || q.is_cuda(), kForwardOp, "q ", q.shape(),
-           " is BF16 on the CPU; BF16 attention runs only on CUDA (F32 math)");
-  if (q.is_cuda() && kernel_mode() == KernelMode::Fused) {
-    HG_CHECK(t != DType::F64, kForwardOp, "q ", q.shape(),
-             " is F64 on CUDA; the fused CUDA kernel takes F32/BF16 (use the unfused mode or the CPU for F64)");
-    const int64_t dh = q.size(3);
-    HG_CHECK(dh == 32 || dh == 64 || dh == 128, kForwardOp, "head dim ", dh, " of q ", q.shape(),
-             " has no fused CUDA kernel: allowed 32, 64, 128 (the unfused mode takes any)");
-  }
-  if (options.scale) {
-    const double s = *options.scale;
-    HG_CHECK(t == DType::F64 ? std::isfinite(s) : std::isfinite(static_cast<float>(s)), kForwardOp, "scale ", s,
-             " is not finite in ", dtype_name(math_dtype(t)));
-  }
-  const Tensor& m = options.mask;
-  if (!m.defined()) return;
-  HG_CHECK(m.ndim() == 4 && (m.size(0) == q.size(0) || m.size(0) == 1) && m.size(1) == 1 && m.size(2) == 1 &&
-               m.size(3) == k.size(2),
-           kForwardOp, "mask shape ", m.shape(), " must be (B, 1, 1, Tk) = (", q.size(0), ", 1, 1, ", k.size(2),
-           ") (B may be 1) for q ", q.shape(), " k ", k.shape());
-  HG_CHECK(m.dtype() == math_dtype(t), kForwardOp, "mask ", m.shape(), " has dtype ", dtype_name(m.dtype()), "; q ",
-           q.shape(), " of dtype ", dtype_name(t), " needs a ", dtype_name(math_dtype(t)), " mask");
-  HG_CHECK(m.device() == q.device(), kForwardOp, "mask ", m.shape(), " is on ", device_name(m.device()), " but q ",
-           q.shape(), " is on ", device_name(q.device()));
+  check_common(kForwardOp, q, "q", q.size(0), k.size(2), q.size(3), options);
+}
+
+void check_packed(const Tensor& qkv, int64_t heads, const AttentionOptions& options) {
+  const char* op = kPackedForwardOp;
+  HG_CHECK(qkv.defined(), op, "qkv is undefined");
+  HG_CHECK(heads > 0, op, "heads must be positive, got ", heads);
+  HG_CHECK(qkv.ndim() == 3 && qkv.size(2) % (3 * heads) == 0, op, "qkv must be (B, T, 3 * heads * dh) with heads ",
+           heads, ", got shape ", qkv.shape());
+  HG_CHECK(qkv.numel() > 0, op, "qkv is empty, shape ", qkv.shape());
+  check_common(op, qkv, "qkv", qkv.size(0), qkv.size(1), qkv.size(2) / (3 * heads), options);
 }
 
 AttentionLayout layout_of(const AttentionSaved& s) {
   AttentionLayout l;
-  l.batch = s.q.size(0);
-  l.heads = s.q.size(1);
-  l.tq = s.q.size(2);
-  l.tk = s.k.size(2);
-  l.head_dim = s.q.size(3);
+  if (s.qkv.defined()) {  // packed: (B, T, 3, H, dh) in, (B, T, H, dh) out
+    l.batch = s.qkv.size(0);
+    l.heads = s.heads;
+    l.tq = l.tk = s.qkv.size(1);
+    l.head_dim = s.qkv.size(2) / (3 * s.heads);
+    const int64_t width = l.heads * l.head_dim;
+    l.q = l.kv = HeadStrides::packed(l.tq, l.head_dim, 3 * width);
+    l.o = HeadStrides::packed(l.tq, l.head_dim, width);
+  } else {
+    l.batch = s.q.size(0);
+    l.heads = s.q.size(1);
+    l.tq = s.q.size(2);
+    l.tk = s.k.size(2);
+    l.head_dim = s.q.size(3);
+    l.q = l.o = HeadStrides::contiguous(l.heads, l.tq, l.head_dim);
+    l.kv = HeadStrides::contiguous(l.heads, l.tk, l.head_dim);
+  }
   l.mask = s.mask.defined() ? s.mask.raw_data() : nullptr;
   l.mask_batch_stride = s.mask.defined() && s.mask.size(0) > 1 ? l.tk : 0;
   l.causal = s.causal;
   l.scale = s.scale;
   return l;
+}
+
+void save_options(AttentionSaved& s, const AttentionOptions& options, int64_t dh) {
+  s.mask = options.mask;
+  s.causal = options.causal;
+  s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(dh)));
+}
+
+// `elements` past t's first element (the k and v slices of a packed qkv).
+const void* at(const Tensor& t, int64_t elements) {
+  return static_cast<const char*>(t.raw_data()) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+void* at(Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.raw_data()) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+// The fused kernels on s.o (allocated) and s.lse, s.softmax_stats (allocated here).
+void fused_forward(AttentionSaved& s, const void* q, const void* k, const void* v, const Device device) {
+  const AttentionLayout l = layout_of(s);
+  const DType t = s.o.dtype();
+  s.lse = Tensor::empty({l.batch, l.heads, l.tq}, math_dtype(t), device);
+  if (device == Device::CUDA) {
+    s.softmax_stats = Tensor::empty({l.batch, l.heads, l.tq, 2}, DType::F32, device);
+    gpu::attention_forward(t, q, k, v, l, s.o.raw_data(), s.lse, s.softmax_stats);
+  } else {
+    cpu::attention_forward(t, q, k, v, l, s.o.raw_data(), s.lse);
+  }
+}
+
+void fused_backward(const Tensor& dout, const AttentionSaved& s, const void* q, const void* k, const void* v,
+                    void* dq, void* dk, void* dv) {
+  const AttentionLayout l = layout_of(s);
+  if (dout.is_cuda()) {
+    gpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.o.raw_data(), s.softmax_stats, l, dq, dk, dv);
+  } else {
+    cpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.lse, l, dq, dk, dv);
+  }
+}
+
+void check_backward(const char* op, const Tensor& dout, const AttentionSaved& saved) {
+  HG_CHECK(saved.o.defined() && saved.lse.defined(), op, "saved state is empty: run attention_forward first");
+  HG_CHECK(dout.defined(), op, "dout is undefined");
+  HG_CHECK(dout.shape() == saved.o.shape(), op, "dout shape ", dout.shape(), " differs from the output's ",
+           saved.o.shape());
+  check_same_dtype(op, dout, saved.o);
+  check_same_device(op, dout, saved.o);
+}
+
+// (B, T, 3 H dh) -> (3, B, H, T, dh): q, k, v lead, each contiguous (B, H, T, dh).
+Tensor split_heads(const Tensor& qkv, int64_t heads) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), dh = qkv.size(2) / (3 * heads);
+  const Tensor bh = transpose(qkv.reshape({b, t, 3 * heads, dh}), 1, 2);  // (B, 3H, T, dh)
+  return transpose(bh.reshape({b, 3, heads * t * dh}), 0, 1).reshape({3, b, heads, t, dh});
+}
+
+// (B, H, T, dh) -> (B, T, H dh)
+Tensor merge_heads(const Tensor& x) {
+  return transpose(x, 1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
 }
 
 }  // namespace
@@ -87,22 +178,13 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   s.q = q;
   s.k = k;
   s.v = v;
-  s.mask = options.mask;
-  s.causal = options.causal;
-  s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  save_options(s, options, q.size(3));
   log_dispatch(kForwardOp, dispatch_path(q, kernel_mode() == KernelMode::Unfused), q);
   if (kernel_mode() == KernelMode::Unfused) {
     unfused::attention_forward(q, k, v, s);
   } else {
     s.o = Tensor::empty(q.shape(), q.dtype(), q.device());
-    s.lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, math_dtype(q.dtype()), q.device());
-    const AttentionLayout l = layout_of(s);
-    if (q.is_cuda()) {
-      s.softmax_stats = Tensor::empty({q.size(0), q.size(1), q.size(2), 2}, DType::F32, q.device());
-      gpu::attention_forward(q, k, v, l, s.o, s.lse, s.softmax_stats);
-    } else {
-      cpu::attention_forward(q, k, v, l, s.o, s.lse);
-    }
+    fused_forward(s, q.raw_data(), k.raw_data(), v.raw_data(), q.device());
   }
   Tensor o = s.o;
   if (saved != nullptr) *saved = std::move(s);
@@ -111,24 +193,68 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
 
 AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& saved) {
   HG_PROFILE("attention", dout.device());
-  HG_CHECK(saved.o.defined() && saved.lse.defined(), kBackwardOp, "saved state is empty: run attention_forward first");
-  HG_CHECK(dout.defined(), kBackwardOp, "dout is undefined");
-  HG_CHECK(dout.shape() == saved.o.shape(), kBackwardOp, "dout shape ", dout.shape(), " differs from the output's ",
-           saved.o.shape());
-  check_same_dtype(kBackwardOp, dout, saved.o);
-  check_same_device(kBackwardOp, dout, saved.o);
+  HG_CHECK(!saved.qkv.defined(), kBackwardOp,
+           "the saved state is of attention_forward_packed: use attention_backward_packed");
+  check_backward(kBackwardOp, dout, saved);
   log_dispatch(kBackwardOp, dispatch_path(dout, saved.probs.defined()), dout);
   if (saved.probs.defined()) return unfused::attention_backward(dout, saved);
   AttentionGrads g{Tensor::empty(saved.q.shape(), saved.q.dtype(), saved.q.device()),
                    Tensor::empty(saved.k.shape(), saved.k.dtype(), saved.k.device()),
                    Tensor::empty(saved.v.shape(), saved.v.dtype(), saved.v.device())};
-  const AttentionLayout l = layout_of(saved);
-  if (dout.is_cuda()) {
-    gpu::attention_backward(dout, saved.q, saved.k, saved.v, saved.o, saved.softmax_stats, l, g.dq, g.dk, g.dv);
-  } else {
-    cpu::attention_backward(dout, saved.q, saved.k, saved.v, saved.lse, l, g.dq, g.dk, g.dv);
-  }
+  fused_backward(dout, saved, saved.q.raw_data(), saved.k.raw_data(), saved.v.raw_data(), g.dq.raw_data(),
+                 g.dk.raw_data(), g.dv.raw_data());
   return g;
+}
+
+Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const AttentionOptions& options,
+                                AttentionSaved* saved) {
+  check_packed(qkv, heads, options);
+  const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
+  if (kernel_mode() == KernelMode::Unfused) {
+    // The unfused composition works on (B, H, T, dh) operands: split, run, merge.
+    const Tensor split = split_heads(qkv, heads);
+    AttentionSaved s;
+    const Tensor o = attention_forward(split[0], split[1], split[2], options, &s);
+    s.heads = heads;
+    if (saved != nullptr) *saved = std::move(s);
+    return merge_heads(o);
+  }
+  HG_PROFILE("attention", qkv.device());
+  log_dispatch(kPackedForwardOp, dispatch_path(qkv, false), qkv);
+  AttentionSaved s;
+  s.qkv = qkv;
+  s.heads = heads;
+  save_options(s, options, width / heads);
+  s.o = Tensor::empty({b, t, width}, qkv.dtype(), qkv.device());
+  fused_forward(s, qkv.raw_data(), at(qkv, width), at(qkv, 2 * width), qkv.device());
+  Tensor o = s.o;
+  if (saved != nullptr) *saved = std::move(s);
+  return o;
+}
+
+Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved) {
+  const char* op = kPackedBackwardOp;
+  HG_CHECK(saved.heads > 0, op, "the saved state is not of attention_forward_packed (run it first)");
+  if (!saved.qkv.defined()) {  // unfused: the contiguous backward between a split and a merge
+    HG_CHECK(dout.defined() && dout.ndim() == 3, op, "dout must be (B, T, H * dh), got ",
+             dout.defined() ? dout.shape() : Shape{});
+    const int64_t b = dout.size(0), t = dout.size(1), h = saved.heads, dh = dout.size(2) / h;
+    const Tensor dout_heads = transpose(dout.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
+    const AttentionGrads g = attention_backward(dout_heads, saved);
+    Tensor dheads = Tensor::empty({3, b, h, t, dh}, g.dq.dtype(), g.dq.device());
+    for (int i = 0; i < 3; ++i) dheads[i].copy_(i == 0 ? g.dq : i == 1 ? g.dk : g.dv);
+    const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
+    return transpose(bh, 1, 2).reshape({b, t, 3 * h * dh});
+  }
+  HG_PROFILE("attention", dout.device());
+  check_backward(op, dout, saved);
+  log_dispatch(op, dispatch_path(dout, false), dout);
+  const Tensor& qkv = saved.qkv;
+  const int64_t width = qkv.size(2) / 3;
+  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+  fused_backward(dout, saved, qkv.raw_data(), at(qkv, width), at(qkv, 2 * width), dqkv.raw_data(), at(dqkv, width),
+                 at(dqkv, 2 * width));
+  return dqkv;
 }
 
 }  // namespace hg

@@ -26,6 +26,8 @@ struct AttentionOptions {
 // beside them (no Tq x Tk buffer on the fused paths).
 struct AttentionSaved {
   Tensor q, k, v, o, lse;
+  Tensor qkv;          // packed form (attention_forward_packed): the (B, T, 3 H dh) input; o is (B, T, H dh)
+  int64_t heads = 0;   // packed form: H
   Tensor mask;
   bool causal = false;
   double scale = 1.0;
@@ -44,5 +46,19 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          AttentionSaved* saved);
 
 AttentionGrads attention_backward(const Tensor& dout, const AttentionSaved& saved);
+
+// Self-attention on the fused QKV projection's output, without the head
+// split and merge copies: qkv (B, T, 3 * H * dh) holds, per token, q, k and
+// v, each as H heads of dh side by side ((B, T, 3, H, dh)); the result is
+// (B, T, H * dh) with the heads side by side, the output projection's input.
+// The fused paths (CPU, CUDA) read q, k, v in place through strides and
+// write o in place; the unfused mode splits the heads with transposes and
+// runs the unfused op. Same options and numerics as attention_forward.
+Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const AttentionOptions& options,
+                                AttentionSaved* saved);
+
+// dout (B, T, H * dh) -> dqkv (B, T, 3 * H * dh), the QKV projection's
+// output gradient, dq, dk, dv written straight into their slices.
+Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved);
 
 }  // namespace hg

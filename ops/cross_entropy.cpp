@@ -160,14 +160,17 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   return unfused(x, targets, n_rows, vocab, ignore_index, inv_count, saved);
 }
 
-Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss) {
+namespace {
+
+Tensor backward(const CrossEntropySaved& saved, double dloss, [[maybe_unused]] bool over_logits) {
   HG_PROFILE("cross_entropy", saved.row_stats.defined() ? saved.row_stats.device()
                               : saved.dlogits.defined() ? saved.dlogits.device() : saved.log_probs.device());
   const char* op = "cross_entropy_backward";
   HG_CHECK(std::isfinite(dloss), op, "upstream gradient ", dloss, " is not finite");
   if (saved.row_stats.defined()) {
 #if HG_WITH_CUDA
-    Tensor dlogits = Tensor::empty(saved.logits.shape(), saved.logits.dtype(), Device::CUDA);
+    Tensor dlogits =
+        over_logits ? saved.logits : Tensor::empty(saved.logits.shape(), saved.logits.dtype(), Device::CUDA);
     gpu::cross_entropy_lse_backward(saved.logits, saved.targets, saved.ignore_index, saved.row_stats,
                                     saved.inv_count_device, static_cast<float>(dloss), dlogits);
     return dlogits.reshape(saved.logits_shape);
@@ -179,6 +182,14 @@ Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss) {
   const Tensor g = sub(mul(exp(saved.log_probs), saved.valid), saved.onehot);
   const Tensor dlogits = mul_scalar(g, dloss * saved.inv_count).reshape(saved.logits_shape);
   return saved.grad_dtype == DType::BF16 ? dlogits.to(DType::BF16) : dlogits;
+}
+
+}  // namespace
+
+Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss) { return backward(saved, dloss, false); }
+
+Tensor cross_entropy_backward_over_logits(const CrossEntropySaved& saved, double dloss) {
+  return backward(saved, dloss, true);
 }
 
 }  // namespace hg

@@ -359,6 +359,190 @@ TEST_CASE("attention: CUDA rejects head dims without a kernel", "[attention][cud
 }
 
 // ---------------------------------------------------------------------------
+// The packed form: q, k, v read in place from a (B, T, 3, H, dh) tensor (the
+// QKV projection's output), o written as (B, T, H, dh), dq, dk, dv into one
+// (B, T, 3, H, dh) gradient. Same numbers as the contiguous form.
+
+namespace {
+
+// (B, H, T, dh) operands <-> the packed layouts, by plain loops (F64, CPU).
+Tensor pack_qkv(const Inputs& in) {
+  const int64_t b = in.q.size(0), h = in.q.size(1), t = in.q.size(2), dh = in.q.size(3);
+  const std::vector<double> src[3] = {in.q.to_vector(), in.k.to_vector(), in.v.to_vector()};
+  std::vector<double> out(static_cast<size_t>(b * t * 3 * h * dh));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti)
+      for (int s3 = 0; s3 < 3; ++s3)
+        for (int64_t hi = 0; hi < h; ++hi)
+          for (int64_t c = 0; c < dh; ++c)
+            out[static_cast<size_t>((((bi * t + ti) * 3 + s3) * h + hi) * dh + c)] =
+                src[s3][static_cast<size_t>(((bi * h + hi) * t + ti) * dh + c)];
+  return Tensor::from_vector(out, {b, t, 3 * h * dh}, DType::F64);
+}
+
+// (B, H, T, dh) -> (B, T, H * dh), or back (with `heads`).
+Tensor to_tokens(const Tensor& x) {
+  const int64_t b = x.size(0), h = x.size(1), t = x.size(2), dh = x.size(3);
+  const std::vector<double> v = f64(x).to_vector();
+  std::vector<double> out(v.size());
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t ti = 0; ti < t; ++ti)
+        for (int64_t c = 0; c < dh; ++c)
+          out[static_cast<size_t>(((bi * t + ti) * h + hi) * dh + c)] = v[static_cast<size_t>(((bi * h + hi) * t + ti) * dh + c)];
+  return Tensor::from_vector(out, {b, t, h * dh}, DType::F64);
+}
+Tensor to_heads(const Tensor& y, int64_t h, int64_t slot = 0, int64_t slots = 1) {
+  const int64_t b = y.size(0), t = y.size(1), dh = y.size(2) / (slots * h);
+  const std::vector<double> v = f64(y).to_vector();
+  std::vector<double> out(static_cast<size_t>(b * h * t * dh));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t hi = 0; hi < h; ++hi)
+      for (int64_t ti = 0; ti < t; ++ti)
+        for (int64_t c = 0; c < dh; ++c)
+          out[static_cast<size_t>(((bi * h + hi) * t + ti) * dh + c)] =
+              v[static_cast<size_t>((((bi * t + ti) * slots + slot) * h + hi) * dh + c)];
+  return Tensor::from_vector(out, {b, h, t, dh}, DType::F64);
+}
+
+Outputs run_packed(const Problem& p, const Inputs& in, Device device, DType dtype, KernelMode mode) {
+  hg::KernelModeScope scope(mode);
+  auto put = [&](const Tensor& t) { return t.to(dtype).to(device); };
+  AttentionOptions opt;
+  opt.causal = p.causal;
+  opt.scale = p.scale;
+  if (in.mask.defined()) opt.mask = in.mask.to(hg::math_dtype(dtype)).to(device);
+  AttentionSaved saved;
+  const Tensor o = hg::attention_forward_packed(put(pack_qkv(in)), p.h, opt, &saved);
+  REQUIRE(o.shape() == hg::Shape({p.b, p.tq, p.h * p.dh}));
+  const Tensor dqkv = hg::attention_backward_packed(put(to_tokens(in.dout)), saved);
+  REQUIRE(dqkv.shape() == hg::Shape({p.b, p.tq, 3 * p.h * p.dh}));
+  return {to_heads(o, p.h), f64(saved.lse), to_heads(dqkv, p.h, 0, 3), to_heads(dqkv, p.h, 1, 3),
+          to_heads(dqkv, p.h, 2, 3)};
+}
+
+// Self-attention shapes (Tq = Tk): odd T, several heads, odd dh where the path allows it.
+std::vector<Problem> packed_shapes(const std::vector<int64_t>& head_dims) {
+  std::vector<Problem> ps;
+  for (int64_t dh : head_dims)
+    for (bool causal : {false, true})
+      for (bool mask : {false, true})
+        for (int64_t t : {1, 5, 67}) {
+          Problem p;
+          p.b = 2, p.h = 3, p.tq = p.tk = t, p.dh = dh, p.causal = causal, p.mask = mask;
+          p.scale = 1.0 / std::sqrt(double(dh));
+          ps.push_back(p);
+        }
+  return ps;
+}
+
+void check_same(const Outputs& a, const Outputs& b, const std::string& what) {
+  INFO(what);
+  CHECK(a.o.to_vector() == b.o.to_vector());
+  CHECK(a.lse.to_vector() == b.lse.to_vector());
+  CHECK(a.dq.to_vector() == b.dq.to_vector());
+  CHECK(a.dk.to_vector() == b.dk.to_vector());
+  CHECK(a.dv.to_vector() == b.dv.to_vector());
+}
+
+}  // namespace
+
+TEST_CASE("attention: packed (B, T, 3, H, dh) form on the CPU vs the float64 reference and the contiguous form",
+          "[attention]") {
+  uint64_t seed = 900;
+  for (const Problem& p : packed_shapes({3, 8, 16})) {
+    const Inputs in = make_inputs(p, ++seed);
+    const Outputs want = reference(p, in);
+    const std::string what = describe(p);
+    check_close(run_packed(p, in, Device::CPU, DType::F64, KernelMode::Fused), want, 1e-12, 1e-12, what + " f64 fused");
+    check_close(run_packed(p, in, Device::CPU, DType::F64, KernelMode::Unfused), want, 1e-12, 1e-12,
+                what + " f64 unfused");
+    check_close(run_packed(p, in, Device::CPU, DType::F32, KernelMode::Fused), want, 2e-6, 2e-5, what + " f32 fused");
+    check_close(run_packed(p, in, Device::CPU, DType::F32, KernelMode::Unfused), want, 2e-6, 2e-5,
+                what + " f32 unfused");
+    // The unfused packed path runs the contiguous op between transposes: the same numbers bit for bit.
+    check_same(run_packed(p, in, Device::CPU, DType::F32, KernelMode::Unfused),
+               run(p, in, Device::CPU, DType::F32, KernelMode::Unfused), what + " f32 unfused packed vs contiguous");
+  }
+}
+
+TEST_CASE("attention: packed form, float64 finite differences on the CPU", "[attention]") {
+  Problem p;
+  p.b = 2, p.h = 2, p.tq = p.tk = 5, p.dh = 3, p.causal = true, p.mask = true;
+  const Inputs in = make_inputs(p, 17);
+  Tensor qkv = pack_qkv(in);
+  const Tensor dout = to_tokens(in.dout);
+  AttentionOptions opt;
+  opt.causal = true;
+  opt.scale = p.scale;
+  opt.mask = in.mask;
+  for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
+    hg::KernelModeScope scope(mode);
+    auto loss = [&] { return hg::weighted_sum(hg::attention_forward_packed(qkv, p.h, opt, nullptr), dout); };
+    AttentionSaved saved;
+    hg::attention_forward_packed(qkv, p.h, opt, &saved);
+    CHECK(hg::rel_error(hg::attention_backward_packed(dout, saved), hg::numerical_grad(loss, qkv)) < 1e-7);
+  }
+}
+
+TEST_CASE("attention: packed form, bad input names what is wrong", "[attention][errors]") {
+  hg::Generator gen(3);
+  const Tensor qkv = Tensor::randn({2, 5, 18}, gen);
+  AttentionOptions none;
+  expect_error([&] { hg::attention_forward_packed(qkv, 4, none, nullptr); }, "must be (B, T, 3 * heads * dh)");
+  expect_error([&] { hg::attention_forward_packed(qkv.reshape({10, 18}), 3, none, nullptr); }, "got shape (10, 18)");
+  expect_error([&] { hg::attention_forward_packed(qkv, 0, none, nullptr); }, "heads must be positive");
+  AttentionOptions bad_mask;
+  bad_mask.mask = Tensor::zeros({2, 1, 1, 4});
+  expect_error([&] { hg::attention_forward_packed(qkv, 3, bad_mask, nullptr); }, "must be (B, 1, 1, Tk) = (2, 1, 1, 5)");
+  AttentionSaved packed;
+  const Tensor o = hg::attention_forward_packed(qkv, 3, none, &packed);
+  expect_error([&] { hg::attention_backward(Tensor::zeros({2, 3, 5, 2}), packed); }, "use attention_backward_packed");
+  AttentionSaved plain;
+  const Tensor q = Tensor::randn({2, 3, 5, 2}, gen);
+  hg::attention_forward(q, q, q, none, &plain);
+  expect_error([&] { hg::attention_backward_packed(o, plain); }, "not of attention_forward_packed");
+  expect_error([&] { hg::attention_backward_packed(Tensor::zeros({2, 5, 7}), packed); }, "differs from the output's");
+}
+
+TEST_CASE("attention: packed form on CUDA equals the contiguous form bit for bit, and the float64 reference",
+          "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 1500;
+  std::vector<Problem> ps = packed_shapes({32, 64, 128});
+  Problem big;
+  big.b = 2, big.h = 3, big.tq = big.tk = 201, big.causal = true, big.mask = true;
+  for (int64_t dh : {32, 64, 128}) {
+    big.dh = dh;
+    big.scale = 1.0 / std::sqrt(double(dh));
+    ps.push_back(big);
+  }
+  for (const Problem& p : ps) {
+    const Inputs in = make_inputs(p, ++seed);
+    const std::string what = describe(p);
+    const Outputs want = reference(p, in);
+    // F32: the same kernels reading through strides: bitwise the contiguous result.
+    const Outputs got = run_packed(p, in, Device::CUDA, DType::F32, KernelMode::Fused);
+    check_same(got, run(p, in, Device::CUDA, DType::F32, KernelMode::Fused), what + " cuda f32 packed vs contiguous");
+    check_close(got, want, 2e-6, 2e-5, what + " cuda f32 packed");
+    check_close(run_packed(p, in, Device::CUDA, DType::F32, KernelMode::Unfused), want, 2e-6, 2e-5,
+                what + " cuda f32 unfused packed");
+    Inputs rounded = in;
+    for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.dout}) *t = t->to(DType::BF16).to(DType::F64);
+    const Outputs got16 = run_packed(p, rounded, Device::CUDA, DType::BF16, KernelMode::Fused);
+    check_same(got16, run(p, rounded, Device::CUDA, DType::BF16, KernelMode::Fused),
+               what + " cuda bf16 packed vs contiguous");
+    const Outputs want16 = reference(p, rounded);
+    INFO(what << " cuda bf16 packed");  // bounds as in "CUDA paths agree with the float64 reference"
+    CHECK(err(got16.o, want16.o) < 8e-3);
+    CHECK(err(got16.lse, want16.lse) < 1e-5);
+    CHECK(err(got16.dq, want16.dq) < 2e-2);
+    CHECK(err(got16.dk, want16.dk) < 2e-2);
+    CHECK(err(got16.dv, want16.dv) < 2e-2);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // MultiHeadAttention runs the same math through the fused attention op
 // (AttentionImpl::Flash) as through GEMM + softmax + GEMM (Softmax).
 

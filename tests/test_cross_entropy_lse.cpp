@@ -96,6 +96,11 @@ void check_case(DType dtype, KernelMode mode, bool on_device, int64_t rows, int6
   // An upstream gradient of 2 doubles every element exactly (a power of two).
   const auto twice = f64(cross_entropy_backward(saved, 2.0)).to_vector();
   for (size_t k = 0; k < d.size(); ++k) CHECK(twice[k] == 2 * d[k]);
+  // Written over the logits (the caller's last use of them): the same values,
+  // in the logits' own storage where the log-sum-exp path saved them.
+  const Tensor over = cross_entropy_backward_over_logits(saved);
+  CHECK(f64(over).to_vector() == d);
+  if (saved.row_stats.defined()) CHECK(over.shares_storage_with(logits));
 }
 
 }  // namespace

@@ -12,10 +12,21 @@ constexpr int64_t kQueryTile = 64;
 
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// One (b, h) slice: rows `row` elements apart (the strides of core/attention_layout.hpp).
 template <class T>
-using ConstMap = Eigen::Map<const Mat<T>>;
+using ConstMap = Eigen::Map<const Mat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
 template <class T>
-using MutMap = Eigen::Map<Mat<T>>;
+using MutMap = Eigen::Map<Mat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+template <class T>
+ConstMap<T> slice(const void* base, const HeadStrides& s, int64_t bh, int64_t heads, int64_t rows, int64_t dh) {
+  return ConstMap<T>(static_cast<const T*>(base) + s.offset(bh / heads, bh % heads), rows, dh,
+                     Eigen::OuterStride<>(s.row));
+}
+template <class T>
+MutMap<T> slice_mut(void* base, const HeadStrides& s, int64_t bh, int64_t heads, int64_t rows, int64_t dh) {
+  return MutMap<T>(static_cast<T*>(base) + s.offset(bh / heads, bh % heads), rows, dh, Eigen::OuterStride<>(s.row));
+}
 
 // The (b, h) slice views and the logits of one query tile.
 template <class T>
@@ -59,15 +70,15 @@ void probabilities(Mat<T>& z, const T* lse) {
 }
 
 template <class T>
-void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& l, Tensor& o, Tensor& lse) {
-  const int64_t dh = l.head_dim;
+void forward(const void* q, const void* k, const void* v, const AttentionLayout& l, void* o, Tensor& lse) {
+  const int64_t dh = l.head_dim, h = l.heads;
   const T inf = std::numeric_limits<T>::infinity();
   for (int64_t bh = 0; bh < l.heads_total(); ++bh) {
     const Head<T> head(l, bh);
-    const ConstMap<T> qm(q.data<T>() + bh * l.tq * dh, l.tq, dh);
-    const ConstMap<T> km(k.data<T>() + bh * l.tk * dh, l.tk, dh);
-    const ConstMap<T> vm(v.data<T>() + bh * l.tk * dh, l.tk, dh);
-    MutMap<T> om(o.data<T>() + bh * l.tq * dh, l.tq, dh);
+    const ConstMap<T> qm = slice<T>(q, l.q, bh, h, l.tq, dh);
+    const ConstMap<T> km = slice<T>(k, l.kv, bh, h, l.tk, dh);
+    const ConstMap<T> vm = slice<T>(v, l.kv, bh, h, l.tk, dh);
+    MutMap<T> om = slice_mut<T>(o, l.o, bh, h, l.tq, dh);
     T* lse_row = lse.data<T>() + bh * l.tq;
     Mat<T> z(std::min(kQueryTile, l.tq), l.tk);
     for (int64_t i0 = 0; i0 < l.tq; i0 += kQueryTile) {
@@ -85,18 +96,19 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionL
 }
 
 template <class T>
-void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, const AttentionLayout& l, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const int64_t dh = l.head_dim;
+void backward(const void* dout, const void* q, const void* k, const void* v, const Tensor& lse,
+              const AttentionLayout& l, void* dq, void* dk, void* dv) {
+  const int64_t dh = l.head_dim, h = l.heads;
   const T scale = static_cast<T>(l.scale);
   for (int64_t bh = 0; bh < l.heads_total(); ++bh) {
     const Head<T> head(l, bh);
-    const ConstMap<T> qm(q.data<T>() + bh * l.tq * dh, l.tq, dh);
-    const ConstMap<T> km(k.data<T>() + bh * l.tk * dh, l.tk, dh);
-    const ConstMap<T> vm(v.data<T>() + bh * l.tk * dh, l.tk, dh);
-    const ConstMap<T> dom(dout.data<T>() + bh * l.tq * dh, l.tq, dh);
-    MutMap<T> dqm(dq.data<T>() + bh * l.tq * dh, l.tq, dh);
-    MutMap<T> dkm(dk.data<T>() + bh * l.tk * dh, l.tk, dh);
-    MutMap<T> dvm(dv.data<T>() + bh * l.tk * dh, l.tk, dh);
+    const ConstMap<T> qm = slice<T>(q, l.q, bh, h, l.tq, dh);
+    const ConstMap<T> km = slice<T>(k, l.kv, bh, h, l.tk, dh);
+    const ConstMap<T> vm = slice<T>(v, l.kv, bh, h, l.tk, dh);
+    const ConstMap<T> dom = slice<T>(dout, l.o, bh, h, l.tq, dh);
+    MutMap<T> dqm = slice_mut<T>(dq, l.q, bh, h, l.tq, dh);
+    MutMap<T> dkm = slice_mut<T>(dk, l.kv, bh, h, l.tk, dh);
+    MutMap<T> dvm = slice_mut<T>(dv, l.kv, bh, h, l.tk, dh);
     dkm.setZero();
     dvm.setZero();
     const T* lse_row = lse.data<T>() + bh * l.tq;
@@ -122,15 +134,15 @@ void backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor
 
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& layout, Tensor& o,
-                       Tensor& lse) {
-  if (q.dtype() == DType::F64) return forward<double>(q, k, v, layout, o, lse);
+void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
+                       void* o, Tensor& lse) {
+  if (dtype == DType::F64) return forward<double>(q, k, v, layout, o, lse);
   forward<float>(q, k, v, layout, o, lse);
 }
 
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                        const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
-  if (q.dtype() == DType::F64) return backward<double>(dout, q, k, v, lse, layout, dq, dk, dv);
+void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const Tensor& lse,
+                        const AttentionLayout& layout, void* dq, void* dk, void* dv) {
+  if (dtype == DType::F64) return backward<double>(dout, q, k, v, lse, layout, dq, dk, dv);
   backward<float>(dout, q, k, v, lse, layout, dq, dk, dv);
 }
 

@@ -6,11 +6,15 @@
 
 namespace hg::cpu {
 
-// o (B, H, Tq, dh) and lse (B, H, Tq) in q's dtype.
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionLayout& layout, Tensor& o,
-                       Tensor& lse);
+// Operands by base pointer, all of `dtype` (F32 or F64), each addressed
+// through the layout's strides (q and dq: layout.q; k, v, dk, dv: layout.kv;
+// o and dout: layout.o), as in cuda/attention_kernels.hpp. lse (B, H, Tq)
+// is contiguous, in the operands' dtype.
+void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
+                       void* o, Tensor& lse);
 
 // dq, dk, dv from dout and the forward's lse (probabilities recomputed per tile).
-void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, const AttentionLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv);
+void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const Tensor& lse,
+                        const AttentionLayout& layout, void* dq, void* dk, void* dv);
 
 }  // namespace hg::cpu
