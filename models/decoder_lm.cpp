@@ -56,10 +56,19 @@ Tensor DecoderLM::backward(const Tensor& dlogits) {
   HG_CHECK(dlogits.shape() == logits_shape, op, "dlogits ", dlogits.shape(), " must match the logits ",
            logits_shape);
   const int64_t rows = h_shape_[0] * h_shape_[1];
-  Tensor dx = ln_f.backward(head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_));
-  for (auto it = layers.rbegin(); it != layers.rend(); ++it) dx = (*it)->backward(dx);
+  Tensor dx = head.backward(dlogits.reshape({rows, config_.vocab_size})).reshape(h_shape_);
+  grads_ready(head);
+  dx = ln_f.backward(dx);
+  grads_ready(ln_f);
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
+    dx = (*it)->backward(dx);
+    grads_ready(**it);
+  }
   dx = dx.to(h_dtype_);
-  if (embedded_from_ids_) embed.backward(embed_drop.backward(dx));
+  if (embedded_from_ids_) {
+    embed.backward(embed_drop.backward(dx));
+    grads_ready(embed);
+  }
   return dx;
 }
 
