@@ -102,10 +102,11 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 // ---- failure injection for the data-parallel tests ------------------------------------
-// HG_FAULT=kill:RANK:STEP or hang:RANK:STEP: that rank dies (SIGKILL) or
-// hangs just before that step; tests/cli/train_ddp.sh checks that every rank
-// stops with a clear message and the last checkpoint stays intact.
-void maybe_inject_fault(int64_t step) {
+// HG_FAULT=kill:RANK:STEP, hang:RANK:STEP or perturb:RANK:STEP: that rank
+// dies (SIGKILL), hangs, or nudges one parameter just before that step;
+// tests/cli/train_ddp.sh checks that every rank stops with a clear message,
+// the last checkpoint stays intact, and the parameter check sees the nudge.
+void maybe_inject_fault(int64_t step, DecoderLM& model) {
   const char* spec = std::getenv("HG_FAULT");
   if (!spec) return;
   char kind[8] = "";
@@ -115,6 +116,7 @@ void maybe_inject_fault(int64_t step) {
   std::fprintf(stderr, "train: HG_FAULT: rank %d %s before step %lld\n", rank, kind, at);
   std::fflush(stderr);
   if (std::strcmp(kind, "kill") == 0) std::raise(SIGKILL);
+  if (std::strcmp(kind, "perturb") == 0) model.ln_f.gamma.value.fill_(1.001);
   if (std::strcmp(kind, "hang") == 0)
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -658,7 +660,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     const double lr = learning_rate(o, step);
     opt.set_lr(lr);
     const Batch b = data.next();
-    maybe_inject_fault(step + 1);
+    maybe_inject_fault(step + 1, model);
     dist::set_watch_step(step + 1);
     const auto t0 = std::chrono::steady_clock::now();
     double loss = train_step(model, opt, dev, o.clip, b, dp, data.weight);
