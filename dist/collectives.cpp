@@ -122,8 +122,8 @@ void Collectives::all_reduce_sum_f64(Tensor& x, const char* what) {
   x.check_defined(what);
   x.check_dtype(DType::F64, what);
   x.check_device(device_, what);
-  if (!world().distributed()) return;
   if (device_ == Device::CUDA) {
+    if (!gpu::nccl::initialized()) return;  // one process without NCCL
     gpu::nccl::all_reduce_sum(x.data<double>(), static_cast<size_t>(x.numel()));
     gpu::nccl::join();
     return;
