@@ -65,18 +65,30 @@ GradReducer::GradReducer(Collectives& comm, std::vector<Parameter*> params, Redu
 
 void GradReducer::begin_step(double premul) {
   HG_CHECK(!in_step_, "GradReducer::begin_step", "the previous step was not finished (finish())");
-  if (steps_ > 0) {
-    last_stats_ = comm_.take_stats();  // the previous step's; its work has finished by now
-    total_stats_.busy_ms += last_stats_.busy_ms;
-    total_stats_.exposed_ms += last_stats_.exposed_ms;
-    total_stats_.collectives += last_stats_.collectives;
-  }
+  collect_stats();  // the previous step's; its work has finished by now
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
     b.started = false;
   }
   premul_ = premul;
   in_step_ = true;
+}
+
+void GradReducer::collect_stats() {
+  const CommStats s = comm_.take_stats();
+  if (s.collectives == 0 && s.busy_ms == 0) return;
+  last_stats_ = s;
+  total_stats_.busy_ms += s.busy_ms;
+  total_stats_.exposed_ms += s.exposed_ms;
+  total_stats_.collectives += s.collectives;
+}
+
+CommStats GradReducer::take_total_stats() {
+  HG_CHECK(!in_step_, "GradReducer::take_total_stats", "inside a step (call it after finish())");
+  collect_stats();
+  const CommStats s = total_stats_;
+  total_stats_ = CommStats{};
+  return s;
 }
 
 void GradReducer::start(Bucket& b) {

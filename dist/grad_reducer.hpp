@@ -58,12 +58,15 @@ class GradReducer {
   void gather_values();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Totals since the last call, the last finished step included (CUDA: waits for its collectives).
+  CommStats take_total_stats();
   CommStats last_step_stats() const { return last_stats_; }
   CommStats total_stats() const { return total_stats_; }
   int64_t steps() const { return steps_; }
 
  private:
   void start(Bucket& b);
+  void collect_stats();
   Collectives& comm_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;

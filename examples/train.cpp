@@ -185,6 +185,9 @@ double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, 
     if (clip > 0 && !(dp && dp->sharded())) clip_grad_norm(model.parameters(), clip);
     opt.step();
   }
+  // On CUDA the host waits for NCCL here, the first time: under the watchdog
+  // when several ranks run (a hung peer must not hang this rank forever).
+  const dist::Watch watch("the step's gradient collectives (reading the loss)");
   return loss.item();
 }
 
@@ -790,9 +793,9 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
 }
 
 // Communication of the data-parallel steps (averaged over this run's steps after its first).
-void print_comm_summary(const cli::DataParallel& dp, const History& h) {
-  const dist::CommStats s = dp.total_stats();
-  const int64_t n = std::max<int64_t>(1, dp.reduced_steps() - 1);  // the stats cover the steps before the last
+void print_comm_summary(cli::DataParallel& dp, const History& h) {
+  const dist::CommStats s = dp.take_total_stats();
+  const int64_t n = std::max<int64_t>(1, dp.reduced_steps());
   const double step_ms = h.seconds > 0 ? h.seconds * 1e3 / static_cast<double>(h.step_ms.size()) : NAN;
   const bool cuda = gpu::nccl::initialized();
   std::printf("communication: %.3f ms/step %s, %.3f ms/step exposed (%s), %.1f collectives/step; mean step %.2f ms\n",

@@ -49,7 +49,7 @@ class DataParallel {
   void check_sync(long long step);        // throws when ranks hold different parameters
 
   dist::CommStats last_step_stats() const { return reducer_->last_step_stats(); }
-  dist::CommStats total_stats() const { return reducer_->total_stats(); }
+  dist::CommStats take_total_stats() { return reducer_->take_total_stats(); }  // since the last call
   int64_t reduced_steps() const { return reducer_->steps(); }
   size_t bucket_count() const { return reducer_->buckets().size(); }
   std::string describe() const;
