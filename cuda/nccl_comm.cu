@@ -19,10 +19,12 @@ struct State {
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
   cudaEvent_t fork = nullptr, done = nullptr;  // ordering only (no timing)
-  cudaEvent_t main_at_join = nullptr;          // timing: where the handgrad stream was at join()
-  bool joined = false;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers;  // start/stop of each collective since take_timing()
   size_t used = 0;
+  // Each join() since take_timing(): where the handgrad stream was, and the last collective before it.
+  std::vector<cudaEvent_t> join_marks;
+  std::vector<size_t> join_last;
+  size_t joins = 0;
   int rank = 0, world = 1;
 };
 
@@ -110,7 +112,6 @@ void init(const std::vector<uint8_t>& id_bytes, int rank, int world) {
   HG_CUDA_CHECK(cudaStreamCreateWithPriority(&s.comm_stream, cudaStreamNonBlocking, greatest));
   HG_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
   HG_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
-  HG_CUDA_CHECK(cudaEventCreate(&s.main_at_join));
   check(ncclCommInitRank(&s.comm, world, id, rank), "nccl::init (ncclCommInitRank)");
   s.rank = rank;
   s.world = world;
@@ -159,8 +160,16 @@ void all_gather(float* buffer, size_t count, int rank) {
 void join() {
   State& s = state();
   comm("nccl::join");
-  HG_CUDA_CHECK(cudaEventRecord(s.main_at_join, stream()));
-  s.joined = true;
+  if (s.used > 0) {  // timing: the handgrad stream's position, against the collectives before it
+    if (s.joins == s.join_marks.size()) {
+      cudaEvent_t e;
+      HG_CUDA_CHECK(cudaEventCreate(&e));
+      s.join_marks.push_back(e);
+      s.join_last.push_back(0);
+    }
+    HG_CUDA_CHECK(cudaEventRecord(s.join_marks[s.joins], stream()));
+    s.join_last[s.joins++] = s.used - 1;
+  }
   HG_CUDA_CHECK(cudaEventRecord(s.done, s.comm_stream));
   HG_CUDA_CHECK(cudaStreamWaitEvent(stream(), s.done, 0));
 }
@@ -175,15 +184,15 @@ CommTiming take_timing() {
     HG_CUDA_CHECK(cudaEventElapsedTime(&ms, s.timers[i].first, s.timers[i].second));
     t.busy_ms += ms;
   }
-  if (s.used > 0 && s.joined) {
-    HG_CUDA_CHECK(cudaEventSynchronize(s.main_at_join));
+  for (size_t j = 0; j < s.joins; ++j) {  // each wait: how far its collectives ran past the compute
+    HG_CUDA_CHECK(cudaEventSynchronize(s.join_marks[j]));
     float ms = 0;
-    HG_CUDA_CHECK(cudaEventElapsedTime(&ms, s.main_at_join, s.timers[s.used - 1].second));
-    t.exposed_ms = ms > 0 ? ms : 0;
+    HG_CUDA_CHECK(cudaEventElapsedTime(&ms, s.join_marks[j], s.timers[s.join_last[j]].second));
+    if (ms > 0) t.exposed_ms += ms;
   }
   t.collectives = static_cast<int64_t>(s.used);
   s.used = 0;
-  s.joined = false;
+  s.joins = 0;
   return t;
 }
 

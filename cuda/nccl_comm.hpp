@@ -44,9 +44,9 @@ void all_gather(float* buffer, size_t count, int rank);
 void join();
 
 // Timing of the communication stream since the last call (it waits for the
-// work timed): busy_ms sums the collectives' durations; exposed_ms is how far
-// the last collective ended after the handgrad stream reached the last join()
-// (the communication the backward did not hide).
+// work timed): busy_ms sums the collectives' durations; exposed_ms sums, over
+// the join()s, how far the last collective before each ended after the
+// handgrad stream reached that join() (the communication the compute did not hide).
 struct CommTiming {
   double busy_ms = 0, exposed_ms = 0;
   int64_t collectives = 0;

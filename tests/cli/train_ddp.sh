@@ -18,6 +18,9 @@
 set -uo pipefail
 train=$(realpath "$1")
 mpirun=$2
+# Open MPI takes an absolute launcher path as --prefix (/bin/mpirun: "/", which
+# it refuses): call it by name when PATH finds it.
+command -v "$(basename "$mpirun")" >/dev/null && mpirun=$(basename "$mpirun")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
