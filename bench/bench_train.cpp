@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/bench_model.hpp"
 #include "bench/bench_util.hpp"
 #include "examples/common/cli.hpp"
 #include "core/cuda_runtime.hpp"
@@ -27,9 +28,7 @@ using namespace hg;
 
 namespace {
 
-struct Size {
-  int64_t d_model, heads, layers, seq, batch, vocab;
-};
+using Size = bench::ModelSize;
 
 struct Result {
   bench::Timing timing;
@@ -66,14 +65,7 @@ double bf16_peak_tflops(const std::string& gpu_name) {
 Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl attention, bool use_graph, const Size& s,
            int warmup, int iters, int profile_steps) {
   KernelModeScope scope(mode);
-  DecoderLMConfig c;
-  c.vocab_size = s.vocab;
-  c.max_seq_len = s.seq;
-  c.d_model = s.d_model;
-  c.n_heads = s.heads;
-  c.n_layers = s.layers;
-  c.seed = 1;
-  c.precision = precision;
+  DecoderLMConfig c = bench::decoder_config(s, precision);
   c.attention = attention;
   DecoderLM model(c);
   model.to(dev);
@@ -84,15 +76,8 @@ Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl atten
   options.use_graph = use_graph;
   TrainStep step(model, opt, options);
   // Two input sets, so no step sees the previous step's batch.
-  Generator g(2);
   std::vector<Tensor> ids, targets;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<double> a(static_cast<size_t>(s.batch * s.seq)), b(a.size());
-    for (double& v : a) v = static_cast<double>(g.next_u64() % static_cast<uint64_t>(s.vocab));
-    for (double& v : b) v = static_cast<double>(g.next_u64() % static_cast<uint64_t>(s.vocab));
-    ids.push_back(Tensor::from_vector(a, {s.batch, s.seq}, DType::F32, dev));
-    targets.push_back(Tensor::from_vector(b, {s.batch, s.seq}, DType::F32, dev));
-  }
+  bench::random_batches(s, 2, 2, dev, ids, targets);
   Result r;
   if (dev == Device::CUDA) gpu::reset_peak_memory();
   r.timing = bench::time_op(dev, 2, warmup, iters, [&](int i) { step.run(ids[i], targets[i]); });

@@ -19,7 +19,7 @@ target_link_libraries(handgrad INTERFACE $<INSTALL_INTERFACE:Eigen3::Eigen> $<IN
 set_target_properties(handgrad PROPERTIES EXPORT_NAME handgrad)
 
 install(TARGETS handgrad EXPORT handgradTargets ARCHIVE DESTINATION lib LIBRARY DESTINATION lib)
-foreach(dir core ops models cuda)
+foreach(dir core ops models cuda dist)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION include/handgrad/${dir}
           FILES_MATCHING PATTERN "*.hpp" PATTERN "*.cuh")
 endforeach()

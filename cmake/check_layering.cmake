@@ -1,7 +1,9 @@
 # Fails when an #include crosses handgrad's layering (docs/architecture.md):
 #   core/ includes nothing from ops/, models/ or cuda/
 #   cuda/ includes nothing from ops/ or models/
-#   ops/  includes nothing from models/
+#   ops/  includes nothing from models/ or dist/
+#   dist/ includes nothing from ops/ or models/ (it sees core/ and cuda/'s plain headers)
+#   and neither core/ nor cuda/ includes dist/
 # Includes are written from the repository root ("ops/softmax.hpp"); a
 # relative "../" include is refused too, so the rule cannot be walked around.
 # Usage: cmake -DSOURCE_DIR=<root> [-DALLOW_FILE=<file>] -P check_layering.cmake
@@ -11,9 +13,10 @@ if(NOT SOURCE_DIR)
   message(FATAL_ERROR "check_layering: pass -DSOURCE_DIR=<repository root>")
 endif()
 
-set(forbidden_core ops models cuda)
-set(forbidden_cuda ops models)
-set(forbidden_ops models)
+set(forbidden_core ops models cuda dist)
+set(forbidden_cuda ops models dist)
+set(forbidden_ops models dist)
+set(forbidden_dist ops models)
 
 set(allowed "")
 if(ALLOW_FILE)
@@ -31,7 +34,7 @@ endif()
 set(violations "")
 set(used_exceptions "")
 set(n_files 0)
-foreach(layer core cuda ops)
+foreach(layer core cuda ops dist)
   file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/${layer}/*.cpp" "${SOURCE_DIR}/${layer}/*.hpp"
        "${SOURCE_DIR}/${layer}/*.h" "${SOURCE_DIR}/${layer}/*.cu" "${SOURCE_DIR}/${layer}/*.cuh")
   foreach(f IN LISTS files)

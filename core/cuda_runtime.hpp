@@ -86,4 +86,8 @@ int compute_capability();  // major * 10 + minor, e.g. 90 for an H100
 
 namespace hg::gpu {
 int device_count();  // 0 when built without CUDA or no GPU is visible
+// Makes `ordinal` this process's GPU. Call it before any other GPU work (the
+// stream, allocator and handles are made on first use, on the current
+// device): data-parallel ranks pick their GPU by local rank with it.
+void set_device(int ordinal);
 }  // namespace hg::gpu

@@ -1,4 +1,5 @@
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,11 @@ struct Parameter {
 const Tensor& bf16_copy(Parameter& p);
 // Rewrites p.compute from p.value when the copy exists (one cast pass).
 void refresh_compute_copy(Parameter& p);
+
+// Told, during a backward, which parameters' gradients have just become
+// final (nothing later in that backward adds to them): data parallelism
+// starts reducing them while the rest of the backward runs (dist/grad_reducer.hpp).
+using GradsReadyHook = std::function<void(const std::vector<Parameter*>& final_params)>;
 
 // Base of every layer. A module owns its Parameters and child modules as
 // plain members and registers them by name, so named_parameters() walks the

@@ -65,8 +65,11 @@ void Optimizer::save_state(const std::string& path) {
 }
 
 void Optimizer::load_state(const std::string& path) {
+  restore_state(read_checkpoint_file(path, "Optimizer::load_state"), path);
+}
+
+void Optimizer::restore_state(const std::map<std::string, Tensor>& entries, const std::string& path) {
   constexpr const char* kOp = "Optimizer::load_state";
-  const std::map<std::string, Tensor> entries = read_checkpoint_file(path, kOp);
   const auto buffers = state_buffers();
   // Everything is checked before anything is written.
   HG_CHECK(entries.size() == buffers.size() + 1 && entries.count("steps") && entries.at("steps").numel() == 1, kOp,

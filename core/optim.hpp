@@ -1,4 +1,5 @@
 #pragma once
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,8 +31,15 @@ class Optimizer {
   // so a resumed run continues exactly where it stopped. Same file format and
   // crash-safe write as Module::save; load_state checks the buffer names,
   // shapes and dtypes against this optimizer before changing anything.
-  void save_state(const std::string& path);
-  void load_state(const std::string& path);
+  // Virtual: a sharded optimizer (dist/sharded_adamw.hpp) gathers its state
+  // into this same per-parameter format, collectively on every rank.
+  virtual void save_state(const std::string& path);
+  virtual void load_state(const std::string& path);
+  // load_state's checks and restore, from records already read ("steps" and
+  // the state tensors by name); `source` names them in errors.
+  void restore_state(const std::map<std::string, Tensor>& entries, const std::string& source);
+  // The named state tensors (empty names: none), as state_buffers().
+  std::vector<std::pair<std::string, Tensor*>> named_state() { return state_buffers(); }
 
  protected:
   // Rewrites every parameter's bf16 compute copy after an update (no-op in fp32).

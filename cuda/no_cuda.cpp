@@ -26,6 +26,7 @@ namespace gpu {
 
 bool built_with_cuda() { return false; }
 int device_count() { return 0; }
+void set_device(int) { no_cuda("gpu::set_device"); }
 MemoryStats memory_stats() { return MemoryStats{}; }
 
 void* allocate(size_t) { no_cuda("gpu::allocate"); }

@@ -49,6 +49,13 @@ int device_count() {
   return n;
 }
 
+void set_device(int ordinal) {
+  const int n = device_count();
+  if (ordinal < 0 || ordinal >= n)
+    fail("gpu::set_device", "GPU ", ordinal, " does not exist: ", n, " GPU(s) are visible");
+  HG_CUDA_CHECK(cudaSetDevice(ordinal));
+}
+
 // ---- caching allocator ------------------------------------------------------
 //
 // Why reuse is safe without events: every handgrad kernel, copy and cuBLAS

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
@@ -23,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -35,7 +37,11 @@
 #include "core/precision.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "dist/watchdog.hpp"
+#include "dist/world.hpp"
 #include "examples/common/cli.hpp"
+#include "examples/common/data_parallel.hpp"
 #include "examples/common/plot.hpp"
 #include "examples/common/progress.hpp"
 #include "examples/common/step_log.hpp"
@@ -72,6 +78,7 @@ struct Options {
   int sample_bytes = 300;
   std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png";
   bool resume = false;
+  cli::DataParallelFlags dp;
   cli::CommonFlags common;
 };
 
@@ -92,6 +99,26 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) {
   g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
+}
+
+// ---- failure injection for the data-parallel tests ------------------------------------
+// HG_FAULT=kill:RANK:STEP, hang:RANK:STEP or perturb:RANK:STEP: that rank
+// dies (SIGKILL), hangs, or nudges one parameter just before that step;
+// tests/cli/train_ddp.sh checks that every rank stops with a clear message,
+// the last checkpoint stays intact, and the parameter check sees the nudge.
+void maybe_inject_fault(int64_t step, DecoderLM& model) {
+  const char* spec = std::getenv("HG_FAULT");
+  if (!spec) return;
+  char kind[8] = "";
+  int rank = -1;
+  long long at = -1;
+  if (std::sscanf(spec, "%7[a-z]:%d:%lld", kind, &rank, &at) != 3 || rank != dist::world().rank || at != step) return;
+  std::fprintf(stderr, "train: HG_FAULT: rank %d %s before step %lld\n", rank, kind, at);
+  std::fflush(stderr);
+  if (std::strcmp(kind, "kill") == 0) std::raise(SIGKILL);
+  if (std::strcmp(kind, "perturb") == 0) model.ln_f.gamma.value.fill_(1.001);
+  if (std::strcmp(kind, "hang") == 0)
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 // ---- byte-level language model data -----------------------------------------
@@ -129,10 +156,15 @@ Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g) 
 
 // ---- the training step ------------------------------------------------------------------
 // One optimizer step on one batch; returns the loss (reading it synchronizes the device).
-double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, const Batch& b) {
+// Data parallel (dp): each rank's gradient weighs `weight` (its share of the
+// global batch's loss terms) in the reduction, which starts bucket by bucket
+// during the backward; the loss returned is this rank's (the caller sums).
+double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, const Batch& b,
+                  cli::DataParallel* dp = nullptr, double weight = 1) {
   const Tensor ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, device);
   const Tensor targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, device);
   model.zero_grad();
+  if (dp) dp->begin_step(weight);
   const Tensor logits = model.forward(ids);
   CrossEntropySaved saved;
   Tensor loss;
@@ -146,11 +178,16 @@ double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, 
     dlogits = cross_entropy_backward(saved);
   }
   model.backward(dlogits);
+  if (dp) dp->end_backward();
   {
     HG_PROFILE("optimizer", device);
-    if (clip > 0) clip_grad_norm(model.parameters(), clip);
+    // ZeRO-1 clips by the global norm inside its step.
+    if (clip > 0 && !(dp && dp->sharded())) clip_grad_norm(model.parameters(), clip);
     opt.step();
   }
+  // On CUDA the host waits for NCCL here, the first time: under the watchdog
+  // when several ranks run (a hung peer must not hang this rank forever).
+  const dist::Watch watch("the step's gradient collectives (reading the loss)");
   return loss.item();
 }
 
@@ -345,6 +382,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--log-csv", o.log_csv, "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
       ->capture_default_str();
   app.add_option("--plot", o.plot, "loss curve, .png or .svg, of the whole run ('' for none)")->capture_default_str();
+  cli::add_data_parallel_flags(app, o.dp);
   cli::add_common_flags(app, o.common);
 }
 
@@ -413,13 +451,39 @@ struct Data {
   TextData text;
   std::vector<Example> held_out;
   Generator gen;
-  int64_t batch = 0, seq_len = 0;
+  int64_t batch = 0, seq_len = 0;  // batch: per rank
+  int rank = 0, world = 1;
+  double weight = 1;  // the last batch's share of the global batch's target tokens
 
+  // Data parallel: every rank draws the same global batch of world x batch
+  // sequences from the one seeded stream and trains on its rows
+  // [rank * batch, (rank + 1) * batch): disjoint shards, and the same stream
+  // as one process with the global batch.
   Batch next() {
-    if (lm) return text_batch(text.train, batch, seq_len, gen);
-    if (parallel) return parallel->train_batch(batch, gen);
+    Batch g = next_global();
+    if (world == 1) return g;
+    const auto counted = [](const std::vector<double>& t, size_t from, size_t to) {
+      return std::count_if(t.begin() + from, t.begin() + to, [](double v) { return v != kIgnore; });
+    };
+    const size_t row = static_cast<size_t>(g.seq), from = static_cast<size_t>(rank * batch) * row,
+                 to = from + static_cast<size_t>(batch) * row;
+    const auto all = counted(g.targets, 0, g.targets.size());
+    weight = all > 0 ? static_cast<double>(counted(g.targets, from, to)) / static_cast<double>(all) : 1.0 / world;
+    Batch b;
+    b.batch = batch;
+    b.seq = g.seq;
+    b.inputs.assign(g.inputs.begin() + from, g.inputs.begin() + to);
+    b.targets.assign(g.targets.begin() + from, g.targets.begin() + to);
+    return b;
+  }
+
+ private:
+  Batch next_global() {
+    const int64_t n = batch * world;
+    if (lm) return text_batch(text.train, n, seq_len, gen);
+    if (parallel) return parallel->train_batch(n, gen);
     std::vector<Example> ex;
-    for (int64_t i = 0; i < batch; ++i) ex.push_back(task.train_sample(gen));
+    for (int64_t i = 0; i < n; ++i) ex.push_back(task.train_sample(gen));
     return task.make_batch(ex);
   }
 };
@@ -439,6 +503,8 @@ std::unique_ptr<Data> build_data(Options& o) {
     o.seq_len = d->task.seq_len();
   }
   d->seq_len = o.seq_len;
+  d->rank = dist::world().rank;
+  d->world = dist::world().size;
   return d;
 }
 
@@ -472,7 +538,10 @@ int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data&
     // A save stopped between its two renames (see save_checkpoint): finish it.
     opt.load_state(optim + ".next");
     if (opt.steps() == model_step) {
-      HG_CHECK(std::rename((optim + ".next").c_str(), optim.c_str()) == 0, "train", "cannot rename ", optim, ".next");
+      dist::barrier("barrier before completing the interrupted save");  // every rank has read it
+      if (dist::world().rank == 0)
+        HG_CHECK(std::rename((optim + ".next").c_str(), optim.c_str()) == 0, "train", "cannot rename ", optim,
+                 ".next");
       spdlog::warn("{}: completed a checkpoint save that was interrupted (step {})", o.checkpoint, model_step);
     } else {
       opt.load_state(optim);
@@ -557,56 +626,78 @@ void load_history(const cli::StepLog& log, History& h) {
 // before the renames leaves the previous pair; a crash between them leaves
 // PATH new and PATH.optim old, with the new state still in PATH.optim.next,
 // which maybe_resume then completes. Both files carry the step.
-void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt) {
+// Data parallel: rank 0 alone writes, after ZeRO-1's collective gather of
+// the optimizer state (every rank calls this).
+void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt, const cli::DataParallel* dp) {
   if (o.checkpoint.empty()) return;
   const std::string optim = o.checkpoint + ".optim";
+  const bool writer = dist::world().rank == 0;
+  if (dp && dp->sharded()) opt.save_state(optim + ".next");
+  if (!writer) return;
   model.save(o.checkpoint + ".next", opt.steps());
-  opt.save_state(optim + ".next");
+  if (!(dp && dp->sharded())) opt.save_state(optim + ".next");
   for (const std::string& path : {o.checkpoint, optim})
     HG_CHECK(std::rename((path + ".next").c_str(), path.c_str()) == 0, "train", "cannot rename ", path, ".next to ",
              path, ": ", std::strerror(errno));
 }
 
-History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& data, Device dev, int64_t start_step) {
+History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& data, Device dev, int64_t start_step,
+                   cli::DataParallel* dp) {
   History h;
   h.start_step = h.end_step = start_step;
-  std::optional<cli::StepLog> log;  // none for --log-csv ''
-  if (!o.log_csv.empty()) {
+  const bool rank0 = dist::world().rank == 0;  // the one rank that logs, evaluates and writes files
+  std::optional<cli::StepLog> log;  // none for --log-csv '' (and on ranks other than 0)
+  if (!o.log_csv.empty() && rank0) {
     log.emplace(o.log_csv, data.parallel ? std::string(kLogHeader) + ",valid_bleu" : kLogHeader,
                 o.resume ? start_step : -1);
     load_history(*log, h);
   }
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
-  cli::Progress progress("step", o.steps, start_step, "tok", print_every);
+  std::optional<cli::Progress> progress;
+  if (rank0) progress.emplace("step", o.steps, start_step, "tok", print_every);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  int stop_signal = 0;
 
-  for (int64_t step = start_step; step < o.steps && g_stop_signal == 0; ++step) {
+  for (int64_t step = start_step; step < o.steps && stop_signal == 0; ++step) {
     const double lr = learning_rate(o, step);
     opt.set_lr(lr);
     const Batch b = data.next();
+    maybe_inject_fault(step + 1, model);
+    dist::set_watch_step(step + 1);
     const auto t0 = std::chrono::steady_clock::now();
-    const double loss = train_step(model, opt, dev, o.clip, b);
+    double loss = train_step(model, opt, dev, o.clip, b, dp, data.weight);
+    stop_signal = g_stop_signal;
+    if (dp) {
+      // One host all-reduce: the global loss, and whether any rank was
+      // signalled (every rank must stop after the same step).
+      double v[2] = {data.weight * loss, stop_signal != 0 ? static_cast<double>(stop_signal) : 0.0};
+      dist::all_reduce_sum(v, 2, "all-reduce of the loss");
+      loss = v[0];
+      if (v[1] != 0 && stop_signal == 0) stop_signal = SIGTERM;
+      if (o.dp.check_sync) dp->check_sync(step + 1);
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     HG_CHECK(std::isfinite(loss), "train", "loss became ", loss, " at step ", step + 1);
+    const double tokens = static_cast<double>(b.batch * b.seq * data.world);  // every rank's
     if (step > start_step) {
       h.step_ms.push_back(ms);
-      h.tokens += static_cast<double>(b.batch * b.seq);
+      h.tokens += tokens;
       h.seconds += ms * 1e-3;
     }
     h.last_loss = loss;
     h.end_step = step + 1;
     h.steps.push_back(double(step + 1));
     h.losses.push_back(loss);
-    const double tokens = static_cast<double>(b.batch * b.seq);
     char detail[64];
     std::snprintf(detail, sizeof detail, "loss %.4f  lr %.2e", loss, lr);
-    progress.update(step + 1, tokens, detail);
+    if (progress) progress->update(step + 1, tokens, detail);
 
     std::string row = std::to_string(step + 1) + ',' + fmt_g(loss) + ',' + fmt_g(lr) + ',' + fmt_g(ms) + ',' +
                       fmt_g(tokens / (ms * 1e-3));
     const bool eval_now = (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || step + 1 == o.steps;
-    if (eval_now) {
+    if (eval_now && dp && !o.dp.check_sync) dp->check_sync(step + 1);
+    if (eval_now && rank0) {
       const EvalPoint p = evaluate(model, data, o, dev);
       char acc[64] = "";
       if (data.parallel) std::snprintf(acc, sizeof acc, ", valid BLEU %.2f", p.bleu);
@@ -623,14 +714,14 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     // The row before the checkpoint: a crash between the two leaves a log
     // that reaches past the checkpoint, which a resume cuts back.
     if (log) log->row(row);
-    if (eval_now) save_checkpoint(o, model, opt);
+    if (eval_now) save_checkpoint(o, model, opt, dp);
   }
-  progress.finish();
-  h.stop_signal = g_stop_signal;
+  if (progress) progress->finish();
+  h.stop_signal = stop_signal;
   if (h.stop_signal != 0) {
     spdlog::warn("stopped by {} after step {}", h.stop_signal == SIGINT ? "SIGINT" : "SIGTERM", h.end_step);
     if (!o.checkpoint.empty()) {
-      save_checkpoint(o, model, opt);
+      save_checkpoint(o, model, opt, dp);
       spdlog::warn("saved {} (+ .optim) at step {}; continue with --resume", o.checkpoint, h.end_step);
     }
   }
@@ -701,6 +792,21 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
   std::fflush(stdout);
 }
 
+// Communication of the data-parallel steps (averaged over this run's steps after its first).
+void print_comm_summary(cli::DataParallel& dp, const History& h) {
+  const dist::CommStats s = dp.take_total_stats();
+  const int64_t n = std::max<int64_t>(1, dp.reduced_steps());
+  const double step_ms = h.seconds > 0 ? h.seconds * 1e3 / static_cast<double>(h.step_ms.size()) : NAN;
+  const bool cuda = gpu::nccl::initialized();
+  std::printf("communication: %.3f ms/step %s, %.3f ms/step exposed (%s), %.1f collectives/step; mean step %.2f ms\n",
+              s.busy_ms / n, cuda ? "on the NCCL stream" : "in MPI calls", s.exposed_ms / n,
+              cuda ? "after the backward's last kernel" : "waiting after the backward", double(s.collectives) / n,
+              step_ms);
+  if (cuda && s.busy_ms > 0)
+    std::printf("all-reduce hidden behind the backward: %.1f%%\n", 100.0 * (1.0 - s.exposed_ms / s.busy_ms));
+  std::fflush(stdout);
+}
+
 int run(Options& o) {
   validate(o);
   const Device dev = cli::resolve_device(o.device);
@@ -712,19 +818,27 @@ int run(Options& o) {
     cli::usage_error("--precision", o.precision, ": ", e.what());
   }
   set_allow_tf32(o.tf32);
+  // Data parallel (mpirun -np N, or --ddp / --zero 1 with one rank): before any GPU work.
+  const dist::World& world = cli::start_world(dev, o.dp);
+  const bool use_dp = world.distributed() || o.dp.force || o.dp.zero == 1;
+  if (world.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs progress
 
   const std::unique_ptr<Data> data = build_data(o);
   const std::unique_ptr<DecoderLM> model = build_model(o, *data, precision);
   const int64_t model_step = o.resume ? model->load(o.checkpoint) : -1;
   // The vocabulary and model shape, once: a resumed run reuses the file.
-  if (data->parallel && !o.checkpoint.empty() && !o.resume)
+  if (data->parallel && !o.checkpoint.empty() && !o.resume && world.rank == 0)
     translation::save_translation_info(o.checkpoint, {data->parallel->tokenizer().model_bytes(), model->config()});
   model->to(dev);
   AdamWOptions adam;
   adam.lr = o.lr;
   adam.weight_decay = o.weight_decay;
-  AdamW opt(model->parameters(), adam);
-  const int64_t start_step = maybe_resume(o, model_step, opt, *data);
+  std::unique_ptr<cli::DataParallel> dp;
+  if (use_dp) dp = std::make_unique<cli::DataParallel>(*model, dev, o.dp);
+  if (dp && dp->sharded()) adam.max_grad_norm = o.clip;  // ZeRO-1 clips by the global norm in its step
+  const std::unique_ptr<Optimizer> opt = dp ? dp->make_optimizer(adam) : std::make_unique<AdamW>(model->parameters(), adam);
+  const int64_t start_step = maybe_resume(o, model_step, *opt, *data);
+  if (dp) dp->check_sync(start_step);  // same seed or same checkpoint: identical on every rank
 
   std::string what = data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")";
   if (data->parallel) what = "translation of " + o.tr.pairs + " (" + data->parallel->describe() + ")";
@@ -735,13 +849,17 @@ int run(Options& o) {
                o.batch);
   spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
   if (o.resume) spdlog::info("resumed from {} (+ .optim) at step {}", o.checkpoint, start_step);
+  if (dp)
+    spdlog::info("data parallel: {}; global batch {} = {} x {}", dp->describe(), o.batch * world.size, world.size,
+                 o.batch);
 
   const auto run_start = std::chrono::steady_clock::now();
-  History history = train_loop(o, *model, opt, *data, dev, start_step);
+  History history = train_loop(o, *model, *opt, *data, dev, start_step, dp.get());
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
 
   // A plot that cannot be written is an error (exit 1), but the summary of
   // the run still comes first.
+  if (world.rank != 0) return history.stop_signal != 0 ? 128 + history.stop_signal : cli::kExitOk;
   bool plot_failed = false;
   try {
     write_loss_plot(o, history);
@@ -751,6 +869,7 @@ int run(Options& o) {
     o.plot.clear();
   }
   print_summary(o, *model, *data, dev, history, wall_s);
+  if (dp) print_comm_summary(*dp, history);
   if (history.stop_signal != 0) return 128 + history.stop_signal;
   return plot_failed ? cli::kExitRuntime : cli::kExitOk;
 }
@@ -761,5 +880,10 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"train: trains a handgrad DecoderLM (built-in synthetic translation task, or --data FILE)", "train"};
   add_flags(app, o);
-  return cli::run_program(app, o.common, argc, argv, [&] { return run(o); });
+  const int code = cli::run_program(app, o.common, argc, argv, [&] { return run(o); });
+  // A rank that failed takes every rank down (its message is out): no rank
+  // waits forever in a collective this one will never join.
+  if (dist::world().distributed() && code != cli::kExitOk && code < 128) dist::abort_world("train", "", code);
+  dist::finalize_world();
+  return code;
 }

@@ -58,10 +58,18 @@ Tensor DecoderLM::backward(Tensor dlogits) {
   const int64_t rows = h_shape_[0] * h_shape_[1];
   Tensor dx = head.backward(dlogits.reshape({rows, config_.vocab_size}));
   dlogits = Tensor();  // used up; a caller that moved it in frees (B, T, V) here, before the layers' backward
+  grads_ready(head);
   dx = ln_f.backward(dx.reshape(h_shape_));
-  for (auto it = layers.rbegin(); it != layers.rend(); ++it) dx = (*it)->backward(dx);
+  grads_ready(ln_f);
+  for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
+    dx = (*it)->backward(dx);
+    grads_ready(**it);
+  }
   dx = dx.to(h_dtype_);
-  if (embedded_from_ids_) embed.backward(embed_drop.backward(dx));
+  if (embedded_from_ids_) {
+    embed.backward(embed_drop.backward(dx));
+    grads_ready(embed);
+  }
   return dx;
 }
 

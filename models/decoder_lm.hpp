@@ -59,6 +59,9 @@ class DecoderLM : public Module {
   Tensor backward(Tensor dlogits);
 
   const DecoderLMConfig& config() const { return config_; }
+  // Called by backward() after the head, ln_f, each layer (last first) and
+  // the embedding with that module's parameters: their gradients are final.
+  void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
 
   Embedding embed;
   Dropout embed_drop;
@@ -67,6 +70,10 @@ class DecoderLM : public Module {
   Linear head;
 
  private:
+  void grads_ready(Module& finished) {
+    if (grads_ready_) grads_ready_(finished.parameters());
+  }
+  GradsReadyHook grads_ready_;
   bool embedded_from_ids_ = false;  // whether backward should continue into the embedding
   Shape h_shape_;
   DType h_dtype_ = DType::F32;

@@ -8,8 +8,10 @@ set -euo pipefail
 # without them everything builds and the programs say no plot can be written).
 # libsentencepiece-dev: the subword vocabulary of train --task translate (optional
 # at build time: without it `translate` is not built and the task says why).
+# openmpi-bin + libopenmpi-dev: data-parallel training (mpirun -np N train; optional at
+# build time: without MPI every program runs as one process; docs/distributed.md).
 packages=(cmake make g++ pkg-config libeigen3-dev catch2 libspdlog-dev libfmt-dev libcli11-dev libcairo2-dev
-          libsentencepiece-dev
+          libsentencepiece-dev openmpi-bin libopenmpi-dev
           nlohmann-json3-dev python3 python3-matplotlib)
 # The Python module (python/, optional in CMake) and its tests: pybind11, NumPy,
 # and PyTorch for the handgrad.torch tests (Debian's 1.13, CPU; measured

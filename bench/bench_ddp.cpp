@@ -1,0 +1,125 @@
+// bench_ddp: data-parallel DecoderLM training steps, one rank per GPU (or per
+// CPU process), launched as `mpirun -np N build/bench/bench_ddp --config
+// bench|gpt2s`. Same per-rank batch as bench_train's configs. Each rank
+// times (1) its step without any communication (the one-GPU step) and (2)
+// the data-parallel step (gradient buckets reduced during the backward,
+// AdamW with clipping, or ZeRO-1); rank 0 prints tokens/s of all ranks, the
+// scaling over one rank's step, and the communication: time of the
+// collectives, the part exposed after the backward, and the share hidden
+// behind it. docs/distributed.md.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "bench/bench_model.hpp"
+#include "bench/bench_util.hpp"
+#include "core/cuda_runtime.hpp"
+#include "core/kernel_mode.hpp"
+#include "core/optim.hpp"
+#include "core/precision.hpp"
+#include "examples/common/cli.hpp"
+#include "examples/common/data_parallel.hpp"
+#include "models/decoder_lm.hpp"
+#include "ops/cross_entropy.hpp"
+
+using namespace hg;
+
+namespace {
+
+using Size = bench::ModelSize;
+
+Size preset(const std::string& name, Device dev) {
+  if (name == "gpt2s") return {768, 12, 12, 1024, 8, 50304};
+  if (dev == Device::CPU) return {128, 4, 2, 64, 8, 256};  // bench_train's CPU size
+  return {512, 8, 6, 256, 32, 256};                         // bench_train's GPU size
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_ddp: data-parallel training step (run under mpirun -np N; one rank per GPU)", "bench_ddp"};
+  std::string device = "auto", config = "bench", precision_arg = "auto", csv_path = "bench_ddp.csv";
+  int warmup = 3, iters = 10;
+  cli::DataParallelFlags dpf;
+  dpf.force = true;
+  cli::CommonFlags common;
+  app.add_option("--device", device, "auto, cpu, cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--config", config, "bench (bench_train's default size) or gpt2s (GPT-2 small, T 1024, B 8)")
+      ->check(CLI::IsMember({"bench", "gpt2s"}))
+      ->capture_default_str();
+  app.add_option("--precision", precision_arg, "auto, fp32, bf16")->check(CLI::IsMember({"auto", "fp32", "bf16"}));
+  app.add_option("--warmup", warmup, "untimed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--iters", iters, "timed steps (median)")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--csv", csv_path, "summary CSV (rank 0)")->capture_default_str();
+  cli::add_data_parallel_flags(app, dpf);
+  cli::add_common_flags(app, common);
+  const int code = cli::run_program(app, common, argc, argv, [&] {
+    const Device dev = cli::resolve_device(device);
+    const dist::World& w = cli::start_world(dev, dpf);
+    const Precision precision = precision_arg == "auto" ? default_precision(dev) : parse_precision(precision_arg);
+    check_precision_supported(precision, dev, "bench_ddp --precision");
+    const Size s = preset(config, dev);
+    DecoderLM model(bench::decoder_config(s, precision));
+    model.to(dev);
+    cli::DataParallel dp(model, dev, dpf);
+    AdamWOptions adamw;
+    adamw.max_grad_norm = 1.0;
+    const std::unique_ptr<Optimizer> opt = dp.make_optimizer(adamw);
+    // Two batches per rank, different on every rank (its shard).
+    std::vector<Tensor> ids, targets;
+    bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
+    const auto step = [&](int i, bool reduce) {
+      model.zero_grad();
+      if (reduce) dp.begin_step(1.0 / w.size);
+      CrossEntropySaved saved;
+      cross_entropy_forward_on_device(model.forward(ids[i]), targets[i], -100, &saved);
+      model.backward(cross_entropy_backward(saved));
+      if (reduce) dp.end_backward();
+      if (reduce || !dp.sharded()) opt->step();  // ZeRO-1 steps only on reduced gradients
+    };
+    // (1) data parallel, then the check that every rank holds the same parameters.
+    for (int i = 0; i < warmup; ++i) step(i % 2, true);
+    dp.take_total_stats();
+    const bench::Timing ddp = bench::time_op(dev, 2, 0, iters, [&](int i) { step(i, true); });
+    const dist::CommStats cs = dp.take_total_stats();
+    dp.check_sync(warmup + iters);
+    // (2) this rank alone: no collective at all (the hook ignores a backward
+    // outside a step; the ranks' parameters drift apart from here on).
+    const bench::Timing alone = bench::time_op(dev, 2, warmup, iters, [&](int i) { step(i, false); });
+    // The slowest rank sets the pace: max over ranks of the medians.
+    double m[2] = {ddp.median_ms, alone.median_ms};
+    std::vector<uint64_t> all = dist::all_gather(static_cast<uint64_t>(ddp.median_ms * 1e6), "gather of the timings");
+    const double slowest = static_cast<double>(*std::max_element(all.begin(), all.end())) / 1e6;
+    if (w.rank != 0) return cli::kExitOk;
+    const double tokens = static_cast<double>(s.batch * s.seq);
+    const double busy = cs.busy_ms / iters, exposed = cs.exposed_ms / iters;
+    std::printf("== bench_ddp %s on %s%s%s, %s, %d rank(s): d_model %lld, heads %lld, layers %lld, seq %lld, batch %lld "
+                "per rank, vocab %lld ==\n",
+                config.c_str(), device_name(dev), dev == Device::CUDA ? " " : "",
+                dev == Device::CUDA ? gpu::device_name() : "", precision_name(precision), w.size,
+                (long long)s.d_model, (long long)s.heads, (long long)s.layers, (long long)s.seq, (long long)s.batch,
+                (long long)s.vocab);
+    std::printf("%s\n", dp.describe().c_str());
+    std::printf("one rank alone (no communication): %9.2f ms/step  %10.0f tokens/s\n", m[1], tokens / (m[1] * 1e-3));
+    std::printf("data parallel, rank 0:             %9.2f ms/step  (slowest rank %.2f ms)\n", m[0], slowest);
+    std::printf("all ranks:                                        %10.0f tokens/s  scaling %.3fx over one rank alone "
+                "(ideal %dx)\n",
+                w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, w.size);
+    std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed after the backward, %.1f%% hidden "
+                "(%.1f collectives/step)\n",
+                busy, exposed, busy > 0 ? 100.0 * (1.0 - exposed / busy) : 0.0, double(cs.collectives) / iters);
+    bench::Csv csv(csv_path, "config,device,precision,ranks,zero,bucket_mb,alone_ms,ddp_ms,slowest_ms,tokens_per_s,"
+                             "scaling,comm_ms,exposed_ms,hidden_share");
+    csv.row(config, device_name(dev), precision_name(precision), w.size, dpf.zero, dpf.bucket_mb, m[1], m[0], slowest,
+            w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed,
+            busy > 0 ? 1.0 - exposed / busy : 0.0);
+    return cli::kExitOk;
+  });
+  if (dist::world().distributed() && code != cli::kExitOk) dist::abort_world("bench_ddp", "", code);
+  dist::finalize_world();
+  return code;
+}

@@ -1,0 +1,199 @@
+// NCCL behind cuda/nccl_comm.hpp: one communicator, one communication stream
+// (high priority, so a ready bucket's all-reduce is scheduled ahead of the
+// backward kernels queued after it), events to order it after the handgrad
+// stream and to time it.
+#include <nccl.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/nccl_comm.hpp"
+
+namespace hg::gpu::nccl {
+namespace {
+
+struct State {
+  ncclComm_t comm = nullptr;
+  cudaStream_t comm_stream = nullptr;
+  cudaEvent_t fork = nullptr, done = nullptr;  // ordering only (no timing)
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers;  // start/stop of each collective since take_timing()
+  size_t used = 0;
+  // Each join() since take_timing(): where the handgrad stream was, and the last collective before it.
+  std::vector<cudaEvent_t> join_marks;
+  std::vector<size_t> join_last;
+  size_t joins = 0;
+  int rank = 0, world = 1;
+};
+
+State& state() {
+  static State s;  // never destroyed: the driver reclaims it at exit (as cuda/runtime.cu)
+  return s;
+}
+
+void check(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  const char* last = state().comm ? ncclGetLastError(state().comm) : "";
+  fail(what, "NCCL error ", ncclGetErrorString(r), (last && *last) ? std::string(": ") + last : std::string(),
+       " (set NCCL_DEBUG=INFO for NCCL's own account)");
+}
+
+ncclComm_t comm(const char* what) {
+  if (!state().comm) fail(what, "the NCCL communicator is not initialised (nccl::init first)");
+  return state().comm;
+}
+
+// Queues the comm stream after everything on the handgrad stream, and a start timer.
+cudaEvent_t begin(const char* what) {
+  State& s = state();
+  comm(what);
+  HG_CUDA_CHECK(cudaEventRecord(s.fork, stream()));
+  HG_CUDA_CHECK(cudaStreamWaitEvent(s.comm_stream, s.fork, 0));
+  if (s.used == s.timers.size()) {
+    std::pair<cudaEvent_t, cudaEvent_t> t;
+    HG_CUDA_CHECK(cudaEventCreate(&t.first));
+    HG_CUDA_CHECK(cudaEventCreate(&t.second));
+    s.timers.push_back(t);
+  }
+  HG_CUDA_CHECK(cudaEventRecord(s.timers[s.used].first, s.comm_stream));
+  return s.timers[s.used].second;
+}
+
+void end(cudaEvent_t stop) {
+  State& s = state();
+  HG_CUDA_CHECK(cudaEventRecord(stop, s.comm_stream));
+  ++s.used;
+}
+
+// A sum that pre-multiplies this rank's input (1: plain ncclSum).
+struct PreMulSum {
+  ncclRedOp_t op = ncclSum;
+  bool custom = false;
+  PreMulSum(float premul, const char* what) {
+    if (premul == 1.0f) return;
+    check(ncclRedOpCreatePreMulSum(&op, &premul, ncclFloat32, ncclScalarHostImmediate, comm(what)), what);
+    custom = true;
+  }
+  // NCCL allows destroying the op as soon as the call that used it returned.
+  ~PreMulSum() {
+    if (custom) ncclRedOpDestroy(op, state().comm);
+  }
+};
+
+}  // namespace
+
+bool built_with_nccl() { return true; }
+
+std::string version() {
+  int v = 0;
+  ncclGetVersion(&v);
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+std::vector<uint8_t> make_unique_id() {
+  ncclUniqueId id;
+  check(ncclGetUniqueId(&id), "nccl::make_unique_id");
+  static_assert(sizeof(id.internal) == kUniqueIdBytes, "NCCL_UNIQUE_ID_BYTES changed");
+  return std::vector<uint8_t>(id.internal, id.internal + kUniqueIdBytes);
+}
+
+void init(const std::vector<uint8_t>& id_bytes, int rank, int world) {
+  State& s = state();
+  HG_CHECK(!s.comm, "nccl::init", "already initialised");
+  HG_CHECK(id_bytes.size() == kUniqueIdBytes, "nccl::init", "unique id of ", id_bytes.size(), " bytes, expected ",
+           kUniqueIdBytes);
+  HG_CHECK(world >= 1 && rank >= 0 && rank < world, "nccl::init", "rank ", rank, " of world ", world);
+  ncclUniqueId id;
+  std::memcpy(id.internal, id_bytes.data(), kUniqueIdBytes);
+  int least = 0, greatest = 0;
+  HG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  HG_CUDA_CHECK(cudaStreamCreateWithPriority(&s.comm_stream, cudaStreamNonBlocking, greatest));
+  HG_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+  HG_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+  check(ncclCommInitRank(&s.comm, world, id, rank), "nccl::init (ncclCommInitRank)");
+  s.rank = rank;
+  s.world = world;
+}
+
+bool initialized() { return state().comm != nullptr; }
+
+void abort() noexcept {
+  State& s = state();
+  if (s.comm) ncclCommAbort(s.comm);
+  s.comm = nullptr;
+}
+
+void all_reduce_sum(float* data, size_t count, float premul) {
+  const char* what = "nccl::all_reduce_sum";
+  const cudaEvent_t stop = begin(what);
+  const PreMulSum op(premul, what);
+  check(ncclAllReduce(data, data, count, ncclFloat32, op.op, comm(what), state().comm_stream), what);
+  end(stop);
+}
+
+void all_reduce_sum(double* data, size_t count) {
+  const char* what = "nccl::all_reduce_sum (f64)";
+  const cudaEvent_t stop = begin(what);
+  check(ncclAllReduce(data, data, count, ncclFloat64, ncclSum, comm(what), state().comm_stream), what);
+  end(stop);
+}
+
+void reduce_scatter_sum(const float* in, float* out, size_t out_count, float premul) {
+  const char* what = "nccl::reduce_scatter_sum";
+  const cudaEvent_t stop = begin(what);
+  const PreMulSum op(premul, what);
+  check(ncclReduceScatter(in, out, out_count, ncclFloat32, op.op, comm(what), state().comm_stream), what);
+  end(stop);
+}
+
+void all_gather(float* buffer, size_t count, int rank) {
+  const char* what = "nccl::all_gather";
+  const cudaEvent_t stop = begin(what);
+  check(ncclAllGather(buffer + static_cast<size_t>(rank) * count, buffer, count, ncclFloat32, comm(what),
+                      state().comm_stream),
+        what);
+  end(stop);
+}
+
+void join() {
+  State& s = state();
+  comm("nccl::join");
+  if (s.used > 0) {  // timing: the handgrad stream's position, against the collectives before it
+    if (s.joins == s.join_marks.size()) {
+      cudaEvent_t e;
+      HG_CUDA_CHECK(cudaEventCreate(&e));
+      s.join_marks.push_back(e);
+      s.join_last.push_back(0);
+    }
+    HG_CUDA_CHECK(cudaEventRecord(s.join_marks[s.joins], stream()));
+    s.join_last[s.joins++] = s.used - 1;
+  }
+  HG_CUDA_CHECK(cudaEventRecord(s.done, s.comm_stream));
+  HG_CUDA_CHECK(cudaStreamWaitEvent(stream(), s.done, 0));
+}
+
+CommTiming take_timing() {
+  State& s = state();
+  CommTiming t;
+  if (!s.comm) return t;
+  for (size_t i = 0; i < s.used; ++i) {
+    HG_CUDA_CHECK(cudaEventSynchronize(s.timers[i].second));
+    float ms = 0;
+    HG_CUDA_CHECK(cudaEventElapsedTime(&ms, s.timers[i].first, s.timers[i].second));
+    t.busy_ms += ms;
+  }
+  for (size_t j = 0; j < s.joins; ++j) {  // each wait: how far its collectives ran past the compute
+    HG_CUDA_CHECK(cudaEventSynchronize(s.join_marks[j]));
+    float ms = 0;
+    HG_CUDA_CHECK(cudaEventElapsedTime(&ms, s.join_marks[j], s.timers[s.join_last[j]].second));
+    if (ms > 0) t.exposed_ms += ms;
+  }
+  t.collectives = static_cast<int64_t>(s.used);
+  s.used = 0;
+  s.joins = 0;
+  return t;
+}
+
+}  // namespace hg::gpu::nccl

@@ -1,0 +1,80 @@
+#pragma once
+// Data-parallel gradient averaging in buckets (docs/distributed.md).
+//
+// The parameters' gradients are re-pointed into a few flat F32 buckets
+// (Parameter::grad becomes a view; the modules accumulate into it as
+// before), filled in the order the backward finalises them. The model calls
+// grads_ready() as each module's backward returns (DecoderLM::
+// set_grads_ready_hook); when the last gradient of a bucket is final, the
+// bucket's reduction starts at once (NCCL on its own stream after the kernels
+// queued so far; MPI_Iallreduce on the CPU) and runs while the rest of the
+// backward computes. finish() starts what is left and waits.
+//
+// Sharded mode (ZeRO-1, dist/sharded_adamw.hpp): buckets are padded to a
+// multiple of world x 64 elements, the parameter values become views of
+// matching value buckets, and each bucket is reduce-scattered: rank r keeps
+// part r of every bucket, the part its optimizer updates.
+#include <cstddef>
+#include <unordered_map>
+#include <vector>
+
+#include "core/module.hpp"
+#include "dist/collectives.hpp"
+
+namespace hg::dist {
+
+struct ReducerOptions {
+  size_t bucket_bytes = size_t(25) << 20;  // a bucket closes once it holds this many bytes of gradients
+  bool sharded = false;                   // ZeRO-1 layout and reduce-scatter
+};
+
+class GradReducer {
+ public:
+  struct Bucket {
+    std::vector<Parameter*> params;
+    std::vector<int64_t> offsets;  // of each parameter in the flat buffers
+    Tensor grads;                  // flat, padded; the parameters' grads are views of it
+    Tensor values;                 // sharded mode: flat values (the parameters' values are views of it)
+    Tensor shard_grads;            // sharded mode: this rank's part of the reduced grads
+    int pending = 0;
+    bool started = false;
+  };
+
+  // params: every parameter once, in the order the backward finalises them
+  // (a DecoderLM: reverse registration order). All F32 on one device; their
+  // current grads (and values, sharded) are copied into the buckets.
+  GradReducer(Collectives& comm, std::vector<Parameter*> params, ReducerOptions options);
+
+  // Before the backward: zeroes nothing (the caller's zero_grad does), records
+  // this rank's weight: the reduced gradient is sum_r premul_r * g_r (1/world
+  // averages; tokens_r / tokens_total weighs by tokens).
+  void begin_step(double premul);
+  // Called with the parameters whose gradients just became final.
+  void grads_ready(const std::vector<Parameter*>& params);
+  // After the backward: starts every bucket not yet started and waits.
+  void finish();
+  // Sharded mode, after this rank's parts of the values were updated: every
+  // rank gets every part (started and waited).
+  void gather_values();
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Totals since the last call, the last finished step included (CUDA: waits for its collectives).
+  CommStats take_total_stats();
+  CommStats last_step_stats() const { return last_stats_; }
+  CommStats total_stats() const { return total_stats_; }
+  int64_t steps() const { return steps_; }
+
+ private:
+  void start(Bucket& b);
+  void collect_stats();
+  Collectives& comm_;
+  ReducerOptions options_;
+  std::vector<Bucket> buckets_;
+  std::unordered_map<const Parameter*, size_t> bucket_of_;
+  double premul_ = 1.0;
+  bool in_step_ = false;
+  CommStats last_stats_, total_stats_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace hg::dist

@@ -1,0 +1,183 @@
+// dist/world.hpp on MPI (built where CMake found MPI; dist/no_mpi.cpp otherwise).
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dist/watchdog.hpp"
+#include "dist/world.hpp"
+
+namespace hg::dist {
+namespace {
+
+World g_world;
+bool g_started = false;
+bool g_mpi = false;  // MPI initialised: only when an MPI launcher started this process
+
+// MPI_Init outside mpirun (a "singleton") costs about a second: a program
+// started directly runs as rank 0 of 1 without MPI.
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+std::vector<MPI_Request> g_pending;
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  fail(what, "MPI error: ", std::string(text, static_cast<size_t>(len)));
+}
+
+int as_count(size_t n, const char* what) {
+  HG_CHECK(n <= static_cast<size_t>(INT_MAX), what, n, " elements exceed MPI's int count; use smaller buckets");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+bool built_with_mpi() { return true; }
+
+std::string mpi_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(text, &len);
+  std::string s(text, static_cast<size_t>(len));
+  const size_t cut = s.find_first_of(",\n");
+  return cut == std::string::npos ? s : s.substr(0, cut);
+}
+
+const World& init_world() {
+  if (g_started) return g_world;
+  g_started = true;
+  if (!launched_by_mpi()) return g_world;
+  g_mpi = true;
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    // SERIALIZED: only the main thread calls MPI (the watchdog never does).
+    int provided = 0;
+    check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check(MPI_Comm_rank(MPI_COMM_WORLD, &g_world.rank), "MPI_Comm_rank");
+  check(MPI_Comm_size(MPI_COMM_WORLD, &g_world.size), "MPI_Comm_size");
+  MPI_Comm local;
+  check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_world.rank, MPI_INFO_NULL, &local),
+        "MPI_Comm_split_type");
+  check(MPI_Comm_rank(local, &g_world.local_rank), "MPI_Comm_rank (local)");
+  check(MPI_Comm_size(local, &g_world.local_size), "MPI_Comm_size (local)");
+  MPI_Comm_free(&local);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  g_world.host.assign(host, static_cast<size_t>(len));
+  return g_world;
+}
+
+const World& world() { return g_world; }
+
+void finalize_world() {
+  if (!g_mpi) return;
+  int inited = 0, finalized = 0;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) MPI_Finalize();
+}
+
+[[noreturn]] void abort_world(const std::string& program, const std::string& message, int code) {
+  if (!message.empty())
+    std::fprintf(stderr, "%s: error: rank %d of %d (%s): %s\n", program.c_str(), g_world.rank, g_world.size,
+                 g_world.host.c_str(), message.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  if (g_mpi && g_world.size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+void barrier(const char* what) {
+  if (!g_mpi) return;
+  Watch w(what);
+  check(MPI_Barrier(MPI_COMM_WORLD), what);
+}
+
+void all_reduce_sum(double* data, size_t count, const char* what) {
+  if (!g_mpi) return;
+  Watch w(what);
+  check(MPI_Allreduce(MPI_IN_PLACE, data, as_count(count, what), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), what);
+}
+
+void broadcast(void* data, size_t bytes, int root, const char* what) {
+  if (!g_mpi) return;
+  Watch w(what);
+  check(MPI_Bcast(data, as_count(bytes, what), MPI_BYTE, root, MPI_COMM_WORLD), what);
+}
+
+std::vector<uint64_t> all_gather(uint64_t value, const char* what) {
+  if (!g_mpi) return {value};
+  Watch w(what);
+  std::vector<uint64_t> out(static_cast<size_t>(g_world.size));
+  check(MPI_Allgather(&value, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD), what);
+  return out;
+}
+
+std::vector<float> gather_to(int root, const float* data, size_t count, const char* what) {
+  if (!g_mpi) return std::vector<float>(data, data + count);
+  Watch w(what);
+  std::vector<float> out(g_world.rank == root ? count * static_cast<size_t>(g_world.size) : 0);
+  const int n = as_count(count, what);
+  check(MPI_Gather(data, n, MPI_FLOAT, out.data(), n, MPI_FLOAT, root, MPI_COMM_WORLD), what);
+  return out;
+}
+
+void start_all_reduce_sum(float* data, size_t count) {
+  if (!g_mpi) return;
+  const char* what = "MPI_Iallreduce";
+  MPI_Request r;
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count, what), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), what);
+  g_pending.push_back(r);
+}
+
+void start_reduce_scatter_sum(const float* in, float* out, size_t out_count) {
+  if (!g_mpi) {  // one rank: its part is the whole
+    if (in != out) std::memmove(out, in, out_count * sizeof(float));
+    return;
+  }
+  const char* what = "MPI_Ireduce_scatter_block";
+  MPI_Request r;
+  check(MPI_Ireduce_scatter_block(in, out, as_count(out_count, what), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), what);
+  g_pending.push_back(r);
+}
+
+void start_all_gather(float* buffer, size_t count) {
+  if (!g_mpi) return;
+  const char* what = "MPI_Iallgather";
+  MPI_Request r;
+  check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, as_count(count, what), MPI_FLOAT, MPI_COMM_WORLD,
+                       &r),
+        what);
+  g_pending.push_back(r);
+}
+
+void progress() {
+  if (g_pending.empty()) return;
+  int done = 0;
+  check(MPI_Testall(static_cast<int>(g_pending.size()), g_pending.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+  if (done) g_pending.clear();
+}
+
+void wait_all(const char* what) {
+  if (g_pending.empty()) return;
+  Watch w(what);
+  check(MPI_Waitall(static_cast<int>(g_pending.size()), g_pending.data(), MPI_STATUSES_IGNORE), what);
+  g_pending.clear();
+}
+
+}  // namespace hg::dist

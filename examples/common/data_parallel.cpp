@@ -1,0 +1,92 @@
+#include "examples/common/data_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/cuda_runtime.hpp"
+#include "core/logging.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "dist/param_sync.hpp"
+#include "dist/sharded_adamw.hpp"
+#include "dist/watchdog.hpp"
+#include "examples/common/cli.hpp"
+
+namespace hg::cli {
+
+void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f) {
+  app.add_flag("--ddp", f.force, "data-parallel path even with one rank (mpirun -np N turns it on by itself)");
+  app.add_option("--bucket-mb", f.bucket_mb, "data parallel: gradient bucket size in MiB (reduced as each fills)")
+      ->check(CLI::Range(0.001, 4096.0))
+      ->capture_default_str();
+  app.add_option("--zero", f.zero, "data parallel: 1 shards the AdamW moments across ranks (ZeRO-1), 0 does not")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  app.add_option("--comm-timeout", f.comm_timeout,
+                 "data parallel: seconds a collective may wait before every rank is stopped (0: no limit)")
+      ->check(CLI::Range(0.0, 1e7))
+      ->capture_default_str();
+  app.add_flag("--check-sync", f.check_sync,
+               "data parallel: compare a hash of the parameters across ranks after every step (else at evaluations)");
+}
+
+const dist::World& start_world(Device device, const DataParallelFlags& f) {
+  const dist::World& w = dist::init_world();
+  dist::set_comm_timeout(f.comm_timeout);
+  if (device == Device::CUDA && (w.distributed() || f.force)) {
+    const int gpus = gpu::device_count();
+    if (w.local_rank >= gpus)
+      usage_error("mpirun -np", w.size, ": ", w.local_size, " ranks on host ", w.host, " but ", gpus,
+                  " GPU(s) visible there; NCCL takes one GPU per rank, so launch at most ", gpus, " ranks per host");
+    gpu::set_device(w.local_rank);
+  }
+  return w;
+}
+
+DataParallel::DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f)
+    : model_(model), flags_(f), comm_(device) {
+  dist::ReducerOptions o;
+  o.bucket_bytes = static_cast<size_t>(std::max(4.0, f.bucket_mb * 1024 * 1024));
+  o.sharded = f.zero == 1;
+  // The backward finalises gradients in reverse registration order (head first).
+  std::vector<Parameter*> order = model.parameters();
+  std::reverse(order.begin(), order.end());
+  reducer_ = std::make_unique<dist::GradReducer>(comm_, order, o);
+  model.set_grads_ready_hook([this](const std::vector<Parameter*>& ps) { reducer_->grads_ready(ps); });
+}
+
+DataParallel::~DataParallel() { model_.set_grads_ready_hook(nullptr); }
+
+std::unique_ptr<Optimizer> DataParallel::make_optimizer(const AdamWOptions& options) {
+  if (sharded()) return std::make_unique<dist::ShardedAdamW>(*reducer_, comm_, model_.parameters(), options);
+  return std::make_unique<AdamW>(model_.parameters(), options);
+}
+
+void DataParallel::begin_step(double weight) {
+  weight_ = weight;
+  reducer_->begin_step(weight);
+}
+
+void DataParallel::end_backward() { reducer_->finish(); }
+
+double DataParallel::global_loss(double local_loss) {
+  double v = weight_ * local_loss;
+  dist::all_reduce_sum(&v, 1, "all-reduce of the loss");
+  return v;
+}
+
+void DataParallel::check_sync(long long step) { dist::check_parameters_in_sync(model_.parameters(), step); }
+
+std::string DataParallel::describe() const {
+  const dist::World& w = dist::world();
+  std::string s = std::to_string(w.size) + " rank(s)";
+  if (comm_.device() == Device::CUDA)
+    s += gpu::nccl::initialized() ? ", NCCL " + gpu::nccl::version() : ", no NCCL (one process)";
+  else
+    s += dist::built_with_mpi() && w.distributed() ? ", " + dist::mpi_version() : ", no MPI (one process)";
+  s += ", " + std::to_string(reducer_->buckets().size()) + " gradient bucket(s) of <= " +
+       std::to_string(flags_.bucket_mb).substr(0, std::to_string(flags_.bucket_mb).find('.') + 3) + " MiB";
+  if (sharded()) s += ", ZeRO-1 (AdamW moments sharded)";
+  return s;
+}
+
+}  // namespace hg::cli

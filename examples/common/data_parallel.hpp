@@ -1,0 +1,65 @@
+#pragma once
+// Data-parallel training of a DecoderLM for the programs (train, bench_ddp):
+// the flags, the rank's GPU, the gradient reducer wired to the model's
+// backward, the optimizer (AdamW, or ZeRO-1's ShardedAdamW), the global loss
+// and the cross-rank parameter check. docs/distributed.md.
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "core/optim.hpp"
+#include "dist/collectives.hpp"
+#include "dist/grad_reducer.hpp"
+#include "dist/world.hpp"
+#include "models/decoder_lm.hpp"
+
+namespace hg::cli {
+
+struct DataParallelFlags {
+  bool force = false;        // --ddp: the data-parallel path even with one rank
+  double bucket_mb = 25;     // --bucket-mb
+  int zero = 0;              // --zero 0|1
+  double comm_timeout = 300;  // --comm-timeout seconds (0: none)
+  bool check_sync = false;   // --check-sync: parameter hash across ranks after every step
+};
+void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f);
+
+// Starts the world (MPI when launched by mpirun) and, on CUDA, makes GPU
+// `local rank` this process's device (before any other GPU work). A usage
+// error when this host has more ranks than GPUs.
+const dist::World& start_world(Device device, const DataParallelFlags& f);
+
+class DataParallel {
+ public:
+  // After model.to(device) (the gradients become views of the buckets).
+  DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f);
+  ~DataParallel();
+
+  // AdamW over the model, or with --zero 1 the sharded one (which clips by
+  // the global norm itself: then clip_outside() is false).
+  std::unique_ptr<Optimizer> make_optimizer(const AdamWOptions& options);
+  bool sharded() const { return flags_.zero == 1; }
+
+  // weight: this rank's share of the global batch's loss terms (tokens_r / tokens_all).
+  void begin_step(double weight);
+  void end_backward();  // after model.backward(): gradients reduced
+  double global_loss(double local_loss);  // sum over ranks of weight_r * loss_r
+  void check_sync(long long step);        // throws when ranks hold different parameters
+
+  dist::CommStats last_step_stats() const { return reducer_->last_step_stats(); }
+  dist::CommStats take_total_stats() { return reducer_->take_total_stats(); }  // since the last call
+  int64_t reduced_steps() const { return reducer_->steps(); }
+  size_t bucket_count() const { return reducer_->buckets().size(); }
+  std::string describe() const;
+
+ private:
+  DecoderLM& model_;
+  DataParallelFlags flags_;
+  dist::Collectives comm_;
+  std::unique_ptr<dist::GradReducer> reducer_;
+  double weight_ = 1;
+};
+
+}  // namespace hg::cli

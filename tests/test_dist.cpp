@@ -1,0 +1,243 @@
+// Data parallelism in one process (dist/): the bucket layout, a reduced step
+// against the plain step, ZeRO-1 against AdamW and its checkpoint format,
+// the collectives of one rank (NCCL on the GPU), the parameter hash. The
+// several-rank behaviour runs under mpirun in tests/cli/train_ddp.sh.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "core/error.hpp"
+#include "core/optim.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "dist/collectives.hpp"
+#include "dist/grad_reducer.hpp"
+#include "dist/param_sync.hpp"
+#include "dist/sharded_adamw.hpp"
+#include "dist/world.hpp"
+#include "models/decoder_lm.hpp"
+#include "ops/cross_entropy.hpp"
+#include "tests/catch.hpp"
+#include "tests/test_util.hpp"
+
+using namespace hg;
+
+namespace {
+
+std::unique_ptr<DecoderLM> tiny_model(Device dev) {
+  DecoderLMConfig c;
+  c.vocab_size = 37;
+  c.max_seq_len = 9;
+  c.d_model = 24;
+  c.n_heads = 3;
+  c.n_layers = 2;
+  c.seed = 11;
+  auto m = std::make_unique<DecoderLM>(c);
+  m->to(dev);
+  return m;
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+
+Batch batch(Device dev, uint64_t seed) {
+  Generator g(seed);
+  std::vector<double> ids(5 * 9), targets(5 * 9);
+  for (double& v : ids) v = static_cast<double>(g.next_u64() % 37);
+  for (double& v : targets) v = static_cast<double>(g.next_u64() % 37);
+  targets[3] = -100;  // an ignored position
+  return {Tensor::from_vector(ids, {5, 9}, DType::F32, dev), Tensor::from_vector(targets, {5, 9}, DType::F32, dev)};
+}
+
+void forward_backward(DecoderLM& m, const Batch& b) {
+  m.zero_grad();
+  CrossEntropySaved saved;
+  cross_entropy_forward(m.forward(b.ids), b.targets, -100, &saved);
+  m.backward(cross_entropy_backward(saved));
+}
+
+std::vector<Parameter*> backward_order(DecoderLM& m) {
+  std::vector<Parameter*> ps = m.parameters();
+  std::reverse(ps.begin(), ps.end());
+  return ps;
+}
+
+void require_bitwise(DecoderLM& a, DecoderLM& b, bool grads) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(pa[i].first);
+    REQUIRE(pa[i].second->value.to_vector() == pb[i].second->value.to_vector());
+    if (grads) REQUIRE(pa[i].second->grad.to_vector() == pb[i].second->grad.to_vector());
+  }
+}
+
+// One rank: the reduced step (hook, buckets, premul 1) is the plain step, bit for bit.
+void reduced_step_matches_plain(Device dev) {
+  dist::init_world();
+  auto plain = tiny_model(dev), ddp = tiny_model(dev);
+  AdamW opt_plain(plain->parameters(), {});
+  dist::Collectives comm(dev);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 4096;  // several buckets
+  dist::GradReducer reducer(comm, backward_order(*ddp), ro);
+  REQUIRE(reducer.buckets().size() > 3);
+  ddp->set_grads_ready_hook([&](const std::vector<Parameter*>& ps) { reducer.grads_ready(ps); });
+  AdamW opt_ddp(ddp->parameters(), {});
+  for (uint64_t s = 0; s < 3; ++s) {
+    const Batch b = batch(dev, s);
+    forward_backward(*plain, b);
+    opt_plain.step();
+    reducer.begin_step(1.0);
+    forward_backward(*ddp, b);
+    for (const auto& bk : reducer.buckets()) REQUIRE(bk.started);  // the hook started every bucket in the backward
+    reducer.finish();
+    opt_ddp.step();
+  }
+  require_bitwise(*plain, *ddp, true);
+  // premul scales the reduced gradient: 0.5 is exact.
+  const Batch b = batch(dev, 9);
+  forward_backward(*plain, b);
+  reducer.begin_step(0.5);
+  forward_backward(*ddp, b);
+  reducer.finish();
+  const std::vector<double> g = plain->head.weight.grad.to_vector(), h = ddp->head.weight.grad.to_vector();
+  for (size_t i = 0; i < g.size(); ++i) REQUIRE(h[i] == 0.5 * g[i]);
+  ddp->set_grads_ready_hook(nullptr);
+}
+
+// One rank: ZeRO-1 is AdamW (no clipping: bitwise), and its checkpoint loads into a plain AdamW.
+void sharded_matches_adamw(Device dev) {
+  dist::init_world();
+  auto plain = tiny_model(dev), zero = tiny_model(dev);
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.weight_decay = 0.1;
+  AdamW opt_plain(plain->parameters(), o);
+  dist::Collectives comm(dev);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 8192;
+  ro.sharded = true;
+  dist::GradReducer reducer(comm, backward_order(*zero), ro);
+  dist::ShardedAdamW opt_zero(reducer, comm, zero->parameters(), o);
+  zero->set_grads_ready_hook([&](const std::vector<Parameter*>& ps) { reducer.grads_ready(ps); });
+  for (uint64_t s = 0; s < 3; ++s) {
+    const Batch b = batch(dev, s);
+    forward_backward(*plain, b);
+    opt_plain.step();
+    reducer.begin_step(1.0);
+    forward_backward(*zero, b);
+    reducer.finish();
+    opt_zero.step();
+  }
+  require_bitwise(*plain, *zero, false);
+  const std::string dir = (std::filesystem::temp_directory_path() / "hg_test_dist").string();
+  std::filesystem::create_directories(dir);
+  opt_zero.save_state(dir + "/zero.optim");
+  opt_plain.save_state(dir + "/plain.optim");
+  AdamW reread(plain->parameters(), o);
+  reread.load_state(dir + "/zero.optim");  // the unsharded format
+  const auto a = reread.named_state(), p = opt_plain.named_state();
+  REQUIRE(reread.steps() == 3);
+  for (size_t i = 0; i < a.size(); ++i) REQUIRE(a[i].second->to_vector() == p[i].second->to_vector());
+  opt_zero.load_state(dir + "/plain.optim");  // and back
+  REQUIRE(opt_zero.steps() == 3);
+  std::filesystem::remove_all(dir);
+  zero->set_grads_ready_hook(nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("GradReducer: gradients become aligned views of buckets filled in backward order") {
+  dist::init_world();
+  auto m = tiny_model(Device::CPU);
+  for (Parameter* p : m->parameters()) p->grad.fill_(0.25);
+  dist::Collectives comm(Device::CPU);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 4096;
+  dist::GradReducer reducer(comm, backward_order(*m), ro);
+  REQUIRE(reducer.buckets().front().params.front() == &m->head.bias);  // the head's gradients are final first
+  size_t held = 0;
+  for (const auto& b : reducer.buckets()) {
+    REQUIRE(b.grads.numel() % 64 == 0);
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      REQUIRE(b.offsets[i] % 64 == 0);
+      REQUIRE(b.params[i]->grad.shares_storage_with(b.grads));
+      REQUIRE(b.params[i]->grad.to_vector() == std::vector<double>(b.params[i]->grad.numel(), 0.25));
+      // A bucket closes once over 4096 bytes: only its first parameter may exceed it alone.
+      if (i > 0) REQUIRE(b.offsets[i] * 4 <= 4096);
+    }
+    held += b.params.size();
+  }
+  REQUIRE(held == m->parameters().size());
+}
+
+TEST_CASE("GradReducer: bad parameters and misuse are errors") {
+  dist::init_world();
+  dist::Collectives comm(Device::CPU);
+  Parameter f64{Tensor::zeros({3}, DType::F64), Tensor::zeros({3}, DType::F64), Tensor()};
+  REQUIRE_THROWS_AS(dist::GradReducer(comm, {&f64}, {}), Error);
+  Parameter p{Tensor::zeros({3}), Tensor::zeros({3}), Tensor()};
+  REQUIRE_THROWS_AS(dist::GradReducer(comm, {&p, &p}, {}), Error);
+  dist::GradReducer r(comm, {&p}, {});
+  REQUIRE_THROWS_AS(r.finish(), Error);  // no step begun
+  r.begin_step(1);
+  REQUIRE_THROWS_AS(r.begin_step(1), Error);  // the last one not finished
+  r.grads_ready({&p});
+  REQUIRE_THROWS_AS(r.grads_ready({&p}), Error);  // final twice
+  r.finish();
+  Parameter other{Tensor::zeros({2}), Tensor::zeros({2}), Tensor()};
+  r.begin_step(1);
+  REQUIRE_THROWS_AS(r.grads_ready({&other}), Error);  // not held
+}
+
+TEST_CASE("data-parallel step of one rank = the plain step, bitwise (CPU)") { reduced_step_matches_plain(Device::CPU); }
+
+TEST_CASE("ZeRO-1 of one rank = AdamW, bitwise, and its checkpoint is AdamW's (CPU)") {
+  sharded_matches_adamw(Device::CPU);
+}
+
+TEST_CASE("parameter hash: equal for equal models, changed by one element") {
+  dist::init_world();
+  auto a = tiny_model(Device::CPU), b = tiny_model(Device::CPU);
+  REQUIRE(dist::hash_parameters(a->parameters()) == dist::hash_parameters(b->parameters()));
+  REQUIRE(dist::check_parameters_in_sync(a->parameters(), 0) == dist::hash_parameters(a->parameters()));
+  b->ln_f.gamma.value.set({5}, 1.0000001);
+  REQUIRE(dist::hash_parameters(a->parameters()) != dist::hash_parameters(b->parameters()));
+}
+
+TEST_CASE("[cuda] data-parallel step of one rank = the plain step, bitwise (NCCL when built)") {
+  HG_REQUIRE_GPU();
+  reduced_step_matches_plain(Device::CUDA);
+}
+
+TEST_CASE("[cuda] ZeRO-1 of one rank = AdamW, bitwise (NCCL reduce-scatter / all-gather when built)") {
+  HG_REQUIRE_GPU();
+  sharded_matches_adamw(Device::CUDA);
+}
+
+TEST_CASE("[cuda] NCCL collectives of one rank: premul sum, reduce-scatter, all-gather, f64, timing") {
+  HG_REQUIRE_GPU();
+  if (!gpu::nccl::built_with_nccl()) HG_SKIP("this build has no NCCL");
+  dist::init_world();
+  dist::Collectives comm(Device::CUDA);
+  REQUIRE(gpu::nccl::initialized());
+  Generator g(3);
+  Tensor x = Tensor::randn({1000}, g, DType::F32, Device::CUDA);
+  const std::vector<double> x0 = x.to_vector();
+  comm.all_reduce_sum(x, 0.25);
+  Tensor out = Tensor::zeros({1000}, DType::F32, Device::CUDA);
+  comm.reduce_scatter_sum(x, out, 2.0);
+  comm.all_gather(out);
+  Tensor sq = Tensor::full({2}, 1.5, DType::F64, Device::CUDA);
+  comm.wait("test");
+  const std::vector<double> y = out.to_vector();
+  for (size_t i = 0; i < y.size(); ++i) REQUIRE(y[i] == static_cast<double>(static_cast<float>(x0[i] * 0.25) * 2.0f));
+  comm.all_reduce_sum_f64(sq, "test");
+  REQUIRE(sq.to_vector() == std::vector<double>{1.5, 1.5});
+  const dist::CommStats s = comm.take_stats();
+  REQUIRE(s.collectives == 4);
+  REQUIRE(s.busy_ms > 0);
+}
