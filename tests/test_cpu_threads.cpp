@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
 #include "core/random.hpp"
 #include "core/tensor_functions.hpp"
@@ -99,8 +100,12 @@ TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
   const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false}, {{2048, 64}, {2048, 96}, true, false},
                                    {{129, 64}, {200, 64}, false, true},  {{64, 129}, {200, 64}, true, true},
                                    {{12, 65, 33}, {12, 33, 70}, false, false}};
+  const std::string saved_level = hg::cpu::gemm_level();
+  for (const std::string& level : hg::cpu::gemm_levels())  // every GEMM level this CPU runs
   for (DType dt : {DType::F32, DType::F64})
     for (const Case& c : cases) {
+      INFO("GEMM level " << level);
+      hg::cpu::set_gemm_level(level);
       const Tensor a = randn(c.a, 1, dt), b = randn(c.b, 2, dt);
       check_thread_independent([&] {
         const Tensor out = hg::matmul(a, b, c.ta, c.tb);
@@ -109,6 +114,7 @@ TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
         return std::vector<Tensor>{out, acc};
       });
     }
+  hg::cpu::set_gemm_level(saved_level);
 }
 
 TEST_CASE("maps, zips and reductions are bitwise the same at any thread count", "[threads]") {
