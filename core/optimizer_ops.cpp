@@ -84,14 +84,15 @@ struct AdamWScalars {
 template <class T>
 HG_SIMD_INLINE void adamw_range(T* p, const T* g, T* m, T* v, int64_t n, const AdamWConfig& o, const AdamWScalars& k) {
   const double decay = 1.0 - k.lr * o.weight_decay, b1 = o.beta1, b2 = o.beta2, eps = o.eps;
+  const double lr = k.lr, bc1 = k.bc1, bc2 = k.bc2, scale = k.scale;
   for (int64_t i = 0; i < n; ++i) {
     double param = static_cast<double>(p[i]) * decay;  // decoupled decay
-    const double grad = static_cast<double>(g[i]) * k.scale;
+    const double grad = static_cast<double>(g[i]) * scale;
     const double m1 = b1 * static_cast<double>(m[i]) + (1.0 - b1) * grad;
     const double v1 = b2 * static_cast<double>(v[i]) + (1.0 - b2) * grad * grad;
     m[i] = static_cast<T>(m1);
     v[i] = static_cast<T>(v1);
-    param -= k.lr * (m1 / k.bc1) / (std::sqrt(v1 / k.bc2) + eps);
+    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + eps);
     p[i] = static_cast<T>(param);
   }
 }
