@@ -16,6 +16,7 @@
 
 #include "examples/common/cli.hpp"
 
+#include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
 #include "core/random.hpp"
 #include "core/tensor_functions.hpp"
@@ -63,6 +64,10 @@ int main(int argc, char** argv) {
   for (int n : threads)
     if (n < 1) cli::usage_error("--threads", n, ": not a thread count (>= 1)");
   Generator g(1);
+  std::string levels;
+  for (const std::string& l : cpu::gemm_levels()) levels += (levels.empty() ? "" : ", ") + l;
+  std::printf("GEMM level %s (this CPU runs: %s; HG_GEMM_LEVEL picks one)\n", cpu::gemm_level().c_str(),
+              levels.c_str());
   for (int n : threads) {
     set_num_threads(n);
     std::printf("== %d thread(s)\n", n);

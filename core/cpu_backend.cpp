@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/cpu_gemm.hpp"
 #include "core/cpu_math.hpp"
 #include "core/gemm_check.hpp"
 #include "core/optimizer_ops.hpp"
@@ -22,7 +23,6 @@ namespace {
 template <class T> using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
 template <class T> using VecMap = Eigen::Map<Vec<T>>;
 template <class T> using ConstVecMap = Eigen::Map<const Vec<T>>;
-template <class T> using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 void check_cpu_float(const Tensor& t, const char* op, const char* role) {
   HG_CHECK(t.defined(), op, role, " is an undefined tensor");
@@ -337,8 +337,8 @@ void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int
 // ---------------------------------------------------------------- matmul
 
 // The output of each batch entry is cut into tiles from its shape alone;
-// each tile is one single-threaded Eigen product (packing, blocking and the
-// order of the k-sum depend only on the tile), and the tiles run on the
+// each tile is one single-threaded Eigen product (core/cpu_gemm.hpp; packing,
+// blocking and the order of the k-sum depend only on the tile and the level), and the tiles run on the
 // threads: the result is bitwise the same at any thread count. Tiles start at
 // 64 x 128 and are halved, larger side first, until there are 16 per product
 // (enough for 16 cores when m x n is small and k long, as in weight
@@ -362,23 +362,27 @@ GemmTiles gemm_tiles(const MatmulShape& s) {
 
 template <class T>
 void matmul_typed(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
-  using ConstMat = Eigen::Map<const RowMat<T>>;
-  const int64_t a_rows = ta ? s.k : s.m, a_cols = ta ? s.m : s.k;
-  const int64_t b_rows = tb ? s.n : s.k, b_cols = tb ? s.k : s.n;
   const GemmTiles g = gemm_tiles(s);
   const int64_t tiles = g.row_tiles * g.col_tiles;
   parallel_for(s.batch * tiles, s.batch * s.m * s.n * s.k, [&](int64_t task) {
     const int64_t i = task / tiles, r0 = (task % tiles) / g.col_tiles * g.rows, c0 = task % g.col_tiles * g.cols;
-    const int64_t tr = std::min(g.rows, s.m - r0), tc = std::min(g.cols, s.n - c0);
-    const ConstMat A(a + i * s.m * s.k, a_rows, a_cols);
-    const ConstMat B(b + (s.b_shared ? 0 : i * s.k * s.n), b_rows, b_cols);
-    auto C = Eigen::Map<RowMat<T>>(c + i * s.m * s.n, s.m, s.n).block(r0, c0, tr, tc);
-    // Always "+=" so both modes share one product kernel per transpose combination.
-    if (!accumulate) C.setZero();
-    if (!ta && !tb) C.noalias() += A.middleRows(r0, tr) * B.middleCols(c0, tc);
-    else if (!ta && tb) C.noalias() += A.middleRows(r0, tr) * B.middleRows(c0, tc).transpose();
-    else if (ta && !tb) C.noalias() += A.middleCols(r0, tr).transpose() * B.middleCols(c0, tc);
-    else C.noalias() += A.middleCols(r0, tr).transpose() * B.middleRows(c0, tc).transpose();
+    const T* A = a + i * s.m * s.k;
+    const T* B = b + (s.b_shared ? 0 : i * s.k * s.n);
+    cpu::GemmBlock<T> block;
+    block.rows = std::min(g.rows, s.m - r0);
+    block.cols = std::min(g.cols, s.n - c0);
+    block.depth = s.k;
+    // The tile's rows of op(A) and columns of op(B), in place.
+    block.a = ta ? A + r0 : A + r0 * s.k;
+    block.lda = ta ? s.m : s.k;
+    block.transpose_a = ta;
+    block.b = tb ? B + c0 * s.k : B + c0;
+    block.ldb = tb ? s.k : s.n;
+    block.transpose_b = tb;
+    block.c = c + i * s.m * s.n + r0 * s.n + c0;
+    block.ldc = s.n;
+    block.accumulate = accumulate;
+    cpu::gemm(block);
   });
 }
 

@@ -1,6 +1,10 @@
 #include "core/optimizer_ops.hpp"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/parallel.hpp"
+#include "core/simd.hpp"
 
 namespace hg {
 namespace {
@@ -17,35 +21,88 @@ void check_twin(const Tensor& t, const Tensor& ref, const char* what, size_t i, 
            "] is ", t.describe(), " but params[", i, "] is ", ref.describe());
 }
 
-template <class T>
-double sum_sq(const T* x, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return s;
+// The optimizer's CPU work is cut into pieces of this many elements of one
+// tensor, from the shapes alone: threads, same bits at any count.
+constexpr int64_t kChunk = int64_t(1) << 14;
+
+struct Piece {
+  size_t tensor;
+  int64_t begin, end;
+};
+
+std::vector<Piece> pieces_of(const std::vector<Tensor>& xs) {
+  std::vector<Piece> out;
+  for (size_t i = 0; i < xs.size(); ++i)
+    for (int64_t b = 0; b < xs[i].numel(); b += kChunk) out.push_back({i, b, std::min(xs[i].numel(), b + kChunk)});
+  return out;
 }
 
+int64_t total_numel(const std::vector<Tensor>& xs) {
+  int64_t n = 0;
+  for (const Tensor& x : xs) n += x.numel();
+  return n;
+}
+
+// Eight running sums in a fixed order (vectorised by the compiler, same bits
+// on every ISA), then added together.
+template <class T>
+HG_SIMD_INLINE double sum_sq(const T* x, int64_t n) {
+  double lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(x[i + j]) * static_cast<double>(x[i + j]);
+  for (; i < n; ++i) lane[0] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  double s = 0;
+  for (double v : lane) s += v;
+  return s;
+}
+HG_SIMD_CLONES double sum_sq_f32(const float* x, int64_t n) { return sum_sq(x, n); }
+HG_SIMD_CLONES double sum_sq_f64(const double* x, int64_t n) { return sum_sq(x, n); }
+
 double sum_of_squares_of(const std::vector<Tensor>& xs) {
+  const std::vector<Piece> ps = pieces_of(xs);
+  std::vector<double> part(ps.size(), 0.0);
+  parallel_for(static_cast<int64_t>(ps.size()), total_numel(xs), [&](int64_t t) {
+    const Piece& p = ps[static_cast<size_t>(t)];
+    const Tensor& x = xs[p.tensor];
+    part[static_cast<size_t>(t)] = x.dtype() == DType::F32 ? sum_sq_f32(x.data<float>() + p.begin, p.end - p.begin)
+                                                           : sum_sq_f64(x.data<double>() + p.begin, p.end - p.begin);
+  });
   double total = 0;
-  for (const Tensor& x : xs)
-    total += x.dtype() == DType::F32 ? sum_sq(x.data<float>(), x.numel()) : sum_sq(x.data<double>(), x.numel());
+  for (double v : part) total += v;
   return total;
 }
 
 // The arithmetic of hg::AdamW on the CPU (double), grads scaled by `scale`.
+// The loop has no cross-element dependence: the compiler vectorises it, and
+// IEEE double arithmetic (sqrt and division included) gives the same bits on
+// every ISA.
+struct AdamWScalars {
+  double lr, bc1, bc2, scale;
+};
+
 template <class T>
-void adamw_tensor(T* p, const T* g, T* m, T* v, bf16_t* copy, int64_t n, const AdamWConfig& o, double lr,
-                  double bc1, double bc2, double scale) {
+HG_SIMD_INLINE void adamw_range(T* p, const T* g, T* m, T* v, int64_t n, const AdamWConfig& o, const AdamWScalars& k) {
+  const double decay = 1.0 - k.lr * o.weight_decay, b1 = o.beta1, b2 = o.beta2, eps = o.eps;
+  const double lr = k.lr, bc1 = k.bc1, bc2 = k.bc2, scale = k.scale;
   for (int64_t i = 0; i < n; ++i) {
-    double param = static_cast<double>(p[i]) * (1.0 - lr * o.weight_decay);  // decoupled decay
+    double param = static_cast<double>(p[i]) * decay;  // decoupled decay
     const double grad = static_cast<double>(g[i]) * scale;
-    const double m1 = o.beta1 * static_cast<double>(m[i]) + (1.0 - o.beta1) * grad;
-    const double v1 = o.beta2 * static_cast<double>(v[i]) + (1.0 - o.beta2) * grad * grad;
+    const double m1 = b1 * static_cast<double>(m[i]) + (1.0 - b1) * grad;
+    const double v1 = b2 * static_cast<double>(v[i]) + (1.0 - b2) * grad * grad;
     m[i] = static_cast<T>(m1);
     v[i] = static_cast<T>(v1);
-    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + o.eps);
+    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + eps);
     p[i] = static_cast<T>(param);
-    if (copy) copy[i] = float_to_bf16(static_cast<float>(p[i]));
   }
+}
+HG_SIMD_CLONES void adamw_f32(float* p, const float* g, float* m, float* v, int64_t n, const AdamWConfig& o,
+                              const AdamWScalars& k) {
+  adamw_range(p, g, m, v, n, o, k);
+}
+HG_SIMD_CLONES void adamw_f64(double* p, const double* g, double* m, double* v, int64_t n, const AdamWConfig& o,
+                              const AdamWScalars& k) {
+  adamw_range(p, g, m, v, n, o, k);
 }
 
 }  // namespace
@@ -109,17 +166,25 @@ void adamw_multi(const AdamWGroup& g, const AdamWConfig& c, Tensor& state) {
   s[5] = 1.0 - std::pow(c.beta1, s[kAdamWStep]);
   s[6] = 1.0 - std::pow(c.beta2, s[kAdamWStep]);
   if (s[kAdamWSkipped] != 0) return;
-  for (size_t i = 0; i < g.params.size(); ++i) {
-    bf16_t* copy = !g.compute_copies.empty() && g.compute_copies[i].defined() ? g.compute_copies[i].data<bf16_t>()
-                                                                              : nullptr;
-    const int64_t n = g.params[i].numel();
-    if (g.params[i].dtype() == DType::F32)
-      adamw_tensor(g.params[i].data<float>(), g.grads[i].data<float>(), g.m[i].data<float>(), g.v[i].data<float>(),
-                   copy, n, c, s[kAdamWLr], s[5], s[6], s[kAdamWClipScale]);
+  const AdamWScalars k{s[kAdamWLr], s[5], s[6], s[kAdamWClipScale]};
+  const std::vector<Piece> ps = pieces_of(g.params);
+  parallel_for(static_cast<int64_t>(ps.size()), total_numel(g.params), [&](int64_t t) {
+    const Piece& piece = ps[static_cast<size_t>(t)];
+    const size_t i = piece.tensor;
+    const int64_t b = piece.begin, n = piece.end - piece.begin;
+    const bool f32 = g.params[i].dtype() == DType::F32;
+    if (f32)
+      adamw_f32(g.params[i].data<float>() + b, g.grads[i].data<float>() + b, g.m[i].data<float>() + b,
+                g.v[i].data<float>() + b, n, c, k);
     else
-      adamw_tensor(g.params[i].data<double>(), g.grads[i].data<double>(), g.m[i].data<double>(),
-                   g.v[i].data<double>(), copy, n, c, s[kAdamWLr], s[5], s[6], s[kAdamWClipScale]);
-  }
+      adamw_f64(g.params[i].data<double>() + b, g.grads[i].data<double>() + b, g.m[i].data<double>() + b,
+                g.v[i].data<double>() + b, n, c, k);
+    if (g.compute_copies.empty() || !g.compute_copies[i].defined()) return;
+    bf16_t* copy = g.compute_copies[i].data<bf16_t>() + b;
+    for (int64_t j = 0; j < n; ++j)
+      copy[j] = float_to_bf16(f32 ? g.params[i].data<float>()[b + j]
+                                  : static_cast<float>(g.params[i].data<double>()[b + j]));
+  });
 }
 
 void sum_of_squares(const std::vector<Tensor>& xs, Tensor& out) { out.data<double>()[0] = sum_of_squares_of(xs); }

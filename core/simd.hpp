@@ -38,14 +38,27 @@ HG_SIMD_INLINE Floats load(const float* p) {
   return v;
 }
 HG_SIMD_INLINE void store(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
+// Copies k (< kLanes) floats in at most four fixed-size moves: a memcpy of
+// a variable size is a library call, which cost more than the arithmetic on
+// short rows (a 22-key softmax row spent most of its time in them).
+HG_SIMD_INLINE void copy_short(float* dst, const float* src, int64_t k) {
+  int64_t i = 0;
+  if (k & 8) std::memcpy(dst, src, 8 * sizeof(float)), i = 8;
+  if (k & 4) std::memcpy(dst + i, src + i, 4 * sizeof(float)), i += 4;
+  if (k & 2) std::memcpy(dst + i, src + i, 2 * sizeof(float)), i += 2;
+  if (k & 1) dst[i] = src[i];
+}
 // The first k (< kLanes) elements of p, the other lanes `fill`.
 HG_SIMD_INLINE Floats load_partial(const float* p, int64_t k, float fill) {
-  Floats v = splat(fill);
-  std::memcpy(&v, p, static_cast<size_t>(k) * sizeof(float));
-  return v;
+  float lanes[kLanes];
+  store(lanes, splat(fill));
+  copy_short(lanes, p, k);
+  return load(lanes);
 }
 HG_SIMD_INLINE void store_partial(float* p, Floats v, int64_t k) {
-  std::memcpy(p, &v, static_cast<size_t>(k) * sizeof(float));
+  float lanes[kLanes];
+  store(lanes, v);
+  copy_short(p, lanes, k);
 }
 // Lanes >= k become `fill`.
 HG_SIMD_INLINE Floats keep_first(Floats v, int64_t k, float fill = 0.f) {

@@ -31,31 +31,48 @@ constexpr int kSpins = 2000;
 
 thread_local bool t_in_worker = false;
 
+// One parallel call, as a worker copies it.
+struct Job {
+  TaskFn fn = nullptr;
+  const void* body = nullptr;
+  int64_t tasks = 0;
+  int helpers = 0;
+  uint32_t generation = 0;
+};
+
+// Tasks are claimed from `claim_`, which holds the call's generation (high
+// 32 bits) and the next task index (low 32 bits): a worker that wakes late,
+// after its call ended, finds the generation changed or no index left and
+// claims nothing. So the caller waits only for tasks that were started, never
+// for a worker to be scheduled: on a machine busy with other jobs a sleeping
+// worker costs nothing (waiting for every helper to check in made two threads
+// slower than one there).
 class Pool {
  public:
   void run(int64_t tasks, int threads, TaskFn fn, const void* body) {
-    // A task that calls parallel_for, or a second user thread: run serially.
+    // A task that calls parallel_for, a second user thread, or more tasks
+    // than the claim counter holds: run serially.
     std::unique_lock<std::mutex> busy(run_mutex_, std::try_to_lock);
-    if (t_in_worker || !busy.owns_lock()) {
+    if (t_in_worker || !busy.owns_lock() || tasks >= (int64_t(1) << 31)) {
       for (int64_t t = 0; t < tasks; ++t) fn(body, t);
       return;
     }
     grow(threads - 1);
+    Job job;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      fn_ = fn;
-      body_ = body;
-      tasks_ = tasks;
-      next_.store(0, std::memory_order_relaxed);
-      helpers_ = threads - 1;
-      pending_ = threads - 1;
+      job = {fn, body, tasks, threads - 1, ++generation_};
+      job_ = job;
+      completed_.store(0, std::memory_order_relaxed);
       error_ = nullptr;
-      generation_.fetch_add(1, std::memory_order_release);
+      claim_.store(uint64_t(job.generation) << 32, std::memory_order_release);
+      published_.store(job.generation, std::memory_order_release);
     }
     wake_.notify_all();
-    work();
+    work(job);
+    for (int i = 0; i < kSpins && completed_.load(std::memory_order_acquire) < tasks; ++i) HG_CPU_RELAX();
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return pending_ == 0; });
+    done_.wait(lock, [&] { return completed_.load(std::memory_order_acquire) >= tasks; });
     if (error_) std::rethrow_exception(error_);
   }
 
@@ -67,43 +84,48 @@ class Pool {
     }
   }
 
-  void work() {
-    for (int64_t t = next_.fetch_add(1, std::memory_order_relaxed); t < tasks_;
-         t = next_.fetch_add(1, std::memory_order_relaxed)) {
+  // Claims and runs tasks of `job` until none is left (or the call is over).
+  void work(const Job& job) {
+    for (;;) {
+      uint64_t cur = claim_.load(std::memory_order_acquire);
+      do {
+        if (uint32_t(cur >> 32) != job.generation || int64_t(cur & 0xffffffffu) >= job.tasks) return;
+      } while (!claim_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel));
       try {
-        fn_(body_, t);
+        job.fn(job.body, int64_t(cur & 0xffffffffu));
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex_);
         if (!error_) error_ = std::current_exception();
+      }
+      if (completed_.fetch_add(1, std::memory_order_acq_rel) + 1 == job.tasks) {
+        std::lock_guard<std::mutex> lock(mutex_);  // so the caller cannot miss the notification
+        done_.notify_all();
       }
     }
   }
 
   void loop(int index) {
     t_in_worker = true;
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-      for (int i = 0; i < kSpins && generation_.load(std::memory_order_acquire) == seen; ++i) HG_CPU_RELAX();
+      for (int i = 0; i < kSpins && published_.load(std::memory_order_acquire) == seen; ++i) HG_CPU_RELAX();
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
-      seen = generation_.load(std::memory_order_relaxed);
-      if (index >= helpers_) continue;  // not needed for this call
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      const Job job = job_;
       lock.unlock();
-      work();
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
+      if (index < job.helpers) work(job);
     }
   }
 
   std::mutex run_mutex_;  // one parallel call at a time
-  std::mutex mutex_;      // guards the call's description below
+  std::mutex mutex_;      // guards job_, generation_, error_
   std::condition_variable wake_, done_;
-  std::atomic<uint64_t> generation_{0};
-  TaskFn fn_ = nullptr;
-  const void* body_ = nullptr;
-  int64_t tasks_ = 0;
-  std::atomic<int64_t> next_{0};
-  int helpers_ = 0, pending_ = 0;
+  Job job_;
+  uint32_t generation_ = 0;
+  std::atomic<uint32_t> published_{0};  // generation_, for the workers' polling
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> completed_{0};
   std::exception_ptr error_;
   std::vector<std::thread> workers_;
 };

@@ -35,6 +35,8 @@
 #include "core/math_mode.hpp"
 #include "core/optim.hpp"
 #include "core/precision.hpp"
+#include "core/cpu_gemm.hpp"
+#include "core/parallel.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor.hpp"
 #include "cuda/nccl_comm.hpp"
@@ -848,6 +850,7 @@ int run(Options& o) {
                kernel_mode_name(kernel_mode()), model->num_parameters(), o.d_model, o.heads, o.layers, o.seq_len,
                o.batch);
   spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
+  if (dev == Device::CPU) spdlog::info("cpu: {} thread(s), GEMM level {}", num_threads(), cpu::gemm_level());
   if (o.resume) spdlog::info("resumed from {} (+ .optim) at step {}", o.checkpoint, start_step);
   if (dp)
     spdlog::info("data parallel: {}; global batch {} = {} x {}", dp->describe(), o.batch * world.size, world.size,

@@ -10,6 +10,9 @@
 #     norms       bench_layernorm, bench_softmax           | torch_norms.py
 #     accuracy    train --precision bf16 and fp32 on the built-in task (loss curves, held-out accuracy)
 #     python      bench/python_train_step.py (handgrad ops swapped into the anchor model)
+#     cpu         the CPU backend on this machine's cores: test_cpu_gemm / test_cpu_threads,
+#                 bench_cpu_kernels and bench_train --device cpu at 1 and all threads, the main
+#                 job (train --device cpu) at 1, 2 and all threads | torch_cpu.py
 #
 # HG_ANCHORS: folder of the PyTorch scripts (default ../shared/anchors, else .anchors).
 # HG_TORCH_VARIANTS: torch_train_step.py variants (default: the eager ones; add compile-* when time allows).
@@ -67,7 +70,24 @@ for stage in "$@"; do
     python)
       run python_train_step env PYTHONPATH=build-gpu/python python3 bench/python_train_step.py \
         --json "$out/python_train_step.json" ;;
-    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms accuracy python)" >&2
+    cpu)
+      n=$(nproc)
+      { lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400; uptime; } | tee "$out/cpu.txt"
+      cmake --build build-gpu -j"$n" --target train bench_cpu_kernels bench_train test_cpu_gemm test_cpu_threads \
+        > "$out/cpu_build.log" 2>&1 || { echo "cpu build FAILED"; status=1; }
+      run cpu_tests bash -c 'build-gpu/tests/test_cpu_gemm && build-gpu/tests/test_cpu_threads'
+      run bench_cpu_kernels $b/bench_cpu_kernels --threads "1,$n" --iters 7
+      run bench_cpu_kernels_baseline_gemm env HG_GEMM_LEVEL=baseline $b/bench_cpu_kernels --threads "1,$n" --iters 7
+      for t in 1 "$n"; do
+        run "bench_train_cpu_t$t" $b/bench_train --device cpu --kernels both --threads "$t" --iters 10 \
+          --profile-steps 3 --csv "$out/bench_train_cpu_t$t.csv" --breakdown-csv "$out/bench_train_cpu_t${t}_kinds.csv"
+      done
+      for t in 1 2 "$n"; do  # the main job; TIMEFORMAT gives the whole program's wall and CPU time
+        run "main_job_cpu_t$t" bash -c "TIMEFORMAT='program: wall %R s, user %U s, sys %S s'; time \
+          build-gpu/examples/train --device cpu --threads $t --log-csv '' --plot ''"
+      done
+      torch_ref torch_cpu torch_cpu.py ;;
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms accuracy python cpu)" >&2
        exit 2 ;;
   esac
 done

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
 #include "core/random.hpp"
 #include "core/tensor_functions.hpp"
+#include "ops/cross_entropy.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
 #include "tests/test_util.hpp"
@@ -99,8 +101,12 @@ TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
   const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false}, {{2048, 64}, {2048, 96}, true, false},
                                    {{129, 64}, {200, 64}, false, true},  {{64, 129}, {200, 64}, true, true},
                                    {{12, 65, 33}, {12, 33, 70}, false, false}};
+  const std::string saved_level = hg::cpu::gemm_level();
+  for (const std::string& level : hg::cpu::gemm_levels())  // every GEMM level this CPU runs
   for (DType dt : {DType::F32, DType::F64})
     for (const Case& c : cases) {
+      INFO("GEMM level " << level);
+      hg::cpu::set_gemm_level(level);
       const Tensor a = randn(c.a, 1, dt), b = randn(c.b, 2, dt);
       check_thread_independent([&] {
         const Tensor out = hg::matmul(a, b, c.ta, c.tb);
@@ -109,6 +115,7 @@ TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
         return std::vector<Tensor>{out, acc};
       });
     }
+  hg::cpu::set_gemm_level(saved_level);
 }
 
 TEST_CASE("maps, zips and reductions are bitwise the same at any thread count", "[threads]") {
@@ -166,6 +173,49 @@ TEST_CASE("fused softmax is bitwise the same at any thread count", "[threads][so
       o.scale = 0.125;
       const Tensor yv = hg::attention_softmax_forward(scores, o);
       return std::vector<Tensor>{yv, hg::softmax_backward(dy, yv, 0.125), hg::softmax_forward(scores)};
+    });
+  }
+}
+
+TEST_CASE("adamw_multi and sum_of_squares are bitwise the same at any thread count", "[threads][optim]") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    std::vector<Tensor> p, g, m, v;
+    for (int64_t n : {int64_t(1), int64_t(50001), int64_t(17), int64_t(16384)}) {
+      p.push_back(randn({n}, 20 + static_cast<uint64_t>(n), dt));
+      g.push_back(randn({n}, 30 + static_cast<uint64_t>(n), dt, 0, 0.5));
+      m.push_back(randn({n}, 40 + static_cast<uint64_t>(n), dt, 0, 0.1));
+      v.push_back(randn({n}, 50 + static_cast<uint64_t>(n), dt, 1, 0.1));
+    }
+    hg::AdamWConfig config;
+    config.weight_decay = 0.1;
+    config.max_grad_norm = 1.0;  // the norm is ~ 0.5 sqrt(66403): clipped
+    check_thread_independent([&] {
+      std::vector<Tensor> out;
+      for (const auto* list : {&p, &m, &v})
+        for (const Tensor& t : *list) out.push_back(t.clone());
+      hg::AdamWGroup group{{out.begin(), out.begin() + 4}, g, {out.begin() + 4, out.begin() + 8},
+                           {out.begin() + 8, out.end()}, {}};
+      Tensor state = Tensor::zeros({hg::kAdamWStateSize}, DType::F64);
+      state.data<double>()[hg::kAdamWLr] = 1e-3;
+      hg::cpu_backend().adamw_multi(group, config, state);
+      out.push_back(state);
+      out.push_back(Tensor::zeros({1}, DType::F64));
+      hg::cpu_backend().sum_of_squares(g, out.back());
+      return out;
+    });
+  }
+}
+
+TEST_CASE("fused cross-entropy is bitwise the same at any thread count", "[threads][cross_entropy]") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    const Tensor logits = randn({700, 53}, 60, dt, 2, 3);
+    std::vector<double> t(700);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = i % 7 == 3 ? -100 : static_cast<double>((i * 31) % 53);
+    const Tensor targets = Tensor::from_vector(t, {700});
+    check_thread_independent([&] {
+      hg::CrossEntropySaved saved;
+      const Tensor loss = hg::cross_entropy_forward(logits, targets, -100, &saved);
+      return std::vector<Tensor>{loss, hg::cross_entropy_backward(saved)};
     });
   }
 }

@@ -76,13 +76,23 @@ void reference_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const Adam
   }
 }
 
-// Per-tensor double sums added in tensor order: the CPU backend's order.
+// The CPU backend's order (core/optimizer_ops.cpp): each tensor in pieces of
+// 16384 elements; a piece summed in 8 interleaved double lanes (element i
+// into lane i % 8, the tail past the last full 8 into lane 0), lanes added
+// in order; the pieces' sums added in tensor and piece order.
 double norm_of(const std::vector<Tensor>& gs) {
+  constexpr size_t kPiece = 16384;
   double total = 0;
   for (const Tensor& g : gs) {
-    double s = 0;
-    for (double x : g.to_vector()) s += x * x;
-    total += s;
+    const std::vector<double> x = g.to_vector();
+    for (size_t b = 0; b < x.size(); b += kPiece) {
+      const size_t n = std::min(x.size() - b, kPiece), full = n / 8 * 8;
+      double lane[8] = {};
+      for (size_t i = 0; i < n; ++i) lane[i < full ? i % 8 : 0] += x[b + i] * x[b + i];
+      double piece = 0;
+      for (double l : lane) piece += l;
+      total += piece;
+    }
   }
   return std::sqrt(total);
 }

@@ -1,37 +1,95 @@
 #include "ops/cpu/cross_entropy_cpu.hpp"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/parallel.hpp"
+#include "core/simd.hpp"
 
 namespace hg::cpu {
 namespace {
 
-// One pass per row: log-sum-exp, the row loss and its gradient together.
-template <class T>
-double fused_rows(const Tensor& logits, const std::vector<double>& targets, int64_t vocab, int64_t ignore_index,
-                  double inv_count, Tensor& dlogits) {
-  const T* x_all = logits.data<T>();
-  T* dx_all = dlogits.data<T>();
-  double total = 0;
-  for (size_t r = 0; r < targets.size(); ++r) {
-    const T* x = x_all + static_cast<int64_t>(r) * vocab;
-    T* dx = dx_all + static_cast<int64_t>(r) * vocab;
-    if (targets[r] == static_cast<double>(ignore_index)) {
-      for (int64_t j = 0; j < vocab; ++j) dx[j] = 0;
-      continue;
-    }
-    const auto target = static_cast<int64_t>(targets[r]);
-    T m = x[0];
-    for (int64_t j = 1; j < vocab; ++j) m = x[j] > m ? x[j] : m;
-    double s = 0;
-    for (int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(x[j] - m));
-    // Relative to the max, so large offsets keep their digits (see docs/cross_entropy.md).
-    const double log_s = std::log(s);
-    for (int64_t j = 0; j < vocab; ++j) {
-      const double z = static_cast<double>(x[j] - m) - log_s;  // the target's p - 1 as expm1 (no cancellation)
-      dx[j] = static_cast<T>((j == target ? std::expm1(z) : std::exp(z)) * inv_count);
-    }
-    total += log_s - static_cast<double>(x[target] - m);
+// ---------------------------------------------------------------- float32
+// SIMD exp (core/simd.hpp, 1.2 ulp), sums in double. The target's gradient
+// p_t - 1 = -(sum of the other weights) / s, formed without cancellation.
+using simd::Floats;
+using simd::kLanes;
+
+// Eight interleaved double lanes in a fixed order (vectorised, same bits on every ISA).
+HG_SIMD_INLINE double sum_to_double(const float* x, int64_t n) {
+  double lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(x[i + j]);
+  for (; i < n; ++i) lane[0] += static_cast<double>(x[i]);
+  double s = 0;
+  for (double v : lane) s += v;
+  return s;
+}
+
+// One row: writes (p - onehot) * inv_count into dx, returns log s - (x_t - m).
+HG_SIMD_CLONES double row_f32(const float* x, float* dx, int64_t vocab, int64_t target, double inv_count) {
+  constexpr float inf = __builtin_inff();
+  Floats vmax = simd::splat(-inf);
+  int64_t i = 0;
+  for (; i + kLanes <= vocab; i += kLanes) {
+    const Floats v = simd::load(x + i);
+    vmax = v > vmax ? v : vmax;
   }
+  if (i < vocab) {
+    const Floats v = simd::load_partial(x + i, vocab - i, -inf);
+    vmax = v > vmax ? v : vmax;
+  }
+  const float m = simd::max_lanes(vmax);
+  // The weights e_j = exp(x_j - m) in (0, 1] (NaN and inf logits give NaN, as x - m does).
+  simd::transform(x, dx, vocab, [m](Floats v) HG_SIMD_LAMBDA { return simd::exp(v - m); });
+  const float e_target = dx[target];
+  dx[target] = 0;
+  const double others = sum_to_double(dx, vocab), s = others + e_target;
+  const float scale = static_cast<float>(inv_count / s);
+  simd::transform(dx, dx, vocab, [scale](Floats e) HG_SIMD_LAMBDA { return e * scale; });
+  dx[target] = static_cast<float>(0.0 - others / s * inv_count);  // 0.0 -: +0 for a single class
+  return std::log(s) - static_cast<double>(x[target] - m);
+}
+
+// ---------------------------------------------------------------- float64
+// Relative to the max, so large offsets keep their digits (docs/cross_entropy.md).
+double row_f64(const double* x, double* dx, int64_t vocab, int64_t target, double inv_count) {
+  double m = x[0];
+  for (int64_t j = 1; j < vocab; ++j) m = x[j] > m ? x[j] : m;
+  double s = 0;
+  for (int64_t j = 0; j < vocab; ++j) s += std::exp(x[j] - m);
+  const double log_s = std::log(s);
+  for (int64_t j = 0; j < vocab; ++j) {
+    const double z = (x[j] - m) - log_s;  // the target's p - 1 as expm1 (no cancellation)
+    dx[j] = (j == target ? std::expm1(z) : std::exp(z)) * inv_count;
+  }
+  return log_s - (x[target] - m);
+}
+
+// Rows in tasks of about 16K elements; the row losses are added in row order
+// afterwards, so the loss has the same bits at any thread count.
+template <class T, class Row>
+double fused_rows(const Tensor& logits, const std::vector<double>& targets, int64_t vocab, int64_t ignore_index,
+                  double inv_count, Tensor& dlogits, const Row& row) {
+  const T* x = logits.data<T>();
+  T* dx = dlogits.data<T>();
+  const auto rows = static_cast<int64_t>(targets.size());
+  std::vector<double> loss(targets.size(), 0.0);
+  const int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / vocab);
+  parallel_for(pieces(rows, per), rows * vocab, [&](int64_t t) {
+    for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) {
+      const double target = targets[static_cast<size_t>(r)];
+      if (target == static_cast<double>(ignore_index)) {
+        std::fill(dx + r * vocab, dx + (r + 1) * vocab, T(0));
+        continue;
+      }
+      loss[static_cast<size_t>(r)] =
+          row(x + r * vocab, dx + r * vocab, vocab, static_cast<int64_t>(target), inv_count);
+    }
+  });
+  double total = 0;
+  for (double l : loss) total += l;
   return total * inv_count;
 }
 
@@ -39,8 +97,9 @@ double fused_rows(const Tensor& logits, const std::vector<double>& targets, int6
 
 double cross_entropy_forward(const Tensor& logits, const std::vector<double>& targets, int64_t vocab,
                              int64_t ignore_index, double inv_count, Tensor& dlogits) {
-  return logits.dtype() == DType::F32 ? fused_rows<float>(logits, targets, vocab, ignore_index, inv_count, dlogits)
-                                      : fused_rows<double>(logits, targets, vocab, ignore_index, inv_count, dlogits);
+  if (logits.dtype() == DType::F32)
+    return fused_rows<float>(logits, targets, vocab, ignore_index, inv_count, dlogits, row_f32);
+  return fused_rows<double>(logits, targets, vocab, ignore_index, inv_count, dlogits, row_f64);
 }
 
 }  // namespace hg::cpu

@@ -1,0 +1,90 @@
+#include "core/cpu_gemm.hpp"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "core/isa/gemm_level.hpp"
+
+namespace hg::cpu {
+namespace {
+
+using isa::GemmKernels;
+
+// Whether the CPU (and the OS, which must save the wide registers) runs code
+// built for these levels. GCC checks the whole level; clang 14 knows only
+// single features, of which these are the ones the GEMM's code needs.
+[[maybe_unused]] bool cpu_runs_v3() {
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  return __builtin_cpu_supports("x86-64-v3");
+#else
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+         __builtin_cpu_supports("bmi2");
+#endif
+}
+
+[[maybe_unused]] bool cpu_runs_v4() {
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  return __builtin_cpu_supports("x86-64-v4");
+#else
+  return cpu_runs_v3() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512cd");
+#endif
+}
+
+// HG_GEMM_PER_LEVEL: core/CMakeLists.txt built the x86-64-v3 and -v4 objects.
+std::vector<GemmKernels> available() {
+  std::vector<GemmKernels> levels{isa::gemm_baseline()};
+#if defined(HG_GEMM_PER_LEVEL)
+  __builtin_cpu_init();
+  if (cpu_runs_v3()) levels.push_back(isa::gemm_x86_64_v3());
+  if (cpu_runs_v4()) levels.push_back(isa::gemm_x86_64_v4());
+#endif
+  return levels;
+}
+
+const std::vector<GemmKernels>& levels() {
+  static const std::vector<GemmKernels> all = available();
+  return all;
+}
+
+std::string allowed_levels() {
+  std::string s;
+  for (const GemmKernels& k : levels()) s += (s.empty() ? "" : ", ") + std::string(k.level);
+  return s;
+}
+
+const GemmKernels* find_level(const std::string& name, const char* who) {
+  for (const GemmKernels& k : levels())
+    if (name == k.level) return &k;
+  fail(who, "'", name, "' is not a GEMM level this build runs on this CPU: allowed ", allowed_levels());
+}
+
+const GemmKernels* initial_level() {
+  const char* env = std::getenv("HG_GEMM_LEVEL");
+  if (env != nullptr && *env != '\0') return find_level(env, "HG_GEMM_LEVEL");
+  return &levels().back();
+}
+
+std::atomic<const GemmKernels*>& current() {
+  static std::atomic<const GemmKernels*> k{initial_level()};
+  return k;
+}
+
+}  // namespace
+
+void gemm(const GemmBlock<float>& g) { current().load(std::memory_order_relaxed)->f32(g); }
+void gemm(const GemmBlock<double>& g) { current().load(std::memory_order_relaxed)->f64(g); }
+
+std::vector<std::string> gemm_levels() {
+  std::vector<std::string> names;
+  for (const GemmKernels& k : levels()) names.push_back(k.level);
+  return names;
+}
+
+std::string gemm_level() { return current().load()->level; }
+
+void set_gemm_level(const std::string& level) { current().store(find_level(level, "set_gemm_level")); }
+
+}  // namespace hg::cpu

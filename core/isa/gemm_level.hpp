@@ -1,0 +1,19 @@
+#pragma once
+// The table one compilation of core/isa/gemm_level.cpp exports. Declarations
+// only: this header is read by objects built for different CPU levels, so it
+// must not define any function the linker could share between them.
+#include "core/cpu_gemm.hpp"
+
+namespace hg::cpu::isa {
+
+struct GemmKernels {
+  const char* level;
+  void (*f32)(const GemmBlock<float>&);
+  void (*f64)(const GemmBlock<double>&);
+};
+
+GemmKernels gemm_baseline();
+GemmKernels gemm_x86_64_v3();
+GemmKernels gemm_x86_64_v4();
+
+}  // namespace hg::cpu::isa
