@@ -178,6 +178,21 @@ class CrossEntropy(unittest.TestCase):
         with self.assertRaises(hg.Error):
             hg.cross_entropy_forward(hg.zeros((2, 4)), hg.tensor([1, 2, 3]), -100)
 
+    def test_on_device_changes_nothing_on_the_cpu(self):
+        """on_device=True skips the host read only on CUDA (tests/test_torch.py's GPU case)."""
+        loss, saved = hg.cross_entropy_forward(hg.ones((3, 4)), hg.tensor([0, -100, 3]), -100, on_device=True)
+        self.assertEqual(saved.n_valid, 2)
+        self.assertAlmostEqual(loss.item(), np.log(4), places=6)
+        with self.assertRaisesRegex(hg.Error, "target 7"):
+            hg.cross_entropy_forward(hg.zeros((2, 4)), hg.tensor([1, 7]), -100, on_device=True)
+
+
+class Streams(unittest.TestCase):
+    def test_set_cuda_stream_checks_its_argument(self):
+        hg.set_cuda_stream(None)  # handgrad's own stream: already in use, nothing to do
+        with self.assertRaisesRegex(hg.Error, "expected a cudaStream_t as an int"):
+            hg.set_cuda_stream("default")
+
 
 # A fresh interpreter that loads other C++ code first: NumPy (2.x loads libstdc++.so.6) and, for
 # a NumPy that does not, libstdc++.so.6 itself. Then errors whose messages format doubles.
