@@ -66,17 +66,18 @@ class _LayerNormFunction(torch.autograd.Function):
         w = torch.ones(D, dtype=math, device=x.device) if weight is None else weight.to(math)
         b = torch.zeros(D, dtype=math, device=x.device) if bias is None else bias.to(math)
         s = _stream_for(x)
-        y, saved = _hg.layernorm_forward(_to_hg(x, s), _to_hg(w, s), _to_hg(b, s), eps)
-        ctx.saved = saved
+        hx, hw = _to_hg(x, s), _to_hg(w, s)
+        y, saved = _hg.layernorm_forward(hx, hw, _to_hg(b, s), eps)
+        ctx.saved, ctx.hx, ctx.hw = saved, hx, hw  # the backward reuses these views (no new crossings)
         ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        ctx.save_for_backward(x, w)
+        ctx.save_for_backward(x, w)  # for PyTorch's in-place modification check
         return _to_torch(y, s)
 
     @staticmethod
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
+        x, _ = ctx.saved_tensors
         s = _stream_for(x)
-        dx, dw, db = _hg.layernorm_backward(_to_hg(dy.to(x.dtype), s), _to_hg(x, s), _to_hg(w, s), ctx.saved)
+        dx, dw, db = _hg.layernorm_backward(_to_hg(dy.to(x.dtype), s), ctx.hx, ctx.hw, ctx.saved)
         w_dtype, b_dtype = ctx.param_dtypes
         dw = None if w_dtype is None else _to_torch(dw, s).to(w_dtype)
         db = None if b_dtype is None else _to_torch(db, s).to(b_dtype)
@@ -151,15 +152,15 @@ class _AttentionSoftmaxFunction(torch.autograd.Function):
             raise _hg.Error(f"attention_softmax: a mask or causal=True needs scores (B, H, Tq, Tk), got "
                             f"{tuple(scores.shape)}")
         out = _to_torch(y, s)
-        ctx.scale = scale
-        ctx.save_for_backward(out)
+        ctx.scale, ctx.hy = scale, y  # the backward reuses handgrad's view of the output
+        ctx.save_for_backward(out)  # for PyTorch's in-place modification check
         return out
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
         s = _stream_for(y)
-        dx = _hg.softmax_backward(_to_hg(dy.to(y.dtype), s), _to_hg(y, s), ctx.scale)
+        dx = _hg.softmax_backward(_to_hg(dy.to(y.dtype), s), ctx.hy, ctx.scale)
         return _to_torch(dx, s), None, None, None
 
 
