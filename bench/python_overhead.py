@@ -52,6 +52,11 @@ def main():
         theirs = per_call(lambda: F.layer_norm(t, (8,), w, bias), a.calls // 4, a.repeats)
     print(f"torch {torch.__version__}, no_grad: handgrad.torch.layer_norm {ours * us:6.2f} us   "
           f"F.layer_norm {theirs * us:6.2f} us")
+    t.requires_grad_()  # forward + backward through autograd (the backward's Python call included)
+    ours = per_call(lambda: hgt.layer_norm(t, w, bias).sum().backward(), a.calls // 4, a.repeats)
+    theirs = per_call(lambda: F.layer_norm(t, (8,), w, bias).sum().backward(), a.calls // 4, a.repeats)
+    print(f"torch {torch.__version__}, forward + backward (+ sum): handgrad.torch.layer_norm {ours * us:6.2f} us   "
+          f"F.layer_norm {theirs * us:6.2f} us")
 
 
 if __name__ == "__main__":

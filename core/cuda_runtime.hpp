@@ -32,6 +32,18 @@ void empty_cache();  // returns cached blocks to the driver
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void synchronize();
 
+// The stream all of handgrad's GPU work runs on. By default handgrad's own
+// non-blocking stream; set_stream(handle) moves it to another stream (a
+// cudaStream_t as an integer, 0 the legacy default stream), e.g. PyTorch's
+// current stream, so handgrad's kernels interleave with the caller's in issue
+// order without events. The new stream first waits for everything queued on
+// the old one, so handgrad's work stays one ordered sequence (what the caching
+// allocator relies on). Refused while the current stream is being captured.
+// use_own_stream() goes back to handgrad's own stream.
+intptr_t current_stream();
+void set_stream(intptr_t handle);
+void use_own_stream();
+
 // A CUDA graph of the work queued on the handgrad stream between
 // begin_capture() and end_capture(); replay() launches it again in one call.
 // Nothing runs during a capture. While capturing, the caching allocator

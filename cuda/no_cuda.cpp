@@ -37,6 +37,9 @@ void reset_peak_memory() { no_cuda("gpu::reset_peak_memory"); }
 void empty_cache() { no_cuda("gpu::empty_cache"); }
 void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda("gpu::copy_bytes"); }
 void synchronize() { no_cuda("gpu::synchronize"); }
+intptr_t current_stream() { return 0; }  // nothing runs on a stream without CUDA
+void set_stream(intptr_t) { no_cuda("gpu::set_stream"); }
+void use_own_stream() {}
 
 Graph::~Graph() = default;
 void Graph::begin_capture() { no_cuda("gpu::Graph::begin_capture"); }

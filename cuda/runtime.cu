@@ -3,6 +3,7 @@
 // handle. Long-lived objects (stream, allocator, handle) are created on first
 // use and deliberately never destroyed: tensors held in static storage may be
 // released after main() returns, and the driver reclaims everything at exit.
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -29,9 +30,11 @@ bool built_with_cuda() { return true; }
   throw Error(os.str());
 }
 
-cudaStream_t stream() {
-  // Non-blocking: it does not synchronise with the legacy default stream, so
-  // third-party work there cannot stall handgrad (and vice versa).
+namespace {
+
+// handgrad's own stream. Non-blocking: it does not synchronise with the legacy
+// default stream, so third-party work there cannot stall handgrad (and vice versa).
+cudaStream_t own_stream() {
   static cudaStream_t s = [] {
     cudaStream_t created = nullptr;
     HG_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
@@ -39,6 +42,52 @@ cudaStream_t stream() {
   }();
   return s;
 }
+
+// The stream in use, as set_stream's handle; kOwnStream: own_stream().
+constexpr intptr_t kOwnStream = -1;
+std::atomic<intptr_t> current_handle{kOwnStream};
+
+cudaStream_t to_stream(intptr_t handle) {
+  return handle == kOwnStream ? own_stream() : reinterpret_cast<cudaStream_t>(handle);
+}
+
+// 0 and cudaStreamLegacy (1) name the same stream (handgrad is not built with
+// per-thread default streams).
+bool same_stream(cudaStream_t a, cudaStream_t b) {
+  auto canonical = [](cudaStream_t s) { return s == nullptr ? cudaStreamLegacy : s; };
+  return canonical(a) == canonical(b);
+}
+
+}  // namespace
+
+cudaStream_t stream() { return to_stream(current_handle.load(std::memory_order_relaxed)); }
+
+intptr_t current_stream() { return reinterpret_cast<intptr_t>(stream()); }
+
+void set_stream(intptr_t handle) {
+  if (handle == current_handle.load(std::memory_order_relaxed)) return;
+  const cudaStream_t prev = stream(), next = to_stream(handle);
+  if (same_stream(prev, next)) {
+    current_handle.store(handle, std::memory_order_relaxed);
+    return;
+  }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  HG_CUDA_CHECK(cudaStreamIsCapturing(prev, &capturing));
+  HG_CHECK(capturing == cudaStreamCaptureStatusNone, "gpu::set_stream",
+           "the current stream is being captured into a CUDA graph; end the capture first");
+  // The new stream waits for everything queued so far on the old one, so all
+  // of handgrad's work stays one sequence in issue order (the caching
+  // allocator's argument below). Destroying an event with a pending wait is allowed.
+  cudaEvent_t joined = nullptr;
+  HG_CUDA_CHECK(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming));
+  cudaError_t err = cudaEventRecord(joined, prev);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(next, joined, 0);
+  cudaEventDestroy(joined);
+  HG_CUDA_CHECK(err);
+  current_handle.store(handle, std::memory_order_relaxed);
+}
+
+void use_own_stream() { set_stream(kOwnStream); }
 
 int device_count() {
   int n = 0;
@@ -59,7 +108,8 @@ void set_device(int ordinal) {
 // ---- caching allocator ------------------------------------------------------
 //
 // Why reuse is safe without events: every handgrad kernel, copy and cuBLAS
-// call runs on the one stream, in issue order. When a tensor is released its
+// call runs on the one stream, in issue order (set_stream may change which
+// stream that is, but the new one first waits for all work on the old). When a tensor is released its
 // last uses are already queued on that stream; any later user of the same
 // block queues its work after them, so the stream finishes the old reads and
 // writes before the new ones start. A freed block can therefore be handed out
@@ -427,11 +477,17 @@ cublasHandle_t cublas_handle() {
   static cublasHandle_t handle = [] {
     cublasHandle_t h = nullptr;
     HG_CUBLAS_CHECK(cublasCreate(&h));
-    HG_CUBLAS_CHECK(cublasSetStream(h, stream()));
     HG_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     HG_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST));
     return h;
   }();
+  static cudaStream_t bound = nullptr;
+  static bool bound_once = false;
+  if (!bound_once || bound != stream()) {  // set_stream changed it (or first use)
+    HG_CUBLAS_CHECK(cublasSetStream(handle, stream()));
+    bound = stream();
+    bound_once = true;
+  }
   return handle;
 }
 

@@ -118,6 +118,40 @@ TEST_CASE("cuda runtime: device facts", "[cuda]") {
   CHECK(x.at({(1 << 20) - 1}) == 1.0);
 }
 
+TEST_CASE("cuda runtime: set_stream moves the work in order; refused while capturing", "[cuda]") {
+  HG_REQUIRE_GPU();
+  const intptr_t own = hg::gpu::current_stream();
+  CHECK(own != 0);  // handgrad's own stream, not the legacy default one
+  hg::Generator gen(5);
+  const Tensor x = Tensor::randn({1024, 4096}, gen, DType::F32, Device::CUDA);
+  Tensor y = Tensor::empty(x.shape(), DType::F32, Device::CUDA);
+  hg::cuda_backend().map(UnaryOp::Exp, x, y);
+  const std::vector<double> want = y.to_vector();
+  for (int round = 0; round < 3; ++round) {
+    y.fill_(0.0);
+    hg::cuda_backend().map(UnaryOp::Exp, x, y);  // queued on the own stream
+    hg::gpu::set_stream(0);                       // the legacy default stream waits for it
+    CHECK(hg::gpu::current_stream() == 0);
+    Tensor z = Tensor::empty(x.shape(), DType::F32, Device::CUDA);
+    hg::cuda_backend().map(UnaryOp::Neg, y, z);
+    hg::cuda_backend().map(UnaryOp::Neg, z, z);
+    y = Tensor();  // its block goes back to the cache; the next allocation may take it on the own stream
+    hg::gpu::use_own_stream();
+    CHECK(hg::gpu::current_stream() == own);
+    y = Tensor::empty(x.shape(), DType::F32, Device::CUDA);
+    CHECK(z.to_vector() == want);
+  }
+  hg::gpu::set_stream(0);
+  hg::gpu::set_stream(1);  // cudaStreamLegacy: the same stream, nothing to order
+  hg::gpu::use_own_stream();
+  hg::gpu::Graph graph;
+  graph.begin_capture();
+  const std::string msg = hg::test::thrown_message([] { hg::gpu::set_stream(0); });
+  graph.abort_capture();
+  CHECK(hg::test::contains(msg, "being captured"));
+  CHECK(hg::gpu::current_stream() == own);
+}
+
 // Tolerance of a CUDA map result against the float64 reference (see top of file).
 std::pair<double, double> map_tolerance(UnaryOp op, DType dtype) {
   if (dtype == DType::F64) return {1e-13, 1e-13};

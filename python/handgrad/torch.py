@@ -7,10 +7,11 @@
     hgt.swap_layernorms(model)                          # every nn.LayerNorm of a model, in place
 
 Tensors cross by DLPack without copies (non-contiguous inputs are made
-contiguous first, a copy). On CUDA, handgrad's work is ordered against the
-current PyTorch stream with events; the host never blocks. Dtypes: float32 and
-float64 on the CPU; float32 and bfloat16 on CUDA (math in float32). Details
-and limits: docs/python.md.
+contiguous first, a copy). On CUDA, handgrad's work runs on PyTorch's current
+stream (each call moves it there: handgrad.set_cuda_stream), so nothing needs
+an event and the host never blocks; cross-entropy checks its targets on the
+device (a bad target gives a NaN loss). Dtypes: float32 and float64 on the CPU;
+float32 and bfloat16 on CUDA (math in float32). Details and limits: docs/python.md.
 """
 import torch
 import torch.nn as nn
@@ -24,20 +25,31 @@ __all__ = ["LayerNorm", "AttentionSoftmax", "CrossEntropyLoss", "layer_norm", "a
 # ---- crossing between torch and handgrad (zero-copy) ------------------------------
 
 _to_dlpack = torch.utils.dlpack.to_dlpack  # torch's C function: a capsule (any tensor, grad or not)
+_from_capsule = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a C call; current_stream() builds objects
 
 
-def _to_hg(t):
+def _stream_for(t):
+    """Puts handgrad's CUDA work on PyTorch's current stream (a no-op when it is there already)
+    and returns that stream in DLPack's numbering (1 = legacy default); None for CPU tensors.
+    With both on one stream the DLPack crossings below need no events at all."""
+    if not t.is_cuda:
+        return None
+    s = _raw_stream(t.device.index) if _raw_stream is not None else torch.cuda.current_stream(t.device).cuda_stream
+    _hg.set_cuda_stream(s)
+    return s or 1
+
+
+def _to_hg(t, stream):
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.is_cuda:
-        # handgrad's stream waits for torch's current stream; when handgrad drops the memory,
-        # torch's stream waits for handgrad's queued reads.
-        return _hg.from_dlpack(_to_dlpack(t), stream=torch.cuda.current_stream(t.device).cuda_stream)
-    return _hg.from_dlpack(_to_dlpack(t))
+    # CUDA: handgrad's stream waits for `stream` (no-op when they are one); when handgrad drops
+    # the memory, `stream` waits for handgrad's queued reads.
+    return _hg.from_dlpack(_to_dlpack(t), stream=stream)
 
 
-def _to_torch(h):
-    return torch.utils.dlpack.from_dlpack(h)  # calls h.__dlpack__(stream=torch's current stream)
+def _to_torch(h, stream):
+    return _from_capsule(h.__dlpack__(stream=stream))  # `stream` sees handgrad's finished work
 
 
 def _math_dtype(dtype):
@@ -53,20 +65,23 @@ class _LayerNormFunction(torch.autograd.Function):
         math = _math_dtype(x.dtype)
         w = torch.ones(D, dtype=math, device=x.device) if weight is None else weight.to(math)
         b = torch.zeros(D, dtype=math, device=x.device) if bias is None else bias.to(math)
-        y, saved = _hg.layernorm_forward(_to_hg(x), _to_hg(w), _to_hg(b), eps)
-        ctx.saved = saved
+        s = _stream_for(x)
+        hx, hw = _to_hg(x, s), _to_hg(w, s)
+        y, saved = _hg.layernorm_forward(hx, hw, _to_hg(b, s), eps)
+        ctx.saved, ctx.hx, ctx.hw = saved, hx, hw  # the backward reuses these views (no new crossings)
         ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        ctx.save_for_backward(x, w)
-        return _to_torch(y)
+        ctx.save_for_backward(x, w)  # for PyTorch's in-place modification check
+        return _to_torch(y, s)
 
     @staticmethod
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        dx, dw, db = _hg.layernorm_backward(_to_hg(dy.to(x.dtype)), _to_hg(x), _to_hg(w), ctx.saved)
+        x, _ = ctx.saved_tensors
+        s = _stream_for(x)
+        dx, dw, db = _hg.layernorm_backward(_to_hg(dy.to(x.dtype), s), ctx.hx, ctx.hw, ctx.saved)
         w_dtype, b_dtype = ctx.param_dtypes
-        dw = None if w_dtype is None else _to_torch(dw).to(w_dtype)
-        db = None if b_dtype is None else _to_torch(db).to(b_dtype)
-        return _to_torch(dx), dw, db, None
+        dw = None if w_dtype is None else _to_torch(dw, s).to(w_dtype)
+        db = None if b_dtype is None else _to_torch(db, s).to(b_dtype)
+        return _to_torch(dx, s), dw, db, None
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
@@ -126,25 +141,27 @@ def _additive_mask(mask, scores):
 class _AttentionSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, mask, causal, scale):
+        s = _stream_for(scores)
         if scores.dim() == 4:
-            m = None if mask is None else _to_hg(_additive_mask(mask, scores))
-            y = _hg.attention_softmax_forward(_to_hg(scores), m, causal, scale)
+            m = None if mask is None else _to_hg(_additive_mask(mask, scores), s)
+            y = _hg.attention_softmax_forward(_to_hg(scores, s), m, causal, scale)
         elif mask is None and not causal:  # any shape: rows of the last dim
-            y = _hg.attention_softmax_forward(_to_hg(scores.reshape(1, 1, -1, scores.shape[-1])),
+            y = _hg.attention_softmax_forward(_to_hg(scores.reshape(1, 1, -1, scores.shape[-1]), s),
                                               None, False, scale).reshape(tuple(scores.shape))
         else:
             raise _hg.Error(f"attention_softmax: a mask or causal=True needs scores (B, H, Tq, Tk), got "
                             f"{tuple(scores.shape)}")
-        out = _to_torch(y)
-        ctx.scale = scale
-        ctx.save_for_backward(out)
+        out = _to_torch(y, s)
+        ctx.scale, ctx.hy = scale, y  # the backward reuses handgrad's view of the output
+        ctx.save_for_backward(out)  # for PyTorch's in-place modification check
         return out
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        dx = _hg.softmax_backward(_to_hg(dy.to(y.dtype)), _to_hg(y), ctx.scale)
-        return _to_torch(dx), None, None, None
+        s = _stream_for(y)
+        dx = _hg.softmax_backward(_to_hg(dy.to(y.dtype), s), ctx.hy, ctx.scale)
+        return _to_torch(dx, s), None, None, None
 
 
 def attention_softmax(scores, mask=None, causal=False, scale=1.0):
@@ -184,20 +201,26 @@ class _CrossEntropyFunction(torch.autograd.Function):
         if logits.shape[-1] > 2 ** 24:
             raise _hg.Error(f"cross_entropy: vocabulary {logits.shape[-1]} exceeds 2^24, the largest whose ids "
                             f"float32 holds exactly")
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()  # as torch.autocast does for cross_entropy
-        # handgrad keeps class ids as float32 (a small copy of the targets).
-        loss, saved = _hg.cross_entropy_forward(_to_hg(logits), _to_hg(target.to(torch.float32)), ignore_index)
+        # float32 math on bfloat16 logits is handgrad's own on CUDA; elsewhere, and for float16,
+        # the logits become float32 first, as torch.autocast does for cross_entropy.
+        if logits.dtype not in (torch.float32, torch.float64) and not (logits.is_cuda and logits.dtype == torch.bfloat16):
+            logits = logits.float()
+        s = _stream_for(logits)
+        # handgrad keeps class ids as float32 (a small copy of the targets). On CUDA the targets are
+        # checked and counted on the device (no host wait): a bad one makes the loss NaN.
+        loss, saved = _hg.cross_entropy_forward(_to_hg(logits, s), _to_hg(target.to(torch.float32), s), ignore_index,
+                                                on_device=logits.is_cuda)
         ctx.saved = saved
-        ctx.logits_dtype = logits.dtype
-        return _to_torch(loss)
+        ctx.is_cuda = logits.is_cuda
+        return _to_torch(loss, s)
 
     @staticmethod
     def backward(ctx, dloss):
-        if dloss.is_cuda:  # scale on the device: reading dloss on the host would block
-            dlogits = _to_torch(_hg.cross_entropy_backward(ctx.saved, 1.0)) * dloss
+        s = _stream_for(dloss)
+        if ctx.is_cuda:  # scale on the device: reading dloss on the host would block
+            dlogits = _to_torch(_hg.cross_entropy_backward(ctx.saved, 1.0), s) * dloss
         else:
-            dlogits = _to_torch(_hg.cross_entropy_backward(ctx.saved, float(dloss)))
+            dlogits = _to_torch(_hg.cross_entropy_backward(ctx.saved, float(dloss)), s)
         return dlogits, None, None
 
 

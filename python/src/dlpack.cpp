@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "dlpack.hpp"
@@ -231,7 +232,9 @@ Tensor dlpack_import(const py::object& obj, const py::object& stream_arg) {
   const auto dev = obj.attr("__dlpack_device__")().cast<std::pair<int, int>>();
   // A CUDA producer makes its data ready on handgrad's stream (an event wait, no host block).
   // No max_version: every producer (NumPy, PyTorch 1.10+, ...) answers with an unversioned capsule.
-  py::object hg_stream = dev.first == dlpack::kCUDA ? py::object(py::int_(handgrad_stream())) : py::object(py::none());
+  // DLPack names the legacy default stream 1 (0 is ambiguous there).
+  py::object hg_stream = py::none();
+  if (dev.first == dlpack::kCUDA) hg_stream = py::int_(handgrad_stream() == 0 ? kLegacyDefaultStream : handgrad_stream());
   return import_capsule(obj.attr("__dlpack__")(py::arg("stream") = hg_stream).cast<py::capsule>(), stream);
 }
 
@@ -253,7 +256,17 @@ void bind_dlpack(py::module_& m) {
         "orders its pending work before handgrad's stream itself; for a capsule handgrad orders `stream`\n"
         "first. When handgrad drops the memory, `stream` waits for handgrad's queued work, so the\n"
         "producer may reuse it there at once.");
-  m.def("cuda_stream", &handgrad_stream, "handgrad's CUDA stream handle as an int (0 without CUDA).");
+  m.def("cuda_stream", &handgrad_stream, "handgrad's current CUDA stream handle as an int (0 without CUDA).");
+  m.def("set_cuda_stream", [](const py::object& handle) {
+    if (handle.is_none()) return gpu::use_own_stream();
+    HG_CHECK(py::isinstance<py::int_>(handle), "set_cuda_stream", "expected a cudaStream_t as an int "
+             "(e.g. torch.cuda.current_stream().cuda_stream) or None, got ", py::str(py::type::of(handle)).cast<std::string>());
+    gpu::set_stream(handle.cast<intptr_t>());
+  }, py::arg("handle"),
+        "Runs handgrad's CUDA work on `handle` (a cudaStream_t as an int; 0 is the legacy default\n"
+        "stream) from now on; None: back to handgrad's own stream. The new stream first waits for\n"
+        "everything queued on the old one. With handgrad on the consumer's or producer's stream,\n"
+        "DLPack crossings need no events. handgrad.torch sets it to PyTorch's current stream.");
 }
 
 }  // namespace hg::python

@@ -54,12 +54,16 @@ void bind_ops(py::module_& m) {
 
   py::class_<CrossEntropySaved>(m, "CrossEntropySaved", "What cross_entropy_backward needs.")
       .def_readonly("n_valid", &CrossEntropySaved::n_valid);
-  m.def("cross_entropy_forward", [](const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  m.def("cross_entropy_forward", [](const Tensor& logits, const Tensor& targets, int64_t ignore_index, bool on_device) {
     CrossEntropySaved saved;
-    Tensor loss = cross_entropy_forward(logits, targets, ignore_index, &saved);
+    Tensor loss = on_device ? cross_entropy_forward_on_device(logits, targets, ignore_index, &saved)
+                            : cross_entropy_forward(logits, targets, ignore_index, &saved);
     return py::make_tuple(std::move(loss), std::move(saved));
-  }, py::arg("logits"), py::arg("targets"), py::arg("ignore_index") = -100,
-        "Mean cross-entropy of logits (..., V) against float32 class ids (...) -> (loss, saved).");
+  }, py::arg("logits"), py::arg("targets"), py::arg("ignore_index") = -100, py::kw_only(), py::arg("on_device") = false,
+        "Mean cross-entropy of logits (..., V) against float32 class ids (...) -> (loss, saved).\n"
+        "on_device=True: on CUDA in fused mode nothing is read back to the host (no wait): the targets\n"
+        "are counted on the device, a bad target makes the loss NaN instead of raising, and\n"
+        "saved.n_valid is -1. Elsewhere it changes nothing.");
   m.def("cross_entropy_backward", [](const CrossEntropySaved& s, double dloss) { return cross_entropy_backward(s, dloss); },
         py::arg("saved"), py::arg("dloss") = 1.0, "d loss / d logits.");
 }

@@ -11,7 +11,8 @@ namespace hg::python {
 intptr_t handgrad_stream() { return reinterpret_cast<intptr_t>(gpu::stream()); }
 
 void order_streams(intptr_t from, intptr_t to) {
-  if (from == to) return;
+  // 0 and 1 (cudaStreamLegacy) are both the legacy default stream.
+  if (from == to || (from <= 1 && to <= 1 && from >= 0 && to >= 0)) return;
   cudaEvent_t event = nullptr;
   HG_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   // Destroying an event with a pending wait is allowed: the wait still holds.

@@ -8,11 +8,13 @@
 
 namespace hg::python {
 
-// The one stream handgrad queues all its CUDA work on.
+// The stream handgrad queues its CUDA work on now (its own unless
+// set_cuda_stream chose another; 0 is the legacy default stream).
 intptr_t handgrad_stream();
 
 // Work queued later on `to` waits for everything queued so far on `from`
-// (an event recorded on `from`; the host does not block). No-op if equal.
+// (an event recorded on `from`; the host does not block). No-op if equal
+// (0 and 1 both name the legacy default stream).
 void order_streams(intptr_t from, intptr_t to);
 
 // The CUDA device handgrad allocates on (the current device), -1 without CUDA.

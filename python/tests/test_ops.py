@@ -1,5 +1,8 @@
 """The ops from Python: forward against NumPy float64 references, the hand-written
 backward against float64 finite differences, fused against unfused, and bad input."""
+import os
+import subprocess
+import sys
 import unittest
 
 import numpy as np
@@ -174,6 +177,47 @@ class CrossEntropy(unittest.TestCase):
             hg.cross_entropy_forward(hg.zeros((2, 4)), hg.tensor([1, 2], "float64"), -100)
         with self.assertRaises(hg.Error):
             hg.cross_entropy_forward(hg.zeros((2, 4)), hg.tensor([1, 2, 3]), -100)
+
+    def test_on_device_changes_nothing_on_the_cpu(self):
+        """on_device=True skips the host read only on CUDA (tests/test_torch.py's GPU case)."""
+        loss, saved = hg.cross_entropy_forward(hg.ones((3, 4)), hg.tensor([0, -100, 3]), -100, on_device=True)
+        self.assertEqual(saved.n_valid, 2)
+        self.assertAlmostEqual(loss.item(), np.log(4), places=6)
+        with self.assertRaisesRegex(hg.Error, "target 7"):
+            hg.cross_entropy_forward(hg.zeros((2, 4)), hg.tensor([1, 7]), -100, on_device=True)
+
+
+class Streams(unittest.TestCase):
+    def test_set_cuda_stream_checks_its_argument(self):
+        hg.set_cuda_stream(None)  # handgrad's own stream: already in use, nothing to do
+        with self.assertRaisesRegex(hg.Error, "expected a cudaStream_t as an int"):
+            hg.set_cuda_stream("default")
+
+
+# A fresh interpreter that loads other C++ code first: NumPy (2.x loads libstdc++.so.6) and, for
+# a NumPy that does not, libstdc++.so.6 itself. Then errors whose messages format doubles.
+_OTHERS_FIRST = """
+import ctypes, numpy
+ctypes.CDLL("libstdc++.so.6")
+import handgrad as hg
+for call in (lambda: hg.cross_entropy_forward(hg.zeros((2, 4)), hg.tensor([1, 7.5]), -100),
+             lambda: hg.layernorm_forward(hg.zeros((2, 4)), hg.ones(4), hg.zeros(4), -0.25)):
+    try:
+        call()
+    except hg.Error as e:
+        print("caught:", e)
+"""
+
+
+class ErrorsWithOtherCxxLoadedFirst(unittest.TestCase):
+    def test_errors_with_doubles_after_numpy(self):
+        """On the GPU machine a static libstdc++ inside _C.so made this segfault (docs/python.md)."""
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(hg.__file__))))
+        r = subprocess.run([sys.executable, "-c", _OTHERS_FIRST], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 0, f"the interpreter died (rc {r.returncode}): {r.stderr[-2000:]}")
+        self.assertIn("target 7.5 at flat position 1", r.stdout)
+        self.assertIn("-0.25", r.stdout)
 
 
 if __name__ == "__main__":

@@ -222,6 +222,48 @@ class Cuda(unittest.TestCase):
         (F.cross_entropy(z2, t) * 3).backward()
         torch.testing.assert_close(z.grad, z2.grad)
 
+    def test_handgrad_runs_on_torchs_current_stream(self):
+        """handgrad.torch moves handgrad's work onto PyTorch's current stream, so no events are
+        needed between them; results stay right on a side stream and back on the default one."""
+        x = torch.randn(64, 512, device="cuda", requires_grad=True)
+        w, b = torch.randn(512, device="cuda"), torch.randn(512, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = hgt.layer_norm(x * 3, w, b)  # x * 3 is queued on the side stream just before
+            self.assertEqual(hg.cuda_stream(), side.cuda_stream)
+            y.sum().backward()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.testing.assert_close(y, F.layer_norm(x * 3, (512,), w, b), rtol=1e-4, atol=1e-4)
+        grad = x.grad.clone()
+        x.grad = None
+        F.layer_norm(x * 3, (512,), w, b).sum().backward()
+        torch.testing.assert_close(grad, x.grad, rtol=1e-4, atol=1e-4)
+        p = hgt.softmax(torch.randn(4, 100, device="cuda"))
+        self.assertEqual(hg.cuda_stream(), torch.cuda.current_stream().cuda_stream)
+        torch.testing.assert_close(p.sum(-1), torch.ones(4, device="cuda"))
+        hg.set_cuda_stream(None)
+        self.assertNotEqual(hg.cuda_stream(), torch.cuda.current_stream().cuda_stream)
+
+    def test_cross_entropy_on_cuda_reads_nothing_back(self):
+        """On CUDA the targets are counted on the device: a bad target gives a NaN loss (no host
+        read, no exception), bf16 logits are read directly and get a bf16 gradient."""
+        z = torch.randn(64, 300, device="cuda")
+        t = torch.randint(0, 300, (64,), device="cuda")
+        t[5] = 300
+        self.assertTrue(torch.isnan(hgt.cross_entropy(z, t)).item())
+        t[5] = -100
+        zb = z.to(torch.bfloat16).requires_grad_()
+        loss = hgt.cross_entropy(zb, t)
+        self.assertEqual(loss.dtype, torch.float32)
+        zf = zb.detach().float().requires_grad_()
+        ref = F.cross_entropy(zf, t)
+        torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)  # float32 math on the same bf16 values
+        (loss * 2).backward()
+        (ref * 2).backward()
+        self.assertEqual(zb.grad.dtype, torch.bfloat16)
+        torch.testing.assert_close(zb.grad.float(), zf.grad, rtol=1e-2, atol=1e-4)  # bf16 rounding of the gradient
+
 
 if __name__ == "__main__":
     unittest.main()
