@@ -92,6 +92,13 @@ class Backend {
   virtual void fill(Tensor& out, double value) = 0;
   virtual void cast(const Tensor& src, Tensor& out) = 0;
 
+  // Inverted-dropout mask: out[i] = keep if uniform(seed, counter + i) >= p
+  // else 0, where uniform is hg::Generator's stream (core/random_stream.hpp)
+  // and keep = 1 / (1 - p) converted to out's dtype as a fill would. Every
+  // device draws the same mask from the same (seed, counter), bit for bit,
+  // with no host work per element. p in [0, 1).
+  virtual void dropout_mask(Tensor& out, uint64_t seed, uint64_t counter, double p) = 0;
+
   // out = x with dims dim0 and dim1 (already normalised) swapped, as a
   // contiguous copy. The default stages through the host so every backend has
   // it; a device backend overrides it with a kernel to avoid the round trip.

@@ -15,6 +15,7 @@
 #include "core/indexing.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/parallel.hpp"
+#include "core/random_stream.hpp"
 #include "core/transpose_plan.hpp"
 
 namespace hg {
@@ -444,6 +445,17 @@ void scatter_add_rows_typed(const Tensor& grad, const std::vector<int32_t>& idx,
 }
 
 
+// ---------------------------------------------------------------- dropout mask
+
+template <class T>
+void dropout_mask_typed(T* out, int64_t n, uint64_t seed, uint64_t counter, double p, T keep) {
+  const uint64_t key = random_stream::key(seed);
+  for_chunks(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      out[i] = random_stream::uniform_at(key, counter + static_cast<uint64_t>(i)) >= p ? keep : T{};
+  });
+}
+
 class CpuBackend final : public Backend {
  public:
   void map(UnaryOp op, const Tensor& x, Tensor& out) override {
@@ -520,6 +532,23 @@ class CpuBackend final : public Backend {
       case DType::F16:
         std::fill_n(static_cast<f16_t*>(p), n, float_to_half(static_cast<float>(value)));
         return;
+    }
+  }
+
+  void dropout_mask(Tensor& out, uint64_t seed, uint64_t counter, double p) override {
+    HG_CHECK(out.defined(), "dropout_mask", "out is an undefined tensor");
+    out.check_device(Device::CPU, "dropout_mask");
+    HG_CHECK(p >= 0.0 && p < 1.0, "dropout_mask", "p must be in [0, 1), got ", p);
+    const double keep = 1.0 / (1.0 - p);
+    const int64_t n = out.numel();
+    void* o = out.raw_data();
+    switch (out.dtype()) {
+      case DType::F32: return dropout_mask_typed(static_cast<float*>(o), n, seed, counter, p, static_cast<float>(keep));
+      case DType::F64: return dropout_mask_typed(static_cast<double*>(o), n, seed, counter, p, keep);
+      case DType::BF16:
+        return dropout_mask_typed(static_cast<bf16_t*>(o), n, seed, counter, p, float_to_bf16(static_cast<float>(keep)));
+      case DType::F16:
+        return dropout_mask_typed(static_cast<f16_t*>(o), n, seed, counter, p, float_to_half(static_cast<float>(keep)));
     }
   }
 

@@ -220,8 +220,9 @@ double clip_grad_norm(const std::vector<Parameter*>& params, double max_norm) {
   // A non-finite norm has no meaningful scale: leave grads alone and let the caller see it and skip the step.
   if (!std::isfinite(norm) || norm <= max_norm) return norm;
   const double scale = max_norm / norm;
+  Tensor factor;  // made once per dtype, not per gradient (one fill launch each on CUDA)
   for (Tensor& g : grads) {
-    const Tensor factor = Tensor::full({1}, scale, g.dtype(), device);
+    if (!factor.defined() || factor.dtype() != g.dtype()) factor = Tensor::full({1}, scale, g.dtype(), device);
     backend_for(device).zip(BinaryOp::Mul, g, factor, g);
   }
   return norm;

@@ -20,6 +20,7 @@
 #include "core/gemm_check.hpp"
 #include "core/matmul_shape.hpp"
 #include "core/optimizer_ops.hpp"
+#include "core/random_stream.hpp"
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
@@ -453,6 +454,22 @@ void launch_fill(void* out, int64_t n, Bits value) {
   HG_CUDA_CHECK_LAUNCH("fill_kernel");
 }
 
+// Inverted-dropout mask from hg::Generator's stream (core/random_stream.hpp):
+// element i keeps (`keep`, the dtype's bits of 1 / (1 - p)) when the
+// (counter + i)-th uniform of the seed's stream is >= p, as on the host.
+template <class Bits>
+__global__ void dropout_mask_kernel(Bits* out, int64_t n, uint64_t key, uint64_t counter, double p, Bits keep) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = random_stream::uniform_at(key, counter + static_cast<uint64_t>(i)) >= p ? keep : Bits(0);
+}
+
+template <class Bits>
+void launch_dropout_mask(void* out, int64_t n, uint64_t seed, uint64_t counter, double p, Bits keep) {
+  dropout_mask_kernel<Bits><<<grid_for(n), kThreads, 0, gpu::stream()>>>(static_cast<Bits*>(out), n,
+                                                                        random_stream::key(seed), counter, p, keep);
+  HG_CUDA_CHECK_LAUNCH("dropout_mask_kernel");
+}
+
 template <class Half>
 uint16_t half_bits(Half h) {
   static_assert(sizeof(Half) == sizeof(uint16_t), "16-bit type expected");
@@ -662,6 +679,24 @@ class CudaBackend final : public Backend {
         return launch_fill<uint16_t>(out.raw_data(), n, half_bits(__float2half_rn(static_cast<float>(value))));
     }
     fail("cuda fill", "unknown dtype ", static_cast<int>(out.dtype()));
+  }
+
+  void dropout_mask(Tensor& out, uint64_t seed, uint64_t counter, double p) override {
+    check_on_gpu("cuda dropout_mask", out);
+    HG_CHECK(p >= 0.0 && p < 1.0, "cuda dropout_mask", "p must be in [0, 1), got ", p);
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    const double keep = 1.0 / (1.0 - p);  // converted as fill converts
+    void* o = out.raw_data();
+    switch (out.dtype()) {
+      case DType::F32: return launch_dropout_mask<float>(o, n, seed, counter, p, static_cast<float>(keep));
+      case DType::F64: return launch_dropout_mask<double>(o, n, seed, counter, p, keep);
+      case DType::BF16:
+        return launch_dropout_mask<uint16_t>(o, n, seed, counter, p, half_bits(__float2bfloat16_rn(static_cast<float>(keep))));
+      case DType::F16:
+        return launch_dropout_mask<uint16_t>(o, n, seed, counter, p, half_bits(__float2half_rn(static_cast<float>(keep))));
+    }
+    fail("cuda dropout_mask", "unknown dtype ", static_cast<int>(out.dtype()));
   }
 
   void cast(const Tensor& src, Tensor& out) override {

@@ -77,6 +77,7 @@ struct Options {
   int64_t steps = 1200, warmup = 60, seed = 0;
   int words = 24, min_len = 4, max_len = 10, held_out = 500;
   int64_t eval_every = 200, print_every = 0;
+  int64_t profile_steps = 0;  // steps timed per op kind (from the run's 11th), 0: none
   int sample_bytes = 300;
   std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png";
   bool resume = false;
@@ -163,8 +164,12 @@ Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g) 
 // during the backward; the loss returned is this rank's (the caller sums).
 double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, const Batch& b,
                   cli::DataParallel* dp = nullptr, double weight = 1) {
-  const Tensor ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, device);
-  const Tensor targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, device);
+  Tensor ids, targets;
+  {
+    HG_PROFILE("upload", device);
+    ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, device);
+    targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, device);
+  }
   model.zero_grad();
   if (dp) dp->begin_step(weight);
   const Tensor logits = model.forward(ids);
@@ -377,6 +382,11 @@ void add_flags(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_option("--print-every", o.print_every, "steps between progress lines when not a terminal (0: auto)")
       ->check(CLI::Range(int64_t{0}, kBig));
+  app.add_option("--profile-steps", o.profile_steps,
+                 "time this many steps (from the run's 11th) per op kind, every op synchronized, and print the "
+                 "breakdown (those steps are left out of ms/step)")
+      ->check(CLI::Range(int64_t{0}, int64_t{100000}))
+      ->capture_default_str();
   auto* checkpoint = app.add_option(
       "--checkpoint", o.checkpoint,
       "save the model here (and the optimizer state to PATH.optim) at each evaluation, at the end and when stopped");
@@ -571,6 +581,10 @@ struct History {
   double last_loss = NAN;
   int64_t start_step = 0, end_step = 0;
   int stop_signal = 0;
+  // --profile-steps: per-kind totals and the wall time (batch to loss) of the profiled steps.
+  std::vector<prof::Entry> profile;
+  int64_t profiled_steps = 0;
+  double profiled_ms = 0;
 };
 
 struct EvalPoint {
@@ -661,14 +675,26 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
   std::signal(SIGTERM, on_stop_signal);
   int stop_signal = 0;
 
+  // --profile-steps: steps from the 11th of this run (after one-time costs).
+  const int64_t profile_from = start_step + 10, profile_to = profile_from + o.profile_steps;
+  if (o.profile_steps > 0) prof::reset();
   for (int64_t step = start_step; step < o.steps && stop_signal == 0; ++step) {
     const double lr = learning_rate(o, step);
     opt.set_lr(lr);
-    const Batch b = data.next();
+    const bool profiled = step >= profile_from && step < profile_to;
+    prof::enable(profiled);  // only around the batch and the step, never an evaluation
+    const auto t_batch = std::chrono::steady_clock::now();
+    Batch b;
+    {
+      HG_PROFILE("batch", Device::CPU);  // host: sampling, padding, framing
+      b = data.next();
+    }
     maybe_inject_fault(step + 1, model);
     dist::set_watch_step(step + 1);
     const auto t0 = std::chrono::steady_clock::now();
     double loss = train_step(model, opt, dev, o.clip, b, dp, data.weight);
+    const auto t1 = std::chrono::steady_clock::now();
+    prof::enable(false);
     stop_signal = g_stop_signal;
     if (dp) {
       // One host all-reduce: the global loss, and whether any rank was
@@ -679,10 +705,13 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
       if (v[1] != 0 && stop_signal == 0) stop_signal = SIGTERM;
       if (o.dp.check_sync) dp->check_sync(step + 1);
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     HG_CHECK(std::isfinite(loss), "train", "loss became ", loss, " at step ", step + 1);
     const double tokens = static_cast<double>(b.batch * b.seq * data.world);  // every rank's
-    if (step > start_step) {
+    if (profiled) {
+      ++h.profiled_steps;
+      h.profiled_ms += std::chrono::duration<double, std::milli>(t1 - t_batch).count();
+    } else if (step > start_step) {
       h.step_ms.push_back(ms);
       h.tokens += tokens;
       h.seconds += ms * 1e-3;
@@ -719,6 +748,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     if (eval_now) save_checkpoint(o, model, opt, dp);
   }
   if (progress) progress->finish();
+  if (h.profiled_steps > 0) h.profile = prof::entries();
   h.stop_signal = stop_signal;
   if (h.stop_signal != 0) {
     spdlog::warn("stopped by {} after step {}", h.stop_signal == SIGINT ? "SIGINT" : "SIGTERM", h.end_step);
@@ -754,6 +784,23 @@ void write_loss_plot(const Options& o, const History& h) {
   }
 }
 
+// --profile-steps: ms per step of each op kind (every op synchronized, so
+// a kind's time is its host and device time together), and what the steps
+// spent outside every op scope (module glue, zero_grad, reading the loss).
+void print_profile(const History& h) {
+  if (h.profiled_steps == 0) return;
+  const double n = static_cast<double>(h.profiled_steps);
+  std::printf("profile of %lld steps (every op synchronized), ms per step:", static_cast<long long>(h.profiled_steps));
+  double in_ops = 0;
+  for (const prof::Entry& e : h.profile) {
+    std::printf(" %s %.3f (%.0f calls)%s", e.kind.c_str(), e.total_ms / n, static_cast<double>(e.calls) / n,
+                &e == &h.profile.back() ? "" : ",");
+    in_ops += e.total_ms / n;
+  }
+  std::printf("\n  in op scopes %.3f + outside them %.3f = %.3f ms per profiled step\n", in_ops,
+              h.profiled_ms / n - in_ops, h.profiled_ms / n);
+}
+
 void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, History& h, double wall_s) {
   // Median: robust to the odd slow step on a shared machine.
   std::sort(h.step_ms.begin(), h.step_ms.end());
@@ -768,6 +815,7 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
                                             : static_cast<double>(o.batch * o.seq_len) / (median_ms * 1e-3);
   std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
               static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms, tokens_per_s);
+  print_profile(h);
   std::printf("final train loss %.4f\n", h.last_loss);
   if (dev == Device::CUDA)
     std::printf("peak GPU memory %.1f MiB\n", static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20));

@@ -1,8 +1,8 @@
 #include "models/dropout.hpp"
 
 #include <cmath>
-#include <vector>
 
+#include "core/backend.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 
@@ -19,10 +19,11 @@ Tensor Dropout::forward(const Tensor& x) {
     return x;
   }
   HG_PROFILE("dropout", x.device());
-  const double keep_scale = 1.0 / (1.0 - p_);
-  std::vector<double> values(static_cast<size_t>(x.numel()));
-  for (double& v : values) v = gen_.uniform() >= p_ ? keep_scale : 0.0;
-  mask_ = Tensor::from_vector(values, x.shape(), x.dtype(), x.device());
+  // Drawn where x lives (a kernel on CUDA), element i from the generator's
+  // (counter + i)-th number: the mask a host loop of uniform() would make.
+  mask_ = Tensor::empty(x.shape(), x.dtype(), x.device());
+  backend_for(x.device()).dropout_mask(mask_, gen_.seed(), gen_.counter(), p_);
+  gen_.advance(static_cast<uint64_t>(x.numel()));
   return mul(x, mask_);
 }
 

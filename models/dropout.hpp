@@ -7,9 +7,11 @@
 namespace hg {
 
 // Inverted dropout: in training, each element is kept with probability 1 - p
-// and scaled by 1 / (1 - p), so eval is the identity. The mask is drawn on the
-// host from the module's own seeded Generator (the same seed gives the same
-// masks on CPU and CUDA) and saved for backward, which applies the same mask.
+// and scaled by 1 / (1 - p), so eval is the identity. The mask is drawn from
+// the module's own seeded Generator stream on the tensor's device
+// (Backend::dropout_mask: a kernel on CUDA, nothing per element on the host;
+// the same seed gives the same masks on CPU and CUDA, bit for bit) and saved
+// for backward, which applies the same mask.
 class Dropout : public Module {
  public:
   explicit Dropout(double p, uint64_t seed = 0);

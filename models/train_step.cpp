@@ -17,7 +17,7 @@ TrainStep::TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions option
   check_precision_supported(precision_, dev, "TrainStep");
   if (!options.use_graph) graph_note_ = "off (use_graph = false / --no-graph)";
   else if (dev != Device::CUDA) graph_note_ = "off: CUDA graphs need a CUDA model";
-  else if (model.config().dropout > 0) graph_note_ = "off: dropout draws its masks on the host each step";
+  else if (model.config().dropout > 0) graph_note_ = "off: dropout's mask stream advances each step (a launch argument)";
   else try_graph_ = true;
 }
 

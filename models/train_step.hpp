@@ -44,8 +44,9 @@ class NonFiniteError : public Error {
 // (inputs first copied into tensors the TrainStep owns) and every later step
 // replays the graph, each batch checked on the host before it is copied in
 // (the captured embedding and loss check nothing on the host). Capture is
-// attempted only when nothing in the step needs the host (no dropout); if the captured work still
-// synchronizes, the capture is dropped and the steps stay plain, with the
+// attempted only without dropout (each mask's stream position is a launch
+// argument, so a replay would repeat the captured masks); if the captured
+// work still synchronizes, the capture is dropped and the steps stay plain, with the
 // reason in graph_note(). Plain and replayed steps run the same arithmetic
 // in the same order (the device-built embedding CSR has the host one's
 // order), so their results are bitwise equal.

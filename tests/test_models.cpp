@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/indexing.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/optim.hpp"
@@ -209,6 +210,57 @@ TEST_CASE("Dropout: same seed gives the same mask", "[models]") {
   const Tensor ya = a.forward(x), yb = b.forward(x), yc = c.forward(x);
   CHECK(ya.to_vector() == yb.to_vector());
   CHECK(ya.to_vector() != yc.to_vector());
+}
+
+// The mask a host loop over the generator makes: what Dropout drew before
+// its mask moved into Backend::dropout_mask, and what the op must still give.
+std::vector<double> host_loop_mask(uint64_t seed, uint64_t counter, int64_t n, double p) {
+  Generator g;
+  g.set_state(seed, counter);
+  std::vector<double> m(static_cast<size_t>(n));
+  for (double& v : m) v = g.uniform() >= p ? 1.0 / (1.0 - p) : 0.0;
+  return m;
+}
+
+TEST_CASE("Backend::dropout_mask is the Generator's stream element by element, in every dtype", "[models][dropout]") {
+  const int64_t n = 100003;  // odd: ragged thread chunks
+  for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    INFO(dtype_name(dt));
+    Tensor out = Tensor::empty({n}, dt);
+    cpu_backend().dropout_mask(out, 77, 12345, 0.1);
+    // from_vector converts 1 / 0.9 to the dtype as the op must.
+    CHECK(out.to_vector() == Tensor::from_vector(host_loop_mask(77, 12345, n, 0.1), {n}, dt).to_vector());
+  }
+  Tensor out = Tensor::empty({4});
+  CHECK_THROWS_WITH(cpu_backend().dropout_mask(out, 1, 0, 1.0), Catch::Contains("p must be in [0, 1), got 1"));
+}
+
+TEST_CASE("Dropout: consecutive masks continue one stream, as the host loop did", "[models][dropout]") {
+  Dropout drop(0.25, 1234);
+  const Tensor x = Tensor::ones({37, 53});
+  drop.forward(x);
+  const std::vector<double> first = drop.mask().to_vector();
+  drop.forward(x);
+  const std::vector<double> second = drop.mask().to_vector();
+  auto as_f32 = [](const std::vector<double>& m) { return Tensor::from_vector(m, {37, 53}).to_vector(); };
+  CHECK(first == as_f32(host_loop_mask(1234, 0, 37 * 53, 0.25)));
+  CHECK(second == as_f32(host_loop_mask(1234, 37 * 53, 37 * 53, 0.25)));
+  CHECK(first != second);
+}
+
+TEST_CASE("CUDA Dropout: the device-drawn mask equals the CPU mask bit for bit (f32, bf16)", "[models][dropout][cuda]") {
+  HG_REQUIRE_GPU();
+  for (DType dt : {DType::F32, DType::BF16}) {
+    INFO(dtype_name(dt));
+    Dropout cpu(0.1, 99), gpu(0.1, 99);
+    const Tensor x = Tensor::ones({64, 33, 40});
+    for (int k = 0; k < 2; ++k) {  // the second mask checks the stream position too
+      cpu.forward(x);
+      gpu.forward(x.to(dt).to(Device::CUDA));
+      REQUIRE(gpu.mask().dtype() == dt);
+      CHECK(gpu.mask().to(Device::CPU).to_vector() == cpu.mask().to(dt).to_vector());
+    }
+  }
 }
 
 TEST_CASE("GELU module: grads match finite differences", "[models]") {

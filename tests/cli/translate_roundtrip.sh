@@ -17,8 +17,9 @@ pairs=$(realpath "$3")
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
-tiny=(--task translate --pairs "$pairs" --valid-pairs 4 --test-pairs 4 --vocab-size 120 --device cpu --d-model 16
-      --heads 2 --layers 1 --batch 8 --eval-every 4 --seed 3 --threads 1 --plot '')
+base=(--task translate --pairs "$pairs" --valid-pairs 4 --test-pairs 4 --vocab-size 120 --device cpu --d-model 16
+      --heads 2 --layers 1 --batch 8 --eval-every 4 --seed 3 --threads 1)
+tiny=("${base[@]}" --plot '')
 failures=0
 check() {  # description, condition...
   local what=$1; shift
@@ -45,6 +46,20 @@ check "resumed losses equal the uninterrupted run's" test "$(cut -d, -f1,2 full.
 head -5 "$pairs" > valid.tsv
 "$train" "${tiny[@]}" --seq-len 200 --steps 2 --valid valid.tsv --test "$pairs" --log-csv '' > files.out 2>&1
 check "--valid and --test files replace the split" grep -qF "train 40, valid 5, test 40 pairs" files.out
+check "--plot '' and --log-csv '': no plot and no log written, the summary says so" \
+  bash -c "test -z \"\$(ls *.png *.svg train_log.csv 2>/dev/null)\" && grep -q '^log: none$' files.out"
+
+# --log-csv and --plot write the files they name (the plot when plots are
+# available, else a warning says why); --profile-steps prints its breakdown.
+mkdir named && (cd named && "$train" "${base[@]}" --seq-len 64 --steps 14 --log-csv l.csv --plot p.svg \
+  --profile-steps 2 > ../named.out 2>&1)
+check "named run exits 0" test $? -eq 0
+check "--log-csv l.csv: header and 14 rows, nothing else written but the plots" \
+  bash -c "test \$(wc -l < named/l.csv) -eq 15 && test -z \"\$(ls named | grep -v -x -e l.csv -e p.svg -e p_bleu.svg)\""
+check "--plot p.svg: the loss and BLEU plots, or the reason they were skipped" \
+  bash -c "test -s named/p.svg -a -s named/p_bleu.svg || grep -q -- '--plot p.svg skipped' named.out"
+check "--profile-steps 2: the breakdown of 2 steps" \
+  bash -c "grep -qE '^profile of 2 steps .*upload .*optimizer' named.out && grep -qE 'outside them' named.out"
 
 printf 'Open file\nunknown option\n' > in.txt
 "$translate" --checkpoint ck --device cpu < in.txt > greedy.txt 2> translate.err
