@@ -812,7 +812,7 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
   // Translation batches are padded to their longest line: tokens/s counts
   // the padded positions processed, over the timed steps.
   const double tokens_per_s = data.parallel ? h.tokens / h.seconds
-                                            : static_cast<double>(o.batch * o.seq_len) / (median_ms * 1e-3);
+                                            : static_cast<double>(o.batch * o.seq_len * data.world) / (median_ms * 1e-3);
   std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
               static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms, tokens_per_s);
   print_profile(h);
@@ -842,7 +842,7 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
   std::fflush(stdout);
 }
 
-// Communication of the data-parallel steps (averaged over this run's steps after its first).
+// Communication of the data-parallel steps, per step of this run.
 void print_comm_summary(cli::DataParallel& dp, const History& h) {
   const dist::CommStats s = dp.take_total_stats();
   const int64_t n = std::max<int64_t>(1, dp.reduced_steps());

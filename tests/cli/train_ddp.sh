@@ -11,7 +11,8 @@
 #   3. A rank killed mid-run (HG_FAULT=kill) stops the job (no hang), and the
 #      last checkpoint, written at the evaluation before, resumes.
 #   4. A rank whose parameters are nudged (HG_FAULT=perturb) fails --check-sync.
-#   5. A rank that hangs (HG_FAULT=hang) makes the other's collective time out:
+#   5. SIGTERM to mpirun stops every rank after the same step, with the checkpoint saved.
+#   6. A rank that hangs (HG_FAULT=hang) makes the other's collective time out:
 #      a clear message, every rank stopped within seconds.
 #
 #   train_ddp.sh PATH/TO/train PATH/TO/mpirun
@@ -59,6 +60,20 @@ HG_FAULT=perturb:1:3 "${launch[@]}" "$train" "${tiny[@]}" --steps 4 --batch 8 --
 check "a rank whose parameters diverge is caught by the hash check" \
   grep -q "the parameters differ across ranks after step 3: rank 0 [0-9a-f]*, rank 1 [0-9a-f]*" p.out
 
+# SIGTERM to mpirun: Open MPI forwards it to every rank; they agree to stop
+# after the same step (the loss all-reduce carries the signal), save and report.
+"${launch[@]}" "$train" "${tiny[@]}" --steps 1000000 --batch 8 --checkpoint s.ck --log-csv s.csv \
+  > s.out 2>&1 &
+pid=$!
+for _ in $(seq 600); do [[ -f s.csv && $(wc -l < s.csv) -gt 20 ]] && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid
+last=$(tail -1 s.csv | cut -d, -f1)
+check "SIGTERM to mpirun: every rank stops after step $last and the checkpoint is saved" \
+  grep -q "saved s.ck (+ .optim) at step $last" s.out
+check "... and it resumes" \
+  bash -c "'$train' ${tiny[*]@Q} --steps $((last + 2)) --batch 16 --checkpoint s.ck --resume --log-csv s.csv > /dev/null 2>&1"
+
 start=$(date +%s)
 HG_FAULT=kill:1:5 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --checkpoint k.ck --log-csv k.csv \
   > k.out 2>&1
@@ -68,12 +83,12 @@ check "... and the checkpoint of step 3 resumes" \
   bash -c "'$train' ${tiny[*]@Q} --steps 8 --batch 16 --checkpoint k.ck --resume --log-csv k.csv > /dev/null 2>&1"
 check "... to the same curve" close one.csv k.csv 1e-5
 
-HG_FAULT=hang:1:5 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --comm-timeout 2 > h.out 2>&1
+HG_FAULT=hang:1:5 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --comm-timeout 4 > h.out 2>&1
 rc=$?
 check "a hung rank: the job stops (exit $rc)" test "$rc" -ne 0
-check "... with the timeout message" grep -q "did not complete within 2 s at step 5; another rank has died or hangs" h.out
+check "... with the timeout message" grep -q "did not complete within 4 s at step 5; another rank has died or hangs" h.out
 check "... all within 60 s" test $(($(date +%s) - start)) -lt 60
 if ((failures > 0)); then
-  for f in two.out z.out p.out k.out h.out; do echo "--- $f"; cat $f; done
+  for f in two.out z.out p.out s.out k.out h.out; do echo "--- $f"; cat $f; done
 fi
 exit $((failures > 0))
