@@ -49,7 +49,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
   const char* op = "MultiHeadAttention::forward";
   x.check_defined(op);
   HG_CHECK(x.ndim() == 3 && x.size(2) == d_model_, op, "x must be (B, T, ", d_model_, "), got ", x.shape());
-  const int64_t b = x.size(0), t = x.size(1), h = n_heads_, dh = head_dim_;
+  const int64_t b = x.size(0), t = x.size(1), h = n_heads_;
   if (key_padding_mask.defined())
     HG_CHECK(key_padding_mask.shape() == Shape({b, 1, 1, t}), op, "key_padding_mask must be (B, 1, 1, T) = ",
              Shape({b, 1, 1, t}), ", got ", key_padding_mask.shape(), " for x ", x.shape());
@@ -69,9 +69,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
     const Tensor merged = attention_forward_packed(packed.reshape({b, t, 3 * d_model_}), h, options, &flash_);
     return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
   }
-  // (B, T, 3H, dh) -> (B, 3H, T, dh) = (B, 3, H*T*dh) -> (3, B, H*T*dh): q, k, v lead.
-  const Tensor bh = transpose(packed.reshape({b, t, 3 * h, dh}), 1, 2);
-  heads_ = transpose(bh.reshape({b, 3, h * t * dh}), 0, 1).reshape({3, b, h, t, dh});
+  heads_ = split_heads(packed.reshape({b, t, 3 * d_model_}), 3, h);  // (3, B, H, T, dh): q, k, v lead
   const Tensor q = heads_[0], k = heads_[1], v = heads_[2];  // views, (B, H, T, dh)
   const Tensor scores = matmul(q, k, false, true);           // (B, H, T, T)
   SoftmaxOptions options;
@@ -79,9 +77,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
   options.causal = causal_;
   options.scale = scale_;
   probs_ = attention_softmax_forward(scores, options);
-  const Tensor ctx = matmul(probs_, v);                                     // (B, H, T, dh)
-  const Tensor merged = transpose(ctx, 1, 2).reshape({b * t, d_model_});  // (B, T, H, dh) -> (B*T, d)
-  return proj.forward(merged).reshape({b, t, d_model_});
+  const Tensor ctx = matmul(probs_, v);  // (B, H, T, dh)
+  return proj.forward(merge_heads(ctx).reshape({b * t, d_model_})).reshape({b, t, d_model_});
 }
 
 Tensor MultiHeadAttention::backward(const Tensor& dy) {
@@ -102,7 +99,7 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
   Tensor dheads = Tensor::empty({3, b, h, t, dh}, dy.dtype(), dy.device());
   {
     const Tensor q = heads_[0], k = heads_[1], v = heads_[2];
-    const Tensor dctx = transpose(dmerged.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
+    const Tensor dctx = split_heads(dmerged.reshape({b, t, d_model_}), 1, h)[0];  // (B, H, T, dh)
     Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
     const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
     matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
@@ -111,9 +108,7 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
     matmul_into(dscores, q, dk, true, false);   // dk = dS^T q
   }
   heads_ = probs_ = Tensor();  // used up: freed before the QKV backward
-  const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
-  const Tensor dpacked = transpose(bh, 1, 2).reshape({b * t, 3 * d_model_});
-  return qkv.backward(dpacked).reshape({b, t, d_model_});
+  return qkv.backward(merge_heads(dheads).reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
 }
 
 }  // namespace hg

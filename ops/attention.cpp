@@ -156,19 +156,22 @@ void check_backward(const char* op, const Tensor& dout, const AttentionSaved& sa
   check_same_device(op, dout, saved.o);
 }
 
-// (B, T, 3 H dh) -> (3, B, H, T, dh): q, k, v lead, each contiguous (B, H, T, dh).
-Tensor split_heads(const Tensor& qkv, int64_t heads) {
-  const int64_t b = qkv.size(0), t = qkv.size(1), dh = qkv.size(2) / (3 * heads);
-  const Tensor bh = transpose(qkv.reshape({b, t, 3 * heads, dh}), 1, 2);  // (B, 3H, T, dh)
-  return transpose(bh.reshape({b, 3, heads * t * dh}), 0, 1).reshape({3, b, heads, t, dh});
-}
-
-// (B, H, T, dh) -> (B, T, H dh)
-Tensor merge_heads(const Tensor& x) {
-  return transpose(x, 1, 2).reshape({x.size(0), x.size(2), x.size(1) * x.size(3)});
-}
-
 }  // namespace
+
+Tensor split_heads(const Tensor& x, int64_t slots, int64_t heads) {
+  const int64_t b = x.size(0), t = x.size(1), dh = x.size(2) / (slots * heads);
+  const Tensor bh = transpose(x.reshape({b, t, slots * heads, dh}), 1, 2);  // (B, S H, T, dh)
+  if (slots == 1) return bh.reshape({1, b, heads, t, dh});
+  // (B, S, H T dh) -> (S, B, H T dh): the slots lead.
+  return transpose(bh.reshape({b, slots, heads * t * dh}), 0, 1).reshape({slots, b, heads, t, dh});
+}
+
+Tensor merge_heads(const Tensor& x) {
+  const bool one = x.ndim() == 4;
+  const int64_t s = one ? 1 : x.size(0), b = x.size(one ? 0 : 1), h = x.size(-3), t = x.size(-2), dh = x.size(-1);
+  const Tensor bh = one ? x : transpose(x.reshape({s, b, h * t * dh}), 0, 1).reshape({b, s * h, t, dh});
+  return transpose(bh, 1, 2).reshape({b, t, s * h * dh});
+}
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                          AttentionSaved* saved) {
@@ -212,7 +215,7 @@ Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const Attentio
   const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
   if (kernel_mode() == KernelMode::Unfused) {
     // The unfused composition works on (B, H, T, dh) operands: split, run, merge.
-    const Tensor split = split_heads(qkv, heads);
+    const Tensor split = split_heads(qkv, 3, heads);
     AttentionSaved s;
     const Tensor o = attention_forward(split[0], split[1], split[2], options, &s);
     s.heads = heads;
@@ -238,13 +241,11 @@ Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved
   if (!saved.qkv.defined()) {  // unfused: the contiguous backward between a split and a merge
     HG_CHECK(dout.defined() && dout.ndim() == 3, op, "dout must be (B, T, H * dh), got ",
              dout.defined() ? dout.shape() : Shape{});
-    const int64_t b = dout.size(0), t = dout.size(1), h = saved.heads, dh = dout.size(2) / h;
-    const Tensor dout_heads = transpose(dout.reshape({b, t, h, dh}), 1, 2);  // (B, H, T, dh)
-    const AttentionGrads g = attention_backward(dout_heads, saved);
-    Tensor dheads = Tensor::empty({3, b, h, t, dh}, g.dq.dtype(), g.dq.device());
+    const AttentionGrads g = attention_backward(split_heads(dout, 1, saved.heads)[0], saved);
+    Tensor dheads = Tensor::empty({3, g.dq.size(0), g.dq.size(1), g.dq.size(2), g.dq.size(3)}, g.dq.dtype(),
+                                  g.dq.device());
     for (int i = 0; i < 3; ++i) dheads[i].copy_(i == 0 ? g.dq : i == 1 ? g.dk : g.dv);
-    const Tensor bh = transpose(dheads.reshape({3, b, h * t * dh}), 0, 1).reshape({b, 3 * h, t, dh});
-    return transpose(bh, 1, 2).reshape({b, t, 3 * h * dh});
+    return merge_heads(dheads);
   }
   HG_PROFILE("attention", dout.device());
   check_backward(op, dout, saved);

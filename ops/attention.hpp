@@ -61,4 +61,13 @@ Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const Attentio
 // output gradient, dq, dk, dv written straight into their slices.
 Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved);
 
+// The head split and merge that the packed form avoids, as transpose copies
+// (the unfused packed form and MultiHeadAttention's softmax path use them).
+// split_heads: x (B, T, S * heads * dh), S slots of heads side by side per
+// token (S = 3 for q, k, v; 1 for an attention output) -> (S, B, heads, T, dh).
+// merge_heads: the inverse, (S, B, H, T, dh) -> (B, T, S * H * dh); a 4-D
+// (B, H, T, dh) is one slot.
+Tensor split_heads(const Tensor& x, int64_t slots, int64_t heads);
+Tensor merge_heads(const Tensor& x);
+
 }  // namespace hg

@@ -138,15 +138,21 @@ void expect_error(const std::function<void()>& fn, const std::string& what) {
   }
 }
 
+// The problem's options, its mask (if any) in the math dtype of `dtype` on `device`.
+AttentionOptions options_for(const Problem& p, const Inputs& in, Device device, DType dtype) {
+  AttentionOptions opt;
+  opt.causal = p.causal;
+  opt.scale = p.scale;
+  if (in.mask.defined()) opt.mask = in.mask.to(hg::math_dtype(dtype)).to(device);
+  return opt;
+}
+
 // One run of the op on a path: inputs cast to `dtype` and moved to `device`
 // (the mask in the math dtype), everything returned as F64 CPU.
 Outputs run(const Problem& p, const Inputs& in, Device device, DType dtype, KernelMode mode) {
   hg::KernelModeScope scope(mode);
   auto put = [&](const Tensor& t) { return t.to(dtype).to(device); };
-  AttentionOptions opt;
-  opt.causal = p.causal;
-  opt.scale = p.scale;
-  if (in.mask.defined()) opt.mask = in.mask.to(hg::math_dtype(dtype)).to(device);
+  const AttentionOptions opt = options_for(p, in, device, dtype);
   AttentionSaved saved;
   const Tensor o = hg::attention_forward(put(in.q), put(in.k), put(in.v), opt, &saved);
   const AttentionGrads g = hg::attention_backward(put(in.dout), saved);
@@ -408,10 +414,7 @@ Tensor to_heads(const Tensor& y, int64_t h, int64_t slot = 0, int64_t slots = 1)
 Outputs run_packed(const Problem& p, const Inputs& in, Device device, DType dtype, KernelMode mode) {
   hg::KernelModeScope scope(mode);
   auto put = [&](const Tensor& t) { return t.to(dtype).to(device); };
-  AttentionOptions opt;
-  opt.causal = p.causal;
-  opt.scale = p.scale;
-  if (in.mask.defined()) opt.mask = in.mask.to(hg::math_dtype(dtype)).to(device);
+  const AttentionOptions opt = options_for(p, in, device, dtype);
   AttentionSaved saved;
   const Tensor o = hg::attention_forward_packed(put(pack_qkv(in)), p.h, opt, &saved);
   REQUIRE(o.shape() == hg::Shape({p.b, p.tq, p.h * p.dh}));
