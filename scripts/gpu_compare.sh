@@ -82,7 +82,7 @@ for stage in "$@"; do
         run "bench_train_cpu_t$t" $b/bench_train --device cpu --kernels both --threads "$t" --iters 10 \
           --profile-steps 3 --csv "$out/bench_train_cpu_t$t.csv" --breakdown-csv "$out/bench_train_cpu_t${t}_kinds.csv"
       done
-      for t in 1 2 "$n"; do  # the main job; TIMEFORMAT gives the whole program's wall and CPU time
+      for t in $(printf '%s\n' 1 2 "$n" | sort -un); do  # the main job; TIMEFORMAT: the program's wall and CPU time
         run "main_job_cpu_t$t" bash -c "TIMEFORMAT='program: wall %R s, user %U s, sys %S s'; time \
           build-gpu/examples/train --device cpu --threads $t --log-csv '' --plot ''"
       done

@@ -12,6 +12,7 @@
 #include "core/parallel.hpp"
 #include "core/random.hpp"
 #include "core/tensor_functions.hpp"
+#include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
@@ -216,6 +217,23 @@ TEST_CASE("fused cross-entropy is bitwise the same at any thread count", "[threa
       hg::CrossEntropySaved saved;
       const Tensor loss = hg::cross_entropy_forward(logits, targets, -100, &saved);
       return std::vector<Tensor>{loss, hg::cross_entropy_backward(saved)};
+    });
+  }
+}
+
+TEST_CASE("CPU flash attention is bitwise the same at any thread count", "[threads][attention]") {
+  for (DType dt : {DType::F32, DType::F64}) {
+    // 3 x 2 heads, 70 queries (two query tiles), 90 keys, head dim 16.
+    const Tensor q = randn({3, 2, 70, 16}, 70, dt), k = randn({3, 2, 90, 16}, 71, dt);
+    const Tensor v = randn({3, 2, 90, 16}, 72, dt), dout = randn({3, 2, 70, 16}, 73, dt);
+    hg::AttentionOptions o;
+    o.causal = true;
+    o.mask = randn({3, 1, 1, 90}, 74, dt);
+    check_thread_independent([&] {
+      hg::AttentionSaved saved;
+      const Tensor out = hg::attention_forward(q, k, v, o, &saved);
+      const hg::AttentionGrads g = hg::attention_backward(dout, saved);
+      return std::vector<Tensor>{out, saved.lse, g.dq, g.dk, g.dv};
     });
   }
 }

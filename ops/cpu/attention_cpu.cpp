@@ -5,10 +5,34 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cpu_gemm.hpp"
+#include "core/parallel.hpp"
+
 namespace hg::cpu {
 namespace {
 
 constexpr int64_t kQueryTile = 64;
+
+// C (rows x cols, leading dim ldc) [+]= alpha op(A) op(B) on the CPU GEMM of
+// this machine's level (core/cpu_gemm.hpp); A, B row-major with leading dims.
+template <class T>
+void product(int64_t rows, int64_t cols, int64_t depth, const T* a, int64_t lda, bool ta, const T* b, int64_t ldb,
+             bool tb, T* c, int64_t ldc, T alpha, bool accumulate) {
+  cpu::GemmBlock<T> g;
+  g.rows = rows, g.cols = cols, g.depth = depth;
+  g.a = a, g.lda = lda, g.transpose_a = ta;
+  g.b = b, g.ldb = ldb, g.transpose_b = tb;
+  g.c = c, g.ldc = ldc;
+  g.alpha = alpha, g.accumulate = accumulate;
+  cpu::gemm(g);
+}
+
+// The (b, h) slices run as tasks: each writes only its own outputs, so the
+// results are the same at any thread count.
+template <class Body>
+void for_heads(const AttentionLayout& l, const Body& body) {
+  parallel_for(l.heads_total(), l.heads_total() * l.tq * l.tk * l.head_dim, body);
+}
 
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -42,7 +66,8 @@ struct Head {
 
   // z = scale * q k^T + mask for queries [i0, i0 + rows); removed keys get -inf.
   void logits(const ConstMap<T>& q, const ConstMap<T>& k, int64_t i0, int64_t rows, Mat<T>& z) const {
-    z.noalias() = q.middleRows(i0, rows) * k.transpose();
+    const int64_t dh = q.cols();
+    product<T>(rows, l.tk, dh, q.data() + i0 * dh, dh, false, k.data(), dh, true, z.data(), l.tk, T(1), false);
     z *= static_cast<T>(l.scale);
     const T inf = std::numeric_limits<T>::infinity();
     for (int64_t r = 0; r < rows; ++r) {
@@ -73,7 +98,7 @@ template <class T>
 void forward(const void* q, const void* k, const void* v, const AttentionLayout& l, void* o, Tensor& lse) {
   const int64_t dh = l.head_dim, h = l.heads;
   const T inf = std::numeric_limits<T>::infinity();
-  for (int64_t bh = 0; bh < l.heads_total(); ++bh) {
+  for_heads(l, [&](int64_t bh) {
     const Head<T> head(l, bh);
     const ConstMap<T> qm = slice<T>(q, l.q, bh, h, l.tq, dh);
     const ConstMap<T> km = slice<T>(k, l.kv, bh, h, l.tk, dh);
@@ -90,9 +115,9 @@ void forward(const void* q, const void* k, const void* v, const AttentionLayout&
         lse_row[i0 + r] = m == -inf ? -inf : m + std::log((z.row(r).array() - m).exp().sum());
       }
       probabilities(z, lse_row + i0);
-      om.middleRows(i0, rows).noalias() = z * vm;
+      product<T>(rows, dh, l.tk, z.data(), l.tk, false, vm.data(), dh, false, om.data() + i0 * dh, dh, T(1), false);
     }
-  }
+  });
 }
 
 template <class T>
@@ -100,7 +125,7 @@ void backward(const void* dout, const void* q, const void* k, const void* v, con
               const AttentionLayout& l, void* dq, void* dk, void* dv) {
   const int64_t dh = l.head_dim, h = l.heads;
   const T scale = static_cast<T>(l.scale);
-  for (int64_t bh = 0; bh < l.heads_total(); ++bh) {
+  for_heads(l, [&](int64_t bh) {
     const Head<T> head(l, bh);
     const ConstMap<T> qm = slice<T>(q, l.q, bh, h, l.tq, dh);
     const ConstMap<T> km = slice<T>(k, l.kv, bh, h, l.tk, dh);
@@ -118,18 +143,21 @@ void backward(const void* dout, const void* q, const void* k, const void* v, con
       p.resize(rows, l.tk);
       head.logits(qm, km, i0, rows, p);
       probabilities(p, lse_row + i0);
-      const auto d_out = dom.middleRows(i0, rows);
-      dvm.noalias() += p.transpose() * d_out;
-      dp.noalias() = d_out * vm.transpose();
+      const T* d_out = dom.data() + i0 * dh;
+      dp.resize(rows, l.tk);
+      product<T>(l.tk, dh, rows, p.data(), l.tk, true, d_out, dh, false, dvm.data(), dh, T(1), true);  // dv += p^T do
+      product<T>(rows, l.tk, dh, d_out, dh, false, vm.data(), dh, true, dp.data(), l.tk, T(1), false);  // dp = do v^T
       // D_i = sum_j p_ij dp_ij (= do_i . o_i in exact arithmetic; summed over
       // the same p the gradient uses, so ds rows sum to zero to rounding even
       // where p is nearly one-hot: docs/attention.md).
       const Eigen::Matrix<T, Eigen::Dynamic, 1> d = (p.array() * dp.array()).rowwise().sum();
       p.array() *= (dp.array().colwise() - d.array());  // p now holds dS / scale
-      dqm.middleRows(i0, rows).noalias() = scale * (p * km);
-      dkm.noalias() += scale * (p.transpose() * qm.middleRows(i0, rows));
+      product<T>(rows, dh, l.tk, p.data(), l.tk, false, km.data(), dh, false, dqm.data() + i0 * dh, dh, scale,
+                 false);  // dq = scale dS k
+      product<T>(l.tk, dh, rows, p.data(), l.tk, true, qm.data() + i0 * dh, dh, false, dkm.data(), dh, scale,
+                 true);  // dk += scale dS^T q
     }
-  }
+  });
 }
 
 }  // namespace
