@@ -40,8 +40,11 @@ NextTokenScorer model_scorer(DecoderLM& model, Device device) {
     const Tensor logits = model.forward(Tensor::from_vector(ids, {b, int64_t(t)}, DType::F32, device));
     model.train();
     const int64_t v = logits.size(-1);
-    // Only each row's last position comes back to the host.
-    const std::vector<double> last = gather_rows(logits.reshape({-1, v}), Tensor::from_vector(last_rows, {b}, DType::F32, device)).to_vector();
+    // Only each row's last position comes back to the host (bf16 logits are
+    // widened first: gather_rows takes f32/f64 tables).
+    const Tensor rows = logits.dtype() == DType::BF16 ? logits.reshape({-1, v}).to(DType::F32) : logits.reshape({-1, v});
+    const std::vector<double> last =
+        gather_rows(rows, Tensor::from_vector(last_rows, {b}, DType::F32, device)).to_vector();
     std::vector<std::vector<double>> out;
     for (int64_t i = 0; i < b; ++i) {
       out.emplace_back(last.begin() + i * v, last.begin() + (i + 1) * v);

@@ -67,7 +67,8 @@ struct Head {
   // z = scale * q k^T + mask for queries [i0, i0 + rows); removed keys get -inf.
   void logits(const ConstMap<T>& q, const ConstMap<T>& k, int64_t i0, int64_t rows, Mat<T>& z) const {
     const int64_t dh = q.cols();
-    product<T>(rows, l.tk, dh, q.data() + i0 * dh, dh, false, k.data(), dh, true, z.data(), l.tk, T(1), false);
+    product<T>(rows, l.tk, dh, q.data() + i0 * q.outerStride(), q.outerStride(), false, k.data(), k.outerStride(), true,
+               z.data(), l.tk, T(1), false);
     z *= static_cast<T>(l.scale);
     const T inf = std::numeric_limits<T>::infinity();
     for (int64_t r = 0; r < rows; ++r) {
@@ -115,7 +116,8 @@ void forward(const void* q, const void* k, const void* v, const AttentionLayout&
         lse_row[i0 + r] = m == -inf ? -inf : m + std::log((z.row(r).array() - m).exp().sum());
       }
       probabilities(z, lse_row + i0);
-      product<T>(rows, dh, l.tk, z.data(), l.tk, false, vm.data(), dh, false, om.data() + i0 * dh, dh, T(1), false);
+      product<T>(rows, dh, l.tk, z.data(), l.tk, false, vm.data(), vm.outerStride(), false,
+                 om.data() + i0 * om.outerStride(), om.outerStride(), T(1), false);
     }
   });
 }
@@ -143,19 +145,22 @@ void backward(const void* dout, const void* q, const void* k, const void* v, con
       p.resize(rows, l.tk);
       head.logits(qm, km, i0, rows, p);
       probabilities(p, lse_row + i0);
-      const T* d_out = dom.data() + i0 * dh;
+      const T* d_out = dom.data() + i0 * dom.outerStride();
+      const int64_t ld_out = dom.outerStride();
       dp.resize(rows, l.tk);
-      product<T>(l.tk, dh, rows, p.data(), l.tk, true, d_out, dh, false, dvm.data(), dh, T(1), true);  // dv += p^T do
-      product<T>(rows, l.tk, dh, d_out, dh, false, vm.data(), dh, true, dp.data(), l.tk, T(1), false);  // dp = do v^T
+      product<T>(l.tk, dh, rows, p.data(), l.tk, true, d_out, ld_out, false, dvm.data(), dvm.outerStride(), T(1),
+                 true);  // dv += p^T do
+      product<T>(rows, l.tk, dh, d_out, ld_out, false, vm.data(), vm.outerStride(), true, dp.data(), l.tk, T(1),
+                 false);  // dp = do v^T
       // D_i = sum_j p_ij dp_ij (= do_i . o_i in exact arithmetic; summed over
       // the same p the gradient uses, so ds rows sum to zero to rounding even
       // where p is nearly one-hot: docs/attention.md).
       const Eigen::Matrix<T, Eigen::Dynamic, 1> d = (p.array() * dp.array()).rowwise().sum();
       p.array() *= (dp.array().colwise() - d.array());  // p now holds dS / scale
-      product<T>(rows, dh, l.tk, p.data(), l.tk, false, km.data(), dh, false, dqm.data() + i0 * dh, dh, scale,
-                 false);  // dq = scale dS k
-      product<T>(l.tk, dh, rows, p.data(), l.tk, true, qm.data() + i0 * dh, dh, false, dkm.data(), dh, scale,
-                 true);  // dk += scale dS^T q
+      product<T>(rows, dh, l.tk, p.data(), l.tk, false, km.data(), km.outerStride(), false,
+                 dqm.data() + i0 * dqm.outerStride(), dqm.outerStride(), scale, false);  // dq = scale dS k
+      product<T>(l.tk, dh, rows, p.data(), l.tk, true, qm.data() + i0 * qm.outerStride(), qm.outerStride(), false,
+                 dkm.data(), dkm.outerStride(), scale, true);  // dk += scale dS^T q
     }
   });
 }
