@@ -38,6 +38,14 @@ struct Moments {
   float rstd;  // 1 / sqrt(var + eps)
 };
 
+// Row sums over one group (the resident kernels' row_sums).
+template <int G>
+struct GroupSums {
+  const RowGroup<G>& grp;
+  template <int N>
+  __device__ __forceinline__ void operator()(float (&v)[N]) const { grp.sums(v); }
+};
+
 // A row of len elements held in v (minus shift, zeros past len); row_sums
 // adds a per-thread partial over the whole row (the group, or the cluster).
 template <int VEC, int NV, int G, class RowSums>
@@ -120,41 +128,72 @@ __device__ __forceinline__ void save_stats(float* mean_out, float* rstd_out, int
   rstd_out[row] = m.rstd;
 }
 
-// Rows (CLUSTER: row slices) of up to CAP = G * EPT elements, held in
-// registers, read once.
-template <class T, int VEC, int EPT, int G, int R, bool CLUSTER = false>
+// Rows of up to CAP = G * EPT elements, held in registers, read once.
+template <class T, int VEC, int EPT, int G, int R>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     layernorm_forward_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                              const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                              float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
   constexpr int NV = EPT / VEC;
+  constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
-  static_assert(!CLUSTER || R == 1, "a cluster block holds one row slice");
   __shared__ GroupScratch<G, R> scratch;
-  __shared__ float slots[2][kMaxRowSums];  // CLUSTER: exchange of block sums
-  int parity = 0;
   const RowGroup<G> grp = row_group<G, R>(scratch);
+  const float inv_d = 1.0f / static_cast<float>(D);
+  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
+  // Rows are uniform across a group, so a group runs its loop (and its
+  // barriers) together; groups of one block are independent.
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
+    const float shift = to_float(x[row * D]);
+    const T* xr = x + row * D;
+    T* yr = y + row * D;
+    float v[NV][VEC];
+    load_part<T, VEC, NV, G>(xr, D, grp.t, shift, v);
+    if (prefetch_next_row(G * R) && row + row_stride < rows) prefetch_row_l2<T, G, EPT>(xr + row_stride * D, D, grp.t);
+    const Moments m = moments_in_registers<VEC, NV, G>(v, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
+    for (int off = 0; off < D; off += CAP) {  // one trip: D <= CAP
+      const int chunk = min(CAP, D - off);
+      const float* gamma_c = gamma + off;
+      const float* beta_c = beta + off;
+      T* y_c = yr + off;
+      normalise_chunk<T, VEC, NV, G>(v, chunk, m, gamma_c, beta_c, y_c, grp.t);
+    }
+    if (grp.t == 0) save_stats(mean_out, rstd_out, row, shift, m);
+  }
+}
+
+// Rows of D <= C * CAP on sm_90+: a cluster of C blocks per row, block
+// `rank` on its column slice, the row sums added across the cluster; rank 0
+// writes the statistics. The resident kernel's steps over a slice.
+template <class T, int VEC, int EPT, int G>
+__global__ void __launch_bounds__(G, 1)
+    layernorm_forward_cluster_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
+                                     const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
+                                     float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
+  constexpr int NV = EPT / VEC;
+  static_assert(EPT % VEC == 0 && G % 32 == 0 && G <= 1024, "bad LayerNorm config");
+  __shared__ GroupScratch<G, 1> scratch;
+  __shared__ float slots[2][kMaxRowSums];  // exchange of block sums
+  int parity = 0;
+  const RowGroup<G> grp = row_group<G, 1>(scratch);
   const auto row_sums = [&](float(&v)[1]) {
     grp.sums(v);
-    if constexpr (CLUSTER) cluster_sums<1>(v, slots, parity);
+    cluster_sums<1>(v, slots, parity);
   };
   const float inv_d = 1.0f / static_cast<float>(D);
-  const RowSplit part = split_rows<CLUSTER, R, VEC>(D, grp.group);
-  // Rows are uniform across a group (and a cluster), so a group runs its
-  // loop (and its barriers) together; groups of one block are independent.
-  for (int64_t row = part.first_row; row < rows; row += part.row_stride) {
-    const float shift = to_float(x[row * D]);  // every block of a cluster reads the row's first element
+  const RowSplit part = split_rows<true, 1, VEC>(D, grp.group);
+  for (int64_t row = part.first_row; row < rows; row += part.row_stride) {  // the same rows in every block
+    const float shift = to_float(x[row * D]);
     const T* xr = x + row * D + part.col0;
     float v[NV][VEC];
     load_part<T, VEC, NV, G>(xr, part.len, grp.t, shift, v);
-    if (prefetch_next_row(G * R) && row + part.row_stride < rows)
-      prefetch_row_l2<T, G, EPT>(xr + part.row_stride * D, part.len, grp.t);
+    if (row + part.row_stride < rows) prefetch_row_l2<T, G, EPT>(xr + part.row_stride * D, part.len, grp.t);
     const Moments m = moments_in_registers<VEC, NV, G>(v, part.len, grp.t, row_sums, inv_d, eps);
     normalise_chunk<T, VEC, NV, G>(v, part.len, m, gamma + part.col0, beta + part.col0, y + row * D + part.col0,
                                    grp.t);
-    if (grp.t == 0 && part.col0 == 0) save_stats(mean_out, rstd_out, row, shift, m);  // CLUSTER: rank 0
+    if (grp.t == 0 && part.col0 == 0) save_stats(mean_out, rstd_out, row, shift, m);
   }
-  cluster_exit_barrier<CLUSTER>();
+  cluster_exit_barrier<true>();
 }
 
 // Rows of any length, one block of G threads per row, in chunks of G * EPT:
@@ -605,7 +644,7 @@ struct Forward {
     } else {
       constexpr int kEPT = 16, kThreads = 1024, kCap = kThreads * kEPT, kMinD = 65536;
       if (a.D < kMinD) return false;
-      auto kernel = layernorm_forward_kernel<T, VEC, kEPT, kThreads, 1, true>;
+      auto kernel = layernorm_forward_cluster_kernel<T, VEC, kEPT, kThreads>;
       static const std::array<int, kMaxCluster + 1> fit = clusters_that_fit(kernel, kThreads, 0);
       const int C = cluster_size_for(a.D, VEC, kCap, fit);
       if (C == 0) return false;
