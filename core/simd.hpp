@@ -49,16 +49,15 @@ HG_SIMD_INLINE void copy_short(float* dst, const float* src, int64_t k) {
   if (k & 1) dst[i] = src[i];
 }
 // The first k (< kLanes) elements of p, the other lanes `fill`.
+// (Straight into the vector's bytes: a float[16] scratch array written by a
+// 64-byte vector store crashed under ASan's detect_stack_use_after_return.)
 HG_SIMD_INLINE Floats load_partial(const float* p, int64_t k, float fill) {
-  float lanes[kLanes];
-  store(lanes, splat(fill));
-  copy_short(lanes, p, k);
-  return load(lanes);
+  Floats v = splat(fill);
+  copy_short(reinterpret_cast<float*>(&v), p, k);
+  return v;
 }
 HG_SIMD_INLINE void store_partial(float* p, Floats v, int64_t k) {
-  float lanes[kLanes];
-  store(lanes, v);
-  copy_short(p, lanes, k);
+  copy_short(p, reinterpret_cast<const float*>(&v), k);
 }
 // Lanes >= k become `fill`.
 HG_SIMD_INLINE Floats keep_first(Floats v, int64_t k, float fill = 0.f) {
@@ -67,10 +66,8 @@ HG_SIMD_INLINE Floats keep_first(Floats v, int64_t k, float fill = 0.f) {
 }
 // True when any lane of a comparison result is set.
 HG_SIMD_INLINE bool any(Ints mask) {
-  int32_t a[kLanes];
-  std::memcpy(a, &mask, sizeof a);
   int32_t r = 0;
-  for (int i = 0; i < kLanes; ++i) r |= a[i];
+  for (int i = 0; i < kLanes; ++i) r |= mask[i];
   return r != 0;
 }
 HG_SIMD_INLINE Floats abs(Floats v) { return (Floats)((Ints)v & 0x7fffffff); }

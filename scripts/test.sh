@@ -57,7 +57,8 @@ cmake -S . -B "$asan_dir" -DHG_SANITIZE=ON -DHG_ENABLE_CUDA=OFF -DCMAKE_BUILD_TY
 tests=()
 registered=$(ctest --test-dir "$asan_dir" -N | sed -n 's/^ *Test *#[0-9]*: \(test_[A-Za-z0-9_]*\)$/\1/p')
 for t in $registered; do tests+=("$t"); done
-cmake --build "$asan_dir" -j"$(nproc)" --target "${tests[@]}"
+# (+ the planted object that gemm_level_symbols_catches_sharing reads)
+cmake --build "$asan_dir" -j"$(nproc)" --target "${tests[@]}" hg_gemm_symbols_fixture
 # Every allocation is filled with 0xff bytes (a NaN in f32 and f64), so a
 # result that reads memory it never wrote shows up as a failed comparison.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:max_malloc_fill_size=1073741824:malloc_fill_byte=255
