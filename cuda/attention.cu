@@ -96,8 +96,13 @@ __device__ __forceinline__ float quad_max(float x) {
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, f32 accumulate) ------
 // A 16x16 row-major: a0 (row g, cols 2t..2t+1), a1 (row g+8), a2 (cols +8), a3.
-// B 16x8, B[k][n] read from a row-major matrix M[n][k]: b0 (k 2t..2t+1, n g), b1 (k +8).
+// B 16x8, B[k][n]: b0 (k 2t..2t+1, n g), b1 (k +8).
 // C 16x8: c0 c1 (row g, cols 2t..2t+1), c2 c3 (row g+8).
+// Operands come from shared memory by ldmatrix.x4 (four 8x8 matrices, lane
+// l addresses row l % 8 of matrix l / 8 and receives row l / 4, elements
+// 2 (l % 4) and + 1 of each; .trans: column l / 4, rows 2 (l % 4) and + 1).
+// Tiles are row-major with rows DH + 8 elements apart: the 8 rows of one
+// matrix start 16 bytes apart modulo 128, so no bank conflicts.
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -107,13 +112,266 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_trans(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Byte offset of this lane's ldmatrix row in a tile of row stride S for the
+// 16x16 block at the tile's origin (add the block's own offset):
+// - lane_rc: rows l % 16, cols 8 (l / 16). ldsm gives the A fragment of
+//   M[r][c]; ldsm_trans on M[k][n] gives b0, b1 of columns n..n+7, then of n+8..n+15.
+// - lane_nk: rows l % 8 + 8 (l / 16), cols 8 (l / 8 % 2). ldsm on M[n][k]
+//   (B[k][n] = M[n][k]) gives b0, b1 of columns n..n+7, then of n+8..n+15.
+template <int S>
+__device__ __forceinline__ unsigned lane_rc() {
+  const int l = threadIdx.x % 32;
+  return 2u * ((l % 16) * S + 8 * (l / 16));
+}
+template <int S>
+__device__ __forceinline__ unsigned lane_nk() {
+  const int l = threadIdx.x % 32;
+  return 2u * ((l % 8 + 8 * (l / 16)) * S + 8 * (l / 8 % 2));
+}
+// Byte offset of element (r, c) in a tile of row stride S.
+template <int S>
+constexpr unsigned at(int r, int c) {
+  return 2u * unsigned(r * S + c);
+}
+
+// The accumulators of two adjacent 8-column tiles as the A operand (16 x 16) of the next product.
+__device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack(lo[0], lo[1]);
+  a[1] = pack(lo[2], lo[3]);
+  a[2] = pack(hi[0], hi[1]);
+  a[3] = pack(hi[2], hi[3]);
+}
+
+// Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
+// apart into a row-major shared tile; rows past the end are zeros. Plain
+// 16-byte loads (F32 kernels).
+template <int ROWS, int D, class T>
+__device__ void stage_rows(T* tile, int stride, const T* src, int64_t ld, int r0, int rows) {
+  constexpr int kVec = 16 / sizeof(T);
+  for (int idx = threadIdx.x; idx < ROWS * D / kVec; idx += kThreads) {
+    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (r0 + r < rows) raw = *reinterpret_cast<const uint4*>(src + int64_t(r0 + r) * ld + c);
+    *reinterpret_cast<uint4*>(tile + r * stride + c) = raw;
+  }
+}
+
+// The same with cp.async (global -> shared without registers; zero-fill past
+// the end); the caller commits the group and waits before reading the tile.
+template <int ROWS, int D>
+__device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += kThreads) {
+    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
+    const bool in = r0 + r < rows;
+    const bf16* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * stride + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0));
+  }
+}
+
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// ---- BF16 forward ------------------------------------------------------------
+// 128 query rows per block, 32 per warp (two m16 tiles: each K or V fragment
+// read from shared memory feeds two mma). K and V tiles of KB keys are
+// double-buffered with cp.async and one barrier per tile. Q sits in shared
+// memory; with kQRegs its fragments move to registers once (DH <= 64; at 128
+// they would not fit beside the 128 accumulators). Tiles that no causal
+// diagonal, key-padding mask or end of Tk crosses (and a positive scale)
+// skip logit2: p = exp2(s * scale log2(e) - m) in one fma.
+
+constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
+
+// The block's tile index along the query axis: causal blocks with the most
+// keys (the last queries) start first, so the short ones fill the tail.
+__device__ __forceinline__ int heavy_first(const Args& a) {
+  return a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
+
+// Whether key tile [n0, n0 + KB) needs the per-element logit2 for queries
+// [q0, q_end): the mask, the end of Tk, a causal diagonal or a scale <= 0.
+__device__ __forceinline__ bool exact_tile(const Args& a, const float* mask_row, int q0, int n0, int kb) {
+  return mask_row != nullptr || !(a.scale_log2 > 0.f) || n0 + kb > a.tk || (a.causal && n0 + kb - 1 > q0 + a.tk - a.tq);
+}
+
+template <int DH, int KB, bool kQRegs>
+__global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
+  constexpr int S = DH + 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // [kRowsBf16][S]
+  bf16* buf = qs + kRowsBf16 * S;            // [2 stages][k, v][KB][S]
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int64_t bh = blockIdx.y;
+  const int q_block = heavy_first(a) * kRowsBf16, q0 = q_block + warp * 32;
+  const bf16* k = static_cast<const bf16*>(a.k) + a.kv_base(bh);
+  const bf16* v = static_cast<const bf16*>(a.v) + a.kv_base(bh);
+  const float* mask_row = a.mask_row(bh);
+  auto stage = [&](int tile) {
+    bf16* ks = buf + (tile % 2) * 2 * KB * S;
+    stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
+    stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
+    async_commit();
+  };
+  const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>();
+  const unsigned k_lane = lane_nk<S>(), v_lane = lane_rc<S>();
+
+  const int key_end = a.key_end(min(q_block + kRowsBf16, a.tq));
+  const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
+  uint32_t qa[2][kQRegs ? DH / 16 : 1][4];
+  if (tiles > 0) {
+    stage_rows_async<kRowsBf16, DH>(qs, S, static_cast<const bf16*>(a.q) + a.q_base(bh), a.q_row, q_block, a.tq);
+    stage(0);
+    if constexpr (kQRegs) {
+      async_wait<0>();
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int kc = 0; kc < DH / 16; ++kc) ldsm(qa[mt][kc], q_at + at<S>(16 * mt, 16 * kc));
+    }
+  }
+  float m[2][2], l[2][2] = {};  // [m tile][row g, g + 8]: running base-2 max and partial sum
+  float o[2][DH / 8][4] = {};
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) m[mt][0] = m[mt][1] = -INFINITY;
+  for (int tile = 0; tile < tiles; ++tile) {
+    async_wait<0>();
+    __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
+    if (tile + 1 < tiles) stage(tile + 1);
+    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
+    const int n0 = tile * KB;
+    float s[2][KB / 8][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      uint32_t qf[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+        } else {
+          ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; nb += 2) {
+        uint32_t b[4];
+        ldsm(b, ks + k_lane + at<S>(nb * 8, kc * 16));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma(s[mt][nb], qf[mt], b[0], b[1]);
+          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
+        }
+      }
+    }
+    // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+    // scaled after (c > 0 keeps the order and the rounding is monotonic).
+    const bool exact = exact_tile(a, mask_row, q_block, n0, KB);
+    const float c = exact ? 1.f : a.scale_log2;
+    float tile_max[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+      if (exact) {
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
+      }
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
+    }
+    float neg_base[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+        const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+        const float alpha = exp2f(m[mt][h] - base);
+        neg_base[mt][h] = -base;
+        m[mt][h] = m_new;
+        l[mt][h] *= alpha;
+#pragma unroll
+        for (int db = 0; db < DH / 8; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mt][nb][e] = exp2f(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+          l[mt][e >> 1] += s[mt][nb][e];
+        }
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk) {
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) acc_as_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+      for (int db = 0; db < DH / 8; db += 2) {
+        uint32_t b[4];
+        ldsm_trans(b, vs + v_lane + at<S>(kk * 16, db * 8));
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          mma(o[mt][db], pa[mt], b[0], b[1]);
+          mma(o[mt][db + 1], pa[mt], b[2], b[3]);
+        }
+      }
+    }
+  }
+  bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float total = quad_sum(l[mt][h]);
+      const int row = q0 + 16 * mt + g + 8 * h;
+      if (row >= a.tq) continue;
+      const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
+#pragma unroll
+      for (int db = 0; db < DH / 8; ++db)
+        *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + db * 8 + 2 * t) =
+            pack(o[mt][db][2 * h] * inv, o[mt][db][2 * h + 1] * inv);
+      if (t == 0) {
+        a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[mt][h] * kLn2 + logf(total);
+        a.stats[bh * a.tq + row] = make_float2(m[mt][h], inv);
+      }
+    }
+}
+
+// (old 16-row helpers, until the backward moves to ldmatrix)
+__device__ __forceinline__ uint32_t word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int stride, int r0, int c0) {
   const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const bf16* p = tile + (r0 + g) * stride + c0 + 2 * t;
@@ -128,14 +386,6 @@ __device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16* m
   const bf16* p = m + (n0 + g) * stride + k0 + 2 * t;
   b0 = word(p);
   b1 = word(p + 8);
-}
-
-// The accumulators of two adjacent 8-column tiles as the A operand (16 x 16) of the next product.
-__device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = pack(lo[0], lo[1]);
-  a[1] = pack(lo[2], lo[3]);
-  a[2] = pack(hi[0], hi[1]);
-  a[3] = pack(hi[2], hi[3]);
 }
 
 // A fragments of 16 rows x DH straight from global memory, rows `ld`
@@ -158,147 +408,6 @@ __device__ __forceinline__ void load_b_trans(uint32_t& b0, uint32_t& b1, const b
   const unsigned addr =
       static_cast<unsigned>(__cvta_generic_to_shared(m + (k0 + threadIdx.x % 16) * stride + n0));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
-}
-
-// Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
-// apart into a row-major shared tile; rows past the end are zeros. Plain
-// 16-byte loads (F32 kernels).
-template <int ROWS, int D, class T>
-__device__ void stage_rows(T* tile, int stride, const T* src, int64_t ld, int r0, int rows) {
-  constexpr int kVec = 16 / sizeof(T);
-  for (int idx = threadIdx.x; idx < ROWS * D / kVec; idx += kThreads) {
-    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (r0 + r < rows) raw = *reinterpret_cast<const uint4*>(src + int64_t(r0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(tile + r * stride + c) = raw;
-  }
-}
-
-// The same with cp.async (global -> shared without registers; zero-fill past
-// the end); the caller commits the group and waits before reading the tile.
-template <int ROWS, int D>
-__device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
-  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += kThreads) {
-    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
-    const bool in = r0 + r < rows;
-    const bf16* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
-    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * stride + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0));
-  }
-}
-
-__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-// ---- BF16 forward ------------------------------------------------------------
-// K and V tiles row-major, double-buffered: tile t + 1 loads while t computes.
-
-template <int DH, int KB>
-__global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
-  constexpr int S = DH + 8;
-  extern __shared__ __align__(16) unsigned char smem[];
-  bf16* buf = reinterpret_cast<bf16*>(smem);  // [2 stages][k, v][KB][S]
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  const int64_t bh = blockIdx.y;
-  const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
-  const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
-  const bf16* k = static_cast<const bf16*>(a.k) + a.kv_base(bh);
-  const bf16* v = static_cast<const bf16*>(a.v) + a.kv_base(bh);
-  const float* mask_row = a.mask_row(bh);
-  auto stage = [&](int tile) {
-    bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
-    stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
-    async_commit();
-  };
-
-  const int key_end = a.key_end(min(q_block + 64, a.tq));
-  const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
-  if (tiles > 0) stage(0);
-  uint32_t qa[DH / 16][4];
-  load_a_rows<DH>(qa, q, a.q_row, q0, a.tq);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float o[DH / 8][4] = {};
-  for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) {
-      stage(tile + 1);
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
-    __syncthreads();
-    const bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    const bf16* vs = ks + KB * S;
-    const int n0 = tile * KB;
-    float s[KB / 8][4] = {};
-#pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc)
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
-        uint32_t b0, b1;
-        load_b(b0, b1, ks, S, nb * 8, kc * 16);
-        mma(s[nb], qa[kc], b0, b1);
-      }
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nb][e] = logit2(a, mask_row, q0 + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[nb][e]);
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nb][e]);
-      }
-    float base[2], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
-      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-      alpha[h] = exp2f(m[h] - base[h]);
-      m[h] = m_new;
-      l[h] *= alpha[h];
-    }
-#pragma unroll
-    for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nb][e] = exp2f(s[nb][e] - base[e >> 1]);
-        l[e >> 1] += s[nb][e];
-      }
-#pragma unroll
-    for (int db = 0; db < DH / 8; ++db)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[db][e] *= alpha[e >> 1];
-#pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk) {
-      uint32_t pa[4];
-      acc_as_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int db = 0; db < DH / 8; ++db) {
-        uint32_t b0, b1;
-        load_b_trans(b0, b1, vs, S, kk * 16, db * 8);
-        mma(o[db], pa, b0, b1);
-      }
-    }
-    __syncthreads();  // the next iteration's stage() overwrites this buffer
-  }
-  bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float total = quad_sum(l[h]);
-    const int row = q0 + g + 8 * h;
-    if (row >= a.tq) continue;
-    const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
-#pragma unroll
-    for (int db = 0; db < DH / 8; ++db)
-      *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + db * 8 + 2 * t) =
-          pack(o[db][2 * h] * inv, o[db][2 * h + 1] * inv);
-    if (t == 0) {
-      a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * kLn2 + logf(total);
-      a.stats[bh * a.tq + row] = make_float2(m[h], inv);
-    }
-  }
 }
 
 // ---- BF16 backward -----------------------------------------------------------
@@ -728,7 +837,7 @@ void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* 
 }
 
 // Shared memory of each BF16 kernel, in bytes.
-constexpr size_t forward_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }  // 2 stages of k, v
+constexpr size_t forward_smem(int dh, int kb) { return 2 * (kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, 2 stages of k, v
 constexpr size_t dkdv_smem(int dh, int qb) { return 2 * (2 * 64 * (dh + 8) + 2 * qb * (dh + 8)) + 12 * qb; }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }
 
@@ -737,7 +846,9 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (bf16_inputs) {
-    launch(forward_bf16_kernel<DH, 64>, grid(a.tq, 64, bh), forward_smem(DH, 64), a, "attention_forward_bf16");
+    constexpr int kKeys = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
+    launch(forward_bf16_kernel<DH, kKeys, DH <= 64>, grid(a.tq, kRowsBf16, bh), forward_smem(DH, kKeys), a,
+           "attention_forward_bf16");
   } else {
     launch(forward_f32_kernel<DH>, grid(a.tq, kRowsF32, bh), 0, a, "attention_forward_f32");
   }
