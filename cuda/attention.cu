@@ -3,7 +3,7 @@
 // "Fused attention".
 //
 // BF16 runs on the tensor cores (mma.sync m16n8k16, fp32 accumulate): a warp
-// owns 16 rows; the accumulator of one product is re-packed in registers as
+// owns 32 rows (docs/attention.md, "tiling"); the accumulator of one product is re-packed in registers as
 // the A operand of the next (scores -> probabilities -> p v). F32 runs on the
 // CUDA cores: four lanes own a row, each a quarter of the head dim.
 // Forward: online softmax over key tiles, saves the log-sum-exp per query.
@@ -96,8 +96,13 @@ __device__ __forceinline__ float quad_max(float x) {
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, f32 accumulate) ------
 // A 16x16 row-major: a0 (row g, cols 2t..2t+1), a1 (row g+8), a2 (cols +8), a3.
-// B 16x8, B[k][n] read from a row-major matrix M[n][k]: b0 (k 2t..2t+1, n g), b1 (k +8).
+// B 16x8, B[k][n]: b0 (k 2t..2t+1, n g), b1 (k +8).
 // C 16x8: c0 c1 (row g, cols 2t..2t+1), c2 c3 (row g+8).
+// Operands come from shared memory by ldmatrix.x4 (four 8x8 matrices, lane
+// l addresses row l % 8 of matrix l / 8 and receives row l / 4, elements
+// 2 (l % 4) and + 1 of each; .trans: column l / 4, rows 2 (l % 4) and + 1).
+// Tiles are row-major with rows DH + 8 elements apart: the 8 rows of one
+// matrix start 16 bytes apart modulo 128, so no bank conflicts.
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -107,27 +112,55 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint32_t word(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int stride, int r0, int c0) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  const bf16* p = tile + (r0 + g) * stride + c0 + 2 * t;
-  a[0] = word(p);
-  a[1] = word(p + 8 * stride);
-  a[2] = word(p + 8);
-  a[3] = word(p + 8 * stride + 8);
+// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
+// far below what a bf16 probability can hold).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
-__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16* m, int stride, int n0, int k0) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  const bf16* p = m + (n0 + g) * stride + k0 + 2 * t;
-  b0 = word(p);
-  b1 = word(p + 8);
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_trans(uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Byte offset of this lane's ldmatrix row in a tile of row stride S for the
+// 16x16 block at the tile's origin (add the block's own offset):
+// - lane_rc: rows l % 16, cols 8 (l / 16). ldsm gives the A fragment of
+//   M[r][c]; ldsm_trans on M[k][n] gives b0, b1 of columns n..n+7, then of n+8..n+15.
+// - lane_nk: rows l % 8 + 8 (l / 16), cols 8 (l / 8 % 2). ldsm on M[n][k]
+//   (B[k][n] = M[n][k]) gives b0, b1 of columns n..n+7, then of n+8..n+15.
+template <int S>
+__device__ __forceinline__ unsigned lane_rc() {
+  const int l = threadIdx.x % 32;
+  return 2u * ((l % 16) * S + 8 * (l / 16));
+}
+template <int S>
+__device__ __forceinline__ unsigned lane_nk() {
+  const int l = threadIdx.x % 32;
+  return 2u * ((l % 8 + 8 * (l / 16)) * S + 8 * (l / 8 % 2));
+}
+// Byte offset of element (r, c) in a tile of row stride S.
+template <int S>
+constexpr unsigned at(int r, int c) {
+  return 2u * unsigned(r * S + c);
 }
 
 // The accumulators of two adjacent 8-column tiles as the A operand (16 x 16) of the next product.
@@ -138,26 +171,27 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
-// A fragments of 16 rows x DH straight from global memory, rows `ld`
-// elements apart (rows past `rows` are zeros).
-template <int DH>
-__device__ void load_a_rows(uint32_t (&a)[DH / 16][4], const bf16* src, int64_t ld, int r0, int rows) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+// acc[MT][N / 8] += P M over K: P the accumulators p[MT][K / 8] re-packed as
+// bf16 A operands, M a row-major [K][N] shared tile read with ldmatrix.trans
+// (`tile` = its address + lane_rc).
+template <int MT, int K, int N, int S>
+__device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const float (&p)[MT][K / 8][4], unsigned tile) {
 #pragma unroll
-  for (int kc = 0; kc < DH / 16; ++kc)
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t pa[MT][4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = r0 + g + 8 * (e & 1), c = kc * 16 + 2 * t + 8 * (e >> 1);
-      a[kc][e] = r < rows ? word(src + int64_t(r) * ld + c) : 0u;
+    for (int mt = 0; mt < MT; ++mt) acc_as_a(pa[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
+#pragma unroll
+    for (int db = 0; db < N / 8; db += 2) {
+      uint32_t b[4];
+      ldsm_trans(b, tile + at<S>(kk * 16, db * 8));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma(acc[mt][db], pa[mt], b[0], b[1]);
+        mma(acc[mt][db + 1], pa[mt], b[2], b[3]);
+      }
     }
-}
-
-// B[k][n] read from a row-major matrix M[k][n] (k rows): ldmatrix with
-// .trans hands each lane the two k-consecutive elements of its column.
-__device__ __forceinline__ void load_b_trans(uint32_t& b0, uint32_t& b1, const bf16* m, int stride, int k0, int n0) {
-  const unsigned addr =
-      static_cast<unsigned>(__cvta_generic_to_shared(m + (k0 + threadIdx.x % 16) * stride + n0));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+  }
 }
 
 // Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
@@ -178,6 +212,7 @@ __device__ void stage_rows(T* tile, int stride, const T* src, int64_t ld, int r0
 // the end); the caller commits the group and waits before reading the tile.
 template <int ROWS, int D>
 __device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
+#pragma unroll
   for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += kThreads) {
     const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
     const bool in = r0 + r < rows;
@@ -194,17 +229,37 @@ __device__ __forceinline__ void async_wait() {
 }
 
 // ---- BF16 forward ------------------------------------------------------------
-// K and V tiles row-major, double-buffered: tile t + 1 loads while t computes.
+// 128 query rows per block, 32 per warp (two m16 tiles: each K or V fragment
+// read from shared memory feeds two mma). K and V tiles of KB keys are
+// double-buffered with cp.async and one barrier per tile. Q sits in shared
+// memory; with kQRegs its fragments move to registers once (DH <= 64; at 128
+// they would not fit beside the 128 accumulators). Tiles that no causal
+// diagonal, key-padding mask or end of Tk crosses (and a positive scale)
+// skip logit2: p = exp2(s * scale log2(e) - m) in one fma.
 
-template <int DH, int KB>
+constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
+
+// The block's tile index along the query axis: causal blocks with the most
+// keys (the last queries) start first, so the short ones fill the tail.
+__device__ __forceinline__ int heavy_first(const Args& a) {
+  return a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+}
+
+// Whether key tile [n0, n0 + KB) needs the per-element logit2 for queries
+// [q0, q_end): the mask, the end of Tk, a causal diagonal or a scale <= 0.
+__device__ __forceinline__ bool exact_tile(const Args& a, const float* mask_row, int q0, int n0, int kb) {
+  return mask_row != nullptr || !(a.scale_log2 > 0.f) || n0 + kb > a.tk || (a.causal && n0 + kb - 1 > q0 + a.tk - a.tq);
+}
+
+template <int DH, int KB, bool kQRegs>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* buf = reinterpret_cast<bf16*>(smem);  // [2 stages][k, v][KB][S]
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // [kRowsBf16][S]
+  bf16* buf = qs + kRowsBf16 * S;            // [2 stages][k, v][KB][S]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
-  const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
-  const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
+  const int q_block = heavy_first(a) * kRowsBf16, q0 = q_block + warp * 32;
   const bf16* k = static_cast<const bf16*>(a.k) + a.kv_base(bh);
   const bf16* v = static_cast<const bf16*>(a.v) + a.kv_base(bh);
   const float* mask_row = a.mask_row(bh);
@@ -214,203 +269,295 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
+  const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>();
+  const unsigned k_lane = lane_nk<S>(), v_lane = lane_rc<S>();
 
-  const int key_end = a.key_end(min(q_block + 64, a.tq));
+  const int key_end = a.key_end(min(q_block + kRowsBf16, a.tq));
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
-  if (tiles > 0) stage(0);
-  uint32_t qa[DH / 16][4];
-  load_a_rows<DH>(qa, q, a.q_row, q0, a.tq);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float o[DH / 8][4] = {};
-  for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) {
-      stage(tile + 1);
-      async_wait<1>();
-    } else {
+  uint32_t qa[2][kQRegs ? DH / 16 : 1][4];
+  if (tiles > 0) {
+    stage_rows_async<kRowsBf16, DH>(qs, S, static_cast<const bf16*>(a.q) + a.q_base(bh), a.q_row, q_block, a.tq);
+    stage(0);
+    if constexpr (kQRegs) {
       async_wait<0>();
+      __syncthreads();
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int kc = 0; kc < DH / 16; ++kc) ldsm(qa[mt][kc], q_at + at<S>(16 * mt, 16 * kc));
     }
-    __syncthreads();
-    const bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    const bf16* vs = ks + KB * S;
+  }
+  float m[2][2], l[2][2] = {};  // [m tile][row g, g + 8]: running base-2 max and partial sum
+  float o[2][DH / 8][4] = {};
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) m[mt][0] = m[mt][1] = -INFINITY;
+  for (int tile = 0; tile < tiles; ++tile) {
+    async_wait<0>();
+    __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
+    if (tile + 1 < tiles) stage(tile + 1);
+    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
     const int n0 = tile * KB;
-    float s[KB / 8][4] = {};
+    float s[2][KB / 8][4] = {};
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc)
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      uint32_t qf[2][4];
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
-        uint32_t b0, b1;
-        load_b(b0, b1, ks, S, nb * 8, kc * 16);
-        mma(s[nb], qa[kc], b0, b1);
-      }
-    float tile_max[2] = {-INFINITY, -INFINITY};
+      for (int mt = 0; mt < 2; ++mt) {
+        if constexpr (kQRegs) {
 #pragma unroll
-    for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nb][e] = logit2(a, mask_row, q0 + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[nb][e]);
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nb][e]);
-      }
-    float base[2], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
-      base[h] = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-      alpha[h] = exp2f(m[h] - base[h]);
-      m[h] = m_new;
-      l[h] *= alpha[h];
-    }
-#pragma unroll
-    for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nb][e] = exp2f(s[nb][e] - base[e >> 1]);
-        l[e >> 1] += s[nb][e];
+          for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+        } else {
+          ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+        }
       }
 #pragma unroll
-    for (int db = 0; db < DH / 8; ++db)
+      for (int nb = 0; nb < KB / 8; nb += 2) {
+        uint32_t b[4];
+        ldsm(b, ks + k_lane + at<S>(nb * 8, kc * 16));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[db][e] *= alpha[e >> 1];
-#pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk) {
-      uint32_t pa[4];
-      acc_as_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int db = 0; db < DH / 8; ++db) {
-        uint32_t b0, b1;
-        load_b_trans(b0, b1, vs, S, kk * 16, db * 8);
-        mma(o[db], pa, b0, b1);
+        for (int mt = 0; mt < 2; ++mt) {
+          mma(s[mt][nb], qf[mt], b[0], b[1]);
+          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
+        }
       }
     }
-    __syncthreads();  // the next iteration's stage() overwrites this buffer
+    // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+    // scaled after (c > 0 keeps the order and the rounding is monotonic).
+    const bool exact = exact_tile(a, mask_row, q_block, n0, KB);
+    const float c = exact ? 1.f : a.scale_log2;
+    float tile_max[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+      if (exact) {
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
+      }
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
+    }
+    float neg_base[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+        const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+        const float alpha = exp2_ftz(m[mt][h] - base);
+        neg_base[mt][h] = -base;
+        m[mt][h] = m_new;
+        l[mt][h] *= alpha;
+#pragma unroll
+        for (int db = 0; db < DH / 8; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+          l[mt][e >> 1] += s[mt][nb][e];
+        }
+    mma_acc_tile<2, KB, DH, S>(o, s, vs + v_lane);
   }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float total = quad_sum(l[h]);
-    const int row = q0 + g + 8 * h;
-    if (row >= a.tq) continue;
-    const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int db = 0; db < DH / 8; ++db)
-      *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + db * 8 + 2 * t) =
-          pack(o[db][2 * h] * inv, o[db][2 * h + 1] * inv);
-    if (t == 0) {
-      a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * kLn2 + logf(total);
-      a.stats[bh * a.tq + row] = make_float2(m[h], inv);
+    for (int h = 0; h < 2; ++h) {
+      const float total = quad_sum(l[mt][h]);
+      const int row = q0 + 16 * mt + g + 8 * h;
+      if (row >= a.tq) continue;
+      const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
+#pragma unroll
+      for (int db = 0; db < DH / 8; ++db)
+        *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + db * 8 + 2 * t) =
+            pack(o[mt][db][2 * h] * inv, o[mt][db][2 * h + 1] * inv);
+      if (t == 0) {
+        a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[mt][h] * kLn2 + logf(total);
+        a.stats[bh * a.tq + row] = make_float2(m[mt][h], inv);
+      }
     }
-  }
 }
 
 // ---- BF16 backward -----------------------------------------------------------
+// p is rebuilt from the forward's stats {m, 1 / l}: exact tiles through
+// logit2 and prob(), the others as exp2(s * scale log2(e) - m) / l in one fma.
+// Rows past Tq read stats {0, 0} and zero q, do: their p and ds are 0.
 
-// dk, dv for 64 keys (16 per warp), looping over query tiles of QB.
-template <int DH, int QB>
+__device__ __forceinline__ float prob_fast(float s, float c, float2 stats) {
+  return exp2_ftz(fmaf(s, c, -stats.x)) * stats.y;
+}
+
+// cp.async of `bytes` (4, 8 or 16) bytes, zero-filled where `in` is false.
+template <int kBytes>
+__device__ __forceinline__ void copy_async(void* to, const void* from, bool in) {
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(to)), "l"(from), "r"(in ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(to)), "l"(from), "n"(kBytes),
+                 "r"(in ? kBytes : 0));
+  }
+}
+
+// dk, dv for 64 * MT keys: a warp owns 16 * MT keys (MT m16 tiles) and their
+// dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
+// stats, delta double-buffered with cp.async). K and V fragments stay in
+// registers with kKVRegs, else are re-read from shared memory per tile.
+template <int DH, int QB, int MT, bool kKVRegs>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
-  constexpr int S = DH + 8;
+  constexpr int S = DH + 8, kKeys = 64 * MT;
+  constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [64][S]
-  bf16* vs = ks + 64 * S;                    // [64][S]
-  bf16* qs = vs + 64 * S;                    // [QB][S]
-  bf16* dos = qs + QB * S;                   // [QB][S]
-  float2* stat_s = reinterpret_cast<float2*>(dos + QB * S);
-  float* delta_s = reinterpret_cast<float*>(stat_s + QB);
+  bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
+  bf16* vs = ks + kKeys * S;                 // [kKeys][S]
+  unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
-  const int k_block = blockIdx.x * 64;
+  const int k_block = blockIdx.x * kKeys, j0 = k_block + warp * 16 * MT;
   const int64_t koff = a.kv_base(bh);
   const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
   const float* mask_row = a.mask_row(bh);
-
-  stage_rows_async<64, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
-  stage_rows_async<64, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  async_commit();
-  float dk[DH / 8][4] = {}, dv[DH / 8][4] = {};
-  for (int m0 = a.first_query(k_block) / QB * QB; m0 < a.tq; m0 += QB) {
-    __syncthreads();
+  auto stage = [&](int m0, int which) {
+    bf16* qs = reinterpret_cast<bf16*>(stages + which * kStage);
     stage_rows_async<QB, DH>(qs, S, q, a.q_row, m0, a.tq);
-    stage_rows_async<QB, DH>(dos, S, dout, a.o_row, m0, a.tq);
-    async_commit();
+    stage_rows_async<QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
+    float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
+    float* delta_s = reinterpret_cast<float*>(stat_s + QB);
     for (int r = threadIdx.x; r < QB; r += kThreads) {
       const bool in = m0 + r < a.tq;
-      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
-      delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
+      const int64_t at_row = in ? bh * a.tq + m0 + r : 0;
+      copy_async<8>(stat_s + r, a.stats + at_row, in);
+      copy_async<4>(delta_s + r, a.delta + at_row, in);
     }
+    async_commit();
+  };
+
+  const int m_first = a.first_query(k_block) / QB * QB;
+  const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
+  stage_rows_async<kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage_rows_async<kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  if (tiles > 0) stage(m_first, 0); else async_commit();
+  const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
+  const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
+  uint32_t ka[MT][kKVRegs ? DH / 16 : 1][4], va[MT][kKVRegs ? DH / 16 : 1][4];
+  if constexpr (kKVRegs) {
     async_wait<0>();
     __syncthreads();
-    float st[QB / 8][4] = {}, dpt[QB / 8][4] = {};  // s^T and dp^T: 16 keys x QB queries
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        ldsm(ka[mt][kc], kv_at + at<S>(16 * mt, 16 * kc));
+        ldsm(va[mt][kc], kv_at + v_off + at<S>(16 * mt, 16 * kc));
+      }
+  }
+  float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int m0 = m_first + tile * QB;
+    async_wait<0>();
+    __syncthreads();  // stage visible to all; every warp is done with the one stage() refills next
+    if (tile + 1 < tiles) stage(m0 + QB, (tile + 1) % 2);
+    const bf16* qs_ptr = reinterpret_cast<const bf16*>(stages + (tile % 2) * kStage);
+    const unsigned qs = smem_addr(qs_ptr), dos = qs + at<S>(QB, 0);
+    const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S);
+    const float* delta_s = reinterpret_cast<const float*>(stat_s + QB);
+    float st[MT][QB / 8][4] = {}, dpt[MT][QB / 8][4] = {};  // s^T and dp^T: 16 keys x QB queries per m tile
 #pragma unroll
     for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t ka[4], va[4];
-      load_a(ka, ks, S, warp * 16, kc * 16);
-      load_a(va, vs, S, warp * 16, kc * 16);
+      uint32_t kf[MT][4], vf[MT][4];
 #pragma unroll
-      for (int nb = 0; nb < QB / 8; ++nb) {
-        uint32_t b0, b1;
-        load_b(b0, b1, qs, S, nb * 8, kc * 16);
-        mma(st[nb], ka, b0, b1);
-        load_b(b0, b1, dos, S, nb * 8, kc * 16);
-        mma(dpt[nb], va, b0, b1);
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kKVRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
+        } else {
+          ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
+          ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < QB / 8; nb += 2) {
+        uint32_t b[4];
+        ldsm(b, qs + nk_lane + at<S>(nb * 8, kc * 16));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(st[mt][nb], kf[mt], b[0], b[1]);
+          mma(st[mt][nb + 1], kf[mt], b[2], b[3]);
+        }
+        ldsm(b, dos + nk_lane + at<S>(nb * 8, kc * 16));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma(dpt[mt][nb], vf[mt], b[0], b[1]);
+          mma(dpt[mt][nb + 1], vf[mt], b[2], b[3]);
+        }
       }
     }
+    if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
 #pragma unroll
-    for (int nb = 0; nb < QB / 8; ++nb)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int il = nb * 8 + 2 * t + (e & 1), j = k_block + warp * 16 + g + 8 * (e >> 1);
-        st[nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[nb][e]), stat_s[il]);
-      }
+        for (int nb = 0; nb < QB / 8; ++nb)
 #pragma unroll
-    for (int kk = 0; kk < QB / 16; ++kk) {  // dv += p^T do
-      uint32_t pa[4];
-      acc_as_a(pa, st[2 * kk], st[2 * kk + 1]);
+          for (int e = 0; e < 4; ++e) {
+            const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
+            st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
+          }
+    } else {
 #pragma unroll
-      for (int db = 0; db < DH / 8; ++db) {
-        uint32_t b0, b1;
-        load_b_trans(b0, b1, dos, S, kk * 16, db * 8);
-        mma(dv[db], pa, b0, b1);
-      }
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < QB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
     }
+    mma_acc_tile<MT, QB, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
 #pragma unroll
-    for (int nb = 0; nb < QB / 8; ++nb)  // ds^T = p^T (dp^T - delta), without the scale
+    for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[nb][e] *= dpt[nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
+      for (int nb = 0; nb < QB / 8; ++nb)
 #pragma unroll
-    for (int kk = 0; kk < QB / 16; ++kk) {  // dk += ds^T q
-      uint32_t pa[4];
-      acc_as_a(pa, st[2 * kk], st[2 * kk + 1]);
-#pragma unroll
-      for (int db = 0; db < DH / 8; ++db) {
-        uint32_t b0, b1;
-        load_b_trans(b0, b1, qs, S, kk * 16, db * 8);
-        mma(dk[db], pa, b0, b1);
-      }
-    }
+        for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
+    mma_acc_tile<MT, QB, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
   }
+  if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
   bf16* dk_out = static_cast<bf16*>(a.dk) + koff;
   bf16* dv_out = static_cast<bf16*>(a.dv) + koff;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int j = k_block + warp * 16 + g + 8 * h;
-    if (j >= a.tk) continue;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int db = 0; db < DH / 8; ++db) {
-      const int64_t at = int64_t(j) * a.kv_row + db * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dk_out + at) = pack(dk[db][2 * h] * a.scale, dk[db][2 * h + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(dv_out + at) = pack(dv[db][2 * h], dv[db][2 * h + 1]);
+    for (int h = 0; h < 2; ++h) {
+      const int j = j0 + 16 * mt + g + 8 * h;
+      if (j >= a.tk) continue;
+#pragma unroll
+      for (int db = 0; db < DH / 8; ++db) {
+        const int64_t at_j = int64_t(j) * a.kv_row + db * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + at_j) = pack(dk[mt][db][2 * h] * a.scale, dk[mt][db][2 * h + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(dv_out + at_j) = pack(dv[mt][db][2 * h], dv[mt][db][2 * h + 1]);
+      }
     }
-  }
 }
 
-// dq for 64 queries (16 per warp), looping over double-buffered key tiles of KB.
+// dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
+// key tiles of KB; q and do stay in shared memory.
 template <int DH, int KB>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* buf = reinterpret_cast<bf16*>(smem);  // [2 stages][k, v][KB][S]
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // [kRowsBf16][S]
+  bf16* dos = qs + kRowsBf16 * S;            // [kRowsBf16][S]
+  bf16* buf = dos + kRowsBf16 * S;           // [2 stages][k, v][KB][S]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int64_t bh = blockIdx.y;
-  const int q_block = blockIdx.x * 64, q0 = q_block + warp * 16;
+  const int q_block = heavy_first(a) * kRowsBf16, q0 = q_block + warp * 32;
   const int64_t qoff = a.q_base(bh), koff = a.kv_base(bh);
   const bf16* k = static_cast<const bf16*>(a.k) + koff;
   const bf16* v = static_cast<const bf16*>(a.v) + koff;
@@ -421,75 +568,96 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
     stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
-  const int key_end = a.key_end(min(q_block + 64, a.tq));
+  const int key_end = a.key_end(min(q_block + kRowsBf16, a.tq));
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
-  if (tiles > 0) stage(0);
-
-  uint32_t qa[DH / 16][4], doa[DH / 16][4];
-  load_a_rows<DH>(qa, static_cast<const bf16*>(a.q) + qoff, a.q_row, q0, a.tq);
-  load_a_rows<DH>(doa, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q0, a.tq);
-  float2 stats[2];
-  float delta[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = q0 + g + 8 * h;
-    stats[h] = row < a.tq ? a.stats[bh * a.tq + row] : make_float2(-INFINITY, 0.f);
-    delta[h] = row < a.tq ? a.delta[bh * a.tq + row] : 0.f;
+  if (tiles > 0) {
+    stage_rows_async<kRowsBf16, DH>(qs, S, static_cast<const bf16*>(a.q) + qoff, a.q_row, q_block, a.tq);
+    stage_rows_async<kRowsBf16, DH>(dos, S, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q_block, a.tq);
+    stage(0);
   }
-  float dq[DH / 8][4] = {};
+  const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>(), do_off = at<S>(kRowsBf16, 0);
+  const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
+  float2 stats[2][2];
+  float delta[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = q0 + 16 * mt + g + 8 * h;
+      stats[mt][h] = row < a.tq ? a.stats[bh * a.tq + row] : make_float2(0.f, 0.f);
+      delta[mt][h] = row < a.tq ? a.delta[bh * a.tq + row] : 0.f;
+    }
+  float dq[2][DH / 8][4] = {};
   for (int tile = 0; tile < tiles; ++tile) {
-    if (tile + 1 < tiles) {
-      stage(tile + 1);
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
-    __syncthreads();
-    const bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    const bf16* vs = ks + KB * S;
+    async_wait<0>();
+    __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
+    if (tile + 1 < tiles) stage(tile + 1);
+    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
     const int n0 = tile * KB;
-    float s[KB / 8][4] = {}, dp[KB / 8][4] = {};
+    float s[2][KB / 8][4] = {}, dp[2][KB / 8][4] = {};
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc)
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      uint32_t qf[2][4], df[2][4];
 #pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb) {
-        uint32_t b0, b1;
-        load_b(b0, b1, ks, S, nb * 8, kc * 16);
-        mma(s[nb], qa[kc], b0, b1);
-        load_b(b0, b1, vs, S, nb * 8, kc * 16);
-        mma(dp[nb], doa[kc], b0, b1);
+      for (int mt = 0; mt < 2; ++mt) {
+        ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+        ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
       }
 #pragma unroll
-    for (int nb = 0; nb < KB / 8; ++nb)
+      for (int nb = 0; nb < KB / 8; nb += 2) {
+        uint32_t b[4];
+        ldsm(b, ks + nk_lane + at<S>(nb * 8, kc * 16));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1;
-        const float p = prob(logit2(a, mask_row, q0 + g + 8 * h, n0 + nb * 8 + 2 * t + (e & 1), s[nb][e]), stats[h]);
-        s[nb][e] = p * (dp[nb][e] - delta[h]);  // ds without the scale
-      }
+        for (int mt = 0; mt < 2; ++mt) {
+          mma(s[mt][nb], qf[mt], b[0], b[1]);
+          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
+        }
+        ldsm(b, vs + nk_lane + at<S>(nb * 8, kc * 16));
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk) {
-      uint32_t da[4];
-      acc_as_a(da, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int db = 0; db < DH / 8; ++db) {
-        uint32_t b0, b1;
-        load_b_trans(b0, b1, ks, S, kk * 16, db * 8);
-        mma(dq[db], da, b0, b1);
+        for (int mt = 0; mt < 2; ++mt) {
+          mma(dp[mt][nb], df[mt], b[0], b[1]);
+          mma(dp[mt][nb + 1], df[mt], b[2], b[3]);
+        }
       }
     }
-    __syncthreads();
+    if (exact_tile(a, mask_row, q_block, n0, KB)) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
+            s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
+          }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)  // ds without the scale
+#pragma unroll
+      for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
+    mma_acc_tile<2, KB, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
   }
   bf16* dq_out = static_cast<bf16*>(a.dq) + qoff;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = q0 + g + 8 * h;
-    if (row >= a.tq) continue;
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int db = 0; db < DH / 8; ++db)
-      *reinterpret_cast<uint32_t*>(dq_out + int64_t(row) * a.q_row + db * 8 + 2 * t) =
-          pack(dq[db][2 * h] * a.scale, dq[db][2 * h + 1] * a.scale);
-  }
+    for (int h = 0; h < 2; ++h) {
+      const int row = q0 + 16 * mt + g + 8 * h;
+      if (row >= a.tq) continue;
+#pragma unroll
+      for (int db = 0; db < DH / 8; ++db)
+        *reinterpret_cast<uint32_t*>(dq_out + int64_t(row) * a.q_row + db * 8 + 2 * t) =
+            pack(dq[mt][db][2 * h] * a.scale, dq[mt][db][2 * h + 1] * a.scale);
+    }
 }
 
 // ---- F32 on the CUDA cores: four lanes per row, each a quarter of dh ---------
@@ -728,16 +896,20 @@ void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* 
 }
 
 // Shared memory of each BF16 kernel, in bytes.
-constexpr size_t forward_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }  // 2 stages of k, v
-constexpr size_t dkdv_smem(int dh, int qb) { return 2 * (2 * 64 * (dh + 8) + 2 * qb * (dh + 8)) + 12 * qb; }
-constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * 2 * kb * (dh + 8)); }
+constexpr size_t forward_smem(int dh, int kb) { return 2 * (kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, 2 stages of k, v
+constexpr size_t dkdv_smem(int dh, int qb, int mt) {  // k, v; 2 stages of q, do, stats, delta
+  return 2 * 2 * 64 * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
+}
+constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
-// Tile sizes per head dim: dh 128 halves the inner tile of the backward to
-// keep its accumulators in registers.
+// Tile sizes per head dim: the largest whose accumulators fit the registers
+// without spills (ptxas figures in docs/attention.md).
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (bf16_inputs) {
-    launch(forward_bf16_kernel<DH, 64>, grid(a.tq, 64, bh), forward_smem(DH, 64), a, "attention_forward_bf16");
+    constexpr int kKeys = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
+    launch(forward_bf16_kernel<DH, kKeys, DH <= 64>, grid(a.tq, kRowsBf16, bh), forward_smem(DH, kKeys), a,
+           "attention_forward_bf16");
   } else {
     launch(forward_f32_kernel<DH>, grid(a.tq, kRowsF32, bh), 0, a, "attention_forward_f32");
   }
@@ -745,11 +917,12 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
-  constexpr int kInner = DH == 128 ? 32 : 64;
   if (bf16_inputs) {
-    launch(backward_dkdv_bf16_kernel<DH, kInner>, grid(a.tk, 64, bh), dkdv_smem(DH, kInner), a,
+    constexpr int kQB = 32, kMT = DH == 128 ? 1 : 2, kKB = DH == 128 ? 16 : DH == 64 ? 32 : 64;
+    constexpr bool kKVRegs = DH * kMT <= 64;
+    launch(backward_dkdv_bf16_kernel<DH, kQB, kMT, kKVRegs>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a,
            "attention_backward_dkdv_bf16");
-    launch(backward_dq_bf16_kernel<DH, kInner>, grid(a.tq, 64, bh), dq_smem(DH, kInner), a,
+    launch(backward_dq_bf16_kernel<DH, kKB>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, kKB), a,
            "attention_backward_dq_bf16");
   } else {
     launch(backward_dq_f32_kernel<DH>, grid(a.tq, kRowsF32, bh), 0, a, "attention_backward_dq_f32");  // writes delta
