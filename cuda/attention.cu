@@ -5,10 +5,10 @@
 // BF16 runs on the tensor cores (mma.sync m16n8k16, fp32 accumulate): a warp
 // owns 32 rows (docs/attention.md, "tiling"); the accumulator of one product is re-packed in registers as
 // the A operand of the next (scores -> probabilities -> p v). F32 runs on the
-// CUDA cores: four lanes own a row, each a quarter of the head dim.
+// CUDA cores, register-tiled like an SGEMM: cuda/attention_f32.cu.
 // Forward: online softmax over key tiles, saves the log-sum-exp per query.
 // Backward: delta_i = sum_j p_ij dp_ij (BF16: do . o, as flash attention
-// does; F32: summed over the recomputed p, see backward_dq_f32_kernel); then
+// does; F32: summed over the recomputed p, see cuda/attention_f32.cu); then
 // one kernel per key tile for dk, dv and one per query tile for dq, each
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
 // repeatable results.
@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "core/error.hpp"
+#include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
 
@@ -31,35 +32,10 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 128;  // 4 warps per block in every kernel
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
-
-struct Args {
-  const void *q, *k, *v, *o, *dout;
-  void *out, *dq, *dk, *dv;
-  float* lse;
-  float2* stats;  // per query row: base-2 max and 1 / sum, what the backward rebuilds p from
-  float* delta;
-  const float* mask;
-  int64_t mask_batch_stride;
-  int heads, tq, tk;
-  bool causal;
-  float scale, scale_log2;
-  // Element strides (batch, head, row) of q and dq; k, v, dk, dv; o and dout.
-  int64_t q_batch, q_head, q_row, kv_batch, kv_head, kv_row, o_batch, o_head, o_row;
-
-  __device__ int64_t q_base(int64_t bh) const { return (bh / heads) * q_batch + (bh % heads) * q_head; }
-  __device__ int64_t kv_base(int64_t bh) const { return (bh / heads) * kv_batch + (bh % heads) * kv_head; }
-  __device__ int64_t o_base(int64_t bh) const { return (bh / heads) * o_batch + (bh % heads) * o_head; }
-  __device__ const float* mask_row(int64_t bh) const {
-    return mask == nullptr ? nullptr : mask + (bh / heads) * mask_batch_stride;
-  }
-  // Exclusive end of the keys any query in [q_begin, q_end) may see.
-  __device__ int key_end(int q_end) const { return causal ? min(tk, q_end + tk - tq) : tk; }
-  // First query that sees key j (causal), 0 otherwise.
-  __device__ int first_query(int j) const { return causal ? max(0, j - (tk - tq)) : 0; }
-};
+using attn::Args;
+using attn::kLn2;
+using attn::kLog2e;
+using attn::kMaskThreshold;
 
 // ---- shared row helpers ------------------------------------------------------
 
@@ -195,21 +171,9 @@ __device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const f
 }
 
 // Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
-// apart into a row-major shared tile; rows past the end are zeros. Plain
-// 16-byte loads (F32 kernels).
-template <int ROWS, int D, class T>
-__device__ void stage_rows(T* tile, int stride, const T* src, int64_t ld, int r0, int rows) {
-  constexpr int kVec = 16 / sizeof(T);
-  for (int idx = threadIdx.x; idx < ROWS * D / kVec; idx += kThreads) {
-    const int r = idx / (D / kVec), c = (idx % (D / kVec)) * kVec;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (r0 + r < rows) raw = *reinterpret_cast<const uint4*>(src + int64_t(r0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(tile + r * stride + c) = raw;
-  }
-}
-
-// The same with cp.async (global -> shared without registers; zero-fill past
-// the end); the caller commits the group and waits before reading the tile.
+// apart into a row-major shared tile with cp.async (global -> shared without
+// registers; zero-fill past the end); the caller commits the group and waits
+// before reading the tile.
 template <int ROWS, int D>
 __device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
 #pragma unroll
@@ -660,195 +624,6 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
     }
 }
 
-// ---- F32 on the CUDA cores: four lanes per row, each a quarter of dh ---------
-// Lane c of a row owns dims {16 r + 4 c + 0..3}, so the 8 rows of a warp read
-// one shared float4 per lane group (broadcast, no bank conflict).
-
-template <int DH>
-struct Quarter {
-  static constexpr int kN = DH / 4;
-  float x[kN];
-  __device__ void load(const float* row) {
-    const int c = threadIdx.x % 4;
-#pragma unroll
-    for (int r = 0; r < DH / 16; ++r) {
-      const float4 f = *reinterpret_cast<const float4*>(row + 16 * r + 4 * c);
-      x[4 * r] = f.x, x[4 * r + 1] = f.y, x[4 * r + 2] = f.z, x[4 * r + 3] = f.w;
-    }
-  }
-  __device__ void zero() {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) x[i] = 0.f;
-  }
-  __device__ float dot(const float* row) const {  // full dot product, summed over the row's four lanes
-    const int c = threadIdx.x % 4;
-    float acc = 0.f;
-#pragma unroll
-    for (int r = 0; r < DH / 16; ++r) {
-      const float4 f = *reinterpret_cast<const float4*>(row + 16 * r + 4 * c);
-      acc += x[4 * r] * f.x + x[4 * r + 1] * f.y + x[4 * r + 2] * f.z + x[4 * r + 3] * f.w;
-    }
-    return quad_sum(acc);
-  }
-  __device__ void axpy(float w, const float* row) {  // x += w * row
-    const int c = threadIdx.x % 4;
-#pragma unroll
-    for (int r = 0; r < DH / 16; ++r) {
-      const float4 f = *reinterpret_cast<const float4*>(row + 16 * r + 4 * c);
-      x[4 * r] += w * f.x, x[4 * r + 1] += w * f.y, x[4 * r + 2] += w * f.z, x[4 * r + 3] += w * f.w;
-    }
-  }
-  __device__ void store(float* row, float w) const {
-    const int c = threadIdx.x % 4;
-#pragma unroll
-    for (int r = 0; r < DH / 16; ++r)
-      *reinterpret_cast<float4*>(row + 16 * r + 4 * c) =
-          make_float4(w * x[4 * r], w * x[4 * r + 1], w * x[4 * r + 2], w * x[4 * r + 3]);
-  }
-};
-
-constexpr int kRowsF32 = kThreads / 4;  // 32 rows per block
-constexpr int kTileF32 = 32;            // keys (or queries) staged per step
-
-template <int DH>
-__global__ void __launch_bounds__(kThreads) forward_f32_kernel(Args a) {
-  __shared__ __align__(16) float ks[kTileF32 * DH], vs[kTileF32 * DH];
-  const int64_t bh = blockIdx.y;
-  const int q_block = blockIdx.x * kRowsF32, i = q_block + threadIdx.x / 4;
-  const float* k = static_cast<const float*>(a.k) + a.kv_base(bh);
-  const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
-  const float* mask_row = a.mask_row(bh);
-  Quarter<DH> q, o;
-  if (i < a.tq) q.load(static_cast<const float*>(a.q) + a.q_base(bh) + int64_t(i) * a.q_row); else q.zero();
-  o.zero();
-  float m = -INFINITY, l = 0.f;
-  const int key_end = a.key_end(min(q_block + kRowsF32, a.tq));
-  for (int n0 = 0; n0 < key_end; n0 += kTileF32) {
-    __syncthreads();
-    stage_rows<kTileF32, DH>(ks, DH, k, a.kv_row, n0, a.tk);
-    stage_rows<kTileF32, DH>(vs, DH, v, a.kv_row, n0, a.tk);
-    __syncthreads();
-    float s[kTileF32];
-    float tile_max = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kTileF32; ++j) {
-      s[j] = logit2(a, mask_row, i, n0 + j, q.dot(ks + j * DH));
-      tile_max = fmaxf(tile_max, s[j]);
-    }
-    const float m_new = fmaxf(m, tile_max), base = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = exp2f(m - base);
-    m = m_new;
-    l *= alpha;
-#pragma unroll
-    for (int d = 0; d < Quarter<DH>::kN; ++d) o.x[d] *= alpha;
-#pragma unroll
-    for (int j = 0; j < kTileF32; ++j) {
-      const float p = exp2f(s[j] - base);
-      l += p;
-      o.axpy(p, vs + j * DH);
-    }
-  }
-  if (i >= a.tq) return;
-  const float inv = l == 0.f ? 0.f : 1.f / l;
-  o.store(static_cast<float*>(a.out) + a.o_base(bh) + int64_t(i) * a.o_row, inv);
-  if (threadIdx.x % 4 == 0) {
-    a.lse[bh * a.tq + i] = l == 0.f ? -INFINITY : m * kLn2 + logf(l);
-    a.stats[bh * a.tq + i] = make_float2(m, inv);
-  }
-}
-
-template <int DH>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_f32_kernel(Args a) {
-  __shared__ __align__(16) float qs[kTileF32 * DH], dos[kTileF32 * DH];
-  __shared__ float2 stat_s[kTileF32];
-  __shared__ float delta_s[kTileF32];
-  const int64_t bh = blockIdx.y;
-  const int k_block = blockIdx.x * kRowsF32, j = k_block + threadIdx.x / 4;
-  const int64_t koff = a.kv_base(bh) + int64_t(j) * a.kv_row;
-  const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
-  const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
-  const float* mask_row = a.mask_row(bh);
-  Quarter<DH> kr, vr, dk, dv;
-  if (j < a.tk) {
-    kr.load(static_cast<const float*>(a.k) + koff);
-    vr.load(static_cast<const float*>(a.v) + koff);
-  } else {
-    kr.zero();
-    vr.zero();
-  }
-  dk.zero();
-  dv.zero();
-  for (int m0 = a.first_query(k_block) / kTileF32 * kTileF32; m0 < a.tq; m0 += kTileF32) {
-    __syncthreads();
-    stage_rows<kTileF32, DH>(qs, DH, q, a.q_row, m0, a.tq);
-    stage_rows<kTileF32, DH>(dos, DH, dout, a.o_row, m0, a.tq);
-    for (int r = threadIdx.x; r < kTileF32; r += kThreads) {
-      const bool in = m0 + r < a.tq;
-      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
-      delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
-    }
-    __syncthreads();
-    for (int r = 0; r < kTileF32; ++r) {
-      const float p = prob(logit2(a, mask_row, m0 + r, j, kr.dot(qs + r * DH)), stat_s[r]);
-      const float dp = vr.dot(dos + r * DH);
-      dv.axpy(p, dos + r * DH);
-      dk.axpy(p * (dp - delta_s[r]), qs + r * DH);
-    }
-  }
-  if (j >= a.tk) return;
-  dk.store(static_cast<float*>(a.dk) + koff, a.scale);
-  dv.store(static_cast<float*>(a.dv) + koff, 1.f);
-}
-
-// dq for 32 queries. Two sweeps over the keys: the first sums delta_i =
-// sum_j p_ij dp_ij over the very p the gradient uses (not do . o, which at
-// logits of 1e4 differs from it by the float32 rounding of o and leaves ds
-// rows that no longer sum to zero), the second accumulates dq. delta is
-// written for the dk, dv kernel that runs next.
-template <int DH>
-__global__ void __launch_bounds__(kThreads) backward_dq_f32_kernel(Args a) {
-  __shared__ __align__(16) float ks[kTileF32 * DH], vs[kTileF32 * DH];
-  const int64_t bh = blockIdx.y;
-  const int q_block = blockIdx.x * kRowsF32, i = q_block + threadIdx.x / 4;
-  const int64_t qoff = a.q_base(bh) + int64_t(i) * a.q_row;
-  const float* k = static_cast<const float*>(a.k) + a.kv_base(bh);
-  const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
-  const float* mask_row = a.mask_row(bh);
-  Quarter<DH> q, dout, dq;
-  float2 stats = make_float2(-INFINITY, 0.f);
-  if (i < a.tq) {
-    q.load(static_cast<const float*>(a.q) + qoff);
-    dout.load(static_cast<const float*>(a.dout) + a.o_base(bh) + int64_t(i) * a.o_row);
-    stats = a.stats[bh * a.tq + i];
-  } else {
-    q.zero();
-    dout.zero();
-  }
-  dq.zero();
-  float delta = 0.f;
-  const int key_end = a.key_end(min(q_block + kRowsF32, a.tq));
-  for (int sweep = 0; sweep < 2; ++sweep) {
-    for (int n0 = 0; n0 < key_end; n0 += kTileF32) {
-      __syncthreads();
-      stage_rows<kTileF32, DH>(ks, DH, k, a.kv_row, n0, a.tk);
-      stage_rows<kTileF32, DH>(vs, DH, v, a.kv_row, n0, a.tk);
-      __syncthreads();
-      for (int j = 0; j < kTileF32; ++j) {
-        const float p = prob(logit2(a, mask_row, i, n0 + j, q.dot(ks + j * DH)), stats);
-        const float dp = dout.dot(vs + j * DH);
-        if (sweep == 0) {
-          delta += p * dp;
-        } else {
-          dq.axpy(p * (dp - delta), ks + j * DH);
-        }
-      }
-    }
-  }
-  if (i >= a.tq) return;
-  dq.store(static_cast<float*>(a.dq) + qoff, a.scale);
-  if (threadIdx.x % 4 == 0) a.delta[bh * a.tq + i] = delta;
-}
-
 // delta_i = sum_c do[i, c] * o[i, c], one warp per query row (rows =
 // B * H * Tq, in (b, h, i) order), in F32 (BF16 path). do and o share o's strides.
 template <class T>
@@ -911,7 +686,7 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
     launch(forward_bf16_kernel<DH, kKeys, DH <= 64>, grid(a.tq, kRowsBf16, bh), forward_smem(DH, kKeys), a,
            "attention_forward_bf16");
   } else {
-    launch(forward_f32_kernel<DH>, grid(a.tq, kRowsF32, bh), 0, a, "attention_forward_f32");
+    attn::forward_f32<DH>(a, bh);
   }
 }
 
@@ -925,8 +700,7 @@ void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
     launch(backward_dq_bf16_kernel<DH, kKB>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, kKB), a,
            "attention_backward_dq_bf16");
   } else {
-    launch(backward_dq_f32_kernel<DH>, grid(a.tq, kRowsF32, bh), 0, a, "attention_backward_dq_f32");  // writes delta
-    launch(backward_dkdv_f32_kernel<DH>, grid(a.tk, kRowsF32, bh), 0, a, "attention_backward_dkdv_f32");
+    attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
   }
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_runtime.hpp"
@@ -370,6 +371,43 @@ TEST_CASE("attention: CUDA fused results repeat bitwise", "[attention][cuda]") {
       CHECK(a.dk.to_vector() == b.dk.to_vector());
       CHECK(a.dv.to_vector() == b.dv.to_vector());
     }
+  }
+}
+
+// The F32 kernels (cuda/attention_f32.cu) tile 64 keys (or queries) per step
+// against 64 or 128 rows per block: shapes at, one past and one short of
+// those edges, a single query or key, causal offsets of a whole tile either
+// way. (Logits of 1e4 stay at the small shape above: at T ~ 67 the float32
+// rounding of the logits alone, in any kernel, can exceed that case's bounds.)
+TEST_CASE("attention: CUDA F32 fused kernels at tile edges", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 2500;
+  for (int64_t dh : {32, 64, 128})
+    for (const auto& [tq, tk] : std::vector<std::pair<int64_t, int64_t>>{
+             {128, 128}, {64, 64}, {129, 65}, {65, 129}, {1, 130}, {130, 1}, {127, 191}})
+      for (bool causal : {false, true})
+        for (bool mask : {false, true}) {
+          Problem p;
+          p.b = 3, p.h = 2, p.tq = tq, p.tk = tk, p.dh = dh, p.causal = causal, p.mask = mask;
+          p.scale = 1.0 / std::sqrt(double(dh));
+          const Inputs in = make_inputs(p, ++seed);
+          check_close(run(p, in, Device::CUDA, DType::F32, KernelMode::Fused), reference(p, in), 2e-6, 2e-5,
+                      describe(p) + " cuda f32 fused");
+        }
+  // Repeatability at every head dim (the 256-thread dh 128 kernels included).
+  for (int64_t dh : {32, 128}) {
+    Problem p;
+    p.b = 2, p.h = 2, p.tq = 200, p.tk = 333, p.dh = dh, p.causal = true, p.mask = true;
+    p.scale = 1.0 / std::sqrt(double(dh));
+    const Inputs in = make_inputs(p, 88);
+    const Outputs a = run(p, in, Device::CUDA, DType::F32, KernelMode::Fused);
+    const Outputs b = run(p, in, Device::CUDA, DType::F32, KernelMode::Fused);
+    INFO(describe(p));
+    CHECK(a.o.to_vector() == b.o.to_vector());
+    CHECK(a.lse.to_vector() == b.lse.to_vector());
+    CHECK(a.dq.to_vector() == b.dq.to_vector());
+    CHECK(a.dk.to_vector() == b.dk.to_vector());
+    CHECK(a.dv.to_vector() == b.dv.to_vector());
   }
 }
 

@@ -1,0 +1,43 @@
+#pragma once
+// For the fused attention .cu files only (cuda/attention.cu, BF16 and the
+// launchers; cuda/attention_f32.cu, F32): the kernel arguments and constants
+// both share.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/attention_layout.hpp"
+
+namespace hg::gpu::attn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
+
+struct Args {
+  const void *q, *k, *v, *o, *dout;
+  void *out, *dq, *dk, *dv;
+  float* lse;
+  float2* stats;  // per query row: base-2 max and 1 / sum, what the backward rebuilds p from
+  float* delta;
+  const float* mask;
+  int64_t mask_batch_stride;
+  int heads, tq, tk;
+  bool causal;
+  float scale, scale_log2;
+  // Element strides (batch, head, row) of q and dq; k, v, dk, dv; o and dout.
+  int64_t q_batch, q_head, q_row, kv_batch, kv_head, kv_row, o_batch, o_head, o_row;
+
+  __device__ int64_t q_base(int64_t bh) const { return (bh / heads) * q_batch + (bh % heads) * q_head; }
+  __device__ int64_t kv_base(int64_t bh) const { return (bh / heads) * kv_batch + (bh % heads) * kv_head; }
+  __device__ int64_t o_base(int64_t bh) const { return (bh / heads) * o_batch + (bh % heads) * o_head; }
+  __device__ const float* mask_row(int64_t bh) const {
+    return mask == nullptr ? nullptr : mask + (bh / heads) * mask_batch_stride;
+  }
+  // Exclusive end of the keys any query in [q_begin, q_end) may see.
+  __device__ int key_end(int q_end) const { return causal ? min(tk, q_end + tk - tq) : tk; }
+  // First query that sees key j (causal), 0 otherwise.
+  __device__ int first_query(int j) const { return causal ? max(0, j - (tk - tq)) : 0; }
+};
+
+}  // namespace hg::gpu::attn

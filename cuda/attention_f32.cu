@@ -1,0 +1,512 @@
+// Fused attention in F32 on the CUDA cores, register-tiled like an SGEMM
+// (the BF16 kernels and the launch API: cuda/attention.cu). Derivation,
+// tiling and budgets: docs/attention.md, "F32 kernels".
+//
+// A block of 16 * TY threads owns BR = TY * RM rows (queries in the forward
+// and dq kernels, keys in the dk, dv kernel) and walks tiles of 64 columns
+// (keys, or queries). Thread (ty, tx) owns an RM x 4 micro-tile of a score
+// product (rows row_of(i), columns tx + 16 c) and an RM x DH/16 micro-tile of
+// an output (dims Dims::at(e)), both in registers:
+//   score products (q k^T, do v^T): both operands row-major in shared memory,
+//     read along dh a float4 at a time (tile_dots);
+//   output products (p v, ds k, p^T do, ds^T q): p or ds transposed in shared
+//     memory, [column][row], written from the score micro-tiles (store_t) and
+//     read a float4 of rows at a time, times a row of v, k, do or q (tile_axpy).
+// A row's max and sum are spread over the 16 lanes of a half warp: shuffles.
+// Tiles are staged with cp.async, zero-filled past Tq or Tk; every partial
+// tile, causal cut and mask goes through logit2 (-inf) and prob (0).
+//
+// Forward: online softmax over the key tiles; saves lse and stats.
+// Backward: the dq kernel sweeps its keys twice, first summing delta_i =
+// sum_j p_ij dp_ij over the very p and dp the gradient uses (not do . o,
+// docs/attention.md says why), then accumulating dq; it writes delta for the
+// dk, dv kernel. Each product sums over dh in one fixed fma chain in every
+// kernel, so all three see the same scores and both backward kernels the
+// same dp. No atomics: bitwise repeatable.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/attention_f32.cuh"
+#include "cuda/cuda_check.hpp"
+
+namespace hg::gpu::attn {
+namespace {
+
+constexpr int kCols = 64;  // columns (keys, or queries in the dk, dv kernel) of a score tile
+
+// ---- thread geometry ---------------------------------------------------------
+
+__device__ __forceinline__ int tx() { return threadIdx.x % 16; }
+__device__ __forceinline__ int ty() { return threadIdx.x / 16; }
+
+// Row i < RM of the thread's micro-tile among the block's TY * RM rows: runs
+// of four rows, 4 TY apart. The two row groups of a warp read rows 4 apart,
+// 16 banks apart in a tile of row stride DH + 4.
+template <int TY>
+__device__ __forceinline__ int row_of(int i) {
+  return (i / 4) * (4 * TY) + ty() * 4 + i % 4;
+}
+// Column c < 4: the 16 lanes of a row group read 16 consecutive rows of the
+// column operand (4 banks apart: no conflict).
+__device__ __forceinline__ int col_of(int c) { return tx() + 16 * c; }
+
+// The thread's DH / 16 dims of an output row, in runs of kVec contiguous floats.
+template <int DH>
+struct Dims {
+  static constexpr int kN = DH / 16, kVec = kN < 4 ? kN : 4;
+  __device__ static int at(int e) { return (e / kVec) * (16 * kVec) + tx() * kVec + e % kVec; }
+  __device__ static void load(float (&x)[kN], const float* row) {
+#pragma unroll
+    for (int e = 0; e < kN; e += kVec) {
+      if constexpr (kVec == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(row + at(e));
+        x[e] = f.x, x[e + 1] = f.y, x[e + 2] = f.z, x[e + 3] = f.w;
+      } else {
+        const float2 f = *reinterpret_cast<const float2*>(row + at(e));
+        x[e] = f.x, x[e + 1] = f.y;
+      }
+    }
+  }
+  __device__ static void store(float* row, const float (&x)[kN], float w) {
+#pragma unroll
+    for (int e = 0; e < kN; e += kVec) {
+      if constexpr (kVec == 4) {
+        *reinterpret_cast<float4*>(row + at(e)) = make_float4(w * x[e], w * x[e + 1], w * x[e + 2], w * x[e + 3]);
+      } else {
+        *reinterpret_cast<float2*>(row + at(e)) = make_float2(w * x[e], w * x[e + 1]);
+      }
+    }
+  }
+};
+
+// ---- staging (cp.async) ------------------------------------------------------
+
+// Rows [r0, r0 + ROWS) of a (rows, DH) operand whose rows start `ld`
+// elements apart, into a shared tile of row stride DH + 4; rows past `rows`
+// are zeros. The caller commits the group and waits before reading.
+template <int ROWS, int DH, int NT>
+__device__ __forceinline__ void stage(float* tile, const float* src, int64_t ld, int r0, int rows) {
+  constexpr int kVecs = DH / 4;
+  for (int idx = threadIdx.x; idx < ROWS * kVecs; idx += NT) {
+    const int r = idx / kVecs, c = (idx % kVecs) * 4;
+    const bool in = r0 + r < rows;
+    const float* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
+    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * (DH + 4) + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// ---- micro-kernels -----------------------------------------------------------
+
+__device__ __forceinline__ float dot4(float acc, float4 a, float4 b) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
+// acc[i][c] += A[row_of(i)] . B[col_of(c)], A and B row-major tiles of
+// stride DH + 4. One fma chain over d = 0, 1, ..., DH - 1 from acc = 0, the
+// same in every kernel (fmaf(a, b, c) = fmaf(b, a, c)): q . k and do . v come
+// out bitwise alike wherever they are recomputed.
+template <int DH, int TY, int RM>
+__device__ __forceinline__ void tile_dots(float (&acc)[RM][4], const float* a, const float* b) {
+  constexpr int S = DH + 4;
+#pragma unroll 4
+  for (int d = 0; d < DH; d += 4) {
+    float4 av[RM], bv[4];
+#pragma unroll
+    for (int i = 0; i < RM; ++i) av[i] = *reinterpret_cast<const float4*>(a + row_of<TY>(i) * S + d);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) bv[c] = *reinterpret_cast<const float4*>(b + col_of(c) * S + d);
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][c] = dot4(acc[i][c], av[i], bv[c]);
+  }
+}
+
+// x[i][c] -> pt[col_of(c)][row_of(i)], row stride ps: the transposed layout tile_axpy reads.
+template <int TY, int RM>
+__device__ __forceinline__ void store_t(float* pt, int ps, const float (&x)[RM][4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+#pragma unroll
+    for (int g = 0; g < RM / 4; ++g)
+      *reinterpret_cast<float4*>(pt + col_of(c) * ps + row_of<TY>(4 * g)) =
+          make_float4(x[4 * g][c], x[4 * g + 1][c], x[4 * g + 2][c], x[4 * g + 3][c]);
+}
+
+// acc[i][e] += sum over the 64 columns j of pt[j][row_of(i)] * m[j][Dims::at(e)],
+// pt of row stride ps, m row-major of stride DH + 4.
+template <int DH, int TY, int RM>
+__device__ __forceinline__ void tile_axpy(float (&acc)[RM][DH / 16], const float* pt, int ps, const float* m) {
+#pragma unroll 4
+  for (int j = 0; j < kCols; ++j) {
+    float p[RM], x[DH / 16];
+#pragma unroll
+    for (int g = 0; g < RM / 4; ++g) {
+      const float4 f = *reinterpret_cast<const float4*>(pt + j * ps + row_of<TY>(4 * g));
+      p[4 * g] = f.x, p[4 * g + 1] = f.y, p[4 * g + 2] = f.z, p[4 * g + 3] = f.w;
+    }
+    Dims<DH>::load(x, m + j * (DH + 4));
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+      for (int e = 0; e < DH / 16; ++e) acc[i][e] = fmaf(p[i], x[e], acc[i][e]);
+  }
+}
+
+// Over the 16 lanes that share a row; every lane ends with the same bits
+// (each step adds the same two values, in either order).
+__device__ __forceinline__ float row_max(float x) {
+#pragma unroll
+  for (int off = 8; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+__device__ __forceinline__ float row_sum(float x) {
+#pragma unroll
+  for (int off = 8; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// ---- logits and probabilities ------------------------------------------------
+
+// What key j adds to a base-2 logit: -inf past Tk or where the mask is at or
+// below the threshold, mask * log2(e) otherwise (a NaN mask value stays NaN).
+__device__ __forceinline__ float key_bias(const Args& a, const float* mask_row, int j) {
+  if (j >= a.tk) return -INFINITY;
+  if (mask_row == nullptr) return 0.f;
+  const float m = mask_row[j];
+  return m > kMaskThreshold ? m * kLog2e : m - INFINITY;
+}
+
+// The base-2 logit of (query i, key j) from the raw score s and key j's bias;
+// -inf for query rows past Tq and causally hidden keys.
+__device__ __forceinline__ float logit2(const Args& a, float s, float bias, int i, int j) {
+  return i >= a.tq || (a.causal && j > i + a.tk - a.tq) ? -INFINITY : fmaf(s, a.scale_log2, bias);
+}
+
+// p from a base-2 logit and the forward's row statistics {max, 1 / sum}: the
+// forward's own last normalisation, so the backward's p is the forward's p.
+__device__ __forceinline__ float prob(float x2, float2 stats) {
+  return x2 == -INFINITY ? 0.f : exp2f(x2 - stats.x) * stats.y;
+}
+
+// ---- forward -----------------------------------------------------------------
+// BR queries against 64-key tiles. k of tile t + 1 loads while tile t's
+// softmax and p v run, v of tile t + 1 while tile t + 1's scores run.
+
+template <int DH, int TY, int RM>
+__global__ void __launch_bounds__(16 * TY) forward_kernel(Args a) {
+  constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
+  extern __shared__ __align__(16) float smem[];
+  float* qs = smem;            // [BR][S]
+  float* ks = qs + BR * S;     // [64][S]
+  float* vs = ks + kCols * S;  // [64][S]
+  float* pt = vs + kCols * S;  // [64][PS]: p transposed
+  const int64_t bh = blockIdx.y;
+  const int q_block = blockIdx.x * BR;
+  const float* k = static_cast<const float*>(a.k) + a.kv_base(bh);
+  const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
+  const float* mask_row = a.mask_row(bh);
+  const int key_end = a.key_end(min(q_block + BR, a.tq));
+  const int tiles = key_end > 0 ? (key_end + kCols - 1) / kCols : 0;
+  if (tiles > 0) {
+    stage<BR, DH, NT>(qs, static_cast<const float*>(a.q) + a.q_base(bh), a.q_row, q_block, a.tq);
+    stage<kCols, DH, NT>(ks, k, a.kv_row, 0, a.tk);
+    async_commit();
+    stage<kCols, DH, NT>(vs, v, a.kv_row, 0, a.tk);
+    async_commit();
+  }
+  float m[RM], l[RM], o[RM][N] = {};  // l: this lane's share of the row sum
+#pragma unroll
+  for (int i = 0; i < RM; ++i) m[i] = -INFINITY, l[i] = 0.f;
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int n0 = tile * kCols;
+    const bool more = tile + 1 < tiles;
+    async_wait<1>();  // q and this tile's k; its v may still be in flight
+    __syncthreads();
+    float s[RM][4] = {};
+    tile_dots<DH, TY, RM>(s, qs, ks);
+    __syncthreads();  // every thread is done with ks
+    if (more) {
+      stage<kCols, DH, NT>(ks, k, a.kv_row, n0 + kCols, a.tk);
+      async_commit();
+    }
+    float bias[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) bias[c] = key_bias(a, mask_row, n0 + col_of(c));
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        s[i][c] = logit2(a, s[i][c], bias[c], q_block + row_of<TY>(i), n0 + col_of(c));
+        mx = fmaxf(mx, s[i][c]);
+      }
+      const float m_new = fmaxf(m[i], row_max(mx));
+      const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+      const float alpha = exp2f(m[i] - base);
+      m[i] = m_new;
+      l[i] *= alpha;
+#pragma unroll
+      for (int e = 0; e < N; ++e) o[i][e] *= alpha;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        s[i][c] = exp2f(s[i][c] - base);
+        l[i] += s[i][c];
+      }
+    }
+    store_t<TY, RM>(pt, PS, s);
+    if (more) {
+      async_wait<1>();  // this tile's v; the next k may still be in flight
+    } else {
+      async_wait<0>();
+    }
+    __syncthreads();
+    tile_axpy<DH, TY, RM>(o, pt, PS, vs);
+    __syncthreads();  // every thread is done with vs and pt
+    if (more) {
+      stage<kCols, DH, NT>(vs, v, a.kv_row, n0 + kCols, a.tk);
+      async_commit();
+    }
+  }
+  float total[RM];
+#pragma unroll
+  for (int i = 0; i < RM; ++i) total[i] = row_sum(l[i]);
+  float* out = static_cast<float*>(a.out) + a.o_base(bh);
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int row = q_block + row_of<TY>(i);
+    if (row >= a.tq) continue;
+    const float inv = total[i] == 0.f ? 0.f : 1.f / total[i];  // a row with every key removed is zeros
+    Dims<DH>::store(out + int64_t(row) * a.o_row, o[i], inv);
+    if (tx() == 0) {
+      a.lse[bh * a.tq + row] = total[i] == 0.f ? -INFINITY : m[i] * kLn2 + logf(total[i]);
+      a.stats[bh * a.tq + row] = make_float2(m[i], inv);
+    }
+  }
+}
+
+// ---- backward ----------------------------------------------------------------
+
+// dq for BR queries, two sweeps over the 64-key tiles: the first sums
+// delta_i = sum_j p_ij dp_ij, the second accumulates dq_i = sum_j ds_ij k_j
+// with ds_ij = p_ij (dp_ij - delta_i). Writes delta for the dk, dv kernel.
+// v of the next tile loads while this tile's ds k runs.
+template <int DH, int TY, int RM>
+__global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
+  constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
+  extern __shared__ __align__(16) float smem[];
+  float* qs = smem;             // [BR][S]
+  float* dos = qs + BR * S;     // [BR][S]
+  float* ks = dos + BR * S;     // [64][S]
+  float* vs = ks + kCols * S;   // [64][S]
+  float* dst = vs + kCols * S;  // [64][PS]: ds transposed
+  const int64_t bh = blockIdx.y;
+  const int q_block = blockIdx.x * BR;
+  const int64_t qoff = a.q_base(bh);
+  const float* k = static_cast<const float*>(a.k) + a.kv_base(bh);
+  const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
+  const float* mask_row = a.mask_row(bh);
+  float2 stats[RM];
+  float delta[RM];  // this lane's share during the first sweep, the row's total after it
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int row = q_block + row_of<TY>(i);
+    stats[i] = row < a.tq ? a.stats[bh * a.tq + row] : make_float2(-INFINITY, 0.f);
+    delta[i] = 0.f;
+  }
+  const int key_end = a.key_end(min(q_block + BR, a.tq));
+  const int tiles = key_end > 0 ? (key_end + kCols - 1) / kCols : 0;
+  if (tiles > 0) {
+    stage<BR, DH, NT>(qs, static_cast<const float*>(a.q) + qoff, a.q_row, q_block, a.tq);
+    stage<BR, DH, NT>(dos, static_cast<const float*>(a.dout) + a.o_base(bh), a.o_row, q_block, a.tq);
+    stage<kCols, DH, NT>(ks, k, a.kv_row, 0, a.tk);
+    stage<kCols, DH, NT>(vs, v, a.kv_row, 0, a.tk);
+    async_commit();
+  }
+  float dq[RM][N] = {};
+  for (int step = 0; step < 2 * tiles; ++step) {
+    const int n0 = (step % tiles) * kCols, next = (step + 1) % tiles * kCols;
+    const bool more = step + 1 < 2 * tiles, second = step >= tiles;
+    async_wait<0>();
+    __syncthreads();
+    float s[RM][4] = {}, dp[RM][4] = {};
+    tile_dots<DH, TY, RM>(s, qs, ks);
+    tile_dots<DH, TY, RM>(dp, dos, vs);
+    __syncthreads();  // every thread is done with vs
+    if (more) {
+      stage<kCols, DH, NT>(vs, v, a.kv_row, next, a.tk);
+      async_commit();
+    }
+    if (step == tiles) {  // the first sweep is over
+#pragma unroll
+      for (int i = 0; i < RM; ++i) delta[i] = row_sum(delta[i]);
+    }
+    float bias[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) bias[c] = key_bias(a, mask_row, n0 + col_of(c));
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float p = prob(logit2(a, s[i][c], bias[c], q_block + row_of<TY>(i), n0 + col_of(c)), stats[i]);
+        if (second) {
+          s[i][c] = p * (dp[i][c] - delta[i]);  // ds without the scale
+        } else {
+          delta[i] += p * dp[i][c];
+        }
+      }
+    if (second) {
+      store_t<TY, RM>(dst, PS, s);
+      __syncthreads();
+      tile_axpy<DH, TY, RM>(dq, dst, PS, ks);
+    }
+    __syncthreads();  // every thread is done with ks and dst
+    if (more) {
+      stage<kCols, DH, NT>(ks, k, a.kv_row, next, a.tk);
+      async_commit();
+    }
+  }
+  float* dq_out = static_cast<float*>(a.dq) + qoff;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int row = q_block + row_of<TY>(i);
+    if (row >= a.tq) continue;
+    Dims<DH>::store(dq_out + int64_t(row) * a.q_row, dq[i], a.scale);
+    if (tx() == 0) a.delta[bh * a.tq + row] = delta[i];
+  }
+}
+
+// dk, dv for BR keys, over the 64-query tiles from the first query that
+// sees them: s^T and dp^T (keys x queries) in registers, p and ds through
+// shared memory (query-major) into dv += p^T do and dk += ds^T q.
+template <int DH, int TY, int RM>
+__global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
+  constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
+  extern __shared__ __align__(16) float smem[];
+  float* ks = smem;             // [BR][S]
+  float* vs = ks + BR * S;      // [BR][S]
+  float* qs = vs + BR * S;      // [64][S]
+  float* dos = qs + kCols * S;  // [64][S]
+  float* ps = dos + kCols * S;  // [64][PS]: p, query-major
+  float* dss = ps + kCols * PS;  // [64][PS]: ds, query-major
+  float2* stat_s = reinterpret_cast<float2*>(dss + kCols * PS);  // [64]
+  float* delta_s = reinterpret_cast<float*>(stat_s + kCols);     // [64]
+  const int64_t bh = blockIdx.y;
+  const int k_block = blockIdx.x * BR;
+  const int64_t koff = a.kv_base(bh);
+  const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
+  const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
+  stage<BR, DH, NT>(ks, static_cast<const float*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage<BR, DH, NT>(vs, static_cast<const float*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  async_commit();
+  const float* mask_row = a.mask_row(bh);
+  float bias[RM];
+#pragma unroll
+  for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
+  float dk[RM][N] = {}, dv[RM][N] = {};
+  for (int m0 = a.first_query(k_block) / kCols * kCols; m0 < a.tq; m0 += kCols) {
+    __syncthreads();  // every thread is done with the previous query tile
+    stage<kCols, DH, NT>(qs, q, a.q_row, m0, a.tq);
+    stage<kCols, DH, NT>(dos, dout, a.o_row, m0, a.tq);
+    async_commit();
+    for (int r = threadIdx.x; r < kCols; r += NT) {
+      const bool in = m0 + r < a.tq;
+      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
+      delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
+    }
+    async_wait<0>();
+    __syncthreads();
+    float s[RM][4] = {}, dp[RM][4] = {};  // s^T and dp^T: keys x queries
+    tile_dots<DH, TY, RM>(s, ks, qs);
+    tile_dots<DH, TY, RM>(dp, vs, dos);
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = col_of(c);
+        s[i][c] = prob(logit2(a, s[i][c], bias[i], m0 + r, k_block + row_of<TY>(i)), stat_s[r]);
+        dp[i][c] = s[i][c] * (dp[i][c] - delta_s[r]);  // ds without the scale
+      }
+    store_t<TY, RM>(ps, PS, s);
+    store_t<TY, RM>(dss, PS, dp);
+    __syncthreads();
+    tile_axpy<DH, TY, RM>(dv, ps, PS, dos);
+    tile_axpy<DH, TY, RM>(dk, dss, PS, qs);
+  }
+  float* dk_out = static_cast<float*>(a.dk) + koff;
+  float* dv_out = static_cast<float*>(a.dv) + koff;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int j = k_block + row_of<TY>(i);
+    if (j >= a.tk) continue;
+    Dims<DH>::store(dk_out + int64_t(j) * a.kv_row, dk[i], a.scale);
+    Dims<DH>::store(dv_out + int64_t(j) * a.kv_row, dv[i], 1.f);
+  }
+}
+
+// ---- launchers ---------------------------------------------------------------
+
+// Threads per block 16 TY, rows per block TY RM. dh 128 runs 256 threads:
+// twice the rows in the forward (shared memory, not registers, bounds it to
+// one block per SM), half the rows per thread in the backward (registers).
+template <int DH>
+struct Tiles {
+  static constexpr int kFwdTy = DH == 128 ? 16 : 8, kFwdRm = 8;
+  static constexpr int kBwdTy = DH == 128 ? 16 : 8, kBwdRm = DH == 128 ? 4 : 8;
+  static constexpr int kFwdRows = kFwdTy * kFwdRm, kBwdRows = kBwdTy * kBwdRm;
+  // Shared memory in bytes: row-major tiles of stride DH + 4, transposed p / ds of stride rows + 4.
+  static constexpr size_t kFwdSmem = 4 * ((kFwdRows + 2 * kCols) * (DH + 4) + kCols * (kFwdRows + 4));
+  static constexpr size_t kDqSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + kCols * (kBwdRows + 4));
+  static constexpr size_t kDkdvSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + 2 * kCols * (kBwdRows + 4) + 3 * kCols);
+};
+
+template <class Kernel>
+void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_t heads_total, size_t smem,
+            const Args& a, const char* name) {
+  if (smem > 48 * 1024)
+    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(heads_total));
+  kernel<<<grid, threads, smem, stream()>>>(a);
+  HG_CUDA_CHECK_LAUNCH(name);
+}
+
+}  // namespace
+
+template <int DH>
+void forward_f32(const Args& a, int64_t heads_total) {
+  using T = Tiles<DH>;
+  launch(forward_kernel<DH, T::kFwdTy, T::kFwdRm>, 16 * T::kFwdTy, a.tq, T::kFwdRows, heads_total, T::kFwdSmem, a,
+         "attention_forward_f32");
+}
+
+template <int DH>
+void backward_f32(const Args& a, int64_t heads_total) {
+  using T = Tiles<DH>;
+  launch(backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tq, T::kBwdRows, heads_total, T::kDqSmem,
+         a, "attention_backward_dq_f32");  // writes delta
+  launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total,
+         T::kDkdvSmem, a, "attention_backward_dkdv_f32");
+}
+
+template void forward_f32<32>(const Args&, int64_t);
+template void forward_f32<64>(const Args&, int64_t);
+template void forward_f32<128>(const Args&, int64_t);
+template void backward_f32<32>(const Args&, int64_t);
+template void backward_f32<64>(const Args&, int64_t);
+template void backward_f32<128>(const Args&, int64_t);
+
+}  // namespace hg::gpu::attn
