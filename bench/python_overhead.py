@@ -3,10 +3,11 @@
 from C++ (target: < 10 us). Tiny CPU tensors, so the op itself costs little and
 the difference is the binding: argument conversion, the result tuple, the
 Saved object. Medians over repeats after a warm-up. With PyTorch present it
-also times handgrad.torch.layer_norm (DLPack both ways + autograd.Function)
-against torch.nn.functional.layer_norm on the same tiny tensor.
+also times each handgrad.torch drop-in (layer_norm, causal attention_softmax,
+softmax, cross_entropy) against the PyTorch op it replaces on tiny tensors:
+forward, forward recording the graph, forward + backward.
 
-  PYTHONPATH=build/python python3 bench/python_overhead.py [--calls 20000] [--repeats 7]
+  PYTHONPATH=build/python python3 bench/python_overhead.py [--calls 20000] [--repeats 7] [--device cuda]
 """
 import argparse
 import statistics
@@ -30,6 +31,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--device", default="cpu", help="cuda: the drop-ins on CUDA tensors (host time to queue)")
+    ap.add_argument("--module", default="handgrad.torch", help="the drop-in module to time (e.g. an older copy)")
     a = ap.parse_args()
     x, g, b = hg.ones((1, 8)), hg.ones(8), hg.zeros(8)
     us = 1e6
@@ -41,22 +44,70 @@ def main():
         print(f"{op:18s} C++ {cpp * us:7.2f} us   Python {py * us:7.2f} us   overhead {(py - cpp) * us:6.2f} us")
     try:
         import torch
-        import torch.nn.functional as F
-        import handgrad.torch as hgt
     except ImportError:
         print("torch not installed: handgrad.torch overhead not measured")
         return
-    t, w, bias = torch.ones(1, 8), torch.ones(8), torch.zeros(8)
-    with torch.no_grad():
-        ours = per_call(lambda: hgt.layer_norm(t, w, bias), a.calls // 4, a.repeats)
-        theirs = per_call(lambda: F.layer_norm(t, (8,), w, bias), a.calls // 4, a.repeats)
-    print(f"torch {torch.__version__}, no_grad: handgrad.torch.layer_norm {ours * us:6.2f} us   "
-          f"F.layer_norm {theirs * us:6.2f} us")
-    t.requires_grad_()  # forward + backward through autograd (the backward's Python call included)
-    ours = per_call(lambda: hgt.layer_norm(t, w, bias).sum().backward(), a.calls // 4, a.repeats)
-    theirs = per_call(lambda: F.layer_norm(t, (8,), w, bias).sum().backward(), a.calls // 4, a.repeats)
-    print(f"torch {torch.__version__}, forward + backward (+ sum): handgrad.torch.layer_norm {ours * us:6.2f} us   "
-          f"F.layer_norm {theirs * us:6.2f} us")
+    torch_dropins(a)
+
+
+def torch_dropins(a):
+    """Each handgrad.torch drop-in against the PyTorch op it replaces, on tensors so small that
+    the host's work is all there is: forward under no_grad, forward recording the graph, and
+    forward + backward (torch.autograd.backward with a ready gradient, so no .sum())."""
+    import torch
+    import torch.nn.functional as F
+    import importlib
+    hgt = importlib.import_module(a.module)
+    dev = a.device
+    torch.set_num_threads(1)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    x = torch.randn(2, 8, device=dev)
+    w, b = torch.ones(8, device=dev), torch.zeros(8, device=dev)
+    s = torch.randn(1, 2, 4, 4, device=dev)
+    causal = torch.full((4, 4), float("-inf"), device=dev).triu(1)
+    z, t = torch.randn(4, 8, device=dev), torch.tensor([1, 2, 3, 0], device=dev)
+    pairs = [  # name, handgrad.torch call, PyTorch call (same math), input that gets a gradient
+        ("layer_norm", lambda: hgt.layer_norm(x, w, b), lambda: F.layer_norm(x, (8,), w, b), x),
+        ("attention_softmax causal", lambda: hgt.attention_softmax(s, causal=True, scale=0.5),
+         lambda: torch.softmax(s * 0.5 + causal, -1), s),
+        ("softmax", lambda: hgt.softmax(x), lambda: torch.softmax(x, -1), x),
+        ("cross_entropy", lambda: hgt.cross_entropy(z, t), lambda: F.cross_entropy(z, t), z),
+    ]
+    us, calls, repeats = 1e6, max(a.calls // 40, 10), 3 * a.repeats
+
+    def interleaved(fns):
+        """Median seconds per call of each fn, timed in turns (ours, theirs, ours, ...) so that
+        load from other processes falls on both alike."""
+        samples = [[] for _ in fns]
+        for fn in fns:
+            fn()
+        for _ in range(repeats):
+            for fn, out in zip(fns, samples):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                sync()
+                out.append((time.perf_counter() - t0) / calls * us)
+        return [statistics.median(x) for x in samples]
+
+    if hasattr(hg._C, "_seconds_per_torch_view") and a.module == "handgrad.torch":
+        view = statistics.median(hg._C._seconds_per_torch_view(x, 20000) for _ in range(a.repeats))
+        print(f"reading one torch.Tensor in C++ (handgrad.torch's crossing): {view * us:.3f} us")
+    print(f"torch {torch.__version__} on {dev}, {a.module}, {repeats} x {calls} calls in turns, medians (us per call)")
+    print(f"{'op':26s} {'fwd no_grad':>18s} {'fwd (graph)':>18s} {'fwd + bwd':>18s}   handgrad / PyTorch")
+    for name, ours, theirs, leaf in pairs:
+        leaf.requires_grad_(False)
+        with torch.no_grad():
+            nog = interleaved([ours, theirs])
+        leaf.requires_grad_(True)
+        fwd = interleaved([ours, theirs])
+        grads = [torch.ones_like(fn()) for fn in (ours, theirs)]
+        both = interleaved([lambda: torch.autograd.backward(ours(), grads[0]),
+                            lambda: torch.autograd.backward(theirs(), grads[1])])
+        leaf.requires_grad_(False)
+        leaf.grad = None
+        print(f"{name:26s} " + "   ".join(f"{o:7.2f} / {t:7.2f}" for o, t in (nog, fwd, both)) +
+              "   " + " ".join(f"{o / t:4.2f}x" for o, t in (nog, fwd, both)))
 
 
 if __name__ == "__main__":

@@ -314,6 +314,13 @@ void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) fail(op, "shape mismatch: ", a.shape(), " vs ", b.shape());
 }
 
+void check_output(const char* op, const char* name, const Tensor& out, const Shape& shape, DType dtype,
+                  Device device) {
+  HG_CHECK(out.defined(), op, "output ", name, " is undefined");
+  HG_CHECK(out.shape() == shape && out.dtype() == dtype && out.device() == device, op, "output ", name, " is ",
+           out.describe(), " but must be ", shape, " ", dtype_name(dtype), " ", device_name(device));
+}
+
 // ---- printing ----
 
 namespace {

@@ -108,5 +108,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
+// An output the caller provides (ops' *_into variants): defined, exactly this shape, dtype and device.
+void check_output(const char* op, const char* name, const Tensor& out, const Shape& shape, DType dtype,
+                  Device device);
 
 }  // namespace hg

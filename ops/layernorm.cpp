@@ -70,42 +70,16 @@ void check_layernorm_eps(double eps, DType x_dtype, const char* op) {
   }
 }
 
-Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                         LayerNormSaved* saved) {
-  HG_PROFILE("layernorm", x.device());
+namespace {
+
+void check_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
   check_x(x, "x", kForward);
   check_feature_vector(gamma, "gamma", x, kForward);
   check_feature_vector(beta, "beta", x, kForward);
   check_layernorm_eps(eps, x.dtype(), kForward);
-
-  const int64_t D = x.size(-1), rows = rows_of(x);
-  const DType stat_dtype = math_dtype(x.dtype());
-  Tensor y, mean, rstd;
-  log_dispatch(kForward, dispatch_path(x, kernel_mode() == KernelMode::Unfused), x);
-  if (kernel_mode() == KernelMode::Unfused) {
-    y = unfused::layernorm_forward(x, gamma, beta, eps, mean, rstd);
-  } else {
-    y = Tensor::empty(x.shape(), x.dtype(), x.device());
-    mean = Tensor::empty({rows}, stat_dtype, x.device());
-    rstd = Tensor::empty({rows}, stat_dtype, x.device());
-    if (x.is_cuda()) {
-      Tensor y_rows = y.reshape({rows, D});
-      gpu::layernorm_forward_fused(x.reshape({rows, D}), gamma, beta, static_cast<float>(eps), y_rows,
-                                   mean, rstd);
-    } else {
-      cpu::layernorm_forward(x, gamma, beta, eps, rows, D, y, mean, rstd);
-    }
-  }
-  if (saved) {
-    saved->mean = mean;
-    saved->rstd = rstd;
-  }
-  return y;
 }
 
-LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                  const LayerNormSaved& saved) {
-  HG_PROFILE("layernorm", x.device());
+void check_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved) {
   check_x(x, "x", kBackward);
   HG_CHECK(dy.defined(), kBackward, "dy is undefined");
   HG_CHECK(dy.shape() == x.shape(), kBackward, "dy shape ", dy.shape(), " does not match x ", x.shape());
@@ -116,24 +90,103 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   check_feature_vector(gamma, "gamma", x, kBackward);
   check_row_stat(saved.mean, "mean", x);
   check_row_stat(saved.rstd, "rstd", x);
+}
 
-  log_dispatch(kBackward, dispatch_path(x, kernel_mode() == KernelMode::Unfused), x);
-  if (kernel_mode() == KernelMode::Unfused)
-    return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
-
+// The fused kernels write into y, mean, rstd (checked, allocated by the caller).
+void fused_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
+                   Tensor& mean, Tensor& rstd) {
   const int64_t D = x.size(-1), rows = rows_of(x);
+  if (x.is_cuda()) {
+    Tensor y_rows = y.reshape({rows, D});
+    gpu::layernorm_forward_fused(x.reshape({rows, D}), gamma, beta, static_cast<float>(eps), y_rows, mean, rstd);
+  } else {
+    cpu::layernorm_forward(x, gamma, beta, eps, rows, D, y, mean, rstd);
+  }
+}
+
+void fused_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved,
+                    LayerNormGrads& g) {
+  const int64_t D = x.size(-1), rows = rows_of(x);
+  if (x.is_cuda()) {
+    Tensor dx_rows = g.dx.reshape({rows, D});
+    gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean, saved.rstd,
+                                  dx_rows, g.dgamma, g.dbeta);
+  } else {
+    cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
+  }
+}
+
+// Logs the path taken; true for the unfused (primitive) one.
+bool dispatch_unfused(const char* op, const Tensor& x) {
+  const bool unfused = kernel_mode() == KernelMode::Unfused;
+  log_dispatch(op, dispatch_path(x, unfused), x);
+  return unfused;
+}
+
+}  // namespace
+
+Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                         LayerNormSaved* saved) {
+  HG_PROFILE("layernorm", x.device());
+  check_forward(x, gamma, beta, eps);
+  Tensor y, mean, rstd;
+  if (dispatch_unfused(kForward, x)) {
+    y = unfused::layernorm_forward(x, gamma, beta, eps, mean, rstd);
+  } else {
+    const DType stat_dtype = math_dtype(x.dtype());
+    y = Tensor::empty(x.shape(), x.dtype(), x.device());
+    mean = Tensor::empty({rows_of(x)}, stat_dtype, x.device());
+    rstd = Tensor::empty({rows_of(x)}, stat_dtype, x.device());
+    fused_forward(x, gamma, beta, eps, y, mean, rstd);
+  }
+  if (saved) {
+    saved->mean = mean;
+    saved->rstd = rstd;
+  }
+  return y;
+}
+
+void layernorm_forward_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
+                            LayerNormSaved& saved) {
+  HG_PROFILE("layernorm", x.device());
+  check_forward(x, gamma, beta, eps);
+  check_output(kForward, "y", y, x.shape(), x.dtype(), x.device());
+  check_output(kForward, "mean", saved.mean, {rows_of(x)}, math_dtype(x.dtype()), x.device());
+  check_output(kForward, "rstd", saved.rstd, {rows_of(x)}, math_dtype(x.dtype()), x.device());
+  if (!dispatch_unfused(kForward, x)) return fused_forward(x, gamma, beta, eps, y, saved.mean, saved.rstd);
+  Tensor mean, rstd;
+  y.copy_(unfused::layernorm_forward(x, gamma, beta, eps, mean, rstd));
+  saved.mean.copy_(mean);
+  saved.rstd.copy_(rstd);
+}
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                  const LayerNormSaved& saved) {
+  HG_PROFILE("layernorm", x.device());
+  check_backward(dy, x, gamma, saved);
+  if (dispatch_unfused(kBackward, x)) return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
+  const int64_t D = x.size(-1);
   LayerNormGrads g;
   g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
   g.dgamma = Tensor::empty({D}, gamma.dtype(), x.device());
   g.dbeta = Tensor::empty({D}, gamma.dtype(), x.device());
-  if (x.is_cuda()) {
-    Tensor dx_rows = g.dx.reshape({rows, D});
-    gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean,
-                                  saved.rstd, dx_rows, g.dgamma, g.dbeta);
-  } else {
-    cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
-  }
+  fused_backward(dy, x, gamma, saved, g);
   return g;
+}
+
+void layernorm_backward_into(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved,
+                             LayerNormGrads& grads) {
+  HG_PROFILE("layernorm", x.device());
+  check_backward(dy, x, gamma, saved);
+  const Shape d_shape{x.size(-1)};
+  check_output(kBackward, "dx", grads.dx, x.shape(), x.dtype(), x.device());
+  check_output(kBackward, "dgamma", grads.dgamma, d_shape, gamma.dtype(), x.device());
+  check_output(kBackward, "dbeta", grads.dbeta, d_shape, gamma.dtype(), x.device());
+  if (!dispatch_unfused(kBackward, x)) return fused_backward(dy, x, gamma, saved, grads);
+  const LayerNormGrads g = unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
+  grads.dx.copy_(g.dx);
+  grads.dgamma.copy_(g.dgamma);
+  grads.dbeta.copy_(g.dbeta);
 }
 
 }  // namespace hg

@@ -28,6 +28,15 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                   const LayerNormSaved& saved);
 
+// The same two, writing into memory the caller owns (PyTorch's, for
+// handgrad.torch): y like x; saved.mean / saved.rstd (rows,) and the grads
+// shaped as above, on x's device. Each output is checked (hg::Error) before
+// anything is written. The unfused mode computes into its own tensors and copies.
+void layernorm_forward_into(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
+                            LayerNormSaved& saved);
+void layernorm_backward_into(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved,
+                             LayerNormGrads& grads);
+
 // The eps rule of layernorm_forward (finite, > 0, and still so as a float32
 // unless x is F64), for callers that hold an eps before any x exists (the
 // LayerNorm module checks it at construction). Throws hg::Error naming `op`.

@@ -86,17 +86,62 @@ SoftmaxRows layout_of(const ForwardCall& c) {
   return l;
 }
 
-Tensor fused_forward(const ForwardCall& c) {
-  Tensor y = Tensor::empty(c.x.shape(), c.x.dtype(), c.x.device());
+void fused_forward(const ForwardCall& c, Tensor& y) {
   if (c.x.is_cuda()) gpu::softmax_forward_fused(c.x, layout_of(c), y);
   else cpu::softmax_forward(c.x, layout_of(c), y);
-  return y;
+}
+
+// Logs the path taken; true for the unfused (primitive) one.
+bool dispatch_unfused(const char* op, const Tensor& x) {
+  const bool unfused = kernel_mode() == KernelMode::Unfused;
+  log_dispatch(op, dispatch_path(x, unfused), x);
+  return unfused;
 }
 
 Tensor run_forward(const ForwardCall& c) {
-  log_dispatch(kPlainOp, dispatch_path(c.x, kernel_mode() == KernelMode::Unfused), c.x);
-  if (kernel_mode() == KernelMode::Unfused) return unfused::softmax_forward(c.x, c.mask, c.causal, c.scale);
-  return fused_forward(c);
+  if (dispatch_unfused(kPlainOp, c.x)) return unfused::softmax_forward(c.x, c.mask, c.causal, c.scale);
+  Tensor y = Tensor::empty(c.x.shape(), c.x.dtype(), c.x.device());
+  fused_forward(c, y);
+  return y;
+}
+
+void run_forward_into(const ForwardCall& c, Tensor& y) {
+  check_output(kAttentionOp, "y", y, c.x.shape(), c.x.dtype(), c.x.device());
+  if (dispatch_unfused(kPlainOp, c.x)) y.copy_(unfused::softmax_forward(c.x, c.mask, c.causal, c.scale));
+  else fused_forward(c, y);
+}
+
+ForwardCall attention_call(const Tensor& scores, const SoftmaxOptions& options) {
+  check_softmax_input(scores, "scores", kAttentionOp);
+  HG_CHECK(scores.ndim() == 4, kAttentionOp, "scores must be 4-D (B, H, Tq, Tk), got shape ", scores.shape());
+  check_scale(options.scale, scores.dtype(), kAttentionOp);
+  if (options.mask.defined()) check_mask(options.mask, scores);
+  ForwardCall c;
+  c.x = scores;
+  c.mask = options.mask;
+  c.heads = scores.size(1);
+  c.tq = scores.size(2);
+  c.tk = scores.size(3);
+  c.causal = options.causal;
+  c.scale = options.scale;
+  return c;
+}
+
+void check_backward(const Tensor& dy, const Tensor& y, double scale) {
+  check_softmax_input(y, "y", kBackwardOp);
+  check_softmax_input(dy, "dy", kBackwardOp);
+  HG_CHECK(dy.shape() == y.shape(), kBackwardOp, "dy shape ", dy.shape(), " differs from y shape ", y.shape());
+  HG_CHECK(dy.dtype() == y.dtype(), kBackwardOp, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()),
+           " but y ", y.shape(), " has ", dtype_name(y.dtype()));
+  HG_CHECK(dy.device() == y.device(), kBackwardOp, "dy ", dy.shape(), " is on ", device_name(dy.device()),
+           " but y ", y.shape(), " is on ", device_name(y.device()));
+  check_scale(scale, y.dtype(), kBackwardOp);
+}
+
+void fused_backward(const Tensor& dy, const Tensor& y, double scale, Tensor& dx) {
+  const int64_t tk = y.size(-1);
+  if (y.is_cuda()) gpu::softmax_backward_fused(dy, y, y.numel() / tk, tk, static_cast<float>(scale), dx);
+  else cpu::softmax_backward(dy, y, tk, scale, dx);
 }
 
 }  // namespace
@@ -112,39 +157,29 @@ Tensor softmax_forward(const Tensor& x) {
 
 Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& options) {
   HG_PROFILE("softmax", scores.device());
-  check_softmax_input(scores, "scores", kAttentionOp);
-  HG_CHECK(scores.ndim() == 4, kAttentionOp, "scores must be 4-D (B, H, Tq, Tk), got shape ", scores.shape());
-  check_scale(options.scale, scores.dtype(), kAttentionOp);
-  if (options.mask.defined()) check_mask(options.mask, scores);
-  ForwardCall c;
-  c.x = scores;
-  c.mask = options.mask;
-  c.heads = scores.size(1);
-  c.tq = scores.size(2);
-  c.tk = scores.size(3);
-  c.causal = options.causal;
-  c.scale = options.scale;
-  return run_forward(c);
+  return run_forward(attention_call(scores, options));
+}
+
+void attention_softmax_forward_into(const Tensor& scores, const SoftmaxOptions& options, Tensor& y) {
+  HG_PROFILE("softmax", scores.device());
+  run_forward_into(attention_call(scores, options), y);
 }
 
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
   HG_PROFILE("softmax", y.device());
-  check_softmax_input(y, "y", kBackwardOp);
-  check_softmax_input(dy, "dy", kBackwardOp);
-  HG_CHECK(dy.shape() == y.shape(), kBackwardOp, "dy shape ", dy.shape(), " differs from y shape ", y.shape());
-  HG_CHECK(dy.dtype() == y.dtype(), kBackwardOp, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()),
-           " but y ", y.shape(), " has ", dtype_name(y.dtype()));
-  HG_CHECK(dy.device() == y.device(), kBackwardOp, "dy ", dy.shape(), " is on ", device_name(dy.device()),
-           " but y ", y.shape(), " is on ", device_name(y.device()));
-  check_scale(scale, y.dtype(), kBackwardOp);
-
-  log_dispatch(kBackwardOp, dispatch_path(y, kernel_mode() == KernelMode::Unfused), y);
-  if (kernel_mode() == KernelMode::Unfused) return unfused::softmax_backward(dy, y, scale);
-  const int64_t tk = y.size(-1);
+  check_backward(dy, y, scale);
+  if (dispatch_unfused(kBackwardOp, y)) return unfused::softmax_backward(dy, y, scale);
   Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
-  if (y.is_cuda()) gpu::softmax_backward_fused(dy, y, y.numel() / tk, tk, static_cast<float>(scale), dx);
-  else cpu::softmax_backward(dy, y, tk, scale, dx);
+  fused_backward(dy, y, scale, dx);
   return dx;
+}
+
+void softmax_backward_into(const Tensor& dy, const Tensor& y, double scale, Tensor& dx) {
+  HG_PROFILE("softmax", y.device());
+  check_backward(dy, y, scale);
+  check_output(kBackwardOp, "dx", dx, y.shape(), y.dtype(), y.device());
+  if (dispatch_unfused(kBackwardOp, y)) dx.copy_(unfused::softmax_backward(dy, y, scale));
+  else fused_backward(dy, y, scale, dx);
 }
 
 }  // namespace hg

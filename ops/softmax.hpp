@@ -34,4 +34,10 @@ Tensor attention_softmax_forward(const Tensor& scores, const SoftmaxOptions& opt
 //   dx = scale * y * (dy - sum(dy * y)).  Pass the forward's scale (1 for plain softmax).
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale = 1.0);
 
+// The attention forward and the backward writing into memory the caller owns
+// (PyTorch's, for handgrad.torch): y like scores, dx like y, checked
+// (hg::Error) before anything is written. Unfused mode computes, then copies.
+void attention_softmax_forward_into(const Tensor& scores, const SoftmaxOptions& options, Tensor& y);
+void softmax_backward_into(const Tensor& dy, const Tensor& y, double scale, Tensor& dx);
+
 }  // namespace hg

@@ -525,3 +525,37 @@ TEST_CASE("layernorm CUDA rejects mixed devices and F64 in fused mode", "[layern
   KernelModeScope fused(KernelMode::Fused);
   CHECK(contains(error_of([&] { layernorm_forward(d.x, d.gamma, d.beta, 1e-5, nullptr); }), "F64 on CUDA"));
 }
+
+TEST_CASE("layernorm _into variants write what the allocating ones return, and check their outputs",
+          "[layernorm][into]") {
+  const Inputs in = random_inputs({2, 3, 8}, 11, DType::F64);
+  for (KernelMode mode : kModes) {
+    KernelModeScope scope(mode);
+    INFO("mode " << kernel_mode_name(mode));
+    LayerNormSaved want;
+    const Tensor y_want = layernorm_forward(in.x, in.gamma, in.beta, 1e-5, &want);
+    const LayerNormGrads g_want = layernorm_backward(in.dy, in.x, in.gamma, want);
+
+    Tensor y = Tensor::empty(in.x.shape(), DType::F64);
+    LayerNormSaved saved{Tensor::empty({6}, DType::F64), Tensor::empty({6}, DType::F64)};
+    layernorm_forward_into(in.x, in.gamma, in.beta, 1e-5, y, saved);
+    LayerNormGrads g{Tensor::empty(in.x.shape(), DType::F64), Tensor::empty({8}, DType::F64),
+                     Tensor::empty({8}, DType::F64)};
+    layernorm_backward_into(in.dy, in.x, in.gamma, saved, g);
+    CHECK(max_abs_diff(y, y_want) == 0.0);
+    CHECK(max_abs_diff(saved.rstd, want.rstd) == 0.0);
+    CHECK(max_abs_diff(g.dx, g_want.dx) == 0.0);
+    CHECK(max_abs_diff(g.dgamma, g_want.dgamma) == 0.0);
+    CHECK(max_abs_diff(g.dbeta, g_want.dbeta) == 0.0);
+
+    Tensor small = Tensor::zeros({2, 3, 7}, DType::F64);
+    CHECK(contains(error_of([&] { layernorm_forward_into(in.x, in.gamma, in.beta, 1e-5, small, saved); }),
+                   "output y is Tensor(2, 3, 7)"));
+    LayerNormSaved wrong{saved.mean, Tensor::empty({6}, DType::F32)};
+    CHECK(contains(error_of([&] { layernorm_forward_into(in.x, in.gamma, in.beta, 1e-5, y, wrong); }),
+                   "output rstd"));
+    g.dbeta = Tensor::zeros({9}, DType::F64);
+    CHECK(contains(error_of([&] { layernorm_backward_into(in.dy, in.x, in.gamma, saved, g); }), "output dbeta"));
+    CHECK(max_abs_diff(small, Tensor::zeros({2, 3, 7}, DType::F64)) == 0.0);  // nothing written on refusal
+  }
+}

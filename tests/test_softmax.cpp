@@ -713,3 +713,29 @@ TEST_CASE("softmax bad devices throw hg::Error", "[softmax][errors][cuda]") {
   CHECK(contains(msg, "softmax_backward"));
   CHECK(contains(msg, "(2, 3)"));
 }
+
+TEST_CASE("softmax _into variants write what the allocating ones return, and check their outputs",
+          "[softmax][into]") {
+  hg::Generator gen(21);
+  const Tensor scores = Tensor::randn({2, 2, 3, 5}, gen, DType::F64);
+  const Tensor dy = Tensor::randn({2, 2, 3, 5}, gen, DType::F64);
+  hg::SoftmaxOptions o;
+  o.mask = random_mask({2, 1, 1, 5}, gen);
+  o.causal = true;
+  o.scale = 0.7;
+  for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
+    hg::KernelModeScope scope(mode);
+    const Tensor y_want = hg::attention_softmax_forward(scores, o);
+    const Tensor dx_want = hg::softmax_backward(dy, y_want, o.scale);
+    Tensor y = Tensor::empty(scores.shape(), DType::F64), dx = Tensor::empty(scores.shape(), DType::F64);
+    hg::attention_softmax_forward_into(scores, o, y);
+    hg::softmax_backward_into(dy, y, o.scale, dx);
+    CHECK(hg::test::max_abs_diff(y, y_want) == 0.0);
+    CHECK(hg::test::max_abs_diff(dx, dx_want) == 0.0);
+
+    Tensor wrong = Tensor::empty(scores.shape(), DType::F32);
+    CHECK(contains(error_of([&] { hg::attention_softmax_forward_into(scores, o, wrong); }), "output y"));
+    Tensor flat = Tensor::empty({60}, DType::F64);
+    CHECK(contains(error_of([&] { hg::softmax_backward_into(dy, y, o.scale, flat); }), "output dx"));
+  }
+}

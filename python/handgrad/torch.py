@@ -6,54 +6,52 @@
     loss = hgt.cross_entropy(logits.view(-1, V), targets.view(-1))
     hgt.swap_layernorms(model)                          # every nn.LayerNorm of a model, in place
 
-Tensors cross by DLPack without copies (non-contiguous inputs are made
-contiguous first, a copy). On CUDA, handgrad's work runs on PyTorch's current
-stream (each call moves it there: handgrad.set_cuda_stream), so nothing needs
-an event and the host never blocks; cross-entropy checks its targets on the
-device (a bad target gives a NaN loss). Dtypes: float32 and float64 on the CPU;
+Tensors cross without copies (non-contiguous inputs are made contiguous
+first, a copy): handgrad reads their pointers and writes into outputs torch
+allocated. On CUDA, handgrad's work runs on PyTorch's current stream (each
+call moves it there), so nothing needs an event and the host never blocks;
+cross-entropy checks its targets on the device (a bad target gives a NaN loss). Dtypes: float32 and float64 on the CPU;
 float32 and bfloat16 on CUDA (math in float32). Details and limits: docs/python.md.
 """
 import torch
 import torch.nn as nn
 
 import handgrad as _hg
+from handgrad import _C
 
 __all__ = ["LayerNorm", "AttentionSoftmax", "CrossEntropyLoss", "layer_norm", "attention_softmax",
            "softmax", "cross_entropy", "swap_layernorms"]
 
 
-# ---- crossing between torch and handgrad (zero-copy) ------------------------------
+# ---- crossing between torch and handgrad ------------------------------------------
+# The drop-ins pass torch.Tensors straight to handgrad._C's _torch_* entry points, which
+# read data_ptr()/shape/dtype/device, check them (handgrad.Error) and wrap the memory
+# without owning it; outputs are allocated here by torch (its caching allocator, its
+# current stream) and written by handgrad's kernels on PyTorch's current stream. The
+# torch tensors outlive the queued kernels: see docs/python.md, "Lifetimes". LayerNorm's
+# mean/rstd stay handgrad's (in ctx); only cross-entropy's loss and gradient use DLPack.
 
-_to_dlpack = torch.utils.dlpack.to_dlpack  # torch's C function: a capsule (any tensor, grad or not)
+_hg._C._register_torch(torch.Tensor, (torch.float32, torch.float64, torch.bfloat16, torch.float16),
+                       getattr(torch._C, "_cuda_getCurrentRawStream", None))
 _from_capsule = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a C call; current_stream() builds objects
+_F64 = torch.float64
+_F32 = torch.float32
 
 
-def _stream_for(t):
-    """Puts handgrad's CUDA work on PyTorch's current stream (a no-op when it is there already)
-    and returns that stream in DLPack's numbering (1 = legacy default); None for CPU tensors.
-    With both on one stream the DLPack crossings below need no events at all."""
-    if not t.is_cuda:
-        return None
-    s = _raw_stream(t.device.index) if _raw_stream is not None else torch.cuda.current_stream(t.device).cuda_stream
-    _hg.set_cuda_stream(s)
-    return s or 1
-
-
-def _to_hg(t, stream):
-    if not t.is_contiguous():
-        t = t.contiguous()
-    # CUDA: handgrad's stream waits for `stream` (no-op when they are one); when handgrad drops
-    # the memory, `stream` waits for handgrad's queued reads.
-    return _hg.from_dlpack(_to_dlpack(t), stream=stream)
-
-
-def _to_torch(h, stream):
-    return _from_capsule(h.__dlpack__(stream=stream))  # `stream` sees handgrad's finished work
+def _to_torch(h):
+    """A handgrad tensor as a torch one (DLPack, no copy). handgrad already runs on PyTorch's
+    current stream (the _torch_* call that made `h` moved it there), so no event is needed.
+    DLPack names the legacy default stream 1 (handgrad's 0); CPU tensors take None."""
+    stream = (_hg.cuda_stream() or 1) if h.device == "cuda" else None
+    return _from_capsule(h.__dlpack__(stream=stream))
 
 
 def _math_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    return _F64 if dtype is _F64 else _F32
+
+
+def _as_dtype(t, dtype):
+    return t if t.dtype is dtype else t.to(dtype)
 
 
 # ---- LayerNorm ------------------------------------------------------------------
@@ -61,27 +59,26 @@ def _math_dtype(dtype):
 class _LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        D = x.shape[-1]
+        x = x.contiguous()  # the same tensor when it is contiguous already
         math = _math_dtype(x.dtype)
-        w = torch.ones(D, dtype=math, device=x.device) if weight is None else weight.to(math)
-        b = torch.zeros(D, dtype=math, device=x.device) if bias is None else bias.to(math)
-        s = _stream_for(x)
-        hx, hw = _to_hg(x, s), _to_hg(w, s)
-        y, saved = _hg.layernorm_forward(hx, hw, _to_hg(b, s), eps)
-        ctx.saved, ctx.hx, ctx.hw = saved, hx, hw  # the backward reuses these views (no new crossings)
+        w = x.new_ones(x.shape[-1:], dtype=math) if weight is None else _as_dtype(weight, math)
+        b = x.new_zeros(x.shape[-1:], dtype=math) if bias is None else _as_dtype(bias, math)
+        y = torch.empty_like(x)
+        ctx.saved = _C._torch_layernorm_forward(x, w, b, eps, y)  # handgrad's mean and rstd per row
         ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
-        ctx.save_for_backward(x, w)  # for PyTorch's in-place modification check
-        return _to_torch(y, s)
+        ctx.save_for_backward(x, w)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, _ = ctx.saved_tensors
-        s = _stream_for(x)
-        dx, dw, db = _hg.layernorm_backward(_to_hg(dy.to(x.dtype), s), ctx.hx, ctx.hw, ctx.saved)
+        x, w = ctx.saved_tensors
+        dy = _as_dtype(dy, x.dtype).contiguous()
+        dx, dw, db = torch.empty_like(x), torch.empty_like(w), torch.empty_like(w)
+        _C._torch_layernorm_backward(dy, x, w, ctx.saved, dx, dw, db)
         w_dtype, b_dtype = ctx.param_dtypes
-        dw = None if w_dtype is None else _to_torch(dw, s).to(w_dtype)
-        db = None if b_dtype is None else _to_torch(db, s).to(b_dtype)
-        return _to_torch(dx, s), dw, db, None
+        dw = None if w_dtype is None else _as_dtype(dw, w_dtype)
+        db = None if b_dtype is None else _as_dtype(db, b_dtype)
+        return dx, dw, db, None
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
@@ -141,27 +138,24 @@ def _additive_mask(mask, scores):
 class _AttentionSoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, mask, causal, scale):
-        s = _stream_for(scores)
-        if scores.dim() == 4:
-            m = None if mask is None else _to_hg(_additive_mask(mask, scores), s)
-            y = _hg.attention_softmax_forward(_to_hg(scores, s), m, causal, scale)
-        elif mask is None and not causal:  # any shape: rows of the last dim
-            y = _hg.attention_softmax_forward(_to_hg(scores.reshape(1, 1, -1, scores.shape[-1]), s),
-                                              None, False, scale).reshape(tuple(scores.shape))
-        else:
-            raise _hg.Error(f"attention_softmax: a mask or causal=True needs scores (B, H, Tq, Tk), got "
-                            f"{tuple(scores.shape)}")
-        out = _to_torch(y, s)
-        ctx.scale, ctx.hy = scale, y  # the backward reuses handgrad's view of the output
-        ctx.save_for_backward(out)  # for PyTorch's in-place modification check
-        return out
+        scores = scores.contiguous()
+        if mask is not None:
+            if scores.dim() != 4:
+                raise _hg.Error(f"attention_softmax: a mask needs scores (B, H, Tq, Tk), got {tuple(scores.shape)}")
+            mask = _additive_mask(mask, scores).contiguous()
+        y = torch.empty_like(scores)
+        _C._torch_softmax_forward(scores, mask, causal, scale, y)
+        ctx.scale = scale
+        ctx.save_for_backward(y)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        s = _stream_for(y)
-        dx = _hg.softmax_backward(_to_hg(dy.to(y.dtype), s), ctx.hy, ctx.scale)
-        return _to_torch(dx, s), None, None, None
+        dy = _as_dtype(dy, y.dtype).contiguous()
+        dx = torch.empty_like(y)
+        _C._torch_softmax_backward(dy, y, ctx.scale, dx)
+        return dx, None, None, None
 
 
 def attention_softmax(scores, mask=None, causal=False, scale=1.0):
@@ -203,25 +197,22 @@ class _CrossEntropyFunction(torch.autograd.Function):
                             f"float32 holds exactly")
         # float32 math on bfloat16 logits is handgrad's own on CUDA; elsewhere, and for float16,
         # the logits become float32 first, as torch.autocast does for cross_entropy.
-        if logits.dtype not in (torch.float32, torch.float64) and not (logits.is_cuda and logits.dtype == torch.bfloat16):
+        if logits.dtype not in (_F32, _F64) and not (logits.is_cuda and logits.dtype == torch.bfloat16):
             logits = logits.float()
-        s = _stream_for(logits)
+        logits = logits.contiguous()
         # handgrad keeps class ids as float32 (a small copy of the targets). On CUDA the targets are
         # checked and counted on the device (no host wait): a bad one makes the loss NaN.
-        loss, saved = _hg.cross_entropy_forward(_to_hg(logits, s), _to_hg(target.to(torch.float32), s), ignore_index,
-                                                on_device=logits.is_cuda)
-        ctx.saved = saved
-        ctx.is_cuda = logits.is_cuda
-        return _to_torch(loss, s)
+        target = target.to(_F32).contiguous()
+        loss, ctx.saved = _C._torch_cross_entropy_forward(logits, target, ignore_index)
+        ctx.save_for_backward(logits, target)  # ctx.saved may view both: they must outlive it
+        return _to_torch(loss)
 
     @staticmethod
     def backward(ctx, dloss):
-        s = _stream_for(dloss)
-        if ctx.is_cuda:  # scale on the device: reading dloss on the host would block
-            dlogits = _to_torch(_hg.cross_entropy_backward(ctx.saved, 1.0), s) * dloss
-        else:
-            dlogits = _to_torch(_hg.cross_entropy_backward(ctx.saved, float(dloss)), s)
-        return dlogits, None, None
+        logits, _ = ctx.saved_tensors  # raises once PyTorch freed them: ctx.saved is not read then
+        if logits.is_cuda:  # scale on the device: reading dloss on the host would block
+            return _to_torch(_C._torch_cross_entropy_backward(ctx.saved, logits, 1.0)) * dloss, None, None
+        return _to_torch(_C._torch_cross_entropy_backward(ctx.saved, logits, float(dloss))), None, None
 
 
 def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):

@@ -5,6 +5,7 @@
 #include "bindings.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
+#include "torch_view.hpp"
 
 namespace hg::python {
 
@@ -19,6 +20,13 @@ void bind_bench_hooks(py::module_& m) {
       LayerNormSaved saved;
       Tensor y = layernorm ? layernorm_forward(x, gamma, beta, 1e-5, &saved) : softmax_forward(x);
     }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
+  });
+  // handgrad.torch's crossing of one torch.Tensor (read, check, wrap), timed in C++.
+  m.def("_seconds_per_torch_view", [](py::handle t, int calls) {
+    HG_CHECK(calls > 0, "_seconds_per_torch_view", "calls must be positive, got ", calls);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) torch_view(t, "_seconds_per_torch_view", "t");
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls;
   });
 }

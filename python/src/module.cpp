@@ -12,5 +12,7 @@ PYBIND11_MODULE(_C, m) {
   hg::python::bind_dlpack(m);
   hg::python::bind_ops(m);
   hg::python::bind_models(m);
+  hg::python::bind_torch_view(m);
+  hg::python::bind_torch_ops(m);
   hg::python::bind_bench_hooks(m);
 }

@@ -158,6 +158,112 @@ class MatchesTorch(unittest.TestCase):
 
 
 @needs_torch
+class FastPath(unittest.TestCase):
+    """The drop-ins hand torch.Tensors to handgrad._C's _torch_* entry points, which read their
+    pointers, check them and write into outputs torch allocated: no DLPack for LayerNorm and
+    softmax. Every bad argument must raise, never crash or touch memory out of bounds."""
+
+    def setUp(self):
+        torch.manual_seed(3)
+
+    def test_gradcheck_paths_not_covered_above(self):
+        x = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
+        self.assertTrue(torch.autograd.gradcheck(lambda v: hgt.softmax(v), (x,)))
+        self.assertTrue(torch.autograd.gradcheck(lambda v: hgt.layer_norm(v, None, None), (x,)))
+        w = torch.randn(7, dtype=torch.float64, requires_grad=True)
+        self.assertTrue(torch.autograd.gradcheck(lambda v, u: hgt.layer_norm(v, u, None), (x, w)))
+        xt = torch.randn(7, 4, dtype=torch.float64).t().requires_grad_()  # not contiguous: copied
+        self.assertTrue(torch.autograd.gradcheck(lambda v: hgt.layer_norm(v, w.detach(), None), (xt,)))
+        z = torch.randn(5, 4, dtype=torch.float64).t().requires_grad_()
+        self.assertTrue(torch.autograd.gradcheck(lambda v: hgt.cross_entropy(v, torch.tensor([0, 3, 1, 2])), (z,)))
+
+    def test_layernorm_and_softmax_use_no_dlpack(self):
+        def refuse(*_):
+            raise AssertionError("DLPack used")
+        saved = hgt._from_capsule, torch.utils.dlpack.to_dlpack
+        hgt._from_capsule = torch.utils.dlpack.to_dlpack = refuse
+        try:
+            x = torch.randn(3, 16, requires_grad=True)
+            w, b = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+            s = torch.randn(1, 2, 4, 4, requires_grad=True)
+            (hgt.layer_norm(x, w, b).sum() + hgt.attention_softmax(s, causal=True).pow(2).sum()).backward()
+        finally:
+            hgt._from_capsule, torch.utils.dlpack.to_dlpack = saved
+        x2, w2, b2, s2 = (t.detach().clone().requires_grad_() for t in (x, w, b, s))
+        (F.layer_norm(x2, (16,), w2, b2).sum() + torch.softmax(s2 + causal_mask(4, 4), -1).pow(2).sum()).backward()
+        for ours, theirs in [(x, x2), (w, w2), (b, b2), (s, s2)]:
+            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-5)
+
+    def test_unfused_mode_writes_into_torchs_outputs(self):
+        x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+        w, b = torch.randn(12, dtype=torch.float64), torch.randn(12, dtype=torch.float64)
+        s = torch.randn(1, 2, 5, 5, dtype=torch.float64, requires_grad=True)
+        with hg.kernels("unfused"):
+            self.assertTrue(torch.autograd.gradcheck(lambda v: hgt.layer_norm(v, w, b), (x,)))
+            self.assertTrue(torch.autograd.gradcheck(lambda v: hgt.attention_softmax(v, causal=True, scale=0.7), (s,)))
+
+    def test_parameter_dtypes_come_back(self):
+        x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(5, requires_grad=True)  # float32 weight on float64 input: cast, grad float32
+        y = hgt.layer_norm(x, w, None)
+        y.sum().backward()
+        self.assertEqual((y.dtype, x.grad.dtype, w.grad.dtype), (torch.float64, torch.float64, torch.float32))
+
+    def test_bad_arguments_raise(self):
+        C = hg._C
+        x, w, b, y = torch.randn(2, 4), torch.ones(4), torch.zeros(4), torch.empty(2, 4)
+        cases = [
+            (lambda: C._torch_layernorm_forward(torch.randn(4, 2).t(), w, b, 1e-5, y), "not contiguous"),
+            (lambda: C._torch_layernorm_forward(x.long(), w, b, 1e-5, y), "dtype torch.int64"),
+            (lambda: C._torch_layernorm_forward(x, w, b, 1e-5, torch.empty(2, 5)), "output y"),
+            (lambda: C._torch_layernorm_forward(x, w, b, 1e-5, torch.empty(2, 4, dtype=torch.float64)), "output y"),
+            (lambda: C._torch_layernorm_forward(x, torch.ones(5), b, 1e-5, y), "gamma shape"),
+            (lambda: C._torch_layernorm_forward(x, w, np.zeros(4, np.float32), 1e-5, y), "must be a torch.Tensor"),
+            (lambda: C._torch_layernorm_forward(x, w, None, 1e-5, y), "must be a torch.Tensor"),
+            (lambda: C._torch_layernorm_forward(torch.empty(2, 4, device="meta"), w, b, 1e-5, y), "is on meta"),
+            (lambda: C._torch_layernorm_forward(torch.empty(2, 0), w, b, 1e-5, torch.empty(2, 0)), "empty"),
+            (lambda: C._torch_layernorm_forward(torch.tensor(1.0), w, b, 1e-5, torch.tensor(1.0)), "at least one dim"),
+            (lambda: C._torch_softmax_forward(x, None, True, 1.0, y), "causal=True needs scores"),
+            (lambda: C._torch_softmax_forward(x, None, False, 1.0, torch.empty(8)), "must have the shape"),
+            (lambda: C._torch_softmax_forward(x.view(1, 1, 2, 4), None, False, 1.0, torch.empty(1, 1, 2, 5)),
+             "output y"),
+            (lambda: C._torch_softmax_backward(y, x, 1.0, torch.empty(3, 4)), "output dx"),
+            (lambda: C._torch_softmax_backward(torch.randn(2, 5), x, 1.0, y), "differs from y"),
+            (lambda: C._torch_cross_entropy_forward(x, torch.tensor([0, 1]), -100), "dtype torch.int64"),
+            (lambda: C._torch_cross_entropy_forward(x, torch.zeros(3), -100), "targets"),
+            (lambda: hgt.layer_norm(x.half(), w, b), "dtype f16"),
+            (lambda: hgt.attention_softmax(x, torch.zeros(2, 4)), "needs scores"),
+        ]
+        for call, message in cases:
+            with self.subTest(message):
+                with self.assertRaisesRegex(hg.Error, message):
+                    call()
+        saved = C._torch_layernorm_forward(x, w, b, 1e-5, y)
+        with self.assertRaisesRegex(hg.Error, "saved mean shape"):  # saved state of another x
+            C._torch_layernorm_backward(torch.ones(3, 4), torch.ones(3, 4), w, saved, torch.empty(3, 4), w.clone(),
+                                        w.clone())
+        with self.assertRaisesRegex(hg.Error, "output dgamma"):
+            C._torch_layernorm_backward(y, x, w, saved, torch.empty(2, 4), torch.empty(5), torch.empty(4))
+        with self.assertRaises(TypeError):  # pybind11: not a LayerNormSaved
+            C._torch_layernorm_backward(y, x, w, None, torch.empty(2, 4), torch.empty(4), torch.empty(4))
+
+    def test_second_backward_raises_instead_of_reading_freed_memory(self):
+        z = torch.randn(4, 3, requires_grad=True)
+        for loss in (hgt.cross_entropy(z, torch.tensor([0, 1, 2, 1])), hgt.layer_norm(z, None, None).sum(),
+                     hgt.softmax(z).pow(2).sum()):
+            loss.backward()
+            with self.assertRaisesRegex(RuntimeError, "second time"):
+                loss.backward()
+
+    @unittest.skipUnless(torch is not None and torch.cuda.is_available() and not hg.cuda_available(),
+                         "SKIPPED: needs a CUDA PyTorch with a handgrad built without CUDA")
+    def test_cuda_tensor_without_cuda_build(self):
+        x = torch.randn(2, 4, device="cuda")
+        with self.assertRaisesRegex(hg.Error, "built without CUDA"):
+            hgt.layer_norm(x, torch.ones(4, device="cuda"), torch.zeros(4, device="cuda"))
+
+
+@needs_torch
 class TorchDLPack(unittest.TestCase):
     def test_zero_copy_both_ways(self):
         t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
@@ -244,6 +350,20 @@ class Cuda(unittest.TestCase):
         torch.testing.assert_close(p.sum(-1), torch.ones(4, device="cuda"))
         hg.set_cuda_stream(None)
         self.assertNotEqual(hg.cuda_stream(), torch.cuda.current_stream().cuda_stream)
+
+    def test_dtypes_under_autocast_match_stock(self):
+        """Under bf16 autocast the anchor's LayerNorm gets the float32 residual stream: ours returns
+        float32 as F.layer_norm does (no casts added); the softmax reads and writes the bf16 scores."""
+        x = torch.randn(4, 64, device="cuda", requires_grad=True)
+        w, b = torch.randn(64, device="cuda", requires_grad=True), torch.randn(64, device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ours, ref = hgt.layer_norm(x, w, b), F.layer_norm(x, (64,), w, b)
+            s = (x[:, None, :, None] * x[:, None, None, :]).to(torch.bfloat16)  # (4, 1, 64, 64)
+            p = hgt.attention_softmax(s, causal=True)
+        self.assertEqual((ours.dtype, p.dtype), (ref.dtype, torch.bfloat16))
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+        (ours.sum() + p.float().sum()).backward()
+        self.assertEqual((x.grad.dtype, w.grad.dtype), (torch.float32, torch.float32))
 
     def test_cross_entropy_on_cuda_reads_nothing_back(self):
         """On CUDA the targets are counted on the device: a bad target gives a NaN loss (no host
