@@ -104,7 +104,7 @@ class PanelStates {
 // block. Which tile holds an element and the depth blocks depend on the shape
 // alone, so its k-order does too.
 template <class T>
-void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate, const TileEpilogue<T>& epilogue) {
+void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
   const PackedGemm<T>& p = packed_gemm<T>();
   const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
   const int64_t blocks = pieces(g.depth, kc_max);
@@ -128,31 +128,26 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate, cons
       col_states.ensure(kb * t.col_tiles + j, [&] { p.pack_cols(g, k0, kc, c0, cols, col_panel_at); });
       p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at);
     }
-    if (epilogue) epilogue(g.c, g.ldc, r0, rows, c0, cols);
   });
 }
 
 }  // namespace
 
 template <class T>
-void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate,
-            const TileEpilogue<T>& epilogue) {
+void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
   const Tiles t = tiles_for(s);
   if (t.row_tiles * t.col_tiles > 1) {
-    for (int64_t i = 0; i < s.batch; ++i) packed_product(entry_block(a, b, c, s, i, ta, tb), t, accumulate, epilogue);
+    for (int64_t i = 0; i < s.batch; ++i) packed_product(entry_block(a, b, c, s, i, ta, tb), t, accumulate);
     return;
   }
   parallel_for(s.batch, s.batch * s.m * s.n * s.k, [&](int64_t i) {
     GemmBlock<T> g = entry_block(a, b, c, s, i, ta, tb);
     g.accumulate = accumulate;
     gemm(g);
-    if (epilogue) epilogue(g.c, g.ldc, 0, s.m, 0, s.n);
   });
 }
 
-template void matmul(const float*, const float*, float*, const MatmulShape&, bool, bool, bool,
-                     const TileEpilogue<float>&);
-template void matmul(const double*, const double*, double*, const MatmulShape&, bool, bool, bool,
-                     const TileEpilogue<double>&);
+template void matmul(const float*, const float*, float*, const MatmulShape&, bool, bool, bool);
+template void matmul(const double*, const double*, double*, const MatmulShape&, bool, bool, bool);
 
 }  // namespace hg::cpu
