@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
 
 #include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
@@ -75,22 +74,28 @@ const PackedGemm<float>& packed_gemm<float>() { return packed_gemm_f32(); }
 template <>
 const PackedGemm<double>& packed_gemm<double>() { return packed_gemm_f64(); }
 
-// A panel is packed by the first tile that needs it; a tile needing a panel
-// that another thread is packing waits for it.
+// A panel is packed into the shared buffer by the first tile that needs it.
+// A tile that finds it still being packed by another thread packs its own
+// copy (same bits) instead of waiting: that thread may have been descheduled
+// on a busy machine, and waiting for it made two threads slower than one.
 class PanelStates {
  public:
   explicit PanelStates(int64_t n) : s_(new std::atomic<int>[static_cast<size_t>(n)]) {
     for (int64_t i = 0; i < n; ++i) s_[i].store(kUnpacked, std::memory_order_relaxed);
   }
-  template <class Pack>
-  void ensure(int64_t i, const Pack& pack) {
+  // The panel: `shared` once packed there, else `own` after packing it there.
+  template <class T, class Pack>
+  const T* get(int64_t i, T* shared, T* own, const Pack& pack) {
     int state = s_[i].load(std::memory_order_acquire);
+    if (state == kReady) return shared;
     if (state == kUnpacked && s_[i].compare_exchange_strong(state, kPacking, std::memory_order_acquire)) {
-      pack();
+      pack(shared);
       s_[i].store(kReady, std::memory_order_release);
-      return;
+      return shared;
     }
-    while (s_[i].load(std::memory_order_acquire) != kReady) std::this_thread::yield();
+    if (s_[i].load(std::memory_order_acquire) == kReady) return shared;
+    pack(own);
+    return own;
   }
 
  private:
@@ -122,10 +127,13 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
       for (int64_t r = r0; r < r0 + rows; ++r) std::memset(g.c + r * g.ldc + c0, 0, sizeof(T) * cols);
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * kc_max, kc = std::min(kc_max, g.depth - k0);
-      T* row_panel_at = rows_buf + (kb * t.row_tiles + i) * row_panel;
-      T* col_panel_at = cols_buf + (kb * t.col_tiles + j) * col_panel;
-      row_states.ensure(kb * t.row_tiles + i, [&] { p.pack_rows(g, k0, kc, r0, rows, row_panel_at); });
-      col_states.ensure(kb * t.col_tiles + j, [&] { p.pack_cols(g, k0, kc, c0, cols, col_panel_at); });
+      thread_local Scratch own_rows, own_cols;
+      const T* row_panel_at = row_states.get(
+          kb * t.row_tiles + i, rows_buf + (kb * t.row_tiles + i) * row_panel,
+          static_cast<T*>(own_rows.get(sizeof(T) * row_panel)), [&](T* to) { p.pack_rows(g, k0, kc, r0, rows, to); });
+      const T* col_panel_at = col_states.get(
+          kb * t.col_tiles + j, cols_buf + (kb * t.col_tiles + j) * col_panel,
+          static_cast<T*>(own_cols.get(sizeof(T) * col_panel)), [&](T* to) { p.pack_cols(g, k0, kc, c0, cols, to); });
       p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at);
     }
   });
