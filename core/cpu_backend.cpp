@@ -9,6 +9,7 @@
 #include "core/backend.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/cpu_math.hpp"
+#include "core/cpu_matmul.hpp"
 #include "core/gemm_check.hpp"
 #include "core/optimizer_ops.hpp"
 #include "core/half.hpp"
@@ -335,58 +336,6 @@ void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int
   });
 }
 
-// ---------------------------------------------------------------- matmul
-
-// The output of each batch entry is cut into tiles from its shape alone;
-// each tile is one single-threaded Eigen product (core/cpu_gemm.hpp; packing,
-// blocking and the order of the k-sum depend only on the tile and the level), and the tiles run on the
-// threads: the result is bitwise the same at any thread count. Tiles start at
-// 64 x 128 and are halved, larger side first, until there are 16 per product
-// (enough for 16 cores when m x n is small and k long, as in weight
-// gradients) or they reach 16 x 32. Products under kSerialFlops stay whole.
-struct GemmTiles {
-  int64_t rows, cols, row_tiles, col_tiles;
-};
-
-constexpr int64_t kSerialFlops = int64_t(1) << 17;
-
-GemmTiles gemm_tiles(const MatmulShape& s) {
-  if (s.m * s.n * s.k < kSerialFlops) return {s.m, s.n, 1, 1};
-  int64_t rows = std::min<int64_t>(s.m, 64), cols = std::min<int64_t>(s.n, 128);
-  auto count = [&] { return pieces(s.m, rows) * pieces(s.n, cols); };
-  while (count() < 16 && (rows > 16 || cols > 32)) {
-    if (cols > 32 && (cols >= 2 * rows || rows <= 16)) cols /= 2;
-    else rows /= 2;
-  }
-  return {rows, cols, pieces(s.m, rows), pieces(s.n, cols)};
-}
-
-template <class T>
-void matmul_typed(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
-  const GemmTiles g = gemm_tiles(s);
-  const int64_t tiles = g.row_tiles * g.col_tiles;
-  parallel_for(s.batch * tiles, s.batch * s.m * s.n * s.k, [&](int64_t task) {
-    const int64_t i = task / tiles, r0 = (task % tiles) / g.col_tiles * g.rows, c0 = task % g.col_tiles * g.cols;
-    const T* A = a + i * s.m * s.k;
-    const T* B = b + (s.b_shared ? 0 : i * s.k * s.n);
-    cpu::GemmBlock<T> block;
-    block.rows = std::min(g.rows, s.m - r0);
-    block.cols = std::min(g.cols, s.n - c0);
-    block.depth = s.k;
-    // The tile's rows of op(A) and columns of op(B), in place.
-    block.a = ta ? A + r0 : A + r0 * s.k;
-    block.lda = ta ? s.m : s.k;
-    block.transpose_a = ta;
-    block.b = tb ? B + c0 * s.k : B + c0;
-    block.ldb = tb ? s.k : s.n;
-    block.transpose_b = tb;
-    block.c = c + i * s.m * s.n + r0 * s.n + c0;
-    block.ldc = s.n;
-    block.accumulate = accumulate;
-    cpu::gemm(block);
-  });
-}
-
 // ---------------------------------------------------------------- fill / cast
 
 double load_as_double(DType t, const void* p, int64_t i) {
@@ -512,10 +461,10 @@ class CpuBackend final : public Backend {
     HG_CHECK(out.shape() == s.out, "matmul", "out shape ", out.shape(), " should be ", s.out, " for a ",
              a.shape(), " b ", b.shape());
     if (a.dtype() == DType::F32)
-      matmul_typed(a.data<float>(), b.data<float>(), out.data<float>(), s, transpose_a, transpose_b, accumulate);
+      cpu::matmul(a.data<float>(), b.data<float>(), out.data<float>(), s, transpose_a, transpose_b, accumulate);
     else
-      matmul_typed(a.data<double>(), b.data<double>(), out.data<double>(), s, transpose_a, transpose_b,
-                   accumulate);
+      cpu::matmul(a.data<double>(), b.data<double>(), out.data<double>(), s, transpose_a, transpose_b,
+                  accumulate);
   }
 
   void fill(Tensor& out, double value) override {

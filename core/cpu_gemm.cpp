@@ -77,6 +77,9 @@ std::atomic<const GemmKernels*>& current() {
 void gemm(const GemmBlock<float>& g) { current().load(std::memory_order_relaxed)->f32(g); }
 void gemm(const GemmBlock<double>& g) { current().load(std::memory_order_relaxed)->f64(g); }
 
+const PackedGemm<float>& packed_gemm_f32() { return current().load(std::memory_order_relaxed)->packed_f32; }
+const PackedGemm<double>& packed_gemm_f64() { return current().load(std::memory_order_relaxed)->packed_f64; }
+
 std::vector<std::string> gemm_levels() {
   std::vector<std::string> names;
   for (const GemmKernels& k : levels()) names.push_back(k.level);

@@ -32,6 +32,29 @@ struct GemmBlock {
 void gemm(const GemmBlock<float>& g);
 void gemm(const GemmBlock<double>& g);
 
+// One product cut into tiles that share packed operands: op(A)'s rows and
+// op(B)'s columns are packed once per depth block (of depth_block() rows of
+// the k dim) instead of once per tile, and each tile multiplies its panels.
+// The k-order of an element depends on the product's shape and the tile
+// holding it, never on which thread packs or multiplies (core/cpu_backend.cpp
+// runs the phases). g.rows/cols/depth are the whole product's; a packed block
+// of `rows` (`cols`) takes rows * kc (cols * kc) elements, 64-byte aligned.
+template <class T>
+struct PackedGemm {
+  int64_t (*depth_block)(int64_t rows, int64_t cols, int64_t depth);
+  // op(A) rows [r0, r0 + rows) x depth [k0, k0 + kc) into `packed`.
+  void (*pack_rows)(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t r0, int64_t rows, T* packed);
+  // op(B) depth [k0, k0 + kc) x columns [c0, c0 + cols) into `packed`.
+  void (*pack_cols)(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t c0, int64_t cols, T* packed);
+  // C tile += alpha * (packed rows) * (packed cols); g.accumulate is not read.
+  void (*multiply)(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+                   const T* packed_rows, const T* packed_cols);
+};
+
+// The current level's (HG_GEMM_LEVEL, set_gemm_level).
+const PackedGemm<float>& packed_gemm_f32();
+const PackedGemm<double>& packed_gemm_f64();
+
 // Levels this build and this CPU can run, slowest first: "baseline" (the
 // build's own flags), then "x86-64-v3" and "x86-64-v4" where supported.
 std::vector<std::string> gemm_levels();

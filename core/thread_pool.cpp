@@ -58,15 +58,14 @@ class Pool {
       return;
     }
     grow(threads - 1);
-    Job job;
+    Job job{fn, body, tasks, threads - 1, 0};
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      job = {fn, body, tasks, threads - 1, ++generation_};
-      job_ = job;
+      job.generation = ++generation_;
       completed_.store(0, std::memory_order_relaxed);
       error_ = nullptr;
       claim_.store(uint64_t(job.generation) << 32, std::memory_order_release);
-      published_.store(job.generation, std::memory_order_release);
+      publish(job);
     }
     wake_.notify_all();
     work(job);
@@ -104,26 +103,65 @@ class Pool {
     }
   }
 
+  // The job is published as a seqlock (odd sequence = being written), so a
+  // polling worker reads it without the mutex: with many workers waking at
+  // once, the mutex was contended and its waiters slept in the kernel, one
+  // wake-up after another.
+  void publish(const Job& job) {
+    const uint64_t seq = sequence_.load(std::memory_order_relaxed);
+    sequence_.store(seq + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    fn_.store(job.fn, std::memory_order_relaxed);
+    body_.store(job.body, std::memory_order_relaxed);
+    tasks_.store(job.tasks, std::memory_order_relaxed);
+    helpers_.store(job.helpers, std::memory_order_relaxed);
+    generation_seen_.store(job.generation, std::memory_order_relaxed);
+    sequence_.store(seq + 2, std::memory_order_release);
+  }
+
+  // The latest job, or false while it is being written.
+  bool read(Job& job) const {
+    const uint64_t seq = sequence_.load(std::memory_order_acquire);
+    if (seq & 1) return false;
+    job = {fn_.load(std::memory_order_relaxed), body_.load(std::memory_order_relaxed),
+           tasks_.load(std::memory_order_relaxed), helpers_.load(std::memory_order_relaxed),
+           generation_seen_.load(std::memory_order_relaxed)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return sequence_.load(std::memory_order_relaxed) == seq;
+  }
+
   void loop(int index) {
     t_in_worker = true;
     uint32_t seen = 0;
+    Job job;
     for (;;) {
-      for (int i = 0; i < kSpins && published_.load(std::memory_order_acquire) == seen; ++i) HG_CPU_RELAX();
-      std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      const Job job = job_;
-      lock.unlock();
+      bool found = false;
+      for (int i = 0; i < kSpins && !found; ++i) {
+        found = read(job) && job.generation != seen;
+        if (!found) HG_CPU_RELAX();
+      }
+      if (!found) {  // sleep until the next call
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        lock.unlock();
+        while (!read(job)) HG_CPU_RELAX();
+      }
+      seen = job.generation;
       if (index < job.helpers) work(job);
     }
   }
 
   std::mutex run_mutex_;  // one parallel call at a time
-  std::mutex mutex_;      // guards job_, generation_, error_
+  std::mutex mutex_;      // guards generation_, error_
   std::condition_variable wake_, done_;
-  Job job_;
   uint32_t generation_ = 0;
-  std::atomic<uint32_t> published_{0};  // generation_, for the workers' polling
+  // The published job (publish / read): written only by the caller holding run_mutex_.
+  std::atomic<uint64_t> sequence_{0};
+  std::atomic<TaskFn> fn_{nullptr};
+  std::atomic<const void*> body_{nullptr};
+  std::atomic<int64_t> tasks_{0};
+  std::atomic<int> helpers_{0};
+  std::atomic<uint32_t> generation_seen_{0};
   std::atomic<uint64_t> claim_{0};
   std::atomic<int64_t> completed_{0};
   std::exception_ptr error_;

@@ -4,8 +4,9 @@
 // chunk boundaries 8191 / 8192 / 8193), several steps, clipping on and off,
 // non-finite gradients, BF16 compute copies, lr changes, validation.
 //
-// Bounds: the CPU runs the reference's double arithmetic in the same order,
-// so everything is compared bit for bit. On CUDA the update of each element
+// Bounds: the CPU runs the reference's arithmetic (double for f64
+// parameters, float for f32) in the same order, so everything is compared
+// bit for bit. On CUDA the update of each element
 // is the per-tensor kernel's float arithmetic (gpu::adamw_step), so without
 // clipping it must match that kernel bit for bit; with clipping the grads are
 // multiplied by the float scale max_norm / norm first, checked against the
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -57,23 +59,52 @@ Tensor make_state(Device device, double lr) {
 }
 
 // The per-tensor AdamW of hg::AdamW before issue 13 (double math), on one
-// CPU tensor, grads multiplied by `scale`.
+// CPU tensor, grads multiplied by `scale`: the CPU's arithmetic for f64
+// parameters.
+void reference_step_f64(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWConfig& o, double lr, double t,
+                        double scale) {
+  const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
+  double *ps = p.data<double>(), *ms = m.data<double>(), *vs = v.data<double>();
+  const double* gs = g.data<double>();
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    double param = ps[i] * (1.0 - lr * o.weight_decay);
+    const double grad = gs[i] * scale;
+    const double m1 = o.beta1 * ms[i] + (1.0 - o.beta1) * grad;
+    const double v1 = o.beta2 * vs[i] + (1.0 - o.beta2) * grad * grad;
+    ms[i] = m1;
+    vs[i] = v1;
+    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + o.eps);
+    ps[i] = param;
+  }
+}
+
+// The CPU's arithmetic for f32 parameters (core/optimizer_ops.cpp): float,
+// PyTorch's form, step size lr / bc1 and 1 / sqrt(bc2) rounded from double.
+void reference_step_f32(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWConfig& o, double lr, double t,
+                        double scale) {
+  const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
+  const float decay = static_cast<float>(1.0 - lr * o.weight_decay), b1 = static_cast<float>(o.beta1),
+              b2 = static_cast<float>(o.beta2), c1 = static_cast<float>(1.0 - o.beta1),
+              c2 = static_cast<float>(1.0 - o.beta2), eps = static_cast<float>(o.eps),
+              step = static_cast<float>(lr / bc1), inv = static_cast<float>(1.0 / std::sqrt(bc2)),
+              fscale = static_cast<float>(scale);
+  float *ps = p.data<float>(), *ms = m.data<float>(), *vs = v.data<float>();
+  const float* gs = g.data<float>();
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    const float grad = gs[i] * fscale;
+    const float m1 = b1 * ms[i] + c1 * grad;
+    const float v1 = b2 * vs[i] + c2 * (grad * grad);
+    ms[i] = m1;
+    vs[i] = v1;
+    ps[i] = ps[i] * decay - step * m1 / (std::sqrt(v1) * inv + eps);
+  }
+}
+
 template <class T>
 void reference_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWConfig& o, double lr, double t,
                     double scale) {
-  const double bc1 = 1.0 - std::pow(o.beta1, t), bc2 = 1.0 - std::pow(o.beta2, t);
-  T *ps = p.data<T>(), *ms = m.data<T>(), *vs = v.data<T>();
-  const T* gs = g.data<T>();
-  for (int64_t i = 0; i < p.numel(); ++i) {
-    double param = static_cast<double>(ps[i]) * (1.0 - lr * o.weight_decay);
-    const double grad = static_cast<double>(gs[i]) * scale;
-    const double m1 = o.beta1 * static_cast<double>(ms[i]) + (1.0 - o.beta1) * grad;
-    const double v1 = o.beta2 * static_cast<double>(vs[i]) + (1.0 - o.beta2) * grad * grad;
-    ms[i] = static_cast<T>(m1);
-    vs[i] = static_cast<T>(v1);
-    param -= lr * (m1 / bc1) / (std::sqrt(v1 / bc2) + o.eps);
-    ps[i] = static_cast<T>(param);
-  }
+  if constexpr (std::is_same_v<T, float>) reference_step_f32(p, g, m, v, o, lr, t, scale);
+  else reference_step_f64(p, g, m, v, o, lr, t, scale);
 }
 
 // The CPU backend's order (core/optimizer_ops.cpp): each tensor in pieces of

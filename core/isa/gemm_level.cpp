@@ -41,8 +41,70 @@ void run(const GemmBlock<T>& g) {
 void run_f32(const GemmBlock<float>& g) { run(g); }
 void run_f64(const GemmBlock<double>& g) { run(g); }
 
+// The packed path (cpu_gemm.hpp PackedGemm) drives Eigen's own pieces, as its
+// sequential product does: a row-major C is the column-major C^T = op(B)^T
+// op(A)^T, so op(B)'s columns are Eigen's packed "lhs" (mr-row panels) and
+// op(A)'s rows its packed "rhs" (nr-column panels).
+namespace ei = Eigen::internal;
+using Index = Eigen::Index;
+template <class T>
+using Traits = ei::gebp_traits<T, T>;
+template <class T, int Order>
+using Mapper = ei::const_blas_data_mapper<T, Index, Order>;
+template <class T>
+using ResMapper = ei::blas_data_mapper<T, Index, Eigen::ColMajor, Eigen::Unaligned, 1>;
+
+// Eigen's own k blocking for the whole product (fits the L1 panels).
+template <class T>
+int64_t depth_block(int64_t rows, int64_t cols, int64_t depth) {
+  Index k = depth, m = cols, n = rows;
+  ei::computeProductBlockingSizes<T, T, 1>(k, m, n, Index(1));
+  return k;
+}
+
+template <class T, int Order>
+void pack_rows_as(const T* a, int64_t lda, int64_t k0, int64_t kc, int64_t r0, int64_t rows, T* packed) {
+  ei::gemm_pack_rhs<T, Index, Mapper<T, Order>, Traits<T>::nr, Order> pack;
+  pack(packed, Mapper<T, Order>(a, lda).getSubMapper(k0, r0), kc, rows);
+}
+
+// op(A)^T (depth x rows): A is rows x depth row-major (column-major op(A)^T), or depth x rows when transposed.
+template <class T>
+void pack_rows(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t r0, int64_t rows, T* packed) {
+  if (g.transpose_a) pack_rows_as<T, Eigen::RowMajor>(g.a, g.lda, k0, kc, r0, rows, packed);
+  else pack_rows_as<T, Eigen::ColMajor>(g.a, g.lda, k0, kc, r0, rows, packed);
+}
+
+template <class T, int Order>
+void pack_cols_as(const T* b, int64_t ldb, int64_t k0, int64_t kc, int64_t c0, int64_t cols, T* packed) {
+  using Tr = Traits<T>;
+  ei::gemm_pack_lhs<T, Index, Mapper<T, Order>, Tr::mr, Tr::LhsProgress, typename Tr::LhsPacket4Packing, Order> pack;
+  pack(packed, Mapper<T, Order>(b, ldb).getSubMapper(c0, k0), kc, cols);
+}
+
+// op(B)^T (cols x depth): B is depth x cols row-major (column-major op(B)^T), or cols x depth when transposed.
+template <class T>
+void pack_cols(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t c0, int64_t cols, T* packed) {
+  if (g.transpose_b) pack_cols_as<T, Eigen::RowMajor>(g.b, g.ldb, k0, kc, c0, cols, packed);
+  else pack_cols_as<T, Eigen::ColMajor>(g.b, g.ldb, k0, kc, c0, cols, packed);
+}
+
+template <class T>
+void multiply(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+              const T* packed_rows, const T* packed_cols) {
+  ei::gebp_kernel<T, T, Index, ResMapper<T>, Traits<T>::mr, Traits<T>::nr, false, false> gebp;
+  gebp(ResMapper<T>(g.c, g.ldc).getSubMapper(c0, r0), packed_cols, packed_rows, cols, kc, rows, g.alpha);
+}
+
+template <class T>
+PackedGemm<T> packed() {
+  return {depth_block<T>, pack_rows<T>, pack_cols<T>, multiply<T>};
+}
+
 }  // namespace
 
-GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64}; }
+GemmKernels HG_GEMM_LEVEL_FN() {
+  return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()};
+}
 
 }  // namespace hg::cpu::isa

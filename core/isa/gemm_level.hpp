@@ -10,6 +10,8 @@ struct GemmKernels {
   const char* level;
   void (*f32)(const GemmBlock<float>&);
   void (*f64)(const GemmBlock<double>&);
+  PackedGemm<float> packed_f32;
+  PackedGemm<double> packed_f64;
 };
 
 GemmKernels gemm_baseline();
