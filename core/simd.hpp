@@ -109,6 +109,29 @@ HG_SIMD_INLINE float sum(int64_t n, const Term& term) {
   return sum_lanes(total + block);
 }
 
+// N sums over the same range in one sweep; terms(i, k, t) writes the N term
+// vectors into t. Each is added exactly as sum() adds it (same blocks, same
+// order), so the results are bitwise those of N separate sum() calls; one
+// sweep gives the CPU N independent add chains at once instead of one.
+template <int N, class Terms>
+HG_SIMD_INLINE void sums(int64_t n, const Terms& terms, float (&out)[N]) {
+  Floats total[N] = {}, block[N] = {}, t[N];
+  int64_t i = 0, in_block = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    terms(i, kLanes, t);
+    for (int j = 0; j < N; ++j) block[j] += t[j];
+    if (++in_block == 16) {
+      for (int j = 0; j < N; ++j) total[j] += block[j], block[j] = Floats{};
+      in_block = 0;
+    }
+  }
+  if (i < n) {
+    terms(i, n - i, t);
+    for (int j = 0; j < N; ++j) block[j] += keep_first(t[j], n - i);
+  }
+  for (int j = 0; j < N; ++j) out[j] = sum_lanes(total[j] + block[j]);
+}
+
 // Applies out = f(in) to n floats, 16 at a time; the tail goes through the
 // same f on a padded vector, so every element sees the same arithmetic.
 template <class F>

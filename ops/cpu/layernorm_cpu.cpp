@@ -65,11 +65,12 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     const float shift = static_cast<float>(simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(xr + i, k); }) * inv_d);
-    const double s1 = simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(xr + i, k) - shift; });
-    const double s2 = simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA {
+    float s12[2];
+    simd::sums(D, [&](int64_t i, int64_t k, Floats(&t)[2]) HG_SIMD_LAMBDA {
       const Floats c = load_n(xr + i, k) - shift;
-      return c * c;
-    });
+      t[0] = c, t[1] = c * c;
+    }, s12);
+    const double s1 = s12[0], s2 = s12[1];
     const double mu = shift + s1 * inv_d;
     const double var = std::max(0.0, s2 * inv_d - (s1 * inv_d) * (s1 * inv_d));
     const double rs = 1.0 / std::sqrt(var + eps);
@@ -95,10 +96,14 @@ HG_SIMD_CLONES void backward_row_f32(const float* dy, const float* x, const floa
   // The saved mean was rounded to float32; its error shifts every xhat by the
   // same amount. The true xhat has mean zero, so that shift is the mean c of
   // the xhat computed here; it is removed below.
-  const double c = simd::sum(D, xhat) * inv_d;
-  const double mean_gdy = simd::sum(D, gdy) * inv_d;
-  const double mean_gdy_xhat =
-      simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return gdy(i, k) * xhat(i, k); }) * inv_d - c * mean_gdy;
+  float s[3];
+  simd::sums(D, [&](int64_t i, int64_t k, Floats(&t)[3]) HG_SIMD_LAMBDA {
+    const Floats xh = xhat(i, k), gd = gdy(i, k);
+    t[0] = xh, t[1] = gd, t[2] = gd * xh;
+  }, s);
+  const double c = s[0] * inv_d;
+  const double mean_gdy = s[1] * inv_d;
+  const double mean_gdy_xhat = s[2] * inv_d - c * mean_gdy;
   const float cf = static_cast<float>(c), mg = static_cast<float>(mean_gdy), mgx = static_cast<float>(mean_gdy_xhat);
   auto row = [&](int64_t i, int64_t k, auto store) HG_SIMD_LAMBDA {
     const Floats xc = xhat(i, k) - cf, d = load_n(dy + i, k);
