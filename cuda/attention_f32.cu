@@ -23,11 +23,17 @@
 // dk, dv kernel. Each product sums over dh in one fixed fma chain in every
 // kernel, so all three see the same scores and both backward kernels the
 // same dp. No atomics: bitwise repeatable.
+// Lab variant (HG_ATTN_F32_VARIANT, docs/attention.md): delta = do . o in
+// that same fma chain (delta_kernel) and one key sweep in the dq kernel; 1
+// also prefetches the next q, do tile in the dk, dv kernel.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
+#include "core/error.hpp"
 #include "cuda/attention_f32.cuh"
 #include "cuda/cuda_check.hpp"
 
@@ -300,11 +306,32 @@ __global__ void __launch_bounds__(16 * TY) forward_kernel(Args a) {
 
 // ---- backward ----------------------------------------------------------------
 
+// delta_i = do_i . o_i, one thread per query row (rows = B * H * Tq in
+// (b, h, i) order), in tile_dots' fma chain: where o_i is exactly v_j (a
+// one-hot row: p = 1 at key j, 0 elsewhere) delta_i is dp_ij bitwise and ds
+// = p (dp - delta) is 0 exactly, as with the summed delta.
+template <int DH>
+__global__ void delta_kernel(Args a, int64_t rows) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const int64_t at = a.o_base(r / a.tq) + (r % a.tq) * a.o_row;
+  const float4* d = reinterpret_cast<const float4*>(static_cast<const float*>(a.dout) + at);
+  const float4* o = reinterpret_cast<const float4*>(static_cast<const float*>(a.o) + at);
+  float acc = 0.f;
+#pragma unroll 8
+  for (int e = 0; e < DH / 4; ++e) acc = dot4(acc, d[e], o[e]);
+  a.delta[r] = acc;
+}
+
 // dq for BR queries, two sweeps over the 64-key tiles: the first sums
 // delta_i = sum_j p_ij dp_ij, the second accumulates dq_i = sum_j ds_ij k_j
 // with ds_ij = p_ij (dp_ij - delta_i). Writes delta for the dk, dv kernel.
-// v of the next tile loads while this tile's ds k runs.
-template <int DH, int TY, int RM>
+// v of the next tile loads while this tile's ds k runs. kOneSweep: delta
+// comes from delta_kernel (do . o) and one sweep does, unless a row of the
+// block has a key of weight above 1/2 (1 / sum > 0.5: a near one-hot row,
+// where do . o and sum p dp may differ by more than ds = p (dp - delta) can
+// bear); such a block sweeps twice and writes its delta as without.
+template <int DH, int TY, int RM, bool kOneSweep>
 __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
   constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   extern __shared__ __align__(16) float smem[];
@@ -320,13 +347,21 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
   const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
   const float* mask_row = a.mask_row(bh);
   float2 stats[RM];
-  float delta[RM];  // this lane's share during the first sweep, the row's total after it
+  float delta[RM];  // two sweeps: this lane's share during the first, the row's total after it
+  bool peaked = false;
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
     const int row = q_block + row_of<TY>(i);
     stats[i] = row < a.tq ? a.stats[bh * a.tq + row] : make_float2(-INFINITY, 0.f);
-    delta[i] = 0.f;
+    peaked |= stats[i].y > 0.5f;
   }
+  const bool two = !kOneSweep || __syncthreads_or(peaked);
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int row = q_block + row_of<TY>(i);
+    delta[i] = !two && row < a.tq ? a.delta[bh * a.tq + row] : 0.f;
+  }
+  const int sweeps = two ? 2 : 1;
   const int key_end = a.key_end(min(q_block + BR, a.tq));
   const int tiles = key_end > 0 ? (key_end + kCols - 1) / kCols : 0;
   if (tiles > 0) {
@@ -337,9 +372,9 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
     async_commit();
   }
   float dq[RM][N] = {};
-  for (int step = 0; step < 2 * tiles; ++step) {
+  for (int step = 0; step < sweeps * tiles; ++step) {
     const int n0 = (step % tiles) * kCols, next = (step + 1) % tiles * kCols;
-    const bool more = step + 1 < 2 * tiles, second = step >= tiles;
+    const bool more = step + 1 < sweeps * tiles, second = !two || step >= tiles;
     async_wait<0>();
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};
@@ -350,7 +385,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
       stage<kCols, DH, NT>(vs, v, a.kv_row, next, a.tk);
       async_commit();
     }
-    if (step == tiles) {  // the first sweep is over
+    if (two && step == tiles) {  // the first sweep is over
 #pragma unroll
       for (int i = 0; i < RM; ++i) delta[i] = row_sum(delta[i]);
     }
@@ -385,14 +420,16 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
     const int row = q_block + row_of<TY>(i);
     if (row >= a.tq) continue;
     Dims<DH>::store(dq_out + int64_t(row) * a.q_row, dq[i], a.scale);
-    if (tx() == 0) a.delta[bh * a.tq + row] = delta[i];
+    if (two && tx() == 0) a.delta[bh * a.tq + row] = delta[i];
   }
 }
 
 // dk, dv for BR keys, over the 64-query tiles from the first query that
 // sees them: s^T and dp^T (keys x queries) in registers, p and ds through
 // shared memory (query-major) into dv += p^T do and dk += ds^T q.
-template <int DH, int TY, int RM>
+// kPrefetch: the next tile's q loads during dv += p^T do, its do during the
+// next s^T (single buffers, two more barriers a tile).
+template <int DH, int TY, int RM, bool kPrefetch>
 __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
   constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   extern __shared__ __align__(16) float smem[];
@@ -412,25 +449,43 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
   stage<BR, DH, NT>(ks, static_cast<const float*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage<BR, DH, NT>(vs, static_cast<const float*>(a.v) + koff, a.kv_row, k_block, a.tk);
   async_commit();
+  const int m_first = a.first_query(k_block) / kCols * kCols;
+  if (kPrefetch && m_first < a.tq) {
+    stage<kCols, DH, NT>(qs, q, a.q_row, m_first, a.tq);
+    async_commit();
+    stage<kCols, DH, NT>(dos, dout, a.o_row, m_first, a.tq);
+    async_commit();
+  }
   const float* mask_row = a.mask_row(bh);
   float bias[RM];
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
   float dk[RM][N] = {}, dv[RM][N] = {};
-  for (int m0 = a.first_query(k_block) / kCols * kCols; m0 < a.tq; m0 += kCols) {
-    __syncthreads();  // every thread is done with the previous query tile
-    stage<kCols, DH, NT>(qs, q, a.q_row, m0, a.tq);
-    stage<kCols, DH, NT>(dos, dout, a.o_row, m0, a.tq);
-    async_commit();
+  for (int m0 = m_first; m0 < a.tq; m0 += kCols) {
+    const bool more = m0 + kCols < a.tq;
+    if (!kPrefetch) {
+      __syncthreads();  // every thread is done with the previous query tile
+      stage<kCols, DH, NT>(qs, q, a.q_row, m0, a.tq);
+      stage<kCols, DH, NT>(dos, dout, a.o_row, m0, a.tq);
+      async_commit();
+    }
     for (int r = threadIdx.x; r < kCols; r += NT) {
       const bool in = m0 + r < a.tq;
       stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
       delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
     }
-    async_wait<0>();
+    if (kPrefetch) {
+      async_wait<1>();  // k, v and this tile's q; its do may still be in flight
+    } else {
+      async_wait<0>();
+    }
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};  // s^T and dp^T: keys x queries
     tile_dots<DH, TY, RM>(s, ks, qs);
+    if (kPrefetch) {
+      async_wait<0>();  // this tile's do
+      __syncthreads();
+    }
     tile_dots<DH, TY, RM>(dp, vs, dos);
 #pragma unroll
     for (int i = 0; i < RM; ++i)
@@ -443,8 +498,22 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
     store_t<TY, RM>(ps, PS, s);
     store_t<TY, RM>(dss, PS, dp);
     __syncthreads();
-    tile_axpy<DH, TY, RM>(dv, ps, PS, dos);
     tile_axpy<DH, TY, RM>(dk, dss, PS, qs);
+    if (kPrefetch) {
+      __syncthreads();  // every thread is done with qs
+      if (more) {
+        stage<kCols, DH, NT>(qs, q, a.q_row, m0 + kCols, a.tq);
+        async_commit();
+      }
+    }
+    tile_axpy<DH, TY, RM>(dv, ps, PS, dos);
+    if (kPrefetch) {
+      __syncthreads();  // every thread is done with dos, ps, dss and the stats
+      if (more) {
+        stage<kCols, DH, NT>(dos, dout, a.o_row, m0 + kCols, a.tq);
+        async_commit();
+      }
+    }
   }
   float* dk_out = static_cast<float*>(a.dk) + koff;
   float* dv_out = static_cast<float*>(a.dv) + koff;
@@ -484,6 +553,32 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
+// HG_ATTN_F32_VARIANT, read once: 0 (unset) the two-sweep dq kernel, 1 and 2
+// delta_kernel and one sweep, 1 with the dk, dv prefetch (docs/attention.md).
+int backward_variant() {
+  static const int variant = [] {
+    const char* env = std::getenv("HG_ATTN_F32_VARIANT");
+    const std::string v = env == nullptr ? "0" : env;
+    if (v != "0" && v != "1" && v != "2") fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1 or 2, got '", v, "'");
+    return std::stoi(v);
+  }();
+  return variant;
+}
+
+template <int DH, bool kOneSweep, bool kPrefetch>
+void backward_kernels(const Args& a, int64_t heads_total) {
+  using T = Tiles<DH>;
+  if (kOneSweep) {
+    const int64_t rows = heads_total * a.tq;
+    delta_kernel<DH><<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream()>>>(a, rows);
+    HG_CUDA_CHECK_LAUNCH("attention_delta_f32");
+  }
+  launch(backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm, kOneSweep>, 16 * T::kBwdTy, a.tq, T::kBwdRows, heads_total,
+         T::kDqSmem, a, "attention_backward_dq_f32");  // writes delta unless kOneSweep
+  launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total,
+         T::kDkdvSmem, a, "attention_backward_dkdv_f32");
+}
+
 }  // namespace
 
 template <int DH>
@@ -495,11 +590,11 @@ void forward_f32(const Args& a, int64_t heads_total) {
 
 template <int DH>
 void backward_f32(const Args& a, int64_t heads_total) {
-  using T = Tiles<DH>;
-  launch(backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tq, T::kBwdRows, heads_total, T::kDqSmem,
-         a, "attention_backward_dq_f32");  // writes delta
-  launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total,
-         T::kDkdvSmem, a, "attention_backward_dkdv_f32");
+  switch (backward_variant()) {
+    case 1: return backward_kernels<DH, true, true>(a, heads_total);
+    case 2: return backward_kernels<DH, true, false>(a, heads_total);
+    default: return backward_kernels<DH, false, false>(a, heads_total);
+  }
 }
 
 template void forward_f32<32>(const Args&, int64_t);
