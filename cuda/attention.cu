@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <type_traits>
 
@@ -86,6 +87,17 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// acc[mt][n] and acc[mt][n + 1] += a[mt] B for every m tile, B the two
+// 8-column fragments of one ldmatrix.x4 (b0 b1, then b2 b3).
+template <int MT, int NB>
+__device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (&a)[MT][4], const uint32_t (&b)[4], int n) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    mma(acc[mt][n], a[mt], b[0], b[1]);
+    mma(acc[mt][n + 1], a[mt], b[2], b[3]);
+  }
 }
 
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
@@ -161,11 +173,7 @@ __device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const f
     for (int db = 0; db < N / 8; db += 2) {
       uint32_t b[4];
       ldsm_trans(b, tile + at<S>(kk * 16, db * 8));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma(acc[mt][db], pa[mt], b[0], b[1]);
-        mma(acc[mt][db + 1], pa[mt], b[2], b[3]);
-      }
+      mma_x2(acc, pa, b, db);
     }
   }
 }
@@ -215,7 +223,7 @@ __device__ __forceinline__ bool exact_tile(const Args& a, const float* mask_row,
   return mask_row != nullptr || !(a.scale_log2 > 0.f) || n0 + kb > a.tk || (a.causal && n0 + kb - 1 > q0 + a.tk - a.tq);
 }
 
-template <int DH, int KB, bool kQRegs>
+template <int DH, int KB, int KS, bool kQRegs>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -259,76 +267,76 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     async_wait<0>();
     __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
     if (tile + 1 < tiles) stage(tile + 1);
-    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
-    const int n0 = tile * KB;
-    float s[2][KB / 8][4] = {};
+#pragma unroll 1
+    for (int sub = 0; sub < KB / KS; ++sub) {  // KS keys at a time
+      const int n0 = tile * KB + sub * KS;
+      if (KS < KB && n0 >= key_end) break;
+      const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
+      float s[2][KS / 8][4] = {};
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t qf[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        if constexpr (kQRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
-        } else {
-          ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-        }
-      }
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; nb += 2) {
-        uint32_t b[4];
-        ldsm(b, ks + k_lane + at<S>(nb * 8, kc * 16));
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        uint32_t qf[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          mma(s[mt][nb], qf[mt], b[0], b[1]);
-          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
+          if constexpr (kQRegs) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+          } else {
+            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+          }
+        }
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; nb += 2) {
+          uint32_t b[4];
+          ldsm(b, ks + k_lane + at<S>(nb * 8, kc * 16));
+          mma_x2(s, qf, b, nb);
         }
       }
-    }
-    // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
-    // scaled after (c > 0 keeps the order and the rounding is monotonic).
-    const bool exact = exact_tile(a, mask_row, q_block, n0, KB);
-    const float c = exact ? 1.f : a.scale_log2;
-    float tile_max[2][2];
+      // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+      // scaled after (c > 0 keeps the order and the rounding is monotonic).
+      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
+      const float c = exact ? 1.f : a.scale_log2;
+      float tile_max[2][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
-      if (exact) {
+      for (int mt = 0; mt < 2; ++mt) {
+        tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+        if (exact) {
 #pragma unroll
-        for (int nb = 0; nb < KB / 8; ++nb)
+          for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
-      }
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
-    }
-    float neg_base[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-        const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-        const float alpha = exp2_ftz(m[mt][h] - base);
-        neg_base[mt][h] = -base;
-        m[mt][h] = m_new;
-        l[mt][h] *= alpha;
-#pragma unroll
-        for (int db = 0; db < DH / 8; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
-      }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
-          l[mt][e >> 1] += s[mt][nb][e];
+            for (int e = 0; e < 4; ++e)
+              s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
         }
-    mma_acc_tile<2, KB, DH, S>(o, s, vs + v_lane);
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
+      }
+      float neg_base[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+          const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+          const float alpha = exp2_ftz(m[mt][h] - base);
+          neg_base[mt][h] = -base;
+          m[mt][h] = m_new;
+          l[mt][h] *= alpha;
+#pragma unroll
+          for (int db = 0; db < DH / 8; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
+        }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+            l[mt][e >> 1] += s[mt][nb][e];
+          }
+      mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
+    }
   }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
 #pragma unroll
@@ -451,17 +459,9 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
       for (int nb = 0; nb < QB / 8; nb += 2) {
         uint32_t b[4];
         ldsm(b, qs + nk_lane + at<S>(nb * 8, kc * 16));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma(st[mt][nb], kf[mt], b[0], b[1]);
-          mma(st[mt][nb + 1], kf[mt], b[2], b[3]);
-        }
+        mma_x2(st, kf, b, nb);
         ldsm(b, dos + nk_lane + at<S>(nb * 8, kc * 16));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma(dpt[mt][nb], vf[mt], b[0], b[1]);
-          mma(dpt[mt][nb + 1], vf[mt], b[2], b[3]);
-        }
+        mma_x2(dpt, vf, b, nb);
       }
     }
     if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
 // key tiles of KB; q and do stay in shared memory.
-template <int DH, int KB>
+template <int DH, int KB, int KS>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -556,59 +556,55 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
     async_wait<0>();
     __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
     if (tile + 1 < tiles) stage(tile + 1);
-    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
-    const int n0 = tile * KB;
-    float s[2][KB / 8][4] = {}, dp[2][KB / 8][4] = {};
+#pragma unroll 1
+    for (int sub = 0; sub < KB / KS; ++sub) {  // KS keys at a time
+      const int n0 = tile * KB + sub * KS;
+      if (KS < KB && n0 >= key_end) break;
+      const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
+      float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t qf[2][4], df[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-        ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
-      }
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; nb += 2) {
-        uint32_t b[4];
-        ldsm(b, ks + nk_lane + at<S>(nb * 8, kc * 16));
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        uint32_t qf[2][4], df[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          mma(s[mt][nb], qf[mt], b[0], b[1]);
-          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
+          ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+          ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
         }
-        ldsm(b, vs + nk_lane + at<S>(nb * 8, kc * 16));
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma(dp[mt][nb], df[mt], b[0], b[1]);
-          mma(dp[mt][nb + 1], df[mt], b[2], b[3]);
+        for (int nb = 0; nb < KS / 8; nb += 2) {
+          uint32_t b[4];
+          ldsm(b, ks + nk_lane + at<S>(nb * 8, kc * 16));
+          mma_x2(s, qf, b, nb);
+          ldsm(b, vs + nk_lane + at<S>(nb * 8, kc * 16));
+          mma_x2(dp, df, b, nb);
         }
       }
+      if (exact_tile(a, mask_row, q_block, n0, KS)) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
+              s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
+            }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)  // ds without the scale
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
+      mma_acc_tile<2, KS, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
     }
-    if (exact_tile(a, mask_row, q_block, n0, KB)) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
-            s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
-          }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
-    }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)  // ds without the scale
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
-    mma_acc_tile<2, KB, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
   }
   bf16* dq_out = static_cast<bf16*>(a.dq) + qoff;
 #pragma unroll
@@ -677,31 +673,59 @@ constexpr size_t dkdv_smem(int dh, int qb, int mt) {  // k, v; 2 stages of q, do
 }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
-// Tile sizes per head dim: the largest whose accumulators fit the registers
-// without spills (ptxas figures in docs/attention.md).
+// BF16 tile sizes per head dim: the largest whose accumulators fit the
+// registers without spills (ptxas figures in docs/attention.md). V = 0 is the
+// default; V = 1 the lab alternative (HG_ATTN_BF16_VARIANT=1, docs/attention.md
+// "Lab switch"): the forward and dq kernels stage key tiles of twice the keys
+// per barrier and compute them in the default's sub-tiles (same registers,
+// bitwise the same results, half the barriers and cp.async rounds).
+template <int DH, int V>
+struct Bf16Tiling {
+  static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
+  static constexpr int kFwdKeys = V == 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
+  static constexpr int kDkdvQueries = 32, kDkdvMT = DH == 128 ? 1 : 2;
+  static constexpr int kDqSub = DH == 128 ? 16 : DH == 64 ? 32 : 64;
+  static constexpr int kDqKeys = V == 1 && DH >= 64 ? 2 * kDqSub : kDqSub;
+};
+
+// HG_ATTN_BF16_VARIANT, read once: 1 runs Bf16Tiling<DH, 1>, anything else the default.
+int bf16_variant() {
+  static const int v = [] {
+    const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
+    return s != nullptr && std::atoi(s) == 1 ? 1 : 0;
+  }();
+  return v;
+}
+
+template <int DH, int V>
+void forward_bf16(const Args& a, int64_t bh) {
+  using T = Bf16Tiling<DH, V>;
+  launch(forward_bf16_kernel<DH, T::kFwdKeys, T::kFwdSub, DH <= 64>, grid(a.tq, kRowsBf16, bh),
+         forward_smem(DH, T::kFwdKeys), a, "attention_forward_bf16");
+}
+
+template <int DH, int V>
+void backward_bf16(const Args& a, int64_t bh) {
+  using T = Bf16Tiling<DH, V>;
+  constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
+  launch(backward_dkdv_bf16_kernel<DH, kQB, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT),
+         a, "attention_backward_dkdv_bf16");
+  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a,
+         "attention_backward_dq_bf16");
+}
+
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
-  if (bf16_inputs) {
-    constexpr int kKeys = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
-    launch(forward_bf16_kernel<DH, kKeys, DH <= 64>, grid(a.tq, kRowsBf16, bh), forward_smem(DH, kKeys), a,
-           "attention_forward_bf16");
-  } else {
-    attn::forward_f32<DH>(a, bh);
-  }
+  if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
+  if (bf16_variant() == 1) return forward_bf16<DH, 1>(a, bh);
+  forward_bf16<DH, 0>(a, bh);
 }
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
-  if (bf16_inputs) {
-    constexpr int kQB = 32, kMT = DH == 128 ? 1 : 2, kKB = DH == 128 ? 16 : DH == 64 ? 32 : 64;
-    constexpr bool kKVRegs = DH * kMT <= 64;
-    launch(backward_dkdv_bf16_kernel<DH, kQB, kMT, kKVRegs>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a,
-           "attention_backward_dkdv_bf16");
-    launch(backward_dq_bf16_kernel<DH, kKB>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, kKB), a,
-           "attention_backward_dq_bf16");
-  } else {
-    attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  }
+  if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
+  if (bf16_variant() == 1) return backward_bf16<DH, 1>(a, bh);
+  backward_bf16<DH, 0>(a, bh);
 }
 
 template <class Fn>
