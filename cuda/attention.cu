@@ -223,7 +223,16 @@ __device__ __forceinline__ bool exact_tile(const Args& a, const float* mask_row,
   return mask_row != nullptr || !(a.scale_log2 > 0.f) || n0 + kb > a.tk || (a.causal && n0 + kb - 1 > q0 + a.tk - a.tq);
 }
 
-template <int DH, int KB, int KS, bool kQRegs>
+// The online softmax's rescale of row g + 8 h of one m tile: its partial sum
+// l[h] and output accumulators o times alpha.
+template <int N>
+__device__ __forceinline__ void rescale_row(float (&o)[N][4], float (&l)[2], int h, float alpha) {
+  l[h] *= alpha;
+#pragma unroll
+  for (int db = 0; db < N; ++db) o[db][2 * h] *= alpha, o[db][2 * h + 1] *= alpha;
+}
+
+template <int DH, int KB, int KS, bool kQRegs, bool kSkipRescale>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -312,20 +321,28 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
       }
-      float neg_base[2][2];
+      float neg_base[2][2], alpha[2][2];
+      bool rescale = false;
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
           const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-          const float alpha = exp2_ftz(m[mt][h] - base);
+          alpha[mt][h] = exp2_ftz(m[mt][h] - base);
+          rescale |= alpha[mt][h] != 1.f;
           neg_base[mt][h] = -base;
           m[mt][h] = m_new;
-          l[mt][h] *= alpha;
-#pragma unroll
-          for (int db = 0; db < DH / 8; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
+          if constexpr (!kSkipRescale) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
         }
+      // kSkipRescale: a warp whose 32 row maxima all stayed skips the
+      // multiplications by 1 (bitwise the same results).
+      if (kSkipRescale && __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+      }
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -675,24 +692,26 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 
 // BF16 tile sizes per head dim: the largest whose accumulators fit the
 // registers without spills (ptxas figures in docs/attention.md). V = 0 is the
-// default; V = 1 the lab alternative (HG_ATTN_BF16_VARIANT=1, docs/attention.md
-// "Lab switch"): the forward and dq kernels stage key tiles of twice the keys
-// per barrier and compute them in the default's sub-tiles (same registers,
-// bitwise the same results, half the barriers and cp.async rounds).
+// default; V = 1, 2 the lab variants (HG_ATTN_BF16_VARIANT, docs/attention.md
+// "Lab switch"): 1 stages key tiles of twice the keys per barrier for the
+// forward and dq and computes them in the default's sub-tiles (same
+// registers, bitwise the same results); 2 adds the forward's skipped rescale.
 template <int DH, int V>
 struct Bf16Tiling {
   static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
-  static constexpr int kFwdKeys = V == 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
+  static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
+  static constexpr bool kFwdSkipRescale = V == 2;
   static constexpr int kDkdvQueries = 32, kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr int kDqSub = DH == 128 ? 16 : DH == 64 ? 32 : 64;
-  static constexpr int kDqKeys = V == 1 && DH >= 64 ? 2 * kDqSub : kDqSub;
+  static constexpr int kDqKeys = V >= 1 && DH >= 64 ? 2 * kDqSub : kDqSub;
 };
 
-// HG_ATTN_BF16_VARIANT, read once: 1 runs Bf16Tiling<DH, 1>, anything else the default.
+// HG_ATTN_BF16_VARIANT, read once: 1 or 2 runs Bf16Tiling<DH, 1 or 2>, anything else the default.
 int bf16_variant() {
   static const int v = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
-    return s != nullptr && std::atoi(s) == 1 ? 1 : 0;
+    const int v = s != nullptr ? std::atoi(s) : 0;
+    return v == 1 || v == 2 ? v : 0;
   }();
   return v;
 }
@@ -700,7 +719,7 @@ int bf16_variant() {
 template <int DH, int V>
 void forward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
-  launch(forward_bf16_kernel<DH, T::kFwdKeys, T::kFwdSub, DH <= 64>, grid(a.tq, kRowsBf16, bh),
+  launch(forward_bf16_kernel<DH, T::kFwdKeys, T::kFwdSub, DH <= 64, T::kFwdSkipRescale>, grid(a.tq, kRowsBf16, bh),
          forward_smem(DH, T::kFwdKeys), a, "attention_forward_bf16");
 }
 
@@ -718,6 +737,7 @@ template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
   if (bf16_variant() == 1) return forward_bf16<DH, 1>(a, bh);
+  if (bf16_variant() == 2) return forward_bf16<DH, 2>(a, bh);
   forward_bf16<DH, 0>(a, bh);
 }
 
@@ -725,6 +745,7 @@ template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
   if (bf16_variant() == 1) return backward_bf16<DH, 1>(a, bh);
+  if (bf16_variant() == 2) return backward_bf16<DH, 2>(a, bh);
   backward_bf16<DH, 0>(a, bh);
 }
 
