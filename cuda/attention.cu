@@ -203,7 +203,8 @@ __device__ __forceinline__ void async_wait() {
 // ---- BF16 forward ------------------------------------------------------------
 // 128 query rows per block, 32 per warp (two m16 tiles: each K or V fragment
 // read from shared memory feeds two mma). K and V tiles of KB keys are
-// double-buffered with cp.async and one barrier per tile. Q sits in shared
+// double-buffered with cp.async and one barrier per tile, and computed KS
+// keys at a time (kSkipRescale: see the rescale below). Q sits in shared
 // memory; with kQRegs its fragments move to registers once (DH <= 64; at 128
 // they would not fit beside the 128 accumulators). Tiles that no causal
 // diagonal, key-padding mask or end of Tk crosses (and a positive scale)
@@ -397,9 +398,10 @@ __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) 
 
 // dk, dv for 64 * MT keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
-// stats, delta double-buffered with cp.async). K and V fragments stay in
-// registers with kKVRegs, else are re-read from shared memory per tile.
-template <int DH, int QB, int MT, bool kKVRegs>
+// stats, delta double-buffered with cp.async; computed QS rows at a time).
+// K and V fragments stay in registers with kKVRegs, else are re-read from
+// shared memory per tile.
+template <int DH, int QB, int QS, int MT, bool kKVRegs>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   constexpr int S = DH + 8, kKeys = 64 * MT;
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
@@ -429,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
     async_commit();
   };
 
-  const int m_first = a.first_query(k_block) / QB * QB;
+  const int q_first = a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
   stage_rows_async<kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_rows_async<kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
@@ -450,64 +452,70 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   }
   float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
   for (int tile = 0; tile < tiles; ++tile) {
-    const int m0 = m_first + tile * QB;
+    const int m_tile = m_first + tile * QB;
     async_wait<0>();
     __syncthreads();  // stage visible to all; every warp is done with the one stage() refills next
-    if (tile + 1 < tiles) stage(m0 + QB, (tile + 1) % 2);
+    if (tile + 1 < tiles) stage(m_tile + QB, (tile + 1) % 2);
     const bf16* qs_ptr = reinterpret_cast<const bf16*>(stages + (tile % 2) * kStage);
-    const unsigned qs = smem_addr(qs_ptr), dos = qs + at<S>(QB, 0);
-    const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S);
-    const float* delta_s = reinterpret_cast<const float*>(stat_s + QB);
-    float st[MT][QB / 8][4] = {}, dpt[MT][QB / 8][4] = {};  // s^T and dp^T: 16 keys x QB queries per m tile
+#pragma unroll 1
+    for (int sub = 0; sub < QB / QS; ++sub) {  // QS queries at a time
+      const int m0 = m_tile + sub * QS;
+      if (QS < QB && m0 + QS <= q_first) continue;  // all above the causal end: the default's tiles start after
+      if (QS < QB && m0 >= a.tq) break;
+      const unsigned qs = smem_addr(qs_ptr) + at<S>(sub * QS, 0), dos = qs + at<S>(QB, 0);
+      const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S) + sub * QS;
+      const float* delta_s = reinterpret_cast<const float*>(stat_s + (QB - sub * QS)) + sub * QS;
+      float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4] = {};  // s^T and dp^T: 16 keys x QS queries per m tile
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t kf[MT][4], vf[MT][4];
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        uint32_t kf[MT][4], vf[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (kKVRegs) {
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (kKVRegs) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
-        } else {
-          ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
-          ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
+            for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
+          } else {
+            ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
+            ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
+          }
+        }
+#pragma unroll
+        for (int nb = 0; nb < QS / 8; nb += 2) {
+          uint32_t b[4];
+          ldsm(b, qs + nk_lane + at<S>(nb * 8, kc * 16));
+          mma_x2(st, kf, b, nb);
+          ldsm(b, dos + nk_lane + at<S>(nb * 8, kc * 16));
+          mma_x2(dpt, vf, b, nb);
         }
       }
+      if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
 #pragma unroll
-      for (int nb = 0; nb < QB / 8; nb += 2) {
-        uint32_t b[4];
-        ldsm(b, qs + nk_lane + at<S>(nb * 8, kc * 16));
-        mma_x2(st, kf, b, nb);
-        ldsm(b, dos + nk_lane + at<S>(nb * 8, kc * 16));
-        mma_x2(dpt, vf, b, nb);
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
+              st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
+            }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
       }
+      mma_acc_tile<MT, QS, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
+#pragma unroll
+        for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
+      mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
     }
-    if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < QB / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
-            st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
-          }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < QB / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
-    }
-    mma_acc_tile<MT, QB, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
-#pragma unroll
-      for (int nb = 0; nb < QB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
-    mma_acc_tile<MT, QB, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
   bf16* dk_out = static_cast<bf16*>(a.dk) + koff;
@@ -528,7 +536,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 }
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
-// key tiles of KB; q and do stay in shared memory.
+// key tiles of KB, computed KS keys at a time; q and do stay in shared memory.
 template <int DH, int KB, int KS>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
@@ -700,8 +708,8 @@ template <int DH, int V>
 struct Bf16Tiling {
   static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
   static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
-  static constexpr bool kFwdSkipRescale = V == 2;
-  static constexpr int kDkdvQueries = 32, kDkdvMT = DH == 128 ? 1 : 2;
+  static constexpr bool kFwdSkipRescale = V >= 2;
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V == 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr int kDqSub = DH == 128 ? 16 : DH == 64 ? 32 : 64;
   static constexpr int kDqKeys = V >= 1 && DH >= 64 ? 2 * kDqSub : kDqSub;
 };
@@ -711,7 +719,7 @@ int bf16_variant() {
   static const int v = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
     const int v = s != nullptr ? std::atoi(s) : 0;
-    return v == 1 || v == 2 ? v : 0;
+    return v >= 1 && v <= 3 ? v : 0;
   }();
   return v;
 }
@@ -727,7 +735,7 @@ template <int DH, int V>
 void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
   constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
-  launch(backward_dkdv_bf16_kernel<DH, kQB, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT),
+  launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT),
          a, "attention_backward_dkdv_bf16");
   launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a,
          "attention_backward_dq_bf16");
@@ -738,6 +746,7 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
   if (bf16_variant() == 1) return forward_bf16<DH, 1>(a, bh);
   if (bf16_variant() == 2) return forward_bf16<DH, 2>(a, bh);
+  if (bf16_variant() == 3) return forward_bf16<DH, 3>(a, bh);
   forward_bf16<DH, 0>(a, bh);
 }
 
@@ -746,6 +755,7 @@ void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
   if (bf16_variant() == 1) return backward_bf16<DH, 1>(a, bh);
   if (bf16_variant() == 2) return backward_bf16<DH, 2>(a, bh);
+  if (bf16_variant() == 3) return backward_bf16<DH, 3>(a, bh);
   backward_bf16<DH, 0>(a, bh);
 }
 
