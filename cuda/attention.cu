@@ -129,6 +129,14 @@ __device__ __forceinline__ void ldsm_trans(uint32_t (&r)[4], unsigned addr) {
                : "r"(addr));
 }
 
+// mma_x2 with the two B fragments of one ldmatrix.x4 at `addr` (of M[n][k]: lane_nk).
+template <int MT, int NB>
+__device__ __forceinline__ void ldsm_mma_x2(float (&acc)[MT][NB][4], const uint32_t (&a)[MT][4], unsigned addr, int n) {
+  uint32_t b[4];
+  ldsm(b, addr);
+  mma_x2(acc, a, b, n);
+}
+
 // Byte offset of this lane's ldmatrix row in a tile of row stride S for the
 // 16x16 block at the tile's origin (add the block's own offset):
 // - lane_rc: rows l % 16, cols 8 (l / 16). ldsm gives the A fragment of
@@ -296,11 +304,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
           }
         }
 #pragma unroll
-        for (int nb = 0; nb < KS / 8; nb += 2) {
-          uint32_t b[4];
-          ldsm(b, ks + k_lane + at<S>(nb * 8, kc * 16));
-          mma_x2(s, qf, b, nb);
-        }
+        for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
       }
       // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
       // scaled after (c > 0 keeps the order and the rounding is monotonic).
@@ -481,11 +485,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
         }
 #pragma unroll
         for (int nb = 0; nb < QS / 8; nb += 2) {
-          uint32_t b[4];
-          ldsm(b, qs + nk_lane + at<S>(nb * 8, kc * 16));
-          mma_x2(st, kf, b, nb);
-          ldsm(b, dos + nk_lane + at<S>(nb * 8, kc * 16));
-          mma_x2(dpt, vf, b, nb);
+          ldsm_mma_x2(st, kf, qs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          ldsm_mma_x2(dpt, vf, dos + nk_lane + at<S>(nb * 8, kc * 16), nb);
         }
       }
       if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
@@ -597,11 +598,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
         }
 #pragma unroll
         for (int nb = 0; nb < KS / 8; nb += 2) {
-          uint32_t b[4];
-          ldsm(b, ks + nk_lane + at<S>(nb * 8, kc * 16));
-          mma_x2(s, qf, b, nb);
-          ldsm(b, vs + nk_lane + at<S>(nb * 8, kc * 16));
-          mma_x2(dp, df, b, nb);
+          ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
         }
       }
       if (exact_tile(a, mask_row, q_block, n0, KS)) {
