@@ -659,6 +659,27 @@ __global__ void delta_kernel(Args a, int64_t rows, int dh) {
   if (threadIdx.x % 32 == 0) a.delta[row] = acc;
 }
 
+// delta as delta_kernel for BF16 with 16-byte loads: DH / 8 lanes per row
+// (4, 8 or 16), 8 products each, summed by a shuffle tree within the lanes.
+template <int DH>
+__global__ void delta_bf16_kernel(Args a, int64_t rows) {
+  constexpr int kLanes = DH / 8;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  float acc = 0.f;
+  if (row < rows) {
+    const int64_t at = a.o_base(row / a.tq) + (row % a.tq) * a.o_row + (threadIdx.x % kLanes) * 8;
+    const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.dout) + at);
+    const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.o) + at);
+    const bf16* d8 = reinterpret_cast<const bf16*>(&d);
+    const bf16* o8 = reinterpret_cast<const bf16*>(&o);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += __bfloat162float(d8[e]) * __bfloat162float(o8[e]);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (row < rows && threadIdx.x % kLanes == 0) a.delta[row] = acc;
+}
+
 // ---- launchers ---------------------------------------------------------------
 
 Args args_of(const AttentionLayout& l) {
@@ -701,23 +722,25 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // default; V = 1, 2 the lab variants (HG_ATTN_BF16_VARIANT, docs/attention.md
 // "Lab switch"): 1 stages key tiles of twice the keys per barrier for the
 // forward and dq and computes them in the default's sub-tiles (same
-// registers, bitwise the same results); 2 adds the forward's skipped rescale.
+// registers, bitwise the same results); 2 adds the forward's skipped rescale,
+// 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel.
 template <int DH, int V>
 struct Bf16Tiling {
   static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
   static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
   static constexpr bool kFwdSkipRescale = V >= 2;
-  static constexpr int kDkdvSub = 32, kDkdvQueries = V == 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr int kDqSub = DH == 128 ? 16 : DH == 64 ? 32 : 64;
   static constexpr int kDqKeys = V >= 1 && DH >= 64 ? 2 * kDqSub : kDqSub;
+  static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
 };
 
-// HG_ATTN_BF16_VARIANT, read once: 1 or 2 runs Bf16Tiling<DH, 1 or 2>, anything else the default.
+// HG_ATTN_BF16_VARIANT, read once: 1 to 4 runs Bf16Tiling<DH, 1 to 4>, anything else the default.
 int bf16_variant() {
   static const int v = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
     const int v = s != nullptr ? std::atoi(s) : 0;
-    return v >= 1 && v <= 3 ? v : 0;
+    return v >= 1 && v <= 4 ? v : 0;
   }();
   return v;
 }
@@ -732,6 +755,14 @@ void forward_bf16(const Args& a, int64_t bh) {
 template <int DH, int V>
 void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
+  const int64_t rows = bh * a.tq;
+  if constexpr (T::kDelta16) {
+    delta_bf16_kernel<DH><<<static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads), kThreads, 0, stream()>>>(
+        a, rows);
+  } else {
+    delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(a, rows, DH);
+  }
+  HG_CUDA_CHECK_LAUNCH("attention_delta");
   constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
   launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT),
          a, "attention_backward_dkdv_bf16");
@@ -745,6 +776,7 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (bf16_variant() == 1) return forward_bf16<DH, 1>(a, bh);
   if (bf16_variant() == 2) return forward_bf16<DH, 2>(a, bh);
   if (bf16_variant() == 3) return forward_bf16<DH, 3>(a, bh);
+  if (bf16_variant() == 4) return forward_bf16<DH, 4>(a, bh);
   forward_bf16<DH, 0>(a, bh);
 }
 
@@ -754,6 +786,7 @@ void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (bf16_variant() == 1) return backward_bf16<DH, 1>(a, bh);
   if (bf16_variant() == 2) return backward_bf16<DH, 2>(a, bh);
   if (bf16_variant() == 3) return backward_bf16<DH, 3>(a, bh);
+  if (bf16_variant() == 4) return backward_bf16<DH, 4>(a, bh);
   backward_bf16<DH, 0>(a, bh);
 }
 
@@ -819,7 +852,6 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
                                 {o, "o"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
     check_aligned(p, name, op);
   Tensor delta = Tensor::empty({layout.heads_total() * layout.tq}, DType::F32, Device::CUDA);
-  const int64_t rows = layout.heads_total() * layout.tq;
   const bool bf16_inputs = dtype == DType::BF16;
   Args a = args_of(layout);
   a.q = q;
@@ -832,11 +864,6 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
   a.dv = dv;
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
   a.delta = delta.data<float>();
-  if (bf16_inputs) {  // F32 sums delta inside its dq kernel
-    delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(
-        a, rows, static_cast<int>(layout.head_dim));
-    HG_CUDA_CHECK_LAUNCH("attention_delta");
-  }
   by_head_dim(layout.head_dim,
               [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }
