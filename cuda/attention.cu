@@ -167,6 +167,23 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
+// acc[2][N / 8] += A B over DH: A the warp's two m16 tiles of a row-major
+// shared tile (`a_tile` = their address + lane_rc), B[k][n] = M[n][k] with M
+// a row-major [N][DH] shared tile (`m_tile` = its address + lane_nk). The
+// loop over k stays rolled: fewer fragments in flight (dq dh 128 with 32-key
+// tiles spills 12 to 40 bytes unrolled).
+template <int DH, int N, int S>
+__device__ __forceinline__ void mma_nk_tile(float (&acc)[2][N / 8][4], unsigned a_tile, unsigned m_tile) {
+#pragma unroll 1
+  for (int kc = 0; kc < DH / 16; ++kc) {
+    uint32_t af[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) ldsm(af[mt], a_tile + at<S>(16 * mt, 16 * kc));
+#pragma unroll
+    for (int nb = 0; nb < N / 8; nb += 2) ldsm_mma_x2(acc, af, m_tile + at<S>(nb * 8, kc * 16), nb);
+  }
+}
+
 // acc[MT][N / 8] += P M over K: P the accumulators p[MT][K / 8] re-packed as
 // bf16 A operands, M a row-major [K][N] shared tile read with ldmatrix.trans
 // (`tile` = its address + lane_rc).
@@ -538,7 +555,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
 // key tiles of KB, computed KS keys at a time; q and do stay in shared memory.
-template <int DH, int KB, int KS>
+template <int DH, int KB, int KS, bool kSplit>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -588,18 +605,23 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
       if (KS < KB && n0 >= key_end) break;
       const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
       float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
+      if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
+        mma_nk_tile<DH, KS, S>(s, q_at, ks + nk_lane);
+        mma_nk_tile<DH, KS, S>(dp, q_at + do_off, vs + nk_lane);
+      } else {
 #pragma unroll
-      for (int kc = 0; kc < DH / 16; ++kc) {
-        uint32_t qf[2][4], df[2][4];
+        for (int kc = 0; kc < DH / 16; ++kc) {
+          uint32_t qf[2][4], df[2][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-          ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
-        }
+          for (int mt = 0; mt < 2; ++mt) {
+            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+            ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
+          }
 #pragma unroll
-        for (int nb = 0; nb < KS / 8; nb += 2) {
-          ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
-          ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          for (int nb = 0; nb < KS / 8; nb += 2) {
+            ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
+            ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          }
         }
       }
       if (exact_tile(a, mask_row, q_block, n0, KS)) {
@@ -723,24 +745,26 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // "Lab switch"): 1 stages key tiles of twice the keys per barrier for the
 // forward and dq and computes them in the default's sub-tiles (same
 // registers, bitwise the same results); 2 adds the forward's skipped rescale,
-// 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel.
+// 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
+// 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
 template <int DH, int V>
 struct Bf16Tiling {
   static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
   static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
   static constexpr bool kFwdSkipRescale = V >= 2;
   static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
-  static constexpr int kDqSub = DH == 128 ? 16 : DH == 64 ? 32 : 64;
-  static constexpr int kDqKeys = V >= 1 && DH >= 64 ? 2 * kDqSub : kDqSub;
+  static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
+  static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
+  static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
 };
 
-// HG_ATTN_BF16_VARIANT, read once: 1 to 4 runs Bf16Tiling<DH, 1 to 4>, anything else the default.
+// HG_ATTN_BF16_VARIANT, read once: 1 to 5 runs Bf16Tiling<DH, 1 to 5>, anything else the default.
 int bf16_variant() {
   static const int v = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
     const int v = s != nullptr ? std::atoi(s) : 0;
-    return v >= 1 && v <= 4 ? v : 0;
+    return v >= 1 && v <= 5 ? v : 0;
   }();
   return v;
 }
@@ -766,7 +790,7 @@ void backward_bf16(const Args& a, int64_t bh) {
   constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
   launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT),
          a, "attention_backward_dkdv_bf16");
-  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a,
+  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a,
          "attention_backward_dq_bf16");
 }
 
@@ -777,6 +801,7 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (bf16_variant() == 2) return forward_bf16<DH, 2>(a, bh);
   if (bf16_variant() == 3) return forward_bf16<DH, 3>(a, bh);
   if (bf16_variant() == 4) return forward_bf16<DH, 4>(a, bh);
+  if (bf16_variant() == 5) return forward_bf16<DH, 5>(a, bh);
   forward_bf16<DH, 0>(a, bh);
 }
 
@@ -787,6 +812,7 @@ void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (bf16_variant() == 2) return backward_bf16<DH, 2>(a, bh);
   if (bf16_variant() == 3) return backward_bf16<DH, 3>(a, bh);
   if (bf16_variant() == 4) return backward_bf16<DH, 4>(a, bh);
+  if (bf16_variant() == 5) return backward_bf16<DH, 5>(a, bh);
   backward_bf16<DH, 0>(a, bh);
 }
 
