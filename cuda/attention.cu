@@ -92,7 +92,8 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
 // acc[mt][n] and acc[mt][n + 1] += a[mt] B for every m tile, B the two
 // 8-column fragments of one ldmatrix.x4 (b0 b1, then b2 b3).
 template <int MT, int NB>
-__device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (&a)[MT][4], const uint32_t (&b)[4], int n) {
+__device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (&a)[MT][4], const uint32_t (&b)[4],
+                                       int n) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     mma(acc[mt][n], a[mt], b[0], b[1]);
@@ -759,14 +760,34 @@ struct Bf16Tiling {
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
 };
 
-// HG_ATTN_BF16_VARIANT, read once: 1 to 5 runs Bf16Tiling<DH, 1 to 5>, anything else the default.
-int bf16_variant() {
-  static const int v = [] {
+// The BF16 variant each head dim runs by default, forward and backward
+// ({dh 32, 64, 128}); making a measured winner the default is one edit here.
+constexpr int kBf16ForwardDefault[3] = {0, 0, 0};
+constexpr int kBf16BackwardDefault[3] = {0, 0, 0};
+constexpr int kBf16Variants = 6;  // Bf16Tiling<DH, 0 .. 5>
+
+// The variant to run: HG_ATTN_BF16_VARIANT (0 to 5, read once) for every head
+// dim and both directions, else the defaults above.
+int bf16_variant(int dh, bool backward) {
+  static const int forced = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
-    const int v = s != nullptr ? std::atoi(s) : 0;
-    return v >= 1 && v <= 5 ? v : 0;
+    const int v = s != nullptr && *s != '\0' ? std::atoi(s) : -1;
+    return v >= 0 && v < kBf16Variants ? v : -1;
   }();
-  return v;
+  const int at = dh == 32 ? 0 : dh == 64 ? 1 : 2;
+  return forced >= 0 ? forced : backward ? kBf16BackwardDefault[at] : kBf16ForwardDefault[at];
+}
+
+template <class Fn>
+void by_variant(int v, Fn&& fn) {
+  switch (v) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+  }
+  fn(std::integral_constant<int, 0>{});
 }
 
 template <int DH, int V>
@@ -781,39 +802,29 @@ void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
   const int64_t rows = bh * a.tq;
   if constexpr (T::kDelta16) {
-    delta_bf16_kernel<DH><<<static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads), kThreads, 0, stream()>>>(
-        a, rows);
+    const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
+    delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   } else {
     delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(a, rows, DH);
   }
   HG_CUDA_CHECK_LAUNCH("attention_delta");
   constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
-  launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT),
-         a, "attention_backward_dkdv_bf16");
-  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a,
-         "attention_backward_dq_bf16");
+  launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
+         dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16");
+  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
+         dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
 }
 
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
-  if (bf16_variant() == 1) return forward_bf16<DH, 1>(a, bh);
-  if (bf16_variant() == 2) return forward_bf16<DH, 2>(a, bh);
-  if (bf16_variant() == 3) return forward_bf16<DH, 3>(a, bh);
-  if (bf16_variant() == 4) return forward_bf16<DH, 4>(a, bh);
-  if (bf16_variant() == 5) return forward_bf16<DH, 5>(a, bh);
-  forward_bf16<DH, 0>(a, bh);
+  by_variant(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  if (bf16_variant() == 1) return backward_bf16<DH, 1>(a, bh);
-  if (bf16_variant() == 2) return backward_bf16<DH, 2>(a, bh);
-  if (bf16_variant() == 3) return backward_bf16<DH, 3>(a, bh);
-  if (bf16_variant() == 4) return backward_bf16<DH, 4>(a, bh);
-  if (bf16_variant() == 5) return backward_bf16<DH, 5>(a, bh);
-  backward_bf16<DH, 0>(a, bh);
+  by_variant(bf16_variant(DH, true), [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <class Fn>
