@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <type_traits>
 
@@ -88,6 +89,18 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// acc[mt][n] and acc[mt][n + 1] += a[mt] B for every m tile, B the two
+// 8-column fragments of one ldmatrix.x4 (b0 b1, then b2 b3).
+template <int MT, int NB>
+__device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (&a)[MT][4], const uint32_t (&b)[4],
+                                       int n) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    mma(acc[mt][n], a[mt], b[0], b[1]);
+    mma(acc[mt][n + 1], a[mt], b[2], b[3]);
+  }
+}
+
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
@@ -115,6 +128,14 @@ __device__ __forceinline__ void ldsm_trans(uint32_t (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+// mma_x2 with the two B fragments of one ldmatrix.x4 at `addr` (of M[n][k]: lane_nk).
+template <int MT, int NB>
+__device__ __forceinline__ void ldsm_mma_x2(float (&acc)[MT][NB][4], const uint32_t (&a)[MT][4], unsigned addr, int n) {
+  uint32_t b[4];
+  ldsm(b, addr);
+  mma_x2(acc, a, b, n);
 }
 
 // Byte offset of this lane's ldmatrix row in a tile of row stride S for the
@@ -147,6 +168,23 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4],
   a[3] = pack(hi[2], hi[3]);
 }
 
+// acc[2][N / 8] += A B over DH: A the warp's two m16 tiles of a row-major
+// shared tile (`a_tile` = their address + lane_rc), B[k][n] = M[n][k] with M
+// a row-major [N][DH] shared tile (`m_tile` = its address + lane_nk). The
+// loop over k stays rolled: fewer fragments in flight (dq dh 128 with 32-key
+// tiles spills 12 to 40 bytes unrolled).
+template <int DH, int N, int S>
+__device__ __forceinline__ void mma_nk_tile(float (&acc)[2][N / 8][4], unsigned a_tile, unsigned m_tile) {
+#pragma unroll 1
+  for (int kc = 0; kc < DH / 16; ++kc) {
+    uint32_t af[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) ldsm(af[mt], a_tile + at<S>(16 * mt, 16 * kc));
+#pragma unroll
+    for (int nb = 0; nb < N / 8; nb += 2) ldsm_mma_x2(acc, af, m_tile + at<S>(nb * 8, kc * 16), nb);
+  }
+}
+
 // acc[MT][N / 8] += P M over K: P the accumulators p[MT][K / 8] re-packed as
 // bf16 A operands, M a row-major [K][N] shared tile read with ldmatrix.trans
 // (`tile` = its address + lane_rc).
@@ -161,11 +199,7 @@ __device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const f
     for (int db = 0; db < N / 8; db += 2) {
       uint32_t b[4];
       ldsm_trans(b, tile + at<S>(kk * 16, db * 8));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma(acc[mt][db], pa[mt], b[0], b[1]);
-        mma(acc[mt][db + 1], pa[mt], b[2], b[3]);
-      }
+      mma_x2(acc, pa, b, db);
     }
   }
 }
@@ -195,7 +229,8 @@ __device__ __forceinline__ void async_wait() {
 // ---- BF16 forward ------------------------------------------------------------
 // 128 query rows per block, 32 per warp (two m16 tiles: each K or V fragment
 // read from shared memory feeds two mma). K and V tiles of KB keys are
-// double-buffered with cp.async and one barrier per tile. Q sits in shared
+// double-buffered with cp.async and one barrier per tile, and computed KS
+// keys at a time (kSkipRescale: see the rescale below). Q sits in shared
 // memory; with kQRegs its fragments move to registers once (DH <= 64; at 128
 // they would not fit beside the 128 accumulators). Tiles that no causal
 // diagonal, key-padding mask or end of Tk crosses (and a positive scale)
@@ -215,7 +250,16 @@ __device__ __forceinline__ bool exact_tile(const Args& a, const float* mask_row,
   return mask_row != nullptr || !(a.scale_log2 > 0.f) || n0 + kb > a.tk || (a.causal && n0 + kb - 1 > q0 + a.tk - a.tq);
 }
 
-template <int DH, int KB, bool kQRegs>
+// The online softmax's rescale of row g + 8 h of one m tile: its partial sum
+// l[h] and output accumulators o times alpha.
+template <int N>
+__device__ __forceinline__ void rescale_row(float (&o)[N][4], float (&l)[2], int h, float alpha) {
+  l[h] *= alpha;
+#pragma unroll
+  for (int db = 0; db < N; ++db) o[db][2 * h] *= alpha, o[db][2 * h + 1] *= alpha;
+}
+
+template <int DH, int KB, int KS, bool kQRegs, bool kSkipRescale>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -259,76 +303,80 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     async_wait<0>();
     __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
     if (tile + 1 < tiles) stage(tile + 1);
-    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
-    const int n0 = tile * KB;
-    float s[2][KB / 8][4] = {};
+#pragma unroll 1
+    for (int sub = 0; sub < KB / KS; ++sub) {  // KS keys at a time
+      const int n0 = tile * KB + sub * KS;
+      if (KS < KB && n0 >= key_end) break;
+      const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
+      float s[2][KS / 8][4] = {};
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t qf[2][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        if constexpr (kQRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
-        } else {
-          ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-        }
-      }
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; nb += 2) {
-        uint32_t b[4];
-        ldsm(b, ks + k_lane + at<S>(nb * 8, kc * 16));
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        uint32_t qf[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          mma(s[mt][nb], qf[mt], b[0], b[1]);
-          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
+          if constexpr (kQRegs) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+          } else {
+            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+          }
         }
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
       }
-    }
-    // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
-    // scaled after (c > 0 keeps the order and the rounding is monotonic).
-    const bool exact = exact_tile(a, mask_row, q_block, n0, KB);
-    const float c = exact ? 1.f : a.scale_log2;
-    float tile_max[2][2];
+      // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+      // scaled after (c > 0 keeps the order and the rounding is monotonic).
+      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
+      const float c = exact ? 1.f : a.scale_log2;
+      float tile_max[2][2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
-      if (exact) {
+      for (int mt = 0; mt < 2; ++mt) {
+        tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+        if (exact) {
 #pragma unroll
-        for (int nb = 0; nb < KB / 8; ++nb)
+          for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
-      }
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
-    }
-    float neg_base[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-        const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-        const float alpha = exp2_ftz(m[mt][h] - base);
-        neg_base[mt][h] = -base;
-        m[mt][h] = m_new;
-        l[mt][h] *= alpha;
-#pragma unroll
-        for (int db = 0; db < DH / 8; ++db) o[mt][db][2 * h] *= alpha, o[mt][db][2 * h + 1] *= alpha;
-      }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
-          l[mt][e >> 1] += s[mt][nb][e];
+            for (int e = 0; e < 4; ++e)
+              s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
         }
-    mma_acc_tile<2, KB, DH, S>(o, s, vs + v_lane);
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
+      }
+      float neg_base[2][2], alpha[2][2];
+      bool rescale = false;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+          const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+          alpha[mt][h] = exp2_ftz(m[mt][h] - base);
+          rescale |= alpha[mt][h] != 1.f;
+          neg_base[mt][h] = -base;
+          m[mt][h] = m_new;
+          if constexpr (!kSkipRescale) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+        }
+      // kSkipRescale: a warp whose 32 row maxima all stayed skips the
+      // multiplications by 1 (bitwise the same results).
+      if (kSkipRescale && __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+            l[mt][e >> 1] += s[mt][nb][e];
+          }
+      mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
+    }
   }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
 #pragma unroll
@@ -372,9 +420,10 @@ __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) 
 
 // dk, dv for 64 * MT keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
-// stats, delta double-buffered with cp.async). K and V fragments stay in
-// registers with kKVRegs, else are re-read from shared memory per tile.
-template <int DH, int QB, int MT, bool kKVRegs>
+// stats, delta double-buffered with cp.async; computed QS rows at a time).
+// K and V fragments stay in registers with kKVRegs, else are re-read from
+// shared memory per tile.
+template <int DH, int QB, int QS, int MT, bool kKVRegs>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   constexpr int S = DH + 8, kKeys = 64 * MT;
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
@@ -404,7 +453,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
     async_commit();
   };
 
-  const int m_first = a.first_query(k_block) / QB * QB;
+  const int q_first = a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
   stage_rows_async<kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_rows_async<kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
@@ -425,72 +474,67 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   }
   float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
   for (int tile = 0; tile < tiles; ++tile) {
-    const int m0 = m_first + tile * QB;
+    const int m_tile = m_first + tile * QB;
     async_wait<0>();
     __syncthreads();  // stage visible to all; every warp is done with the one stage() refills next
-    if (tile + 1 < tiles) stage(m0 + QB, (tile + 1) % 2);
+    if (tile + 1 < tiles) stage(m_tile + QB, (tile + 1) % 2);
     const bf16* qs_ptr = reinterpret_cast<const bf16*>(stages + (tile % 2) * kStage);
-    const unsigned qs = smem_addr(qs_ptr), dos = qs + at<S>(QB, 0);
-    const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S);
-    const float* delta_s = reinterpret_cast<const float*>(stat_s + QB);
-    float st[MT][QB / 8][4] = {}, dpt[MT][QB / 8][4] = {};  // s^T and dp^T: 16 keys x QB queries per m tile
+#pragma unroll 1
+    for (int sub = 0; sub < QB / QS; ++sub) {  // QS queries at a time
+      const int m0 = m_tile + sub * QS;
+      if (QS < QB && m0 + QS <= q_first) continue;  // all above the causal end: the default's tiles start after
+      if (QS < QB && m0 >= a.tq) break;
+      const unsigned qs = smem_addr(qs_ptr) + at<S>(sub * QS, 0), dos = qs + at<S>(QB, 0);
+      const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S) + sub * QS;
+      const float* delta_s = reinterpret_cast<const float*>(stat_s + (QB - sub * QS)) + sub * QS;
+      float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4] = {};  // s^T and dp^T: 16 keys x QS queries per m tile
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t kf[MT][4], vf[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (kKVRegs) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
-        } else {
-          ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
-          ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
-        }
-      }
-#pragma unroll
-      for (int nb = 0; nb < QB / 8; nb += 2) {
-        uint32_t b[4];
-        ldsm(b, qs + nk_lane + at<S>(nb * 8, kc * 16));
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        uint32_t kf[MT][4], vf[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma(st[mt][nb], kf[mt], b[0], b[1]);
-          mma(st[mt][nb + 1], kf[mt], b[2], b[3]);
-        }
-        ldsm(b, dos + nk_lane + at<S>(nb * 8, kc * 16));
+          if constexpr (kKVRegs) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma(dpt[mt][nb], vf[mt], b[0], b[1]);
-          mma(dpt[mt][nb + 1], vf[mt], b[2], b[3]);
-        }
-      }
-    }
-    if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < QB / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
-            st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
+            for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
+          } else {
+            ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
+            ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
           }
-    } else {
+        }
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+        for (int nb = 0; nb < QS / 8; nb += 2) {
+          ldsm_mma_x2(st, kf, qs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          ldsm_mma_x2(dpt, vf, dos + nk_lane + at<S>(nb * 8, kc * 16), nb);
+        }
+      }
+      if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
 #pragma unroll
-        for (int nb = 0; nb < QB / 8; ++nb)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
+              st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
+            }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
+      }
+      mma_acc_tile<MT, QS, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
+#pragma unroll
+        for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
+      mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
     }
-    mma_acc_tile<MT, QB, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
-#pragma unroll
-      for (int nb = 0; nb < QB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
-    mma_acc_tile<MT, QB, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
   bf16* dk_out = static_cast<bf16*>(a.dk) + koff;
@@ -511,8 +555,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 }
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
-// key tiles of KB; q and do stay in shared memory.
-template <int DH, int KB>
+// key tiles of KB, computed KS keys at a time; q and do stay in shared memory.
+template <int DH, int KB, int KS, bool kSplit>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -556,59 +600,57 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
     async_wait<0>();
     __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
     if (tile + 1 < tiles) stage(tile + 1);
-    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
-    const int n0 = tile * KB;
-    float s[2][KB / 8][4] = {}, dp[2][KB / 8][4] = {};
+#pragma unroll 1
+    for (int sub = 0; sub < KB / KS; ++sub) {  // KS keys at a time
+      const int n0 = tile * KB + sub * KS;
+      if (KS < KB && n0 >= key_end) break;
+      const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
+      float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
+      if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
+        mma_nk_tile<DH, KS, S>(s, q_at, ks + nk_lane);
+        mma_nk_tile<DH, KS, S>(dp, q_at + do_off, vs + nk_lane);
+      } else {
 #pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      uint32_t qf[2][4], df[2][4];
+        for (int kc = 0; kc < DH / 16; ++kc) {
+          uint32_t qf[2][4], df[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-        ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
-      }
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; nb += 2) {
-        uint32_t b[4];
-        ldsm(b, ks + nk_lane + at<S>(nb * 8, kc * 16));
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma(s[mt][nb], qf[mt], b[0], b[1]);
-          mma(s[mt][nb + 1], qf[mt], b[2], b[3]);
-        }
-        ldsm(b, vs + nk_lane + at<S>(nb * 8, kc * 16));
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          mma(dp[mt][nb], df[mt], b[0], b[1]);
-          mma(dp[mt][nb + 1], df[mt], b[2], b[3]);
-        }
-      }
-    }
-    if (exact_tile(a, mask_row, q_block, n0, KB)) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
-            s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
+          for (int mt = 0; mt < 2; ++mt) {
+            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+            ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
           }
-    } else {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+          for (int nb = 0; nb < KS / 8; nb += 2) {
+            ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
+            ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          }
+        }
+      }
+      if (exact_tile(a, mask_row, q_block, n0, KS)) {
 #pragma unroll
-        for (int nb = 0; nb < KB / 8; ++nb)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
+              s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
+            }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)  // ds without the scale
+#pragma unroll
+        for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
+      mma_acc_tile<2, KS, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)  // ds without the scale
-#pragma unroll
-      for (int nb = 0; nb < KB / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
-    mma_acc_tile<2, KB, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
   }
   bf16* dq_out = static_cast<bf16*>(a.dq) + qoff;
 #pragma unroll
@@ -638,6 +680,27 @@ __global__ void delta_kernel(Args a, int64_t rows, int dh) {
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (threadIdx.x % 32 == 0) a.delta[row] = acc;
+}
+
+// delta as delta_kernel for BF16 with 16-byte loads: DH / 8 lanes per row
+// (4, 8 or 16), 8 products each, summed by a shuffle tree within the lanes.
+template <int DH>
+__global__ void delta_bf16_kernel(Args a, int64_t rows) {
+  constexpr int kLanes = DH / 8;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  float acc = 0.f;
+  if (row < rows) {
+    const int64_t at = a.o_base(row / a.tq) + (row % a.tq) * a.o_row + (threadIdx.x % kLanes) * 8;
+    const uint4 d = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.dout) + at);
+    const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.o) + at);
+    const bf16* d8 = reinterpret_cast<const bf16*>(&d);
+    const bf16* o8 = reinterpret_cast<const bf16*>(&o);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += __bfloat162float(d8[e]) * __bfloat162float(o8[e]);
+  }
+#pragma unroll
+  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (row < rows && threadIdx.x % kLanes == 0) a.delta[row] = acc;
 }
 
 // ---- launchers ---------------------------------------------------------------
@@ -677,31 +740,91 @@ constexpr size_t dkdv_smem(int dh, int qb, int mt) {  // k, v; 2 stages of q, do
 }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
-// Tile sizes per head dim: the largest whose accumulators fit the registers
-// without spills (ptxas figures in docs/attention.md).
+// BF16 tile sizes per head dim: the largest whose accumulators fit the
+// registers without spills (ptxas figures in docs/attention.md). V = 0 is the
+// default; V = 1, 2 the lab variants (HG_ATTN_BF16_VARIANT, docs/attention.md
+// "Lab switch"): 1 stages key tiles of twice the keys per barrier for the
+// forward and dq and computes them in the default's sub-tiles (same
+// registers, bitwise the same results); 2 adds the forward's skipped rescale,
+// 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
+// 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
+template <int DH, int V>
+struct Bf16Tiling {
+  static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
+  static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
+  static constexpr bool kFwdSkipRescale = V >= 2;
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
+  static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
+  static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
+  static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
+  static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
+};
+
+// The BF16 variant each head dim runs by default, forward and backward
+// ({dh 32, 64, 128}); making a measured winner the default is one edit here.
+constexpr int kBf16ForwardDefault[3] = {0, 0, 0};
+constexpr int kBf16BackwardDefault[3] = {0, 0, 0};
+constexpr int kBf16Variants = 6;  // Bf16Tiling<DH, 0 .. 5>
+
+// The variant to run: HG_ATTN_BF16_VARIANT (0 to 5, read once) for every head
+// dim and both directions, else the defaults above.
+int bf16_variant(int dh, bool backward) {
+  static const int forced = [] {
+    const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
+    const int v = s != nullptr && *s != '\0' ? std::atoi(s) : -1;
+    return v >= 0 && v < kBf16Variants ? v : -1;
+  }();
+  const int at = dh == 32 ? 0 : dh == 64 ? 1 : 2;
+  return forced >= 0 ? forced : backward ? kBf16BackwardDefault[at] : kBf16ForwardDefault[at];
+}
+
+template <class Fn>
+void by_variant(int v, Fn&& fn) {
+  switch (v) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+  }
+  fn(std::integral_constant<int, 0>{});
+}
+
+template <int DH, int V>
+void forward_bf16(const Args& a, int64_t bh) {
+  using T = Bf16Tiling<DH, V>;
+  launch(forward_bf16_kernel<DH, T::kFwdKeys, T::kFwdSub, DH <= 64, T::kFwdSkipRescale>, grid(a.tq, kRowsBf16, bh),
+         forward_smem(DH, T::kFwdKeys), a, "attention_forward_bf16");
+}
+
+template <int DH, int V>
+void backward_bf16(const Args& a, int64_t bh) {
+  using T = Bf16Tiling<DH, V>;
+  const int64_t rows = bh * a.tq;
+  if constexpr (T::kDelta16) {
+    const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
+    delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
+  } else {
+    delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(a, rows, DH);
+  }
+  HG_CUDA_CHECK_LAUNCH("attention_delta");
+  constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
+  launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
+         dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16");
+  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
+         dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+}
+
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
-  if (bf16_inputs) {
-    constexpr int kKeys = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
-    launch(forward_bf16_kernel<DH, kKeys, DH <= 64>, grid(a.tq, kRowsBf16, bh), forward_smem(DH, kKeys), a,
-           "attention_forward_bf16");
-  } else {
-    attn::forward_f32<DH>(a, bh);
-  }
+  if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
+  by_variant(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
-  if (bf16_inputs) {
-    constexpr int kQB = 32, kMT = DH == 128 ? 1 : 2, kKB = DH == 128 ? 16 : DH == 64 ? 32 : 64;
-    constexpr bool kKVRegs = DH * kMT <= 64;
-    launch(backward_dkdv_bf16_kernel<DH, kQB, kMT, kKVRegs>, grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a,
-           "attention_backward_dkdv_bf16");
-    launch(backward_dq_bf16_kernel<DH, kKB>, grid(a.tq, kRowsBf16, bh), dq_smem(DH, kKB), a,
-           "attention_backward_dq_bf16");
-  } else {
-    attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  }
+  if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
+  by_variant(bf16_variant(DH, true), [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <class Fn>
@@ -766,7 +889,6 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
                                 {o, "o"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
     check_aligned(p, name, op);
   Tensor delta = Tensor::empty({layout.heads_total() * layout.tq}, DType::F32, Device::CUDA);
-  const int64_t rows = layout.heads_total() * layout.tq;
   const bool bf16_inputs = dtype == DType::BF16;
   Args a = args_of(layout);
   a.q = q;
@@ -779,11 +901,6 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
   a.dv = dv;
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
   a.delta = delta.data<float>();
-  if (bf16_inputs) {  // F32 sums delta inside its dq kernel
-    delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(
-        a, rows, static_cast<int>(layout.head_dim));
-    HG_CUDA_CHECK_LAUNCH("attention_delta");
-  }
   by_head_dim(layout.head_dim,
               [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }

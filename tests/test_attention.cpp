@@ -312,10 +312,15 @@ TEST_CASE("attention: CUDA paths agree with the float64 reference", "[attention]
     // The BF16 tiling: 128-query blocks, key tiles of 16 to 64, key blocks of
     // 64 or 128; tiles off the causal diagonal skip the per-element masking.
     // Tk not a multiple of 128, causal with Tq < Tk and Tq > Tk, T in 65..127.
+    // HG_ATTN_BF16_VARIANT=1 to 3 stages twice the keys (dk/dv: queries) and
+    // computes them in halves: the second half partial (300, 96 + causal),
+    // past the causal end (160, 200 x 72), past Tk (40 x 232) or past Tq (96,
+    // 160), the first wholly above the causal end (300 x 130).
     Problem tiled;
     tiled.b = 1, tiled.h = 2;
-    for (const auto& [tq, tk, causal] : {std::tuple{300, 300, false}, {520, 520, true}, {130, 300, true},
-                                         {300, 130, true}, {100, 100, true}, {100, 77, false}, {129, 129, true}}) {
+    for (const auto& [tq, tk, causal] :
+         {std::tuple{300, 300, false}, {520, 520, true}, {130, 300, true}, {300, 130, true}, {100, 100, true},
+          {100, 77, false}, {129, 129, true}, {160, 160, true}, {96, 96, false}, {200, 72, true}, {40, 232, true}}) {
       tiled.tq = tq, tiled.tk = tk, tiled.causal = causal;
       ps.push_back(tiled);
     }
