@@ -33,15 +33,25 @@ struct Result {
   double peak_extra_mib = 0;
 };
 
-Result measure(const Config& c, int64_t tokens, int64_t width, int warmup, int iters) {
-  KernelModeScope scope(c.mode);
-  const int64_t b = tokens / c.t, h = width / c.dh;
-  constexpr int kSets = 2;  // rotate input sets so the L2 does not hold the next call's data
-  Generator gen(1);
+// Rotated input sets (so the L2 does not hold the next call's data), drawn once
+// per (dtype, T, dh): drawing them is most of the bench's wall time.
+constexpr int kSets = 2;
+struct Inputs {
   std::vector<Tensor> q, k, v, dout;
-  for (int s = 0; s < kSets; ++s) {
-    for (auto* list : {&q, &k, &v, &dout}) list->push_back(Tensor::randn({b, h, c.t, c.dh}, gen, c.dtype, Device::CUDA));
-  }
+};
+
+Inputs make_inputs(DType dtype, int64_t t, int64_t dh, int64_t tokens, int64_t width) {
+  Generator gen(1);
+  Inputs in;
+  for (int s = 0; s < kSets; ++s)
+    for (auto* list : {&in.q, &in.k, &in.v, &in.dout})
+      list->push_back(Tensor::randn({tokens / t, width / dh, t, dh}, gen, dtype, Device::CUDA));
+  return in;
+}
+
+Result measure(const Config& c, const Inputs& in, int warmup, int iters) {
+  KernelModeScope scope(c.mode);
+  const std::vector<Tensor>&q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   AttentionOptions opt;
   opt.causal = c.causal;
   std::vector<AttentionSaved> saved(kSets);
@@ -99,13 +109,15 @@ int main(int argc, char** argv) {
                                                    "peak_extra_mib");
     for (const std::string& dt : dtypes)
       for (int64_t dh : head_dims)
-        for (int64_t t : seqs)
+        for (int64_t t : seqs) {
+          if (tokens % t != 0 || width % dh != 0) continue;
+          const DType dtype = dt == "bf16" ? DType::BF16 : DType::F32;
+          const Inputs inputs = make_inputs(dtype, t, dh, tokens, width);
           for (bool causal : {false, true})
             for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
               if (mode == KernelMode::Unfused && (fused_only || t > max_unfused_t)) continue;
-              if (tokens % t != 0 || width % dh != 0) continue;
-              const Config c{dt == "bf16" ? DType::BF16 : DType::F32, t, dh, causal, mode};
-              const Result r = measure(c, tokens, width, warmup, iters);
+              const Config c{dtype, t, dh, causal, mode};
+              const Result r = measure(c, inputs, warmup, iters);
               const double flops = 4.0 * double(tokens) * double(t) * double(width) * (causal ? 0.5 : 1.0);
               const double fwd_tf = flops / (r.fwd.median_ms * 1e-3) * 1e-12;
               const double bwd_tf = 2.5 * flops / (r.bwd.median_ms * 1e-3) * 1e-12;
@@ -118,6 +130,7 @@ int main(int argc, char** argv) {
                 csv->row(dt, t, tokens / t, width / dh, dh, causal ? 1 : 0, path, r.fwd.median_ms, r.bwd.median_ms,
                          fwd_tf, bwd_tf, r.peak_extra_mib);
             }
+        }
     return cli::kExitOk;
   });
 }
