@@ -12,7 +12,9 @@ and the final losses are printed side by side.
       [--anchor shared/anchors/torch_train_step.py] [--train-steps 100] [--json OUT]
 
 Variants: eager-fp32 / eager-bf16 (torch.autocast), each stock (the anchor's
-non-SDPA attention: softmax(q k^T / sqrt(d) + mask)) and handgrad.
+non-SDPA attention: softmax(q k^T / sqrt(d) + mask)) and handgrad. Then the
+two again, both alive, their steps interleaved in rounds (paired_ratio): the
+ratio to read when the step is host-bound, since the host's speed drifts.
 """
 import argparse
 import importlib.util
@@ -115,6 +117,45 @@ def time_variant(anchor, cfg, bf16, use_hg):
                 handgrad_peak_MiB=round(hg_peak, 1))
 
 
+def paired_ratio(anchor, cfg, bf16, rounds=12, per_round=4):
+    """handgrad / stock step time with both models alive and their steps interleaved:
+    rounds of `per_round` steps of each, the first alternating, and the median of the
+    rounds' ratios. A host-bound step moves with the host's state (on the H100 machine
+    the same stock step measured 10.4 and 18.9 ms minutes apart), which separate
+    timings see as a difference between the variants and this pairing cancels."""
+    steps, shape = {}, None
+    for use_hg in (False, True):
+        m, opt, c = build(anchor, cfg, use_hg)
+        steps[use_hg] = make_step(m, opt, c, bf16, use_hg)
+        shape = (c["V"], c["B"], c["T"])
+    V, B, T = shape
+
+    def timed(use_hg):
+        idx, tgt = torch.randint(0, V, (B, T), device=DEV), torch.randint(0, V, (B, T), device=DEV)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        steps[use_hg](idx, tgt)
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e)
+    for use_hg in (False, True):
+        for _ in range(5):
+            timed(use_hg)
+    ratios, all_ms = [], {False: [], True: []}
+    for r in range(rounds):
+        med = {}
+        for use_hg in ((False, True) if r % 2 == 0 else (True, False)):
+            ms = sorted(timed(use_hg) for _ in range(per_round))
+            all_ms[use_hg] += ms
+            med[use_hg] = ms[len(ms) // 2]
+        ratios.append(med[True] / med[False])
+    ratios.sort()
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    return dict(paired_ratio=round(ratios[len(ratios) // 2], 3), ratio_min=round(ratios[0], 3),
+                ratio_max=round(ratios[-1], 3), stock_ms=round(median(all_ms[False]), 3),
+                handgrad_ms=round(median(all_ms[True]), 3))
+
+
 def train_loss(anchor, cfg, bf16, use_hg, steps):
     m, opt, c = build(anchor, cfg, use_hg)
     step = make_step(m, opt, c, bf16, use_hg)
@@ -164,6 +205,9 @@ def main():
             print(r, flush=True)
         if a.smoke:
             continue
+        pr = dict(variant=f"eager-{'bf16' if bf16 else 'fp32'}-paired", **paired_ratio(anchor, a.config, bf16))
+        results.append(pr)
+        print(pr, flush=True)
         print(f"  {'bf16' if bf16 else 'fp32'}: handgrad / stock step time = "
               f"{row[True]['step_ms'] / row[False]['step_ms']:.3f}, peak memory "
               f"{row[True]['peak_mem_MiB']} vs {row[False]['peak_mem_MiB']} MiB, final loss "

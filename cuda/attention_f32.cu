@@ -553,12 +553,13 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
-// HG_ATTN_F32_VARIANT, read once: 0 (unset) the two-sweep dq kernel, 1 and 2
-// delta_kernel and one sweep, 1 with the dk, dv prefetch (docs/attention.md).
+// HG_ATTN_F32_VARIANT, read once: 2 (unset: the default, measured fastest on
+// the H100 with 1) delta_kernel and one sweep, 1 the same with the dk, dv
+// prefetch, 0 the two-sweep dq kernel (docs/attention.md).
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
-    const std::string v = env == nullptr ? "0" : env;
+    const std::string v = env == nullptr || *env == '\0' ? "2" : env;
     if (v != "0" && v != "1" && v != "2") fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1 or 2, got '", v, "'");
     return std::stoi(v);
   }();
