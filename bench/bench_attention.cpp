@@ -21,13 +21,6 @@ using namespace hg;
 
 namespace {
 
-struct Config {
-  DType dtype;
-  int64_t t, dh;
-  bool causal;
-  KernelMode mode;
-};
-
 struct Result {
   bench::Timing fwd, bwd;
   double peak_extra_mib = 0;
@@ -49,11 +42,14 @@ Inputs make_inputs(DType dtype, int64_t t, int64_t dh, int64_t tokens, int64_t w
   return in;
 }
 
-Result measure(const Config& c, const Inputs& in, int warmup, int iters) {
-  KernelModeScope scope(c.mode);
-  const std::vector<Tensor>&q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+Result measure(const Inputs& in, bool causal, KernelMode mode, int warmup, int iters) {
+  KernelModeScope scope(mode);
+  const std::vector<Tensor>& q = in.q;
+  const std::vector<Tensor>& k = in.k;
+  const std::vector<Tensor>& v = in.v;
+  const std::vector<Tensor>& dout = in.dout;
   AttentionOptions opt;
-  opt.causal = c.causal;
+  opt.causal = causal;
   std::vector<AttentionSaved> saved(kSets);
   Result r;
   r.fwd = bench::time_op(Device::CUDA, kSets, warmup, iters,
@@ -116,8 +112,7 @@ int main(int argc, char** argv) {
           for (bool causal : {false, true})
             for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
               if (mode == KernelMode::Unfused && (fused_only || t > max_unfused_t)) continue;
-              const Config c{dtype, t, dh, causal, mode};
-              const Result r = measure(c, inputs, warmup, iters);
+              const Result r = measure(inputs, causal, mode, warmup, iters);
               const double flops = 4.0 * double(tokens) * double(t) * double(width) * (causal ? 0.5 : 1.0);
               const double fwd_tf = flops / (r.fwd.median_ms * 1e-3) * 1e-12;
               const double bwd_tf = 2.5 * flops / (r.bwd.median_ms * 1e-3) * 1e-12;
