@@ -233,6 +233,100 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
   }
 }
 
+// ---- lab variants (HG_LN_VARIANT) ----------------------------------------------------
+// Candidates for the resident kernels on 16-byte aligned rows of D <= 16384,
+// picked per case by the production table (host section below) or forced by
+// HG_LN_VARIANT; each is a set of the changes below. What each changes and
+// why: docs/layernorm_kernels_notes.md, "Lab variants". Variant 0 is the
+// kernels above, untouched.
+struct LnVariant {
+  bool lean;      // forward: one-pass statistics, FFMA normalisation; both: bf16 widened by masks
+  bool prefetch;  // the group's next row(s) asked of L2 by bulk prefetches, at every block size
+  bool wide;      // forward bf16: rows held packed, twice the elements per thread;
+                  // backward: 1024-thread blocks where 512 ran (half the partial rows)
+};
+constexpr LnVariant kLnVariants[kLayerNormVariants] = {
+    {false, false, false},  // 0: the kernels of 2026-11-26
+    {true, false, false},   // 1: lean
+    {true, true, false},    // 2: lean + next-row bulk prefetch
+    {true, false, true},    // 3: lean + wide
+    {true, true, true},     // 4: lean + prefetch + wide
+};
+
+// One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
+// over d = x - shift, var = E[d^2] - E[d]^2. That difference loses about
+// log2(1 + E[d]^2 / var) bits; where E[d]^2 > kOnePassRatio var (the shift,
+// x[row, 0], far from the mean in row standard deviations) the row takes
+// the second pass of moments_in_registers instead. The branch is uniform
+// over the group (every thread holds bitwise the same sums), so its
+// barriers stay matched.
+constexpr float kOnePassRatio = 3.0f;
+
+template <int VEC, int NV, int G, class Row, class RowSums>
+__device__ __forceinline__ Moments one_pass_moments(const Row& h, int len, int t, const RowSums& row_sums,
+                                                    float inv_d, float eps) {
+  float s[2] = {0.0f, 0.0f};
+  for_each_held<VEC, NV, G>(h, len, t, [&](float d) { s[0] += d, s[1] = fmaf(d, d, s[1]); });
+  row_sums(s);
+  const float mean = s[0] * inv_d;
+  float var = fmaf(-mean, mean, s[1] * inv_d);
+  if (!(mean * mean <= kOnePassRatio * var)) {  // also a negative var, and NaN
+    float q[1] = {0.0f};
+    for_each_held<VEC, NV, G>(h, len, t, [&](float d) { q[0] += (d - mean) * (d - mean); });
+    row_sums(q);
+    var = q[0] * inv_d;
+  }
+  return {mean, rsqrtf(var + eps)};
+}
+
+// y = ((x - shift) rstd - mean rstd) gamma + beta: two FFMAs per element.
+template <class T, int VEC, int NV, int G, class Row>
+__device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Moments& m, const float* gamma,
+                                               const float* beta, T* yr, int t) {
+  const float neg_mean_rstd = -m.mean * m.rstd;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int i = (j * G + t) * VEC;
+    if (i < len) {
+      float d[VEC], g[VEC], b[VEC], out[VEC];
+      h.get(j, d);
+      load_vec<VEC, Load::ReadOnly>(gamma + i, g);
+      load_vec<VEC, Load::ReadOnly>(beta + i, b);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) out[k] = fmaf(fmaf(d[k], m.rstd, neg_mean_rstd), g[k], b[k]);
+      store_vec<VEC, Store::Streaming>(yr + i, out);
+    }
+  }
+}
+
+// The resident forward (rows of D <= G * EPT, 16-byte access) as variant V.
+template <class T, int VEC, int EPT, int G, int R, int V>
+__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+    layernorm_forward_lab_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
+                                 const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
+                                 float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
+  constexpr LnVariant kV = kLnVariants[V];
+  constexpr int NV = EPT / VEC;
+  constexpr bool kPacked = kV.wide && std::is_same_v<T, __nv_bfloat16>;
+  static_assert(V >= 1 && kV.lean && VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15,
+                "bad LayerNorm lab config");
+  __shared__ GroupScratch<G, R> scratch;
+  const RowGroup<G> grp = row_group<G, R>(scratch);
+  const float inv_d = 1.0f / static_cast<float>(D);
+  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
+    const T* xr = x + row * D;
+    HeldRow<T, VEC, NV, G, kPacked> h;
+    h.load(xr, D, grp.t);
+    if constexpr (kV.prefetch)
+      if (row + row_stride < rows)
+        bulk_prefetch_l2<G, G * EPT * int(sizeof(T))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
+    const Moments m = one_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
+    normalise_ffma<T, VEC, NV, G>(h, D, m, gamma, beta, y + row * D, grp.t);
+    if (grp.t == 0) save_stats(mean_out, rstd_out, row, h.shift, m);
+  }
+}
+
 // ---- backward -----------------------------------------------------------------------
 // Kernel 1 writes dx for every row and, per block (per cluster), partial
 // dgamma = sum dy * xhat and dbeta = sum dy over the rows it handled to its
@@ -312,8 +406,9 @@ __device__ __forceinline__ void dx_in_registers(T* dxr, const float* gamma, cons
 // Rows (CLUSTER: row slices) of up to CAP = G * EPT elements: x and dy held
 // in registers, read once. Each group keeps its running partials in shared
 // memory (CAP floats of dgamma, then CAP of dbeta); at the end the block adds
-// its R groups in group order into its partial row.
-template <class T, int VEC, int EPT, int G, int R, bool CLUSTER>
+// its R groups in group order into its partial row. V: the lab variant
+// (kLnVariants; 0 for the cluster and scalar kernels).
+template <class T, int VEC, int EPT, int G, int R, bool CLUSTER, int V = 0>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
@@ -323,6 +418,8 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   static_assert(!CLUSTER || R == 1, "a cluster block holds one row slice");
+  static_assert(V == 0 || (!CLUSTER && VEC > 1), "lab variants: resident 16-byte rows only");
+  constexpr LnVariant kV = kLnVariants[V];
   extern __shared__ float4 acc_storage[];  // R * 2 * CAP floats
   __shared__ GroupScratch<G, R> scratch;
   __shared__ float slots[2][kMaxRowSums];  // CLUSTER: exchange of block sums
@@ -359,9 +456,14 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     const int row_len = live ? len : 0;  // columns this group reads and writes this trip
     const int64_t start = (live ? row : 0) * D + part.col0;
     float xh[NV][VEC], g_dy[NV][VEC];  // x, then xhat'; dy
-    load_part<T, VEC, NV, G>(x + start, row_len, t, 0.0f, xh);
-    load_part<T, VEC, NV, G>(dy + start, row_len, t, 0.0f, g_dy);
-    if (prefetch_next_row(G * R) && row + row_stride < rows) {
+    load_part<T, VEC, NV, G, kV.lean>(x + start, row_len, t, 0.0f, xh);
+    load_part<T, VEC, NV, G, kV.lean>(dy + start, row_len, t, 0.0f, g_dy);
+    if constexpr (kV.prefetch) {
+      if (row + row_stride < rows) {
+        bulk_prefetch_l2<G, CAP * int(sizeof(T))>(x + start + row_stride * D, len * int(sizeof(T)), t);
+        bulk_prefetch_l2<G, CAP * int(sizeof(T))>(dy + start + row_stride * D, len * int(sizeof(T)), t);
+      }
+    } else if (prefetch_next_row(G * R) && row + row_stride < rows) {
       prefetch_row_l2<T, G, EPT>(x + start + row_stride * D, len, t);
       prefetch_row_l2<T, G, EPT>(dy + start + row_stride * D, len, t);
     }
@@ -616,7 +718,7 @@ struct ForwardArgs {
   float eps;
 };
 
-template <class T, int VEC>
+template <class T, int VEC, int V>
 struct Forward {
   static constexpr const char* kOp = "layernorm_forward_fused";
   static constexpr int kWideEPT = 32;
@@ -624,7 +726,20 @@ struct Forward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    auto kernel = layernorm_forward_kernel<T, VEC, EPT, G, R>;
+    if constexpr (V == 0) {
+      auto kernel = layernorm_forward_kernel<T, VEC, EPT, G, R>;
+      static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
+      launch(kernel, G * R, persistent_grid(a.rows, R, per_sm));
+    } else if constexpr (kLnVariants[V].wide && std::is_same_v<T, __nv_bfloat16> && G >= 64) {
+      // Packed bf16 rows: twice the elements per thread, the same block size.
+      resident_lab<2 * EPT, G / 2, 2 * R>();
+    } else {
+      resident_lab<EPT, G, R>();
+    }
+  }
+  template <int EPT, int G, int R>
+  void resident_lab() const {
+    auto kernel = layernorm_forward_lab_kernel<T, VEC, EPT, G, R, V>;
     static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
     launch(kernel, G * R, persistent_grid(a.rows, R, per_sm));
   }
@@ -679,7 +794,7 @@ struct BackwardArgs {
   int D;
 };
 
-template <class T, int VEC>
+template <class T, int VEC, int V>
 struct Backward {
   static constexpr const char* kOp = "layernorm_backward_fused";
   static constexpr int kWideEPT = 16;
@@ -687,7 +802,13 @@ struct Backward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false>;
+    // wide: 1024-thread blocks, one per SM, where 512-thread blocks ran two.
+    constexpr bool kWiden = kLnVariants[V].wide && G * R == 512 && G >= 128;
+    resident_as<EPT, G, kWiden ? 2 * R : R>();
+  }
+  template <int EPT, int G, int R>
+  void resident_as() const {
+    auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false, V>;
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
     static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
     const int blocks = persistent_grid(a.rows, R, per_sm);
@@ -769,19 +890,32 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// Runs Pass<T, VEC> over the width table for x's dtype and alignment.
-template <template <class, int> class Pass, class Args>
-void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*> ptrs) {
+// The variant each case runs when HG_LN_VARIANT is unset, by [pass: forward,
+// backward][dtype: f32, bf16][D <= 1024, D > 1024]; making a measured
+// winner the default is one edit here. Variants reach only the resident
+// kernels on 16-byte rows (D <= 16384); every other case runs variant 0.
+constexpr int kLnProduction[2][2][2] = {{{0, 0}, {0, 0}}, {{0, 0}, {0, 0}}};
+
+// Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
+// the variant of the case (forced by HG_LN_VARIANT, else the production
+// table) on 16-byte rows, 0 on the scalar path.
+template <template <class, int, int> class Pass, class Args>
+void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*> ptrs, bool backward) {
+  const bool bf16 = x.dtype() == DType::BF16;
+  const int variant = layernorm_lab_switch().pick(kLnProduction[backward][bf16][a.D > 1024]);
   switch (x.dtype()) {
     case DType::F32:
-      if (can_vectorize<float>(a.D, ptrs)) return for_width(a.D, Pass<float, VecWidth<float>::value>{a});
-      return for_width(a.D, Pass<float, 1>{a});
+      if (can_vectorize<float>(a.D, ptrs))
+        return with_variant<kLayerNormVariants>(variant, [&](auto v) { for_width(a.D, Pass<float, VecWidth<float>::value, decltype(v)::value>{a}); });
+      return for_width(a.D, Pass<float, 1, 0>{a});
     case DType::BF16:
       if (can_vectorize<__nv_bfloat16>(a.D, ptrs))
-        return for_width(a.D, Pass<__nv_bfloat16, VecWidth<__nv_bfloat16>::value>{a});
-      return for_width(a.D, Pass<__nv_bfloat16, 1>{a});
+        return with_variant<kLayerNormVariants>(variant, [&](auto v) {
+          for_width(a.D, Pass<__nv_bfloat16, VecWidth<__nv_bfloat16>::value, decltype(v)::value>{a});
+        });
+      return for_width(a.D, Pass<__nv_bfloat16, 1, 0>{a});
     default:
-      fail(Pass<float, 1>::kOp, "x ", x.shape(), " has dtype ", dtype_name(x.dtype()),
+      fail(Pass<float, 1, 0>::kOp, "x ", x.shape(), " has dtype ", dtype_name(x.dtype()),
            "; fused kernels take f32 or bf16");
   }
 }
@@ -802,7 +936,7 @@ void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor&
   const ForwardArgs a{x.raw_data(),        gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
                       rstd.data<float>(), x.size(0),           int(x.size(1)),     eps};
   if (a.rows == 0 || a.D == 0) return;
-  dispatch<Forward>(x, a, {a.x, a.y, a.gamma, a.beta});
+  dispatch<Forward>(x, a, {a.x, a.y, a.gamma, a.beta}, false);
 }
 
 void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -817,7 +951,7 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
                        rstd.data<float>(), dx.raw_data(),        dgamma.data<float>(), dbeta.data<float>(),
                        x.size(0),          int(x.size(1))};
   if (a.D == 0) return;
-  dispatch<Backward>(x, a, {a.dy, a.x, a.dx, a.gamma});
+  dispatch<Backward>(x, a, {a.dy, a.x, a.dx, a.gamma}, true);
 }
 
 }  // namespace hg::gpu

@@ -3,6 +3,7 @@
 // ops/layernorm.cpp calls these for CUDA tensors in fused mode, after it has
 // validated shapes and allocated every output on the GPU.
 #include "core/tensor.hpp"
+#include "cuda/lab_switch.hpp"
 
 namespace hg::gpu {
 
@@ -17,5 +18,16 @@ void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor&
 void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
                               Tensor& dbeta);
+
+// Lab variants of the resident kernels (16-byte aligned rows, D <= 16384;
+// docs/layernorm_kernels_notes.md, "Lab variants"): 0 is the kernel of
+// 2026-11-26, 1 .. kLayerNormVariants - 1 the candidates. HG_LN_VARIANT=V
+// forces V on both passes wherever it applies; unset, each case runs the
+// variant of the production table in cuda/layernorm.cu.
+constexpr int kLayerNormVariants = 5;
+inline LabSwitch& layernorm_lab_switch() {
+  static LabSwitch s("HG_LN_VARIANT", kLayerNormVariants);
+  return s;
+}
 
 }  // namespace hg::gpu

@@ -7,6 +7,7 @@
 // their row sums through distributed shared memory. Design:
 // docs/layernorm.md, "Thread mapping", "Reductions", "Cluster rows".
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -101,14 +102,16 @@ __device__ __forceinline__ RowGroup<G> row_group(GroupScratch<G, R>& scratch) {
 
 // Loads the part of a row this thread owns among `len` elements starting at
 // p, minus `shift`; slots past len become 0. In vector mode len is a multiple
-// of VEC, so a vector is either wholly inside or wholly outside.
-template <class T, int VEC, int NV, int G>
+// of VEC, so a vector is either wholly inside or wholly outside. LEAN (the
+// lab variants): read-only loads, bf16 widened by masks (load_vec_lean).
+template <class T, int VEC, int NV, int G, bool LEAN = false>
 __device__ __forceinline__ void load_part(const T* p, int len, int t, float shift, float (&v)[NV][VEC]) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int i = (j * G + t) * VEC;
     if (i < len) {
-      load_vec<VEC>(p + i, v[j]);
+      if constexpr (LEAN) load_vec_lean<VEC>(p + i, v[j]);
+      else load_vec<VEC>(p + i, v[j]);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) v[j][k] -= shift;
     } else {
@@ -149,6 +152,75 @@ __device__ __forceinline__ void prefetch_row_l2(const T* row, int D, int t) {
     const int off = (l * G + t) * 128;
     if (off < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
   }
+}
+
+// Asks L2 for `bytes` bytes at p (16-byte aligned, a multiple of 16, at
+// most kMaxBytes) with sm_90 bulk prefetches: one instruction per 4 KB
+// piece, issued by the first threads of the group, no registers held while
+// the bytes travel (the lab variants' next-row prefetch, any block size).
+// Elsewhere: nothing.
+template <int G, int kMaxBytes>
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, int bytes, int t) {
+  constexpr int kPiece = 4096;
+  static_assert(kMaxBytes <= G * kPiece, "one piece per thread");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int off = t * kPiece;
+  if (off < bytes)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(p) + off),
+                 "r"(min(kPiece, bytes - off))
+                 : "memory");
+#endif
+}
+
+// The part of a row a thread holds (the slots of load_part) for the lab
+// forward: float32 x - shift, or, PACKED (bf16 x 8 only), the raw 16-byte
+// words, widened and shifted again at each use: half the registers, so twice
+// the elements per thread fit. get(j) gives slot j's x - shift; callers read
+// only slots inside the row.
+template <class T, int VEC, int NV, int G, bool PACKED>
+struct HeldRow {
+  float shift;
+  float v[NV][VEC];
+  __device__ __forceinline__ void load(const T* row, int len, int t) {
+    shift = to_float(row[0]);
+    load_part<T, VEC, NV, G, true>(row, len, t, shift, v);
+  }
+  __device__ __forceinline__ void get(int j, float (&out)[VEC]) const {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out[k] = v[j][k];
+  }
+};
+
+template <int NV, int G>
+struct HeldRow<__nv_bfloat16, 8, NV, G, true> {
+  float shift;
+  uint4 raw[NV];
+  __device__ __forceinline__ void load(const __nv_bfloat16* row, int len, int t) {
+    shift = to_float(row[0]);
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int i = (j * G + t) * 8;
+      raw[j] = i < len ? __ldg(reinterpret_cast<const uint4*>(row + i)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ void get(int j, float (&out)[8]) const {
+    widen_bf16x8(raw[j], out);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] -= shift;
+  }
+};
+
+// Calls fn(x - shift) for each element of the held row's slots inside the row.
+template <int VEC, int NV, int G, class Row, class Fn>
+__device__ __forceinline__ void for_each_held(const Row& h, int len, int t, Fn&& fn) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    if ((j * G + t) * VEC < len) {
+      float d[VEC];
+      h.get(j, d);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) fn(d[k]);
+    }
 }
 
 // Only a block alone on its SM (1024 threads) prefetches its next row:

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
@@ -157,6 +158,53 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
     if (k0 + j >= span.visible) z[j] = -INFINITY;  // only the chunk that straddles the diagonal
 }
 
+// ---- lab variants (HG_SOFTMAX_VARIANT) ------------------------------------------------
+// Candidates for the forward's register layouts (lane and block teams) on
+// 16-byte rows, picked per case by the production table (host section) or
+// forced by HG_SOFTMAX_VARIANT. Docs: docs/layernorm_kernels_notes.md,
+// "Lab variants". The backward has none.
+struct SoftmaxVariant {
+  bool lean;       // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
+  bool streaming;  // y stored evict-first (st.global.cs): nothing reads it again in the kernel
+};
+constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {
+    {false, false},  // 0: the kernel of 2026-11-26
+    {true, false},   // 1: lean
+    {true, true},    // 2: lean + streaming stores
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^v by the SFU (max relative error ~2^-22; results below 2^-126 flush to
+// 0, which a probability never misses next to its row's 1 / sum).
+__device__ __forceinline__ float exp2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// load_z with one FFMA per element (scale x + mask rounded once, not twice:
+// within an ulp of z of the CPU path), bf16 widened by masks, and the
+// per-key causal test only in the chunk that straddles `visible`.
+template <class T, int W>
+__device__ __forceinline__ void load_z_lean(const T* x_row, const RowSpan& span, int64_t k0, float scale,
+                                            float (&z)[W]) {
+  load_vec_lean<W>(x_row + k0, z);
+  if (span.mask != nullptr) {
+    float m[W];
+    load_vec<W, Load::ReadOnly>(span.mask + k0, m);
+#pragma unroll
+    for (int j = 0; j < W; ++j) z[j] = fmaf(scale, z[j], additive_mask(m[j]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < W; ++j) z[j] *= scale;
+  }
+  if (k0 + W > span.visible)
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (k0 + j >= span.visible) z[j] = -INFINITY;
+}
+
 // The row max becomes the exp shift. A fully masked row (max = -inf) shifts by
 // 0 instead, so exp(-inf - 0) = 0, its sum is 0 and 1/sum is replaced by 0:
 // zeros, not (-inf) - (-inf) = NaN. A NaN max leaves everything NaN.
@@ -170,8 +218,9 @@ struct Normaliser {
 
 // Row held in registers: chunk i of a thread covers keys [(rank + i * size) * W, +W).
 // Requires tk <= size * N * W and, for W > 1, tk % W == 0 (chunks never straddle tk).
-template <class T, int W, int N, class Team>
+template <class T, int W, int N, int V, class Team>
 __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& a, const Team& team) {
+  constexpr SoftmaxVariant kV = kSoftmaxVariants[V];
   const int64_t rows_per_block = team.rows_per_block();
   for (int64_t base = blockIdx.x * rows_per_block; base < a.rows; base += gridDim.x * rows_per_block) {
     const int64_t row = base + team.slot();
@@ -184,7 +233,8 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
     for (int i = 0; i < N; ++i) {
       const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
       if (k0 < span.visible) {
-        load_z<T, W>(x_row, span, k0, a.scale, v[i]);
+        if constexpr (kV.lean) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i]);
+        else load_z<T, W>(x_row, span, k0, a.scale, v[i]);
       } else {
 #pragma unroll
         for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;  // masked or past the row: no load
@@ -199,11 +249,13 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
     const Normaliser norm(team.max(row_max));
 
     float row_sum = 0.0f;
+    const float neg_shift_log2e = -norm.shift * kLog2e;  // lean: exp(z - shift) = 2^(z log2e - shift log2e)
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        v[i][j] = expf(v[i][j] - norm.shift);
+        if constexpr (kV.lean) v[i][j] = exp2_approx(fmaf(v[i][j], kLog2e, neg_shift_log2e));
+        else v[i][j] = expf(v[i][j] - norm.shift);
         row_sum += v[i][j];
       }
     const float inv = norm.inverse(team.sum(row_sum));
@@ -216,21 +268,21 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
       if (k0 < a.tk) {
 #pragma unroll
         for (int j = 0; j < W; ++j) v[i][j] *= inv;
-        store_vec<W>(y_row + k0, v[i]);
+        store_vec<W, kV.streaming ? Store::Streaming : Store::Plain>(y_row + k0, v[i]);
       }
     }
   }
 }
 
-template <class T, int TPR, int W, int N>
+template <class T, int TPR, int W, int N, int V = 0>
 __global__ void __launch_bounds__(kLaneTeamBlock) softmax_forward_lanes_kernel(ForwardArgs<T> a) {
-  forward_rows_in_registers<T, W, N>(a, LaneTeam<TPR>{});
+  forward_rows_in_registers<T, W, N, V>(a, LaneTeam<TPR>{});
 }
 
-template <class T, int W, int N>
+template <class T, int W, int N, int V = 0>
 __global__ void __launch_bounds__(kMaxBlock) softmax_forward_block_kernel(ForwardArgs<T> a) {
   __shared__ float scratch[32];
-  forward_rows_in_registers<T, W, N>(a, BlockTeam{scratch});
+  forward_rows_in_registers<T, W, N, V>(a, BlockTeam{scratch});
 }
 
 // Rows of any length: pass 1 keeps a running (max m, sum s of exp(z - m)) per
@@ -411,18 +463,23 @@ void dispatch(int64_t tk, Launcher& L) {
   return L.template streaming<W>();
 }
 
-template <class T>
+// V: the lab variant of the register layouts (16-byte rows only; the
+// streaming kernel has none).
+template <class T, int V>
 struct ForwardLauncher {
+  static_assert(V >= 0 && V < kSoftmaxVariantCount, "softmax variant");
   ForwardArgs<T> args;
 
   template <int TPR, int W, int N> void lanes() {
+    static_assert(V == 0 || W > 1, "lab variants: 16-byte rows only");
     const int rows_per_block = kLaneTeamBlock / TPR;
-    softmax_forward_lanes_kernel<T, TPR, W, N>
+    softmax_forward_lanes_kernel<T, TPR, W, N, V>
         <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
   template <int W, int N> void block(unsigned threads) {
-    softmax_forward_block_kernel<T, W, N><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
+    static_assert(V == 0 || W > 1, "lab variants: 16-byte rows only");
+    softmax_forward_block_kernel<T, W, N, V><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
   }
   template <int W> void streaming() {
@@ -451,21 +508,32 @@ struct BackwardLauncher {
   }
 };
 
+// The forward variant each dtype runs when HG_SOFTMAX_VARIANT is unset ({f32,
+// bf16}); making a measured winner the default is one edit here.
+constexpr int kSoftmaxProduction[2] = {0, 0};
+
 template <class T>
 void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   constexpr int V = VecWidth<T>::value;
   const float* mask = l.mask != nullptr ? l.mask->data<float>() : nullptr;
-  ForwardLauncher<T> launcher{ForwardArgs<T>{
+  const ForwardArgs<T> args{
       static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), mask, l.rows, l.tk, l.tq,
       l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, static_cast<float>(l.scale), l.causal,
-      l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX}};
+      l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX};
   // 16-byte access needs every row start 16-byte aligned: Tk a multiple of
   // the vector width and aligned base pointers (a mask row is read V floats
   // at a time, so its strides must keep 16-byte alignment too).
   const bool vector_ok = l.tk % V == 0 && aligned16(x.raw_data()) && aligned16(y.raw_data()) &&
                          (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 &&
                                               l.mask_query_stride % 4 == 0));
-  if (vector_ok) return dispatch<V, kForwardBlockElems>(l.tk, launcher);
+  if (vector_ok) {
+    const int variant = softmax_lab_switch().pick(kSoftmaxProduction[std::is_same_v<T, bf16>]);
+    return with_variant<kSoftmaxVariantCount>(variant, [&](auto v) {
+      ForwardLauncher<T, decltype(v)::value> launcher{args};
+      dispatch<V, kForwardBlockElems>(l.tk, launcher);
+    });
+  }
+  ForwardLauncher<T, 0> launcher{args};
   dispatch<1, kForwardBlockElems>(l.tk, launcher);
 }
 

@@ -71,6 +71,31 @@ __device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&out)[W]
   }
 }
 
+// Eight bf16 of one 16-byte word widened by a shift (even element, the low
+// half) or a mask (odd element): one integer instruction each, where the
+// pair intrinsic takes a PRMT and a shift for the high half. Exact, as every
+// bf16 -> float32 widening is. Used by the lab variants (HG_LN_VARIANT,
+// HG_SOFTMAX_VARIANT); the production kernels keep load_vec.
+__device__ __forceinline__ void widen_bf16x8(const uint4& raw, float (&out)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    out[2 * h] = __uint_as_float(w[h] << 16);
+    out[2 * h + 1] = __uint_as_float(w[h] & 0xffff0000u);
+  }
+}
+
+// load_vec through the read-only path, bf16 widened by widen_bf16x8.
+template <int W>
+__device__ __forceinline__ void load_vec_lean(const float* p, float (&out)[W]) {
+  load_vec<W, Load::ReadOnly>(p, out);
+}
+template <int W>
+__device__ __forceinline__ void load_vec_lean(const __nv_bfloat16* p, float (&out)[W]) {
+  if constexpr (W == 8) widen_bf16x8(__ldg(reinterpret_cast<const uint4*>(p)), out);
+  else load_vec<W, Load::ReadOnly>(p, out);
+}
+
 template <int W, Store S = Store::Plain>
 __device__ __forceinline__ void store_vec(float* p, const float (&v)[W]) {
   if constexpr (W % 4 == 0) {
