@@ -25,10 +25,11 @@
 #include "core/error.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
+#include "cuda/layernorm_kernels.hpp"
 #include "ops/layernorm.hpp"
 #ifdef HG_WITH_CUDA
+#include "bench/copy_rates.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/layernorm_kernels.hpp"
 #endif
 
 namespace {
@@ -96,6 +97,12 @@ Inputs make_inputs(Size s, DType dtype, Device device, int n_sets, Generator& ge
   return in;
 }
 
+// --variants: the raw kernels' rows per lab variant (impl "v0", "v1", ...);
+// kProductionVariant: the production table, or HG_LN_VARIANT (impl "kernel").
+constexpr int kProductionVariant = -1;
+
+std::string variant_impl(int v) { return v == kProductionVariant ? "kernel" : "v" + std::to_string(v); }
+
 struct Options {
   std::string device = "all";
   std::string sizes;
@@ -103,6 +110,8 @@ struct Options {
   int iters = 0;  // 0 (not given): 50 on CUDA, 10 on the CPU
   int warmup = 3;
   bool fused_only = false;
+  bool kernels_only = false;
+  std::vector<int> variants = {kProductionVariant};
   std::string csv = "bench_layernorm.csv";
   std::string png = "bench_layernorm.png";
   cli::CommonFlags common;
@@ -163,7 +172,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
       };
 
       for (const KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
-        if (opt.fused_only && mode == KernelMode::Unfused) continue;
+        if (opt.kernels_only || (opt.fused_only && mode == KernelMode::Unfused)) continue;
         KernelModeScope scope(mode);
         const char* impl = kernel_mode_name(mode);
         try_record("forward", impl, [&] {
@@ -180,7 +189,8 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
 
 #ifdef HG_WITH_CUDA
       if (cuda) {
-        // The raw kernels on preallocated outputs, and a plain D2D copy.
+        // The raw kernels on preallocated outputs (per lab variant when
+        // --variants asks), and the copy yardstick of the same bytes.
         std::vector<Tensor> y(n_sets), mean(n_sets), rstd(n_sets), dx(n_sets), dg(n_sets), db(n_sets), copy(n_sets);
         for (int i = 0; i < n_sets; ++i) {
           y[i] = Tensor::empty({s.M, s.N}, dtype, device);
@@ -191,26 +201,30 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
           dg[i] = Tensor::empty({s.N}, DType::F32, device);
           db[i] = Tensor::empty({s.N}, DType::F32, device);
         }
-        try_record("forward", "kernel", [&] {
-          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
-            gpu::layernorm_forward_fused(in.x[i], in.gamma, in.beta, float(kEps), y[i], mean[i], rstd[i]);
+        for (const int variant : opt.variants) {
+          gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), variant);
+          const std::string impl = variant_impl(variant);
+          try_record("forward", impl.c_str(), [&] {
+            return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+              gpu::layernorm_forward_fused(in.x[i], in.gamma, in.beta, float(kEps), y[i], mean[i], rstd[i]);
+            });
           });
-        });
-        try_record("backward", "kernel", [&] {
-          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
-            gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
-                                          dg[i], db[i]);
+          try_record("backward", impl.c_str(), [&] {
+            return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+              gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
+                                            dg[i], db[i]);
+            });
           });
-        });
-        // Tensor::clone copies with cudaMemcpyAsync and then synchronises the
-        // host; timing that per call would add the host round trip, so the
-        // same copy is issued here without the synchronisation.
-        try_record("copy", "memcpy", [&] {
-          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
-            HG_CUDA_CHECK(cudaMemcpyAsync(copy[i].raw_data(), in.x[i].raw_data(), in.x[i].nbytes(),
-                                          cudaMemcpyDeviceToDevice, gpu::stream()));
-          });
-        });
+        }
+        // cudaMemcpyAsync and our copy kernels on x's bytes (Tensor::clone
+        // would synchronise the host after each copy); the fastest is the
+        // %copy yardstick.
+        const std::vector<bench::CopyRate> copies = bench::time_copies(
+            n_sets, opt.warmup, iters, reps, in.x[0].nbytes(), [&](int i) { return in.x[i].raw_data(); },
+            [&](int i) { return copy[i].raw_data(); });
+        record("copy", "memcpy", copies.front().timing);
+        record("copy", "best", bench::best_copy(copies).timing);
+        spdlog::info("{} {}x{}: best copy {}", dtype_name(dtype), s.M, s.N, bench::best_copy(copies).name);
       }
 #endif
       // The fused rates now, so that a run cut short still leaves its numbers.
@@ -228,10 +242,13 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
   progress.finish();
 }
 
-// The copy's rate (bytes read + written) for the same device, dtype and size.
+// The best copy's rate (bytes read + written: cudaMemcpyAsync or our
+// fastest copy kernel) for the same device, dtype and size.
 double copy_gbps(const std::vector<Result>& results, const Result& r) {
   for (const Result& c : results)
-    if (c.pass == "copy" && c.device == r.device && c.dtype == r.dtype && c.M == r.M && c.N == r.N) return c.gbps();
+    if (c.pass == "copy" && c.impl == "best" && c.device == r.device && c.dtype == r.dtype && c.M == r.M &&
+        c.N == r.N)
+      return c.gbps();
   return 0;
 }
 
@@ -252,7 +269,7 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
     const double unf = unfused_ms(results, r);
     const double speedup = (r.impl != "unfused" && unf > 0) ? unf / r.median_ms : 0.0;
     const double cp = copy_gbps(results, r);
-    const double pct = (cp > 0 && r.pass != "copy") ? 100.0 * r.gbps() / cp : 0.0;
+    const double pct = (cp > 0 && r.impl != "best") ? 100.0 * r.gbps() / cp : 0.0;
     csv.row(r.device, r.dtype, r.pass, r.impl, r.M, r.N, r.bytes, r.median_ms, r.min_ms, r.gbps(), speedup, pct);
     std::printf("%-5s %-5s %-8s %-8s %6lld %6lld %10.4f %9.1f %8s %7s\n", r.device.c_str(), r.dtype.c_str(),
                 r.pass.c_str(), r.impl.c_str(), static_cast<long long>(r.M), static_cast<long long>(r.N),
@@ -290,6 +307,12 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_flag("--fused-only", opt.fused_only,
                "skip the unfused op (most of the time of a run at D ~ 1e5; no vs_unf column then)");
+  app.add_flag("--kernels-only", opt.kernels_only, "CUDA: only the raw kernels and the copies (no op-level rows)");
+  app.add_option("--variants", opt.variants,
+                 "CUDA: time the raw kernels once per lab variant (0.." + std::to_string(gpu::kLayerNormVariants - 1) +
+                     ", rows v0, v1, ...); default: the production table or HG_LN_VARIANT (rows 'kernel')")
+      ->delimiter(',')
+      ->check(CLI::Range(0, gpu::kLayerNormVariants - 1));
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against N at the most common M, .png or .svg ('' for none)")
       ->capture_default_str();

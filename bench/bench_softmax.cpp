@@ -30,10 +30,11 @@
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
 #include "core/tensor_functions.hpp"
+#include "cuda/softmax_kernels.hpp"
 #include "ops/softmax.hpp"
 #ifdef HG_WITH_CUDA
+#include "bench/copy_rates.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/softmax_kernels.hpp"
 #endif
 
 namespace {
@@ -125,12 +126,21 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// --variants: the raw forward kernel's rows per lab variant (impl "v0",
+// "v1", ...); kProductionVariant: the production table, or
+// HG_SOFTMAX_VARIANT (impl "kernel").
+constexpr int kProductionVariant = -1;
+
+std::string variant_impl(int v) { return v == kProductionVariant ? "kernel" : "v" + std::to_string(v); }
+
 struct Options {
   std::string device = "all";
   std::string sizes;
   std::string dtypes = "f32,bf16";
   int iters = 0;  // 0 (not given): 30 on CUDA, 5 on the CPU
   int warmup = 3;
+  bool kernels_only = false;
+  std::vector<int> variants = {kProductionVariant};
   std::string csv = "bench_softmax.csv";
   std::string png = "bench_softmax.png";
   cli::CommonFlags common;
@@ -184,12 +194,18 @@ class SizeRun {
       if (!causal) o.mask = mask_;
       const char* variant = causal ? "causal" : "mask";
       const double bytes = fwd_bytes + (causal ? 0.0 : mask_bytes);
-      compare_modes("forward", variant, bytes, [&](int i) { return attention_softmax_forward(x_[i], o); });
+      if (!opt_.kernels_only)
+        compare_modes("forward", variant, bytes, [&](int i) { return attention_softmax_forward(x_[i], o); });
 #ifdef HG_WITH_CUDA
-      if (device_ == Device::CUDA) time_forward_kernel(o, variant, bytes);
+      if (device_ == Device::CUDA)
+        for (const int v : opt_.variants) {
+          gpu::LabSwitchScope lab(gpu::softmax_lab_switch(), v);
+          time_forward_kernel(o, variant, bytes, variant_impl(v));
+        }
 #endif
     }
-    compare_modes("backward", "-", bwd_bytes, [&](int i) { return softmax_backward(dy_[i], y_[i], kScale); });
+    if (!opt_.kernels_only)
+      compare_modes("backward", "-", bwd_bytes, [&](int i) { return softmax_backward(dy_[i], y_[i], kScale); });
 #ifdef HG_WITH_CUDA
     if (device_ == Device::CUDA) {
       time_backward_kernel(bwd_bytes);
@@ -238,7 +254,7 @@ class SizeRun {
 
 #ifdef HG_WITH_CUDA
   // The raw kernels on preallocated outputs: the op's host-side cost removed.
-  void time_forward_kernel(const SoftmaxOptions& o, const char* variant, double bytes) {
+  void time_forward_kernel(const SoftmaxOptions& o, const char* variant, double bytes, const std::string& impl) {
     std::vector<Tensor> y(n_sets_);
     for (Tensor& t : y) t = Tensor::empty(size_.scores(), dtype_, device_);
     gpu::SoftmaxLayout l;
@@ -252,7 +268,7 @@ class SizeRun {
     l.scale = static_cast<float>(o.scale);
     const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_,
                               [&](int i) { gpu::softmax_forward_fused(x_[i], l, y[i]); });
-    record("forward", variant, "kernel", bytes, t);
+    record("forward", variant, impl.c_str(), bytes, t);
   }
 
   void time_backward_kernel(double bytes) {
@@ -265,16 +281,19 @@ class SizeRun {
     record("backward", "-", "kernel", bytes, t);
   }
 
-  // Tensor::clone synchronises the host after its copy; the same copy is
-  // issued here without that, so it times like a kernel.
+  // cudaMemcpyAsync and our copy kernels on the scores' bytes (Tensor::clone
+  // would synchronise the host after each copy); the fastest is the %copy
+  // yardstick.
   void time_copy(double bytes) {
     std::vector<Tensor> dst(n_sets_);
     for (Tensor& t : dst) t = Tensor::empty(size_.scores(), dtype_, device_);
-    const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) {
-      HG_CUDA_CHECK(cudaMemcpyAsync(dst[i].raw_data(), x_[i].raw_data(), x_[i].nbytes(), cudaMemcpyDeviceToDevice,
-                                    gpu::stream()));
-    });
-    record("copy", "-", "memcpy", bytes, t);
+    const std::vector<bench::CopyRate> copies = bench::time_copies(
+        n_sets_, opt_.warmup, iters_, reps_, x_[0].nbytes(), [&](int i) { return x_[i].raw_data(); },
+        [&](int i) { return dst[i].raw_data(); });
+    record("copy", "-", "memcpy", bytes, copies.front().timing);
+    record("copy", "-", "best", bytes, bench::best_copy(copies).timing);
+    spdlog::info("{} ({}, {}, {}): best copy {}", dtype_name(dtype_), size_.B, size_.H, size_.T,
+                 bench::best_copy(copies).name);
   }
 #endif
 
@@ -339,7 +358,7 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
   for (const Result& r : results) {
     const Result* unf = r.impl != "unfused" ? find(results, r, r.pass.c_str(), "unfused") : nullptr;
     const double speedup = unf != nullptr ? unf->median_ms / r.median_ms : 0.0;
-    const Result* cp = r.pass != "copy" ? find(results, r, "copy", "memcpy") : nullptr;
+    const Result* cp = r.impl != "best" ? find(results, r, "copy", "best") : nullptr;
     const double pct = cp != nullptr ? 100.0 * r.gbps() / cp->gbps() : 0.0;
     csv.row(r.device, r.dtype, r.pass, r.variant, r.impl, r.size.B, r.size.H, r.size.T, r.bytes, r.median_ms,
             r.min_ms, r.gbps(), speedup, pct, r.max_abs_diff);
@@ -374,6 +393,13 @@ int main(int argc, char** argv) {
   app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only)")->capture_default_str();
   app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)")->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_flag("--kernels-only", opt.kernels_only, "CUDA: only the raw kernels and the copies (no op-level rows)");
+  app.add_option("--variants", opt.variants,
+                 "CUDA: time the raw forward kernel once per lab variant (0.." +
+                     std::to_string(gpu::kSoftmaxVariantCount - 1) +
+                     ", rows v0, v1, ...); default: the production table or HG_SOFTMAX_VARIANT (rows 'kernel')")
+      ->delimiter(',')
+      ->check(CLI::Range(0, gpu::kSoftmaxVariantCount - 1));
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against T, .png or .svg ('' for none)")->capture_default_str();
   cli::add_common_flags(app, opt.common);

@@ -91,19 +91,19 @@ class LabSwitchScope {
   int previous_;
 };
 
-namespace detail {
+namespace lab_switch_detail {
 template <class Fn, int... Vs>
 void with_variant(int v, Fn& fn, std::integer_sequence<int, Vs...>) {
   (void)((v == Vs && (fn(std::integral_constant<int, Vs>{}), true)) || ...);
 }
-}  // namespace detail
+}  // namespace lab_switch_detail
 
 // Calls fn(std::integral_constant<int, v>{}): a run-time variant 0 .. N-1 as
 // a template argument (a value outside runs nothing; callers pick through
 // LabSwitch, which allows none).
 template <int N, class Fn>
 void with_variant(int v, Fn&& fn) {
-  detail::with_variant(v, fn, std::make_integer_sequence<int, N>{});
+  lab_switch_detail::with_variant(v, fn, std::make_integer_sequence<int, N>{});
 }
 
 }  // namespace hg::gpu
