@@ -13,7 +13,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,12 +58,16 @@ Tensor gpu_matrix(const Tensor& cpu64, DType dtype, bool offset_view) {
   return flat.to(dtype).to(Device::CUDA).slice(1, rows * D + 1).reshape({rows, D});
 }
 
+// first_column: if set, x[r, 0] = first_column(r) before rounding to dtype.
 Inputs make_inputs(int64_t rows, int64_t D, DType dtype, bool offset_view, uint64_t seed, double offset = 0.0,
-                   double stddev = 1.0) {
+                   double stddev = 1.0, const std::function<double(int64_t)>& first_column = nullptr) {
   Generator gen(seed);
   Inputs in;
+  Tensor x_drawn = Tensor::randn({rows, D}, gen, DType::F64, Device::CPU, offset, stddev);
+  if (first_column)
+    for (int64_t r = 0; r < rows; ++r) x_drawn.set({r, 0}, first_column(r));
   // Round through `dtype` first so the float64 reference sees the stored values.
-  const Tensor x = Tensor::randn({rows, D}, gen, DType::F64, Device::CPU, offset, stddev).to(dtype).to(DType::F64);
+  const Tensor x = x_drawn.to(dtype).to(DType::F64);
   const Tensor dy = Tensor::randn({rows, D}, gen, DType::F64).to(dtype).to(DType::F64);
   const Tensor gamma = Tensor::randn({D}, gen, DType::F32, Device::CPU, 1.0, 0.5);
   const Tensor beta = Tensor::randn({D}, gen, DType::F32);
@@ -94,6 +100,36 @@ Outputs run_kernels(const Inputs& in) {
   return out;
 }
 
+// The lab variants a case reaches (cuda/layernorm_kernels.hpp): every one
+// on 16-byte rows of D <= 16384, else only the production kernels. Each
+// runs in-process under a LabSwitchScope, whatever HG_LN_VARIANT says.
+// HG_KERNEL_VARIANTS=V[,V...] runs only those (a compute-sanitizer shard
+// that would outlast its time cap with all of them).
+std::vector<int> variants_for(int64_t D, bool offset_view) {
+  static const std::vector<int> selected = [] {
+    std::vector<int> v;
+    const char* text = std::getenv("HG_KERNEL_VARIANTS");
+    if (text == nullptr) {
+      for (int i = 0; i < gpu::kLayerNormVariants; ++i) v.push_back(i);
+      return v;
+    }
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      char* end = nullptr;
+      const long n = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || n < 0 || n >= gpu::kLayerNormVariants)
+        throw std::runtime_error("HG_KERNEL_VARIANTS must list variants in 0.." +
+                                 std::to_string(gpu::kLayerNormVariants - 1) + ", got '" + std::string(text) + "'");
+      v.push_back(static_cast<int>(n));
+    }
+    std::fprintf(stderr, "test_layernorm_kernels: only lab variants %s (HG_KERNEL_VARIANTS)\n", text);
+    return v;
+  }();
+  if (offset_view || D > 16384) return {gpu::LabSwitch::kProduction};
+  return selected;
+}
+
 // The kernels' outputs against the float64 reference. Every output must be
 // written (the NaN poison gone), then:
 // - statistics, dgamma and dbeta: float32 math on exactly stored inputs.
@@ -104,10 +140,8 @@ Outputs run_kernels(const Inputs& in) {
 // - y and dx: f32 as above; bf16 within 1 ulp of the float64 reference
 //   rounded to bf16, and equal to it on >= 99% of the elements
 //   (tests/bf16_ulps.hpp derives the bound).
-void check_against_reference(const Inputs& in) {
+void check_outputs(const Inputs& in, const Outputs& got, const Outputs& want) {
   const DType dtype = in.x.dtype();
-  const Outputs got = run_kernels(in);
-  const Outputs want = reference(in);
   REQUIRE(all_finite(got.y));
   REQUIRE(all_finite(got.mean));
   REQUIRE(all_finite(got.rstd));
@@ -118,6 +152,16 @@ void check_against_reference(const Inputs& in) {
     hg::test::check_layernorm_outputs(got, want, 1e-5, 1e-5, 1e-5);
   } else {  // bf16 y and dx in ulps of the rounded reference; dgamma/dbeta: dy*xhat of rounded values
     hg::test::check_layernorm_bf16(got, want, in.x64, in.gamma64, in.beta64, in.dy64, 1e-5, 1e-4);
+  }
+}
+
+// check_outputs for every variant the case reaches, on one reference.
+void check_against_reference(const Inputs& in, bool offset_view) {
+  const Outputs want = reference(in);
+  for (const int v : variants_for(in.x.size(1), offset_view)) {
+    gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+    INFO("lab variant " << v);
+    check_outputs(in, run_kernels(in), want);
   }
 }
 
@@ -185,7 +229,7 @@ TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, al
         const int64_t rows = rows_for(D);
         const Inputs in = make_inputs(rows, D, dtype, offset_view, seed++);
         INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << (offset_view ? " offset view" : ""));
-        check_against_reference(in);
+        check_against_reference(in, offset_view);
       }
 }
 
@@ -196,12 +240,15 @@ TEST_CASE("layernorm kernels: backward is bitwise reproducible in every layout",
     for (const int64_t D : {256, 1024, 2048, 4096, 8192, 16384, 40000, 100003, 131072, 140000}) {
       if (!width_selected(D)) continue;
       const Inputs in = make_inputs(rows_for(D), D, dtype, false, 77);
-      const Outputs a = run_kernels(in);
-      const Outputs b = run_kernels(in);
-      INFO("dtype " << dtype_name(dtype) << " D " << D);
-      CHECK(a.dx.to_vector() == b.dx.to_vector());
-      CHECK(a.dgamma.to_vector() == b.dgamma.to_vector());
-      CHECK(a.dbeta.to_vector() == b.dbeta.to_vector());
+      for (const int v : variants_for(D, false)) {
+        gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+        const Outputs a = run_kernels(in);
+        const Outputs b = run_kernels(in);
+        INFO("dtype " << dtype_name(dtype) << " D " << D << " lab variant " << v);
+        CHECK(a.dx.to_vector() == b.dx.to_vector());
+        CHECK(a.dgamma.to_vector() == b.dgamma.to_vector());
+        CHECK(a.dbeta.to_vector() == b.dbeta.to_vector());
+      }
     }
 }
 
@@ -218,17 +265,40 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
     for (const int64_t D : {1000, 4096, 16384, 40000, 65536}) {
       if (!width_selected(D)) continue;
       const Inputs in = make_inputs(capped(67), D, DType::F32, false, 31, c.offset, c.stddev);
-      INFO("offset " << c.offset << " stddev " << c.stddev << " D " << D);
-      const Outputs got = run_kernels(in);
       const Outputs want = reference(in);
-      REQUIRE(all_finite(got.y));
-      REQUIRE(all_finite(got.dx));
-      REQUIRE(all_finite(got.dgamma));
-      CHECK(rel_error(f64(got.y), want.y) < 1e-5);
-      CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
-      CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
-      // A constant row: x - shift is exactly 0, so y is beta exactly.
-      if (c.stddev == 0.0) CHECK(hg::test::max_abs_diff(f64(got.y), want.y) == 0.0);
+      for (const int v : variants_for(D, false)) {
+        gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+        INFO("offset " << c.offset << " stddev " << c.stddev << " D " << D << " lab variant " << v);
+        const Outputs got = run_kernels(in);
+        REQUIRE(all_finite(got.y));
+        REQUIRE(all_finite(got.dx));
+        REQUIRE(all_finite(got.dgamma));
+        CHECK(rel_error(f64(got.y), want.y) < 1e-5);
+        CHECK(rel_error(f64(got.dx), want.dx) < 1e-5);
+        CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
+        // A constant row: x - shift is exactly 0, so y is beta exactly.
+        if (c.stddev == 0.0) CHECK(hg::test::max_abs_diff(f64(got.y), want.y) == 0.0);
+      }
+    }
+}
+
+TEST_CASE("layernorm kernels: one-pass statistics where x[row, 0] is far from the row mean",
+          "[layernorm][cuda][kernels][hostile]") {
+  HG_REQUIRE_GPU();
+  // The lab variants take the variance as E[d^2] - E[d]^2 of d = x - x[row, 0]
+  // and fall back to the second pass when x[row, 0] is over sqrt(3) row
+  // standard deviations from the mean. Rows here put x[row, 0] at 0 to 1e4
+  // standard deviations (row r: k = kOff[r % 6]) on an offset of 1e3, so both
+  // paths run in one launch, next to each other, and every variant must still
+  // match the float64 statistics.
+  constexpr double kOff[] = {0.0, 1.0, 1.7, 2.0, 50.0, 1e4};
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {256, 768, 4096, 16384}) {
+      if (!width_selected(D)) continue;
+      const Inputs in = make_inputs(capped(97), D, dtype, false, 41, 1e3, 1.0,
+                                    [&](int64_t r) { return 1e3 + kOff[r % 6]; });
+      INFO("dtype " << dtype_name(dtype) << " D " << D);
+      check_against_reference(in, false);
     }
 }
 
@@ -244,7 +314,7 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
         if (!width_selected(D)) continue;
         const Inputs in = make_inputs(rows, D, dtype, false, seed++);
         INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D);
-        check_against_reference(in);
+        check_against_reference(in, false);
       }
 }
 

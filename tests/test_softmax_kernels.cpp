@@ -119,6 +119,9 @@ Tensor device_view(const Shape& shape, DType dtype, int64_t offset, const Tensor
   return t;
 }
 
+void check_case(const Case& c, Variant variant, const Tensor& x, const Tensor& dy, Tensor& y, Tensor& dx,
+                const hg::SoftmaxRows& l, int64_t tk, DType dtype);
+
 void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t seed) {
   hg::Generator gen(seed);
   Case c{};
@@ -171,6 +174,25 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   l.mask_query_stride = c.mask_query_stride;
   l.causal = c.causal;
   l.scale = static_cast<float>(c.scale);
+  // Every lab variant of the forward on 16-byte rows (offset 0), in-process
+  // whatever HG_SOFTMAX_VARIANT says; the production kernels elsewhere.
+  std::vector<int> variants = {hg::gpu::LabSwitch::kProduction};
+  if (offset == 0) {
+    variants.clear();
+    for (int v = 0; v < hg::gpu::kSoftmaxVariantCount; ++v) variants.push_back(v);
+  }
+  for (const int lab_variant : variants) {
+    INFO("lab variant " << lab_variant);
+    hg::gpu::LabSwitchScope lab(hg::gpu::softmax_lab_switch(), lab_variant);
+    y.fill_(kNaN);
+    dx.fill_(kNaN);
+    check_case(c, variant, x, dy, y, dx, l, tk, dtype);
+  }
+}
+
+// One forward and backward of run_case's inputs, against float64.
+void check_case(const Case& c, Variant variant, const Tensor& x, const Tensor& dy, Tensor& y, Tensor& dx,
+                const hg::SoftmaxRows& l, int64_t tk, DType dtype) {
   hg::gpu::softmax_forward_fused(x, l, y);
   hg::gpu::softmax_backward_fused(dy, y, c.rows(), tk, static_cast<float>(c.scale), dx);
 
