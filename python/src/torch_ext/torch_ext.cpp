@@ -169,8 +169,9 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
     check(bridge->layernorm_forward(*Facts(x), *Facts(w), *Facts(b), eps, *Facts(y), *Facts(stats, 0, rows),
                                     *Facts(stats, 1, rows), current_stream(x)));
     ctx->save_for_backward({x, w, stats});
-    ctx->saved_data["weight_dtype"] = present(weight) ? static_cast<int64_t>(weight->scalar_type()) : -1;
-    ctx->saved_data["bias_dtype"] = present(bias) ? static_cast<int64_t>(bias->scalar_type()) : -1;
+    // Which parameters were given (None gets no gradient). Their gradients are computed in the math
+    // dtype; autograd casts each to its input's dtype, as the Python Function does by hand.
+    ctx->saved_data["given"] = int64_t{present(weight)} | int64_t{present(bias)} << 1;
     return y;
   }
 
@@ -183,9 +184,8 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
     check(bridge->layernorm_backward(*Facts(dy), *Facts(x), *Facts(w), *Facts(stats, 0, rows),
                                      *Facts(stats, 1, rows), *Facts(dx), *Facts(dw), *Facts(db),
                                      current_stream(x)));
-    const int64_t w_dtype = ctx->saved_data["weight_dtype"].toInt(), b_dtype = ctx->saved_data["bias_dtype"].toInt();
-    return {dx, w_dtype < 0 ? Tensor() : as_dtype(dw, static_cast<at::ScalarType>(w_dtype)),
-            b_dtype < 0 ? Tensor() : as_dtype(db, static_cast<at::ScalarType>(b_dtype)), Tensor()};
+    const int64_t given = ctx->saved_data["given"].toInt();
+    return {dx, given & 1 ? dw : Tensor(), given & 2 ? db : Tensor(), Tensor()};
   }
 };
 
