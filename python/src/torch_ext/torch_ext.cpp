@@ -107,7 +107,7 @@ class Facts {
   }
   // Row `i` of a contiguous (rows, n) tensor, as a tensor of shape `row_shape` = (n,).
   Facts(const Tensor& t, int64_t i, const int64_t* row_shape) : Facts(t) {
-    f_.data = static_cast<char*>(f_.data) + i * row_shape[0] * static_cast<int64_t>(t.element_size());
+    if (f_.data != nullptr) f_.data = static_cast<char*>(f_.data) + i * row_shape[0] * t.element_size();
     f_.sizes = row_shape;
     f_.ndim = 1;
   }
@@ -134,15 +134,17 @@ intptr_t current_stream(const Tensor& t) {
 // Memory handgrad allocated, as an at::Tensor that gives it back when PyTorch frees it.
 Tensor adopt(const tb::OwnedTensor& owned, at::IntArrayRef shape, const Tensor& like) {
   void* owner = owned.owner;
-  try {
-    TORCH_CHECK(owned.numel == c10::multiply_integers(shape), "handgrad._torch_ext: handgrad returned ",
-                owned.numel, " elements for shape ", shape);
-    return at::from_blob(owned.data, shape, [owner](void*) { bridge->release(owner); },
-                         like.options().dtype(scalar_type(owned.dtype)));
-  } catch (...) {
+  int64_t numel = 1;
+  for (const int64_t n : shape) numel *= n;
+  if (owned.numel != numel) {
     bridge->release(owner);
-    throw;
+    throw std::logic_error("handgrad._torch_ext: handgrad returned " + std::to_string(owned.numel) +
+                           " elements for shape " + python_tuple(shape));
   }
+  // From here the deleter owns the memory (from_blob's own checks concern the device, and the
+  // memory was just allocated on `like`'s).
+  return at::from_blob(owned.data, shape, [owner](void*) { bridge->release(owner); },
+                       like.options().dtype(scalar_type(owned.dtype)));
 }
 
 Tensor as_dtype(const Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
@@ -257,7 +259,7 @@ struct CrossEntropyState : torch::CustomClassHolder {
 struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& given_logits, const Tensor& given_target,
                         int64_t ignore_index) {
-    if (at::isFloatingType(given_target.scalar_type()))
+    if (c10::isFloatingType(given_target.scalar_type()))
       throw HandgradError("cross_entropy: target must hold integer class ids, got " + python_str(given_target, "dtype"));
     if (given_logits.dim() > 0 && given_logits.size(-1) > (int64_t{1} << 24))
       throw HandgradError("cross_entropy: vocabulary " + std::to_string(given_logits.size(-1)) +
