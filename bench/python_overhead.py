@@ -5,7 +5,8 @@ the difference is the binding: argument conversion, the result tuple, the
 Saved object. Medians over repeats after a warm-up. With PyTorch present it
 also times each handgrad.torch drop-in (layer_norm, causal attention_softmax,
 softmax, cross_entropy) against the PyTorch op it replaces on tiny tensors:
-forward, forward recording the graph, forward + backward.
+forward, forward recording the graph, forward + backward; with handgrad._torch_ext
+in use, both its C++ autograd Functions and the Python ones.
 
   PYTHONPATH=build/python python3 bench/python_overhead.py [--calls 20000] [--repeats 7] [--device cuda]
 """
@@ -53,7 +54,8 @@ def main():
 def torch_dropins(a):
     """Each handgrad.torch drop-in against the PyTorch op it replaces, on tensors so small that
     the host's work is all there is: forward under no_grad, forward recording the graph, and
-    forward + backward (torch.autograd.backward with a ready gradient, so no .sum())."""
+    forward + backward (torch.autograd.backward with a ready gradient, so no .sum()). Where
+    handgrad._torch_ext is in use, its C++ autograd Functions and the Python ones are both timed."""
     import torch
     import torch.nn.functional as F
     import importlib
@@ -66,18 +68,23 @@ def torch_dropins(a):
     s = torch.randn(1, 2, 4, 4, device=dev)
     causal = torch.full((4, 4), float("-inf"), device=dev).triu(1)
     z, t = torch.randn(4, 8, device=dev), torch.tensor([1, 2, 3, 0], device=dev)
-    pairs = [  # name, handgrad.torch call, PyTorch call (same math), input that gets a gradient
-        ("layer_norm", lambda: hgt.layer_norm(x, w, b), lambda: F.layer_norm(x, (8,), w, b), x),
-        ("attention_softmax causal", lambda: hgt.attention_softmax(s, causal=True, scale=0.5),
+    # The drop-in implementations timed: the module's own (an older copy has no BACKEND), and the
+    # Python Functions next to the C++ ones when handgrad.torch runs on the extension.
+    impls = [(getattr(hgt, "BACKEND", a.module), hgt)]
+    if getattr(hgt, "BACKEND", None) == "c++":
+        impls.append(("python", hgt.python_functions))
+    ops = [  # name, handgrad.torch call, PyTorch call (same math), input that gets a gradient
+        ("layer_norm", lambda m: m.layer_norm(x, w, b), lambda: F.layer_norm(x, (8,), w, b), x),
+        ("attention_softmax causal", lambda m: m.attention_softmax(s, causal=True, scale=0.5),
          lambda: torch.softmax(s * 0.5 + causal, -1), s),
-        ("softmax", lambda: hgt.softmax(x), lambda: torch.softmax(x, -1), x),
-        ("cross_entropy", lambda: hgt.cross_entropy(z, t), lambda: F.cross_entropy(z, t), z),
+        ("softmax", lambda m: m.softmax(x), lambda: torch.softmax(x, -1), x),
+        ("cross_entropy", lambda m: m.cross_entropy(z, t), lambda: F.cross_entropy(z, t), z),
     ]
     us, calls, repeats = 1e6, max(a.calls // 40, 10), 3 * a.repeats
 
     def interleaved(fns):
         """Median seconds per call of each fn, timed in turns (ours, theirs, ours, ...) so that
-        load from other processes falls on both alike."""
+        load from other processes falls on all alike."""
         samples = [[] for _ in fns]
         for fn in fns:
             fn()
@@ -92,22 +99,26 @@ def torch_dropins(a):
 
     if hasattr(hg._C, "_seconds_per_torch_view") and a.module == "handgrad.torch":
         view = statistics.median(hg._C._seconds_per_torch_view(x, 20000) for _ in range(a.repeats))
-        print(f"reading one torch.Tensor in C++ (handgrad.torch's crossing): {view * us:.3f} us")
-    print(f"torch {torch.__version__} on {dev}, {a.module}, {repeats} x {calls} calls in turns, medians (us per call)")
-    print(f"{'op':26s} {'fwd no_grad':>18s} {'fwd (graph)':>18s} {'fwd + bwd':>18s}   handgrad / PyTorch")
-    for name, ours, theirs, leaf in pairs:
+        print(f"reading one torch.Tensor in C++ (handgrad.torch's Python crossing): {view * us:.3f} us")
+    names = " / ".join([n for n, _ in impls] + ["PyTorch"])
+    print(f"torch {torch.__version__} on {dev}, {a.module}, {repeats} x {calls} calls in turns, medians "
+          f"(us per call: {names}; then each handgrad drop-in / PyTorch)")
+    width = 9 * (len(impls) + 1)
+    print(f"{'op':26s} {'fwd no_grad':>{width}s} {'fwd (graph)':>{width}s} {'fwd + bwd':>{width}s}")
+    for name, ours, theirs, leaf in ops:
+        fns = [(lambda m=m: ours(m)) for _, m in impls] + [theirs]
         leaf.requires_grad_(False)
         with torch.no_grad():
-            nog = interleaved([ours, theirs])
+            nog = interleaved(fns)
         leaf.requires_grad_(True)
-        fwd = interleaved([ours, theirs])
-        grads = [torch.ones_like(fn()) for fn in (ours, theirs)]
-        both = interleaved([lambda: torch.autograd.backward(ours(), grads[0]),
-                            lambda: torch.autograd.backward(theirs(), grads[1])])
+        fwd = interleaved(fns)
+        grads = [torch.ones_like(fn()) for fn in fns]
+        both = interleaved([(lambda fn=fn, g=g: torch.autograd.backward(fn(), g)) for fn, g in zip(fns, grads)])
         leaf.requires_grad_(False)
         leaf.grad = None
-        print(f"{name:26s} " + "   ".join(f"{o:7.2f} / {t:7.2f}" for o, t in (nog, fwd, both)) +
-              "   " + " ".join(f"{o / t:4.2f}x" for o, t in (nog, fwd, both)))
+        cols = ["/".join(f"{v:.2f}" for v in m) for m in (nog, fwd, both)]
+        ratios = "  ".join(",".join(f"{v / m[-1]:.2f}x" for v in m[:-1]) for m in (nog, fwd, both))
+        print(f"{name:26s} " + " ".join(f"{c:>{width}s}" for c in cols) + "   " + ratios)
 
 
 if __name__ == "__main__":

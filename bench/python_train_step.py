@@ -11,6 +11,9 @@ and the final losses are printed side by side.
   PYTHONPATH=build-gpu/python python3 bench/python_train_step.py [--config bench] \
       [--anchor shared/anchors/torch_train_step.py] [--train-steps 100] [--json OUT]
 
+handgrad.torch runs its C++ autograd Functions (handgrad._torch_ext) where they were
+built; HG_TORCH_EXT=0 times the Python ones. The backend is printed and in the JSON.
+
 Variants: eager-fp32 / eager-bf16 (torch.autocast), each stock (the anchor's
 non-SDPA attention: softmax(q k^T / sqrt(d) + mask)) and handgrad. Then the
 two again, both alive, their steps interleaved in rounds (paired_ratio): the
@@ -191,13 +194,15 @@ def main():
         DEV, a.config, a.train_steps = "cpu", "smoke", 3
         anchor.CONFIGS["smoke"] = dict(d=32, h=2, L=1, T=16, B=4, V=32)
     print(torch.__version__, torch.cuda.get_device_name(0) if DEV == "cuda" else "cpu", "tf32:", torch.backends.cuda.matmul.allow_tf32,
-          "config:", a.config, anchor.CONFIGS[a.config], flush=True)
+          "config:", a.config, anchor.CONFIGS[a.config], "handgrad.torch backend:", hgt.BACKEND, flush=True)
     results = []
     for bf16 in ((False,) if a.smoke else (False, True)):  # handgrad has no bf16 CPU kernels
         row = {}
         for use_hg in (False, True):
             name = f"eager-{'bf16' if bf16 else 'fp32'}-{'handgrad' if use_hg else 'stock'}"
             r = dict(variant=name, **time_variant(anchor, a.config, bf16, use_hg))
+            if use_hg:
+                r["backend"] = hgt.BACKEND  # c++: handgrad._torch_ext; python: HG_TORCH_EXT=0 or not built
             losses = train_loss(anchor, a.config, bf16, use_hg, a.train_steps)
             r.update(loss_first=losses[0], loss_last=losses[-1])
             row[use_hg] = r
@@ -205,7 +210,8 @@ def main():
             print(r, flush=True)
         if a.smoke:
             continue
-        pr = dict(variant=f"eager-{'bf16' if bf16 else 'fp32'}-paired", **paired_ratio(anchor, a.config, bf16))
+        pr = dict(variant=f"eager-{'bf16' if bf16 else 'fp32'}-paired", backend=hgt.BACKEND,
+                  **paired_ratio(anchor, a.config, bf16))
         results.append(pr)
         print(pr, flush=True)
         print(f"  {'bf16' if bf16 else 'fp32'}: handgrad / stock step time = "

@@ -46,16 +46,26 @@ if has tests; then
   for f in "$out"/tests/*.log; do
     echo "$(basename "$f" .log): $(grep -E '^(All tests passed|test cases:)' "$f" | tail -1) $(grep -c 'SKIPPED' "$f") skipped"
   done > "$out/test_summary.txt"
-  # The Python module's suite, where it was built (pip's pybind11 found).
+  # The Python module's suite, where it was built (pip's pybind11 found). Where handgrad._torch_ext
+  # was built too, the suite requires it (HG_TORCH_EXT=1) and handgrad.torch's tests run again on
+  # the Python autograd Functions (HG_TORCH_EXT=0), as CTest does.
   if [[ -d build-gpu/python/handgrad && -z ${HG_TEST_PROGS:-} ]]; then
-    if PYTHONPATH=build-gpu/python timeout "$HG_TEST_TIMEOUT" python3 -m unittest discover -s python/tests \
-         -t python/tests > "$out/tests/python.log" 2>&1; then
-      echo "python_tests: PASS" >> "$out/test_status.txt"
-    else
-      echo "python_tests: FAIL" >> "$out/test_status.txt"
+    runs=("python_tests auto discover -s python/tests -t python/tests")
+    if compgen -G "build-gpu/python/handgrad/_torch_ext*.so" > /dev/null; then
+      runs=("python_tests 1 discover -s python/tests -t python/tests"
+            "python_tests_torch_fallback 0 discover -s python/tests -t python/tests -p test_torch.py")
     fi
-    echo "python_tests: $(tail -1 "$out/tests/python.log") $(grep -c 'skipped' "$out/tests/python.log") skipped" \
-      >> "$out/test_summary.txt"
+    for run in "${runs[@]}"; do
+      read -r name ext args <<< "$run"
+      if HG_TORCH_EXT=$ext PYTHONPATH=build-gpu/python timeout "$HG_TEST_TIMEOUT" python3 -m unittest $args \
+           > "$out/tests/$name.log" 2>&1; then
+        echo "$name: PASS" >> "$out/test_status.txt"
+      else
+        echo "$name: FAIL" >> "$out/test_status.txt"
+      fi
+      echo "$name: $(tail -1 "$out/tests/$name.log") $(grep -c 'skipped' "$out/tests/$name.log") skipped" \
+        >> "$out/test_summary.txt"
+    done
   fi
   grep -q FAIL "$out/test_status.txt" && status=1
   cat "$out/test_status.txt" "$out/test_summary.txt"

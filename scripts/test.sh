@@ -42,6 +42,8 @@ if [[ -f $py_log ]]; then
   skipped=$((skipped + n))
   if grep -q "skipped 'SKIPPED: PyTorch not installed" "$py_log"; then
     echo "NOTE: Python handgrad.torch tests SKIPPED: PyTorch not installed"
+  elif grep -q "skipped 'SKIPPED: handgrad._torch_ext not built" "$py_log"; then
+    echo "NOTE: handgrad._torch_ext tests SKIPPED: not built (PyTorch's C++ headers: libtorch-dev)"
   fi
 fi
 ((skipped)) && echo "NOTE: $skipped GPU test cases SKIPPED: no CUDA GPU present (they run on a GPU machine: scripts/gpu_check.sh)"

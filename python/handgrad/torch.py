@@ -6,6 +6,11 @@
     loss = hgt.cross_entropy(logits.view(-1, V), targets.view(-1))
     hgt.swap_layernorms(model)                          # every nn.LayerNorm of a model, in place
 
+The drop-ins are C++ torch::autograd::Functions from handgrad._torch_ext where
+it was built (no Python frame in their forward dispatch or backward), else the
+Python autograd.Functions below, with the same semantics; HG_TORCH_EXT=0 picks
+the Python ones, HG_TORCH_EXT=1 requires the extension. BACKEND says which.
+
 Tensors cross without copies (non-contiguous inputs are made contiguous
 first, a copy): handgrad reads their pointers and writes into outputs torch
 allocated. On CUDA, handgrad's work runs on PyTorch's current stream (each
@@ -13,6 +18,10 @@ call moves it there), so nothing needs an event and the host never blocks;
 cross-entropy checks its targets on the device (a bad target gives a NaN loss). Dtypes: float32 and float64 on the CPU;
 float32 and bfloat16 on CUDA (math in float32). Details and limits: docs/python.md.
 """
+import os
+import types
+import warnings
+
 import torch
 import torch.nn as nn
 
@@ -20,7 +29,31 @@ import handgrad as _hg
 from handgrad import _C
 
 __all__ = ["LayerNorm", "AttentionSoftmax", "CrossEntropyLoss", "layer_norm", "attention_softmax",
-           "softmax", "cross_entropy", "swap_layernorms"]
+           "softmax", "cross_entropy", "swap_layernorms", "BACKEND"]
+
+
+def _load_extension():
+    """handgrad._torch_ext, or None for the Python Functions. HG_TORCH_EXT: unset or 'auto' (the
+    extension where it was built), '0' (the Python Functions), '1' (the extension or ImportError)."""
+    choice = os.environ.get("HG_TORCH_EXT", "auto")
+    if choice not in ("auto", "0", "1"):
+        raise _hg.Error(f"HG_TORCH_EXT must be 'auto', '0' (Python autograd Functions) or '1' (require "
+                        f"handgrad._torch_ext), got {choice!r}")
+    if choice == "0":
+        return None
+    try:
+        from handgrad import _torch_ext
+        return _torch_ext
+    except ImportError as e:
+        if choice == "1":
+            raise ImportError(f"HG_TORCH_EXT=1, but handgrad._torch_ext does not import: {e}") from e
+        if not (isinstance(e, ModuleNotFoundError) and e.name == "handgrad._torch_ext"):  # built, yet broken
+            warnings.warn(f"handgrad._torch_ext does not import ({e}); using the Python autograd Functions")
+        return None
+
+
+_ext = _load_extension()
+BACKEND = "c++" if _ext is not None else "python"
 
 
 # ---- crossing between torch and handgrad ------------------------------------------
@@ -81,9 +114,12 @@ class _LayerNormFunction(torch.autograd.Function):
         return dx, dw, db, None
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
+def _py_layer_norm(x, weight, bias, eps=1e-5):
     """LayerNorm over the last dim (torch.nn.functional.layer_norm with normalized_shape (D,))."""
     return _LayerNormFunction.apply(x, weight, bias, eps)
+
+
+layer_norm = _ext.layer_norm if _ext is not None else _py_layer_norm
 
 
 class LayerNorm(nn.LayerNorm):
@@ -158,17 +194,21 @@ class _AttentionSoftmaxFunction(torch.autograd.Function):
         return dx, None, None, None
 
 
-def attention_softmax(scores, mask=None, causal=False, scale=1.0):
+def _py_attention_softmax(scores, mask=None, causal=False, scale=1.0):
     """softmax(scale * scores + mask) over the last dim, with an optional causal mask
     (key j of query i masked when j > i + Tk - Tq). The mask gets no gradient."""
     return _AttentionSoftmaxFunction.apply(scores, mask, causal, float(scale))
 
 
-def softmax(x, dim=-1):
+def _py_softmax(x, dim=-1):
     """torch.softmax over the last dim."""
     if dim not in (-1, x.dim() - 1):
         raise ValueError(f"handgrad.torch.softmax runs over the last dim only, got dim={dim} for {x.dim()}-d input")
-    return attention_softmax(x)
+    return _py_attention_softmax(x)
+
+
+attention_softmax = _ext.attention_softmax if _ext is not None else _py_attention_softmax
+softmax = _ext.softmax if _ext is not None else _py_softmax
 
 
 class AttentionSoftmax(nn.Module):
@@ -192,7 +232,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, logits, target, ignore_index):
         if target.dtype.is_floating_point:
             raise _hg.Error(f"cross_entropy: target must hold integer class ids, got {target.dtype}")
-        if logits.shape[-1] > 2 ** 24:
+        if logits.dim() > 0 and logits.shape[-1] > 2 ** 24:
             raise _hg.Error(f"cross_entropy: vocabulary {logits.shape[-1]} exceeds 2^24, the largest whose ids "
                             f"float32 holds exactly")
         # float32 math on bfloat16 logits is handgrad's own on CUDA; elsewhere, and for float16,
@@ -215,12 +255,15 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return _to_torch(_C._torch_cross_entropy_backward(ctx.saved, logits, float(dloss))), None, None
 
 
-def cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
+def _py_cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
     """Mean cross-entropy of logits (..., V) against integer targets (...) (F.cross_entropy with
     class ids in the last dim; reduction 'mean' only)."""
     if reduction != "mean":
         raise ValueError(f"handgrad.torch.cross_entropy supports reduction='mean' only, got {reduction!r}")
     return _CrossEntropyFunction.apply(logits, target, int(ignore_index))
+
+
+cross_entropy = _ext.cross_entropy if _ext is not None else _py_cross_entropy
 
 
 class CrossEntropyLoss(nn.Module):
@@ -235,3 +278,8 @@ class CrossEntropyLoss(nn.Module):
 
     def forward(self, logits, target):
         return cross_entropy(logits, target, self.ignore_index)
+
+
+# The Python autograd Functions, whichever BACKEND is in use (tests and benchmarks compare the two).
+python_functions = types.SimpleNamespace(layer_norm=_py_layer_norm, attention_softmax=_py_attention_softmax,
+                                         softmax=_py_softmax, cross_entropy=_py_cross_entropy)

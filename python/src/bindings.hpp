@@ -15,6 +15,7 @@ void bind_ops(py::module_& m);      // ops.cpp: layernorm, softmax, cross-entrop
 void bind_models(py::module_& m);   // models.cpp: DecoderLM, optimizers
 void bind_torch_view(py::module_& m);  // torch_view.cpp: handgrad.torch's registration of PyTorch
 void bind_torch_ops(py::module_& m);   // torch_ops.cpp: handgrad.torch's entry points
+void bind_torch_bridge(py::module_& m);  // torch_bridge.cpp: the function table handgrad._torch_ext calls
 void bind_bench_hooks(py::module_& m);  // bench_hooks.cpp: C++-side timing for bench/python_overhead.py
 
 // Python spellings: "float32", "float64", "bfloat16", "float16"; "cpu", "cuda".

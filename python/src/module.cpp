@@ -14,5 +14,6 @@ PYBIND11_MODULE(_C, m) {
   hg::python::bind_models(m);
   hg::python::bind_torch_view(m);
   hg::python::bind_torch_ops(m);
+  hg::python::bind_torch_bridge(m);
   hg::python::bind_bench_hooks(m);
 }

@@ -10,9 +10,23 @@
 #include "ops/cross_entropy.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
+#include "torch_ops.hpp"
 #include "torch_view.hpp"
 
 namespace hg::python {
+
+void torch_softmax_forward(Tensor scores, const SoftmaxOptions& options, Tensor y, const char* op) {
+  if (scores.ndim() != 4) {
+    HG_CHECK(!options.mask.defined() && !options.causal, op, "a mask or causal=True needs scores (B, H, Tq, Tk), got ",
+             scores.shape());
+    HG_CHECK(scores.ndim() >= 1 && scores.numel() > 0, op, "scores must be non-empty, got shape ", scores.shape());
+    HG_CHECK(y.shape() == scores.shape(), op, "y ", y.shape(), " must have the shape of scores ", scores.shape());
+    scores = scores.reshape({1, 1, -1, scores.size(-1)});
+    y = y.reshape(scores.shape());
+  }
+  attention_softmax_forward_into(scores, options, y);
+}
+
 namespace {
 
 // The saved mean and rstd stay handgrad's (a LayerNormSaved in ctx): cheaper
@@ -40,24 +54,15 @@ void layernorm_backward(py::handle dy_, py::handle x_, py::handle w_, const Laye
   layernorm_backward_into(dy, x, w, saved, grads);
 }
 
-// Scores (B, H, Tq, Tk); without mask and causal any shape, as rows of its last dim.
 void softmax_forward(py::handle scores_, py::handle mask_, bool causal, double scale, py::handle y_) {
   const char* op = "handgrad.torch.attention_softmax";
-  Tensor scores = torch_view(scores_, op, "scores"), y = torch_view(y_, op, "y");
+  const Tensor scores = torch_view(scores_, op, "scores"), y = torch_view(y_, op, "y");
   SoftmaxOptions o;
   o.mask = torch_view_or_none(mask_, op, "mask");
   o.causal = causal;
   o.scale = scale;
-  if (scores.ndim() != 4) {
-    HG_CHECK(!o.mask.defined() && !causal, op, "a mask or causal=True needs scores (B, H, Tq, Tk), got ",
-             scores.shape());
-    HG_CHECK(scores.ndim() >= 1 && scores.numel() > 0, op, "scores must be non-empty, got shape ", scores.shape());
-    HG_CHECK(y.shape() == scores.shape(), op, "y ", y.shape(), " must have the shape of scores ", scores.shape());
-    scores = scores.reshape({1, 1, -1, scores.size(-1)});
-    y = y.reshape(scores.shape());
-  }
   follow_torch_stream(scores);
-  attention_softmax_forward_into(scores, o, y);
+  torch_softmax_forward(scores, o, y, op);
 }
 
 void softmax_backward(py::handle dy_, py::handle y_, double scale, py::handle dx_) {

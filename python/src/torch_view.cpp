@@ -7,10 +7,9 @@
 #include <cstdint>
 #include <string>
 
-#include "core/device.hpp"
 #include "core/error.hpp"
-#include "core/cuda_runtime.hpp"
 #include "stream_order.hpp"
+#include "torch_memory.hpp"
 
 namespace hg::python {
 namespace {
@@ -19,7 +18,7 @@ namespace {
 // released by a C++ static destructor after the interpreter has gone.
 struct TorchObjects {
   PyTypeObject* tensor_type = nullptr;
-  PyObject* dtypes[4] = {};  // torch.float32, float64, bfloat16, float16, in DType order
+  PyObject* dtypes[4] = {};  // torch.float32, float64, bfloat16, float16: kTorchDTypes' order
   PyObject* current_raw_stream = nullptr;  // torch._C._cuda_getCurrentRawStream or None
   PyObject* s_dtype = PyUnicode_InternFromString("dtype");
   PyObject* s_shape = PyUnicode_InternFromString("shape");
@@ -30,8 +29,6 @@ struct TorchObjects {
   PyObject* s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
 };
 TorchObjects* torch_objects = nullptr;
-
-const DType kDTypes[4] = {DType::F32, DType::F64, DType::BF16, DType::F16};
 
 const TorchObjects& registered(const char* op) {
   HG_CHECK(torch_objects != nullptr, op, "PyTorch is not registered: import handgrad.torch first");
@@ -55,9 +52,8 @@ std::string type_name(py::handle t) { return Py_TYPE(t.ptr())->tp_name; }
 DType dtype_of(const TorchObjects& torch, py::handle t, const char* op, const char* name) {
   const py::object d = checked(PyObject_GetAttr(t.ptr(), torch.s_dtype));
   for (int i = 0; i < 4; ++i)
-    if (d.ptr() == torch.dtypes[i]) return kDTypes[i];
-  fail(op, name, " has dtype ", py::str(d).cast<std::string>(),
-       "; handgrad takes torch.float32, float64, bfloat16 or float16");
+    if (d.ptr() == torch.dtypes[i]) return kTorchDTypes[i];
+  fail_torch_dtype(op, name, py::str(d).cast<std::string>());
 }
 
 Shape shape_of(const TorchObjects& torch, py::handle t) {
@@ -71,16 +67,12 @@ Shape shape_of(const TorchObjects& torch, py::handle t) {
 
 Device device_of(const TorchObjects& torch, py::handle t, const char* op, const char* name) {
   if (!is_true(t, torch.s_is_cuda)) {  // attributes, cheaper than t.device (which builds an object)
-    HG_CHECK(is_true(t, torch.s_is_cpu), op, name, " is on ", py::str(t.attr("device")).cast<std::string>(),
-             "; handgrad takes CPU and CUDA tensors");
+    if (!is_true(t, torch.s_is_cpu)) fail_torch_device(op, name, py::str(t.attr("device")).cast<std::string>());
     return Device::CPU;
   }
   const long index = PyLong_AsLong(call(t, torch.s_get_device).ptr());
   if (PyErr_Occurred()) throw py::error_already_set();
-  static const bool has_cuda = cuda_available();  // a driver call; the answer cannot change
-  HG_CHECK(has_cuda, op, name, " is a CUDA tensor, but handgrad was built without CUDA or sees no GPU");
-  HG_CHECK(index == cuda_current_device(), op, name, " is on cuda:", index, " but handgrad runs on cuda:",
-           cuda_current_device());
+  check_torch_cuda_device(index, op, name);
   return Device::CUDA;
 }
 
@@ -92,14 +84,10 @@ Tensor torch_view(py::handle t, const char* op, const char* name) {
   const DType dtype = dtype_of(torch, t, op, name);
   const Device device = device_of(torch, t, op, name);
   const Shape shape = shape_of(torch, t);
-  HG_CHECK(PyObject_IsTrue(call(t, torch.s_is_contiguous).ptr()) == 1, op, name, " of shape ", shape,
-           " is not contiguous; pass t.contiguous()");
+  check_torch_contiguous(PyObject_IsTrue(call(t, torch.s_is_contiguous).ptr()) == 1, shape, op, name);
   const uintptr_t ptr = PyLong_AsUnsignedLongLong(call(t, torch.s_data_ptr).ptr());
   if (PyErr_Occurred()) throw py::error_already_set();
-  HG_CHECK(ptr != 0 || shape_numel(shape) == 0, op, name, " of shape ", shape, " has no data");
-  HG_CHECK(ptr % dtype_size(dtype) == 0, op, name, " is not aligned to its ", dtype_size(dtype), "-byte elements");
-  // Not owned: PyTorch frees the memory, and the caller holds the tensor past every use.
-  return Tensor::from_blob(reinterpret_cast<void*>(ptr), shape, dtype, device, [] {});
+  return torch_memory_view(reinterpret_cast<void*>(ptr), shape, dtype, device, op, name);
 }
 
 Tensor torch_view_or_none(py::handle t, const char* op, const char* name) {
@@ -111,7 +99,7 @@ void follow_torch_stream(const Tensor& t) {
   const TorchObjects& torch = registered("handgrad.torch");
   HG_CHECK(torch.current_raw_stream != Py_None, "handgrad.torch", "this PyTorch has no CUDA streams");
   const py::object s = checked(PyObject_CallOneArg(torch.current_raw_stream, py::int_(cuda_current_device()).ptr()));
-  gpu::set_stream(s.cast<intptr_t>());  // no-op when handgrad is on that stream already
+  follow_stream(t, s.cast<intptr_t>());
 }
 
 void bind_torch_view(py::module_& m) {

@@ -1,7 +1,11 @@
 """handgrad.torch against PyTorch autograd: torch.autograd.gradcheck in float64,
-float32 against torch's own ops, drop-in modules, DLPack with torch. Skips
+float32 against torch's own ops, drop-in modules, DLPack with torch. The C++
+autograd Functions (handgrad._torch_ext) against the Python ones. Skips
 visibly without PyTorch; the CUDA cases skip without a GPU."""
 import math
+import os
+import subprocess
+import sys
 import unittest
 
 import numpy as np
@@ -17,6 +21,10 @@ except ImportError:  # PyTorch is optional
     torch = None
 
 needs_torch = unittest.skipIf(torch is None, "SKIPPED: PyTorch not installed (apt-get install python3-torch)")
+needs_ext = unittest.skipUnless(
+    torch is not None and hgt._ext is not None,
+    "SKIPPED: HG_TORCH_EXT=0 (the Python autograd Functions are under test)" if os.environ.get("HG_TORCH_EXT") == "0"
+    else "SKIPPED: handgrad._torch_ext not built (PyTorch's C++ headers missing; docs/python.md, Building)")
 needs_gpu = unittest.skipUnless(torch is not None and torch.cuda.is_available() and hg.cuda_available(),
                                 "SKIPPED: no CUDA GPU present")
 
@@ -261,6 +269,233 @@ class FastPath(unittest.TestCase):
         x = torch.randn(2, 4, device="cuda")
         with self.assertRaisesRegex(hg.Error, "built without CUDA"):
             hgt.layer_norm(x, torch.ones(4, device="cuda"), torch.zeros(4, device="cuda"))
+
+
+def inputs(seed, *specs):
+    """Fresh tensors from a fixed seed, so that two calls give the same values: each spec is
+    (shape, dtype, scale, offset, requires_grad)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=g, dtype=dtype) * scale + offset).requires_grad_(grad)
+            for shape, dtype, scale, offset, grad in specs]
+
+
+@needs_ext
+class CppExtension(unittest.TestCase):
+    """handgrad._torch_ext's C++ autograd Functions (what handgrad.torch uses where the extension
+    was built) against PyTorch's autograd and against the Python autograd Functions
+    (handgrad.torch.python_functions): both reach the same handgrad kernels through the same
+    checks, so outputs and gradients must agree bit for bit, and bad input must raise the same
+    exception with the same message."""
+
+    def setUp(self):
+        self.ext, self.py = hgt._ext, hgt.python_functions
+
+    def test_handgrad_torch_uses_the_extension(self):
+        self.assertEqual(hgt.BACKEND, "c++")
+        for name in ("layer_norm", "attention_softmax", "softmax", "cross_entropy"):
+            self.assertIs(getattr(hgt, name), getattr(self.ext, name))
+        y = hgt.LayerNorm(8)(torch.randn(2, 8, requires_grad=True))
+        self.assertNotIsInstance(y.grad_fn, torch.autograd.function.BackwardCFunction)  # no Python node
+
+    def test_gradcheck_float64(self):
+        E = self.ext
+        x, w, b = inputs(0, ((3, 4, 9), torch.float64, 2, 50, True), ((9,), torch.float64, 1, 0, True),
+                         ((9,), torch.float64, 1, 0, True))
+        self.assertTrue(torch.autograd.gradcheck(lambda *a: E.layer_norm(*a, 1e-5), (x, w, b)))
+        self.assertTrue(torch.autograd.gradcheck(lambda v: E.layer_norm(v, None, None), (x,)))
+        self.assertTrue(torch.autograd.gradcheck(lambda v, u: E.layer_norm(v, u, None, 1e-3), (x, w)))
+        s, = inputs(1, ((2, 2, 3, 5), torch.float64, 1, 0, True))
+        pad = torch.zeros(2, 1, 1, 5, dtype=torch.float64)
+        pad[1, ..., -1] = float("-inf")
+        for mask, causal in [(None, False), (pad, False), (None, True), (pad, True), (causal_mask(3, 5), False)]:
+            self.assertTrue(torch.autograd.gradcheck(lambda v: E.attention_softmax(v, mask, causal, 0.3), (s,)))
+        xt = torch.randn(7, 4, dtype=torch.float64).t().requires_grad_()  # not contiguous: copied
+        self.assertTrue(torch.autograd.gradcheck(lambda v: E.softmax(v), (xt,)))
+        z, = inputs(2, ((7, 6), torch.float64, 1, 0, True))
+        t = torch.tensor([0, 5, -100, 2, 2, 1, -100])
+        self.assertTrue(torch.autograd.gradcheck(lambda v: E.cross_entropy(v, t) * 3.0, (z,)))
+        z3, = inputs(3, ((2, 3, 4), torch.float64, 1, 0, True))
+        t3 = torch.tensor([[0, 3, 1], [-1, 2, -1]])
+        self.assertTrue(torch.autograd.gradcheck(lambda v: E.cross_entropy(v, t3, ignore_index=-1), (z3,)))
+        with hg.kernels("unfused"):
+            self.assertTrue(torch.autograd.gradcheck(lambda *a: E.layer_norm(*a), (x, w, b)))
+            self.assertTrue(torch.autograd.gradcheck(lambda v: E.attention_softmax(v, pad, True, 0.7), (s,)))
+            self.assertTrue(torch.autograd.gradcheck(lambda v: E.cross_entropy(v, t), (z,)))
+
+    def test_float32_against_torch(self):
+        x, w, b = inputs(4, ((4, 10, 96), torch.float32, 1, 0, True), ((96,), torch.float32, 1, 0, True),
+                         ((96,), torch.float32, 1, 0, True))
+        ours, ref = self.ext.layer_norm(x, w, b), F.layer_norm(x, (96,), w, b)
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+        g = torch.randn_like(ref)
+        for a, c in zip(torch.autograd.grad(ours, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g)):
+            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+        s, = inputs(5, ((2, 4, 16, 16), torch.float32, 3, 0, True))
+        ours, ref = self.ext.attention_softmax(s, causal=True, scale=0.125), torch.softmax(s * 0.125 + causal_mask(16, 16), -1)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+        g = torch.randn_like(ref)
+        torch.testing.assert_close(torch.autograd.grad(ours, s, g)[0], torch.autograd.grad(ref, s, g)[0],
+                                   rtol=1e-5, atol=1e-6)
+        z, = inputs(6, ((64, 50), torch.float32, 1, 0, True))
+        t = torch.randint(0, 50, (64,), generator=torch.Generator().manual_seed(0))
+        t[::7] = -100
+        ours, ref = self.ext.cross_entropy(z, t), F.cross_entropy(z, t)
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.autograd.grad(ours * 2, z)[0], torch.autograd.grad(ref * 2, z)[0],
+                                   rtol=1e-5, atol=1e-6)
+
+    def assert_paths_agree(self, name, make_args, **kwargs):
+        """`name` on fresh, identical inputs through the C++ and the Python Function: the output
+        and every input's gradient are bit for bit the same."""
+        results = []
+        for impl in (self.ext, self.py):
+            args = make_args()
+            out = getattr(impl, name)(*args, **kwargs)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=out.dtype))
+            results.append([out.detach()] + [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad])
+        for ours, theirs in zip(*results):
+            self.assertEqual((ours.dtype, ours.shape), (theirs.dtype, theirs.shape))
+            self.assertTrue(torch.equal(ours, theirs), f"{name}: the C++ and Python paths differ")
+        return results[0]
+
+    def test_paths_agree_bit_for_bit_on_hostile_inputs(self):
+        f32, f64 = torch.float32, torch.float64
+        for dtype in (f32, f64):
+            with self.subTest(dtype=dtype):
+                def ln_args():  # large offset, a constant row, odd width
+                    x, w, b = inputs(10, ((3, 5, 33), dtype, 100, 1e4, True), ((33,), dtype, 1, 0, True),
+                                     ((33,), dtype, 1, 0, True))
+                    with torch.no_grad():
+                        x[1, 2] = 7.0
+                    return [x, w, b]
+                self.assert_paths_agree("layer_norm", ln_args)
+                self.assert_paths_agree("layer_norm", lambda: inputs(11, ((6, 1), dtype, 1, 3, True)) + [None, None])
+                self.assert_paths_agree("layer_norm", lambda: inputs(12, ((4, 257), dtype, 1, 0, True),
+                                                                     ((257,), f32, 1, 0, True)) + [None], eps=1e-3)
+
+                def masked_scores():  # bool mask that hides every key of one query row, causal, Tq < Tk
+                    s, = inputs(13, ((2, 3, 5, 7), dtype, 30, 1e3, True))
+                    keep = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+                    keep[1, 0, 2] = False
+                    return [s, keep]
+                out = self.assert_paths_agree("attention_softmax", masked_scores, causal=True, scale=0.37)[0]
+                self.assertTrue(torch.equal(out[1, :, 2], torch.zeros_like(out[1, :, 2])))  # fully masked: zeros
+                self.assert_paths_agree("attention_softmax", lambda: inputs(14, ((1, 2, 4, 4), dtype, 1, 0, True)) +
+                                        [causal_mask(4, 4, dtype)], scale=2.0)
+                self.assert_paths_agree("softmax", lambda: inputs(15, ((4, 3, 257), dtype, 50, -1e4, True)))
+
+                def ce_args(ignore_all=False):
+                    z, = inputs(16, ((9, 7), dtype, 10, 100, True))
+                    t = torch.tensor([0, 6, -100, 3, 3, 1, -100, 2, 5])
+                    return [z, torch.full_like(t, -100) if ignore_all else t]
+                self.assert_paths_agree("cross_entropy", ce_args)
+                loss, grad = self.assert_paths_agree("cross_entropy", lambda: ce_args(ignore_all=True))
+                self.assertEqual((loss.item(), grad.abs().max().item()), (0.0, 0.0))  # nothing counts: 0, not 0/0
+        with hg.kernels("unfused"):
+            self.assert_paths_agree("layer_norm", ln_args)
+            self.assert_paths_agree("cross_entropy", ce_args)
+
+    def test_kernel_mode_reaches_the_extension(self):
+        """The extension runs the handgrad inside handgrad._C (one per process), so handgrad's kernel
+        mode applies to it: unfused differs from fused in the last bits here, and the C++ path in
+        unfused mode matches the Python path in unfused mode."""
+        x, w, b = inputs(20, ((64, 96), torch.float32, 3, 5, False), ((96,), torch.float32, 1, 0, False),
+                         ((96,), torch.float32, 1, 0, False))
+        fused = self.ext.layer_norm(x, w, b)
+        with hg.kernels("unfused"):
+            unfused, python_unfused = self.ext.layer_norm(x, w, b), self.py.layer_norm(x, w, b)
+        self.assertTrue(torch.equal(unfused, python_unfused))
+        self.assertFalse(torch.equal(unfused, fused))
+
+    def test_same_errors_as_the_python_functions(self):
+        meta = dict(device="meta")
+        x, w, b = torch.randn(2, 4), torch.ones(4), torch.zeros(4)
+        s = torch.randn(2, 2, 3, 3)
+        cases = [  # (op, args, kwargs, part of the message)
+            ("layer_norm", (x, torch.ones(5), torch.zeros(5)), {}, "gamma shape"),
+            ("layer_norm", (x.to(torch.bfloat16), w, b), {}, "BF16 on the CPU"),
+            ("layer_norm", (x.half(), w, b), {}, "dtype f16"),
+            ("layer_norm", (x.long(), w, b), {}, "x has dtype torch.int64"),
+            ("layer_norm", (torch.empty(2, 4, **meta), w, b), {}, "x is on meta"),
+            ("layer_norm", (x, torch.ones(4, **meta), b), {}, "weight is on meta"),
+            ("layer_norm", (torch.empty(2, 0), None, None), {}, "empty"),
+            ("layer_norm", (torch.tensor(1.0), None, None), {}, "at least one dim"),
+            ("layer_norm", (x, w, b, 0.0), {}, "eps"),
+            ("attention_softmax", (x, torch.zeros(2, 4)), {}, "a mask needs scores"),
+            ("attention_softmax", (x,), dict(causal=True), "causal=True needs scores"),
+            ("attention_softmax", (s, torch.zeros(2, 2, 3, 3)), {}, "does not broadcast"),
+            ("attention_softmax", (s, torch.zeros(2, 1, 3, 3, **meta)), {}, "mask is on meta"),
+            ("attention_softmax", (s,), dict(scale=float("nan")), "scale"),
+            ("attention_softmax", (s.to(torch.bfloat16),), {}, "CPU"),
+            ("attention_softmax", (torch.empty(0, 3),), {}, "non-empty"),
+            ("softmax", (x,), dict(dim=0), "last dim only"),
+            ("cross_entropy", (x, torch.tensor([0.0, 1.0])), {}, "integer class ids, got torch.float32"),
+            ("cross_entropy", (x, torch.tensor([0, 9])), {}, "target 9"),
+            ("cross_entropy", (x, torch.tensor([0, 1, 2])), {}, "targets"),
+            ("cross_entropy", (torch.randn(2, 0), torch.tensor([0, 1])), {}, "empty class dim"),
+            ("cross_entropy", (x, torch.tensor([0, 1])), dict(reduction="sum"), "reduction='mean' only, got 'sum'"),
+            ("cross_entropy", (x, torch.tensor([0, 1], **meta)), {}, "target is on meta"),
+        ]
+        for name, args, kwargs, message in cases:
+            with self.subTest(name=name, message=message):
+                raised = []
+                for impl in (self.ext, self.py):
+                    with self.assertRaises(Exception) as caught:
+                        getattr(impl, name)(*args, **kwargs)
+                    raised.append(caught.exception)
+                ours, theirs = raised
+                self.assertIs(type(ours), type(theirs))
+                self.assertEqual(str(ours), str(theirs))
+                self.assertIsInstance(ours, ValueError)  # handgrad.Error is a ValueError too
+                self.assertIn(message, str(ours))
+        with self.assertRaises(TypeError):  # not a tensor: pybind11's argument check
+            self.ext.layer_norm(np.zeros((2, 4), np.float32), w, b)
+
+    def test_backward_errors_and_second_backward(self):
+        for impl in (self.ext, self.py):
+            z = torch.randn(4, 3, requires_grad=True)
+            with self.assertRaisesRegex(hg.Error, "upstream gradient inf is not finite"):  # raised in the backward
+                (impl.cross_entropy(z, torch.tensor([0, 1, 2, 1])) * float("inf")).backward()
+            for loss in (impl.cross_entropy(z, torch.tensor([0, 1, 2, 1])), impl.layer_norm(z, None, None).sum(),
+                         impl.softmax(z).pow(2).sum()):
+                loss.backward()
+                with self.assertRaisesRegex(RuntimeError, "second time"):
+                    loss.backward()
+
+    def test_in_place_change_of_a_saved_input_is_caught(self):
+        x = torch.randn(3, 8, requires_grad=True)
+        h = x * 1.0
+        y = self.ext.layer_norm(h, None, None)
+        h.add_(1.0)  # the backward would read the changed x
+        with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
+            y.sum().backward()
+
+    def test_parameter_dtypes_and_none_gradients(self):
+        x = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(5, requires_grad=True)  # float32 weight on float64 input: cast, grad float32
+        y = self.ext.layer_norm(x, w, None)
+        y.sum().backward()
+        self.assertEqual((y.dtype, x.grad.dtype, w.grad.dtype), (torch.float64, torch.float64, torch.float32))
+        keep = torch.ones(1, 1, 2, 2, dtype=torch.float32, requires_grad=True)  # a mask gets no gradient
+        s = torch.randn(1, 1, 2, 2, requires_grad=True)
+        self.ext.attention_softmax(s, keep).sum().backward()
+        self.assertIsNone(keep.grad)
+        self.assertIsNotNone(s.grad)
+        z = torch.randn(3, 4, dtype=torch.float16, requires_grad=True)  # float16 logits: float32 math, f16 grad
+        self.ext.cross_entropy(z, torch.tensor([1, 2, 3])).backward()
+        self.assertEqual(z.grad.dtype, torch.float16)
+
+    def test_env_switch(self):
+        code = "import handgrad.torch as t; print(t.BACKEND)"
+        env = dict(os.environ)
+        for value, expected in [("0", "python"), ("1", "c++"), ("auto", "c++")]:
+            env["HG_TORCH_EXT"] = value
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+            self.assertEqual((out.returncode, out.stdout.strip()), (0, expected), out.stderr)
+        env["HG_TORCH_EXT"] = "yes"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("HG_TORCH_EXT must be 'auto', '0'", out.stderr)
 
 
 @needs_torch
