@@ -265,9 +265,9 @@ __device__ __forceinline__ void async_wait() {
 // not fit beside the 128 accumulators). Tiles that no causal diagonal,
 // key-padding mask or end of Tk crosses (and a positive scale) skip logit2:
 // p = exp2(s * scale log2(e) - m) in one fma. kLean: tiles staged by
-// stage_tile_async, and unmasked edge tiles bounded per row rather than
-// through logit2 (the same logits; docs/attention.md, "Forward instruction
-// count").
+// stage_tile_async, unmasked edge tiles bounded per row rather than through
+// logit2 (the same logits), and the fast tile's sub-tile compiled apart from
+// the edge tiles' (docs/attention.md, "Forward instruction count").
 
 constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
 
@@ -359,111 +359,123 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
       const int n0 = tile * KB + sub * KS;
       if (KS < KB && n0 >= key_end) break;
       const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
-      float s[2][KS / 8][4] = {};
+      // One sub-tile: s = q k^T, the online softmax, o += p v. `exact`: the
+      // logits through logit2, or through one bound per row with `bounds`
+      // (no mask: the causal diagonal and Tk).
+      auto sub_tile = [&](bool exact, bool bounds) {
+        float s[2][KS / 8][4] = {};
 #pragma unroll
-      for (int kc = 0; kc < DH / 16; ++kc) {
-        uint32_t qf[2][4];
+        for (int kc = 0; kc < DH / 16; ++kc) {
+          uint32_t qf[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            if constexpr (kQRegs) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+            } else {
+              ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+            }
+          }
+#pragma unroll
+          for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
+        }
+        // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+        // scaled after (c > 0 keeps the order and the rounding is monotonic).
+        const float c = exact ? 1.f : a.scale_log2;
+        float tile_max[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          if constexpr (kQRegs) {
+          tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+          if (bounds) {
+            // logit2 without a mask: the causal diagonal and Tk bound each row's
+            // keys (a row past Tq keeps its keys, as on fast tiles: never written).
+            const int lane_col = n0 + 2 * t, tail = a.tk - lane_col;
+            const int diag = a.causal ? q0 + 16 * mt + g + 1 + a.tk - a.tq - lane_col : tail;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
-          } else {
-            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                s[mt][nb][e] = nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
+          } else if (exact) {
+#pragma unroll
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
           }
-        }
-#pragma unroll
-        for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
-      }
-      // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
-      // scaled after (c > 0 keeps the order and the rounding is monotonic).
-      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
-      const float c = exact ? 1.f : a.scale_log2;
-      float tile_max[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
-        if (kLean && exact && mask_row == nullptr) {
-          // logit2 without a mask: the causal diagonal and Tk bound each row's
-          // keys (a row past Tq keeps its keys, as on fast tiles: never written).
-          const int lane_col = n0 + 2 * t, tail = a.tk - lane_col;
-          const int diag = a.causal ? q0 + 16 * mt + g + 1 + a.tk - a.tq - lane_col : tail;
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[mt][nb][e] = nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
-        } else if (exact) {
-#pragma unroll
-          for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
+            for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
         }
+        float neg_base[2][2];
+        if constexpr (kRescale == Rescale::Lazy) {
+          // m is the reference max p is taken against, not the running max: it
+          // moves (and o, l with it) only when some row's tile max passes it by
+          // more than kLazyRescaleLog2. The test needs no shuffle (m is the same
+          // in the row's four lanes), and a warp decides once for its 32 rows.
+          bool grow = false;
 #pragma unroll
-        for (int nb = 0; nb < KS / 8; ++nb)
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
-      }
-      float neg_base[2][2];
-      if constexpr (kRescale == Rescale::Lazy) {
-        // m is the reference max p is taken against, not the running max: it
-        // moves (and o, l with it) only when some row's tile max passes it by
-        // more than kLazyRescaleLog2. The test needs no shuffle (m is the same
-        // in the row's four lanes), and a warp decides once for its 32 rows.
-        bool grow = false;
+            for (int h = 0; h < 2; ++h) grow |= tile_max[mt][h] * c > m[mt][h] + kLazyRescaleLog2;
+          if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) grow |= tile_max[mt][h] * c > m[mt][h] + kLazyRescaleLog2;
-        if (__any_sync(0xffffffffu, grow)) {
+              for (int h = 0; h < 2; ++h) {
+                const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+                rescale_row(o[mt], l[mt], h, exp2_ftz(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
+                m[mt][h] = m_new;
+              }
+          }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) neg_base[mt][h] = m[mt][h] == -INFINITY ? 0.f : -m[mt][h];
+        } else {
+          float alpha[2][2];
+          bool rescale = false;
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-              rescale_row(o[mt], l[mt], h, exp2_ftz(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
+              const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+              alpha[mt][h] = exp2_ftz(m[mt][h] - base);
+              rescale |= alpha[mt][h] != 1.f;
+              neg_base[mt][h] = -base;
               m[mt][h] = m_new;
+              if constexpr (kRescale == Rescale::Always) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
             }
+          // SkipUnchanged: a warp whose 32 row maxima all stayed skips the
+          // multiplications by 1 (bitwise the same results).
+          if (kRescale == Rescale::SkipUnchanged && __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+          }
         }
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) neg_base[mt][h] = m[mt][h] == -INFINITY ? 0.f : -m[mt][h];
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+              l[mt][e >> 1] += s[mt][nb][e];
+            }
+        mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
+      };
+      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
+      if (!kLean) {
+        sub_tile(exact, false);
+      } else if (!exact) {  // a copy of its own for the fast tile: no register moves where paths merge
+        sub_tile(false, false);
       } else {
-        float alpha[2][2];
-        bool rescale = false;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-            const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-            alpha[mt][h] = exp2_ftz(m[mt][h] - base);
-            rescale |= alpha[mt][h] != 1.f;
-            neg_base[mt][h] = -base;
-            m[mt][h] = m_new;
-            if constexpr (kRescale == Rescale::Always) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
-          }
-        // SkipUnchanged: a warp whose 32 row maxima all stayed skips the
-        // multiplications by 1 (bitwise the same results).
-        if (kRescale == Rescale::SkipUnchanged && __any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
-        }
+        sub_tile(true, mask_row == nullptr);
       }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
-            l[mt][e >> 1] += s[mt][nb][e];
-          }
-      mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
     }
   }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
