@@ -395,13 +395,15 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
             for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                s[mt][nb][e] = nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
+                s[mt][nb][e] =
+                    nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
           } else if (exact) {
 #pragma unroll
             for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
+                s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1),
+                                      s[mt][nb][e]);
           }
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
@@ -849,8 +851,9 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
 // 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
 // From 6 on a variant names a forward only (its backward is the default's):
-// 6 is 1's forward staging through stage_tile_async, 7 adds the lazy rescale, 8 is
-// 7 with dh 128 on 64-key tiles (the lazy rescale frees the registers).
+// 6 is 1's forward with kLean (fewer instructions, the same arithmetic), 7
+// adds the lazy rescale, 8 is 7 with dh 128 on 64-key tiles (the lazy
+// rescale frees the registers).
 template <int DH, int V>
 struct Bf16ForwardTiling {
   static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
