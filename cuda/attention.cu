@@ -22,12 +22,12 @@
 #include <initializer_list>
 #include <string>
 #include <type_traits>
-#include <utility>
 
 #include "core/error.hpp"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/lab_switch.hpp"
 
 namespace hg::gpu {
 namespace {
@@ -899,17 +899,6 @@ int bf16_variant(int dh, bool backward) {
   return forced >= 0 ? forced : kBf16ForwardDefault[at];
 }
 
-template <class Fn, int... Vs>
-void by_variant_in(int v, Fn& fn, std::integer_sequence<int, Vs...>) {
-  ((v == Vs ? (fn(std::integral_constant<int, Vs>{}), true) : false) || ...);
-}
-
-// fn(std::integral_constant<int, v>) for the variant v in 0 .. kCount - 1.
-template <int kCount, class Fn>
-void by_variant(int v, Fn&& fn) {
-  by_variant_in(v, fn, std::make_integer_sequence<int, kCount>{});
-}
-
 template <int DH, int V>
 void forward_bf16(const Args& a, int64_t bh) {
   using T = Bf16ForwardTiling<DH, V>;
@@ -938,14 +927,14 @@ void backward_bf16(const Args& a, int64_t bh) {
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
-  by_variant<kBf16Variants>(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
+  with_variant<kBf16Variants>(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  by_variant<kBf16BackwardVariants>(bf16_variant(DH, true),
-                                    [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
+  with_variant<kBf16BackwardVariants>(bf16_variant(DH, true),
+                                      [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <class Fn>
