@@ -27,6 +27,7 @@
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/lab_switch.hpp"
 
 namespace hg::gpu {
 namespace {
@@ -221,6 +222,34 @@ __device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_
   }
 }
 
+// stage_rows_async without its index arithmetic per copy: thread x copies
+// the 16-byte chunk x % (D / 8) of rows x / (D / 8) + i kPass (a constant
+// shared offset and one pointer step each), and a tile wholly inside the
+// source skips the bounds tests. (stage_rows_async's loop starts at
+// threadIdx.x, so nvcc cannot unroll it: ~25 instructions per cp.async
+// against ~3 here; docs/attention.md.) `tile` is a shared byte address.
+template <int ROWS, int D, int S>
+__device__ __forceinline__ void stage_tile_async(unsigned tile, const bf16* src, int64_t ld, int r0, int rows) {
+  constexpr int kChunks = D / 8, kPass = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && ROWS % kPass == 0, "a tile is whole passes of rows");
+  const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * 8;
+  const bf16* from = src + int64_t(r0 + r) * ld + c;
+  const unsigned to = tile + at<S>(r, c);
+  if (r0 + ROWS <= rows) {
+#pragma unroll
+    for (int i = 0; i < ROWS / kPass; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + at<S>(i * kPass, 0)),
+                   "l"(from + i * kPass * ld));
+  } else {
+#pragma unroll
+    for (int i = 0; i < ROWS / kPass; ++i) {
+      const bool in = r0 + r + i * kPass < rows;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to + at<S>(i * kPass, 0)),
+                   "l"(in ? from + i * kPass * ld : src), "r"(in ? 16 : 0));
+    }
+  }
+}
+
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void async_wait() {
@@ -231,11 +260,14 @@ __device__ __forceinline__ void async_wait() {
 // 128 query rows per block, 32 per warp (two m16 tiles: each K or V fragment
 // read from shared memory feeds two mma). K and V tiles of KB keys are
 // double-buffered with cp.async and one barrier per tile, and computed KS
-// keys at a time (kSkipRescale: see the rescale below). Q sits in shared
-// memory; with kQRegs its fragments move to registers once (DH <= 64; at 128
-// they would not fit beside the 128 accumulators). Tiles that no causal
-// diagonal, key-padding mask or end of Tk crosses (and a positive scale)
-// skip logit2: p = exp2(s * scale log2(e) - m) in one fma.
+// keys at a time (kRescale: see Rescale). Q sits in shared memory; with
+// kQRegs its fragments move to registers once (DH <= 64; at 128 they would
+// not fit beside the 128 accumulators). Tiles that no causal diagonal,
+// key-padding mask or end of Tk crosses (and a positive scale) skip logit2:
+// p = exp2(s * scale log2(e) - m) in one fma. kLean: tiles staged by
+// stage_tile_async, unmasked edge tiles bounded per row rather than through
+// logit2 (the same logits), and the fast tile's sub-tile compiled apart from
+// the edge tiles' (docs/attention.md, "Forward instruction count").
 
 constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
 
@@ -260,7 +292,15 @@ __device__ __forceinline__ void rescale_row(float (&o)[N][4], float (&l)[2], int
   for (int db = 0; db < N; ++db) o[db][2 * h] *= alpha, o[db][2 * h + 1] *= alpha;
 }
 
-template <int DH, int KB, int KS, bool kQRegs, bool kSkipRescale>
+// When the forward rescales its output accumulators (docs/attention.md,
+// "Lab switch"): whenever a row max grows (Always), the same but skipped by a
+// warp whose 32 maxima all stayed (SkipUnchanged, bitwise Always's results),
+// or only when a tile's max passes the row's reference max by more than
+// kLazyRescaleLog2 (Lazy: the same softmax with p up to 2^8 in between).
+enum class Rescale { Always, SkipUnchanged, Lazy };
+constexpr float kLazyRescaleLog2 = 8.f;
+
+template <int DH, int KB, int KS, bool kQRegs, Rescale kRescale, bool kLean>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -274,8 +314,13 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int tile) {
     bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
-    stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
+    if constexpr (kLean) {
+      stage_tile_async<KB, DH, S>(smem_addr(ks), k, a.kv_row, tile * KB, a.tk);
+      stage_tile_async<KB, DH, S>(smem_addr(ks + KB * S), v, a.kv_row, tile * KB, a.tk);
+    } else {
+      stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
+      stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
+    }
     async_commit();
   };
   const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>();
@@ -285,7 +330,12 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
   uint32_t qa[2][kQRegs ? DH / 16 : 1][4];
   if (tiles > 0) {
-    stage_rows_async<kRowsBf16, DH>(qs, S, static_cast<const bf16*>(a.q) + a.q_base(bh), a.q_row, q_block, a.tq);
+    const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
+    if constexpr (kLean) {
+      stage_tile_async<kRowsBf16, DH, S>(smem_addr(qs), q, a.q_row, q_block, a.tq);
+    } else {
+      stage_rows_async<kRowsBf16, DH>(qs, S, q, a.q_row, q_block, a.tq);
+    }
     stage(0);
     if constexpr (kQRegs) {
       async_wait<0>();
@@ -309,74 +359,125 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
       const int n0 = tile * KB + sub * KS;
       if (KS < KB && n0 >= key_end) break;
       const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
-      float s[2][KS / 8][4] = {};
+      // One sub-tile: s = q k^T, the online softmax, o += p v. `exact`: the
+      // logits through logit2, or through one bound per row with `bounds`
+      // (no mask: the causal diagonal and Tk).
+      auto sub_tile = [&](bool exact, bool bounds) {
+        float s[2][KS / 8][4] = {};
 #pragma unroll
-      for (int kc = 0; kc < DH / 16; ++kc) {
-        uint32_t qf[2][4];
+        for (int kc = 0; kc < DH / 16; ++kc) {
+          uint32_t qf[2][4];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            if constexpr (kQRegs) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+            } else {
+              ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+            }
+          }
+#pragma unroll
+          for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
+        }
+        // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+        // scaled after (c > 0 keeps the order and the rounding is monotonic).
+        const float c = exact ? 1.f : a.scale_log2;
+        float tile_max[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          if constexpr (kQRegs) {
+          tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+          if (bounds) {
+            // logit2 without a mask: the causal diagonal and Tk bound each row's
+            // keys (a row past Tq keeps its keys, as on fast tiles: never written).
+            const int lane_col = n0 + 2 * t, tail = a.tk - lane_col;
+            const int diag = a.causal ? q0 + 16 * mt + g + 1 + a.tk - a.tq - lane_col : tail;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
-          } else {
-            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                s[mt][nb][e] =
+                    nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
+          } else if (exact) {
+#pragma unroll
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1),
+                                      s[mt][nb][e]);
           }
-        }
-#pragma unroll
-        for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
-      }
-      // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
-      // scaled after (c > 0 keeps the order and the rounding is monotonic).
-      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
-      const float c = exact ? 1.f : a.scale_log2;
-      float tile_max[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
-        if (exact) {
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
+            for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
         }
+        float neg_base[2][2];
+        if constexpr (kRescale == Rescale::Lazy) {
+          // m is the reference max p is taken against, not the running max: it
+          // moves (and o, l with it) only when some row's tile max passes it by
+          // more than kLazyRescaleLog2. The test needs no shuffle (m is the same
+          // in the row's four lanes), and a warp decides once for its 32 rows.
+          bool grow = false;
 #pragma unroll
-        for (int nb = 0; nb < KS / 8; ++nb)
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
-      }
-      float neg_base[2][2], alpha[2][2];
-      bool rescale = false;
+            for (int h = 0; h < 2; ++h) grow |= tile_max[mt][h] * c > m[mt][h] + kLazyRescaleLog2;
+          if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-          const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-          alpha[mt][h] = exp2_ftz(m[mt][h] - base);
-          rescale |= alpha[mt][h] != 1.f;
-          neg_base[mt][h] = -base;
-          m[mt][h] = m_new;
-          if constexpr (!kSkipRescale) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+              for (int h = 0; h < 2; ++h) {
+                const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+                rescale_row(o[mt], l[mt], h, exp2_ftz(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
+                m[mt][h] = m_new;
+              }
+          }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) neg_base[mt][h] = m[mt][h] == -INFINITY ? 0.f : -m[mt][h];
+        } else {
+          float alpha[2][2];
+          bool rescale = false;
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+              const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+              alpha[mt][h] = exp2_ftz(m[mt][h] - base);
+              rescale |= alpha[mt][h] != 1.f;
+              neg_base[mt][h] = -base;
+              m[mt][h] = m_new;
+              if constexpr (kRescale == Rescale::Always) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+            }
+          // SkipUnchanged: a warp whose 32 row maxima all stayed skips the
+          // multiplications by 1 (bitwise the same results).
+          if (kRescale == Rescale::SkipUnchanged && __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+          }
         }
-      // kSkipRescale: a warp whose 32 row maxima all stayed skips the
-      // multiplications by 1 (bitwise the same results).
-      if (kSkipRescale && __any_sync(0xffffffffu, rescale)) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+              l[mt][e >> 1] += s[mt][nb][e];
+            }
+        mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
+      };
+      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
+      if (!kLean) {
+        sub_tile(exact, false);
+      } else if (!exact) {  // a copy of its own for the fast tile: no register moves where paths merge
+        sub_tile(false, false);
+      } else {
+        sub_tile(true, mask_row == nullptr);
       }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
-            l[mt][e >> 1] += s[mt][nb][e];
-          }
-      mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
     }
   }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
@@ -749,11 +850,21 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // registers, bitwise the same results); 2 adds the forward's skipped rescale,
 // 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
 // 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
+// From 6 on a variant names a forward only (its backward is the default's):
+// 6 is 1's forward with kLean (fewer instructions, the same arithmetic), 7
+// adds the lazy rescale, 8 is 7 with dh 128 on 64-key tiles (the lazy
+// rescale frees the registers).
+template <int DH, int V>
+struct Bf16ForwardTiling {
+  static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
+  static constexpr int kKeys = V >= 1 && V < 8 && DH == 128 ? 2 * kSub : kSub;
+  static constexpr Rescale kRescale = V >= 7                ? Rescale::Lazy
+                                      : V >= 2 && V <= 5 ? Rescale::SkipUnchanged
+                                                         : Rescale::Always;
+  static constexpr bool kLean = V >= 6;
+};
 template <int DH, int V>
 struct Bf16Tiling {
-  static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
-  static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
-  static constexpr bool kFwdSkipRescale = V >= 2;
   static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
   static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
@@ -768,10 +879,12 @@ struct Bf16Tiling {
 // and 128 gains 2-6% from variant 3 (variants 4 and 5 were not reached).
 constexpr int kBf16ForwardDefault[3] = {0, 0, 1};
 constexpr int kBf16BackwardDefault[3] = {0, 3, 3};
-constexpr int kBf16Variants = 6;  // Bf16Tiling<DH, 0 .. 5>
+constexpr int kBf16Variants = 9;          // Bf16ForwardTiling<DH, 0 .. 8>
+constexpr int kBf16BackwardVariants = 6;  // 0 .. 5; from 6 on a variant names a forward only
 
-// The variant to run: HG_ATTN_BF16_VARIANT (0 to 5, read once) for every head
-// dim and both directions, else the defaults above.
+// The variant to run: HG_ATTN_BF16_VARIANT (0 to 8, read once) for every head
+// dim and both directions (the backward's default where the variant names a
+// forward only), else the defaults above.
 int bf16_variant(int dh, bool backward) {
   static const int forced = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
@@ -782,26 +895,15 @@ int bf16_variant(int dh, bool backward) {
     return v[0] - '0';
   }();
   const int at = dh == 32 ? 0 : dh == 64 ? 1 : 2;
-  return forced >= 0 ? forced : backward ? kBf16BackwardDefault[at] : kBf16ForwardDefault[at];
-}
-
-template <class Fn>
-void by_variant(int v, Fn&& fn) {
-  switch (v) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    case 4: return fn(std::integral_constant<int, 4>{});
-    case 5: return fn(std::integral_constant<int, 5>{});
-  }
-  fn(std::integral_constant<int, 0>{});
+  if (backward) return forced >= 0 && forced < kBf16BackwardVariants ? forced : kBf16BackwardDefault[at];
+  return forced >= 0 ? forced : kBf16ForwardDefault[at];
 }
 
 template <int DH, int V>
 void forward_bf16(const Args& a, int64_t bh) {
-  using T = Bf16Tiling<DH, V>;
-  launch(forward_bf16_kernel<DH, T::kFwdKeys, T::kFwdSub, DH <= 64, T::kFwdSkipRescale>, grid(a.tq, kRowsBf16, bh),
-         forward_smem(DH, T::kFwdKeys), a, "attention_forward_bf16");
+  using T = Bf16ForwardTiling<DH, V>;
+  launch(forward_bf16_kernel<DH, T::kKeys, T::kSub, DH <= 64, T::kRescale, T::kLean>, grid(a.tq, kRowsBf16, bh),
+         forward_smem(DH, T::kKeys), a, "attention_forward_bf16");
 }
 
 template <int DH, int V>
@@ -825,13 +927,14 @@ void backward_bf16(const Args& a, int64_t bh) {
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
-  by_variant(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
+  with_variant<kBf16Variants>(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  by_variant(bf16_variant(DH, true), [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
+  with_variant<kBf16BackwardVariants>(bf16_variant(DH, true),
+                                      [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
 }
 
 template <class Fn>
