@@ -23,7 +23,9 @@
 #include <string>
 #include <type_traits>
 
+#include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/attention_dq_order.cuh"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
@@ -419,22 +421,99 @@ __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) 
   }
 }
 
+// The one-kernel backward's dq (kFusedDq, BF16 variant 6): the warps split
+// a QS x DH tile of dq = ds k into WR x WC parts of MQ m16 tiles x CW dims.
+template <int DH, int QS>
+struct FusedDqSplit {
+  static constexpr int kWC = DH == 128 ? 4 : 2, kWR = 4 / kWC, kCW = DH / kWC, kMQ = QS / 16 / kWR;
+  static constexpr int kSD = QS + 8;  // row stride of ds^T in shared memory: rows 16 bytes apart mod 128
+};
+
+// acc[MQ][CW / 8] += ds k over `keys`: ds^T a key-major [keys][SD] shared
+// tile (`ds_tile` = address of (0, first row) + lane_nk: ldmatrix.trans of
+// ds^T gives ds's A fragments), k a row-major [keys][S] tile (`k_tile` =
+// address of (0, first dim) + lane_rc: ldmatrix.trans gives B fragments).
+template <int KEYS, int MQ, int CW, int SD, int S>
+__device__ __forceinline__ void mma_ds_k(float (&acc)[MQ][CW / 8][4], unsigned ds_tile, unsigned k_tile) {
+#pragma unroll 1
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
+    uint32_t af[MQ][4];
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq) ldsm_trans(af[mq], ds_tile + at<SD>(16 * kk, 16 * mq));
+#pragma unroll
+    for (int nb = 0; nb < CW / 8; nb += 2) {
+      uint32_t b[4];
+      ldsm_trans(b, k_tile + at<S>(16 * kk, 8 * nb));
+      mma_x2(acc, af, b, nb);
+    }
+  }
+}
+
+// Key tile kt's turn at query tile f (cuda/attention_dq_order.cuh): this
+// warp's partial dq (rows row0 + 16 mq + g (+ 8), dims col0 + 8 nb + 2 t, +1;
+// without the scale) added to the sum of key tiles 0 .. kt - 1 in the head's
+// fp32 slot, or, from the tile's last contributor, written to its dq rows
+// (`dq_head`, q's strides) in bf16. Every load is issued before any store.
+template <int DH, int MQ, int NB>
+__device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (&dq)[MQ][NB][4], bf16* dq_head,
+                              int bh, int kt, int f, int row0, int col0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int last = order.last_contributor(a, f);
+  order.wait_turn(bh, kt, f, last);
+  float* slot = order.slots + int64_t(bh % order.ring) * a.tq * DH + col0 + 2 * t;
+  auto each = [&](auto&& fn) {  // fn(x, y, row, col - col0) for this lane's pairs in rows below Tq
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 16 * mq + g + 8 * h;
+        if (row >= a.tq) continue;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb);
+      }
+  };
+  if (kt > 0) {
+    each([&](float& x, float& y, int row, int col) {
+      const float2 sum = __ldcg(reinterpret_cast<const float2*>(slot + row * DH + col));
+      x = sum.x + x, y = sum.y + y;
+    });
+  }
+  each([&](float& x, float& y, int row, int col) {
+    if (kt == last) {
+      *reinterpret_cast<uint32_t*>(dq_head + int64_t(row) * a.q_row + col0 + col + 2 * t) = pack(x * a.scale, y * a.scale);
+    } else {
+      __stcg(reinterpret_cast<float2*>(slot + row * DH + col), make_float2(x, y));
+    }
+  });
+  order.arrive(bh, f);
+}
+
 // dk, dv for 64 * MT keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
 // stats, delta double-buffered with cp.async; computed QS rows at a time).
 // K and V fragments stay in registers with kKVRegs, else are re-read from
 // shared memory per tile.
-template <int DH, int QB, int QS, int MT, bool kKVRegs>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
+// kFusedDq (variant 6): the block also computes dq = ds k for each QS rows
+// over its keys (ds^T through shared memory, DSB buffers) and adds it in
+// the fixed order of `order`; blocks take (head, key tile) from its ticket,
+// and key tile 0 sweeps from query 0 (rows with no key get their zero dq).
+template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1>
+__global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a, attn::DqOrder order) {
   constexpr int S = DH + 8, kKeys = 64 * MT;
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
+  using Split = FusedDqSplit<DH, QS>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
   bf16* vs = ks + kKeys * S;                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
+  bf16* dst = reinterpret_cast<bf16*>(stages + 2 * kStage);  // kFusedDq: [DSB][kKeys][SD], ds^T
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  const int64_t bh = blockIdx.y;
-  const int k_block = blockIdx.x * kKeys, j0 = k_block + warp * 16 * MT;
+  int bh = blockIdx.y, kt = blockIdx.x;
+  if constexpr (kFusedDq) {
+    const int64_t item = order.take_ticket();
+    bh = static_cast<int>(item / order.key_tiles), kt = static_cast<int>(item % order.key_tiles);
+  }
+  const int k_block = kt * kKeys, j0 = k_block + warp * 16 * MT;
   const int64_t koff = a.kv_base(bh);
   const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
@@ -447,14 +526,14 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
     float* delta_s = reinterpret_cast<float*>(stat_s + QB);
     for (int r = threadIdx.x; r < QB; r += kThreads) {
       const bool in = m0 + r < a.tq;
-      const int64_t at_row = in ? bh * a.tq + m0 + r : 0;
+      const int64_t at_row = in ? int64_t(bh) * a.tq + m0 + r : 0;
       copy_async<8>(stat_s + r, a.stats + at_row, in);
       copy_async<4>(delta_s + r, a.delta + at_row, in);
     }
     async_commit();
   };
 
-  const int q_first = a.first_query(k_block), m_first = q_first / QB * QB;
+  const int q_first = kFusedDq ? order.first_flush(a, kt) * QS : a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
   stage_rows_async<kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_rows_async<kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
@@ -474,6 +553,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
       }
   }
   float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
+  [[maybe_unused]] int flushes = 0;  // kFusedDq: query tiles done, picks the ds^T buffer
   for (int tile = 0; tile < tiles; ++tile) {
     const int m_tile = m_first + tile * QB;
     async_wait<0>();
@@ -534,7 +614,30 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
         for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
-      mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+      if constexpr (!kFusedDq) {
+        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+      } else {
+        bf16* ds_buf = dst + (flushes++ % DSB) * kKeys * Split::kSD;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)  // ds^T to shared memory, this warp's keys
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<uint32_t*>(ds_buf + (warp * 16 * MT + 16 * mt + g + 8 * h) * Split::kSD + nb * 8 +
+                                           2 * t) = pack(st[mt][nb][2 * h], st[mt][nb][2 * h + 1]);
+        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+        // dq = ds k over the block's keys, this warp's part; then its turn
+        __syncthreads();  // ds^T complete
+        const int wr = warp / Split::kWC, wc = warp % Split::kWC;
+        float dq[Split::kMQ][Split::kCW / 8][4] = {};
+        mma_ds_k<kKeys, Split::kMQ, Split::kCW, Split::kSD, S>(
+            dq, smem_addr(ds_buf) + lane_nk<Split::kSD>() + at<Split::kSD>(0, 16 * Split::kMQ * wr),
+            smem_addr(ks) + rc_lane + at<S>(0, Split::kCW * wc));
+        bf16* dq_head = static_cast<bf16*>(a.dq) + (q - static_cast<const bf16*>(a.q));  // dq has q's strides
+        flush_dq_bf16<DH>(a, order, dq, dq_head, bh, kt, m0 / QS, m0 + 16 * Split::kMQ * wr, Split::kCW * wc);
+        if constexpr (DSB == 1) __syncthreads();  // every warp is done with ds^T
+      }
     }
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
@@ -726,12 +829,22 @@ dim3 grid(int64_t rows, int rows_per_block, int64_t heads_total) {
   return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(heads_total));
 }
 
-template <class Kernel>
-void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name) {
+template <class Kernel, class... More>
+void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name, const More&... more) {
   if (smem > 48 * 1024)
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<blocks, kThreads, smem, stream()>>>(a);
+  kernel<<<blocks, kThreads, smem, stream()>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
+}
+
+// Blocks of `kernel` (kThreads each) that the GPU holds at once.
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel, size_t smem) {
+  if (smem > 48 * 1024)
+    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  return int64_t(std::max(per_sm, 1)) * sm_count();
 }
 
 // Shared memory of each BF16 kernel, in bytes.
@@ -748,17 +861,23 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // forward and dq and computes them in the default's sub-tiles (same
 // registers, bitwise the same results); 2 adds the forward's skipped rescale,
 // 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
-// 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
+// 5 dq dh 128 on 32-key tiles with s and dp computed one after the other,
+// 6 the one-kernel backward: dq = ds k added by the dk/dv blocks in a fixed
+// order (docs/attention.md, "One kernel"), no dq kernel.
 template <int DH, int V>
 struct Bf16Tiling {
   static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
   static constexpr int kFwdKeys = V >= 1 && DH == 128 ? 2 * kFwdSub : kFwdSub;
   static constexpr bool kFwdSkipRescale = V >= 2;
-  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
+  // (6 at dh 128: 64 staged queries spill beside dq = ds k)
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 && !(V >= 6 && DH == 128) ? 64 : 32,
+                       kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
   static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
   static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
+  static constexpr bool kFusedDq = V >= 6;
+  static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
 };
 
 // The BF16 variant each head dim runs by default, forward and backward
@@ -768,9 +887,9 @@ struct Bf16Tiling {
 // and 128 gains 2-6% from variant 3 (variants 4 and 5 were not reached).
 constexpr int kBf16ForwardDefault[3] = {0, 0, 1};
 constexpr int kBf16BackwardDefault[3] = {0, 3, 3};
-constexpr int kBf16Variants = 6;  // Bf16Tiling<DH, 0 .. 5>
+constexpr int kBf16Variants = 7;  // Bf16Tiling<DH, 0 .. 6>
 
-// The variant to run: HG_ATTN_BF16_VARIANT (0 to 5, read once) for every head
+// The variant to run: HG_ATTN_BF16_VARIANT (0 to 6, read once) for every head
 // dim and both directions, else the defaults above.
 int bf16_variant(int dh, bool backward) {
   static const int forced = [] {
@@ -793,6 +912,7 @@ void by_variant(int v, Fn&& fn) {
     case 3: return fn(std::integral_constant<int, 3>{});
     case 4: return fn(std::integral_constant<int, 4>{});
     case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
   }
   fn(std::integral_constant<int, 0>{});
 }
@@ -807,6 +927,7 @@ void forward_bf16(const Args& a, int64_t bh) {
 template <int DH, int V>
 void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
+  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1);  // (each variant reads only some of its fields)
   const int64_t rows = bh * a.tq;
   if constexpr (T::kDelta16) {
     const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
@@ -815,11 +936,20 @@ void backward_bf16(const Args& a, int64_t bh) {
     delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(a, rows, DH);
   }
   HG_CUDA_CHECK_LAUNCH("attention_delta");
-  constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
-  launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
-         dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16");
-  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
-         dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+  constexpr int kQB = T::kDkdvQueries, kQS = T::kDkdvSub, kMT = T::kDkdvMT;
+  if constexpr (T::kFusedDq) {
+    const auto kernel = backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers>;
+    const size_t smem = dkdv_smem(DH, kQB, kMT) + size_t(T::kDsBuffers) * 64 * kMT * (kQS + 8) * 2;
+    const dim3 blocks = grid(a.tk, 64 * kMT, bh);
+    const int ring = attn::dq_ring_slots(bh, int(blocks.x), resident_blocks(kernel, smem));
+    const attn::DqWorkspace work = attn::dq_workspace(a, bh, 64 * kMT, kQS, kThreads / 32, ring, DH);
+    launch(kernel, blocks, smem, a, "attention_backward_fused_bf16", work.order);
+  } else {
+    launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
+           dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
+    launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
+           dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+  }
 }
 
 template <int DH>
