@@ -474,7 +474,7 @@ __device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (
   };
   if (kt > 0) {
     each([&](float& x, float& y, int row, int col) {
-      const float2 sum = __ldcg(reinterpret_cast<const float2*>(slot + row * DH + col));
+      const float2 sum = __ldcg(reinterpret_cast<const float2*>(slot + int64_t(row) * DH + col));
       x = sum.x + x, y = sum.y + y;
     });
   }
@@ -482,7 +482,7 @@ __device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (
     if (kt == last) {
       *reinterpret_cast<uint32_t*>(dq_head + int64_t(row) * a.q_row + col0 + col + 2 * t) = pack(x * a.scale, y * a.scale);
     } else {
-      __stcg(reinterpret_cast<float2*>(slot + row * DH + col), make_float2(x, y));
+      __stcg(reinterpret_cast<float2*>(slot + int64_t(row) * DH + col), make_float2(x, y));
     }
   });
   order.arrive(bh, f);
