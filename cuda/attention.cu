@@ -421,12 +421,13 @@ __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) 
   }
 }
 
-// The one-kernel backward's dq (kFusedDq, BF16 variant 6): the warps split
-// a QS x DH tile of dq = ds k into WR x WC parts of MQ m16 tiles x CW dims.
-template <int DH, int QS>
+// The one-kernel backward's dq (kFusedDq, BF16 variants 6, 7): the NW warps
+// split a QS x DH tile of dq = ds k into WR x WC parts of MQ m16 tiles x CW dims.
+template <int DH, int QS, int NW>
 struct FusedDqSplit {
-  static constexpr int kWC = DH == 128 ? 4 : 2, kWR = 4 / kWC, kCW = DH / kWC, kMQ = QS / 16 / kWR;
+  static constexpr int kWC = DH == 128 ? 4 : 2, kWR = NW / kWC, kCW = DH / kWC, kMQ = QS / 16 / kWR;
   static constexpr int kSD = QS + 8;  // row stride of ds^T in shared memory: rows 16 bytes apart mod 128
+  static_assert(kMQ >= 1 && kWR * kWC == NW);
 };
 
 // acc[MQ][CW / 8] += ds k over `keys`: ds^T a key-major [keys][SD] shared
@@ -480,7 +481,8 @@ __device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (
   }
   each([&](float& x, float& y, int row, int col) {
     if (kt == last) {
-      *reinterpret_cast<uint32_t*>(dq_head + int64_t(row) * a.q_row + col0 + col + 2 * t) = pack(x * a.scale, y * a.scale);
+      bf16* to = dq_head + int64_t(row) * a.q_row + col0 + col + 2 * t;
+      *reinterpret_cast<uint32_t*>(to) = pack(x * a.scale, y * a.scale);
     } else {
       __stcg(reinterpret_cast<float2*>(slot + int64_t(row) * DH + col), make_float2(x, y));
     }
@@ -488,20 +490,31 @@ __device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (
   order.arrive(bh, f);
 }
 
-// dk, dv for 64 * MT keys: a warp owns 16 * MT keys (MT m16 tiles) and their
+// stage_rows_async for blocks of NT threads.
+template <int NT, int ROWS, int D>
+__device__ void stage_rows_by(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += NT) {
+    const int r = idx / (D / 8), c = idx % (D / 8) * 8;
+    copy_async<16>(tile + r * stride + c, src + (r0 + r < rows ? int64_t(r0 + r) * ld + c : 0), r0 + r < rows);
+  }
+}
+
+// dk, dv for 16 * MT * NW keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
 // stats, delta double-buffered with cp.async; computed QS rows at a time).
 // K and V fragments stay in registers with kKVRegs, else are re-read from
 // shared memory per tile.
-// kFusedDq (variant 6): the block also computes dq = ds k for each QS rows
-// over its keys (ds^T through shared memory, DSB buffers) and adds it in
-// the fixed order of `order`; blocks take (head, key tile) from its ticket,
-// and key tile 0 sweeps from query 0 (rows with no key get their zero dq).
-template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a, attn::DqOrder order) {
-  constexpr int S = DH + 8, kKeys = 64 * MT;
+// kFusedDq (variants 6, 7): the block also computes dq = ds k for each QS
+// rows over its keys (ds^T through shared memory, DSB buffers) and adds it
+// in the fixed order of `order`; blocks take (head, key tile) from its
+// ticket, and key tile 0 sweeps from query 0 (rows with no key get their
+// zero dq). NW warps (16 MT NW keys): 4, or 8 for variant 7 at dh 128.
+template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1, int NW = 4>
+__global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, attn::DqOrder order) {
+  constexpr int NT = 32 * NW, S = DH + 8, kKeys = 16 * MT * NW;
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
-  using Split = FusedDqSplit<DH, QS>;
+  using Split = FusedDqSplit<DH, QS, NW>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
   bf16* vs = ks + kKeys * S;                 // [kKeys][S]
@@ -520,11 +533,11 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a, at
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int m0, int which) {
     bf16* qs = reinterpret_cast<bf16*>(stages + which * kStage);
-    stage_rows_async<QB, DH>(qs, S, q, a.q_row, m0, a.tq);
-    stage_rows_async<QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
+    stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
+    stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
     float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
     float* delta_s = reinterpret_cast<float*>(stat_s + QB);
-    for (int r = threadIdx.x; r < QB; r += kThreads) {
+    for (int r = threadIdx.x; r < QB; r += NT) {
       const bool in = m0 + r < a.tq;
       const int64_t at_row = in ? int64_t(bh) * a.tq + m0 + r : 0;
       copy_async<8>(stat_s + r, a.stats + at_row, in);
@@ -535,8 +548,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a, at
 
   const int q_first = kFusedDq ? order.first_flush(a, kt) * QS : a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
-  stage_rows_async<kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
-  stage_rows_async<kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
   if (tiles > 0) stage(m_first, 0); else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
@@ -837,20 +850,20 @@ void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* 
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
-// Blocks of `kernel` (kThreads each) that the GPU holds at once.
+// Blocks of `kernel` (`threads` each) that the GPU holds at once.
 template <class Kernel>
-int64_t resident_blocks(Kernel kernel, size_t smem) {
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
   if (smem > 48 * 1024)
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int per_sm = 0;
-  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   return int64_t(std::max(per_sm, 1)) * sm_count();
 }
 
 // Shared memory of each BF16 kernel, in bytes.
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, 2 stages of k, v
-constexpr size_t dkdv_smem(int dh, int qb, int mt) {  // k, v; 2 stages of q, do, stats, delta
-  return 2 * 2 * 64 * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
+constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {  // k, v; 2 stages of q, do, stats, delta
+  return 2 * 2 * 16 * warps * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
 }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
@@ -863,7 +876,8 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
 // 5 dq dh 128 on 32-key tiles with s and dp computed one after the other,
 // 6 the one-kernel backward: dq = ds k added by the dk/dv blocks in a fixed
-// order (docs/attention.md, "One kernel"), no dq kernel.
+// order (docs/attention.md, "One kernel"), no dq kernel; 7 at dh 128 its
+// blocks of 8 warps and 128 keys (half the dq adds and q, do reads per flop).
 template <int DH, int V>
 struct Bf16Tiling {
   static constexpr int kFwdSub = DH == 128 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
@@ -878,6 +892,7 @@ struct Bf16Tiling {
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
   static constexpr bool kFusedDq = V >= 6;
   static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
+  static constexpr int kDkdvWarps = V >= 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
 };
 
 // The BF16 variant each head dim runs by default, forward and backward
@@ -887,9 +902,9 @@ struct Bf16Tiling {
 // and 128 gains 2-6% from variant 3 (variants 4 and 5 were not reached).
 constexpr int kBf16ForwardDefault[3] = {0, 0, 1};
 constexpr int kBf16BackwardDefault[3] = {0, 3, 3};
-constexpr int kBf16Variants = 7;  // Bf16Tiling<DH, 0 .. 6>
+constexpr int kBf16Variants = 8;  // Bf16Tiling<DH, 0 .. 7>
 
-// The variant to run: HG_ATTN_BF16_VARIANT (0 to 6, read once) for every head
+// The variant to run: HG_ATTN_BF16_VARIANT (0 to 7, read once) for every head
 // dim and both directions, else the defaults above.
 int bf16_variant(int dh, bool backward) {
   static const int forced = [] {
@@ -913,6 +928,7 @@ void by_variant(int v, Fn&& fn) {
     case 4: return fn(std::integral_constant<int, 4>{});
     case 5: return fn(std::integral_constant<int, 5>{});
     case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
   }
   fn(std::integral_constant<int, 0>{});
 }
@@ -927,7 +943,8 @@ void forward_bf16(const Args& a, int64_t bh) {
 template <int DH, int V>
 void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
-  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1);  // (each variant reads only some of its fields)
+  // (each variant reads only some of its fields)
+  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4);
   const int64_t rows = bh * a.tq;
   if constexpr (T::kDelta16) {
     const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
@@ -938,12 +955,14 @@ void backward_bf16(const Args& a, int64_t bh) {
   HG_CUDA_CHECK_LAUNCH("attention_delta");
   constexpr int kQB = T::kDkdvQueries, kQS = T::kDkdvSub, kMT = T::kDkdvMT;
   if constexpr (T::kFusedDq) {
-    const auto kernel = backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers>;
-    const size_t smem = dkdv_smem(DH, kQB, kMT) + size_t(T::kDsBuffers) * 64 * kMT * (kQS + 8) * 2;
-    const dim3 blocks = grid(a.tk, 64 * kMT, bh);
-    const int ring = attn::dq_ring_slots(bh, int(blocks.x), resident_blocks(kernel, smem));
-    const attn::DqWorkspace work = attn::dq_workspace(a, bh, 64 * kMT, kQS, kThreads / 32, ring, DH);
-    launch(kernel, blocks, smem, a, "attention_backward_fused_bf16", work.order);
+    constexpr int kWarps = T::kDkdvWarps, kKeys = 16 * kMT * kWarps;
+    const auto kernel = backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers, kWarps>;
+    const size_t smem = dkdv_smem(DH, kQB, kMT, kWarps) + size_t(T::kDsBuffers) * kKeys * (kQS + 8) * 2;
+    const dim3 blocks = grid(a.tk, kKeys, bh);
+    const int ring = attn::dq_ring_slots(bh, int(blocks.x), resident_blocks(kernel, 32 * kWarps, smem));
+    const attn::DqWorkspace work = attn::dq_workspace(a, bh, kKeys, kQS, kWarps, ring, DH);
+    kernel<<<blocks, 32 * kWarps, smem, stream()>>>(a, work.order);  // resident_blocks set the smem limit
+    HG_CUDA_CHECK_LAUNCH("attention_backward_fused_bf16");
   } else {
     launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
            dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
