@@ -533,6 +533,17 @@ TEST_CASE("attention: CUDA backward, heads sharing one dq slot", "[attention][cu
       check_bitwise_repeat(f32, run(p, in, Device::CUDA, DType::F32, KernelMode::Fused));
       check_bitwise_repeat(bf16, run(p, in16, Device::CUDA, DType::BF16, KernelMode::Fused));
     }
+  // The lab switch rejects what is not a slot count (read only where the BF16 one-kernel backward runs).
+  const char* variant = std::getenv("HG_ATTN_BF16_VARIANT");
+  if (variant != nullptr && (std::string(variant) == "6" || std::string(variant) == "7")) {
+    Problem p;
+    p.dh = 32;
+    const Inputs in = make_inputs(p, 3199);
+    for (const char* bad : {"0", "-2", "x", "3x"}) {
+      ScopedEnv ring("HG_ATTN_DQ_RING", bad);
+      expect_error([&] { run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused); }, "HG_ATTN_DQ_RING must be");
+    }
+  }
 }
 
 // More key tiles per head (64 or 128 keys each) than an H100 holds blocks
