@@ -548,9 +548,11 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
 
   const int q_first = kFusedDq ? order.first_flush(a, kt) * QS : a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
+  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
+  auto m_of = [&](int tile) { return m_first + (kFusedDq ? tiles - 1 - tile : tile) * QB; };
   stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  if (tiles > 0) stage(m_first, 0); else async_commit();
+  if (tiles > 0) stage(m_of(0), 0); else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
   uint32_t ka[MT][kKVRegs ? DH / 16 : 1][4], va[MT][kKVRegs ? DH / 16 : 1][4];
@@ -568,10 +570,10 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
   float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
   [[maybe_unused]] int flushes = 0;  // kFusedDq: query tiles done, picks the ds^T buffer
   for (int tile = 0; tile < tiles; ++tile) {
-    const int m_tile = m_first + tile * QB;
+    const int m_tile = m_of(tile);
     async_wait<0>();
     __syncthreads();  // stage visible to all; every warp is done with the one stage() refills next
-    if (tile + 1 < tiles) stage(m_tile + QB, (tile + 1) % 2);
+    if (tile + 1 < tiles) stage(m_of(tile + 1), (tile + 1) % 2);
     const bf16* qs_ptr = reinterpret_cast<const bf16*>(stages + (tile % 2) * kStage);
 #pragma unroll 1
     for (int sub = 0; sub < QB / QS; ++sub) {  // QS queries at a time

@@ -11,6 +11,8 @@
 // waits until the tile's counter shows every warp of kt - 1 arrived, adds its
 // slice (plain loads and stores), and arrives (fence, integer add). Key tile 0
 // writes instead of adding; the tile's last contributor writes dq itself.
+// (The kernels sweep each block's query tiles from the last: causal blocks
+// then reach a tile together instead of waiting for tile 0 to get there.)
 // BF16 sums into a ring of `ring` fp32 slots of Tq x dh, head bh in slot
 // bh % ring: key tile 0 of head bh first waits until head bh - ring's last
 // contributor has left the tile. Every wait is on a smaller ticket.

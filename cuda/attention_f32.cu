@@ -535,8 +535,11 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
   float dk[RM][N] = {}, dv[RM][N] = {};
-  for (int m0 = m_first; m0 < a.tq; m0 += kCols) {
-    const bool more = m0 + kCols < a.tq;
+  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
+  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
+  for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
+    const int m0 = kFusedDq ? m_first + m_last - m_up : m_up;
+    const bool more = m_up + kCols < a.tq;
     if (!kPrefetch) {
       __syncthreads();  // every thread is done with the previous query tile
       stage<kCols, DH, NT>(qs, q, a.q_row, m0, a.tq);
