@@ -11,7 +11,8 @@
 // does; F32: summed over the recomputed p, see cuda/attention_f32.cu); then
 // one kernel per key tile for dk, dv and one per query tile for dq, each
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
-// repeatable results.
+// repeatable results. Lab variants (BF16 6, 7; F32 3) add dq from the dk, dv
+// kernel in a fixed order instead (cuda/attention_dq_order.cuh).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
