@@ -11,7 +11,8 @@
 // does; F32: summed over the recomputed p, see cuda/attention_f32.cu); then
 // one kernel per key tile for dk, dv and one per query tile for dq, each
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
-// repeatable results.
+// repeatable results. Lab variants (BF16 6, 7; F32 3) add dq from the dk, dv
+// kernel in a fixed order instead (cuda/attention_dq_order.cuh).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -23,7 +24,9 @@
 #include <string>
 #include <type_traits>
 
+#include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/attention_dq_order.cuh"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
@@ -520,46 +523,138 @@ __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) 
   }
 }
 
-// dk, dv for 64 * MT keys: a warp owns 16 * MT keys (MT m16 tiles) and their
+// The one-kernel backward's dq (kFusedDq, BF16 variants 6, 7): the NW warps
+// split a QS x DH tile of dq = ds k into WR x WC parts of MQ m16 tiles x CW dims.
+template <int DH, int QS, int NW>
+struct FusedDqSplit {
+  static constexpr int kWC = DH == 128 ? 4 : 2, kWR = NW / kWC, kCW = DH / kWC, kMQ = QS / 16 / kWR;
+  static constexpr int kSD = QS + 8;  // row stride of ds^T in shared memory: rows 16 bytes apart mod 128
+  static_assert(kMQ >= 1 && kWR * kWC == NW);
+};
+
+// acc[MQ][CW / 8] += ds k over `keys`: ds^T a key-major [keys][SD] shared
+// tile (`ds_tile` = address of (0, first row) + lane_nk: ldmatrix.trans of
+// ds^T gives ds's A fragments), k a row-major [keys][S] tile (`k_tile` =
+// address of (0, first dim) + lane_rc: ldmatrix.trans gives B fragments).
+template <int KEYS, int MQ, int CW, int SD, int S>
+__device__ __forceinline__ void mma_ds_k(float (&acc)[MQ][CW / 8][4], unsigned ds_tile, unsigned k_tile) {
+#pragma unroll 1
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
+    uint32_t af[MQ][4];
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq) ldsm_trans(af[mq], ds_tile + at<SD>(16 * kk, 16 * mq));
+#pragma unroll
+    for (int nb = 0; nb < CW / 8; nb += 2) {
+      uint32_t b[4];
+      ldsm_trans(b, k_tile + at<S>(16 * kk, 8 * nb));
+      mma_x2(acc, af, b, nb);
+    }
+  }
+}
+
+// Key tile kt's turn at query tile f (cuda/attention_dq_order.cuh): this
+// warp's partial dq (rows row0 + 16 mq + g (+ 8), dims col0 + 8 nb + 2 t, +1;
+// without the scale) added to the sum of key tiles 0 .. kt - 1 in the head's
+// fp32 slot, or, from the tile's last contributor, written to its dq rows
+// (`dq_head`, q's strides) in bf16. Every load is issued before any store.
+template <int DH, int MQ, int NB>
+__device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (&dq)[MQ][NB][4], bf16* dq_head,
+                              int bh, int kt, int f, int row0, int col0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int last = order.last_contributor(a, f);
+  order.wait_turn(bh, kt, f, last);
+  float* slot = order.slots + int64_t(bh % order.ring) * a.tq * DH + col0 + 2 * t;
+  auto each = [&](auto&& fn) {  // fn(x, y, row, col - col0) for this lane's pairs in rows below Tq
+#pragma unroll
+    for (int mq = 0; mq < MQ; ++mq)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 16 * mq + g + 8 * h;
+        if (row >= a.tq) continue;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb);
+      }
+  };
+  if (kt > 0) {
+    each([&](float& x, float& y, int row, int col) {
+      const float2 sum = __ldcg(reinterpret_cast<const float2*>(slot + int64_t(row) * DH + col));
+      x = sum.x + x, y = sum.y + y;
+    });
+  }
+  each([&](float& x, float& y, int row, int col) {
+    if (kt == last) {
+      bf16* to = dq_head + int64_t(row) * a.q_row + col0 + col + 2 * t;
+      *reinterpret_cast<uint32_t*>(to) = pack(x * a.scale, y * a.scale);
+    } else {
+      __stcg(reinterpret_cast<float2*>(slot + int64_t(row) * DH + col), make_float2(x, y));
+    }
+  });
+  order.arrive(bh, f);
+}
+
+// stage_rows_async for blocks of NT threads.
+template <int NT, int ROWS, int D>
+__device__ void stage_rows_by(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += NT) {
+    const int r = idx / (D / 8), c = idx % (D / 8) * 8;
+    copy_async<16>(tile + r * stride + c, src + (r0 + r < rows ? int64_t(r0 + r) * ld + c : 0), r0 + r < rows);
+  }
+}
+
+// dk, dv for 16 * MT * NW keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
 // stats, delta double-buffered with cp.async; computed QS rows at a time).
 // K and V fragments stay in registers with kKVRegs, else are re-read from
 // shared memory per tile.
-template <int DH, int QB, int QS, int MT, bool kKVRegs>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
-  constexpr int S = DH + 8, kKeys = 64 * MT;
+// kFusedDq (variants 6, 7): the block also computes dq = ds k for each QS
+// rows over its keys (ds^T through shared memory, DSB buffers) and adds it
+// in the fixed order of `order`; blocks take (head, key tile) from its
+// ticket, and key tile 0 sweeps from query 0 (rows with no key get their
+// zero dq). NW warps (16 MT NW keys): 4, or 8 for variant 7 at dh 128.
+template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1, int NW = 4>
+__global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, attn::DqOrder order) {
+  constexpr int NT = 32 * NW, S = DH + 8, kKeys = 16 * MT * NW;
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
+  using Split = FusedDqSplit<DH, QS, NW>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
   bf16* vs = ks + kKeys * S;                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
+  bf16* dst = reinterpret_cast<bf16*>(stages + 2 * kStage);  // kFusedDq: [DSB][kKeys][SD], ds^T
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  const int64_t bh = blockIdx.y;
-  const int k_block = blockIdx.x * kKeys, j0 = k_block + warp * 16 * MT;
+  int bh = blockIdx.y, kt = blockIdx.x;
+  if constexpr (kFusedDq) {
+    const int64_t item = order.take_ticket();
+    bh = static_cast<int>(item / order.key_tiles), kt = static_cast<int>(item % order.key_tiles);
+  }
+  const int k_block = kt * kKeys, j0 = k_block + warp * 16 * MT;
   const int64_t koff = a.kv_base(bh);
   const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int m0, int which) {
     bf16* qs = reinterpret_cast<bf16*>(stages + which * kStage);
-    stage_rows_async<QB, DH>(qs, S, q, a.q_row, m0, a.tq);
-    stage_rows_async<QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
+    stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
+    stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
     float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
     float* delta_s = reinterpret_cast<float*>(stat_s + QB);
-    for (int r = threadIdx.x; r < QB; r += kThreads) {
+    for (int r = threadIdx.x; r < QB; r += NT) {
       const bool in = m0 + r < a.tq;
-      const int64_t at_row = in ? bh * a.tq + m0 + r : 0;
+      const int64_t at_row = in ? int64_t(bh) * a.tq + m0 + r : 0;
       copy_async<8>(stat_s + r, a.stats + at_row, in);
       copy_async<4>(delta_s + r, a.delta + at_row, in);
     }
     async_commit();
   };
 
-  const int q_first = a.first_query(k_block), m_first = q_first / QB * QB;
+  const int q_first = kFusedDq ? order.first_flush(a, kt) * QS : a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
-  stage_rows_async<kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
-  stage_rows_async<kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  if (tiles > 0) stage(m_first, 0); else async_commit();
+  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
+  auto m_of = [&](int tile) { return m_first + (kFusedDq ? tiles - 1 - tile : tile) * QB; };
+  stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  if (tiles > 0) stage(m_of(0), 0); else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
   uint32_t ka[MT][kKVRegs ? DH / 16 : 1][4], va[MT][kKVRegs ? DH / 16 : 1][4];
@@ -575,11 +670,12 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
       }
   }
   float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
+  [[maybe_unused]] int flushes = 0;  // kFusedDq: query tiles done, picks the ds^T buffer
   for (int tile = 0; tile < tiles; ++tile) {
-    const int m_tile = m_first + tile * QB;
+    const int m_tile = m_of(tile);
     async_wait<0>();
     __syncthreads();  // stage visible to all; every warp is done with the one stage() refills next
-    if (tile + 1 < tiles) stage(m_tile + QB, (tile + 1) % 2);
+    if (tile + 1 < tiles) stage(m_of(tile + 1), (tile + 1) % 2);
     const bf16* qs_ptr = reinterpret_cast<const bf16*>(stages + (tile % 2) * kStage);
 #pragma unroll 1
     for (int sub = 0; sub < QB / QS; ++sub) {  // QS queries at a time
@@ -635,7 +731,30 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
         for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
-      mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+      if constexpr (!kFusedDq) {
+        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+      } else {
+        bf16* ds_buf = dst + (flushes++ % DSB) * kKeys * Split::kSD;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)  // ds^T to shared memory, this warp's keys
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<uint32_t*>(ds_buf + (warp * 16 * MT + 16 * mt + g + 8 * h) * Split::kSD + nb * 8 +
+                                           2 * t) = pack(st[mt][nb][2 * h], st[mt][nb][2 * h + 1]);
+        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+        // dq = ds k over the block's keys, this warp's part; then its turn
+        __syncthreads();  // ds^T complete
+        const int wr = warp / Split::kWC, wc = warp % Split::kWC;
+        float dq[Split::kMQ][Split::kCW / 8][4] = {};
+        mma_ds_k<kKeys, Split::kMQ, Split::kCW, Split::kSD, S>(
+            dq, smem_addr(ds_buf) + lane_nk<Split::kSD>() + at<Split::kSD>(0, 16 * Split::kMQ * wr),
+            smem_addr(ks) + rc_lane + at<S>(0, Split::kCW * wc));
+        bf16* dq_head = static_cast<bf16*>(a.dq) + (q - static_cast<const bf16*>(a.q));  // dq has q's strides
+        flush_dq_bf16<DH>(a, order, dq, dq_head, bh, kt, m0 / QS, m0 + 16 * Split::kMQ * wr, Split::kCW * wc);
+        if constexpr (DSB == 1) __syncthreads();  // every warp is done with ds^T
+      }
     }
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
@@ -827,18 +946,28 @@ dim3 grid(int64_t rows, int rows_per_block, int64_t heads_total) {
   return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(heads_total));
 }
 
-template <class Kernel>
-void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name) {
+template <class Kernel, class... More>
+void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name, const More&... more) {
   if (smem > 48 * 1024)
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<blocks, kThreads, smem, stream()>>>(a);
+  kernel<<<blocks, kThreads, smem, stream()>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
+}
+
+// Blocks of `kernel` (`threads` each) that the GPU holds at once.
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  if (smem > 48 * 1024)
+    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return int64_t(std::max(per_sm, 1)) * sm_count();
 }
 
 // Shared memory of each BF16 kernel, in bytes.
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, 2 stages of k, v
-constexpr size_t dkdv_smem(int dh, int qb, int mt) {  // k, v; 2 stages of q, do, stats, delta
-  return 2 * 2 * 64 * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
+constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {  // k, v; 2 stages of q, do, stats, delta
+  return 2 * 2 * 16 * warps * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
 }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
@@ -850,10 +979,14 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // registers, bitwise the same results); 2 adds the forward's skipped rescale,
 // 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
 // 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
-// From 6 on a variant names a forward only (its backward is the default's):
-// 6 is 1's forward with kLean (fewer instructions, the same arithmetic), 7
-// adds the lazy rescale, 8 is 7 with dh 128 on 64-key tiles (the lazy
-// rescale frees the registers).
+// From 6 on, forward and backward variants are numbered apart (one switch
+// value picks both; a direction without that number runs its default).
+// Forward 6 is 1's forward with kLean (fewer instructions, the same
+// arithmetic), 7 adds the lazy rescale, 8 is 7 with dh 128 on 64-key tiles
+// (the lazy rescale frees the registers). Backward 6 is the one-kernel
+// backward: dq = ds k added by the dk/dv blocks in a fixed order
+// (docs/attention.md, "One kernel"), no dq kernel; 7 at dh 128 its blocks of
+// 8 warps and 128 keys (half the dq adds and q, do reads per flop).
 template <int DH, int V>
 struct Bf16ForwardTiling {
   static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
@@ -865,11 +998,16 @@ struct Bf16ForwardTiling {
 };
 template <int DH, int V>
 struct Bf16Tiling {
-  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 ? 64 : 32, kDkdvMT = DH == 128 ? 1 : 2;
+  // (6 at dh 128: 64 staged queries spill beside dq = ds k)
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 && !(V >= 6 && DH == 128) ? 64 : 32,
+                       kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
   static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
   static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
+  static constexpr bool kFusedDq = V >= 6;
+  static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
+  static constexpr int kDkdvWarps = V >= 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
 };
 
 // The BF16 variant each head dim runs by default, forward and backward
@@ -879,12 +1017,12 @@ struct Bf16Tiling {
 // and 128 gains 2-6% from variant 3 (variants 4 and 5 were not reached).
 constexpr int kBf16ForwardDefault[3] = {0, 0, 1};
 constexpr int kBf16BackwardDefault[3] = {0, 3, 3};
-constexpr int kBf16Variants = 9;          // Bf16ForwardTiling<DH, 0 .. 8>
-constexpr int kBf16BackwardVariants = 6;  // 0 .. 5; from 6 on a variant names a forward only
+constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
+constexpr int kBf16BackwardVariants = 8;  // backward: Bf16Tiling<DH, 0 .. 7>
 
 // The variant to run: HG_ATTN_BF16_VARIANT (0 to 8, read once) for every head
-// dim and both directions (the backward's default where the variant names a
-// forward only), else the defaults above.
+// dim and both directions (a direction's default where it has no variant of
+// that number), else the defaults above.
 int bf16_variant(int dh, bool backward) {
   static const int forced = [] {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
@@ -909,6 +1047,8 @@ void forward_bf16(const Args& a, int64_t bh) {
 template <int DH, int V>
 void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
+  // (each variant reads only some of its fields)
+  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4);
   const int64_t rows = bh * a.tq;
   if constexpr (T::kDelta16) {
     const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
@@ -917,11 +1057,22 @@ void backward_bf16(const Args& a, int64_t bh) {
     delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(a, rows, DH);
   }
   HG_CUDA_CHECK_LAUNCH("attention_delta");
-  constexpr int kQB = T::kDkdvQueries, kMT = T::kDkdvMT;
-  launch(backward_dkdv_bf16_kernel<DH, kQB, T::kDkdvSub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
-         dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16");
-  launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
-         dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+  constexpr int kQB = T::kDkdvQueries, kQS = T::kDkdvSub, kMT = T::kDkdvMT;
+  if constexpr (T::kFusedDq) {
+    constexpr int kWarps = T::kDkdvWarps, kKeys = 16 * kMT * kWarps;
+    const auto kernel = backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers, kWarps>;
+    const size_t smem = dkdv_smem(DH, kQB, kMT, kWarps) + size_t(T::kDsBuffers) * kKeys * (kQS + 8) * 2;
+    const dim3 blocks = grid(a.tk, kKeys, bh);
+    const int ring = attn::dq_ring_slots(bh, int(blocks.x), resident_blocks(kernel, 32 * kWarps, smem));
+    const attn::DqWorkspace work = attn::dq_workspace(a, bh, kKeys, kQS, kWarps, ring, DH);
+    kernel<<<blocks, 32 * kWarps, smem, stream()>>>(a, work.order);  // resident_blocks set the smem limit
+    HG_CUDA_CHECK_LAUNCH("attention_backward_fused_bf16");
+  } else {
+    launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
+           dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
+    launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
+           dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+  }
 }
 
 template <int DH>

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "core/error.hpp"
+#include "cuda/attention_dq_order.cuh"
 #include "cuda/attention_f32.cuh"
 #include "cuda/cuda_check.hpp"
 
@@ -63,14 +64,18 @@ template <int DH>
 struct Dims {
   static constexpr int kN = DH / 16, kVec = kN < 4 ? kN : 4;
   __device__ static int at(int e) { return (e / kVec) * (16 * kVec) + tx() * kVec + e % kVec; }
+  // kL2: from the L2 only (dq sums other blocks wrote, cuda/attention_dq_order.cuh).
+  template <bool kL2 = false>
   __device__ static void load(float (&x)[kN], const float* row) {
 #pragma unroll
     for (int e = 0; e < kN; e += kVec) {
       if constexpr (kVec == 4) {
-        const float4 f = *reinterpret_cast<const float4*>(row + at(e));
+        const float4* from = reinterpret_cast<const float4*>(row + at(e));
+        const float4 f = kL2 ? __ldcg(from) : *from;
         x[e] = f.x, x[e + 1] = f.y, x[e + 2] = f.z, x[e + 3] = f.w;
       } else {
-        const float2 f = *reinterpret_cast<const float2*>(row + at(e));
+        const float2* from = reinterpret_cast<const float2*>(row + at(e));
+        const float2 f = kL2 ? __ldcg(from) : *from;
         x[e] = f.x, x[e + 1] = f.y;
       }
     }
@@ -169,6 +174,30 @@ __device__ __forceinline__ void tile_axpy(float (&acc)[RM][DH / 16], const float
     for (int i = 0; i < RM; ++i)
 #pragma unroll
       for (int e = 0; e < DH / 16; ++e) acc[i][e] = fmaf(p[i], x[e], acc[i][e]);
+  }
+}
+
+// As tile_axpy with pt row-major, [row_of(i)][j] (row stride ps), read four
+// columns j at a time: acc[i][e] += sum over j < 64 of pt[row_of(i)][j] * m[j][Dims::at(e)].
+// The two row groups of a warp read rows 4 apart (16 banks apart for ps = 68).
+template <int DH, int TY, int RM>
+__device__ __forceinline__ void tile_axpy_rows(float (&acc)[RM][DH / 16], const float* pt, int ps, const float* m) {
+#pragma unroll 2
+  for (int j = 0; j < kCols; j += 4) {
+    float4 p[RM];
+#pragma unroll
+    for (int i = 0; i < RM; ++i) p[i] = *reinterpret_cast<const float4*>(pt + row_of<TY>(i) * ps + j);
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      float x[DH / 16];
+      Dims<DH>::load(x, m + (j + jj) * (DH + 4));
+#pragma unroll
+      for (int i = 0; i < RM; ++i) {
+        const float pj = jj == 0 ? p[i].x : jj == 1 ? p[i].y : jj == 2 ? p[i].z : p[i].w;
+#pragma unroll
+        for (int e = 0; e < DH / 16; ++e) acc[i][e] = fmaf(pj, x[e], acc[i][e]);
+      }
+    }
   }
 }
 
@@ -331,7 +360,9 @@ __global__ void delta_kernel(Args a, int64_t rows) {
 // block has a key of weight above 1/2 (1 / sum > 0.5: a near one-hot row,
 // where do . o and sum p dp may differ by more than ds = p (dp - delta) can
 // bear); such a block sweeps twice and writes its delta as without.
-template <int DH, int TY, int RM, bool kOneSweep>
+// kDeltaOnly (with kOneSweep; the one-kernel backward, variant 3): only the
+// blocks with such a row run, their first sweep only, and write delta.
+template <int DH, int TY, int RM, bool kOneSweep, bool kDeltaOnly = false>
 __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
   constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   extern __shared__ __align__(16) float smem[];
@@ -356,12 +387,13 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
     peaked |= stats[i].y > 0.5f;
   }
   const bool two = !kOneSweep || __syncthreads_or(peaked);
+  if (kDeltaOnly && !two) return;  // do . o (delta_kernel) stands
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
     const int row = q_block + row_of<TY>(i);
     delta[i] = !two && row < a.tq ? a.delta[bh * a.tq + row] : 0.f;
   }
-  const int sweeps = two ? 2 : 1;
+  const int sweeps = two && !kDeltaOnly ? 2 : 1;
   const int key_end = a.key_end(min(q_block + BR, a.tq));
   const int tiles = key_end > 0 ? (key_end + kCols - 1) / kCols : 0;
   if (tiles > 0) {
@@ -374,7 +406,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
   float dq[RM][N] = {};
   for (int step = 0; step < sweeps * tiles; ++step) {
     const int n0 = (step % tiles) * kCols, next = (step + 1) % tiles * kCols;
-    const bool more = step + 1 < sweeps * tiles, second = !two || step >= tiles;
+    const bool more = step + 1 < sweeps * tiles, second = !kDeltaOnly && (!two || step >= tiles);
     async_wait<0>();
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};
@@ -414,14 +446,47 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
       async_commit();
     }
   }
+  if (kDeltaOnly) {
+#pragma unroll
+    for (int i = 0; i < RM; ++i) delta[i] = row_sum(delta[i]);
+  }
   float* dq_out = static_cast<float*>(a.dq) + qoff;
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
     const int row = q_block + row_of<TY>(i);
     if (row >= a.tq) continue;
-    Dims<DH>::store(dq_out + int64_t(row) * a.q_row, dq[i], a.scale);
+    if (!kDeltaOnly) Dims<DH>::store(dq_out + int64_t(row) * a.q_row, dq[i], a.scale);
     if (two && tx() == 0) a.delta[bh * a.tq + row] = delta[i];
   }
+}
+
+// Key tile kt's turn at query tile f (cuda/attention_dq_order.cuh): this
+// warp's rows of the partial dq (rows m0 + row_of(i), dims Dims::at(e);
+// without the scale) added in place to dq, which holds the sum of key tiles
+// 0 .. kt - 1; the tile's last contributor scales the sum. Every load is
+// issued before any store.
+template <int DH, int TY, int RM>
+__device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM][DH / 16], float* dq_head,
+                             int64_t bh, int kt, int f, int m0) {
+  const int last = order.last_contributor(a, f);
+  order.wait_turn(bh, kt, f, last);
+  if (kt > 0) {
+#pragma unroll
+    for (int i = 0; i < RM; ++i) {
+      const int row = m0 + row_of<TY>(i);
+      if (row >= a.tq) continue;
+      float sum[DH / 16];
+      Dims<DH>::template load<true>(sum, dq_head + int64_t(row) * a.q_row);
+#pragma unroll
+      for (int e = 0; e < DH / 16; ++e) dq[i][e] = sum[e] + dq[i][e];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int row = m0 + row_of<TY>(i);
+    if (row < a.tq) Dims<DH>::store(dq_head + int64_t(row) * a.q_row, dq[i], kt == last ? a.scale : 1.f);
+  }
+  order.arrive(bh, f);
 }
 
 // dk, dv for BR keys, over the 64-query tiles from the first query that
@@ -429,8 +494,12 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
 // shared memory (query-major) into dv += p^T do and dk += ds^T q.
 // kPrefetch: the next tile's q loads during dv += p^T do, its do during the
 // next s^T (single buffers, two more barriers a tile).
-template <int DH, int TY, int RM, bool kPrefetch>
-__global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
+// kFusedDq (variant 3): the block also computes dq = ds k for each query
+// tile over its keys (ds from shared memory, row-major) and adds it into dq
+// in the fixed order of `order`; blocks take (head, key tile) from its
+// ticket, and key tile 0 sweeps from query 0 (rows with no key get dq = 0).
+template <int DH, int TY, int RM, bool kPrefetch, bool kFusedDq = false>
+__global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder order) {
   constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   extern __shared__ __align__(16) float smem[];
   float* ks = smem;             // [BR][S]
@@ -441,15 +510,20 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
   float* dss = ps + kCols * PS;  // [64][PS]: ds, query-major
   float2* stat_s = reinterpret_cast<float2*>(dss + kCols * PS);  // [64]
   float* delta_s = reinterpret_cast<float*>(stat_s + kCols);     // [64]
-  const int64_t bh = blockIdx.y;
-  const int k_block = blockIdx.x * BR;
+  int64_t bh = blockIdx.y;
+  int kt = blockIdx.x;
+  if constexpr (kFusedDq) {
+    const int64_t item = order.take_ticket();
+    bh = item / order.key_tiles, kt = static_cast<int>(item % order.key_tiles);
+  }
+  const int k_block = kt * BR;
   const int64_t koff = a.kv_base(bh);
   const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
   const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
   stage<BR, DH, NT>(ks, static_cast<const float*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage<BR, DH, NT>(vs, static_cast<const float*>(a.v) + koff, a.kv_row, k_block, a.tk);
   async_commit();
-  const int m_first = a.first_query(k_block) / kCols * kCols;
+  const int m_first = kFusedDq ? order.first_flush(a, kt) * kCols : a.first_query(k_block) / kCols * kCols;
   if (kPrefetch && m_first < a.tq) {
     stage<kCols, DH, NT>(qs, q, a.q_row, m_first, a.tq);
     async_commit();
@@ -461,8 +535,11 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
   float dk[RM][N] = {}, dv[RM][N] = {};
-  for (int m0 = m_first; m0 < a.tq; m0 += kCols) {
-    const bool more = m0 + kCols < a.tq;
+  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
+  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
+  for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
+    const int m0 = kFusedDq ? m_first + m_last - m_up : m_up;
+    const bool more = m_up + kCols < a.tq;
     if (!kPrefetch) {
       __syncthreads();  // every thread is done with the previous query tile
       stage<kCols, DH, NT>(qs, q, a.q_row, m0, a.tq);
@@ -514,6 +591,13 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a) {
         async_commit();
       }
     }
+    if constexpr (kFusedDq) {  // dq = ds k over the block's keys (BR = 64 = kCols), then this warp's turn
+      static_assert(BR == kCols && !kPrefetch);
+      float dq[RM][N] = {};
+      tile_axpy_rows<DH, TY, RM>(dq, dss, PS, ks);
+      float* dq_head = static_cast<float*>(a.dq) + (q - static_cast<const float*>(a.q));  // dq has q's strides
+      flush_dq_f32<DH, TY, RM>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
+    }
   }
   float* dk_out = static_cast<float*>(a.dk) + koff;
   float* dv_out = static_cast<float*>(a.dv) + koff;
@@ -542,31 +626,36 @@ struct Tiles {
   static constexpr size_t kDkdvSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + 2 * kCols * (kBwdRows + 4) + 3 * kCols);
 };
 
-template <class Kernel>
+template <class Kernel, class... More>
 void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_t heads_total, size_t smem,
-            const Args& a, const char* name) {
+            const Args& a, const char* name, const More&... more) {
   if (smem > 48 * 1024)
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(heads_total));
-  kernel<<<grid, threads, smem, stream()>>>(a);
+  kernel<<<grid, threads, smem, stream()>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
 // HG_ATTN_F32_VARIANT, read once: 2 (unset: the default, measured fastest on
 // the H100 with 1) delta_kernel and one sweep, 1 the same with the dk, dv
-// prefetch, 0 the two-sweep dq kernel (docs/attention.md).
+// prefetch, 0 the two-sweep dq kernel, 3 the one-kernel backward
+// (docs/attention.md).
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
     const std::string v = env == nullptr || *env == '\0' ? "2" : env;
-    if (v != "0" && v != "1" && v != "2") fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1 or 2, got '", v, "'");
+    if (v != "0" && v != "1" && v != "2" && v != "3")
+      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2 or 3, got '", v, "'");
     return std::stoi(v);
   }();
   return variant;
 }
 
-template <int DH, bool kOneSweep, bool kPrefetch>
+// kFusedDq: the one-kernel backward (variant 3): delta_kernel, the dq
+// kernel's exact delta where a block needs it, then dk, dv and dq in the dk,
+// dv kernel, adding into dq itself (no ring: each head has its own dq).
+template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false>
 void backward_kernels(const Args& a, int64_t heads_total) {
   using T = Tiles<DH>;
   if (kOneSweep) {
@@ -574,10 +663,17 @@ void backward_kernels(const Args& a, int64_t heads_total) {
     delta_kernel<DH><<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream()>>>(a, rows);
     HG_CUDA_CHECK_LAUNCH("attention_delta_f32");
   }
-  launch(backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm, kOneSweep>, 16 * T::kBwdTy, a.tq, T::kBwdRows, heads_total,
-         T::kDqSmem, a, "attention_backward_dq_f32");  // writes delta unless kOneSweep
-  launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total,
-         T::kDkdvSmem, a, "attention_backward_dkdv_f32");
+  launch(backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm, kOneSweep, kFusedDq>, 16 * T::kBwdTy, a.tq, T::kBwdRows,
+         heads_total, T::kDqSmem, a, "attention_backward_dq_f32");  // writes delta unless kOneSweep
+  const auto dkdv = backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, kFusedDq>;
+  if constexpr (kFusedDq) {
+    const DqWorkspace work = dq_workspace(a, heads_total, T::kBwdRows, kCols, T::kBwdTy / 2, 0, DH);
+    launch(dkdv, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a, "attention_backward_fused_f32",
+           work.order);
+  } else {
+    launch(dkdv, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a, "attention_backward_dkdv_f32",
+           DqOrder{});
+  }
 }
 
 }  // namespace
@@ -594,6 +690,7 @@ void backward_f32(const Args& a, int64_t heads_total) {
   switch (backward_variant()) {
     case 1: return backward_kernels<DH, true, true>(a, heads_total);
     case 2: return backward_kernels<DH, true, false>(a, heads_total);
+    case 3: return backward_kernels<DH, true, false, true>(a, heads_total);
     default: return backward_kernels<DH, false, false>(a, heads_total);
   }
 }

@@ -18,7 +18,8 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
 
 // dq (layout.q), dk, dv (layout.kv) from dout (layout.o) without
 // floating-point atomics: one kernel owns dk and dv per key tile, another dq
-// per query tile, so results are bitwise repeatable.
+// per query tile (or, in the lab variants of docs/attention.md "One kernel",
+// the dk, dv blocks add dq in a fixed order), so results are bitwise repeatable.
 void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
                         const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv);
 

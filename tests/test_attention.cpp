@@ -2,6 +2,7 @@
 // against a plain-loop float64 reference on random and hostile inputs,
 // repeatability, and bad-input errors.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <string>
@@ -70,56 +71,78 @@ struct Outputs {
   Tensor o, lse, dq, dk, dv;
 };
 
+// The inputs as flat float64 vectors, for the plain-loop reference.
+struct Flat {
+  std::vector<double> q, k, v, d, m;
+  explicit Flat(const Inputs& in)
+      : q(in.q.to_vector()), k(in.k.to_vector()), v(in.v.to_vector()), d(in.dout.to_vector()),
+        m(in.mask.defined() ? in.mask.to_vector() : std::vector<double>()) {}
+};
+
+// Query row i of head bh by the definition, in float64: its lse, and its
+// probabilities p and ds = p (dp - delta) over the keys (both empty when
+// every key is removed: o, dq and the row's share of dk, dv are zero).
+struct Row {
+  double lse = -kInf;
+  std::vector<double> p, ds;
+};
+Row reference_row(const Problem& p, const Flat& x, int64_t bh, int64_t i) {
+  const int64_t bi = bh / p.h;
+  const double* qi = &x.q[static_cast<size_t>((bh * p.tq + i) * p.dh)];
+  const double* di = &x.d[static_cast<size_t>((bh * p.tq + i) * p.dh)];
+  const double* kh = &x.k[static_cast<size_t>(bh * p.tk * p.dh)];
+  const double* vh = &x.v[static_cast<size_t>(bh * p.tk * p.dh)];
+  std::vector<double> z(static_cast<size_t>(p.tk), -kInf);
+  double mx = -kInf;
+  for (int64_t j = 0; j < p.tk; ++j) {
+    if (p.causal && j > i + p.tk - p.tq) continue;
+    const double mj = x.m.empty() ? 0.0 : x.m[static_cast<size_t>(bi * p.tk + j)];
+    if (mj <= -1e9) continue;
+    double s = 0;
+    for (int64_t c = 0; c < p.dh; ++c) s += qi[c] * kh[j * p.dh + c];
+    z[static_cast<size_t>(j)] = p.scale * s + mj;
+    mx = std::max(mx, z[static_cast<size_t>(j)]);
+  }
+  double total = 0;
+  for (double zj : z) total += zj == -kInf ? 0.0 : std::exp(zj - mx);
+  Row r;
+  if (total == 0) return r;
+  r.lse = mx + std::log(total);
+  r.p.resize(static_cast<size_t>(p.tk));
+  r.ds.resize(static_cast<size_t>(p.tk));
+  double delta = 0;
+  for (int64_t j = 0; j < p.tk; ++j) {
+    const double zj = z[static_cast<size_t>(j)];
+    r.p[static_cast<size_t>(j)] = zj == -kInf ? 0.0 : std::exp(zj - mx) / total;
+    double dp = 0;
+    for (int64_t c = 0; c < p.dh; ++c) dp += di[c] * vh[j * p.dh + c];
+    r.ds[static_cast<size_t>(j)] = dp;  // dp for now
+    delta += r.p[static_cast<size_t>(j)] * dp;
+  }
+  for (size_t j = 0; j < r.ds.size(); ++j) r.ds[j] = r.p[j] * (r.ds[j] - delta);
+  return r;
+}
+
 // The definition with plain loops in float64: shares no code with the op.
 Outputs reference(const Problem& p, const Inputs& in) {
-  const auto q = in.q.to_vector(), k = in.k.to_vector(), v = in.v.to_vector(), d = in.dout.to_vector();
-  const auto m = in.mask.defined() ? in.mask.to_vector() : std::vector<double>();
-  std::vector<double> o(q.size(), 0.0), lse(static_cast<size_t>(p.b * p.h * p.tq)), dq(q.size(), 0.0),
-      dk(k.size(), 0.0), dv(v.size(), 0.0);
-  for (int64_t bh = 0; bh < p.b * p.h; ++bh) {
-    const int64_t bi = bh / p.h;
+  const Flat x(in);
+  std::vector<double> o(x.q.size(), 0.0), lse(static_cast<size_t>(p.b * p.h * p.tq)), dq(x.q.size(), 0.0),
+      dk(x.k.size(), 0.0), dv(x.v.size(), 0.0);
+  for (int64_t bh = 0; bh < p.b * p.h; ++bh)
     for (int64_t i = 0; i < p.tq; ++i) {
-      const double* qi = &q[static_cast<size_t>((bh * p.tq + i) * p.dh)];
-      const double* di = &d[static_cast<size_t>((bh * p.tq + i) * p.dh)];
-      std::vector<double> z(static_cast<size_t>(p.tk), -kInf);
-      double mx = -kInf;
-      for (int64_t j = 0; j < p.tk; ++j) {
-        if (p.causal && j > i + p.tk - p.tq) continue;
-        const double mj = in.mask.defined() ? m[static_cast<size_t>(bi * p.tk + j)] : 0.0;
-        if (mj <= -1e9) continue;
-        double s = 0;
-        for (int64_t c = 0; c < p.dh; ++c) s += qi[c] * k[static_cast<size_t>((bh * p.tk + j) * p.dh + c)];
-        z[static_cast<size_t>(j)] = p.scale * s + mj;
-        mx = std::max(mx, z[static_cast<size_t>(j)]);
-      }
-      double total = 0;
-      for (double zj : z) total += zj == -kInf ? 0.0 : std::exp(zj - mx);
-      lse[static_cast<size_t>(bh * p.tq + i)] = total == 0 ? -kInf : mx + std::log(total);
-      if (total == 0) continue;  // every key removed: o, dq and this row's share of dk, dv are zero
-      std::vector<double> pr(static_cast<size_t>(p.tk)), dp(static_cast<size_t>(p.tk), 0.0);
-      double delta = 0;
-      for (int64_t j = 0; j < p.tk; ++j) {
-        const double pj = z[static_cast<size_t>(j)] == -kInf ? 0.0 : std::exp(z[static_cast<size_t>(j)] - mx) / total;
-        pr[static_cast<size_t>(j)] = pj;
-        for (int64_t c = 0; c < p.dh; ++c) {
-          const double vjc = v[static_cast<size_t>((bh * p.tk + j) * p.dh + c)];
-          o[static_cast<size_t>((bh * p.tq + i) * p.dh + c)] += pj * vjc;
-          dp[static_cast<size_t>(j)] += di[c] * vjc;
-        }
-        delta += pj * dp[static_cast<size_t>(j)];
-      }
-      for (int64_t j = 0; j < p.tk; ++j) {
-        const double pj = pr[static_cast<size_t>(j)];
-        const double ds = pj * (dp[static_cast<size_t>(j)] - delta);
-        for (int64_t c = 0; c < p.dh; ++c) {
-          dq[static_cast<size_t>((bh * p.tq + i) * p.dh + c)] +=
-              p.scale * ds * k[static_cast<size_t>((bh * p.tk + j) * p.dh + c)];
-          dk[static_cast<size_t>((bh * p.tk + j) * p.dh + c)] += p.scale * ds * qi[c];
-          dv[static_cast<size_t>((bh * p.tk + j) * p.dh + c)] += pj * di[c];
+      const Row r = reference_row(p, x, bh, i);
+      lse[static_cast<size_t>(bh * p.tq + i)] = r.lse;
+      const size_t qi = static_cast<size_t>((bh * p.tq + i) * p.dh);
+      for (size_t j = 0; j < r.p.size(); ++j) {
+        const size_t kj = static_cast<size_t>((bh * p.tk + int64_t(j)) * p.dh);
+        for (size_t c = 0; c < static_cast<size_t>(p.dh); ++c) {
+          o[qi + c] += r.p[j] * x.v[kj + c];
+          dq[qi + c] += p.scale * r.ds[j] * x.k[kj + c];
+          dk[kj + c] += p.scale * r.ds[j] * x.q[qi + c];
+          dv[kj + c] += r.p[j] * x.d[qi + c];
         }
       }
     }
-  }
   Outputs r;
   r.o = Tensor::from_vector(o, in.q.shape(), DType::F64);
   r.lse = Tensor::from_vector(lse, {p.b, p.h, p.tq}, DType::F64);
@@ -444,6 +467,145 @@ TEST_CASE("attention: CUDA F32 fused kernels at tile edges", "[attention][cuda]"
     INFO(describe(p));
     check_bitwise_repeat(a, b);
     CHECK(a.lse.to_vector() == b.lse.to_vector());
+  }
+}
+
+namespace {
+
+// An environment variable set for a scope: HG_ATTN_DQ_RING, which the CUDA
+// backward reads on every call.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+Inputs rounded_to_bf16(const Inputs& in) {
+  Inputs r = in;
+  for (Tensor* t : {&r.q, &r.k, &r.v, &r.dout}) *t = t->to(DType::BF16).to(DType::F64);
+  return r;
+}
+
+// BF16 against the reference on the bf16-rounded inputs, at the bounds of
+// "CUDA paths agree with the float64 reference".
+void check_close_bf16(const Outputs& got, const Outputs& want, const std::string& what) {
+  INFO(what);
+  CHECK(err(got.o, want.o) < 8e-3);
+  CHECK(err(got.lse, want.lse) < 1e-5);
+  CHECK(err(got.dq, want.dq) < 2e-2);
+  CHECK(err(got.dk, want.dk) < 2e-2);
+  CHECK(err(got.dv, want.dv) < 2e-2);
+  for (const Tensor* t : {&got.o, &got.dq, &got.dk, &got.dv}) CHECK(hg::test::all_finite(*t));
+}
+
+// Rows `rows` of every head of dq (B, H, Tq, dh), flattened.
+std::vector<double> dq_rows(const Problem& p, const std::vector<double>& dq, const std::vector<int64_t>& rows) {
+  std::vector<double> out;
+  for (int64_t bh = 0; bh < p.b * p.h; ++bh)
+    for (int64_t i : rows)
+      for (int64_t c = 0; c < p.dh; ++c) out.push_back(dq[static_cast<size_t>((bh * p.tq + i) * p.dh + c)]);
+  return out;
+}
+
+// dq of rows `rows` of every head by the definition (O(rows Tk dh): for
+// shapes whose full reference would take too long), flattened as dq_rows.
+std::vector<double> reference_dq_rows(const Problem& p, const Inputs& in, const std::vector<int64_t>& rows) {
+  const Flat x(in);
+  std::vector<double> out;
+  for (int64_t bh = 0; bh < p.b * p.h; ++bh)
+    for (int64_t i : rows) {
+      const Row r = reference_row(p, x, bh, i);
+      for (int64_t c = 0; c < p.dh; ++c) {
+        double acc = 0;
+        for (size_t j = 0; j < r.ds.size(); ++j) acc += p.scale * r.ds[j] * x.k[(bh * p.tk + int64_t(j)) * p.dh + c];
+        out.push_back(acc);
+      }
+    }
+  return out;
+}
+
+double rel_err(const std::vector<double>& a, const std::vector<double>& ref) {
+  return err(Tensor::from_vector(a, {int64_t(a.size())}, DType::F64),
+             Tensor::from_vector(ref, {int64_t(ref.size())}, DType::F64));
+}
+
+}  // namespace
+
+// The one-kernel backward (HG_ATTN_BF16_VARIANT=6, HG_ATTN_F32_VARIANT=3)
+// adds the key tiles' dq in a fixed order per query tile; BF16 sums in a
+// ring of fp32 head slots, where key tile 0 of a head waits for the head a
+// ring before it. HG_ATTN_DQ_RING=1: every head shares one slot (the most
+// waiting). The order, not the ring, fixes every bit. Under the other
+// variants the same assertions hold for the two-kernel backward.
+TEST_CASE("attention: CUDA backward, heads sharing one dq slot", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 3100;
+  for (int64_t dh : {32, 64, 128})
+    for (const auto& [tq, tk, causal] : {std::tuple{300, 333, true}, {333, 200, true}, {257, 257, false}}) {
+      Problem p;
+      p.b = 2, p.h = 3, p.tq = tq, p.tk = tk, p.dh = dh, p.causal = causal, p.mask = true;
+      p.scale = 1.0 / std::sqrt(double(dh));
+      const Inputs in = make_inputs(p, ++seed), in16 = rounded_to_bf16(in);
+      Outputs f32, bf16;
+      {
+        ScopedEnv one_slot("HG_ATTN_DQ_RING", "1");
+        f32 = run(p, in, Device::CUDA, DType::F32, KernelMode::Fused);
+        bf16 = run(p, in16, Device::CUDA, DType::BF16, KernelMode::Fused);
+      }
+      check_close(f32, reference(p, in), 2e-6, 2e-5, describe(p) + " cuda f32 fused, one slot");
+      check_close_bf16(bf16, reference(p, in16), describe(p) + " cuda bf16 fused, one slot");
+      INFO(describe(p) << ": one slot vs the default ring");
+      check_bitwise_repeat(f32, run(p, in, Device::CUDA, DType::F32, KernelMode::Fused));
+      check_bitwise_repeat(bf16, run(p, in16, Device::CUDA, DType::BF16, KernelMode::Fused));
+    }
+  // The lab switch rejects what is not a slot count (read only where the BF16 one-kernel backward runs).
+  const char* variant = std::getenv("HG_ATTN_BF16_VARIANT");
+  if (variant != nullptr && (std::string(variant) == "6" || std::string(variant) == "7")) {
+    Problem p;
+    p.dh = 32;
+    const Inputs in = make_inputs(p, 3199);
+    for (const char* bad : {"0", "-2", "x", "3x"}) {
+      ScopedEnv ring("HG_ATTN_DQ_RING", bad);
+      expect_error([&] { run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused); }, "HG_ATTN_DQ_RING must be");
+    }
+  }
+}
+
+// More key tiles per head (64 or 128 keys each) than an H100 holds blocks
+// at once (264 at two a SM): blocks of a head wait on blocks that finished
+// long ago, the head after waits for this one's tiles, and nothing may hang.
+// Spot rows of dq against the definition (first, last, tile edges), every
+// output finite, two runs bitwise equal. Tagged [large] (seconds, not
+// milliseconds) so that sanitizer runs can leave it out.
+TEST_CASE("attention: CUDA backward with more key tiles per head than resident blocks", "[attention][cuda][large]") {
+  HG_REQUIRE_GPU();
+  struct Case {
+    DType dtype;
+    int64_t tq, tk, dh;
+    bool causal;
+  };
+  uint64_t seed = 3300;
+  for (const Case& c : {Case{DType::BF16, 40000, 40000, 128, false}, Case{DType::BF16, 34000, 36000, 64, true},
+                        Case{DType::F32, 20000, 33000, 32, true}}) {
+    Problem p;
+    p.b = 1, p.h = 2, p.tq = c.tq, p.tk = c.tk, p.dh = c.dh, p.causal = c.causal;
+    p.scale = 1.0 / std::sqrt(double(c.dh));
+    const Inputs raw = make_inputs(p, ++seed);
+    const Inputs in = c.dtype == DType::BF16 ? rounded_to_bf16(raw) : raw;
+    const std::string what = describe(p) + " " + hg::dtype_name(c.dtype);
+    INFO(what);
+    const Outputs a = run(p, in, Device::CUDA, c.dtype, KernelMode::Fused);
+    const Outputs b = run(p, in, Device::CUDA, c.dtype, KernelMode::Fused);
+    check_bitwise_repeat(a, b);
+    for (const Tensor* t : {&a.o, &a.dq, &a.dk, &a.dv}) CHECK(hg::test::all_finite(*t));
+    const std::vector<int64_t> rows{0, 1, 31, 32, 63, 64, 127, 128, p.tq / 2, p.tq - 65, p.tq - 64, p.tq - 1};
+    CHECK(rel_err(dq_rows(p, a.dq.to_vector(), rows), reference_dq_rows(p, in, rows)) <
+          (c.dtype == DType::BF16 ? 2e-2 : 2e-5));
   }
 }
 
