@@ -10,6 +10,7 @@
 // the binary runs on any x86-64. The lanes are combined in a fixed order and
 // C++17 mode leaves floating-point contraction off, so every clone gives
 // bitwise the same result.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -59,6 +60,15 @@ HG_SIMD_INLINE Floats load_partial(const float* p, int64_t k, float fill) {
 HG_SIMD_INLINE void store_partial(float* p, Floats v, int64_t k) {
   copy_short(p, reinterpret_cast<const float*>(&v), k);
 }
+// The k (<= kLanes) elements at p, the other lanes `fill`; and the store
+// of the first k lanes: one full-vector move when k == kLanes.
+HG_SIMD_INLINE Floats load_n(const float* p, int64_t k, float fill = 0.f) {
+  return k == kLanes ? load(p) : load_partial(p, k, fill);
+}
+HG_SIMD_INLINE void store_n(float* p, Floats v, int64_t k) {
+  if (k == kLanes) store(p, v);
+  else store_partial(p, v, k);
+}
 // Lanes >= k become `fill`.
 HG_SIMD_INLINE Floats keep_first(Floats v, int64_t k, float fill = 0.f) {
   const Ints lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -66,70 +76,85 @@ HG_SIMD_INLINE Floats keep_first(Floats v, int64_t k, float fill = 0.f) {
 }
 // True when any lane of a comparison result is set.
 HG_SIMD_INLINE bool any(Ints mask) {
-  int32_t r = 0;
-  for (int i = 0; i < kLanes; ++i) r |= mask[i];
-  return r != 0;
+  mask |= __builtin_shufflevector(mask, mask, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15);
+  mask |= __builtin_shufflevector(mask, mask, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7);
+  mask |= __builtin_shufflevector(mask, mask, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  mask |= __builtin_shufflevector(mask, mask, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1);
+  return mask[0] != 0;
 }
+// Cache hints for the line holding p, which is about to be read / written:
+// a row-wise kernel fetches its next rows while it computes on the current
+// one, whose data is already in cache (the hardware prefetchers stop at
+// 4 KiB pages, a row of 1024 floats). Never faults, whatever p is.
+HG_SIMD_INLINE void prefetch(const float* p) { __builtin_prefetch(p, 0, 3); }
+HG_SIMD_INLINE void prefetch_for_write(float* p) { __builtin_prefetch(p, 1, 3); }
+
 HG_SIMD_INLINE Floats abs(Floats v) { return (Floats)((Ints)v & 0x7fffffff); }
 
-// Horizontal sum / max in a fixed tree order.
+// Horizontal sum / max in a fixed tree order: lane i meets lane i + w for
+// w = 8, 4, 2, 1. Written as shuffles, so they stay in registers (through a
+// float[16] GCC moved every lane out one by one).
+template <class Combine>
+HG_SIMD_INLINE float reduce_lanes(Floats v, const Combine& combine) {
+  v = combine(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));
+  v = combine(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7));
+  v = combine(v, __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+  v = combine(v, __builtin_shufflevector(v, v, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1));
+  return v[0];
+}
 HG_SIMD_INLINE float sum_lanes(Floats v) {
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof a);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] += a[i + w];
-  return a[0];
+  return reduce_lanes(v, [](Floats a, Floats b) HG_SIMD_LAMBDA { return a + b; });
 }
 HG_SIMD_INLINE float max_lanes(Floats v) {  // v holds no NaN
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof a);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) a[i] = a[i + w] > a[i] ? a[i + w] : a[i];
-  return a[0];
+  return reduce_lanes(v, [](Floats a, Floats b) HG_SIMD_LAMBDA { return b > a ? b : a; });
 }
 
-// Sum over i in [0, n) of term(i, k), the vector of elements [i, i + k)
-// (lanes >= k are zeroed here). Float32 in two levels: blocks of 16 vectors,
-// then the block sums, so a running sum never takes more than
-// 16 + n / 256 rounding steps (float64-grade accuracy is not needed where the
-// terms are centred; docs/cpu.md).
-template <class Term>
-HG_SIMD_INLINE float sum(int64_t n, const Term& term) {
-  Floats total{}, block{};
-  int64_t i = 0, in_block = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    block += term(i, kLanes);
-    if (++in_block == 16) {
-      total += block;
-      block = Floats{};
-      in_block = 0;
-    }
-  }
-  if (i < n) block += keep_first(term(i, n - i), n - i);
-  return sum_lanes(total + block);
-}
+// N sums over i in [0, n) in one sweep: terms(i, k, t) writes into t the N
+// term vectors of elements [i, i + k) (lanes >= k are zeroed here). Float32,
+// each sum split over kChains accumulators (vector v of the range goes to
+// chain v % kChains), so the CPU has N * kChains independent add chains
+// rather than N latency-bound ones. Every 16 rounds the chains are added
+// pairwise into one running total, so an element meets at most
+// 16 + 2 + n / 1024 + 4 roundings (float64-grade accuracy is not needed where
+// the terms are centred; docs/cpu.md). The order depends on n alone.
+constexpr int kChains = 4;
 
-// N sums over the same range in one sweep; terms(i, k, t) writes the N term
-// vectors into t. Each is added exactly as sum() adds it (same blocks, same
-// order), so the results are bitwise those of N separate sum() calls; one
-// sweep gives the CPU N independent add chains at once instead of one.
 template <int N, class Terms>
 HG_SIMD_INLINE void sums(int64_t n, const Terms& terms, float (&out)[N]) {
-  Floats total[N] = {}, block[N] = {}, t[N];
-  int64_t i = 0, in_block = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    terms(i, kLanes, t);
-    for (int j = 0; j < N; ++j) block[j] += t[j];
-    if (++in_block == 16) {
-      for (int j = 0; j < N; ++j) total[j] += block[j], block[j] = Floats{};
-      in_block = 0;
+  Floats total[N] = {}, chain[N][kChains] = {}, t[N];
+  auto pairwise = [&](int j) HG_SIMD_LAMBDA { return (chain[j][0] + chain[j][1]) + (chain[j][2] + chain[j][3]); };
+  int64_t i = 0;
+  int rounds = 0;
+  for (; i + kChains * kLanes <= n; i += kChains * kLanes) {
+    for (int c = 0; c < kChains; ++c) {
+      terms(i + c * kLanes, kLanes, t);
+      for (int j = 0; j < N; ++j) chain[j][c] += t[j];
+    }
+    if (++rounds == 16) {
+      for (int j = 0; j < N; ++j) {
+        total[j] += pairwise(j);
+        for (int c = 0; c < kChains; ++c) chain[j][c] = Floats{};
+      }
+      rounds = 0;
     }
   }
-  if (i < n) {
-    terms(i, n - i, t);
-    for (int j = 0; j < N; ++j) block[j] += keep_first(t[j], n - i);
+  // Fewer than kChains full vectors are left, then maybe a partial one; c
+  // is a constant in each unrolled step, so the chains stay in registers.
+#pragma GCC unroll 4
+  for (int c = 0; c < kChains && i < n; ++c, i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    terms(i, k, t);
+    for (int j = 0; j < N; ++j) chain[j][c] += k == kLanes ? t[j] : keep_first(t[j], k);
   }
-  for (int j = 0; j < N; ++j) out[j] = sum_lanes(total[j] + block[j]);
+  for (int j = 0; j < N; ++j) out[j] = sum_lanes(total[j] + pairwise(j));
+}
+
+// The sum over i in [0, n) of term(i, k), as sums<1> adds it.
+template <class Term>
+HG_SIMD_INLINE float sum(int64_t n, const Term& term) {
+  float out[1];
+  sums<1>(n, [&](int64_t i, int64_t k, Floats(&t)[1]) HG_SIMD_LAMBDA { t[0] = term(i, k); }, out);
+  return out[0];
 }
 
 // Applies out = f(in) to n floats, 16 at a time; the tail goes through the
@@ -141,18 +166,14 @@ HG_SIMD_INLINE void transform(const float* in, float* out, int64_t n, const F& f
   if (i < n) store_partial(out + i, f(load_partial(in + i, n - i, 0.f)), n - i);
 }
 
-// exp(x), float32, max error 1.2 ulp (measured over the range in
-// tests/test_cpu_math.cpp), exact 0 for x <= -104 and -inf, +inf above
-// 88.73, subnormal results rounded once, NaN in -> NaN out.
-// x = n ln2 + r, |r| <= ln2 / 2 (ln2 split in two for an exact n ln2), e^r
-// by its degree-7 Taylor polynomial (truncation < 2^-27), 2^n applied as two
-// exact halves so that results in the subnormal range round only once.
-HG_SIMD_INLINE Floats exp(Floats x) {
-  const Floats xc = x < -104.f ? splat(-104.f) : (x > 89.f ? splat(89.f) : x);
+// e^x = 2^n e^r with n = round(x / ln2) (the 1.5 * 2^23 rounding trick) and
+// |r| <= ln2 / 2 (ln2 split in two for an exact n ln2); returns e^r by its
+// degree-7 Taylor polynomial (truncation < 2^-27) and n as integers.
+HG_SIMD_INLINE Floats exp_reduced(Floats x, Ints& n_out) {
   const float magic = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
-  const Floats t = xc * 1.44269504088896341f + magic;
+  const Floats t = x * 1.44269504088896341f + magic;
   const Floats n = t - magic;
-  const Floats r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  const Floats r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   Floats p = splat(1.f / 5040.f);
   p = p * r + 1.f / 720.f;
   p = p * r + 1.f / 120.f;
@@ -161,11 +182,32 @@ HG_SIMD_INLINE Floats exp(Floats x) {
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  const Ints ni = (Ints)t - (Ints)splat(magic);
+  n_out = (Ints)t - (Ints)splat(magic);
+  return p;
+}
+
+// exp(x), float32, max error 1.2 ulp (measured over the range in
+// tests/test_cpu_math.cpp), exact 0 for x <= -104 and -inf, +inf above
+// 88.73, subnormal results rounded once, NaN in -> NaN out.
+// 2^n is applied as two exact halves so that results in the subnormal range
+// round only once.
+HG_SIMD_INLINE Floats exp(Floats x) {
+  const Floats xc = x < -104.f ? splat(-104.f) : (x > 89.f ? splat(89.f) : x);
+  Ints ni;
+  const Floats p = exp_reduced(xc, ni);
   const Ints n1 = ni >> 1, n2 = ni - n1;
   const Floats s1 = (Floats)((n1 + 127) << 23), s2 = (Floats)((n2 + 127) << 23);
   const Floats y = p * s1 * s2;
   return x != x ? x : y;
+}
+
+// exp(x) for x in [-86, 88] (results normal floats) or NaN, bitwise equal to
+// exp() there: no clamps and 2^n as one factor, for callers whose inputs are
+// already bounded (the softmax's floored exponents). NaN in -> NaN out.
+HG_SIMD_INLINE Floats exp_normal_range(Floats x) {
+  Ints ni;
+  const Floats p = exp_reduced(x, ni);
+  return p * (Floats)((ni + 127) << 23);
 }
 
 // tanh(x), float32, max error 2 ulp (measured in tests/test_cpu_math.cpp),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/cpu_math.hpp"
+#include "core/simd.hpp"
 #include "tests/test_util.hpp"
 
 namespace {
@@ -64,6 +65,24 @@ TEST_CASE("vector exp is within 1.5 ulp of exp over the float range", "[cpu_math
   const double err = max_ulp(hg::cpu_math::exp, [](double x) { return std::exp(x); }, sweep(-104.f, 88.7f));
   CAPTURE(err);
   CHECK(err <= 1.5);
+}
+
+TEST_CASE("exp_normal_range gives exp's bits on [-86, 88] and NaN for NaN", "[cpu_math]") {
+  std::vector<float> xs = sweep(-86.f, 88.f);
+  xs.push_back(std::numeric_limits<float>::quiet_NaN());
+  xs.resize((xs.size() + hg::simd::kLanes - 1) / hg::simd::kLanes * hg::simd::kLanes, 0.f);
+  const std::vector<float> want = apply(hg::cpu_math::exp, xs);
+  size_t differ = 0;
+  for (size_t i = 0; i < xs.size(); i += hg::simd::kLanes) {
+    const hg::simd::Floats got = hg::simd::exp_normal_range(hg::simd::load(xs.data() + i));
+    for (int j = 0; j < hg::simd::kLanes; ++j) {
+      const size_t at = i + static_cast<size_t>(j);
+      const float g = got[j];
+      if (std::isnan(xs[at])) CHECK(std::isnan(g));
+      else differ += std::memcmp(&g, &want[at], sizeof(float)) != 0;
+    }
+  }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("vector tanh is within 3 ulp of tanh", "[cpu_math]") {

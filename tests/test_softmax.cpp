@@ -352,6 +352,15 @@ TEST_CASE("softmax CPU paths agree with float64 at Tk = 65536 and 65537", "[soft
   }
 }
 
+TEST_CASE("softmax CPU paths agree with float64 at every visible row length up to 130", "[softmax]") {
+  // Causal with Tq = Tk: query q sees q + 1 keys, so the float32 kernel runs
+  // rows held in 1 to 8 vectors (full and partial last ones) and, past 128
+  // keys, the streaming rows; with each mask form.
+  uint64_t seed = 700;
+  for (MaskForm mask : {MaskForm::None, MaskForm::KeyPadding, MaskForm::Full})
+    for (const Path& p : kCpuPaths) check_path_agrees(p, {1, 2, 130, 130, mask, true, 0.3}, seed++);
+}
+
 // The CPU stands in for the CUDA bf16 paths (which skip here): float32 math
 // on bf16-stored x and dy, y rounded to bf16 before the backward reads it,
 // and the outputs rounded once to bf16, by the library's round-to-nearest-even
@@ -638,6 +647,30 @@ TEST_CASE("softmax NaN at a masked key: propagates; at a causally hidden key: pa
     if (p.mode == KernelMode::Fused)
       check_y(p, run.y.reshape({2, 4}).slice(0, 1),
               naive_softmax(run.x_seen, hg::test::f64(mask), true, 1.0).reshape({2, 4}).slice(0, 1), p.tolerance);
+  }
+}
+
+TEST_CASE("softmax NaN in a row whose other keys are all masked: the row is NaN", "[softmax][hostile]") {
+  // The max of the other scores is -inf here, the case the fused CPU kernel
+  // checks for NaN separately. Rows of 5, 100 (held in registers) and 300
+  // keys (streamed): row 0 has a NaN score, row 1 a NaN mask value, row 2 no
+  // NaN (all masked: zeros).
+  for (int64_t tk : {5, 100, 300}) {
+    hg::Generator gen(static_cast<uint64_t>(47 + tk));
+    Tensor x = Tensor::randn({1, 1, 3, tk}, gen, DType::F64);
+    const Tensor dy = Tensor::randn(x.shape(), gen, DType::F64);
+    Tensor mask = Tensor::full({1, 1, 3, tk}, -kInf, DType::F64);
+    x.set({0, 0, 0, tk / 2}, kNaN);
+    mask.set({0, 0, 1, tk - 1}, kNaN);
+    for (const Path& p : available_paths("softmax NaN in an all-masked row")) {
+      INFO(p.name << ", tk " << tk);
+      const PathRun run = run_path(p, x, mask, false, 1.0, dy);
+      for (int64_t k = 0; k < tk; ++k) {
+        CHECK(std::isnan(run.y.at({0, 0, 0, k})));
+        CHECK(std::isnan(run.y.at({0, 0, 1, k})));
+        CHECK(run.y.at({0, 0, 2, k}) == 0.0);
+      }
+    }
   }
 }
 

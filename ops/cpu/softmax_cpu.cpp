@@ -45,58 +45,132 @@ void for_row_tasks(int64_t rows, int64_t len, const Body& body) {
 using simd::Floats;
 using simd::kLanes;
 
+using simd::load_n;
+using simd::store_n;
+
+// A row whose every visible score is -inf (or NaN): its visible keys are NaN
+// if any score is NaN (NaN propagates), else the row is zeros, not
+// (-inf) - (-inf) = NaN. Hidden keys are 0 either way.
+void write_masked_row(float* z, int64_t visible, int64_t tk, bool has_nan) {
+  std::fill(z, z + visible, has_nan ? std::numeric_limits<float>::quiet_NaN() : 0.f);
+  std::fill(z + visible, z + tk, 0.f);
+}
+
+// Rows of up to kRegisterVectors vectors are held in registers: the scores
+// are read once and the weights written once (docs/cpu.md).
+constexpr int kRegisterVectors = 8;
+
+// One row of NV vectors (the last one holding `last` <= kLanes keys) in
+// registers. scores(i, k): the score vector at key i, lanes >= k at -inf;
+// weight(v, max): its unnormalised weights. Returns false, leaving z
+// untouched, when every score is -inf or NaN.
+template <int NV, class Scores, class Weight>
+HG_SIMD_INLINE bool row_in_registers(int64_t last, const Scores& scores, const Weight& weight, float* z,
+                                     bool& has_nan) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  Floats v[NV];
+  Floats vmax = simd::splat(-inf);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    v[j] = scores(j * kLanes, j < NV - 1 ? kLanes : last);
+    vmax = v[j] > vmax ? v[j] : vmax;  // skips NaN: a NaN reaches the row through the sum below
+  }
+  const float max = simd::max_lanes(vmax);
+  if (max == -inf) {
+    simd::Ints nan{};
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) nan |= v[j] != v[j];
+    has_nan = simd::any(nan);
+    return false;
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) v[j] = weight(v[j], max);
+  // Pairwise: v[0] += v[1], v[2] += v[3], ..., then v[0] += v[2], ...
+  Floats s[NV];
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) s[j] = v[j];
+#pragma GCC unroll 8
+  for (int w = 1; w < NV; w *= 2)
+#pragma GCC unroll 8
+    for (int j = 0; j + w < NV; j += 2 * w) s[j] += s[j + w];
+  const float inv_sum = 1.f / simd::sum_lanes(s[0]);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) store_n(z + j * kLanes, v[j] * inv_sum, j < NV - 1 ? kLanes : last);
+  return true;
+}
+
 HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const SoftmaxRows& l, int64_t r0,
                                      int64_t r1, float* ys) {
   constexpr float inf = std::numeric_limits<float>::infinity();
   const float scale = static_cast<float>(l.scale), threshold = static_cast<float>(kSoftmaxMaskThreshold);
   const float drop_at = 2 * std::exp(kExpFloor<float>);
+  // Row r is query q of batch b; both are stepped, not divided out per row.
+  const int64_t batch_rows = l.heads * l.tq;
+  int64_t b = r0 / batch_rows, in_batch = r0 % batch_rows, q = r0 % l.tq;
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t b = r / (l.heads * l.tq), q = r % l.tq;
     const int64_t visible = causally_visible_keys(l, q);
     const float* xr = xs + r * l.tk;
     const float* mr = mask ? mask + b * l.mask_batch_stride + q * l.mask_query_stride : nullptr;
-    float* z = ys + r * l.tk;  // y's row holds z until it is normalised
+    float* z = ys + r * l.tk;
+    if (++q == l.tq) q = 0;
+    if (++in_batch == batch_rows) in_batch = 0, ++b;
     // z = scale * x (+ mask: a value at or below the threshold masks its key
     // outright; adding (m - inf) rather than assigning -inf keeps a NaN mask NaN).
     auto scores = [&](int64_t i, int64_t k) HG_SIMD_LAMBDA {
-      Floats v = scale * (k == kLanes ? simd::load(xr + i) : simd::load_partial(xr + i, k, 0.f));
+      Floats v = scale * load_n(xr + i, k, 0.f);
       if (mr) {
-        const Floats m = k == kLanes ? simd::load(mr + i) : simd::load_partial(mr + i, k, 0.f);
+        const Floats m = load_n(mr + i, k, 0.f);
         v += m > threshold ? m : m - inf;
       }
       return k == kLanes ? v : simd::keep_first(v, k, -inf);
     };
-    // The max, and separately whether any score is NaN (the row is then NaN):
-    // two short dependency chains instead of one NaN-propagating max.
+    // Weights in [0, 1], floored and dropped as described at kExpFloor. The
+    // max skips NaN scores: a NaN score gives a NaN weight, hence a NaN sum,
+    // and every weight of its row becomes NaN when normalised.
+    auto weight = [&](Floats v, float max) HG_SIMD_LAMBDA {
+      const Floats e = v - max;
+      const Floats w = simd::exp_normal_range(e < kExpFloor<float> ? simd::splat(kExpFloor<float>) : e);
+      return w <= drop_at ? Floats{} : w;
+    };
+    bool has_nan = false;
+    if (visible > 0 && visible <= kRegisterVectors * kLanes) {
+      const int64_t vectors = (visible + kLanes - 1) / kLanes, last = visible - (vectors - 1) * kLanes;
+      bool done = false;
+      switch (vectors) {
+        case 1: done = row_in_registers<1>(last, scores, weight, z, has_nan); break;
+        case 2: done = row_in_registers<2>(last, scores, weight, z, has_nan); break;
+        case 3: done = row_in_registers<3>(last, scores, weight, z, has_nan); break;
+        case 4: done = row_in_registers<4>(last, scores, weight, z, has_nan); break;
+        case 5: done = row_in_registers<5>(last, scores, weight, z, has_nan); break;
+        case 6: done = row_in_registers<6>(last, scores, weight, z, has_nan); break;
+        case 7: done = row_in_registers<7>(last, scores, weight, z, has_nan); break;
+        default: done = row_in_registers<8>(last, scores, weight, z, has_nan); break;
+      }
+      if (done) std::fill(z + visible, z + l.tk, 0.f);
+      else write_masked_row(z, visible, l.tk, has_nan);
+      continue;
+    }
+    // Longer rows: y's row holds z until it is normalised.
     Floats vmax = simd::splat(-inf);
-    simd::Ints nan{};
     int64_t i = 0;
     for (; i + kLanes <= visible; i += kLanes) {
       const Floats v = scores(i, kLanes);
       simd::store(z + i, v);
       vmax = v > vmax ? v : vmax;
-      nan |= v != v;
     }
     if (i < visible) {
       const Floats v = scores(i, visible - i);  // padded lanes are -inf
       simd::store_partial(z + i, v, visible - i);
       vmax = v > vmax ? v : vmax;
-      nan |= v != v;
     }
-    const float max = simd::any(nan) ? std::numeric_limits<float>::quiet_NaN() : simd::max_lanes(vmax);
-    if (max == -inf) {  // every key masked: zeros, not (-inf) - (-inf) = NaN
-      std::fill(z, z + l.tk, 0.f);
+    const float max = simd::max_lanes(vmax);
+    if (max == -inf) {
+      write_masked_row(z, visible, l.tk, std::any_of(z, z + visible, [](float v) { return v != v; }));
       continue;
     }
-    auto weight = [&](Floats v) HG_SIMD_LAMBDA {
-      Floats e = v - max;
-      e = simd::exp(e < kExpFloor<float> ? simd::splat(kExpFloor<float>) : e);
-      return e <= drop_at ? Floats{} : e;
-    };
     const float sum = simd::sum(visible, [&](int64_t j, int64_t k) HG_SIMD_LAMBDA {
-      const Floats e = weight(k == kLanes ? simd::load(z + j) : simd::load_partial(z + j, k, -inf));
-      if (k == kLanes) simd::store(z + j, e);
-      else simd::store_partial(z + j, e, k);
+      const Floats e = weight(load_n(z + j, k, -inf), max);
+      store_n(z + j, e, k);
       return e;
     });
     // One division per row: a vector division per 16 weights cost about a
