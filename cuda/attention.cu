@@ -1012,10 +1012,11 @@ struct Bf16Tiling {
 
 // The BF16 variant each head dim runs by default, forward and backward
 // ({dh 32, 64, 128}); making a measured winner the default is one edit here.
-// Measured on the H100 on 2026-11-26 (docs/benchmarks.md): forward dh 128
-// gains 1-2% from variant 1 (the others tie or lose); the backward at dh 64
-// and 128 gains 2-6% from variant 3 (variants 4 and 5 were not reached).
-constexpr int kBf16ForwardDefault[3] = {0, 0, 1};
+// Measured on the H100 on 2026-11-26 (docs/benchmarks.md): the forward gains
+// 15-34% from 7 (dh 32, 64; 8 runs 7 there) and 8 (dh 128); the backward at
+// dh 64 and 128 gains 2-6% from variant 3, and the one-kernel 6 and 7 ran at
+// half its speed.
+constexpr int kBf16ForwardDefault[3] = {7, 7, 8};
 constexpr int kBf16BackwardDefault[3] = {0, 3, 3};
 constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
 constexpr int kBf16BackwardVariants = 8;  // backward: Bf16Tiling<DH, 0 .. 7>

@@ -637,14 +637,14 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
-// HG_ATTN_F32_VARIANT, read once: 2 (unset: the default, measured fastest on
-// the H100 with 1) delta_kernel and one sweep, 1 the same with the dk, dv
-// prefetch, 0 the two-sweep dq kernel, 3 the one-kernel backward
-// (docs/attention.md).
+// HG_ATTN_F32_VARIANT, read once: 3 (unset: the default, the fastest on the
+// H100 on 2026-11-26, 1.2-1.4x variant 2) the one-kernel backward
+// (docs/attention.md), 2 delta_kernel and one sweep, 1 the same with the dk,
+// dv prefetch, 0 the two-sweep dq kernel.
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
-    const std::string v = env == nullptr || *env == '\0' ? "2" : env;
+    const std::string v = env == nullptr || *env == '\0' ? "3" : env;
     if (v != "0" && v != "1" && v != "2" && v != "3")
       fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2 or 3, got '", v, "'");
     return std::stoi(v);

@@ -894,7 +894,7 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 // backward][dtype: f32, bf16][D <= 1024, D > 1024]; making a measured
 // winner the default is one edit here. Variants reach only the resident
 // kernels on 16-byte rows (D <= 16384); every other case runs variant 0.
-constexpr int kLnProduction[2][2][2] = {{{0, 0}, {0, 0}}, {{0, 0}, {0, 0}}};
+constexpr int kLnProduction[2][2][2] = {{{0, 1}, {3, 3}}, {{0, 0}, {0, 0}}};
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production
