@@ -534,7 +534,7 @@ std::vector<double> reference_dq_rows(const Problem& p, const Inputs& in, const 
   std::vector<double> out;
   for (int64_t bh = 0; bh < p.b * p.h; ++bh)
     for (int64_t i : rows) {
-      const Row r = reference_row(p, x, bh, i, stored_o != nullptr ? &o_given : nullptr);
+      const Row r = reference_row(p, x, bh, i);
       for (int64_t c = 0; c < p.dh; ++c) {
         double acc = 0;
         for (size_t j = 0; j < r.ds.size(); ++j) acc += p.scale * r.ds[j] * x.k[(bh * p.tk + int64_t(j)) * p.dh + c];
