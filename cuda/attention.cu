@@ -253,6 +253,16 @@ __device__ __forceinline__ void stage_tile_async(unsigned tile, const bf16* src,
   }
 }
 
+// stage_tile_async (kLean) or stage_rows_async of a row-major shared tile of row stride S.
+template <bool kLean, int ROWS, int D, int S>
+__device__ __forceinline__ void stage_rows(bf16* tile, const bf16* src, int64_t ld, int r0, int rows) {
+  if constexpr (kLean) {
+    stage_tile_async<ROWS, D, S>(smem_addr(tile), src, ld, r0, rows);
+  } else {
+    stage_rows_async<ROWS, D>(tile, S, src, ld, r0, rows);
+  }
+}
+
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void async_wait() {
@@ -512,6 +522,21 @@ __device__ __forceinline__ float prob_fast(float s, float c, float2 stats) {
   return exp2_ftz(fmaf(s, c, -stats.x)) * stats.y;
 }
 
+// Calls a backward kernel's sub_tile(exact, bounds) for one tile. kLean: from
+// one call site per tile kind, so that the fast tile compiles apart from the
+// edge tiles (no merge of their registers), and unmasked edge tiles take the
+// per-row bounds.
+template <bool kLean, class SubTile>
+__device__ __forceinline__ void run_sub_tile(SubTile& sub_tile, bool exact, bool no_mask) {
+  if (!kLean) {
+    sub_tile(exact, false);
+  } else if (!exact) {
+    sub_tile(false, false);
+  } else {
+    sub_tile(true, no_mask);
+  }
+}
+
 // cp.async of `bytes` (4, 8 or 16) bytes, zero-filled where `in` is false.
 template <int kBytes>
 __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) {
@@ -612,9 +637,13 @@ __device__ void stage_rows_by(bf16* tile, int stride, const bf16* src, int64_t l
 // in the fixed order of `order`; blocks take (head, key tile) from its
 // ticket, and key tile 0 sweeps from query 0 (rows with no key get their
 // zero dq). NW warps (16 MT NW keys): 4, or 8 for variant 7 at dh 128.
-template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1, int NW = 4>
+// kLean (variant 8): tiles staged by stage_tile_async, unmasked edge tiles
+// bounded per row, fast and edge tiles compiled apart (as the forward's kLean).
+template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1, int NW = 4,
+          bool kLean = false>
 __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, attn::DqOrder order) {
   constexpr int NT = 32 * NW, S = DH + 8, kKeys = 16 * MT * NW;
+  static_assert(!kLean || (NT == kThreads && !kFusedDq && QB <= NT), "kLean: the two-kernel backward's blocks");
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
   using Split = FusedDqSplit<DH, QS, NW>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -635,15 +664,25 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int m0, int which) {
     bf16* qs = reinterpret_cast<bf16*>(stages + which * kStage);
-    stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
-    stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
+    if constexpr (kLean) {
+      stage_tile_async<QB, DH, S>(smem_addr(qs), q, a.q_row, m0, a.tq);
+      stage_tile_async<QB, DH, S>(smem_addr(qs + QB * S), dout, a.o_row, m0, a.tq);
+    } else {
+      stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
+      stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
+    }
     float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
     float* delta_s = reinterpret_cast<float*>(stat_s + QB);
-    for (int r = threadIdx.x; r < QB; r += NT) {
+    auto stage_row_stats = [&](int r) {
       const bool in = m0 + r < a.tq;
       const int64_t at_row = in ? int64_t(bh) * a.tq + m0 + r : 0;
       copy_async<8>(stat_s + r, a.stats + at_row, in);
       copy_async<4>(delta_s + r, a.delta + at_row, in);
+    };
+    if constexpr (kLean) {
+      if (threadIdx.x < QB) stage_row_stats(threadIdx.x);
+    } else {
+      for (int r = threadIdx.x; r < QB; r += NT) stage_row_stats(r);
     }
     async_commit();
   };
@@ -652,8 +691,13 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
   // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
   auto m_of = [&](int tile) { return m_first + (kFusedDq ? tiles - 1 - tile : tile) * QB; };
-  stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
-  stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  if constexpr (kLean) {
+    stage_tile_async<kKeys, DH, S>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+    stage_tile_async<kKeys, DH, S>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  } else {
+    stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+    stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  }
   if (tiles > 0) stage(m_of(0), 0); else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
@@ -685,76 +729,96 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
       const unsigned qs = smem_addr(qs_ptr) + at<S>(sub * QS, 0), dos = qs + at<S>(QB, 0);
       const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S) + sub * QS;
       const float* delta_s = reinterpret_cast<const float*>(stat_s + (QB - sub * QS)) + sub * QS;
-      float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4] = {};  // s^T and dp^T: 16 keys x QS queries per m tile
+      // One query sub-tile. `exact`: p through logit2, or with `bounds` (no
+      // mask) through one key bound per row: Tk and the causal diagonal.
+      auto sub_tile = [&](bool exact, bool bounds) {
+        float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4] = {};  // s^T and dp^T: 16 keys x QS queries per m tile
 #pragma unroll
-      for (int kc = 0; kc < DH / 16; ++kc) {
-        uint32_t kf[MT][4], vf[MT][4];
+        for (int kc = 0; kc < DH / 16; ++kc) {
+          uint32_t kf[MT][4], vf[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (kKVRegs) {
+          for (int mt = 0; mt < MT; ++mt) {
+            if constexpr (kKVRegs) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
-          } else {
-            ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
-            ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
+              for (int e = 0; e < 4; ++e) kf[mt][e] = ka[mt][kc][e], vf[mt][e] = va[mt][kc][e];
+            } else {
+              ldsm(kf[mt], kv_at + at<S>(16 * mt, 16 * kc));
+              ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
+            }
+          }
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; nb += 2) {
+            ldsm_mma_x2(st, kf, qs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+            ldsm_mma_x2(dpt, vf, dos + nk_lane + at<S>(nb * 8, kc * 16), nb);
           }
         }
+        if (bounds) {
+          // Key j = j0 + 16 mt + g + 8 h (the row), query i = m0 + 8 nb + 2 t + (e & 1):
+          // kept while j < Tk and j <= i + Tk - Tq. Rows of queries past Tq
+          // have zero q and stats: p = 0 as on fast tiles.
+          const int tail = a.tk - j0 - g;
+          const int diag = a.causal ? m0 + 2 * t + 1 + a.tk - a.tq - j0 - g : tail;
 #pragma unroll
-        for (int nb = 0; nb < QS / 8; nb += 2) {
-          ldsm_mma_x2(st, kf, qs + nk_lane + at<S>(nb * 8, kc * 16), nb);
-          ldsm_mma_x2(dpt, vf, dos + nk_lane + at<S>(nb * 8, kc * 16), nb);
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                st[mt][nb][e] = 16 * mt + 8 * (e >> 1) < min(tail, diag + 8 * nb + (e & 1))
+                                    ? prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)])
+                                    : 0.f;
+        } else if (exact) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
+                st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
+              }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
         }
-      }
-      if (exact_tile(a, mask_row, m0, k_block, kKeys)) {
+        mma_acc_tile<MT, QS, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
-              st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
-            }
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
 #pragma unroll
           for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
-      }
-      mma_acc_tile<MT, QS, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
+            for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
+        if constexpr (!kFusedDq) {
+          mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+        } else {
+          bf16* ds_buf = dst + (flushes++ % DSB) * kKeys * Split::kSD;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
+          for (int mt = 0; mt < MT; ++mt)  // ds^T to shared memory, this warp's keys
 #pragma unroll
-        for (int nb = 0; nb < QS / 8; ++nb)
+            for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
-      if constexpr (!kFusedDq) {
-        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
-      } else {
-        bf16* ds_buf = dst + (flushes++ % DSB) * kKeys * Split::kSD;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)  // ds^T to shared memory, this warp's keys
-#pragma unroll
-          for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<uint32_t*>(ds_buf + (warp * 16 * MT + 16 * mt + g + 8 * h) * Split::kSD + nb * 8 +
-                                           2 * t) = pack(st[mt][nb][2 * h], st[mt][nb][2 * h + 1]);
-        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
-        // dq = ds k over the block's keys, this warp's part; then its turn
-        __syncthreads();  // ds^T complete
-        const int wr = warp / Split::kWC, wc = warp % Split::kWC;
-        float dq[Split::kMQ][Split::kCW / 8][4] = {};
-        mma_ds_k<kKeys, Split::kMQ, Split::kCW, Split::kSD, S>(
-            dq, smem_addr(ds_buf) + lane_nk<Split::kSD>() + at<Split::kSD>(0, 16 * Split::kMQ * wr),
-            smem_addr(ks) + rc_lane + at<S>(0, Split::kCW * wc));
-        bf16* dq_head = static_cast<bf16*>(a.dq) + (q - static_cast<const bf16*>(a.q));  // dq has q's strides
-        flush_dq_bf16<DH>(a, order, dq, dq_head, bh, kt, m0 / QS, m0 + 16 * Split::kMQ * wr, Split::kCW * wc);
-        if constexpr (DSB == 1) __syncthreads();  // every warp is done with ds^T
-      }
+              for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<uint32_t*>(ds_buf + (warp * 16 * MT + 16 * mt + g + 8 * h) * Split::kSD + nb * 8 +
+                                             2 * t) = pack(st[mt][nb][2 * h], st[mt][nb][2 * h + 1]);
+          mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
+          // dq = ds k over the block's keys, this warp's part; then its turn
+          __syncthreads();  // ds^T complete
+          const int wr = warp / Split::kWC, wc = warp % Split::kWC;
+          float dq[Split::kMQ][Split::kCW / 8][4] = {};
+          mma_ds_k<kKeys, Split::kMQ, Split::kCW, Split::kSD, S>(
+              dq, smem_addr(ds_buf) + lane_nk<Split::kSD>() + at<Split::kSD>(0, 16 * Split::kMQ * wr),
+              smem_addr(ks) + rc_lane + at<S>(0, Split::kCW * wc));
+          bf16* dq_head = static_cast<bf16*>(a.dq) + (q - static_cast<const bf16*>(a.q));  // dq has q's strides
+          flush_dq_bf16<DH>(a, order, dq, dq_head, bh, kt, m0 / QS, m0 + 16 * Split::kMQ * wr, Split::kCW * wc);
+          if constexpr (DSB == 1) __syncthreads();  // every warp is done with ds^T
+        }
+      };
+      run_sub_tile<kLean>(sub_tile, exact_tile(a, mask_row, m0, k_block, kKeys), mask_row == nullptr);
     }
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
@@ -777,7 +841,8 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
 // key tiles of KB, computed KS keys at a time; q and do stay in shared memory.
-template <int DH, int KB, int KS, bool kSplit>
+// kLean: as backward_dkdv_bf16_kernel's.
+template <int DH, int KB, int KS, bool kSplit, bool kLean = false>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -793,15 +858,15 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int tile) {
     bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
-    stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
+    stage_rows<kLean, KB, DH, S>(ks, k, a.kv_row, tile * KB, a.tk);
+    stage_rows<kLean, KB, DH, S>(ks + KB * S, v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
   const int key_end = a.key_end(min(q_block + kRowsBf16, a.tq));
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
   if (tiles > 0) {
-    stage_rows_async<kRowsBf16, DH>(qs, S, static_cast<const bf16*>(a.q) + qoff, a.q_row, q_block, a.tq);
-    stage_rows_async<kRowsBf16, DH>(dos, S, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q_block, a.tq);
+    stage_rows<kLean, kRowsBf16, DH, S>(qs, static_cast<const bf16*>(a.q) + qoff, a.q_row, q_block, a.tq);
+    stage_rows<kLean, kRowsBf16, DH, S>(dos, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q_block, a.tq);
     stage(0);
   }
   const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>(), do_off = at<S>(kRowsBf16, 0);
@@ -826,51 +891,72 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
       const int n0 = tile * KB + sub * KS;
       if (KS < KB && n0 >= key_end) break;
       const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
-      float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
-      if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
-        mma_nk_tile<DH, KS, S>(s, q_at, ks + nk_lane);
-        mma_nk_tile<DH, KS, S>(dp, q_at + do_off, vs + nk_lane);
-      } else {
+      // One key sub-tile. `exact`: p through logit2, or with `bounds` (no
+      // mask) through one key bound per row, as the forward's kLean.
+      auto sub_tile = [&](bool exact, bool bounds) {
+        float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
+        if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
+          mma_nk_tile<DH, KS, S>(s, q_at, ks + nk_lane);
+          mma_nk_tile<DH, KS, S>(dp, q_at + do_off, vs + nk_lane);
+        } else {
 #pragma unroll
-        for (int kc = 0; kc < DH / 16; ++kc) {
-          uint32_t qf[2][4], df[2][4];
+          for (int kc = 0; kc < DH / 16; ++kc) {
+            uint32_t qf[2][4], df[2][4];
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-            ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
-          }
+            for (int mt = 0; mt < 2; ++mt) {
+              ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
+              ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
+            }
 #pragma unroll
-          for (int nb = 0; nb < KS / 8; nb += 2) {
-            ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
-            ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+            for (int nb = 0; nb < KS / 8; nb += 2) {
+              ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
+              ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
+            }
           }
         }
-      }
-      if (exact_tile(a, mask_row, q_block, n0, KS)) {
+        if (bounds) {
+          // Query i = q0 + 16 mt + g + 8 h (the row) keeps key j = n0 + 8 nb +
+          // 2 t + (e & 1) while j < Tk and j <= i + Tk - Tq (rows past Tq: p = 0
+          // from their zero q and stats, as on fast tiles).
+          const int lane_col = n0 + 2 * t, tail = a.tk - lane_col;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+          for (int mt = 0; mt < 2; ++mt) {
+            const int diag = a.causal ? q0 + 16 * mt + g + 1 + a.tk - a.tq - lane_col : tail;
+#pragma unroll
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                s[mt][nb][e] = nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1))
+                                   ? prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1])
+                                   : 0.f;
+          }
+        } else if (exact) {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
+                s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
+              }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)  // ds without the scale
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int h = e >> 1, i = q0 + 16 * mt + g + 8 * h, j = n0 + nb * 8 + 2 * t + (e & 1);
-              s[mt][nb][e] = prob(logit2(a, mask_row, i, j, s[mt][nb][e]), stats[mt][h]);
-            }
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nb][e] = prob_fast(s[mt][nb][e], a.scale_log2, stats[mt][e >> 1]);
-      }
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)  // ds without the scale
-#pragma unroll
-        for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
-      mma_acc_tile<2, KS, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
+        mma_acc_tile<2, KS, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
+      };
+      run_sub_tile<kLean>(sub_tile, exact_tile(a, mask_row, q_block, n0, KS), mask_row == nullptr);
     }
   }
   bf16* dq_out = static_cast<bf16*>(a.dq) + qoff;
@@ -986,7 +1072,9 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // (the lazy rescale frees the registers). Backward 6 is the one-kernel
 // backward: dq = ds k added by the dk/dv blocks in a fixed order
 // (docs/attention.md, "One kernel"), no dq kernel; 7 at dh 128 its blocks of
-// 8 warps and 128 keys (half the dq adds and q, do reads per flop).
+// 8 warps and 128 keys (half the dq adds and q, do reads per flop); 8 is
+// the two-kernel 5 with the forward's kLean (docs/attention.md, "Backward
+// instruction count").
 template <int DH, int V>
 struct Bf16ForwardTiling {
   static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
@@ -999,15 +1087,16 @@ struct Bf16ForwardTiling {
 template <int DH, int V>
 struct Bf16Tiling {
   // (6 at dh 128: 64 staged queries spill beside dq = ds k)
-  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 && !(V >= 6 && DH == 128) ? 64 : 32,
+  static constexpr bool kFusedDq = V == 6 || V == 7;
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 && !(kFusedDq && DH == 128) ? 64 : 32,
                        kDkdvMT = DH == 128 ? 1 : 2;
   static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
   static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
   static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
-  static constexpr bool kFusedDq = V >= 6;
   static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
-  static constexpr int kDkdvWarps = V >= 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
+  static constexpr int kDkdvWarps = V == 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
+  static constexpr bool kLean = V == 8;  // 8: 5 with the forward's instruction diet (kLean)
 };
 
 // The BF16 variant each head dim runs by default, forward and backward
@@ -1019,7 +1108,7 @@ struct Bf16Tiling {
 constexpr int kBf16ForwardDefault[3] = {7, 7, 8};
 constexpr int kBf16BackwardDefault[3] = {0, 3, 3};
 constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
-constexpr int kBf16BackwardVariants = 8;  // backward: Bf16Tiling<DH, 0 .. 7>
+constexpr int kBf16BackwardVariants = 9;  // backward: Bf16Tiling<DH, 0 .. 8>
 
 // The variant to run: HG_ATTN_BF16_VARIANT (0 to 8, read once) for every head
 // dim and both directions (a direction's default where it has no variant of
@@ -1060,6 +1149,7 @@ void backward_bf16(const Args& a, int64_t bh) {
   HG_CUDA_CHECK_LAUNCH("attention_delta");
   constexpr int kQB = T::kDkdvQueries, kQS = T::kDkdvSub, kMT = T::kDkdvMT;
   if constexpr (T::kFusedDq) {
+    static_assert(!T::kLean, "kLean is a two-kernel variant");
     constexpr int kWarps = T::kDkdvWarps, kKeys = 16 * kMT * kWarps;
     const auto kernel = backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers, kWarps>;
     const size_t smem = dkdv_smem(DH, kQB, kMT, kWarps) + size_t(T::kDsBuffers) * kKeys * (kQS + 8) * 2;
@@ -1069,9 +1159,9 @@ void backward_bf16(const Args& a, int64_t bh) {
     kernel<<<blocks, 32 * kWarps, smem, stream()>>>(a, work.order);  // resident_blocks set the smem limit
     HG_CUDA_CHECK_LAUNCH("attention_backward_fused_bf16");
   } else {
-    launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
-           dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
-    launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit>, grid(a.tq, kRowsBf16, bh),
+    launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, false, 1, 4, T::kLean>,
+           grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
+    launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>, grid(a.tq, kRowsBf16, bh),
            dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
   }
 }
