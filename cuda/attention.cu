@@ -176,11 +176,12 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4],
 // acc[2][N / 8] += A B over DH: A the warp's two m16 tiles of a row-major
 // shared tile (`a_tile` = their address + lane_rc), B[k][n] = M[n][k] with M
 // a row-major [N][DH] shared tile (`m_tile` = its address + lane_nk). The
-// loop over k stays rolled: fewer fragments in flight (dq dh 128 with 32-key
-// tiles spills 12 to 40 bytes unrolled).
-template <int DH, int N, int S>
+// loop over k stays rolled (kUnroll 1) or unrolled kUnroll times: fewer
+// fragments in flight (dq dh 128 with 32-key tiles spills 12 to 40 bytes
+// unrolled, the leaner variant 8 at 8 times but not at 4).
+template <int DH, int N, int S, int kUnroll = 1>
 __device__ __forceinline__ void mma_nk_tile(float (&acc)[2][N / 8][4], unsigned a_tile, unsigned m_tile) {
-#pragma unroll 1
+#pragma unroll kUnroll
   for (int kc = 0; kc < DH / 16; ++kc) {
     uint32_t af[2][4];
 #pragma unroll
@@ -896,8 +897,9 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
       auto sub_tile = [&](bool exact, bool bounds) {
         float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
         if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
-          mma_nk_tile<DH, KS, S>(s, q_at, ks + nk_lane);
-          mma_nk_tile<DH, KS, S>(dp, q_at + do_off, vs + nk_lane);
+          // (kLean: unrolled by 4 in 248 registers, 0 spilled; by 8 it spills)
+          mma_nk_tile<DH, KS, S, kLean ? 4 : 1>(s, q_at, ks + nk_lane);
+          mma_nk_tile<DH, KS, S, kLean ? 4 : 1>(dp, q_at + do_off, vs + nk_lane);
         } else {
 #pragma unroll
           for (int kc = 0; kc < DH / 16; ++kc) {
