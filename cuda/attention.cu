@@ -733,7 +733,14 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
       // One query sub-tile. `exact`: p through logit2, or with `bounds` (no
       // mask) through one key bound per row: Tk and the causal diagonal.
       auto sub_tile = [&](bool exact, bool bounds) {
-        float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4] = {};  // s^T and dp^T: 16 keys x QS queries per m tile
+        float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4];  // s^T and dp^T: 16 keys x QS queries per m tile
+        // kLean: dp^T's accumulators start at -delta, so the products leave dp^T - delta
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dpt[mt][nb][e] = kLean ? -delta_s[nb * 8 + 2 * t + (e & 1)] : 0.f;
 #pragma unroll
         for (int kc = 0; kc < DH / 16; ++kc) {
           uint32_t kf[MT][4], vf[MT][4];
@@ -793,7 +800,8 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
 #pragma unroll
           for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
+            for (int e = 0; e < 4; ++e)
+              st[mt][nb][e] *= kLean ? dpt[mt][nb][e] : dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
         if constexpr (!kFusedDq) {
           mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
         } else {
@@ -895,7 +903,14 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
       // One key sub-tile. `exact`: p through logit2, or with `bounds` (no
       // mask) through one key bound per row, as the forward's kLean.
       auto sub_tile = [&](bool exact, bool bounds) {
-        float s[2][KS / 8][4] = {}, dp[2][KS / 8][4] = {};
+        float s[2][KS / 8][4] = {}, dp[2][KS / 8][4];
+        // kLean: dp's accumulators start at -delta, so the products leave dp - delta
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nb = 0; nb < KS / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[mt][nb][e] = kLean ? -delta[mt][e >> 1] : 0.f;
         if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
           // (kLean: unrolled by 4 in 248 registers, 0 spilled; by 8 it spills)
           mma_nk_tile<DH, KS, S, kLean ? 4 : 1>(s, q_at, ks + nk_lane);
@@ -955,7 +970,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e] - delta[mt][e >> 1];
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] *= kLean ? dp[mt][nb][e] : dp[mt][nb][e] - delta[mt][e >> 1];
         mma_acc_tile<2, KS, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
       };
       run_sub_tile<kLean>(sub_tile, exact_tile(a, mask_row, q_block, n0, KS), mask_row == nullptr);
