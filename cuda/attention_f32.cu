@@ -25,7 +25,8 @@
 // same dp. No atomics: bitwise repeatable.
 // Lab variant (HG_ATTN_F32_VARIANT, docs/attention.md): delta = do . o in
 // that same fma chain (delta_kernel) and one key sweep in the dq kernel; 1
-// also prefetches the next q, do tile in the dk, dv kernel.
+// also prefetches the next q, do tile in the dk, dv kernel; 3 and 4 (one
+// kernel) add dq inside the dk, dv kernel in a fixed order, 4 prefetching.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -106,6 +107,23 @@ __device__ __forceinline__ void stage(float* tile, const float* src, int64_t ld,
     const float* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * (DH + 4) + c));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0)
+                 : "memory");
+  }
+}
+
+// Query rows [m0, m0 + 64)'s forward stats and delta into shared memory;
+// rows past Tq are zero-filled (logit2 gives them -inf, so prob never reads
+// their stats, and ds = 0). Same group rules as stage.
+template <int NT>
+__device__ __forceinline__ void stage_row_stats(float2* stat_s, float* delta_s, const Args& a, int64_t bh, int m0) {
+  for (int r = threadIdx.x; r < kCols; r += NT) {
+    const bool in = m0 + r < a.tq;
+    const int64_t at = bh * a.tq + (in ? m0 + r : 0);
+    const unsigned to_stat = static_cast<unsigned>(__cvta_generic_to_shared(stat_s + r));
+    const unsigned to_delta = static_cast<unsigned>(__cvta_generic_to_shared(delta_s + r));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(to_stat), "l"(a.stats + at), "r"(in ? 8 : 0)
+                 : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to_delta), "l"(a.delta + at), "r"(in ? 4 : 0)
                  : "memory");
   }
 }
@@ -498,6 +516,8 @@ __device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM
 // tile over its keys (ds from shared memory, row-major) and adds it into dq
 // in the fixed order of `order`; blocks take (head, key tile) from its
 // ticket, and key tile 0 sweeps from query 0 (rows with no key get dq = 0).
+// Both (variant 4): the next tile's q, do, stats and delta load during dq =
+// ds k and the dq add, which read neither (same sums as variant 3).
 template <int DH, int TY, int RM, bool kPrefetch, bool kFusedDq = false>
 __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder order) {
   constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
@@ -524,7 +544,15 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
   stage<BR, DH, NT>(vs, static_cast<const float*>(a.v) + koff, a.kv_row, k_block, a.tk);
   async_commit();
   const int m_first = kFusedDq ? order.first_flush(a, kt) * kCols : a.first_query(k_block) / kCols * kCols;
-  if (kPrefetch && m_first < a.tq) {
+  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
+  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
+  constexpr bool kLoadsDuringDq = kPrefetch && kFusedDq;
+  if (kLoadsDuringDq && m_first < a.tq) {
+    stage<kCols, DH, NT>(qs, q, a.q_row, m_last, a.tq);
+    stage<kCols, DH, NT>(dos, dout, a.o_row, m_last, a.tq);
+    stage_row_stats<NT>(stat_s, delta_s, a, bh, m_last);
+    async_commit();
+  } else if (kPrefetch && m_first < a.tq) {
     stage<kCols, DH, NT>(qs, q, a.q_row, m_first, a.tq);
     async_commit();
     stage<kCols, DH, NT>(dos, dout, a.o_row, m_first, a.tq);
@@ -535,8 +563,6 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
   float dk[RM][N] = {}, dv[RM][N] = {};
-  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
-  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
     const int m0 = kFusedDq ? m_first + m_last - m_up : m_up;
     const bool more = m_up + kCols < a.tq;
@@ -546,12 +572,14 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
       stage<kCols, DH, NT>(dos, dout, a.o_row, m0, a.tq);
       async_commit();
     }
-    for (int r = threadIdx.x; r < kCols; r += NT) {
-      const bool in = m0 + r < a.tq;
-      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
-      delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
+    if (!kLoadsDuringDq) {
+      for (int r = threadIdx.x; r < kCols; r += NT) {
+        const bool in = m0 + r < a.tq;
+        stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
+        delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
+      }
     }
-    if (kPrefetch) {
+    if (kPrefetch && !kLoadsDuringDq) {
       async_wait<1>();  // k, v and this tile's q; its do may still be in flight
     } else {
       async_wait<0>();
@@ -559,7 +587,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};  // s^T and dp^T: keys x queries
     tile_dots<DH, TY, RM>(s, ks, qs);
-    if (kPrefetch) {
+    if (kPrefetch && !kLoadsDuringDq) {
       async_wait<0>();  // this tile's do
       __syncthreads();
     }
@@ -576,7 +604,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
     store_t<TY, RM>(dss, PS, dp);
     __syncthreads();
     tile_axpy<DH, TY, RM>(dk, dss, PS, qs);
-    if (kPrefetch) {
+    if (kPrefetch && !kLoadsDuringDq) {
       __syncthreads();  // every thread is done with qs
       if (more) {
         stage<kCols, DH, NT>(qs, q, a.q_row, m0 + kCols, a.tq);
@@ -584,7 +612,15 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
       }
     }
     tile_axpy<DH, TY, RM>(dv, ps, PS, dos);
-    if (kPrefetch) {
+    if (kLoadsDuringDq) {
+      __syncthreads();  // every thread is done with qs, dos, ps and the stats (dss stays, for dq)
+      if (more) {
+        stage<kCols, DH, NT>(qs, q, a.q_row, m0 - kCols, a.tq);
+        stage<kCols, DH, NT>(dos, dout, a.o_row, m0 - kCols, a.tq);
+        stage_row_stats<NT>(stat_s, delta_s, a, bh, m0 - kCols);
+        async_commit();
+      }
+    } else if (kPrefetch) {
       __syncthreads();  // every thread is done with dos, ps, dss and the stats
       if (more) {
         stage<kCols, DH, NT>(dos, dout, a.o_row, m0 + kCols, a.tq);
@@ -592,7 +628,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
       }
     }
     if constexpr (kFusedDq) {  // dq = ds k over the block's keys (BR = 64 = kCols), then this warp's turn
-      static_assert(BR == kCols && !kPrefetch);
+      static_assert(BR == kCols);
       float dq[RM][N] = {};
       tile_axpy_rows<DH, TY, RM>(dq, dss, PS, ks);
       float* dq_head = static_cast<float*>(a.dq) + (q - static_cast<const float*>(a.q));  // dq has q's strides
@@ -640,19 +676,20 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
 // HG_ATTN_F32_VARIANT, read once: 3 (unset: the default, the fastest on the
 // H100 on 2026-11-26, 1.2-1.4x variant 2) the one-kernel backward
 // (docs/attention.md), 2 delta_kernel and one sweep, 1 the same with the dk,
-// dv prefetch, 0 the two-sweep dq kernel.
+// dv prefetch, 0 the two-sweep dq kernel; 4 is 3 with the next query
+// tile's loads during dq = ds k and the dq add.
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
     const std::string v = env == nullptr || *env == '\0' ? "3" : env;
-    if (v != "0" && v != "1" && v != "2" && v != "3")
-      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2 or 3, got '", v, "'");
+    if (v.size() != 1 || v[0] < '0' || v[0] > '4')
+      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2, 3 or 4, got '", v, "'");
     return std::stoi(v);
   }();
   return variant;
 }
 
-// kFusedDq: the one-kernel backward (variant 3): delta_kernel, the dq
+// kFusedDq: the one-kernel backward (variants 3 and 4): delta_kernel, the dq
 // kernel's exact delta where a block needs it, then dk, dv and dq in the dk,
 // dv kernel, adding into dq itself (no ring: each head has its own dq).
 template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false>
@@ -691,6 +728,7 @@ void backward_f32(const Args& a, int64_t heads_total) {
     case 1: return backward_kernels<DH, true, true>(a, heads_total);
     case 2: return backward_kernels<DH, true, false>(a, heads_total);
     case 3: return backward_kernels<DH, true, false, true>(a, heads_total);
+    case 4: return backward_kernels<DH, true, true, true>(a, heads_total);
     default: return backward_kernels<DH, false, false>(a, heads_total);
   }
 }
