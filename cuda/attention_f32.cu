@@ -557,8 +557,9 @@ __device__ __forceinline__ void stage_query_tile(const DkdvTiles& t, const Args&
 // tile over its keys (ds from shared memory, row-major) and adds it into dq
 // in the fixed order of `order`; blocks take (head, key tile) from its
 // ticket, and key tile 0 sweeps from query 0 (rows with no key get dq = 0).
-// Both (variant 4): the next tile's q, do, stats and delta load during dq =
-// ds k and the dq add, which read neither (same sums as variant 3).
+// Both (variant 5, and 4 at dh 32, 64): the next tile's q, do, stats and
+// delta load during dq = ds k and the dq add, which read none of them (same
+// sums as variant 3).
 template <int DH, int TY, int RM, bool kPrefetch, bool kFusedDq = false>
 __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder order) {
   constexpr int BR = TY * RM, PS = BR + 4, NT = 16 * TY, N = DH / 16;
