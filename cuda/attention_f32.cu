@@ -25,7 +25,8 @@
 // same dp. No atomics: bitwise repeatable.
 // Lab variant (HG_ATTN_F32_VARIANT, docs/attention.md): delta = do . o in
 // that same fma chain (delta_kernel) and one key sweep in the dq kernel; 1
-// also prefetches the next q, do tile in the dk, dv kernel.
+// also prefetches the next q, do tile in the dk, dv kernel; 3 and 4 (one
+// kernel) add dq inside the dk, dv kernel in a fixed order, 4 prefetching.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -50,10 +51,11 @@ __device__ __forceinline__ int ty() { return threadIdx.x / 16; }
 
 // Row i < RM of the thread's micro-tile among the block's TY * RM rows: runs
 // of four rows, 4 TY apart. The two row groups of a warp read rows 4 apart,
-// 16 banks apart in a tile of row stride DH + 4.
-template <int TY>
+// 16 banks apart in a tile of row stride DH + 4. kGroups > 1: the block is
+// kGroups groups of 16 TY threads, each with this geometry (backward_split_kernel).
+template <int TY, int kGroups = 1>
 __device__ __forceinline__ int row_of(int i) {
-  return (i / 4) * (4 * TY) + ty() * 4 + i % 4;
+  return (i / 4) * (4 * TY) + (kGroups == 1 ? ty() : ty() % TY) * 4 + i % 4;
 }
 // Column c < 4: the 16 lanes of a row group read 16 consecutive rows of the
 // column operand (4 banks apart: no conflict).
@@ -110,6 +112,23 @@ __device__ __forceinline__ void stage(float* tile, const float* src, int64_t ld,
   }
 }
 
+// Query rows [m0, m0 + 64)'s forward stats and delta into shared memory;
+// rows past Tq are zero-filled (logit2 gives them -inf, so prob never reads
+// their stats, and ds = 0). Same group rules as stage.
+template <int NT>
+__device__ __forceinline__ void stage_row_stats(float2* stat_s, float* delta_s, const Args& a, int64_t bh, int m0) {
+  for (int r = threadIdx.x; r < kCols; r += NT) {
+    const bool in = m0 + r < a.tq;
+    const int64_t at = bh * a.tq + (in ? m0 + r : 0);
+    const unsigned to_stat = static_cast<unsigned>(__cvta_generic_to_shared(stat_s + r));
+    const unsigned to_delta = static_cast<unsigned>(__cvta_generic_to_shared(delta_s + r));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(to_stat), "l"(a.stats + at), "r"(in ? 8 : 0)
+                 : "memory");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(to_delta), "l"(a.delta + at), "r"(in ? 4 : 0)
+                 : "memory");
+  }
+}
+
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int kPending>
 __device__ __forceinline__ void async_wait() {
@@ -129,14 +148,14 @@ __device__ __forceinline__ float dot4(float acc, float4 a, float4 b) {
 // stride DH + 4. One fma chain over d = 0, 1, ..., DH - 1 from acc = 0, the
 // same in every kernel (fmaf(a, b, c) = fmaf(b, a, c)): q . k and do . v come
 // out bitwise alike wherever they are recomputed.
-template <int DH, int TY, int RM>
+template <int DH, int TY, int RM, int kGroups = 1>
 __device__ __forceinline__ void tile_dots(float (&acc)[RM][4], const float* a, const float* b) {
   constexpr int S = DH + 4;
 #pragma unroll 4
   for (int d = 0; d < DH; d += 4) {
     float4 av[RM], bv[4];
 #pragma unroll
-    for (int i = 0; i < RM; ++i) av[i] = *reinterpret_cast<const float4*>(a + row_of<TY>(i) * S + d);
+    for (int i = 0; i < RM; ++i) av[i] = *reinterpret_cast<const float4*>(a + row_of<TY, kGroups>(i) * S + d);
 #pragma unroll
     for (int c = 0; c < 4; ++c) bv[c] = *reinterpret_cast<const float4*>(b + col_of(c) * S + d);
 #pragma unroll
@@ -147,26 +166,26 @@ __device__ __forceinline__ void tile_dots(float (&acc)[RM][4], const float* a, c
 }
 
 // x[i][c] -> pt[col_of(c)][row_of(i)], row stride ps: the transposed layout tile_axpy reads.
-template <int TY, int RM>
+template <int TY, int RM, int kGroups = 1>
 __device__ __forceinline__ void store_t(float* pt, int ps, const float (&x)[RM][4]) {
 #pragma unroll
   for (int c = 0; c < 4; ++c)
 #pragma unroll
     for (int g = 0; g < RM / 4; ++g)
-      *reinterpret_cast<float4*>(pt + col_of(c) * ps + row_of<TY>(4 * g)) =
+      *reinterpret_cast<float4*>(pt + col_of(c) * ps + row_of<TY, kGroups>(4 * g)) =
           make_float4(x[4 * g][c], x[4 * g + 1][c], x[4 * g + 2][c], x[4 * g + 3][c]);
 }
 
 // acc[i][e] += sum over the 64 columns j of pt[j][row_of(i)] * m[j][Dims::at(e)],
 // pt of row stride ps, m row-major of stride DH + 4.
-template <int DH, int TY, int RM>
+template <int DH, int TY, int RM, int kGroups = 1>
 __device__ __forceinline__ void tile_axpy(float (&acc)[RM][DH / 16], const float* pt, int ps, const float* m) {
 #pragma unroll 4
   for (int j = 0; j < kCols; ++j) {
     float p[RM], x[DH / 16];
 #pragma unroll
     for (int g = 0; g < RM / 4; ++g) {
-      const float4 f = *reinterpret_cast<const float4*>(pt + j * ps + row_of<TY>(4 * g));
+      const float4 f = *reinterpret_cast<const float4*>(pt + j * ps + row_of<TY, kGroups>(4 * g));
       p[4 * g] = f.x, p[4 * g + 1] = f.y, p[4 * g + 2] = f.z, p[4 * g + 3] = f.w;
     }
     Dims<DH>::load(x, m + j * (DH + 4));
@@ -489,6 +508,46 @@ __device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM
   order.arrive(bh, f);
 }
 
+// The dk, dv kernels' shared memory (Tiles::kDkdvSmem): k, v of the
+// block's BR keys and q, do of a 64-query tile (row stride DH + 4), p and ds
+// query-major (row stride BR + 4), and the query tile's stats and delta.
+struct DkdvTiles {
+  float *ks, *vs, *qs, *dos, *ps, *dss;
+  float2* stat_s;
+  float* delta_s;
+};
+template <int DH, int BR>
+__device__ __forceinline__ DkdvTiles dkdv_tiles(float* smem) {
+  constexpr int S = DH + 4, PS = BR + 4;
+  DkdvTiles t;
+  t.ks = smem;
+  t.vs = t.ks + BR * S;
+  t.qs = t.vs + BR * S;
+  t.dos = t.qs + kCols * S;
+  t.ps = t.dos + kCols * S;
+  t.dss = t.ps + kCols * PS;
+  t.stat_s = reinterpret_cast<float2*>(t.dss + kCols * PS);
+  t.delta_s = reinterpret_cast<float*>(t.stat_s + kCols);
+  return t;
+}
+
+// One cp.async group each: the block's k, v rows [k_block, k_block + BR);
+// query tile m0's q, do, stats and delta (q, dout: the head's).
+template <int DH, int BR, int NT>
+__device__ __forceinline__ void stage_keys(const DkdvTiles& t, const Args& a, int64_t koff, int k_block) {
+  stage<BR, DH, NT>(t.ks, static_cast<const float*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage<BR, DH, NT>(t.vs, static_cast<const float*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  async_commit();
+}
+template <int DH, int NT>
+__device__ __forceinline__ void stage_query_tile(const DkdvTiles& t, const Args& a, int64_t bh, const float* q,
+                                                 const float* dout, int m0) {
+  stage<kCols, DH, NT>(t.qs, q, a.q_row, m0, a.tq);
+  stage<kCols, DH, NT>(t.dos, dout, a.o_row, m0, a.tq);
+  stage_row_stats<NT>(t.stat_s, t.delta_s, a, bh, m0);
+  async_commit();
+}
+
 // dk, dv for BR keys, over the 64-query tiles from the first query that
 // sees them: s^T and dp^T (keys x queries) in registers, p and ds through
 // shared memory (query-major) into dv += p^T do and dk += ds^T q.
@@ -498,18 +557,15 @@ __device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM
 // tile over its keys (ds from shared memory, row-major) and adds it into dq
 // in the fixed order of `order`; blocks take (head, key tile) from its
 // ticket, and key tile 0 sweeps from query 0 (rows with no key get dq = 0).
+// Both (variant 5, and 4 at dh 32, 64): the next tile's q, do, stats and
+// delta load during dq = ds k and the dq add, which read none of them (same
+// sums as variant 3).
 template <int DH, int TY, int RM, bool kPrefetch, bool kFusedDq = false>
 __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder order) {
-  constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
+  constexpr int BR = TY * RM, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   extern __shared__ __align__(16) float smem[];
-  float* ks = smem;             // [BR][S]
-  float* vs = ks + BR * S;      // [BR][S]
-  float* qs = vs + BR * S;      // [64][S]
-  float* dos = qs + kCols * S;  // [64][S]
-  float* ps = dos + kCols * S;  // [64][PS]: p, query-major
-  float* dss = ps + kCols * PS;  // [64][PS]: ds, query-major
-  float2* stat_s = reinterpret_cast<float2*>(dss + kCols * PS);  // [64]
-  float* delta_s = reinterpret_cast<float*>(stat_s + kCols);     // [64]
+  const DkdvTiles tiles = dkdv_tiles<DH, BR>(smem);
+  const auto& [ks, vs, qs, dos, ps, dss, stat_s, delta_s] = tiles;
   int64_t bh = blockIdx.y;
   int kt = blockIdx.x;
   if constexpr (kFusedDq) {
@@ -520,11 +576,14 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
   const int64_t koff = a.kv_base(bh);
   const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
   const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
-  stage<BR, DH, NT>(ks, static_cast<const float*>(a.k) + koff, a.kv_row, k_block, a.tk);
-  stage<BR, DH, NT>(vs, static_cast<const float*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  async_commit();
+  stage_keys<DH, BR, NT>(tiles, a, koff, k_block);
   const int m_first = kFusedDq ? order.first_flush(a, kt) * kCols : a.first_query(k_block) / kCols * kCols;
-  if (kPrefetch && m_first < a.tq) {
+  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
+  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
+  constexpr bool kLoadsDuringDq = kPrefetch && kFusedDq;
+  if (kLoadsDuringDq && m_first < a.tq) {
+    stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m_last);
+  } else if (kPrefetch && m_first < a.tq) {
     stage<kCols, DH, NT>(qs, q, a.q_row, m_first, a.tq);
     async_commit();
     stage<kCols, DH, NT>(dos, dout, a.o_row, m_first, a.tq);
@@ -535,8 +594,6 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
   float dk[RM][N] = {}, dv[RM][N] = {};
-  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
-  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
     const int m0 = kFusedDq ? m_first + m_last - m_up : m_up;
     const bool more = m_up + kCols < a.tq;
@@ -546,12 +603,14 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
       stage<kCols, DH, NT>(dos, dout, a.o_row, m0, a.tq);
       async_commit();
     }
-    for (int r = threadIdx.x; r < kCols; r += NT) {
-      const bool in = m0 + r < a.tq;
-      stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
-      delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
+    if (!kLoadsDuringDq) {
+      for (int r = threadIdx.x; r < kCols; r += NT) {
+        const bool in = m0 + r < a.tq;
+        stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
+        delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
+      }
     }
-    if (kPrefetch) {
+    if (kPrefetch && !kLoadsDuringDq) {
       async_wait<1>();  // k, v and this tile's q; its do may still be in flight
     } else {
       async_wait<0>();
@@ -559,7 +618,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};  // s^T and dp^T: keys x queries
     tile_dots<DH, TY, RM>(s, ks, qs);
-    if (kPrefetch) {
+    if (kPrefetch && !kLoadsDuringDq) {
       async_wait<0>();  // this tile's do
       __syncthreads();
     }
@@ -576,7 +635,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
     store_t<TY, RM>(dss, PS, dp);
     __syncthreads();
     tile_axpy<DH, TY, RM>(dk, dss, PS, qs);
-    if (kPrefetch) {
+    if (kPrefetch && !kLoadsDuringDq) {
       __syncthreads();  // every thread is done with qs
       if (more) {
         stage<kCols, DH, NT>(qs, q, a.q_row, m0 + kCols, a.tq);
@@ -584,7 +643,10 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
       }
     }
     tile_axpy<DH, TY, RM>(dv, ps, PS, dos);
-    if (kPrefetch) {
+    if (kLoadsDuringDq) {
+      __syncthreads();  // every thread is done with qs, dos, ps and the stats (dss stays, for dq)
+      if (more) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m0 - kCols);
+    } else if (kPrefetch) {
       __syncthreads();  // every thread is done with dos, ps, dss and the stats
       if (more) {
         stage<kCols, DH, NT>(dos, dout, a.o_row, m0 + kCols, a.tq);
@@ -592,7 +654,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
       }
     }
     if constexpr (kFusedDq) {  // dq = ds k over the block's keys (BR = 64 = kCols), then this warp's turn
-      static_assert(BR == kCols && !kPrefetch);
+      static_assert(BR == kCols);
       float dq[RM][N] = {};
       tile_axpy_rows<DH, TY, RM>(dq, dss, PS, ks);
       float* dq_head = static_cast<float*>(a.dq) + (q - static_cast<const float*>(a.q));  // dq has q's strides
@@ -607,6 +669,91 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
     if (j >= a.tk) continue;
     Dims<DH>::store(dk_out + int64_t(j) * a.kv_row, dk[i], a.scale);
     Dims<DH>::store(dv_out + int64_t(j) * a.kv_row, dv[i], 1.f);
+  }
+}
+
+// Variant 4 at dh 128: the one-kernel backward (dk, dv and dq as variant 3,
+// 64 keys, 256 threads) with the work of the score and dk, dv products split
+// between the block's two halves of 128 threads instead of shared: half 0
+// computes s^T, p and dv += p^T do, half 1 dp^T, ds (reading p back from
+// shared memory) and dk += ds^T q, each as an 8 x 4 score and an 8 x 8
+// output micro-tile (TY 8, RM 8 within the half: 12 float4 loads per 128
+// fmas instead of 16 in the scores, 8 instead of 12 in the outputs). All 256
+// threads then compute dq = ds k and add it as variant 3 (TY 16, RM 4). The
+// next query tile's q, do, stats and delta load during dq. Every sum is
+// variant 3's, in the same order: the same bits.
+template <int DH>
+__global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder order) {
+  constexpr int TY = 8, RM = 8, BR = TY * RM, PS = BR + 4, NT = 256, N = DH / 16;
+  constexpr int kDqTy = 16, kDqRm = 4;  // dq: variant 3's geometry over all 256 threads
+  static_assert(BR == kCols && kDqTy * kDqRm == kCols);
+  extern __shared__ __align__(16) float smem[];
+  const DkdvTiles tiles = dkdv_tiles<DH, BR>(smem);
+  const auto& [ks, vs, qs, dos, ps, dss, stat_s, delta_s] = tiles;
+  const int64_t item = order.take_ticket();
+  const int64_t bh = item / order.key_tiles;
+  const int kt = static_cast<int>(item % order.key_tiles);
+  const int k_block = kt * BR;
+  const int64_t koff = a.kv_base(bh);
+  const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
+  const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
+  stage_keys<DH, BR, NT>(tiles, a, koff, k_block);
+  const int m_first = order.first_flush(a, kt) * kCols;
+  const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;  // swept from the last, as variant 3
+  if (m_first < a.tq) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m_last);
+  const bool dk_half = threadIdx.x >= NT / 2;  // warp-uniform
+  const float* mask_row = a.mask_row(bh);
+  float bias[RM];
+#pragma unroll
+  for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY, 2>(i));
+  float acc[RM][N] = {};  // dv (half 0) or dk (half 1)
+  float* dq_head = static_cast<float*>(a.dq) + a.q_base(bh);  // dq has q's strides
+  for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
+    const int m0 = m_first + m_last - m_up;
+    async_wait<0>();
+    __syncthreads();  // this tile's loads are in; every thread is done with the previous dss
+    float x[RM][4] = {};  // s^T, then p (half 0); dp^T, then ds (half 1): keys x queries
+    if (!dk_half) {
+      tile_dots<DH, TY, RM, 2>(x, ks, qs);
+#pragma unroll
+      for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          x[i][c] = prob(logit2(a, x[i][c], bias[i], m0 + col_of(c), k_block + row_of<TY, 2>(i)), stat_s[col_of(c)]);
+      store_t<TY, RM, 2>(ps, PS, x);
+    } else {
+      tile_dots<DH, TY, RM, 2>(x, vs, dos);
+    }
+    __syncthreads();  // p is in ps
+    if (!dk_half) {
+      tile_axpy<DH, TY, RM, 2>(acc, ps, PS, dos);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int g = 0; g < RM / 4; ++g) {  // p where half 0's twin thread stored it (store_t)
+          const float4 p = *reinterpret_cast<const float4*>(ps + col_of(c) * PS + row_of<TY, 2>(4 * g));
+          const float d = delta_s[col_of(c)];
+          x[4 * g][c] = p.x * (x[4 * g][c] - d);  // ds without the scale
+          x[4 * g + 1][c] = p.y * (x[4 * g + 1][c] - d);
+          x[4 * g + 2][c] = p.z * (x[4 * g + 2][c] - d);
+          x[4 * g + 3][c] = p.w * (x[4 * g + 3][c] - d);
+        }
+      store_t<TY, RM, 2>(dss, PS, x);
+      asm volatile("bar.sync 1, %0;\n" ::"n"(NT / 2) : "memory");  // half 1's ds is in dss
+      tile_axpy<DH, TY, RM, 2>(acc, dss, PS, qs);
+    }
+    __syncthreads();  // every thread is done with qs, dos, ps and the stats; dss is complete
+    if (m_up + kCols < a.tq) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m0 - kCols);
+    float dq[kDqRm][N] = {};
+    tile_axpy_rows<DH, kDqTy, kDqRm>(dq, dss, PS, ks);
+    flush_dq_f32<DH, kDqTy, kDqRm>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
+  }
+  float* out = static_cast<float*>(dk_half ? a.dk : a.dv) + koff;
+#pragma unroll
+  for (int i = 0; i < RM; ++i) {
+    const int j = k_block + row_of<TY, 2>(i);
+    if (j < a.tk) Dims<DH>::store(out + int64_t(j) * a.kv_row, acc[i], dk_half ? a.scale : 1.f);
   }
 }
 
@@ -640,22 +787,25 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
 // HG_ATTN_F32_VARIANT, read once: 3 (unset: the default, the fastest on the
 // H100 on 2026-11-26, 1.2-1.4x variant 2) the one-kernel backward
 // (docs/attention.md), 2 delta_kernel and one sweep, 1 the same with the dk,
-// dv prefetch, 0 the two-sweep dq kernel.
+// dv prefetch, 0 the two-sweep dq kernel; 5 is 3 with the next query
+// tile's loads during dq = ds k and the dq add, 4 is 5 with, at dh 128,
+// backward_split_kernel. 3, 4 and 5 give the same bits.
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
     const std::string v = env == nullptr || *env == '\0' ? "3" : env;
-    if (v != "0" && v != "1" && v != "2" && v != "3")
-      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2 or 3, got '", v, "'");
+    if (v.size() != 1 || v[0] < '0' || v[0] > '5')
+      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2, 3, 4 or 5, got '", v, "'");
     return std::stoi(v);
   }();
   return variant;
 }
 
-// kFusedDq: the one-kernel backward (variant 3): delta_kernel, the dq
+// kFusedDq: the one-kernel backward (variants 3 to 5): delta_kernel, the dq
 // kernel's exact delta where a block needs it, then dk, dv and dq in the dk,
-// dv kernel, adding into dq itself (no ring: each head has its own dq).
-template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false>
+// dv kernel, adding into dq itself (no ring: each head has its own dq);
+// kSplit: backward_split_kernel instead at dh 128.
+template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false, bool kSplit = false>
 void backward_kernels(const Args& a, int64_t heads_total) {
   using T = Tiles<DH>;
   if (kOneSweep) {
@@ -668,6 +818,12 @@ void backward_kernels(const Args& a, int64_t heads_total) {
   const auto dkdv = backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, kFusedDq>;
   if constexpr (kFusedDq) {
     const DqWorkspace work = dq_workspace(a, heads_total, T::kBwdRows, kCols, T::kBwdTy / 2, 0, DH);
+    if constexpr (kSplit && DH == 128) {  // the same tiles: 64 keys, 256 threads, dq in warps of 8 x 4 rows
+      static_assert(T::kBwdRows == 64 && T::kBwdTy == 16);
+      launch(backward_split_kernel<DH>, 256, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a,
+             "attention_backward_split_f32", work.order);
+      return;
+    }
     launch(dkdv, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a, "attention_backward_fused_f32",
            work.order);
   } else {
@@ -691,6 +847,8 @@ void backward_f32(const Args& a, int64_t heads_total) {
     case 1: return backward_kernels<DH, true, true>(a, heads_total);
     case 2: return backward_kernels<DH, true, false>(a, heads_total);
     case 3: return backward_kernels<DH, true, false, true>(a, heads_total);
+    case 4: return backward_kernels<DH, true, true, true, true>(a, heads_total);
+    case 5: return backward_kernels<DH, true, true, true>(a, heads_total);
     default: return backward_kernels<DH, false, false>(a, heads_total);
   }
 }
