@@ -26,7 +26,8 @@
 // Lab variant (HG_ATTN_F32_VARIANT, docs/attention.md): delta = do . o in
 // that same fma chain (delta_kernel) and one key sweep in the dq kernel; 1
 // also prefetches the next q, do tile in the dk, dv kernel; 3 and 4 (one
-// kernel) add dq inside the dk, dv kernel in a fixed order, 4 prefetching.
+// kernel) add dq inside the dk, dv kernel in a fixed order, 4 prefetching
+// (5, 6: see backward_variant).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -508,6 +509,45 @@ __device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM
   order.arrive(bh, f);
 }
 
+// As flush_dq_f32 for a partial dq held in shared memory (dqs: [64][DH + 4],
+// without the scale), flushed by the 4 warps of half 1 of backward_split_kernel
+// (warp w: rows 16 w .. 16 w + 15, lane l rows 16 w + 2 i + l / 16): the same
+// sums, so the same bits. A step's loads from dq are issued before its stores
+// (rows of different steps are distinct).
+template <int DH>
+__device__ void flush_dq_shared_f32(const Args& a, const DqOrder& order, const float* dqs, float* dq_head, int64_t bh,
+                                    int kt, int f, int m0) {
+  // The lane's 8 rows in two steps of 4 (all 8 sums in flight at once spill: 255 registers).
+  constexpr int N = DH / 16, kRowsPerStep = 4;
+  const int warp = (threadIdx.x / 32) % 4, half = (threadIdx.x % 32) / 16;
+  const int last = order.last_contributor(a, f);
+  order.wait_turn(bh, kt, f, last);
+#pragma unroll
+  for (int r0 = 0; r0 < 8; r0 += kRowsPerStep) {
+    float sum[kRowsPerStep][N];
+    if (kt > 0) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerStep; ++i) {
+        const int row = 16 * warp + 2 * (r0 + i) + half;
+        if (m0 + row < a.tq) Dims<DH>::template load<true>(sum[i], dq_head + int64_t(m0 + row) * a.q_row);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerStep; ++i) {
+      const int row = 16 * warp + 2 * (r0 + i) + half;
+      if (m0 + row >= a.tq) continue;
+      float dq[N];
+      Dims<DH>::load(dq, dqs + row * (DH + 4));
+      if (kt > 0) {
+#pragma unroll
+        for (int e = 0; e < N; ++e) dq[e] = sum[i][e] + dq[e];
+      }
+      Dims<DH>::store(dq_head + int64_t(m0 + row) * a.q_row, dq, kt == last ? a.scale : 1.f);
+    }
+  }
+  order.arrive(bh, f);
+}
+
 // The dk, dv kernels' shared memory (Tiles::kDkdvSmem): k, v of the
 // block's BR keys and q, do of a 64-query tile (row stride DH + 4), p and ds
 // query-major (row stride BR + 4), and the query tile's stats and delta.
@@ -682,7 +722,12 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
 // threads then compute dq = ds k and add it as variant 3 (TY 16, RM 4). The
 // next query tile's q, do, stats and delta load during dq. Every sum is
 // variant 3's, in the same order: the same bits.
-template <int DH>
+// kSharedDq (variant 6): dq = ds k goes to shared memory (dqs, after the
+// tiles) instead of straight into dq, and half 1 adds it into dq at the start
+// of the next tile, before its dp^T, while half 0 computes s^T and p: the
+// flush's waits and L2 round trips no longer stall the whole block. Only
+// half 1's 4 warps arrive on the counters. The same sums: the same bits.
+template <int DH, bool kSharedDq = false>
 __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder order) {
   constexpr int TY = 8, RM = 8, BR = TY * RM, PS = BR + 4, NT = 256, N = DH / 16;
   constexpr int kDqTy = 16, kDqRm = 4;  // dq: variant 3's geometry over all 256 threads
@@ -708,6 +753,7 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY, 2>(i));
   float acc[RM][N] = {};  // dv (half 0) or dk (half 1)
   float* dq_head = static_cast<float*>(a.dq) + a.q_base(bh);  // dq has q's strides
+  [[maybe_unused]] float* dqs = delta_s + kCols;                // kSharedDq: [64][DH + 4], dq = ds k of the tile before
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
     const int m0 = m_first + m_last - m_up;
     async_wait<0>();
@@ -722,6 +768,7 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
           x[i][c] = prob(logit2(a, x[i][c], bias[i], m0 + col_of(c), k_block + row_of<TY, 2>(i)), stat_s[col_of(c)]);
       store_t<TY, RM, 2>(ps, PS, x);
     } else {
+      if (kSharedDq && m_up > m_first) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m0 / kCols + 1, m0 + kCols);
       tile_dots<DH, TY, RM, 2>(x, vs, dos);
     }
     __syncthreads();  // p is in ps
@@ -747,7 +794,16 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
     if (m_up + kCols < a.tq) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m0 - kCols);
     float dq[kDqRm][N] = {};
     tile_axpy_rows<DH, kDqTy, kDqRm>(dq, dss, PS, ks);
-    flush_dq_f32<DH, kDqTy, kDqRm>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
+    if constexpr (kSharedDq) {  // half 1 read the previous dqs before the last barrier
+#pragma unroll
+      for (int i = 0; i < kDqRm; ++i) Dims<DH>::store(dqs + row_of<kDqTy>(i) * (DH + 4), dq[i], 1.f);
+    } else {
+      flush_dq_f32<DH, kDqTy, kDqRm>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
+    }
+  }
+  if (kSharedDq && m_first < a.tq) {  // the last tile swept is the first, m_first
+    __syncthreads();                  // dqs is complete
+    if (dk_half) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m_first / kCols, m_first);
   }
   float* out = static_cast<float*>(dk_half ? a.dk : a.dv) + koff;
 #pragma unroll
@@ -785,27 +841,28 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
 }
 
 // HG_ATTN_F32_VARIANT, read once: 4 (unset: the default, the fastest on the
-// H100 on 2026-11-26) is 5 with, at dh 128, backward_split_kernel; 5 is 3
+// H100 on 2026-11-26) is 5 with, at dh 128, backward_split_kernel; 6 is 4
+// with that kernel's dq add moved into the next tile (kSharedDq); 5 is 3
 // with the next query tile's loads during dq = ds k and the dq add; 3 the
 // one-kernel backward (docs/attention.md; 1.2-1.4x variant 2); 2
 // delta_kernel and one sweep, 1 the same with the dk, dv prefetch, 0 the
-// two-sweep dq kernel. 3, 4 and 5 give the same bits.
+// two-sweep dq kernel. 3, 4, 5 and 6 give the same bits.
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
     const std::string v = env == nullptr || *env == '\0' ? "4" : env;
-    if (v.size() != 1 || v[0] < '0' || v[0] > '5')
-      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2, 3, 4 or 5, got '", v, "'");
+    if (v.size() != 1 || v[0] < '0' || v[0] > '6')
+      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2, 3, 4, 5 or 6, got '", v, "'");
     return std::stoi(v);
   }();
   return variant;
 }
 
-// kFusedDq: the one-kernel backward (variants 3 to 5): delta_kernel, the dq
+// kFusedDq: the one-kernel backward (variants 3 to 6): delta_kernel, the dq
 // kernel's exact delta where a block needs it, then dk, dv and dq in the dk,
 // dv kernel, adding into dq itself (no ring: each head has its own dq);
 // kSplit: backward_split_kernel instead at dh 128.
-template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false, bool kSplit = false>
+template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false, bool kSplit = false, bool kSharedDq = false>
 void backward_kernels(const Args& a, int64_t heads_total) {
   using T = Tiles<DH>;
   if (kOneSweep) {
@@ -817,10 +874,12 @@ void backward_kernels(const Args& a, int64_t heads_total) {
          heads_total, T::kDqSmem, a, "attention_backward_dq_f32");  // writes delta unless kOneSweep
   const auto dkdv = backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, kFusedDq>;
   if constexpr (kFusedDq) {
-    const DqWorkspace work = dq_workspace(a, heads_total, T::kBwdRows, kCols, T::kBwdTy / 2, 0, DH);
+    constexpr bool kShared = kSplit && kSharedDq && DH == 128;  // half 1's 4 warps arrive, not all 8
+    const DqWorkspace work = dq_workspace(a, heads_total, T::kBwdRows, kCols, kShared ? 4 : T::kBwdTy / 2, 0, DH);
     if constexpr (kSplit && DH == 128) {  // the same tiles: 64 keys, 256 threads, dq in warps of 8 x 4 rows
       static_assert(T::kBwdRows == 64 && T::kBwdTy == 16);
-      launch(backward_split_kernel<DH>, 256, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a,
+      const size_t smem = T::kDkdvSmem + (kShared ? 4 * kCols * (DH + 4) : 0);  // + dqs
+      launch(backward_split_kernel<DH, kShared>, 256, a.tk, T::kBwdRows, heads_total, smem, a,
              "attention_backward_split_f32", work.order);
       return;
     }
@@ -849,6 +908,7 @@ void backward_f32(const Args& a, int64_t heads_total) {
     case 3: return backward_kernels<DH, true, false, true>(a, heads_total);
     case 4: return backward_kernels<DH, true, true, true, true>(a, heads_total);
     case 5: return backward_kernels<DH, true, true, true>(a, heads_total);
+    case 6: return backward_kernels<DH, true, true, true, true, true>(a, heads_total);
     default: return backward_kernels<DH, false, false>(a, heads_total);
   }
 }
