@@ -6,10 +6,10 @@
 // (core/simd.hpp store_streaming): only outputs of at least
 // streaming_store_bytes(), which a consumer reading them next would not find
 // in cache anyway. Smaller outputs keep normal stores, so the op after them
-// reads them from cache (docs/cpu.md: why 4 MiB, and the measurements).
+// reads them from cache (docs/cpu.md: why 16 MiB, and the measurements).
 namespace hg {
 
-constexpr int64_t kDefaultStreamingStoreMiB = 4;
+constexpr int64_t kDefaultStreamingStoreMiB = 16;
 
 // The threshold in bytes: HG_CPU_STREAM_MIB (a whole number of MiB, or "off")
 // when set, else kDefaultStreamingStoreMiB. A bad value is an hg::Error.
