@@ -97,7 +97,12 @@ HG_SIMD_INLINE void prefetch_for_write(float* p) { __builtin_prefetch(p, 1, 3); 
 // bits written are the same. Call store_fence() before other threads read.
 HG_SIMD_INLINE void store_streaming(float* p, Floats v) {
 #if defined(__x86_64__) && defined(__clang__)
-  __builtin_nontemporal_store(v, reinterpret_cast<Floats*>(p));
+  // In 16-byte pieces: a 64-byte one would demand 64-byte alignment.
+  typedef float Quarter __attribute__((vector_size(16)));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 0, 1, 2, 3), reinterpret_cast<Quarter*>(p));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 4, 5, 6, 7), reinterpret_cast<Quarter*>(p + 4));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 8, 9, 10, 11), reinterpret_cast<Quarter*>(p + 8));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 12, 13, 14, 15), reinterpret_cast<Quarter*>(p + 12));
 #elif defined(__x86_64__) && defined(__GNUC__)
   __builtin_ia32_movntps(p, __builtin_shufflevector(v, v, 0, 1, 2, 3));
   __builtin_ia32_movntps(p + 4, __builtin_shufflevector(v, v, 4, 5, 6, 7));
