@@ -89,6 +89,37 @@ HG_SIMD_INLINE bool any(Ints mask) {
 HG_SIMD_INLINE void prefetch(const float* p) { __builtin_prefetch(p, 0, 3); }
 HG_SIMD_INLINE void prefetch_for_write(float* p) { __builtin_prefetch(p, 1, 3); }
 
+// A full-vector store that bypasses the caches (non-temporal): the core
+// does not read the line first (read-for-ownership), so a kernel writing an
+// output too large to stay in cache moves 2/3 of the bytes (docs/cpu.md).
+// p must be 16-byte aligned. SSE's movntps is in every x86-64 clone (four
+// per vector); elsewhere a plain store. Only the store kind differs: the
+// bits written are the same. Call store_fence() before other threads read.
+HG_SIMD_INLINE void store_streaming(float* p, Floats v) {
+#if defined(__x86_64__) && defined(__clang__)
+  // In 16-byte pieces: a 64-byte one would demand 64-byte alignment.
+  typedef float Quarter __attribute__((vector_size(16)));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 0, 1, 2, 3), reinterpret_cast<Quarter*>(p));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 4, 5, 6, 7), reinterpret_cast<Quarter*>(p + 4));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 8, 9, 10, 11), reinterpret_cast<Quarter*>(p + 8));
+  __builtin_nontemporal_store(__builtin_shufflevector(v, v, 12, 13, 14, 15), reinterpret_cast<Quarter*>(p + 12));
+#elif defined(__x86_64__) && defined(__GNUC__)
+  __builtin_ia32_movntps(p, __builtin_shufflevector(v, v, 0, 1, 2, 3));
+  __builtin_ia32_movntps(p + 4, __builtin_shufflevector(v, v, 4, 5, 6, 7));
+  __builtin_ia32_movntps(p + 8, __builtin_shufflevector(v, v, 8, 9, 10, 11));
+  __builtin_ia32_movntps(p + 12, __builtin_shufflevector(v, v, 12, 13, 14, 15));
+#else
+  store(p, v);
+#endif
+}
+// Orders this thread's streaming stores before its later stores (the
+// thread pool's completion flag): x86's non-temporal stores are weakly ordered.
+HG_SIMD_INLINE void store_fence() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_ia32_sfence();
+#endif
+}
+
 HG_SIMD_INLINE Floats abs(Floats v) { return (Floats)((Ints)v & 0x7fffffff); }
 
 // Horizontal sum / max in a fixed tree order: lane i meets lane i + w for

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
 #include "core/random.hpp"
+#include "core/streaming_stores.hpp"
 #include "core/tensor_functions.hpp"
 #include "ops/attention.hpp"
 #include "ops/cross_entropy.hpp"
@@ -160,6 +162,40 @@ TEST_CASE("fused LayerNorm is bitwise the same at any thread count", "[threads][
         return std::vector<Tensor>{yv, saved.mean, saved.rstd, g.dx, g.dgamma, g.dbeta};
       });
     }
+}
+
+// Streaming stores change only how y reaches memory (core/streaming_stores.hpp):
+// threshold 0 streams every output, the largest value none. Odd widths put
+// row starts at every 4-byte alignment (rows not 16-byte aligned, and the
+// partial tail vectors, keep normal stores); 4097 and 1024 give long rows.
+TEST_CASE("fused LayerNorm forward writes the same bits with streaming stores", "[threads][layernorm]") {
+  const int64_t saved_threshold = hg::streaming_store_bytes();
+  ThreadScope scope;
+  for (const Shape& s : std::vector<Shape>{{1000, 77}, {64, 4097}, {300, 1024}, {3, 5}, {7, 16}}) {
+    INFO("shape " << s[0] << "x" << s[1]);
+    const Tensor x = randn(s, 16, DType::F32, 3.0, 2.0);
+    const Tensor gamma = randn({s[1]}, 17, DType::F32, 1.0), beta = randn({s[1]}, 18, DType::F32);
+    auto forward = [&] {
+      hg::LayerNormSaved saved;
+      const Tensor yv = hg::layernorm_forward(x, gamma, beta, 1e-5, &saved);
+      return std::vector<Tensor>{yv, saved.mean, saved.rstd};
+    };
+    hg::set_streaming_store_bytes(std::numeric_limits<int64_t>::max());
+    hg::set_num_threads(1);
+    const std::vector<Tensor> want = forward();
+    hg::set_streaming_store_bytes(0);
+    for (int n : {1, 3}) {
+      hg::set_num_threads(n);
+      const std::vector<Tensor> got = forward();
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("threads " << n << ", output " << i);
+        CHECK(same_bits(got[i], want[i]));
+      }
+    }
+  }
+  hg::set_streaming_store_bytes(saved_threshold);
+  CHECK_THROWS_AS(hg::set_streaming_store_bytes(-1), hg::Error);
+  CHECK(hg::streaming_store_bytes() == saved_threshold);
 }
 
 TEST_CASE("fused softmax is bitwise the same at any thread count", "[threads][softmax]") {

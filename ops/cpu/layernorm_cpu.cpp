@@ -8,6 +8,7 @@
 
 #include "core/parallel.hpp"
 #include "core/simd.hpp"
+#include "core/streaming_stores.hpp"
 
 namespace hg::cpu {
 namespace {
@@ -59,8 +60,10 @@ using simd::kLanes;
 using simd::load_n;
 using simd::store_n;
 
+// stream: y's full, 16-byte aligned vectors go out with streaming stores
+// (core/streaming_stores.hpp); the same values either way.
 HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float* b, double eps, int64_t r0,
-                                     int64_t r1, int64_t D, float* y, float* mean, float* rstd) {
+                                     int64_t r1, int64_t D, float* y, float* mean, float* rstd, bool stream) {
   const double inv_d = 1.0 / static_cast<double>(D);
   float sum = simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(x + r0 * D + i, k); });
   for (int64_t r = r0; r < r1; ++r) {
@@ -77,6 +80,7 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
     const double rs = 1.0 / std::sqrt(var + eps);
     const float hi = static_cast<float>(mu), lo = static_cast<float>(mu - hi), rs_f = static_cast<float>(rs);
     float* yr = y + r * D;
+    const bool stream_row = stream && reinterpret_cast<uintptr_t>(yr) % 16 == 0;
     // One sweep writes this row's y from L1 and reads the next row from
     // memory for its first sum (added exactly as above), fetching the row
     // after it meanwhile (docs/cpu.md). The last row re-reads itself.
@@ -85,13 +89,16 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
     float next_sum[1];
     simd::sums(D, [&](int64_t i, int64_t k, Floats(&t)[1]) HG_SIMD_LAMBDA {
       simd::prefetch(ahead + i);
-      store_n(yr + i, ((load_n(xr + i, k) - hi) - lo) * rs_f * load_n(g + i, k) + load_n(b + i, k), k);
+      const Floats out = ((load_n(xr + i, k) - hi) - lo) * rs_f * load_n(g + i, k) + load_n(b + i, k);
+      if (stream_row && k == kLanes) simd::store_streaming(yr + i, out);
+      else store_n(yr + i, out, k);
       t[0] = load_n(next + i, k);
     }, next_sum);
     sum = next_sum[0];
     mean[r] = hi;
     rstd[r] = rs_f;
   }
+  if (stream) simd::store_fence();
 }
 
 // Adds the first k lanes of v to p[0, k) in float64.
@@ -236,11 +243,13 @@ void backward_threaded(int64_t rows, int64_t D, T* dgamma, T* dbeta, const Block
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
                        int64_t rows, int64_t D, Tensor& y, Tensor& mean, Tensor& rstd) {
   switch (x.dtype()) {
-    case DType::F32:
+    case DType::F32: {
+      const bool stream = use_streaming_stores(rows * D * static_cast<int64_t>(sizeof(float)));
       return forward_threaded(rows, D, [&](int64_t r0, int64_t r1) {
         forward_rows_f32(x.data<float>(), gamma.data<float>(), beta.data<float>(), eps, r0, r1, D, y.data<float>(),
-                         mean.data<float>(), rstd.data<float>());
+                         mean.data<float>(), rstd.data<float>(), stream);
       });
+    }
     case DType::F64:
       return forward_threaded(rows, D, [&](int64_t r0, int64_t r1) {
         forward_rows_f64(x.data<double>(), gamma.data<double>(), beta.data<double>(), eps, r0, r1, D,
