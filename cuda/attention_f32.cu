@@ -840,9 +840,10 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
-// HG_ATTN_F32_VARIANT, read once: 4 (unset: the default, the fastest on the
-// H100 on 2026-11-26) is 5 with, at dh 128, backward_split_kernel; 6 is 4
-// with that kernel's dq add moved into the next tile (kSharedDq); 5 is 3
+// HG_ATTN_F32_VARIANT, read once: 6 (unset: the default, the fastest on the
+// H100 on 2026-11-26: dh 128 T 1024 9.9 ms, 4 10.5) is 4 with that kernel's
+// dq add moved into the next tile (kSharedDq); 4 is 5 with, at dh 128,
+// backward_split_kernel; 5 is 3
 // with the next query tile's loads during dq = ds k and the dq add; 3 the
 // one-kernel backward (docs/attention.md; 1.2-1.4x variant 2); 2
 // delta_kernel and one sweep, 1 the same with the dk, dv prefetch, 0 the
@@ -850,7 +851,7 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
 int backward_variant() {
   static const int variant = [] {
     const char* env = std::getenv("HG_ATTN_F32_VARIANT");
-    const std::string v = env == nullptr || *env == '\0' ? "4" : env;
+    const std::string v = env == nullptr || *env == '\0' ? "6" : env;
     if (v.size() != 1 || v[0] < '0' || v[0] > '6')
       fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2, 3, 4, 5 or 6, got '", v, "'");
     return std::stoi(v);
