@@ -1,12 +1,13 @@
 #include "core/parallel.hpp"
 
 #include <atomic>
-#include <cerrno>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/whole_number.hpp"
 
 namespace hg {
 namespace {
@@ -19,12 +20,10 @@ int threads_from_environment() {
     const unsigned cores = std::thread::hardware_concurrency();
     return cores == 0 ? 1 : static_cast<int>(cores);
   }
-  errno = 0;
-  char* end = nullptr;
-  const long n = std::strtol(text, &end, 10);
-  HG_CHECK(errno == 0 && end != text && *end == '\0' && n >= 1 && n <= kMaxThreads, "HG_NUM_THREADS",
-           "'", text, "' is not a thread count: allowed 1..", kMaxThreads, " (unset it to use every core)");
-  return static_cast<int>(n);
+  const std::optional<long> n = parse_whole_number(text, 1, kMaxThreads);
+  HG_CHECK(n.has_value(), "HG_NUM_THREADS", "'", text, "' is not a thread count: allowed 1..", kMaxThreads,
+           " (unset it to use every core)");
+  return static_cast<int>(*n);
 }
 
 std::atomic<int>& configured() {

@@ -1,12 +1,13 @@
 #include "core/streaming_stores.hpp"
 
 #include <atomic>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "core/error.hpp"
+#include "core/whole_number.hpp"
 
 namespace hg {
 namespace {
@@ -17,13 +18,10 @@ int64_t threshold_from_environment() {
   const char* text = std::getenv("HG_CPU_STREAM_MIB");
   if (text == nullptr || *text == '\0') return kDefaultStreamingStoreMiB << 20;
   if (std::strcmp(text, "off") == 0) return std::numeric_limits<int64_t>::max();
-  errno = 0;
-  char* end = nullptr;
-  const long mib = std::strtol(text, &end, 10);
-  HG_CHECK(errno == 0 && end != text && *end == '\0' && mib >= 0 && mib <= kMaxMiB, "HG_CPU_STREAM_MIB", "'",
-           text, "' is not allowed: a whole number of MiB 0..", kMaxMiB,
+  const std::optional<long> mib = parse_whole_number(text, 0, kMaxMiB);
+  HG_CHECK(mib.has_value(), "HG_CPU_STREAM_MIB", "'", text, "' is not allowed: a whole number of MiB 0..", kMaxMiB,
            " (outputs at least that large use streaming stores) or 'off'");
-  return static_cast<int64_t>(mib) << 20;
+  return static_cast<int64_t>(*mib) << 20;
 }
 
 std::atomic<int64_t>& threshold() {
