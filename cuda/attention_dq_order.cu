@@ -4,9 +4,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
+#include <optional>
 
 #include "core/error.hpp"
+#include "core/whole_number.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace hg::gpu::attn {
@@ -40,12 +41,10 @@ DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int f
 
 int dq_ring_slots(int64_t heads_total, int key_tiles, int64_t resident_blocks) {
   if (const char* env = std::getenv("HG_ATTN_DQ_RING"); env != nullptr && *env != '\0') {
-    const std::string v = env;
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    HG_CHECK(*end == '\0' && n >= 1 && n <= (1 << 20), "attention", "HG_ATTN_DQ_RING must be a slot count in 1..",
-             1 << 20, " (a lab switch), got '", v, "'");
-    return static_cast<int>(std::min<int64_t>(heads_total, n));
+    const std::optional<long> n = parse_whole_number(env, 1, 1 << 20);
+    HG_CHECK(n.has_value(), "attention", "HG_ATTN_DQ_RING must be a slot count in 1..", 1 << 20,
+             " (a lab switch), got '", env, "'");
+    return static_cast<int>(std::min<int64_t>(heads_total, *n));
   }
   const int64_t spanned = ceil_div(resident_blocks, key_tiles) + 1;  // by resident_blocks consecutive tickets
   return static_cast<int>(std::min<int64_t>(heads_total, 2 * spanned));

@@ -8,11 +8,12 @@
 // Plain C++, header only: the no-CUDA build needs nothing from it.
 #include <atomic>
 #include <cstdlib>
-#include <string>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
 #include "core/error.hpp"
+#include "core/whole_number.hpp"
 
 namespace hg::gpu {
 
@@ -59,12 +60,10 @@ class LabSwitch {
 
   int parse(const char* text) const {
     if (text == nullptr || *text == '\0') return kProduction;
-    const std::string v = text;
-    char* end = nullptr;
-    const long n = std::strtol(v.c_str(), &end, 10);
-    HG_CHECK(end != nullptr && *end == '\0' && n >= 0 && n < count_, env_, "must be one of 0..", count_ - 1,
-             " (a lab switch; unset for the production table), got '", v, "'");
-    return static_cast<int>(n);
+    const std::optional<long> n = parse_whole_number(text, 0, count_ - 1);
+    HG_CHECK(n.has_value(), env_, "must be one of 0..", count_ - 1,
+             " (a lab switch; unset for the production table), got '", text, "'");
+    return static_cast<int>(*n);
   }
 
   static constexpr int kUnread = -3;  // the environment not read yet
