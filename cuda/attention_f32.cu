@@ -773,6 +773,9 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
     }
     __syncthreads();  // p is in ps
     if (!dk_half) {
+      // Half 1's barrier, matched: every thread of the block passes the same
+      // number of barriers per tile (racecheck, docs/testing.md).
+      asm volatile("bar.sync 2, %0;\n" ::"n"(NT / 2) : "memory");
       tile_axpy<DH, TY, RM, 2>(acc, ps, PS, dos);
     } else {
 #pragma unroll
