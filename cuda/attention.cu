@@ -210,6 +210,35 @@ __device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const f
   }
 }
 
+// acc[MT][N / 8] += A B over K with both operands in shared memory (row
+// strides SA, SB). A: MT m16 tiles, of a row-major [M][K] tile read with
+// ldmatrix (`a_tile` = their address + lane_rc<SA>) or, kAT, of A^T stored
+// [K][M] read with ldmatrix.trans (`a_tile` = address of (0, first row) +
+// lane_nk<SA>). B: a row-major [K][N] tile read with ldmatrix.trans
+// (`b_tile` = the address of its first column + lane_rc<SB>). The loop over
+// K stays rolled (kUnroll 1) or unrolled kUnroll times.
+template <int MT, int K, int N, int SA, int SB, bool kAT = false, int kUnroll = K / 16>
+__device__ __forceinline__ void mma_smem_tile(float (&acc)[MT][N / 8][4], unsigned a_tile, unsigned b_tile) {
+#pragma unroll kUnroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (kAT) {
+        ldsm_trans(af[mt], a_tile + at<SA>(16 * kk, 16 * mt));
+      } else {
+        ldsm(af[mt], a_tile + at<SA>(16 * mt, 16 * kk));
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < N / 8; nb += 2) {
+      uint32_t b[4];
+      ldsm_trans(b, b_tile + at<SB>(16 * kk, 8 * nb));
+      mma_x2(acc, af, b, nb);
+    }
+  }
+}
+
 // Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
 // apart into a row-major shared tile with cp.async (global -> shared without
 // registers; zero-fill past the end); the caller commits the group and waits
@@ -231,11 +260,12 @@ __device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_
 // shared offset and one pointer step each), and a tile wholly inside the
 // source skips the bounds tests. (stage_rows_async's loop starts at
 // threadIdx.x, so nvcc cannot unroll it: ~25 instructions per cp.async
-// against ~3 here; docs/attention.md.) `tile` is a shared byte address.
-template <int ROWS, int D, int S>
+// against ~3 here; docs/attention.md.) `tile` is a shared byte address;
+// NT threads per block.
+template <int ROWS, int D, int S, int NT = kThreads>
 __device__ __forceinline__ void stage_tile_async(unsigned tile, const bf16* src, int64_t ld, int r0, int rows) {
-  constexpr int kChunks = D / 8, kPass = kThreads / kChunks;
-  static_assert(kThreads % kChunks == 0 && ROWS % kPass == 0, "a tile is whole passes of rows");
+  constexpr int kChunks = D / 8, kPass = NT / kChunks;
+  static_assert(NT % kChunks == 0 && ROWS % kPass == 0, "a tile is whole passes of rows");
   const int r = threadIdx.x / kChunks, c = threadIdx.x % kChunks * 8;
   const bf16* from = src + int64_t(r0 + r) * ld + c;
   const unsigned to = tile + at<S>(r, c);
@@ -558,26 +588,6 @@ struct FusedDqSplit {
   static_assert(kMQ >= 1 && kWR * kWC == NW);
 };
 
-// acc[MQ][CW / 8] += ds k over `keys`: ds^T a key-major [keys][SD] shared
-// tile (`ds_tile` = address of (0, first row) + lane_nk: ldmatrix.trans of
-// ds^T gives ds's A fragments), k a row-major [keys][S] tile (`k_tile` =
-// address of (0, first dim) + lane_rc: ldmatrix.trans gives B fragments).
-template <int KEYS, int MQ, int CW, int SD, int S>
-__device__ __forceinline__ void mma_ds_k(float (&acc)[MQ][CW / 8][4], unsigned ds_tile, unsigned k_tile) {
-#pragma unroll 1
-  for (int kk = 0; kk < KEYS / 16; ++kk) {
-    uint32_t af[MQ][4];
-#pragma unroll
-    for (int mq = 0; mq < MQ; ++mq) ldsm_trans(af[mq], ds_tile + at<SD>(16 * kk, 16 * mq));
-#pragma unroll
-    for (int nb = 0; nb < CW / 8; nb += 2) {
-      uint32_t b[4];
-      ldsm_trans(b, k_tile + at<S>(16 * kk, 8 * nb));
-      mma_x2(acc, af, b, nb);
-    }
-  }
-}
-
 // Key tile kt's turn at query tile f (cuda/attention_dq_order.cuh): this
 // warp's partial dq (rows row0 + 16 mq + g (+ 8), dims col0 + 8 nb + 2 t, +1;
 // without the scale) added to the sum of key tiles 0 .. kt - 1 in the head's
@@ -628,6 +638,104 @@ __device__ void stage_rows_by(bf16* tile, int stride, const bf16* src, int64_t l
   }
 }
 
+// Query rows [m0, m0 + QB) of one head into one stage of a dk/dv kernel
+// (blocks of NT threads): q and do as [QB][DH + 8] tiles, then the rows'
+// stats (QB float2) and delta (QB float); zeros past Tq. kLean: the tiles by
+// stage_tile_async, the stats by one `if`. The caller commits the group.
+template <bool kLean, int NT, int QB, int DH>
+__device__ __forceinline__ void stage_queries(unsigned char* stage, const Args& a, const bf16* q, const bf16* dout,
+                                              int bh, int m0) {
+  constexpr int S = DH + 8;
+  bf16* qs = reinterpret_cast<bf16*>(stage);
+  if constexpr (kLean) {
+    stage_tile_async<QB, DH, S, NT>(smem_addr(qs), q, a.q_row, m0, a.tq);
+    stage_tile_async<QB, DH, S, NT>(smem_addr(qs + QB * S), dout, a.o_row, m0, a.tq);
+  } else {
+    stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
+    stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
+  }
+  float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
+  float* delta_s = reinterpret_cast<float*>(stat_s + QB);
+  auto stage_row_stats = [&](int r) {
+    const bool in = m0 + r < a.tq;
+    const int64_t at_row = in ? int64_t(bh) * a.tq + m0 + r : 0;
+    copy_async<8>(stat_s + r, a.stats + at_row, in);
+    copy_async<4>(delta_s + r, a.delta + at_row, in);
+  };
+  if constexpr (kLean) {
+    if (threadIdx.x < QB) stage_row_stats(threadIdx.x);
+  } else {
+    for (int r = threadIdx.x; r < QB; r += NT) stage_row_stats(r);
+  }
+}
+
+// p^T from s^T in place: rows are keys j0 + 16 mt + g (+ 8), columns queries
+// m0 + 8 nb + 2 t (+ 1) (`stat_s`: the stats of query m0 on). `exact`: p
+// through logit2, or with `bounds` (no mask) through one key bound per row:
+// Tk and the causal diagonal; else prob_fast.
+template <int MT, int QS>
+__device__ __forceinline__ void probs_t(float (&st)[MT][QS / 8][4], const Args& a, const float* mask_row, int j0,
+                                        int m0, const float2* stat_s, bool exact, bool bounds) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  if (bounds) {
+    // Key j = j0 + 16 mt + g + 8 h (the row), query i = m0 + 8 nb + 2 t + (e & 1):
+    // kept while j < Tk and j <= i + Tk - Tq. Rows of queries past Tq
+    // have zero q and stats: p = 0 as on fast tiles.
+    const int tail = a.tk - j0 - g;
+    const int diag = a.causal ? m0 + 2 * t + 1 + a.tk - a.tq - j0 - g : tail;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[mt][nb][e] = 16 * mt + 8 * (e >> 1) < min(tail, diag + 8 * nb + (e & 1))
+                              ? prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)])
+                              : 0.f;
+  } else if (exact) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
+          st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
+        }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
+  }
+}
+
+// A warp's dk (times the scale) and dv accumulators to bf16: keys j0 + 16 mt
+// + g (+ 8) below Tk, dims col0 + 8 nb + 2 t (+ 1), with k's strides.
+template <int MT, int NB>
+__device__ __forceinline__ void write_dkdv(const Args& a, int64_t koff, const float (&dk)[MT][NB][4],
+                                           const float (&dv)[MT][NB][4], int j0, int col0) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  bf16* dk_out = static_cast<bf16*>(a.dk) + koff;
+  bf16* dv_out = static_cast<bf16*>(a.dv) + koff;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = j0 + 16 * mt + g + 8 * h;
+      if (j >= a.tk) continue;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const int64_t at_j = int64_t(j) * a.kv_row + col0 + nb * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk_out + at_j) = pack(dk[mt][nb][2 * h] * a.scale, dk[mt][nb][2 * h + 1] * a.scale);
+        *reinterpret_cast<uint32_t*>(dv_out + at_j) = pack(dv[mt][nb][2 * h], dv[mt][nb][2 * h + 1]);
+      }
+    }
+}
+
 // dk, dv for 16 * MT * NW keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
 // stats, delta double-buffered with cp.async; computed QS rows at a time).
@@ -664,27 +772,7 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int m0, int which) {
-    bf16* qs = reinterpret_cast<bf16*>(stages + which * kStage);
-    if constexpr (kLean) {
-      stage_tile_async<QB, DH, S>(smem_addr(qs), q, a.q_row, m0, a.tq);
-      stage_tile_async<QB, DH, S>(smem_addr(qs + QB * S), dout, a.o_row, m0, a.tq);
-    } else {
-      stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
-      stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
-    }
-    float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
-    float* delta_s = reinterpret_cast<float*>(stat_s + QB);
-    auto stage_row_stats = [&](int r) {
-      const bool in = m0 + r < a.tq;
-      const int64_t at_row = in ? int64_t(bh) * a.tq + m0 + r : 0;
-      copy_async<8>(stat_s + r, a.stats + at_row, in);
-      copy_async<4>(delta_s + r, a.delta + at_row, in);
-    };
-    if constexpr (kLean) {
-      if (threadIdx.x < QB) stage_row_stats(threadIdx.x);
-    } else {
-      for (int r = threadIdx.x; r < QB; r += NT) stage_row_stats(r);
-    }
+    stage_queries<kLean, NT, QB, DH>(stages + which * kStage, a, q, dout, bh, m0);
     async_commit();
   };
 
@@ -760,40 +848,7 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
             ldsm_mma_x2(dpt, vf, dos + nk_lane + at<S>(nb * 8, kc * 16), nb);
           }
         }
-        if (bounds) {
-          // Key j = j0 + 16 mt + g + 8 h (the row), query i = m0 + 8 nb + 2 t + (e & 1):
-          // kept while j < Tk and j <= i + Tk - Tq. Rows of queries past Tq
-          // have zero q and stats: p = 0 as on fast tiles.
-          const int tail = a.tk - j0 - g;
-          const int diag = a.causal ? m0 + 2 * t + 1 + a.tk - a.tq - j0 - g : tail;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                st[mt][nb][e] = 16 * mt + 8 * (e >> 1) < min(tail, diag + 8 * nb + (e & 1))
-                                    ? prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)])
-                                    : 0.f;
-        } else if (exact) {
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
-                st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
-              }
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
-        }
+        probs_t<MT, QS>(st, a, mask_row, j0, m0, stat_s, exact, bounds);
         mma_acc_tile<MT, QS, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)  // ds^T = p^T (dp^T - delta), without the scale
@@ -819,7 +874,7 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
           __syncthreads();  // ds^T complete
           const int wr = warp / Split::kWC, wc = warp % Split::kWC;
           float dq[Split::kMQ][Split::kCW / 8][4] = {};
-          mma_ds_k<kKeys, Split::kMQ, Split::kCW, Split::kSD, S>(
+          mma_smem_tile<Split::kMQ, kKeys, Split::kCW, Split::kSD, S, true, 1>(
               dq, smem_addr(ds_buf) + lane_nk<Split::kSD>() + at<Split::kSD>(0, 16 * Split::kMQ * wr),
               smem_addr(ks) + rc_lane + at<S>(0, Split::kCW * wc));
           bf16* dq_head = static_cast<bf16*>(a.dq) + (q - static_cast<const bf16*>(a.q));  // dq has q's strides
@@ -831,21 +886,95 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
     }
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
-  bf16* dk_out = static_cast<bf16*>(a.dk) + koff;
-  bf16* dv_out = static_cast<bf16*>(a.dv) + koff;
+  write_dkdv(a, koff, dk, dv, j0, 0);
+}
+
+// dk, dv for 128 keys at dh 128 with 8 warps (backward variant 9): p^T and
+// ds^T pass through shared memory so that each phase splits the work its own
+// way (docs/attention.md, "Eight-warp dk/dv"). Per query tile of QB = 64
+// (q, do, stats, delta double-buffered as in backward_dkdv_bf16_kernel):
+// - phase 1, warps 4 (keys) x 2 (queries) of 32 x 32: s^T = k q^T, p^T,
+//   dp^T - delta = v do^T - delta (kLean's p: the same values as variant 8),
+//   ds^T = p^T (dp^T - delta); p^T and ds^T to shared memory in bf16;
+// - phase 2, warps 2 (keys) x 4 (dims) of 64 x 32: dv += p^T do, dk += ds^T q.
+// Barriers: the tile's first (stage visible, phase 2 of the last tile done
+// with p^T, ds^T and the stage refilled next) and one between the phases.
+template <int DH, int QB>
+__global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) {
+  constexpr int NT = 256, S = DH + 8, SP = QB + 8, kKeys = 128;
+  constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
+  constexpr int kMT2 = 4, kDims2 = 32;              // phase 2: m16 tiles of keys, dims per warp
+  static_assert(DH == 4 * kDims2 && kKeys == 2 * 16 * kMT2 && QB == 64, "the warp grids of the two phases");
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
+  bf16* vs = ks + kKeys * S;                 // [kKeys][S]
+  unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
+  bf16* pt = reinterpret_cast<bf16*>(stages + 2 * kStage);                   // p^T [kKeys][SP]
+  bf16* dst = pt + kKeys * SP;                                               // ds^T [kKeys][SP]
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int bh = blockIdx.y, k_block = blockIdx.x * kKeys;
+  const int keys1 = 32 * (warp % 4), queries1 = 32 * (warp / 4);  // phase 1: this warp's 32 x 32
+  const int keys2 = 64 * (warp / 4), dims2 = kDims2 * (warp % 4);  // phase 2: its 64 keys x 32 dims
+  const int64_t koff = a.kv_base(bh);
+  const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
+  const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
+  const float* mask_row = a.mask_row(bh);
+  const int m_first = a.first_query(k_block) / QB * QB;
+  const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
+  auto stage = [&](int tile) {
+    stage_queries<true, NT, QB, DH>(stages + tile % 2 * kStage, a, q, dout, bh, m_first + tile * QB);
+    async_commit();
+  };
+  stage_tile_async<kKeys, DH, S, NT>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage_tile_async<kKeys, DH, S, NT>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
+  if (tiles > 0) stage(0); else async_commit();
+  const unsigned rc_lane = lane_rc<S>(), nk_lane = lane_nk<S>();
+  const unsigned k_at = smem_addr(ks) + at<S>(keys1, 0) + rc_lane, v_at = k_at + at<S>(kKeys, 0);
+  const unsigned pt_at = smem_addr(pt) + at<SP>(keys2, 0) + lane_rc<SP>(), dst_at = pt_at + at<SP>(kKeys, 0);
+  float dk[kMT2][kDims2 / 8][4] = {}, dv[kMT2][kDims2 / 8][4] = {};
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int m0 = m_first + tile * QB;
+    async_wait<0>();
+    __syncthreads();  // stage visible to all; every warp is done with p^T, ds^T and the stage refilled next
+    if (tile + 1 < tiles) stage(tile + 1);
+    const unsigned char* stage_at = stages + tile % 2 * kStage;
+    const unsigned qs = smem_addr(stage_at), dos = qs + at<S>(QB, 0);
+    const float2* stat_s = reinterpret_cast<const float2*>(stage_at + 2 * QB * S * 2) + queries1;
+    const float* delta_s = reinterpret_cast<const float*>(stage_at + 2 * QB * S * 2 + QB * 8) + queries1;
+    // Phase 1. `exact`: p through logit2, or with `bounds` (no mask) through
+    // one key bound per row (probs_t).
+    auto phase1 = [&](bool exact, bool bounds) {
+      float st[2][4][4] = {}, dpt[2][4][4];  // s^T, dp^T: 2 m16 tiles of keys x 32 queries
+      mma_nk_tile<DH, 32, S, 4>(st, k_at, qs + at<S>(queries1, 0) + nk_lane);
+      probs_t<2, 32>(st, a, mask_row, k_block + keys1, m0 + queries1, stat_s, exact, bounds);
+      // dp^T's accumulators start at -delta, so the products leave dp^T - delta
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = j0 + 16 * mt + g + 8 * h;
-      if (j >= a.tk) continue;
+        for (int nb = 0; nb < 4; ++nb)
 #pragma unroll
-      for (int db = 0; db < DH / 8; ++db) {
-        const int64_t at_j = int64_t(j) * a.kv_row + db * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + at_j) = pack(dk[mt][db][2 * h] * a.scale, dk[mt][db][2 * h + 1] * a.scale);
-        *reinterpret_cast<uint32_t*>(dv_out + at_j) = pack(dv[mt][db][2 * h], dv[mt][db][2 * h + 1]);
-      }
-    }
+          for (int e = 0; e < 4; ++e) dpt[mt][nb][e] = -delta_s[nb * 8 + 2 * t + (e & 1)];
+      mma_nk_tile<DH, 32, S, 4>(dpt, v_at, dos + at<S>(queries1, 0) + nk_lane);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < 4; ++nb)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int at_pair = (keys1 + 16 * mt + g + 8 * h) * SP + queries1 + 8 * nb + 2 * t;
+            const float p0 = st[mt][nb][2 * h], p1 = st[mt][nb][2 * h + 1];
+            *reinterpret_cast<uint32_t*>(pt + at_pair) = pack(p0, p1);
+            // ds^T = p^T (dp^T - delta), without the scale
+            *reinterpret_cast<uint32_t*>(dst + at_pair) = pack(p0 * dpt[mt][nb][2 * h], p1 * dpt[mt][nb][2 * h + 1]);
+          }
+    };
+    run_sub_tile<true>(phase1, exact_tile(a, mask_row, m0 + queries1, k_block + keys1, 32), mask_row == nullptr);
+    __syncthreads();  // p^T, ds^T complete
+    mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);   // dv += p^T do
+    mma_smem_tile<kMT2, QB, kDims2, SP, S>(dk, dst_at, qs + at<S>(0, dims2) + rc_lane);  // dk += ds^T q
+  }
+  if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
+  write_dkdv(a, koff, dk, dv, k_block + keys2, dims2);
 }
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
@@ -1049,11 +1178,12 @@ dim3 grid(int64_t rows, int rows_per_block, int64_t heads_total) {
   return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(heads_total));
 }
 
-template <class Kernel, class... More>
+// `kernel` on NT threads per block.
+template <int NT = kThreads, class Kernel, class... More>
 void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name, const More&... more) {
   if (smem > 48 * 1024)
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<blocks, kThreads, smem, stream()>>>(a, more...);
+  kernel<<<blocks, NT, smem, stream()>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
@@ -1072,6 +1202,8 @@ constexpr size_t forward_smem(int dh, int kb) { return 2 * (kRowsBf16 + 2 * 2 * 
 constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {  // k, v; 2 stages of q, do, stats, delta
   return 2 * 2 * 16 * warps * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
 }
+// backward_dkdv_phased_bf16_kernel: dkdv_smem's for 128 keys, then p^T and ds^T ([128][qb + 8] each).
+constexpr size_t dkdv_phased_smem(int dh, int qb) { return dkdv_smem(dh, qb, 1, 8) + 2 * 2 * 128 * (qb + 8); }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
 // BF16 tile sizes per head dim: the largest whose accumulators fit the
@@ -1091,7 +1223,9 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // (docs/attention.md, "One kernel"), no dq kernel; 7 at dh 128 its blocks of
 // 8 warps and 128 keys (half the dq adds and q, do reads per flop); 8 is
 // the two-kernel 5 with the forward's kLean (docs/attention.md, "Backward
-// instruction count").
+// instruction count"); 9 is 8 with dh 128's dk, dv from the eight-warp
+// backward_dkdv_phased_bf16_kernel (p^T, ds^T through shared memory;
+// docs/attention.md, "Eight-warp dk/dv"; dh 32, 64 run 8).
 template <int DH, int V>
 struct Bf16ForwardTiling {
   static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
@@ -1113,7 +1247,8 @@ struct Bf16Tiling {
   static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
   static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
   static constexpr int kDkdvWarps = V == 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
-  static constexpr bool kLean = V == 8;  // 8: 5 with the forward's instruction diet (kLean)
+  static constexpr bool kLean = V >= 8;  // 8: 5 with the forward's instruction diet (kLean)
+  static constexpr bool kDkdvPhased = V == 9 && DH == 128;  // 9: backward_dkdv_phased_bf16_kernel
 };
 
 // The BF16 variant each head dim runs by default, forward and backward
@@ -1125,9 +1260,11 @@ struct Bf16Tiling {
 constexpr int kBf16ForwardDefault[3] = {7, 7, 8};
 constexpr int kBf16BackwardDefault[3] = {0, 8, 8};
 constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
-constexpr int kBf16BackwardVariants = 9;  // backward: Bf16Tiling<DH, 0 .. 8>
+constexpr int kBf16BackwardVariants = 10;  // backward: Bf16Tiling<DH, 0 .. 9>
+constexpr int kBf16SwitchValues = std::max(kBf16Variants, kBf16BackwardVariants);
+static_assert(kBf16SwitchValues <= 10, "bf16_variant parses one digit");
 
-// The variant to run: HG_ATTN_BF16_VARIANT (0 to 8, read once) for every head
+// The variant to run: HG_ATTN_BF16_VARIANT (0 to 9, read once) for every head
 // dim and both directions (a direction's default where it has no variant of
 // that number), else the defaults above.
 int bf16_variant(int dh, bool backward) {
@@ -1135,13 +1272,13 @@ int bf16_variant(int dh, bool backward) {
     const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
     if (s == nullptr || *s == '\0') return -1;
     const std::string v = s;
-    HG_CHECK(v.size() == 1 && v[0] >= '0' && v[0] < '0' + kBf16Variants, "attention",
-             "HG_ATTN_BF16_VARIANT must be one of 0..", kBf16Variants - 1, " (a lab switch), got '", v, "'");
+    HG_CHECK(v.size() == 1 && v[0] >= '0' && v[0] < '0' + kBf16SwitchValues, "attention",
+             "HG_ATTN_BF16_VARIANT must be one of 0..", kBf16SwitchValues - 1, " (a lab switch), got '", v, "'");
     return v[0] - '0';
   }();
   const int at = dh == 32 ? 0 : dh == 64 ? 1 : 2;
   if (backward) return forced >= 0 && forced < kBf16BackwardVariants ? forced : kBf16BackwardDefault[at];
-  return forced >= 0 ? forced : kBf16ForwardDefault[at];
+  return forced >= 0 && forced < kBf16Variants ? forced : kBf16ForwardDefault[at];
 }
 
 template <int DH, int V>
@@ -1155,7 +1292,8 @@ template <int DH, int V>
 void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
   // (each variant reads only some of its fields)
-  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4);
+  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4 &&
+                !(T::kDkdvPhased && T::kFusedDq));
   const int64_t rows = bh * a.tq;
   if constexpr (T::kDelta16) {
     const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
@@ -1176,8 +1314,13 @@ void backward_bf16(const Args& a, int64_t bh) {
     kernel<<<blocks, 32 * kWarps, smem, stream()>>>(a, work.order);  // resident_blocks set the smem limit
     HG_CUDA_CHECK_LAUNCH("attention_backward_fused_bf16");
   } else {
-    launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, false, 1, 4, T::kLean>,
-           grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
+    if constexpr (T::kDkdvPhased) {
+      launch<256>(backward_dkdv_phased_bf16_kernel<DH, kQB>, grid(a.tk, 128, bh), dkdv_phased_smem(DH, kQB), a,
+                  "attention_backward_dkdv_phased_bf16");
+    } else {
+      launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, false, 1, 4, T::kLean>,
+             grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
+    }
     launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>, grid(a.tq, kRowsBf16, bh),
            dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
   }

@@ -383,12 +383,15 @@ TEST_CASE("attention: CUDA paths agree with the float64 reference", "[attention]
     // HG_ATTN_BF16_VARIANT=1 to 3 stages twice the keys (dk/dv: queries) and
     // computes them in halves: the second half partial (300, 96 + causal),
     // past the causal end (160, 200 x 72), past Tk (40 x 232) or past Tq (96,
-    // 160), the first wholly above the causal end (300 x 130).
+    // 160), the first wholly above the causal end (300 x 130). Variant 9's
+    // dh 128 dk/dv blocks of 128 keys end one key short of a block (255),
+    // one past (257) or reach past Tq with causal Tq < Tk (64 x 257).
     Problem tiled;
     tiled.b = 1, tiled.h = 2;
     for (const auto& [tq, tk, causal] :
          {std::tuple{300, 300, false}, {520, 520, true}, {130, 300, true}, {300, 130, true}, {100, 100, true},
-          {100, 77, false}, {129, 129, true}, {160, 160, true}, {96, 96, false}, {200, 72, true}, {40, 232, true}}) {
+          {100, 77, false}, {129, 129, true}, {160, 160, true}, {96, 96, false}, {200, 72, true}, {40, 232, true},
+          {257, 255, true}, {255, 257, false}, {64, 257, true}}) {
       tiled.tq = tq, tiled.tk = tk, tiled.causal = causal;
       ps.push_back(tiled);
     }
