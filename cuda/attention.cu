@@ -19,9 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
-#include <string>
 #include <type_traits>
 
 #include "core/cuda_runtime.hpp"
@@ -588,6 +586,22 @@ struct FusedDqSplit {
   static_assert(kMQ >= 1 && kWR * kWC == NW);
 };
 
+// fn(i, n, h, row) for this lane's accumulator pairs [i][n][2 h], [2 h + 1]
+// of MT x NB m16n8 tiles whose row, row0 + 16 i + g + 8 h, is below `rows`.
+template <int MT, int NB, class Fn>
+__device__ __forceinline__ void each_acc_pair(int row0, int rows, Fn&& fn) {
+  const int g = (threadIdx.x % 32) / 4;
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 16 * i + g + 8 * h;
+      if (row >= rows) continue;
+#pragma unroll
+      for (int n = 0; n < NB; ++n) fn(i, n, h, row);
+    }
+}
+
 // Key tile kt's turn at query tile f (cuda/attention_dq_order.cuh): this
 // warp's partial dq (rows row0 + 16 mq + g (+ 8), dims col0 + 8 nb + 2 t, +1;
 // without the scale) added to the sum of key tiles 0 .. kt - 1 in the head's
@@ -596,20 +610,14 @@ struct FusedDqSplit {
 template <int DH, int MQ, int NB>
 __device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (&dq)[MQ][NB][4], bf16* dq_head,
                               int bh, int kt, int f, int row0, int col0) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int t = threadIdx.x % 4;
   const int last = order.last_contributor(a, f);
   order.wait_turn(bh, kt, f, last);
   float* slot = order.slots + int64_t(bh % order.ring) * a.tq * DH + col0 + 2 * t;
   auto each = [&](auto&& fn) {  // fn(x, y, row, col - col0) for this lane's pairs in rows below Tq
-#pragma unroll
-    for (int mq = 0; mq < MQ; ++mq)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 16 * mq + g + 8 * h;
-        if (row >= a.tq) continue;
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb) fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb);
-      }
+    each_acc_pair<MQ, NB>(row0, a.tq, [&](int mq, int nb, int h, int row) {
+      fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb);
+    });
   };
   if (kt > 0) {
     each([&](float& x, float& y, int row, int col) {
@@ -677,39 +685,32 @@ template <int MT, int QS>
 __device__ __forceinline__ void probs_t(float (&st)[MT][QS / 8][4], const Args& a, const float* mask_row, int j0,
                                         int m0, const float2* stat_s, bool exact, bool bounds) {
   const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  auto each = [&](auto&& p_of) {  // st[mt][nb][e] = p_of(st[mt][nb][e], mt, nb, e)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < QS / 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[mt][nb][e] = p_of(st[mt][nb][e], mt, nb, e);
+  };
   if (bounds) {
     // Key j = j0 + 16 mt + g + 8 h (the row), query i = m0 + 8 nb + 2 t + (e & 1):
     // kept while j < Tk and j <= i + Tk - Tq. Rows of queries past Tq
     // have zero q and stats: p = 0 as on fast tiles.
     const int tail = a.tk - j0 - g;
     const int diag = a.causal ? m0 + 2 * t + 1 + a.tk - a.tq - j0 - g : tail;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[mt][nb][e] = 16 * mt + 8 * (e >> 1) < min(tail, diag + 8 * nb + (e & 1))
-                              ? prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)])
-                              : 0.f;
+    each([&](float s, int mt, int nb, int e) {
+      return 16 * mt + 8 * (e >> 1) < min(tail, diag + 8 * nb + (e & 1))
+                 ? prob_fast(s, a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)])
+                 : 0.f;
+    });
   } else if (exact) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
-          st[mt][nb][e] = prob(logit2(a, mask_row, m0 + il, j, st[mt][nb][e]), stat_s[il]);
-        }
+    each([&](float s, int mt, int nb, int e) {
+      const int il = nb * 8 + 2 * t + (e & 1), j = j0 + 16 * mt + g + 8 * (e >> 1);
+      return prob(logit2(a, mask_row, m0 + il, j, s), stat_s[il]);
+    });
   } else {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          st[mt][nb][e] = prob_fast(st[mt][nb][e], a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]);
+    each([&](float s, int, int nb, int e) { return prob_fast(s, a.scale_log2, stat_s[nb * 8 + 2 * t + (e & 1)]); });
   }
 }
 
@@ -718,22 +719,14 @@ __device__ __forceinline__ void probs_t(float (&st)[MT][QS / 8][4], const Args& 
 template <int MT, int NB>
 __device__ __forceinline__ void write_dkdv(const Args& a, int64_t koff, const float (&dk)[MT][NB][4],
                                            const float (&dv)[MT][NB][4], int j0, int col0) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int t = threadIdx.x % 4;
   bf16* dk_out = static_cast<bf16*>(a.dk) + koff;
   bf16* dv_out = static_cast<bf16*>(a.dv) + koff;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = j0 + 16 * mt + g + 8 * h;
-      if (j >= a.tk) continue;
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        const int64_t at_j = int64_t(j) * a.kv_row + col0 + nb * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(dk_out + at_j) = pack(dk[mt][nb][2 * h] * a.scale, dk[mt][nb][2 * h + 1] * a.scale);
-        *reinterpret_cast<uint32_t*>(dv_out + at_j) = pack(dv[mt][nb][2 * h], dv[mt][nb][2 * h + 1]);
-      }
-    }
+  each_acc_pair<MT, NB>(j0, a.tk, [&](int mt, int nb, int h, int j) {
+    const int64_t at_j = int64_t(j) * a.kv_row + col0 + nb * 8 + 2 * t;
+    *reinterpret_cast<uint32_t*>(dk_out + at_j) = pack(dk[mt][nb][2 * h] * a.scale, dk[mt][nb][2 * h + 1] * a.scale);
+    *reinterpret_cast<uint32_t*>(dv_out + at_j) = pack(dv[mt][nb][2 * h], dv[mt][nb][2 * h + 1]);
+  });
 }
 
 // dk, dv for 16 * MT * NW keys: a warp owns 16 * MT keys (MT m16 tiles) and their
@@ -1261,21 +1254,14 @@ constexpr int kBf16ForwardDefault[3] = {7, 7, 8};
 constexpr int kBf16BackwardDefault[3] = {0, 8, 8};
 constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
 constexpr int kBf16BackwardVariants = 10;  // backward: Bf16Tiling<DH, 0 .. 9>
-constexpr int kBf16SwitchValues = std::max(kBf16Variants, kBf16BackwardVariants);
-static_assert(kBf16SwitchValues <= 10, "bf16_variant parses one digit");
+static_assert(kAttentionBf16SwitchValues == std::max(kBf16Variants, kBf16BackwardVariants));
 
-// The variant to run: HG_ATTN_BF16_VARIANT (0 to 9, read once) for every head
-// dim and both directions (a direction's default where it has no variant of
+// The variant to run: the one attention_bf16_lab_switch() forces
+// (HG_ATTN_BF16_VARIANT, read once, or a LabSwitchScope) for every head dim
+// and both directions (a direction's default where it has no variant of
 // that number), else the defaults above.
 int bf16_variant(int dh, bool backward) {
-  static const int forced = [] {
-    const char* s = std::getenv("HG_ATTN_BF16_VARIANT");
-    if (s == nullptr || *s == '\0') return -1;
-    const std::string v = s;
-    HG_CHECK(v.size() == 1 && v[0] >= '0' && v[0] < '0' + kBf16SwitchValues, "attention",
-             "HG_ATTN_BF16_VARIANT must be one of 0..", kBf16SwitchValues - 1, " (a lab switch), got '", v, "'");
-    return v[0] - '0';
-  }();
+  const int forced = attention_bf16_lab_switch().forced();
   const int at = dh == 32 ? 0 : dh == 64 ? 1 : 2;
   if (backward) return forced >= 0 && forced < kBf16BackwardVariants ? forced : kBf16BackwardDefault[at];
   return forced >= 0 && forced < kBf16Variants ? forced : kBf16ForwardDefault[at];

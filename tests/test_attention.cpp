@@ -13,6 +13,7 @@
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
+#include "cuda/attention_kernels.hpp"
 #include "ops/attention.hpp"
 #include "tests/test_util.hpp"
 
@@ -599,6 +600,37 @@ TEST_CASE("attention: CUDA backward, heads sharing one dq slot", "[attention][cu
       ScopedEnv ring("HG_ATTN_DQ_RING", bad);
       expect_error([&] { run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused); }, "HG_ATTN_DQ_RING must be");
     }
+  }
+}
+
+// Backward variant 9's dh 128 dk, dv (eight warps, 128 keys a block, p^T and
+// ds^T through shared memory) add the same bf16 products in the same order
+// as variant 8's (docs/attention.md, "Eight-warp dk/dv"): bitwise 8's
+// results, both forced in-process whatever HG_ATTN_BF16_VARIANT says. Shapes
+// cross 128-key blocks (255, 257, 300), causal with Tq != Tk, the mask
+// (a fully masked batch), T = 1 and a negative scale.
+TEST_CASE("attention: CUDA BF16 backward variant 9 gives variant 8's bits", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  struct Case {
+    int64_t tq, tk;
+    bool causal, mask;
+    double scale;
+  };
+  uint64_t seed = 3400;
+  for (const Case& c : {Case{300, 300, true, false, 0.09}, Case{257, 255, true, false, 0.09},
+                        Case{130, 300, true, true, 0.09}, Case{255, 257, false, false, 0.09},
+                        Case{1, 1, false, false, 0.09}, Case{150, 150, false, false, -0.2}}) {
+    Problem p;
+    p.b = 2, p.h = 2, p.tq = c.tq, p.tk = c.tk, p.dh = 128, p.causal = c.causal, p.mask = c.mask, p.scale = c.scale;
+    const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+    auto run_variant = [&](int v) {
+      hg::gpu::LabSwitchScope lab(hg::gpu::attention_bf16_lab_switch(), v);
+      return run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+    };
+    const Outputs v8 = run_variant(8), v9 = run_variant(9);
+    INFO(describe(p) << " scale " << c.scale << ": variant 9 vs 8");
+    check_bitwise_repeat(v8, v9);
+    for (const Tensor* t : {&v9.dk, &v9.dv}) CHECK(hg::test::all_finite(*t));
   }
 }
 
