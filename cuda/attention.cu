@@ -890,8 +890,10 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
 //   dp^T - delta = v do^T - delta (kLean's p: the same values as variant 8),
 //   ds^T = p^T (dp^T - delta); p^T and ds^T to shared memory in bf16;
 // - phase 2, warps 2 (keys) x 4 (dims) of 64 x 32: dv += p^T do, dk += ds^T q.
+// Warps 4 h .. 4 h + 3 own keys 64 h .. 64 h + 63 in both phases.
 // Barriers: the tile's first (stage visible, phase 2 of the last tile done
-// with p^T, ds^T and the stage refilled next) and one between the phases.
+// with p^T, ds^T and the stage refilled next) and, between the phases, one
+// per half of the keys (its 4 warps).
 template <int DH, int QB>
 __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) {
   constexpr int NT = 256, S = DH + 8, SP = QB + 8, kKeys = 128;
@@ -906,8 +908,9 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   bf16* dst = pt + kKeys * SP;                                               // ds^T [kKeys][SP]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int bh = blockIdx.y, k_block = blockIdx.x * kKeys;
-  const int keys1 = 32 * (warp % 4), queries1 = 32 * (warp / 4);  // phase 1: this warp's 32 x 32
-  const int keys2 = 64 * (warp / 4), dims2 = kDims2 * (warp % 4);  // phase 2: its 64 keys x 32 dims
+  const int half = warp / 4;                                                // keys 64 half .. 64 half + 63
+  const int keys1 = 64 * half + 32 * (warp % 2), queries1 = 32 * (warp / 2 % 2);  // phase 1: this warp's 32 x 32
+  const int keys2 = 64 * half, dims2 = kDims2 * (warp % 4);                       // phase 2: its 64 keys x 32 dims
   const int64_t koff = a.kv_base(bh);
   const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
@@ -962,7 +965,8 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
           }
     };
     run_sub_tile<true>(phase1, exact_tile(a, mask_row, m0 + queries1, k_block + keys1, 32), mask_row == nullptr);
-    __syncthreads();  // p^T, ds^T complete
+    // p^T, ds^T of this half's keys complete (named barrier 1 + half: its 4 warps)
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
     mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);   // dv += p^T do
     mma_smem_tile<kMT2, QB, kDims2, SP, S>(dk, dst_at, qs + at<S>(0, dims2) + rc_lane);  // dk += ds^T q
   }
