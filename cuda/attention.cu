@@ -908,9 +908,10 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   bf16* dst = pt + kKeys * SP;                                               // ds^T [kKeys][SP]
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int bh = blockIdx.y, k_block = blockIdx.x * kKeys;
-  const int half = warp / 4;                                                // keys 64 half .. 64 half + 63
-  const int keys1 = 64 * half + 32 * (warp % 2), queries1 = 32 * (warp / 2 % 2);  // phase 1: this warp's 32 x 32
-  const int keys2 = 64 * half, dims2 = kDims2 * (warp % 4);                       // phase 2: its 64 keys x 32 dims
+  const int half = warp / 4;  // keys 64 half .. 64 half + 63, in both phases
+  // phase 1: this warp's 32 keys x 32 queries; phase 2: its 64 keys x 32 dims
+  const int keys1 = 64 * half + 32 * (warp % 2), queries1 = 32 * (warp / 2 % 2);
+  const int keys2 = 64 * half, dims2 = kDims2 * (warp % 4);
   const int64_t koff = a.kv_base(bh);
   const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
