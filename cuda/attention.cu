@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <type_traits>
 
 #include "core/cuda_runtime.hpp"
@@ -29,6 +30,7 @@
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/lab_switch.hpp"
+#include "cuda/side_stream.hpp"
 
 namespace hg::gpu {
 namespace {
@@ -1178,11 +1180,16 @@ dim3 grid(int64_t rows, int rows_per_block, int64_t heads_total) {
 
 // `kernel` on NT threads per block.
 template <int NT = kThreads, class Kernel, class... More>
-void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name, const More&... more) {
+void launch_on(cudaStream_t on, Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name,
+               const More&... more) {
   if (smem > 48 * 1024)
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  kernel<<<blocks, NT, smem, stream()>>>(a, more...);
+  kernel<<<blocks, NT, smem, on>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
+}
+template <int NT = kThreads, class Kernel, class... More>
+void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name, const More&... more) {
+  launch_on<NT>(stream(), kernel, blocks, smem, a, name, more...);
 }
 
 // Blocks of `kernel` (`threads` each) that the GPU holds at once.
@@ -1223,7 +1230,8 @@ constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * k
 // the two-kernel 5 with the forward's kLean (docs/attention.md, "Backward
 // instruction count"); 9 is 8 with dh 128's dk, dv from the eight-warp
 // backward_dkdv_phased_bf16_kernel (p^T, ds^T through shared memory;
-// docs/attention.md, "Eight-warp dk/dv"; dh 32, 64 run 8).
+// docs/attention.md, "Eight-warp dk/dv"; dh 32, 64 run 8); 10 is 9 with
+// the dq kernel on a side stream, beside the dk, dv kernel (the same bits).
 template <int DH, int V>
 struct Bf16ForwardTiling {
   static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
@@ -1246,19 +1254,21 @@ struct Bf16Tiling {
   static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
   static constexpr int kDkdvWarps = V == 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
   static constexpr bool kLean = V >= 8;  // 8: 5 with the forward's instruction diet (kLean)
-  static constexpr bool kDkdvPhased = V == 9 && DH == 128;  // 9: backward_dkdv_phased_bf16_kernel
+  static constexpr bool kDkdvPhased = V >= 9 && DH == 128;  // 9: backward_dkdv_phased_bf16_kernel
+  static constexpr bool kDqBeside = V == 10;                 // 10: 9 with dq on a side stream (cuda/side_stream.hpp)
 };
 
 // The BF16 variant each head dim runs by default, forward and backward
 // ({dh 32, 64, 128}); making a measured winner the default is one edit here.
 // Measured on the H100 on 2026-11-26 (docs/benchmarks.md): the forward gains
-// 15-34% from 7 (dh 32, 64; 8 runs 7 there) and 8 (dh 128); the backward at
-// dh 64 and 128 gains 13-38% from 8 over 3 (the one-kernel 6 and 7 ran at
-// half 3's speed); dh 32's backward 8 passes the tests but was not timed.
+// 15-34% from 7 (dh 32, 64; 8 runs 7 there) and 8 (dh 128); the backward
+// gains 13-38% from 8 over 3, then 10 (the eight-warp dk/dv at dh 128, dq on
+// a side stream) 10% over 8 at dh 128 T 4096 and 2-6% at dh 64; dh 32's
+// backward 8 and 10 pass the tests but were not timed, so it keeps 0.
 constexpr int kBf16ForwardDefault[3] = {7, 7, 8};
-constexpr int kBf16BackwardDefault[3] = {0, 8, 8};
+constexpr int kBf16BackwardDefault[3] = {0, 10, 10};
 constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
-constexpr int kBf16BackwardVariants = 10;  // backward: Bf16Tiling<DH, 0 .. 9>
+constexpr int kBf16BackwardVariants = 11;  // backward: Bf16Tiling<DH, 0 .. 10>
 static_assert(kAttentionBf16SwitchValues == std::max(kBf16Variants, kBf16BackwardVariants));
 
 // The variant to run: the one attention_bf16_lab_switch() forces
@@ -1284,7 +1294,7 @@ void backward_bf16(const Args& a, int64_t bh) {
   using T = Bf16Tiling<DH, V>;
   // (each variant reads only some of its fields)
   static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4 &&
-                !(T::kDkdvPhased && T::kFusedDq));
+                !((T::kDkdvPhased || T::kDqBeside) && T::kFusedDq));
   const int64_t rows = bh * a.tq;
   if constexpr (T::kDelta16) {
     const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
@@ -1305,6 +1315,8 @@ void backward_bf16(const Args& a, int64_t bh) {
     kernel<<<blocks, 32 * kWarps, smem, stream()>>>(a, work.order);  // resident_blocks set the smem limit
     HG_CUDA_CHECK_LAUNCH("attention_backward_fused_bf16");
   } else {
+    std::optional<SideStream> side;  // kDqBeside: dq beside dk, dv, each filling the other's last wave
+    if constexpr (T::kDqBeside) side.emplace();
     if constexpr (T::kDkdvPhased) {
       launch<256>(backward_dkdv_phased_bf16_kernel<DH, kQB>, grid(a.tk, 128, bh), dkdv_phased_smem(DH, kQB), a,
                   "attention_backward_dkdv_phased_bf16");
@@ -1312,8 +1324,9 @@ void backward_bf16(const Args& a, int64_t bh) {
       launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, false, 1, 4, T::kLean>,
              grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
     }
-    launch(backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>, grid(a.tq, kRowsBf16, bh),
-           dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+    launch_on(side ? side->get() : stream(), backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>,
+              grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
+    if (side) side->join();
   }
 }
 

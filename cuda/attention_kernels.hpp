@@ -28,7 +28,7 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
 // BF16 variant V at every head dim, in each direction that has a variant V
 // (the other runs its default); unset, the defaults of cuda/attention.cu.
 // Tests force one in-process with LabSwitchScope.
-constexpr int kAttentionBf16SwitchValues = 10;
+constexpr int kAttentionBf16SwitchValues = 11;
 inline LabSwitch& attention_bf16_lab_switch() {
   static LabSwitch s("HG_ATTN_BF16_VARIANT", kAttentionBf16SwitchValues);
   return s;

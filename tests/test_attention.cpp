@@ -609,7 +609,8 @@ TEST_CASE("attention: CUDA backward, heads sharing one dq slot", "[attention][cu
 // results, both forced in-process whatever HG_ATTN_BF16_VARIANT says. Shapes
 // cross 128-key blocks (255, 257, 300), causal with Tq != Tk, the mask
 // (a fully masked batch), T = 1 and a negative scale.
-TEST_CASE("attention: CUDA BF16 backward variant 9 gives variant 8's bits", "[attention][cuda]") {
+// Variant 10 (9 with the dq kernel on a side stream) gives the same bits too.
+TEST_CASE("attention: CUDA BF16 backward variants 9 and 10 give variant 8's bits", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   struct Case {
     int64_t tq, tk;
@@ -627,9 +628,10 @@ TEST_CASE("attention: CUDA BF16 backward variant 9 gives variant 8's bits", "[at
       hg::gpu::LabSwitchScope lab(hg::gpu::attention_bf16_lab_switch(), v);
       return run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
     };
-    const Outputs v8 = run_variant(8), v9 = run_variant(9);
-    INFO(describe(p) << " scale " << c.scale << ": variant 9 vs 8");
+    const Outputs v8 = run_variant(8), v9 = run_variant(9), v10 = run_variant(10);
+    INFO(describe(p) << " scale " << c.scale << ": variants 9 and 10 vs 8");
     check_bitwise_repeat(v8, v9);
+    check_bitwise_repeat(v8, v10);
     for (const Tensor* t : {&v9.dk, &v9.dv}) CHECK(hg::test::all_finite(*t));
   }
 }

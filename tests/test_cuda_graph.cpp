@@ -153,7 +153,7 @@ TEST_CASE("TrainStep: steps replayed from a CUDA graph equal plain steps bit for
     DecoderLMConfig c;
     c.vocab_size = 64;
     c.max_seq_len = 16;
-    c.d_model = 32;
+    c.d_model = 64;  // head dim 32: the fused attention kernels run inside the captured step
     c.n_heads = 2;
     c.n_layers = 2;
     c.seed = 3;
