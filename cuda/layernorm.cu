@@ -244,28 +244,14 @@ struct LnVariant {
   bool prefetch;  // the group's next row(s) asked of L2 by bulk prefetches, at every block size
   bool wide;      // forward bf16: rows held packed, twice the elements per thread;
                   // backward: 1024-thread blocks where 512 ran (half the partial rows)
-  bool tail;      // backward: the partial rows summed by kernel 1's own blocks after a grid
-                  // barrier (a cooperative launch), not by a second kernel
-  bool pipelined; // forward bf16: rows held packed, the next row's loads issued before the
-                  // current row's reductions (two rows in registers); f32 runs variant 0
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
-    {false, false, false, false, false},  // 0: the kernels of 2026-11-26
-    {true, false, false, false, false},   // 1: lean
-    {true, true, false, false, false},    // 2: lean + next-row bulk prefetch
-    {true, false, true, false, false},    // 3: lean + wide
-    {true, true, true, false, false},     // 4: lean + prefetch + wide
-    {false, false, false, true, false},   // 5: 0 + tail (forward: 0)
-    {false, false, true, true, false},    // 6: 0 + wide + tail (forward: 0)
-    {false, false, false, true, true},    // 7: 0 + tail + pipelined forward
+    {false, false, false},  // 0: the kernels of 2026-11-26
+    {true, false, false},   // 1: lean
+    {true, true, false},    // 2: lean + next-row bulk prefetch
+    {true, false, true},    // 3: lean + wide
+    {true, true, true},     // 4: lean + prefetch + wide
 };
-
-// The lab forward kernel runs where a variant changes the forward: lean
-// (every dtype) or pipelined (bf16); elsewhere the forward of variant 0.
-template <class T, int V>
-constexpr bool forward_is_lab() {
-  return V != 0 && (kLnVariants[V].lean || (kLnVariants[V].pipelined && std::is_same_v<T, __nv_bfloat16>));
-}
 
 // One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
 // over d = x - shift, var = E[d^2] - E[d]^2. That difference loses about
@@ -313,34 +299,6 @@ __device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Mome
   }
 }
 
-// Two-pass statistics of a held row (moments_in_registers over a HeldRow,
-// whose slots past len are not zero when packed).
-template <int VEC, int NV, int G, class Row, class RowSums>
-__device__ __forceinline__ Moments two_pass_moments(const Row& h, int len, int t, const RowSums& row_sums,
-                                                    float inv_d, float eps) {
-  float s[1] = {0.0f};
-  for_each_held<VEC, NV, G>(h, len, t, [&](float d) { s[0] += d; });
-  row_sums(s);
-  const float mean = s[0] * inv_d;
-  float q[1] = {0.0f};
-  for_each_held<VEC, NV, G>(h, len, t, [&](float d) { q[0] += (d - mean) * (d - mean); });
-  row_sums(q);
-  return {mean, rsqrtf(q[0] * inv_d + eps)};
-}
-
-// The lab forward's work on one held row: statistics (one pass where lean,
-// else two), y, and the saved statistics.
-template <class T, int VEC, int NV, int G, int V, class Row>
-__device__ __forceinline__ void forward_held_row(const Row& h, int64_t row, const RowGroup<G>& grp,
-                                                 const float* gamma, const float* beta, T* y, float* mean_out,
-                                                 float* rstd_out, int D, float inv_d, float eps) {
-  Moments m;
-  if constexpr (kLnVariants[V].lean) m = one_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
-  else m = two_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
-  normalise_ffma<T, VEC, NV, G>(h, D, m, gamma, beta, y + row * D, grp.t);
-  if (grp.t == 0) save_stats(mean_out, rstd_out, row, h.shift, m);
-}
-
 // The resident forward (rows of D <= G * EPT, 16-byte access) as variant V.
 template <class T, int VEC, int EPT, int G, int R, int V>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
@@ -349,39 +307,23 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
                                  float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
   constexpr LnVariant kV = kLnVariants[V];
   constexpr int NV = EPT / VEC;
-  constexpr bool kPacked = (kV.wide || kV.pipelined) && std::is_same_v<T, __nv_bfloat16>;
-  static_assert(forward_is_lab<T, V>() && VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15,
+  constexpr bool kPacked = kV.wide && std::is_same_v<T, __nv_bfloat16>;
+  static_assert(V >= 1 && kV.lean && VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15,
                 "bad LayerNorm lab config");
-  using Row = HeldRow<T, VEC, NV, G, kPacked>;
   __shared__ GroupScratch<G, R> scratch;
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * R + grp.group;
-  if constexpr (kV.pipelined) {
-    // A register double buffer: the group's next row is loaded before this
-    // row's reductions and stores, so its DRAM latency overlaps them (the
-    // loads hold their registers, unlike the L2 prefetch of variant 2).
-    Row current;
-    if (first_row < rows) current.load(x + first_row * D, D, grp.t);
-    for (int64_t row = first_row; row < rows; row += row_stride) {
-      const bool more = row + row_stride < rows;
-      Row next;
-      if (more) next.load(x + (row + row_stride) * D, D, grp.t);
-      forward_held_row<T, VEC, NV, G, V>(current, row, grp, gamma, beta, y, mean_out, rstd_out, D, inv_d, eps);
-      if (!more) break;
-      current = next;
-    }
-  } else {
-    for (int64_t row = first_row; row < rows; row += row_stride) {
-      const T* xr = x + row * D;
-      Row h;
-      h.load(xr, D, grp.t);
-      if constexpr (kV.prefetch)
-        if (row + row_stride < rows)
-          bulk_prefetch_l2<G, G * EPT * int(sizeof(T))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
-      forward_held_row<T, VEC, NV, G, V>(h, row, grp, gamma, beta, y, mean_out, rstd_out, D, inv_d, eps);
-    }
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
+    const T* xr = x + row * D;
+    HeldRow<T, VEC, NV, G, kPacked> h;
+    h.load(xr, D, grp.t);
+    if constexpr (kV.prefetch)
+      if (row + row_stride < rows)
+        bulk_prefetch_l2<G, G * EPT * int(sizeof(T))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
+    const Moments m = one_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
+    normalise_ffma<T, VEC, NV, G>(h, D, m, gamma, beta, y + row * D, grp.t);
+    if (grp.t == 0) save_stats(mean_out, rstd_out, row, h.shift, m);
   }
 }
 
@@ -465,15 +407,13 @@ __device__ __forceinline__ void dx_in_registers(T* dxr, const float* gamma, cons
 // in registers, read once. Each group keeps its running partials in shared
 // memory (CAP floats of dgamma, then CAP of dbeta); at the end the block adds
 // its R groups in group order into its partial row. V: the lab variant
-// (kLnVariants; 0 for the cluster and scalar kernels). The body of both
-// resident backward kernels (below).
-template <class T, int VEC, int EPT, int G, int R, bool CLUSTER, int V>
-__device__ __forceinline__ void backward_rows_to_partials(const T* __restrict__ dy, const T* __restrict__ x,
-                                                          const float* __restrict__ gamma,
-                                                          const float* __restrict__ mean,
-                                                          const float* __restrict__ rstd, T* __restrict__ dx,
-                                                          float* __restrict__ partial_dgamma,
-                                                          float* __restrict__ partial_dbeta, int64_t rows, int D) {
+// (kLnVariants; 0 for the cluster and scalar kernels).
+template <class T, int VEC, int EPT, int G, int R, bool CLUSTER, int V = 0>
+__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+    layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
+                              const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
+                              float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta, int64_t rows,
+                              int D) {
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
@@ -546,87 +486,6 @@ __device__ __forceinline__ void backward_rows_to_partials(const T* __restrict__ 
     block_dbeta[c] = sb;
   }
   cluster_exit_barrier<CLUSTER>();
-}
-
-template <class T, int VEC, int EPT, int G, int R, bool CLUSTER, int V = 0>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
-    layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
-                              const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                              float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta, int64_t rows,
-                              int D) {
-  backward_rows_to_partials<T, VEC, EPT, G, R, CLUSTER, V>(dy, x, gamma, mean, rstd, dx, partial_dgamma,
-                                                           partial_dbeta, rows, D);
-}
-
-// The tail variants' end of kernel 1 (cooperative launch, so every block is
-// resident): after a grid barrier, which makes every block's partial row
-// visible, block b sums the columns of slices b, b + gridDim.x, ... of
-// kTailCols columns over all gridDim.x partial rows. Thread (tx, ty) adds
-// partial rows ty, ty + L, ... (L = blockDim.x / kTailCols lanes) of column
-// tx; the four lanes of a warp are added by two fixed shuffles, then one
-// thread per column adds the warps' sums in warp order. The order depends on
-// the column, the grid and the block size only, never on timing or on which
-// block sums the slice. Slices of 8 columns (32 bytes, one sector per partial
-// row) give even the narrow rows enough slices to spread over the grid.
-// warp_sums: 2 * kTailCols * (blockDim.x / 32) floats of shared memory.
-constexpr int kTailCols = 8;
-
-__device__ __forceinline__ void sum_partials_after_grid_barrier(const float* partial_dgamma,
-                                                                const float* partial_dbeta, int D, float* dgamma,
-                                                                float* dbeta, float* warp_sums) {
-  static_assert(32 % kTailCols == 0, "a warp holds whole lanes");
-  cg::this_grid().sync();  // also orders every block's partial-row stores before the loads below
-  const int tx = static_cast<int>(threadIdx.x) % kTailCols, ty = static_cast<int>(threadIdx.x) / kTailCols;
-  const int lanes = static_cast<int>(blockDim.x) / kTailCols, warps = static_cast<int>(blockDim.x) / 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int n_partials = static_cast<int>(gridDim.x);
-  float* warp_g = warp_sums;
-  float* warp_b = warp_sums + warps * kTailCols;
-  const int slices = (D + kTailCols - 1) / kTailCols;
-  for (int slice = static_cast<int>(blockIdx.x); slice < slices; slice += n_partials) {
-    const int c = slice * kTailCols + tx;
-    float a = 0.0f, b = 0.0f;
-    if (c < D) {
-#pragma unroll 8
-      for (int p = ty; p < n_partials; p += lanes) {  // L2 loads: written by other SMs in this kernel
-        a += __ldcg(partial_dgamma + static_cast<int64_t>(p) * D + c);
-        b += __ldcg(partial_dbeta + static_cast<int64_t>(p) * D + c);
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset >= kTailCols; offset /= 2) {
-      a += __shfl_down_sync(0xffffffffu, a, offset);
-      b += __shfl_down_sync(0xffffffffu, b, offset);
-    }
-    if (lane < kTailCols) warp_g[warp * kTailCols + lane] = a, warp_b[warp * kTailCols + lane] = b;
-    __syncthreads();
-    if (threadIdx.x < kTailCols && c < D) {
-      float sg = 0.0f, sb = 0.0f;
-      for (int w = 0; w < warps; ++w) sg += warp_g[w * kTailCols + tx], sb += warp_b[w * kTailCols + tx];
-      dgamma[c] = sg;
-      dbeta[c] = sb;
-    }
-    __syncthreads();  // warp sums read before the next slice writes them
-  }
-}
-
-// Kernel 1 of the tail variants: the resident backward, then the partial
-// rows summed in place of kernel 2 (one launch; docs/layernorm_kernels_notes.md,
-// "Backward without kernel 2"). Launched cooperatively: the grid barrier
-// needs every block resident at once, which the launch guarantees or refuses.
-template <class T, int VEC, int EPT, int G, int R, int V>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
-    layernorm_backward_tail_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
-                                   const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
-                                   float* partial_dgamma, float* partial_dbeta, int64_t rows, int D,
-                                   float* __restrict__ dgamma, float* __restrict__ dbeta) {
-  static_assert(kLnVariants[V].tail, "tail kernel of a variant without the tail");
-  static_assert(2 * kTailCols * (G * R / 32) <= R * 2 * G * EPT, "warp sums fit the accumulators' shared memory");
-  backward_rows_to_partials<T, VEC, EPT, G, R, false, V>(dy, x, gamma, mean, rstd, dx, partial_dgamma,
-                                                         partial_dbeta, rows, D);
-  extern __shared__ float4 acc_storage[];  // the accumulators, done with: reused for the warp sums
-  sum_partials_after_grid_barrier(partial_dgamma, partial_dbeta, D, dgamma, dbeta,
-                                  reinterpret_cast<float*>(acc_storage));
 }
 
 // Rows of any length, one block of G threads per row, in chunks of G * EPT,
@@ -800,26 +659,16 @@ cudaLaunchAttribute cluster_attribute(int C) {
   return a;
 }
 
-// A launch on the handgrad stream with one attribute (a cluster shape, or
-// cooperative) or, given null, none.
-cudaLaunchConfig_t launch_config(dim3 grid, int threads, size_t smem, cudaLaunchAttribute* attribute) {
+// A launch on the handgrad stream, with a cluster shape or (null) none.
+cudaLaunchConfig_t launch_config(dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream();
-  config.attrs = attribute;
-  config.numAttrs = attribute != nullptr ? 1 : 0;
+  config.attrs = cluster_dim;
+  config.numAttrs = cluster_dim != nullptr ? 1 : 0;
   return config;
-}
-
-// Every block of the grid resident at once (a grid barrier needs it): the
-// launch fails rather than run a grid that does not fit.
-cudaLaunchAttribute cooperative_attribute() {
-  cudaLaunchAttribute a{};
-  a.id = cudaLaunchAttributeCooperative;
-  a.val.cooperative = 1;
-  return a;
 }
 
 // Cluster support of one kernel: how many clusters of C = 2..kMaxCluster
@@ -877,7 +726,7 @@ struct Forward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    if constexpr (!forward_is_lab<T, V>()) {
+    if constexpr (V == 0) {
       auto kernel = layernorm_forward_kernel<T, VEC, EPT, G, R>;
       static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
       launch(kernel, G * R, persistent_grid(a.rows, R, per_sm));
@@ -959,21 +808,13 @@ struct Backward {
   }
   template <int EPT, int G, int R>
   void resident_as() const {
+    auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false, V>;
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
-    if constexpr (kLnVariants[V].tail) {
-      auto kernel = layernorm_backward_tail_kernel<T, VEC, EPT, G, R, V>;
-      static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
-      const int blocks = persistent_grid(a.rows, R, per_sm);
-      if (blocks > 0) return launch_tail(kernel, blocks, G * R, kSmem);
-      return with_partials(0, [](float*, float*) {});  // no rows: kernel 2 writes the zeros
-    } else {
-      auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false, V>;
-      static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
-      const int blocks = persistent_grid(a.rows, R, per_sm);
-      with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
-        launch(kernel, dim3(blocks), G * R, kSmem, nullptr, partial_dgamma, partial_dbeta);
-      });
-    }
+    static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
+    const int blocks = persistent_grid(a.rows, R, per_sm);
+    with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
+      launch(kernel, dim3(blocks), G * R, kSmem, nullptr, partial_dgamma, partial_dbeta);
+    });
   }
   template <int EPT, int G>
   void chunked() const {
@@ -1026,22 +867,6 @@ struct Backward {
     layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(partial_dgamma, partial_dbeta,
                                                                                n_partials, a.D, a.dgamma, a.dbeta);
     HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
-  }
-
-  // The tail variants: kernel 1 sums its own partial rows (one launch, no
-  // kernel 2), cooperative so that its grid barrier cannot wait on a block
-  // that is not resident.
-  template <class... Params>
-  void launch_tail(void (*kernel)(Params...), int blocks, int threads, size_t smem) const {
-    const Tensor partials = Tensor::empty({2, blocks, a.D}, DType::F32, Device::CUDA);
-    float* partial_dgamma = partials.data<float>();
-    float* partial_dbeta = partial_dgamma + int64_t(blocks) * a.D;
-    cudaLaunchAttribute cooperative = cooperative_attribute();
-    const cudaLaunchConfig_t config = launch_config(dim3(blocks), threads, smem, &cooperative);
-    HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x),
-                                     a.gamma, a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta,
-                                     a.rows, a.D, a.dgamma, a.dbeta));
-    HG_CUDA_CHECK_LAUNCH("layernorm_backward_tail_kernel");
   }
 
   // Launches kernel 1 (`cluster_dim`: the cluster shape, or null for none).
