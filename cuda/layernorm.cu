@@ -244,13 +244,15 @@ struct LnVariant {
   bool prefetch;  // the group's next row(s) asked of L2 by bulk prefetches, at every block size
   bool wide;      // forward bf16: rows held packed, twice the elements per thread;
                   // backward: 1024-thread blocks where 512 ran (half the partial rows)
+  bool staged;    // rows staged in shared memory by bulk copies, several in flight per group
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
-    {false, false, false},  // 0: the kernels of 2026-11-26
-    {true, false, false},   // 1: lean
-    {true, true, false},    // 2: lean + next-row bulk prefetch
-    {true, false, true},    // 3: lean + wide
-    {true, true, true},     // 4: lean + prefetch + wide
+    {false, false, false, false},  // 0: the kernels of 2026-11-26
+    {true, false, false, false},   // 1: lean
+    {true, true, false, false},    // 2: lean + next-row bulk prefetch
+    {true, false, true, false},    // 3: lean + wide
+    {true, true, true, false},     // 4: lean + prefetch + wide
+    {false, false, false, true},   // 5: staged (cuda/bulk_stage.cuh)
 };
 
 // One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
@@ -726,7 +728,7 @@ struct Forward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    if constexpr (V == 0) {
+    if constexpr (V == 0 || kLnVariants[V].staged) {  // staged: scaffold until its kernel lands
       auto kernel = layernorm_forward_kernel<T, VEC, EPT, G, R>;
       static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
       launch(kernel, G * R, persistent_grid(a.rows, R, per_sm));
