@@ -165,6 +165,20 @@ constexpr unsigned at(int r, int c) {
   return 2u * unsigned(r * S + c);
 }
 
+// The backward's two products over one 16-wide chunk kc of dh that share
+// their B layout: acc_a += a B_a and acc_b += b B_b, B_x[k][n] = M_x[n][k]
+// with M_x at tile_x (address + lane_nk, row stride S), every n block.
+template <int S, int MT, int NB>
+__device__ __forceinline__ void ldsm_mma_pair(float (&acc_a)[MT][NB][4], const uint32_t (&a)[MT][4], unsigned tile_a,
+                                              float (&acc_b)[MT][NB][4], const uint32_t (&b)[MT][4], unsigned tile_b,
+                                              int kc) {
+#pragma unroll
+  for (int nb = 0; nb < NB; nb += 2) {
+    ldsm_mma_x2(acc_a, a, tile_a + at<S>(nb * 8, kc * 16), nb);
+    ldsm_mma_x2(acc_b, b, tile_b + at<S>(nb * 8, kc * 16), nb);
+  }
+}
+
 // The accumulators of two adjacent 8-column tiles as the A operand (16 x 16) of the next product.
 __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
   a[0] = pack(lo[0], lo[1]);
@@ -837,11 +851,7 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
               ldsm(vf[mt], kv_at + v_off + at<S>(16 * mt, 16 * kc));
             }
           }
-#pragma unroll
-          for (int nb = 0; nb < QS / 8; nb += 2) {
-            ldsm_mma_x2(st, kf, qs + nk_lane + at<S>(nb * 8, kc * 16), nb);
-            ldsm_mma_x2(dpt, vf, dos + nk_lane + at<S>(nb * 8, kc * 16), nb);
-          }
+          ldsm_mma_pair<S>(st, kf, qs + nk_lane, dpt, vf, dos + nk_lane, kc);
         }
         probs_t<MT, QS>(st, a, mask_row, j0, m0, stat_s, exact, bounds);
         mma_acc_tile<MT, QS, DH, S>(dv, st, dos + rc_lane);  // dv += p^T do
@@ -1053,11 +1063,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
               ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
               ldsm(df[mt], q_at + do_off + at<S>(16 * mt, 16 * kc));
             }
-#pragma unroll
-            for (int nb = 0; nb < KS / 8; nb += 2) {
-              ldsm_mma_x2(s, qf, ks + nk_lane + at<S>(nb * 8, kc * 16), nb);
-              ldsm_mma_x2(dp, df, vs + nk_lane + at<S>(nb * 8, kc * 16), nb);
-            }
+            ldsm_mma_pair<S>(s, qf, ks + nk_lane, dp, df, vs + nk_lane, kc);
           }
         }
         if (bounds) {

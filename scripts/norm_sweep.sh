@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Issue 17's lab sweep in one GPU call: the copy yardstick, then every
-# LayerNorm and softmax lab variant (HG_LN_VARIANT 0..4, HG_SOFTMAX_VARIANT
+# LayerNorm and softmax lab variant (HG_LN_VARIANT 0..5, HG_SOFTMAX_VARIANT
 # 0..2, selected in-process by --variants) on the issue's sizes, raw kernels
 # only, each as GB/s and % of the best copy at the same size. Compact tables
 # and the CSVs go to $OUT (default out/). About 2-3 minutes on an H100.
 # Needs a built build-gpu/ (targets bench_copy bench_layernorm bench_softmax),
 # or pass BUILD=dir.
-# Usage: scripts/norm_sweep.sh [ln|softmax|copy]...   (default: all three)
+# Usage: [LN_VARIANTS=0,5] [SOFTMAX_VARIANTS=1,3] scripts/norm_sweep.sh [ln|softmax|copy]...
+#   (default: all three parts, every variant)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${BUILD:-build-gpu}"
@@ -63,14 +64,14 @@ PY
 }
 
 if has ln; then
-  "$build/bench/bench_layernorm" --device cuda --kernels-only --variants 0,1,2,3,4 --iters 30 --png '' \
+  "$build/bench/bench_layernorm" --device cuda --kernels-only --variants "${LN_VARIANTS:-0,1,2,3,4,5}" --iters 30 --png '' \
     --sizes 4096x1024,4096x4096,4096x8192,4096x16384,16384x768 --csv "$out/sweep_ln.csv" \
     > "$out/sweep_ln.txt" 2>&1 || status=1
   table "$out/sweep_ln.csv" ln | tee "$out/sweep_ln_table.txt"
 fi
 
 if has softmax; then
-  "$build/bench/bench_softmax" --device cuda --kernels-only --variants 0,1,2 --iters 30 --png '' \
+  "$build/bench/bench_softmax" --device cuda --kernels-only --variants "${SOFTMAX_VARIANTS:-0,1,2}" --iters 30 --png '' \
     --sizes 4x16x1024,2x16x2048,8x12x512 --csv "$out/sweep_softmax.csv" \
     > "$out/sweep_softmax.txt" 2>&1 || status=1
   table "$out/sweep_softmax.csv" softmax | tee "$out/sweep_softmax_table.txt"
