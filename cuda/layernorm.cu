@@ -16,57 +16,24 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layernorm_kernels.hpp"
+#include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
+#include "cuda/layernorm_staged_forward.cuh"
 #include "cuda/vec.cuh"
 
 namespace hg::gpu {
 namespace {
 
 // ---- forward ------------------------------------------------------------------------
-// Stability: statistics are taken of x - shift with shift = x[row, 0], so a
-// large common offset cancels exactly before any sum is formed; the variance
-// is a second pass, sum((x - shift - m)^2) / D, never E[x^2] - E[x]^2.
-
-struct Moments {
-  float mean;  // of x - shift
-  float rstd;  // 1 / sqrt(var + eps)
-};
-
-// Row sums over one group (the resident kernels' row_sums).
-template <int G>
-struct GroupSums {
-  const RowGroup<G>& grp;
-  template <int N>
-  __device__ __forceinline__ void operator()(float (&v)[N]) const { grp.sums(v); }
-};
-
-// A row of len elements held in v (minus shift, zeros past len); row_sums
-// adds a per-thread partial over the whole row (the group, or the cluster).
-template <int VEC, int NV, int G, class RowSums>
-__device__ __forceinline__ Moments moments_in_registers(const float (&v)[NV][VEC], int len, int t,
-                                                        const RowSums& row_sums, float inv_d, float eps) {
-  float s[1] = {0.0f};
-#pragma unroll
-  for (int j = 0; j < NV; ++j)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) s[0] += v[j][k];
-  row_sums(s);
-  const float mean = s[0] * inv_d;
-  float q[1] = {0.0f};
-#pragma unroll
-  for (int j = 0; j < NV; ++j)
-    if ((j * G + t) * VEC < len)
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) q[0] += (v[j][k] - mean) * (v[j][k] - mean);
-  row_sums(q);
-  return {mean, rsqrtf(q[0] * inv_d + eps)};
-}
+// Statistics and normalisation of a held row (and why they are stable):
+// cuda/layernorm_moments.cuh.
 
 // Chan et al.'s pairwise merge of per-chunk (count, mean, M2) statistics.
 struct ChunkMoments {
@@ -100,32 +67,6 @@ __device__ __forceinline__ void add_chunk(const T* xr, int chunk, float shift, c
       for (int k = 0; k < VEC; ++k) q += (v[j][k] - mean_b) * (v[j][k] - mean_b);
   const float m2_b = grp.sum(q);
   acc.add(static_cast<float>(chunk), mean_b, m2_b);
-}
-
-// y = (x - shift - mean) rstd gamma + beta for the chunk elements of a row
-// held in v; gamma, beta, yr point at the chunk's first column.
-template <class T, int VEC, int NV, int G>
-__device__ __forceinline__ void normalise_chunk(const float (&v)[NV][VEC], int chunk, const Moments& m,
-                                                const float* gamma, const float* beta, T* yr, int t) {
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int i = (j * G + t) * VEC;
-    if (i < chunk) {
-      float g[VEC], b[VEC], out[VEC];
-      load_vec<VEC>(gamma + i, g);
-      load_vec<VEC>(beta + i, b);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out[k] = (v[j][k] - m.mean) * m.rstd * g[k] + b[k];
-      store_vec<VEC, Store::Streaming>(yr + i, out);
-    }
-  }
-}
-
-// The row's statistics for the backward: its mean (shift + mean of x - shift) and rstd.
-__device__ __forceinline__ void save_stats(float* mean_out, float* rstd_out, int64_t row, float shift,
-                                           const Moments& m) {
-  mean_out[row] = shift + m.mean;
-  rstd_out[row] = m.rstd;
 }
 
 // Rows of up to CAP = G * EPT elements, held in registers, read once.
@@ -708,6 +649,27 @@ int cluster_size_for(int D, int VEC, int CAP, const std::array<int, kMaxCluster 
   return best;
 }
 
+// The room a staged kernel has for its rings on this device, or nothing where
+// it cannot run: the device or the kernel's compiled code below sm_90 (the
+// bulk copies exist only there). Allows it the most dynamic shared memory.
+template <class Kernel>
+std::optional<StagedRoom> staged_room(Kernel kernel, int threads) {
+  cudaFuncAttributes attr{};
+  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (compute_capability() < 90 || attr.ptxVersion < 90 || attr.binaryVersion < 90) return std::nullopt;
+  int device = 0;
+  StagedRoom room{};
+  HG_CUDA_CHECK(cudaGetDevice(&device));
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&room.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&room.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&room.reserved_per_block, cudaDevAttrReservedSharedMemoryPerBlock, device));
+  room.static_smem = static_cast<int>(attr.sharedSizeBytes);
+  HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     room.smem_per_block - room.static_smem));
+  room.blocks_per_sm = blocks_per_sm(kernel, threads, 0, "layernorm_forward_fused");
+  return room;
+}
+
 struct ForwardArgs {
   const void* x;
   const float* gamma;
@@ -728,16 +690,38 @@ struct Forward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    if constexpr (V == 0 || kLnVariants[V].staged) {  // staged: scaffold until its kernel lands
-      auto kernel = layernorm_forward_kernel<T, VEC, EPT, G, R>;
-      static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
-      launch(kernel, G * R, persistent_grid(a.rows, R, per_sm));
+    if constexpr (V == 0) {
+      resident_v0<EPT, G, R>();
+    } else if constexpr (kLnVariants[V].staged) {
+      if (!resident_staged<EPT, G, R>()) resident_v0<EPT, G, R>();  // below sm_90: variant 0
     } else if constexpr (kLnVariants[V].wide && std::is_same_v<T, __nv_bfloat16> && G >= 64) {
       // Packed bf16 rows: twice the elements per thread, the same block size.
       resident_lab<2 * EPT, G / 2, 2 * R>();
     } else {
       resident_lab<EPT, G, R>();
     }
+  }
+  template <int EPT, int G, int R>
+  void resident_v0() const {
+    auto kernel = layernorm_forward_kernel<T, VEC, EPT, G, R>;
+    static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
+    launch(kernel, G * R, persistent_grid(a.rows, R, per_sm));
+  }
+  // Rows staged in shared memory by bulk copies (cuda/layernorm_staged_forward.cuh);
+  // false where the device or the compiled code is below sm_90.
+  template <int EPT, int G, int R>
+  bool resident_staged() const {
+    static_assert(VEC > 1, "staged rows are 16-byte rows");
+    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R>;
+    static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
+    if (!room) return false;
+    const StagedPlan plan = plan_staged(*room, R, a.D * int(sizeof(T)), staged_target_bytes());
+    HG_CHECK(plan.stages >= 1, kOp, "a staged row of ", a.D, " elements does not fit in shared memory");
+    kernel<<<persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, stream()>>>(
+        static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
+        plan.stages);
+    HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_kernel");
+    return true;
   }
   template <int EPT, int G, int R>
   void resident_lab() const {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -216,6 +217,68 @@ bool width_selected(int64_t D) {
   return D >= range.first && D <= range.second;
 }
 
+// ---- the staged forward (lab variant 5) against variant 0 ----
+
+// kLnVariants[5] in cuda/layernorm.cu: rows staged in shared memory by bulk
+// copies (sm_90+; below, variant 0 runs).
+constexpr int kStagedVariant = 5;
+
+struct ForwardOutputs {
+  Tensor y, mean, rstd;
+};
+
+// The forward alone under lab variant v, every output NaN first.
+ForwardOutputs run_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, int v) {
+  gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+  const int64_t rows = x.size(0), D = x.size(1);
+  ForwardOutputs out{poisoned({rows, D}, x.dtype()), poisoned({rows}, DType::F32), poisoned({rows}, DType::F32)};
+  gpu::layernorm_forward_fused(x, gamma, beta, kEps, out.y, out.mean, out.rstd);
+  return out;
+}
+
+// Byte for byte (GPU tensors of one shape and dtype): -0 and +0 differ, NaN equals itself.
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() &&
+         std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+}
+
+// x (rows, D) of N(offset, stddev^2) on the GPU in dtype (16-byte aligned
+// rows wherever D * sizeof(dtype) is a multiple of 16); x[r, 0] =
+// first_column(r) if given. gamma, beta: (D) random f32.
+struct ForwardInputs {
+  Tensor x, gamma, beta;
+};
+ForwardInputs forward_inputs(int64_t rows, int64_t D, DType dtype, uint64_t seed, double offset = 0.0,
+                             double stddev = 1.0, const std::function<double(int64_t)>& first_column = nullptr) {
+  Generator gen(seed);
+  Tensor x = Tensor::randn({rows, D}, gen, DType::F32, Device::CPU, offset, stddev);
+  if (first_column)
+    for (int64_t r = 0; r < rows; ++r) x.set({r, 0}, first_column(r));
+  return {x.to(dtype).to(Device::CUDA), Tensor::randn({D}, gen, DType::F32, Device::CUDA, 1.0, 0.5),
+          Tensor::randn({D}, gen, DType::F32, Device::CUDA)};
+}
+
+// The staged forward takes the same statistics in the same order as variant
+// 0 (only where the row comes from differs), so y, mean and rstd must be
+// bitwise variant 0's, on any rows.
+void check_staged_matches_v0(const ForwardInputs& in) {
+  const ForwardOutputs v0 = run_forward(in.x, in.gamma, in.beta, 0);
+  const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, kStagedVariant);
+  REQUIRE(all_finite(v0.y));
+  REQUIRE(all_finite(v0.mean));
+  REQUIRE(all_finite(v0.rstd));
+  CHECK(same_bytes(staged.y, v0.y));
+  CHECK(same_bytes(staged.mean, v0.mean));
+  CHECK(same_bytes(staged.rstd, v0.rstd));
+}
+
+// Only where HG_KERNEL_VARIANTS (if set) lists the staged variant.
+bool staged_selected() {
+  const std::vector<int> v = variants_for(1, false);
+  return std::find(v.begin(), v.end(), kStagedVariant) != v.end();
+}
+
 }  // namespace
 
 TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, all outputs written",
@@ -321,6 +384,57 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
         const Inputs in = make_inputs(rows, D, dtype, false, seed++);
         INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D);
         check_against_reference(in, false);
+      }
+}
+
+TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0", "[layernorm][cuda][kernels][staged]") {
+  HG_REQUIRE_GPU();
+  if (!staged_selected()) return;
+  // Every resident width class with 16-byte rows in both dtypes (8: one
+  // word per f32 row; 768..1024 warp rows; 1032 and 4096 multi-warp groups;
+  // 8200 and 16384 the 512-thread rows). 1 and 3 rows leave most groups of
+  // the one block without a row (they still make the trip, waiting for
+  // nothing); 1000 and 5000 rows wrap every group's ring several times
+  // (a persistent grid holds at most a few hundred to a few thousand
+  // groups). Cases past 24M elements are left out to keep the host draw short.
+  uint64_t seed = 1700;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
+      if (!width_selected(D)) continue;
+      for (const int64_t rows : {1, 3, 1000, 5000}) {
+        if (rows * D > 24'000'000) continue;
+        const ForwardInputs in = forward_inputs(capped(rows), D, dtype, seed++);
+        INFO("dtype " << dtype_name(dtype) << " rows " << capped(rows) << " D " << D);
+        check_staged_matches_v0(in);
+      }
+    }
+}
+
+TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0 on hostile rows",
+          "[layernorm][cuda][kernels][staged][hostile]") {
+  HG_REQUIRE_GPU();
+  if (!staged_selected()) return;
+  struct Case {
+    double offset, stddev;
+    bool outlier_first;  // x[r, 0] at 0 .. 1e4 row standard deviations (row r: kOff[r % 6])
+  };
+  constexpr double kOff[] = {0.0, 1.0, 1.7, 2.0, 50.0, 1e4};
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const Case c : {Case{1e4, 1.0, false}, Case{-3.0, 0.0, false}, Case{0.0, 1.0, true}})
+      for (const int64_t D : {768, 4096, 16384}) {
+        if (!width_selected(D)) continue;
+        const auto first = c.outlier_first ? std::function<double(int64_t)>([&](int64_t r) { return kOff[r % 6]; })
+                                           : std::function<double(int64_t)>();
+        const ForwardInputs in = forward_inputs(capped(1001), D, dtype, 61, c.offset, c.stddev, first);
+        INFO("dtype " << dtype_name(dtype) << " D " << D << " offset " << c.offset << " stddev " << c.stddev
+                      << (c.outlier_first ? " outlier in column 0" : ""));
+        check_staged_matches_v0(in);
+        if (c.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
+          const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, kStagedVariant);
+          const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
+          for (int64_t r = 0; r < in.x.size(0); r += 97)
+            CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
+        }
       }
 }
 
