@@ -138,20 +138,16 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
   __syncthreads();  // the barriers' initialisation is visible before any wait
 
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * R;  // < rows (persistent_grid)
-  const int64_t first = block_first + grp.group;
-  const int64_t trips = (rows - block_first + row_stride - 1) / row_stride;  // group 0's row count, the most
-  const int64_t mine = first < rows ? (rows - first + row_stride - 1) / row_stride : 0;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
   const auto x_stage = [&](int64_t k) { return reinterpret_cast<T*>(ring_bytes + ring.stage(k) * 2 * row_bytes); };
-  const auto issue = [&](int64_t k) {  // thread 0 of the group, k < mine
-    const int64_t row = first + k * row_stride;
+  const auto issue = [&](int64_t k, int64_t row) {  // thread 0 of the group, row < rows
     T* xs = x_stage(k);
     uint64_t* bar = ring.arm(k, 2 * row_bytes);
     stage_copy(xs, x + row * D, row_bytes, bar);
     stage_copy(xs + D, dy + row * D, row_bytes, bar);
   };
   if (t == 0)
-    for (int64_t k = 0; k < S && k < mine; ++k) issue(k);
+    for (int k = 0; k < S && first + k * row_stride < rows; ++k) issue(k, first + k * row_stride);
 
   float acc_dgamma[NV][VEC], acc_dbeta[NV][VEC];
 #pragma unroll
@@ -159,9 +155,11 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) acc_dgamma[j][e] = 0.0f, acc_dbeta[j][e] = 0.0f;
 
-  for (int64_t k = 0; k < trips; ++k) {
-    const bool live = k < mine;
-    const int64_t row = first + k * row_stride;
+  // Trip k: row first + k row_stride; group 0's rows set the trip count
+  // (blockIdx.x R < rows: persistent_grid).
+  int64_t k = 0;
+  for (int64_t row = first; row - grp.group < rows; row += row_stride, ++k) {
+    const bool live = row < rows;
     const int len = live ? D : 0;  // columns this group reads and writes this trip
     const T* xs = x_stage(k);
     const T* dys = xs + D;
@@ -175,7 +173,7 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
     // Every read of stage k % S is done before it is refilled.
     if constexpr (G == 32) __syncwarp();
     else group_barrier(grp.bar, G);
-    if (t == 0 && k + S < mine) issue(k + S);
+    if (t == 0 && row + S * row_stride < rows) issue(k + S, row + S * row_stride);
   }
 
   // Every copy issued was waited for; the rings' bytes now hold the groups'
