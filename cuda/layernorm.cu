@@ -298,6 +298,23 @@ __device__ __forceinline__ float dx_element(float g, float dy, float xhat, float
   return rs * (__fmul_rn(g, dy) - k.c1 - xhat * k.c2);
 }
 
+// One slot of a row (VEC columns, gamma in g): x in xh becomes xhat'; its
+// terms are added to s. The one definition of the row sums' order and
+// rounding, which variant 5 (cuda/layernorm_staged_backward.cuh) shares so
+// that its dx is bitwise variant 0's.
+template <int VEC>
+__device__ __forceinline__ void slot_row_terms(float (&xh)[VEC], const float (&g_dy)[VEC], const float (&g)[VEC],
+                                               float m, float rs, float (&s)[3]) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    xh[k] = (xh[k] - m) * rs;
+    const float gd = __fmul_rn(g[k], g_dy[k]);  // rounded, not fused: see dx_element
+    s[0] += gd;
+    s[1] += gd * xh[k];
+    s[2] += xh[k];
+  }
+}
+
 // A resident row (slice): x in xh becomes xhat'; this thread's terms of s.
 template <int VEC, int NV, int G>
 __device__ __forceinline__ void row_terms_in_registers(float (&xh)[NV][VEC], const float (&g_dy)[NV][VEC],
@@ -309,14 +326,7 @@ __device__ __forceinline__ void row_terms_in_registers(float (&xh)[NV][VEC], con
     if (i < len) {
       float g[VEC];
       load_vec<VEC>(gamma + i, g);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        xh[j][k] = (xh[j][k] - m) * rs;
-        const float gd = __fmul_rn(g[k], g_dy[j][k]);  // rounded, not fused: see dx_element
-        s[0] += gd;
-        s[1] += gd * xh[j][k];
-        s[2] += xh[j][k];
-      }
+      slot_row_terms<VEC>(xh[j], g_dy[j], g, m, rs, s);
     }
   }
 }
@@ -553,6 +563,16 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
   }
 }
 
+}  // namespace
+}  // namespace hg::gpu
+
+// Lab variant 5's backward kernel 1 (sm_90 bulk copies into shared memory);
+// it builds on the backward's row terms above.
+#include "cuda/layernorm_staged_backward.cuh"
+
+namespace hg::gpu {
+namespace {
+
 // ---- host: which layout for which width --------------------------------------------
 
 // The one table for both passes. Rows of up to 16384 elements are held in
@@ -788,19 +808,49 @@ struct Backward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    // wide: 1024-thread blocks, one per SM, where 512-thread blocks ran two.
-    constexpr bool kWiden = kLnVariants[V].wide && G * R == 512 && G >= 128;
-    resident_as<EPT, G, kWiden ? 2 * R : R>();
+    if constexpr (kLnVariants[V].staged) {
+      if (!staged<EPT, G, R>()) resident_as<EPT, G, R, 0>();  // below sm_90, or rows too wide for two stages
+    } else {
+      // wide: 1024-thread blocks, one per SM, where 512-thread blocks ran two.
+      constexpr bool kWiden = kLnVariants[V].wide && G * R == 512 && G >= 128;
+      resident_as<EPT, G, kWiden ? 2 * R : R, V>();
+    }
   }
-  template <int EPT, int G, int R>
+  template <int EPT, int G, int R, int KV>
   void resident_as() const {
-    auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false, V>;
+    auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false, KV>;
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
     static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
     const int blocks = persistent_grid(a.rows, R, per_sm);
     with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
       launch(kernel, dim3(blocks), G * R, kSmem, nullptr, partial_dgamma, partial_dbeta);
     });
+  }
+  // Variant 5 (cuda/layernorm_staged_backward.cuh): x and dy of S rows per
+  // group staged in shared memory by bulk copies. False (nothing launched)
+  // where it cannot run: a device or a build below sm_90, or 2 D sizeof(T)
+  // bytes times the block's groups and stages past what a block may have.
+  template <int EPT, int G, int R>
+  bool staged() const {
+    using Staged = StagedShape<EPT, G, R>;
+    auto kernel = layernorm_backward_staged_kernel<T, VEC, EPT, G, Staged::kGroups, Staged::kDepth, Staged::kMinBlocks>;
+    static const size_t max_smem = staged_backward_smem_limit(kernel);
+    const size_t smem = staged_smem_bytes(a.D, sizeof(T), Staged::kGroups, Staged::kDepth);
+    if (smem > max_smem) return false;
+    // Blocks per SM depend on D through the stages; asked again only when the smem changes.
+    thread_local size_t asked_smem = 0;
+    thread_local int asked_per_sm = 0;
+    if (smem != asked_smem) {
+      int n = 0;
+      HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Staged::kThreads, smem));
+      asked_smem = smem, asked_per_sm = n;
+    }
+    if (asked_per_sm < 1) return false;
+    const int blocks = persistent_grid(a.rows, Staged::kGroups, capped(asked_per_sm, Staged::kThreads));
+    with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
+      launch(kernel, dim3(blocks), Staged::kThreads, smem, nullptr, partial_dgamma, partial_dbeta);
+    });
+    return true;
   }
   template <int EPT, int G>
   void chunked() const {

@@ -220,7 +220,8 @@ bool width_selected(int64_t D) {
 // ---- the staged forward (lab variant 5) against variant 0 ----
 
 // kLnVariants[5] in cuda/layernorm.cu: rows staged in shared memory by bulk
-// copies (sm_90+; below, variant 0 runs).
+// copies (sm_90+; below, variant 0 runs; the backward also where two stages
+// of a row do not fit a block: f32 rows past ~14500 elements).
 constexpr int kStagedVariant = 5;
 
 struct ForwardOutputs {
@@ -239,8 +240,9 @@ ForwardOutputs run_forward(const Tensor& x, const Tensor& gamma, const Tensor& b
 // Byte for byte (GPU tensors of one shape and dtype): -0 and +0 differ, NaN equals itself.
 bool same_bytes(const Tensor& a, const Tensor& b) {
   const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return ha.dtype() == hb.dtype() && ha.shape() == hb.shape() &&
-         std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
+  if (ha.dtype() != hb.dtype() || ha.shape() != hb.shape()) return false;
+  const size_t n = static_cast<size_t>(ha.numel()) * dtype_size(ha.dtype());
+  return n == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), n) == 0;
 }
 
 // x (rows, D) of N(offset, stddev^2) on the GPU in dtype (16-byte aligned
@@ -436,6 +438,121 @@ TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0 on
             CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
         }
       }
+}
+
+namespace {
+
+// ---- the staged backward (lab variant 5) against variant 0 ----
+
+struct Grads {
+  Tensor dx, dgamma, dbeta;
+};
+
+// The backward alone, as lab variant v, on a given mean/rstd; outputs NaN first.
+Grads backward_as(int v, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                  const Tensor& rstd) {
+  gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+  const int64_t D = x.size(1);
+  Grads g{poisoned(x.shape(), x.dtype()), poisoned({D}, DType::F32), poisoned({D}, DType::F32)};
+  gpu::layernorm_backward_fused(dy, x, gamma, mean, rstd, g.dx, g.dgamma, g.dbeta);
+  return g;
+}
+
+// Bitwise equality of two tensors' stored bytes (tells -0 from +0).
+// Per column, sum over rows of |dy xhat| and of |dy| in float64: the scale
+// of dgamma's and dbeta's terms. xhat as the kernels form it from the saved
+// float32 mean and rstd: (x - mean) rstd less its row mean (the mean's
+// rounding times rstd; docs/layernorm.md, section 2).
+std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Tensor& dy, const Tensor& x,
+                                                                       const Tensor& mean, const Tensor& rstd) {
+  const int64_t rows = x.size(0), D = x.size(1);
+  const std::vector<double> xs = x.to_vector(), ds = dy.to_vector(), m = mean.to_vector(), r = rstd.to_vector();
+  std::vector<double> sg(D, 0.0), sb(D, 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    double c = 0.0;
+    for (int64_t col = 0; col < D; ++col) c += (xs[i * D + col] - m[i]) * r[i];
+    c /= static_cast<double>(D);
+    for (int64_t col = 0; col < D; ++col) {
+      const double d = ds[i * D + col];
+      sg[col] += std::abs(d * ((xs[i * D + col] - m[i]) * r[i] - c));
+      sb[col] += std::abs(d);
+    }
+  }
+  return {sg, sb};
+}
+
+}  // namespace
+
+TEST_CASE("layernorm kernels: staged backward (variant 5) against variant 0",
+          "[layernorm][cuda][kernels][staged]") {
+  HG_REQUIRE_GPU();
+  // Both variants run on one mean/rstd (the production forward's). dx must be
+  // bitwise variant 0's: the staged kernel forms each row's three sums with
+  // variant 0's per-thread order and group reduction. dgamma/dbeta are sums
+  // over the same rows grouped differently (other blocks, register instead
+  // of shared-memory accumulators): two float32 sums of the same n = rows
+  // terms (bitwise the same xhat in both), each within about (n - 1) 2^-24
+  // sum|term| of the exact sum (the worst-case bound of any summation
+  // order), plus one rounding per term, differ by at most 2 (n + 2) 2^-24
+  // sum|term| (one spare 2^-24 for the float64 scale's own distance from the
+  // float32 terms). That catches a wrong or missing column, and a missing row
+  // up to ~1000 rows; the layouts test checks variant 5 against float64 too.
+  // Variant 5 must also be bitwise reproducible. Hostile rows: a common
+  // offset of 1e4, and constant rows (x - mean is the mean's rounding alone).
+  struct Kind {
+    double offset, stddev;
+  };
+  uint64_t seed = 1700;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {768, 1024, 1032, 4096, 8200, 16384}) {
+      if (!width_selected(D)) continue;
+      const std::vector<int> vs = variants_for(D, false);
+      if (std::find(vs.begin(), vs.end(), kStagedVariant) == vs.end()) continue;
+      for (const int64_t wanted_rows : {0, 1, 3, 1000, 5000})
+        for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
+          if (kind.stddev != 1.0 || kind.offset != 0.0)
+            if (wanted_rows != 1000) continue;  // hostile rows at one row count
+          const int64_t rows = capped(wanted_rows);
+          INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << " offset " << kind.offset
+                        << " stddev " << kind.stddev);
+          Generator gen(seed++);
+          const Tensor x = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
+                                     : Tensor::randn({rows, D}, gen, dtype, Device::CUDA, kind.offset, kind.stddev);
+          const Tensor dy = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
+                                      : Tensor::randn({rows, D}, gen, dtype, Device::CUDA);
+          const Tensor gamma = Tensor::randn({D}, gen, DType::F32, Device::CUDA, 1.0, 0.5);
+          const Tensor beta = Tensor::randn({D}, gen, DType::F32, Device::CUDA);
+          Tensor y = poisoned({rows, D}, dtype), mean = poisoned({rows}, DType::F32),
+                 rstd = poisoned({rows}, DType::F32);
+          gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
+          const Grads want = backward_as(0, dy, x, gamma, mean, rstd);
+          const Grads got = backward_as(kStagedVariant, dy, x, gamma, mean, rstd);
+          const Grads again = backward_as(kStagedVariant, dy, x, gamma, mean, rstd);
+          REQUIRE(all_finite(got.dx));
+          REQUIRE(all_finite(got.dgamma));
+          REQUIRE(all_finite(got.dbeta));
+          CHECK(same_bytes(got.dx, want.dx));
+          CHECK(same_bytes(got.dx, again.dx));
+          CHECK(same_bytes(got.dgamma, again.dgamma));
+          CHECK(same_bytes(got.dbeta, again.dbeta));
+          if (rows == 0) {  // kernel 2 alone writes the zeros
+            CHECK(hg::test::max_abs_diff(f64(got.dgamma), Tensor::zeros({D}, DType::F64)) == 0.0);
+            CHECK(hg::test::max_abs_diff(f64(got.dbeta), Tensor::zeros({D}, DType::F64)) == 0.0);
+            continue;
+          }
+          const auto [scale_g, scale_b] = column_term_scales(dy, x, mean, rstd);
+          const std::vector<double> g5 = got.dgamma.to_vector(), g0 = want.dgamma.to_vector();
+          const std::vector<double> b5 = got.dbeta.to_vector(), b0 = want.dbeta.to_vector();
+          const double per_term = 2.0 * static_cast<double>(rows + 2) * std::ldexp(1.0, -24);
+          int64_t bad_g = 0, bad_b = 0;
+          for (int64_t c = 0; c < D; ++c) {
+            bad_g += std::abs(g5[c] - g0[c]) > per_term * scale_g[c];
+            bad_b += std::abs(b5[c] - b0[c]) > per_term * scale_b[c];
+          }
+          CHECK(bad_g == 0);
+          CHECK(bad_b == 0);
+        }
+    }
 }
 
 #else
