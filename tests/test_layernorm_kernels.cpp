@@ -512,6 +512,7 @@ TEST_CASE("layernorm kernels: staged backward (variant 5) against variant 0",
         for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
           if (kind.stddev != 1.0 || kind.offset != 0.0)
             if (wanted_rows != 1000) continue;  // hostile rows at one row count
+          if (wanted_rows * D > 24'000'000) continue;  // the float64 column scales stay a short host pass
           const int64_t rows = capped(wanted_rows);
           INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << " offset " << kind.offset
                         << " stddev " << kind.stddev);
