@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
@@ -164,25 +163,14 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
 // 16-byte rows, picked per case by the production table (host section) or
 // forced by HG_SOFTMAX_VARIANT. Docs: docs/layernorm_kernels_notes.md,
 // "Lab variants". The backward has none.
-// Variants 3-5 change the lane-team kernel only (the block team runs them
-// as variant 1): each warp walks many rows, so what one row loaded can serve
-// the next.
 struct SoftmaxVariant {
-  bool lean;        // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
-  bool streaming;   // y stored evict-first (st.global.cs): nothing reads it again in the kernel
-  bool persistent;  // lane teams: a grid of resident blocks, each walking rows with a grid-sized stride;
-                    // all of a row's x loads issued before the first is used
-  bool mask_stash;  // lane teams, (B, Tk) masks: each lane keeps its additive mask values in shared memory
-                    // and reloads them only when its row's mask row changes
-  bool prefetch;    // lane teams: the next row's x is loaded before this row's reductions
+  bool lean;       // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
+  bool streaming;  // y stored evict-first (st.global.cs): nothing reads it again in the kernel
 };
 constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {
-    {false, false, false, false, false},  // 0: the kernel of 2026-11-26
-    {true, false, false, false, false},   // 1: lean
-    {true, true, false, false, false},    // 2: lean + streaming stores
-    {true, false, true, false, false},    // 3: lean + persistent grid, a row's x loads all issued first
-    {true, false, true, true, false},     // 4: 3 + mask stash
-    {true, false, true, true, true},      // 5: 4 + next row prefetched
+    {false, false},  // 0: the kernel of 2026-11-26
+    {true, false},   // 1: lean
+    {true, true},    // 2: lean + streaming stores
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -195,33 +183,9 @@ __device__ __forceinline__ float exp2_approx(float v) {
   return r;
 }
 
-// z = fma(scale, x, am) for W keys, am the additive mask values (one
-// rounding: within an ulp of the CPU path's z).
-template <int W>
-__device__ __forceinline__ void scale_add(float (&z)[W], float scale, const float (&am)[W]) {
-#pragma unroll
-  for (int j = 0; j < W; ++j) z[j] = fmaf(scale, z[j], am[j]);
-}
-
-// The per-key causal test, only in the chunk that straddles `visible`.
-template <int W>
-__device__ __forceinline__ void hide_past_visible(float (&z)[W], int64_t k0, int64_t visible) {
-  if (k0 + W > visible)
-#pragma unroll
-    for (int j = 0; j < W; ++j)
-      if (k0 + j >= visible) z[j] = -INFINITY;
-}
-
-// W mask values from global memory, additive_mask applied.
-template <int W>
-__device__ __forceinline__ void load_additive_mask(const float* p, float (&am)[W]) {
-  load_vec<W, Load::ReadOnly>(p, am);
-#pragma unroll
-  for (int j = 0; j < W; ++j) am[j] = additive_mask(am[j]);
-}
-
-// load_z with one FFMA per element, bf16 widened by masks, and the per-key
-// causal test only in the chunk that straddles `visible`.
+// load_z with one FFMA per element (scale x + mask rounded once, not twice:
+// within an ulp of z of the CPU path), bf16 widened by masks, and the
+// per-key causal test only in the chunk that straddles `visible`.
 template <class T, int W>
 __device__ __forceinline__ void load_z_lean(const T* x_row, const RowSpan& span, int64_t k0, float scale,
                                             float (&z)[W]) {
@@ -235,7 +199,10 @@ __device__ __forceinline__ void load_z_lean(const T* x_row, const RowSpan& span,
 #pragma unroll
     for (int j = 0; j < W; ++j) z[j] *= scale;
   }
-  hide_past_visible(z, k0, span.visible);
+  if (k0 + W > span.visible)
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (k0 + j >= span.visible) z[j] = -INFINITY;
 }
 
 // The row max becomes the exp shift. A fully masked row (max = -inf) shifts by
@@ -248,50 +215,6 @@ struct Normaliser {
       : shift(row_max == -INFINITY ? 0.0f : row_max), all_masked(row_max == -INFINITY) {}
   __device__ float inverse(float row_sum) const { return all_masked ? 0.0f : 1.0f / row_sum; }
 };
-
-// Chunk i of a thread covers keys [(rank + i * size) * W, +W).
-template <int W, class Team>
-__device__ __forceinline__ int64_t chunk_start(const Team& team, int i) {
-  return static_cast<int64_t>(team.rank() + i * team.size()) * W;
-}
-
-// Max, exponentials, sum and the stores of one row whose z values are in v
-// (the whole team takes part, `valid` or not: the reductions are shuffles).
-template <class T, int W, int N, int V, class Team>
-__device__ __forceinline__ void finish_row(const ForwardArgs<T>& a, const Team& team, int64_t row, bool valid,
-                                           float (&v)[N][W]) {
-  constexpr SoftmaxVariant kV = kSoftmaxVariants[V];
-  float row_max = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < W; ++j) row_max = max_nan(row_max, v[i][j]);
-  const Normaliser norm(team.max(row_max));
-
-  float row_sum = 0.0f;
-  const float neg_shift_log2e = -norm.shift * kLog2e;  // lean: exp(z - shift) = 2^(z log2e - shift log2e)
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < W; ++j) {
-      if constexpr (kV.lean) v[i][j] = exp2_approx(fmaf(v[i][j], kLog2e, neg_shift_log2e));
-      else v[i][j] = expf(v[i][j] - norm.shift);
-      row_sum += v[i][j];
-    }
-  const float inv = norm.inverse(team.sum(row_sum));
-
-  if (!valid) return;
-  T* y_row = a.y + row * a.tk;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int64_t k0 = chunk_start<W>(team, i);
-    if (k0 < a.tk) {
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[i][j] *= inv;
-      store_vec<W, kV.streaming ? Store::Streaming : Store::Plain>(y_row + k0, v[i]);
-    }
-  }
-}
 
 // Row held in registers: chunk i of a thread covers keys [(rank + i * size) * W, +W).
 // Requires tk <= size * N * W and, for W > 1, tk % W == 0 (chunks never straddle tk).
@@ -308,7 +231,7 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
     float v[N][W];
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const int64_t k0 = chunk_start<W>(team, i);
+      const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
       if (k0 < span.visible) {
         if constexpr (kV.lean) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i]);
         else load_z<T, W>(x_row, span, k0, a.scale, v[i]);
@@ -317,138 +240,43 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
         for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;  // masked or past the row: no load
       }
     }
-    finish_row<T, W, N, V>(a, team, row, valid, v);
-  }
-}
 
-// ---- lane teams walking rows (variants 3-5) -------------------------------------------
-// On a resident grid each team takes rows row, row + stride, ... (stride =
-// the grid's rows), so consecutive rows of a team usually share their batch,
-// hence their mask row when the mask has no query stride (variants 4 and 5
-// keep it in a stash; the host sends other masks to variant 3). A row's x
-// loads are all issued before the first is used (variants 0-2 load and use
-// chunk by chunk). 16-byte rows only.
-
-// Spare teams (row past the end) get an empty span: nothing loaded or stored.
-template <class T>
-__device__ __forceinline__ RowSpan span_or_empty(const ForwardArgs<T>& a, int64_t row) {
-  return row < a.rows ? row_span(a, row) : RowSpan{nullptr, 0};
-}
-
-// The raw 16-byte words of x a thread holds of `row`: chunks below `visible`.
-template <class T, int W, int N, class Team>
-__device__ __forceinline__ void load_raw_row(const ForwardArgs<T>& a, const Team& team, int64_t row,
-                                             const RowSpan& span, uint4 (&raw)[N]) {
-  const T* x_row = a.x + row * a.tk;
+    float row_max = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int64_t k0 = chunk_start<W>(team, i);
-    if (k0 < span.visible) raw[i] = __ldg(reinterpret_cast<const uint4*>(x_row + k0));
-  }
-}
-
-// 16 bytes of x as W floats (exact widening; bf16 as widen_bf16x8).
-__device__ __forceinline__ void widen_raw(const uint4& raw, float (&out)[4]) {
-  out[0] = __uint_as_float(raw.x), out[1] = __uint_as_float(raw.y);
-  out[2] = __uint_as_float(raw.z), out[3] = __uint_as_float(raw.w);
-}
-__device__ __forceinline__ void widen_raw(const uint4& raw, float (&out)[8]) { widen_bf16x8(raw, out); }
-
-// This thread's additive mask values (additive_mask applied) in shared
-// memory: float4 q of thread t at slots[q * kLaneTeamBlock + t], so a warp's
-// access is 512 contiguous bytes (no bank conflicts). Only the thread that
-// wrote a slot reads it: no barrier.
-struct MaskStash {
-  float4* slots;
-  __device__ float4& at(int q) const { return slots[q * kLaneTeamBlock + threadIdx.x]; }
-};
-
-// Rare (once per batch a team enters), so not unrolled: few registers live.
-template <int W, int N, class Team>
-__device__ __forceinline__ void fill_stash(const MaskStash& stash, const Team& team, const float* mask, int64_t tk) {
-#pragma unroll 1
-  for (int i = 0; i < N; ++i) {
-    const int64_t k0 = chunk_start<W>(team, i);
-    if (k0 < tk)  // every key, not only visible ones: later rows of the batch see further
+    for (int i = 0; i < N; ++i)
 #pragma unroll
-      for (int h = 0; h < W / 4; ++h) {
-        float am[4];
-        load_additive_mask(mask + k0 + 4 * h, am);
-        stash.at(i * (W / 4) + h) = make_float4(am[0], am[1], am[2], am[3]);
+      for (int j = 0; j < W; ++j) row_max = max_nan(row_max, v[i][j]);
+    const Normaliser norm(team.max(row_max));
+
+    float row_sum = 0.0f;
+    const float neg_shift_log2e = -norm.shift * kLog2e;  // lean: exp(z - shift) = 2^(z log2e - shift log2e)
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        if constexpr (kV.lean) v[i][j] = exp2_approx(fmaf(v[i][j], kLog2e, neg_shift_log2e));
+        else v[i][j] = expf(v[i][j] - norm.shift);
+        row_sum += v[i][j];
       }
-  }
-}
+    const float inv = norm.inverse(team.sum(row_sum));
 
-template <class T, int W, int N, int V, class Team>
-__device__ __forceinline__ void forward_rows_walking(const ForwardArgs<T>& a, const Team& team,
-                                                     const MaskStash& stash) {
-  constexpr SoftmaxVariant kV = kSoftmaxVariants[V];
-  static_assert(W * sizeof(T) == 16, "walking lane teams: 16-byte chunks");
-  const int64_t rows_per_block = team.rows_per_block();
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * rows_per_block;
-  const float* stashed = nullptr;  // the mask row whose values the stash holds
-
-  const int64_t first = blockIdx.x * rows_per_block;
-  RowSpan span = span_or_empty(a, first + team.slot());
-  uint4 raw[N];
-  if constexpr (kV.prefetch) load_raw_row<T, W, N>(a, team, first + team.slot(), span, raw);
-
-  for (int64_t base = first; base < a.rows; base += stride) {
-    const int64_t row = base + team.slot();
-    const bool valid = row < a.rows;
-    if constexpr (!kV.prefetch) span = span_or_empty(a, row);
-    if (kV.mask_stash && span.mask != nullptr && span.mask != stashed) {
-      fill_stash<W, N>(stash, team, span.mask, a.tk);
-      stashed = span.mask;
-    }
-    if constexpr (!kV.prefetch) load_raw_row<T, W, N>(a, team, row, span, raw);
-
-    float v[N][W];
+    if (!valid) continue;
+    T* y_row = a.y + row * a.tk;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-      const int64_t k0 = chunk_start<W>(team, i);
-      if (k0 < span.visible) {
-        widen_raw(raw[i], v[i]);
-        if (span.mask != nullptr) {
-          float am[W];
-          if constexpr (kV.mask_stash) {
+      const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
+      if (k0 < a.tk) {
 #pragma unroll
-            for (int h = 0; h < W / 4; ++h) {
-              const float4 m = stash.at(i * (W / 4) + h);
-              am[4 * h] = m.x, am[4 * h + 1] = m.y, am[4 * h + 2] = m.z, am[4 * h + 3] = m.w;
-            }
-          } else {
-            load_additive_mask(span.mask + k0, am);
-          }
-          scale_add(v[i], a.scale, am);
-        } else {
-#pragma unroll
-          for (int j = 0; j < W; ++j) v[i][j] *= a.scale;
-        }
-        hide_past_visible(v[i], k0, span.visible);
-      } else {
-#pragma unroll
-        for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;  // masked or past the row: no load
+        for (int j = 0; j < W; ++j) v[i][j] *= inv;
+        store_vec<W, kV.streaming ? Store::Streaming : Store::Plain>(y_row + k0, v[i]);
       }
     }
-    if constexpr (kV.prefetch) {  // the next row's loads fly during this row's reductions and stores
-      span = span_or_empty(a, row + stride);
-      load_raw_row<T, W, N>(a, team, row + stride, span, raw);
-    }
-    finish_row<T, W, N, V>(a, team, row, valid, v);
   }
 }
 
 template <class T, int TPR, int W, int N, int V = 0>
 __global__ void __launch_bounds__(kLaneTeamBlock) softmax_forward_lanes_kernel(ForwardArgs<T> a) {
-  if constexpr (kSoftmaxVariants[V].mask_stash) {
-    __shared__ float4 stash[N * W / 4 * kLaneTeamBlock];
-    forward_rows_walking<T, W, N, V>(a, LaneTeam<TPR>{}, MaskStash{stash});
-  } else if constexpr (kSoftmaxVariants[V].persistent) {
-    forward_rows_walking<T, W, N, V>(a, LaneTeam<TPR>{}, MaskStash{nullptr});
-  } else {
-    forward_rows_in_registers<T, W, N, V>(a, LaneTeam<TPR>{});
-  }
+  forward_rows_in_registers<T, W, N, V>(a, LaneTeam<TPR>{});
 }
 
 template <class T, int W, int N, int V = 0>
@@ -609,15 +437,6 @@ unsigned grid_for(int64_t rows, int64_t rows_per_block) {
   return static_cast<unsigned>(std::min(ceil_div(rows, rows_per_block), kMaxGrid));
 }
 
-// Blocks of `kernel` resident on one SM (static shared memory only).
-template <class Kernel>
-int blocks_per_sm(Kernel kernel, int threads) {
-  int n = 0;
-  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
-  HG_CHECK(n >= 1, "softmax_forward_fused", "a lane-team kernel does not fit on an SM");
-  return n;
-}
-
 // Threads for a block-team row of tk keys at `per_thread` keys each: whole warps.
 unsigned block_team_threads(int64_t tk, int per_thread) {
   return static_cast<unsigned>(std::min<int64_t>(ceil_div(ceil_div(tk, per_thread), 32) * 32, kMaxBlock));
@@ -654,27 +473,13 @@ struct ForwardLauncher {
   template <int TPR, int W, int N> void lanes() {
     static_assert(V == 0 || W > 1, "lab variants: 16-byte rows only");
     const int rows_per_block = kLaneTeamBlock / TPR;
-    constexpr SoftmaxVariant kV = kSoftmaxVariants[V];
-    if constexpr (kV.mask_stash) {  // the stash holds one mask row per batch: masks with a query stride take 3
-      constexpr int kPersistentV = 3;
-      static_assert(kSoftmaxVariants[kPersistentV].persistent && !kSoftmaxVariants[kPersistentV].mask_stash);
-      if (args.mask != nullptr && args.mask_query_stride != 0)
-        return ForwardLauncher<T, kPersistentV>{args}.template lanes<TPR, W, N>();
-    }
-    const auto kernel = softmax_forward_lanes_kernel<T, TPR, W, N, V>;
-    unsigned grid = grid_for(args.rows, rows_per_block);
-    if constexpr (kV.persistent) {
-      static const int per_sm = blocks_per_sm(kernel, kLaneTeamBlock);  // one static per kernel
-      grid = std::min(grid, static_cast<unsigned>(per_sm * sm_count()));
-    }
-    kernel<<<grid, kLaneTeamBlock, 0, stream()>>>(args);
+    softmax_forward_lanes_kernel<T, TPR, W, N, V>
+        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
-  // The block team runs variants 3-5 as 1 (lean): their changes are lane-team only.
-  static constexpr int kBlockV = kSoftmaxVariants[V].persistent ? 1 : V;
   template <int W, int N> void block(unsigned threads) {
     static_assert(V == 0 || W > 1, "lab variants: 16-byte rows only");
-    softmax_forward_block_kernel<T, W, N, kBlockV><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
+    softmax_forward_block_kernel<T, W, N, V><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
   }
   template <int W> void streaming() {
