@@ -927,16 +927,16 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 }
 
 // The variant each case runs when HG_LN_VARIANT is unset, by [pass: forward,
-// backward][dtype: f32, bf16][D <= 256, <= 1024, <= 4096, > 4096]; making a
-// measured winner the default is one edit here. Chosen from the H100 sweeps
-// of 2026-11-26 (docs/layernorm_kernels_notes.md, "Session 27"): the staged
-// rows (5) gain 1-7% on the forward wherever timed but bf16 at D = 1024
-// (-4% against 3) and up to 22% on the bf16 backward past 4096 and at 768,
-// but lose 1-6% on every f32 backward and 2% on the bf16 backward at 4096;
-// bf16 forward at D = 256 keeps 0 (3 ran 13% slower, 784 vs 902 GB/s).
+// backward][dtype: f32, bf16][D <= 256, <= 512, <= 1024, <= 4096, > 4096];
+// making a measured winner the default is one edit here. Chosen from the
+// H100 runs of 2026-11-26 (docs/layernorm_kernels_notes.md, "Session 27"):
+// the staged rows (5) gain 1-10% on the forward from 768 up but for bf16 at
+// 1024 (-4% against 3), and up to 22% on the bf16 backward past 4096 and at
+// 768; they lose 1-6% on every f32 backward, 2% on the bf16 backward at
+// 4096 and 9% at 512. bf16 forward at D = 256 keeps 0 (3 ran 13% slower).
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
-constexpr int kLnProduction[2][2][4] = {{{0, 5, 5, 5}, {0, 3, 5, 5}}, {{0, 0, 0, 0}, {0, 5, 0, 5}}};
+constexpr int kLnProduction[2][2][5] = {{{0, 5, 5, 5, 5}, {0, 3, 3, 5, 5}}, {{0, 0, 0, 0, 0}, {0, 0, 5, 0, 5}}};
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production
@@ -944,7 +944,7 @@ constexpr int kLnProduction[2][2][4] = {{{0, 5, 5, 5}, {0, 3, 5, 5}}, {{0, 0, 0,
 template <template <class, int, int> class Pass, class Args>
 void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*> ptrs, bool backward) {
   const bool bf16 = x.dtype() == DType::BF16;
-  const int width_class = a.D <= 256 ? 0 : a.D <= 1024 ? 1 : a.D <= 4096 ? 2 : 3;
+  const int width_class = a.D <= 256 ? 0 : a.D <= 512 ? 1 : a.D <= 1024 ? 2 : a.D <= 4096 ? 3 : 4;
   const int variant = layernorm_lab_switch().pick(kLnProduction[backward][bf16][width_class]);
   switch (x.dtype()) {
     case DType::F32:
