@@ -213,18 +213,17 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
         ring.advance();
       }
     };
-    T* yr = y + (live ? row : 0) * D;
     Moments m;
     if constexpr (PARAMS) {
       m = staged_moments<T, VEC, NV, G>(xs, len, grp.t, shift, GroupSums<G>{grp}, inv_d, eps);
-      normalise_staged<T, VEC, NV, G>(xs, len, shift, m, params, yr, grp.t);
+      normalise_staged<T, VEC, NV, G>(xs, len, shift, m, params, y + (live ? row : 0) * D, grp.t);
       release();
     } else {
       float v[NV][VEC];
       load_part<T, VEC, NV, G>(xs, len, grp.t, shift, v);
       release();
       m = moments_in_registers<VEC, NV, G>(v, len, grp.t, GroupSums<G>{grp}, inv_d, eps);
-      normalise_chunk<T, VEC, NV, G>(v, len, m, gamma, beta, yr, grp.t);
+      normalise_chunk<T, VEC, NV, G>(v, len, m, gamma, beta, y + (live ? row : 0) * D, grp.t);
     }
     if (live && grp.t == 0) save_stats(mean_out, rstd_out, row, shift, m);
   }
