@@ -186,7 +186,6 @@ struct LnVariant {
   bool wide;      // forward bf16: rows held packed, twice the elements per thread;
                   // backward: 1024-thread blocks where 512 ran (half the partial rows)
   bool staged;    // rows staged in shared memory by bulk copies, several in flight per group
-  bool resident_params = false;  // staged forward: gamma/beta in registers, x read from the stage
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, false},  // 0: the kernels of 2026-11-26
@@ -195,7 +194,6 @@ constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {true, false, true, false},    // 3: lean + wide
     {true, true, true, false},     // 4: lean + prefetch + wide
     {false, false, false, true},   // 5: staged (cuda/bulk_stage.cuh)
-    {false, false, false, true, true},  // 6: staged, gamma/beta in registers (forward; backward as 5)
 };
 
 // One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
@@ -734,10 +732,7 @@ struct Forward {
   template <int EPT, int G, int R>
   bool resident_staged() const {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
-    // Warp rows keep variant 5's kernel: their 32 elements a thread would
-    // put 64 floats of gamma and beta against the 64-register cap.
-    constexpr bool kParams = kLnVariants[V].resident_params && G > 32;
-    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, kParams>;
+    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
     if (!room) return false;
     const StagedPlan plan = plan_staged(*room, R, a.D * int(sizeof(T)), staged_target_bytes());

@@ -24,7 +24,7 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
 // 2026-11-26, 1 .. kLayerNormVariants - 1 the candidates. HG_LN_VARIANT=V
 // forces V on both passes wherever it applies; unset, each case runs the
 // variant of the production table in cuda/layernorm.cu.
-constexpr int kLayerNormVariants = 7;
+constexpr int kLayerNormVariants = 6;
 inline LabSwitch& layernorm_lab_switch() {
   static LabSwitch s("HG_LN_VARIANT", kLayerNormVariants);
   return s;

@@ -1,16 +1,13 @@
 #pragma once
-// The staged LayerNorm forward (lab variants 5 and 6, sm_90+; included by
+// The staged LayerNorm forward (lab variant 5, sm_90+; included by
 // cuda/layernorm.cu): resident 16-byte rows of D <= 16384, each group of G
 // threads keeping its next rows in flight as whole-row bulk copies into a
 // ring of shared-memory stages (cuda/bulk_stage.cuh), so bytes travel while
-// the group reduces and stores without holding registers. Variant 5 reads
-// its stage into registers with the resident kernel's column mapping,
+// the group reduces and stores without holding registers. Per row the group
+// reads its stage into registers with the resident kernel's column mapping,
 // syncs, refills the stage with the row `stages` rows ahead, then takes the
-// statistics and y exactly as variant 0 does (cuda/layernorm_moments.cuh).
-// Variant 6 (PARAMS) holds the thread's gamma and beta in registers for the
-// whole kernel instead of x, reads x from the stage at each of its three
-// uses, and refills the stage only after the normalisation. Both give y,
-// mean and rstd bitwise variant 0's. Design and the bytes-in-flight
+// statistics and y exactly as variant 0 does (cuda/layernorm_moments.cuh):
+// y, mean and rstd are bitwise variant 0's. Design and the bytes-in-flight
 // arithmetic: docs/layernorm_kernels_notes.md, "Session 27".
 #include <algorithm>
 #include <cstdint>
@@ -75,102 +72,12 @@ __device__ __forceinline__ void group_sync(const RowGroup<G>& grp) {
 // <32, 32, 8> (2 blocks); at 64 no warp-row layout spills (-Xptxas -v).
 constexpr int staged_min_blocks(int G, int R) { return G == 32 ? 4 : min_blocks_for(G * R); }
 
-// Slot j of a staged row (shared memory), minus shift: load_part's values
-// for that slot (0 past len), read again at each use (variant 6).
-template <class T, int VEC, int G>
-__device__ __forceinline__ void staged_slot(const T* xs, int j, int len, int t, float shift, float (&d)[VEC]) {
-  const int i = (j * G + t) * VEC;
-  if (i < len) {
-    load_vec<VEC>(xs + i, d);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) d[k] -= shift;
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) d[k] = 0.0f;
-  }
-}
-
-// moments_in_registers over a row read from its stage: the same sums in
-// the same order of the same floats, so bitwise the same mean and rstd.
-template <class T, int VEC, int NV, int G, class RowSums>
-__device__ __forceinline__ Moments staged_moments(const T* xs, int len, int t, float shift, const RowSums& row_sums,
-                                                  float inv_d, float eps) {
-  float s[1] = {0.0f};
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    float d[VEC];
-    staged_slot<T, VEC, G>(xs, j, len, t, shift, d);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) s[0] += d[k];
-  }
-  row_sums(s);
-  const float mean = s[0] * inv_d;
-  float q[1] = {0.0f};
-#pragma unroll
-  for (int j = 0; j < NV; ++j)
-    if ((j * G + t) * VEC < len) {
-      float d[VEC];
-      staged_slot<T, VEC, G>(xs, j, len, t, shift, d);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) q[0] += (d[k] - mean) * (d[k] - mean);
-    }
-  row_sums(q);
-  return {mean, rsqrtf(q[0] * inv_d + eps)};
-}
-
-// gamma and beta of the thread's slots (load_part's columns), loaded once
-// per kernel: a thread's columns are the same on every row. Empty for
-// variant 5, which loads them per row in normalise_chunk.
-template <int VEC, int NV, bool HELD>
-struct HeldParams {
-  template <int G>
-  __device__ __forceinline__ void load(const float*, const float*, int, int) {}
-};
-template <int VEC, int NV>
-struct HeldParams<VEC, NV, true> {
-  float g[NV][VEC], b[NV][VEC];
-  template <int G>
-  __device__ __forceinline__ void load(const float* gamma, const float* beta, int D, int t) {
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int i = (j * G + t) * VEC;
-      if (i < D) {
-        load_vec<VEC>(gamma + i, g[j]);
-        load_vec<VEC>(beta + i, b[j]);
-      } else {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) g[j][k] = b[j][k] = 0.0f;
-      }
-    }
-  }
-};
-
-// normalise_chunk with x from the stage and gamma/beta from registers: the
-// same expression on the same floats, so bitwise the same y.
-template <class T, int VEC, int NV, int G>
-__device__ __forceinline__ void normalise_staged(const T* xs, int len, float shift, const Moments& m,
-                                                 const HeldParams<VEC, NV, true>& p, T* yr, int t) {
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int i = (j * G + t) * VEC;
-    if (i < len) {
-      float d[VEC], out[VEC];
-      staged_slot<T, VEC, G>(xs, j, len, t, shift, d);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) out[k] = (d[k] - m.mean) * m.rstd * p.g[j][k] + p.b[j][k];
-      store_vec<VEC, Store::Streaming>(yr + i, out);
-    }
-  }
-}
-
 // Rows of D <= G * EPT elements (D * sizeof(T) a multiple of 16, x 16-byte
 // aligned), R groups of G threads per block, `stages` rows in flight per
 // group. Every group of a block makes the same trips (a group past the last
 // row runs its reductions on an empty row, waits for nothing and stores
-// nothing), as the resident backward does (docs/reliability.md). PARAMS
-// (variant 6): gamma and beta in registers, x read from the stage at each
-// use, the stage released after the normalisation.
-template <class T, int VEC, int EPT, int G, int R, bool PARAMS>
+// nothing), as the resident backward does (docs/reliability.md).
+template <class T, int VEC, int EPT, int G, int R>
 __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
     layernorm_forward_staged_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                     const float* __restrict__ beta, T* __restrict__ y,
@@ -188,8 +95,6 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-  HeldParams<VEC, NV, PARAMS> params;
-  params.template load<G>(gamma, beta, D, grp.t);
 
   if (grp.t == 0)
     for (int s = 0; s < stages; ++s) stage_barrier_init(ring.bars + s);
@@ -204,27 +109,16 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
     const int len = live ? D : 0;
     const T* xs = live ? ring.wait() : nullptr;
     const float shift = live ? to_float(xs[0]) : 0.0f;
-    // Every thread of the group is past its last read of the stage: refill it.
-    auto release = [&] {
-      group_sync(grp);
-      if (live) {
-        if (grp.t == 0 && next < rows) ring.fill(ring.stage, x + next * D);
-        next += row_stride;
-        ring.advance();
-      }
-    };
-    Moments m;
-    if constexpr (PARAMS) {
-      m = staged_moments<T, VEC, NV, G>(xs, len, grp.t, shift, GroupSums<G>{grp}, inv_d, eps);
-      normalise_staged<T, VEC, NV, G>(xs, len, shift, m, params, y + (live ? row : 0) * D, grp.t);
-      release();
-    } else {
-      float v[NV][VEC];
-      load_part<T, VEC, NV, G>(xs, len, grp.t, shift, v);
-      release();
-      m = moments_in_registers<VEC, NV, G>(v, len, grp.t, GroupSums<G>{grp}, inv_d, eps);
-      normalise_chunk<T, VEC, NV, G>(v, len, m, gamma, beta, y + (live ? row : 0) * D, grp.t);
+    float v[NV][VEC];
+    load_part<T, VEC, NV, G>(xs, len, grp.t, shift, v);
+    group_sync(grp);
+    if (live) {
+      if (grp.t == 0 && next < rows) ring.fill(ring.stage, x + next * D);
+      next += row_stride;
+      ring.advance();
     }
+    const Moments m = moments_in_registers<VEC, NV, G>(v, len, grp.t, GroupSums<G>{grp}, inv_d, eps);
+    normalise_chunk<T, VEC, NV, G>(v, len, m, gamma, beta, y + (live ? row : 0) * D, grp.t);
     if (live && grp.t == 0) save_stats(mean_out, rstd_out, row, shift, m);
   }
 }

@@ -219,12 +219,10 @@ bool width_selected(int64_t D) {
 
 // ---- the staged forward (lab variant 5) against variant 0 ----
 
-// kLnVariants[5] and [6] in cuda/layernorm.cu: rows staged in shared memory
-// by bulk copies (sm_90+; below, variant 0 runs; the backward also where two
-// stages of a row do not fit a block: f32 rows past ~14500 elements). 6 holds
-// gamma and beta in registers and reads x from the stage (forward; its
-// backward is 5's).
-constexpr int kStagedVariants[] = {5, 6};
+// kLnVariants[5] in cuda/layernorm.cu: rows staged in shared memory by bulk
+// copies (sm_90+; below, variant 0 runs; the backward also where two stages
+// of a row do not fit a block: f32 rows past ~14500 elements).
+constexpr int kStagedVariant = 5;
 
 struct ForwardOutputs {
   Tensor y, mean, rstd;
@@ -266,27 +264,21 @@ ForwardInputs forward_inputs(int64_t rows, int64_t D, DType dtype, uint64_t seed
 // The staged forward takes the same statistics in the same order as variant
 // 0 (only where the row comes from differs), so y, mean and rstd must be
 // bitwise variant 0's, on any rows.
-// The staged variants HG_KERNEL_VARIANTS (if set) lists.
-std::vector<int> staged_selected() {
-  const std::vector<int> v = variants_for(1, false);
-  std::vector<int> out;
-  for (const int sv : kStagedVariants)
-    if (std::find(v.begin(), v.end(), sv) != v.end()) out.push_back(sv);
-  return out;
-}
-
 void check_staged_matches_v0(const ForwardInputs& in) {
   const ForwardOutputs v0 = run_forward(in.x, in.gamma, in.beta, 0);
+  const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, kStagedVariant);
   REQUIRE(all_finite(v0.y));
   REQUIRE(all_finite(v0.mean));
   REQUIRE(all_finite(v0.rstd));
-  for (const int sv : staged_selected()) {
-    INFO("variant " << sv);
-    const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, sv);
-    CHECK(same_bytes(staged.y, v0.y));
-    CHECK(same_bytes(staged.mean, v0.mean));
-    CHECK(same_bytes(staged.rstd, v0.rstd));
-  }
+  CHECK(same_bytes(staged.y, v0.y));
+  CHECK(same_bytes(staged.mean, v0.mean));
+  CHECK(same_bytes(staged.rstd, v0.rstd));
+}
+
+// Only where HG_KERNEL_VARIANTS (if set) lists the staged variant.
+bool staged_selected() {
+  const std::vector<int> v = variants_for(1, false);
+  return std::find(v.begin(), v.end(), kStagedVariant) != v.end();
 }
 
 }  // namespace
@@ -397,10 +389,9 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
       }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise variant 0",
-          "[layernorm][cuda][kernels][staged]") {
+TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0", "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
-  if (staged_selected().empty()) return;
+  if (!staged_selected()) return;
   // Every resident width class with 16-byte rows in both dtypes (8: one
   // word per f32 row; 768..1024 warp rows; 1032 and 4096 multi-warp groups;
   // 8200 and 16384 the 512-thread rows). 1 and 3 rows leave most groups of
@@ -421,10 +412,10 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise variant 
     }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise variant 0 on hostile rows",
+TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0 on hostile rows",
           "[layernorm][cuda][kernels][staged][hostile]") {
   HG_REQUIRE_GPU();
-  if (staged_selected().empty()) return;
+  if (!staged_selected()) return;
   struct Case {
     double offset, stddev;
     bool outlier_first;  // x[r, 0] at 0 .. 1e4 row standard deviations (row r: kOff[r % 6])
@@ -440,14 +431,12 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise variant 
         INFO("dtype " << dtype_name(dtype) << " D " << D << " offset " << c.offset << " stddev " << c.stddev
                       << (c.outlier_first ? " outlier in column 0" : ""));
         check_staged_matches_v0(in);
-        if (c.stddev == 0.0)  // a constant row: x - shift is exactly 0, so y is beta exactly
-          for (const int sv : staged_selected()) {
-            INFO("variant " << sv);
-            const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, sv);
-            const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
-            for (int64_t r = 0; r < in.x.size(0); r += 97)
-              CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
-          }
+        if (c.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
+          const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, kStagedVariant);
+          const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
+          for (int64_t r = 0; r < in.x.size(0); r += 97)
+            CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
+        }
       }
 }
 
@@ -494,7 +483,7 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
 
 }  // namespace
 
-TEST_CASE("layernorm kernels: staged backward (variants 5, 6) against variant 0",
+TEST_CASE("layernorm kernels: staged backward (variant 5) against variant 0",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Both variants run on one mean/rstd (the production forward's). dx must be
@@ -508,10 +497,8 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6) against variant 0"
   // sum|term| (one spare 2^-24 for the float64 scale's own distance from the
   // float32 terms). That catches a wrong or missing column, and a missing row
   // up to ~1000 rows; the layouts test checks variant 5 against float64 too.
-  // Variant 5 must also be bitwise reproducible; 6 runs 5's backward (its
-  // LnVariant has staged set), so it must pass the same checks. Hostile
-  // rows: a common offset of 1e4, and constant rows (x - mean is the mean's
-  // rounding alone).
+  // Variant 5 must also be bitwise reproducible. Hostile rows: a common
+  // offset of 1e4, and constant rows (x - mean is the mean's rounding alone).
   struct Kind {
     double offset, stddev;
   };
@@ -519,8 +506,8 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6) against variant 0"
   for (const DType dtype : {DType::F32, DType::BF16})
     for (const int64_t D : {768, 1024, 1032, 4096, 8200, 16384}) {
       if (!width_selected(D)) continue;
-      const std::vector<int> staged = staged_selected();
-      if (staged.empty()) continue;
+      const std::vector<int> vs = variants_for(D, false);
+      if (std::find(vs.begin(), vs.end(), kStagedVariant) == vs.end()) continue;
       for (const int64_t wanted_rows : {0, 1, 3, 1000, 5000})
         for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
           if (kind.stddev != 1.0 || kind.offset != 0.0)
@@ -540,36 +527,31 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6) against variant 0"
                  rstd = poisoned({rows}, DType::F32);
           gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
           const Grads want = backward_as(0, dy, x, gamma, mean, rstd);
-          std::pair<std::vector<double>, std::vector<double>> scales;
-          if (rows > 0) scales = column_term_scales(dy, x, mean, rstd);
-          for (const int sv : staged) {
-            INFO("variant " << sv);
-            const Grads got = backward_as(sv, dy, x, gamma, mean, rstd);
-            const Grads again = backward_as(sv, dy, x, gamma, mean, rstd);
-            REQUIRE(all_finite(got.dx));
-            REQUIRE(all_finite(got.dgamma));
-            REQUIRE(all_finite(got.dbeta));
-            CHECK(same_bytes(got.dx, want.dx));
-            CHECK(same_bytes(got.dx, again.dx));
-            CHECK(same_bytes(got.dgamma, again.dgamma));
-            CHECK(same_bytes(got.dbeta, again.dbeta));
-            if (rows == 0) {  // kernel 2 alone writes the zeros
-              CHECK(hg::test::max_abs_diff(f64(got.dgamma), Tensor::zeros({D}, DType::F64)) == 0.0);
-              CHECK(hg::test::max_abs_diff(f64(got.dbeta), Tensor::zeros({D}, DType::F64)) == 0.0);
-              continue;
-            }
-            const auto& [scale_g, scale_b] = scales;
-            const std::vector<double> g5 = got.dgamma.to_vector(), g0 = want.dgamma.to_vector();
-            const std::vector<double> b5 = got.dbeta.to_vector(), b0 = want.dbeta.to_vector();
-            const double per_term = 2.0 * static_cast<double>(rows + 2) * std::ldexp(1.0, -24);
-            int64_t bad_g = 0, bad_b = 0;
-            for (int64_t c = 0; c < D; ++c) {
-              bad_g += std::abs(g5[c] - g0[c]) > per_term * scale_g[c];
-              bad_b += std::abs(b5[c] - b0[c]) > per_term * scale_b[c];
-            }
-            CHECK(bad_g == 0);
-            CHECK(bad_b == 0);
+          const Grads got = backward_as(kStagedVariant, dy, x, gamma, mean, rstd);
+          const Grads again = backward_as(kStagedVariant, dy, x, gamma, mean, rstd);
+          REQUIRE(all_finite(got.dx));
+          REQUIRE(all_finite(got.dgamma));
+          REQUIRE(all_finite(got.dbeta));
+          CHECK(same_bytes(got.dx, want.dx));
+          CHECK(same_bytes(got.dx, again.dx));
+          CHECK(same_bytes(got.dgamma, again.dgamma));
+          CHECK(same_bytes(got.dbeta, again.dbeta));
+          if (rows == 0) {  // kernel 2 alone writes the zeros
+            CHECK(hg::test::max_abs_diff(f64(got.dgamma), Tensor::zeros({D}, DType::F64)) == 0.0);
+            CHECK(hg::test::max_abs_diff(f64(got.dbeta), Tensor::zeros({D}, DType::F64)) == 0.0);
+            continue;
           }
+          const auto [scale_g, scale_b] = column_term_scales(dy, x, mean, rstd);
+          const std::vector<double> g5 = got.dgamma.to_vector(), g0 = want.dgamma.to_vector();
+          const std::vector<double> b5 = got.dbeta.to_vector(), b0 = want.dbeta.to_vector();
+          const double per_term = 2.0 * static_cast<double>(rows + 2) * std::ldexp(1.0, -24);
+          int64_t bad_g = 0, bad_b = 0;
+          for (int64_t c = 0; c < D; ++c) {
+            bad_g += std::abs(g5[c] - g0[c]) > per_term * scale_g[c];
+            bad_b += std::abs(b5[c] - b0[c]) > per_term * scale_b[c];
+          }
+          CHECK(bad_g == 0);
+          CHECK(bad_b == 0);
         }
     }
 }
