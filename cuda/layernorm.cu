@@ -23,8 +23,10 @@
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layernorm_kernels.hpp"
+#include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
+#include "cuda/layernorm_staged_backward.cuh"
 #include "cuda/layernorm_staged_forward.cuh"
 #include "cuda/vec.cuh"
 
@@ -273,47 +275,8 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 // ---- backward -----------------------------------------------------------------------
 // Kernel 1 writes dx for every row and, per block (per cluster), partial
 // dgamma = sum dy * xhat and dbeta = sum dy over the rows it handled to its
-// partial row; kernel 2 sums the partial rows in a fixed order.
-//
-// Per row, with xhat' = (x - mean) rstd from the saved, float32-rounded
-// mean: s = (sum g dy, sum g dy xhat', sum xhat'). The true xhat has mean 0;
-// c = mean(xhat') is the rounding of the saved mean times rstd, removed here:
-// xhat = xhat' - c, mean(g dy xhat) = mean(g dy xhat') - c mean(g dy).
-
-struct DxTerms {
-  float c, c1, c2;  // mean(xhat'), mean(g dy), mean(g dy xhat)
-};
-
-__device__ __forceinline__ DxTerms dx_terms(const float (&s)[3], float inv_d) {
-  const float c = s[2] * inv_d;
-  const float c1 = s[0] * inv_d;
-  return {c, c1, s[1] * inv_d - c * c1};
-}
-
-// dx = rstd (g dy - mean(g dy) - xhat mean(g dy xhat)). __fmul_rn: the same
-// rounded g * dy that went into c1; if the compiler contracted g * dy - c1
-// into one FMA, D = 1 (exact answer 0) would give the product's rounding
-// error times rstd (~316).
-__device__ __forceinline__ float dx_element(float g, float dy, float xhat, float rs, const DxTerms& k) {
-  return rs * (__fmul_rn(g, dy) - k.c1 - xhat * k.c2);
-}
-
-// One slot of a row (VEC columns, gamma in g): x in xh becomes xhat'; its
-// terms are added to s. The one definition of the row sums' order and
-// rounding, which variant 5 (cuda/layernorm_staged_backward.cuh) shares so
-// that its dx is bitwise variant 0's.
-template <int VEC>
-__device__ __forceinline__ void slot_row_terms(float (&xh)[VEC], const float (&g_dy)[VEC], const float (&g)[VEC],
-                                               float m, float rs, float (&s)[3]) {
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    xh[k] = (xh[k] - m) * rs;
-    const float gd = __fmul_rn(g[k], g_dy[k]);  // rounded, not fused: see dx_element
-    s[0] += gd;
-    s[1] += gd * xh[k];
-    s[2] += xh[k];
-  }
-}
+// partial row; kernel 2 sums the partial rows in a fixed order. The row
+// terms and dx: cuda/layernorm_dx_terms.cuh.
 
 // A resident row (slice): x in xh becomes xhat'; this thread's terms of s.
 template <int VEC, int NV, int G>
@@ -562,16 +525,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
     dbeta[c] = sb;
   }
 }
-
-}  // namespace
-}  // namespace hg::gpu
-
-// Lab variant 5's backward kernel 1 (sm_90 bulk copies into shared memory);
-// it builds on the backward's row terms above.
-#include "cuda/layernorm_staged_backward.cuh"
-
-namespace hg::gpu {
-namespace {
 
 // ---- host: which layout for which width --------------------------------------------
 

@@ -2,10 +2,10 @@
 // LayerNorm backward, lab variant 5 ("staged"): resident 16-byte rows whose
 // x and dy are brought into shared memory by sm_90 bulk copies, S rows in
 // flight per group (cuda/bulk_stage.cuh), with dgamma/dbeta accumulated in
-// registers. Included by cuda/layernorm.cu after its backward kernels: it
-// reuses their row terms (row_terms_in_registers, dx_terms, dx_element), so
-// dx is bitwise that of variant 0. Design, bytes in flight and shared-memory
-// traffic: docs/layernorm_kernels_notes.md, "Session 27".
+// registers. It shares the resident kernels' row terms
+// (cuda/layernorm_dx_terms.cuh), so dx is bitwise that of variant 0.
+// Design, bytes in flight and shared-memory traffic:
+// docs/layernorm_kernels_notes.md, "Session 27".
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -13,6 +13,7 @@
 
 #include "cuda/bulk_stage.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
 
