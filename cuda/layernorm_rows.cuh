@@ -89,6 +89,12 @@ struct RowGroup {
     group_sums<G, N>(v, scratch, bar);
   }
   __device__ __forceinline__ float sum(float a) const { return group_sum<G>(a, scratch, bar); }
+  // Every thread of the group has reached this point (its earlier shared
+  // reads are done): a warp sync, or the group's named barrier.
+  __device__ __forceinline__ void sync() const {
+    if constexpr (G == 32) __syncwarp();
+    else group_barrier(bar, G);
+  }
 };
 
 template <int G, int R>

@@ -171,9 +171,7 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
     grp.sums(s);
     const DxTerms terms = dx_terms(s, inv_d);
     if (live) dx_from_stage<T, VEC, NV, G>(xs, dys, dx + row * D, gamma, len, t, m, rs, terms, acc_dgamma, acc_dbeta);
-    // Every read of stage k % S is done before it is refilled.
-    if constexpr (G == 32) __syncwarp();
-    else group_barrier(grp.bar, G);
+    grp.sync();  // every read of stage k % S is done before it is refilled
     if (t == 0 && row + S * row_stride < rows) issue(k + S, row + S * row_stride);
   }
 

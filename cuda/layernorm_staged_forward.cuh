@@ -59,14 +59,6 @@ struct RowRing {
   }
 };
 
-// Every thread of the group is past its reads of a stage, so its refill
-// cannot overwrite bytes a thread has still to read.
-template <int G>
-__device__ __forceinline__ void group_sync(const RowGroup<G>& grp) {
-  if constexpr (G == 32) __syncwarp();
-  else group_barrier(grp.bar, G);
-}
-
 // Blocks per SM the registers must allow: as the resident kernel, but four
 // (64 registers) for warp rows, where ptxas otherwise took 96 registers for
 // <32, 32, 8> (2 blocks); at 64 no warp-row layout spills (-Xptxas -v).
@@ -111,7 +103,7 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
     const float shift = live ? to_float(xs[0]) : 0.0f;
     float v[NV][VEC];
     load_part<T, VEC, NV, G>(xs, len, grp.t, shift, v);
-    group_sync(grp);
+    grp.sync();  // every thread has read the stage before its refill
     if (live) {
       if (grp.t == 0 && next < rows) ring.fill(ring.stage, x + next * D);
       next += row_stride;
