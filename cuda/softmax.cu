@@ -164,13 +164,15 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
 // forced by HG_SOFTMAX_VARIANT. Docs: docs/layernorm_kernels_notes.md,
 // "Lab variants". The backward has none.
 struct SoftmaxVariant {
-  bool lean;       // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
-  bool streaming;  // y stored evict-first (st.global.cs): nothing reads it again in the kernel
+  bool lean;            // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
+  bool streaming;       // y stored evict-first (st.global.cs): nothing reads it again in the kernel
+  int lane_max_keys;  // rows longer than this (past one chunk a lane) go to the block team; 0: no limit
 };
 constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {
-    {false, false},  // 0: the kernel of 2026-11-26
-    {true, false},   // 1: lean
-    {true, true},    // 2: lean + streaming stores
+    {false, false, 0},  // 0: the kernel of 2026-11-26
+    {true, false, 0},   // 1: lean
+    {true, true, 0},    // 2: lean + streaming stores
+    {true, false, 512}, // 3: lean, rows of T > 512 in the block team (bf16 T 1024: 64 threads a row)
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -444,8 +446,12 @@ unsigned block_team_threads(int64_t tk, int per_thread) {
 
 // Runs `launch(kernel_tag)` for the layout that fits tk. Each Launcher supplies
 // lanes<TPR, W, N>(), block<W, N>(threads) and streaming<W>().
+// Launcher::kLaneMaxKeys (0: no limit) sends rows longer than it, and longer
+// than one chunk a lane, to the block team.
 template <int W, int BlockElems, class Launcher>
 void dispatch(int64_t tk, Launcher& L) {
+  constexpr int kN = BlockElems / W;
+  const auto block_team = [&] { return L.template block<W, kN>(block_team_threads(tk, kN * W)); };
   // Lane teams: one 16-byte (or one-element) access per lane for short rows;
   // a full warp with up to 8 (scalar: 8) accesses per lane up to Tk ~ 1024.
   if constexpr (W > 1) {
@@ -453,13 +459,16 @@ void dispatch(int64_t tk, Launcher& L) {
     if (tk <= 16 * W) return L.template lanes<16, W, 1>();
   }
   if (tk <= 32 * W) return L.template lanes<32, W, 1>();
+  if (Launcher::kLaneMaxKeys != 0 && tk > Launcher::kLaneMaxKeys) {
+    if (tk <= int64_t{kMaxBlock} * kN * W) return block_team();
+    return L.template streaming<W>();
+  }
   if (tk <= 64 * W) return L.template lanes<32, W, 2>();
   if (tk <= 128 * W) return L.template lanes<32, W, 4>();
   if constexpr (W <= 4) {  // float4 rows up to 1024; bf16 x 8 already covered 1024 above
     if (tk <= 256 * W) return L.template lanes<32, W, 8>();
   }
-  constexpr int kN = BlockElems / W;
-  if (tk <= int64_t{kMaxBlock} * kN * W) return L.template block<W, kN>(block_team_threads(tk, kN * W));
+  if (tk <= int64_t{kMaxBlock} * kN * W) return block_team();
   return L.template streaming<W>();
 }
 
@@ -468,6 +477,7 @@ void dispatch(int64_t tk, Launcher& L) {
 template <class T, int V>
 struct ForwardLauncher {
   static_assert(V >= 0 && V < kSoftmaxVariantCount, "softmax variant");
+  static constexpr int kLaneMaxKeys = kSoftmaxVariants[V].lane_max_keys;
   ForwardArgs<T> args;
 
   template <int TPR, int W, int N> void lanes() {
@@ -490,6 +500,7 @@ struct ForwardLauncher {
 
 template <class T>
 struct BackwardLauncher {
+  static constexpr int kLaneMaxKeys = 0;
   BackwardArgs<T> args;
 
   template <int TPR, int W, int N> void lanes() {
@@ -509,8 +520,10 @@ struct BackwardLauncher {
 };
 
 // The forward variant each dtype runs when HG_SOFTMAX_VARIANT is unset ({f32,
-// bf16}); making a measured winner the default is one edit here.
-constexpr int kSoftmaxProduction[2] = {1, 1};
+// bf16}); making a measured winner the default is one edit here. 3: the
+// block team from T 513 (H100, 2026-11-28: T 1024 +3% f32, +6% bf16; the
+// lane teams it replaces lost 5% at f32 T 512, so they stay there).
+constexpr int kSoftmaxProduction[2] = {3, 3};
 
 template <class T>
 void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
