@@ -5,7 +5,8 @@
 // A group of G threads owns one row at a time, R groups per block. Thread t
 // of a group holds EPT elements of the row in registers, the elements
 // (j * G + t) * VEC + k for j < EPT / VEC, k < VEC (VEC: 16 bytes, or 1 where
-// the rows are not 16-byte aligned): every j is one coalesced sweep of the
+// the rows are not 16-byte aligned; lab variants 6 and 7 take 8 bytes of bf16,
+// VEC 4, on 16-byte aligned rows): every j is one coalesced sweep of the
 // group. A group holds CAP = G * EPT elements. Longer rows are walked in
 // chunks of CAP, read twice (the chunked kernels), or, on sm_90+, split over
 // a cluster of C = 2..8 blocks, one column slice each (the backward; the
@@ -188,15 +189,24 @@ struct LnVariant {
   bool wide;      // forward bf16: rows held packed, twice the elements per thread;
                   // backward: 1024-thread blocks where 512 ran (half the partial rows)
   bool staged;    // rows staged in shared memory by bulk copies, several in flight per group
+  int narrows = -1;  // >= 0: variant `narrows`'s kernels with bf16 rows accessed 4 elements
+                     // (8 bytes) at a time, so each thread's float4 gamma/beta loads are
+                     // lane-contiguous; f32 rows run variant `narrows` itself
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
-    {false, false, false, false},  // 0: the kernels of 2026-11-26
-    {true, false, false, false},   // 1: lean
-    {true, true, false, false},    // 2: lean + next-row bulk prefetch
-    {true, false, true, false},    // 3: lean + wide
-    {true, true, true, false},     // 4: lean + prefetch + wide
-    {false, false, false, true},   // 5: staged (cuda/bulk_stage.cuh)
+    {false, false, false, false},     // 0: the kernels of 2026-11-26
+    {true, false, false, false},      // 1: lean
+    {true, true, false, false},       // 2: lean + next-row bulk prefetch
+    {true, false, true, false},       // 3: lean + wide
+    {true, true, true, false},        // 4: lean + prefetch + wide
+    {false, false, false, true},      // 5: staged (cuda/bulk_stage.cuh)
+    {false, false, false, true, 5},   // 6: 5 with 8-byte bf16 accesses
+    {false, false, false, false, 0},  // 7: 0 with 8-byte bf16 accesses
 };
+
+// The variant whose kernels variant V launches (its template argument V in
+// Forward and Backward): V itself, or the one it narrows.
+constexpr int kernels_of(int V) { return kLnVariants[V].narrows < 0 ? V : kLnVariants[V].narrows; }
 
 // One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
 // over d = x - shift, var = E[d^2] - E[d]^2. That difference loses about
@@ -533,18 +543,26 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
 // a warp per row up to 1024, then several warps. At 8193-16384 the passes
 // differ only in how they spread the row: Pass::kWideEPT elements per thread
 // (the forward 32: 512 threads, two blocks per SM; the backward, which holds
-// x and dy, 16: one 1024-thread block). Longer rows: the pass's cluster
-// kernel where it has one and the device runs it, else chunks of 512 x 16.
+// x and dy, 16: one 1024-thread block). False, launching nothing, for
+// longer rows.
+template <class Pass>
+bool for_resident_width(int D, const Pass& pass) {
+  if (D > 16384) return false;
+  if (D <= 32 * 8) pass.template resident<8, 32, 8>();
+  else if (D <= 32 * 16) pass.template resident<16, 32, 8>();
+  else if (D <= 32 * 32) pass.template resident<32, 32, 8>();
+  else if (D <= 128 * 16) pass.template resident<16, 128, 4>();
+  else if (D <= 256 * 16) pass.template resident<16, 256, 2>();
+  else if (D <= 512 * 16) pass.template resident<16, 512, 1>();
+  else pass.template resident<Pass::kWideEPT, 16384 / Pass::kWideEPT, 1>();
+  return true;
+}
+
+// Any width: the table above; longer rows the pass's cluster kernel where it
+// has one and the device runs it, else chunks of 512 x 16.
 template <class Pass>
 void for_width(int D, const Pass& pass) {
-  if (D <= 32 * 8) return pass.template resident<8, 32, 8>();
-  if (D <= 32 * 16) return pass.template resident<16, 32, 8>();
-  if (D <= 32 * 32) return pass.template resident<32, 32, 8>();
-  if (D <= 128 * 16) return pass.template resident<16, 128, 4>();
-  if (D <= 256 * 16) return pass.template resident<16, 256, 2>();
-  if (D <= 512 * 16) return pass.template resident<16, 512, 1>();
-  constexpr int kWide = Pass::kWideEPT;
-  if (D <= 16384) return pass.template resident<kWide, 16384 / kWide, 1>();
+  if (for_resident_width(D, pass)) return;
   if (pass.clusters()) return;
   pass.template chunked<16, 512>();
 }
@@ -893,7 +911,9 @@ constexpr int kLnProduction[2][2][5] = {{{0, 5, 5, 5, 5}, {0, 3, 3, 5, 5}}, {{0,
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production
-// table) on 16-byte rows, 0 on the scalar path.
+// table) on 16-byte rows, 0 on the scalar path. A narrowing variant (6, 7)
+// runs the kernels of the one it narrows, with VEC 4 for bf16 rows of
+// D <= 16384 (longer bf16 rows: variant 0).
 template <template <class, int, int> class Pass, class Args>
 void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*> ptrs, bool backward) {
   const bool bf16 = x.dtype() == DType::BF16;
@@ -902,12 +922,19 @@ void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*>
   switch (x.dtype()) {
     case DType::F32:
       if (can_vectorize<float>(a.D, ptrs))
-        return with_variant<kLayerNormVariants>(variant, [&](auto v) { for_width(a.D, Pass<float, VecWidth<float>::value, decltype(v)::value>{a}); });
+        return with_variant<kLayerNormVariants>(variant, [&](auto v) {
+          for_width(a.D, Pass<float, VecWidth<float>::value, kernels_of(decltype(v)::value)>{a});
+        });
       return for_width(a.D, Pass<float, 1, 0>{a});
     case DType::BF16:
       if (can_vectorize<__nv_bfloat16>(a.D, ptrs))
         return with_variant<kLayerNormVariants>(variant, [&](auto v) {
-          for_width(a.D, Pass<__nv_bfloat16, VecWidth<__nv_bfloat16>::value, decltype(v)::value>{a});
+          constexpr int V = decltype(v)::value;
+          if constexpr (kLnVariants[V].narrows < 0) {
+            for_width(a.D, Pass<__nv_bfloat16, VecWidth<__nv_bfloat16>::value, V>{a});
+          } else if (!for_resident_width(a.D, Pass<__nv_bfloat16, 4, kernels_of(V)>{a})) {
+            for_width(a.D, Pass<__nv_bfloat16, VecWidth<__nv_bfloat16>::value, 0>{a});
+          }
         });
       return for_width(a.D, Pass<__nv_bfloat16, 1, 0>{a});
     default:

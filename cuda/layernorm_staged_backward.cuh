@@ -5,7 +5,9 @@
 // registers. It shares the resident kernels' row terms
 // (cuda/layernorm_dx_terms.cuh), so dx is bitwise that of variant 0.
 // Design, bytes in flight and shared-memory traffic:
-// docs/layernorm_kernels_notes.md, "Session 27".
+// docs/layernorm_kernels_notes.md, "Session 27". Variant 6 runs it with bf16
+// slots of 4 elements (VEC 4; dx then is not bitwise variant 0's: the slots
+// sum in another order).
 #include <cuda_runtime.h>
 
 #include <cstddef>

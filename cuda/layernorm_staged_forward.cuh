@@ -8,7 +8,8 @@
 // syncs, refills the stage with the row `stages` rows ahead, then takes the
 // statistics and y exactly as variant 0 does (cuda/layernorm_moments.cuh):
 // y, mean and rstd are bitwise variant 0's. Design and the bytes-in-flight
-// arithmetic: docs/layernorm_kernels_notes.md, "Session 27".
+// arithmetic: docs/layernorm_kernels_notes.md, "Session 27". Variant 6 runs
+// it with bf16 read from the stage 4 elements (8 bytes) at a time (VEC 4).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

@@ -3,6 +3,7 @@
 // float32 or bf16 per access, converted to and from float32. W is
 // VecWidth<T>::value (16 bytes: one float4, or 8 bf16 as one uint4) when every
 // row start is 16-byte aligned (aligned16 on the host), else 1 (scalar).
+// bf16 also comes 4 wide (8 bytes, one uint2): LayerNorm lab variants 6 and 7.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -54,23 +55,6 @@ __device__ __forceinline__ void load_vec(const float* p, float (&out)[W]) {
   }
 }
 
-template <int W, Load L = Load::Plain>
-__device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&out)[W]) {
-  static_assert(W == 1 || W == 8, "bf16 access is 1 or 8 wide");
-  if constexpr (W == 8) {
-    const uint4 raw = load_one<L>(reinterpret_cast<const uint4*>(p));
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const float2 f = __bfloat1622float2(pairs[h]);  // exact: a bf16 is the top half of a float32
-      out[2 * h] = f.x, out[2 * h + 1] = f.y;
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < W; ++k) out[k] = __bfloat162float(load_one<L>(p + k));
-  }
-}
-
 // Eight bf16 of one 16-byte word widened by a shift (even element, the low
 // half) or a mask (odd element): one integer instruction each, where the
 // pair intrinsic takes a PRMT and a shift for the high half. Exact, as every
@@ -85,7 +69,37 @@ __device__ __forceinline__ void widen_bf16x8(const uint4& raw, float (&out)[8]) 
   }
 }
 
-// load_vec through the read-only path, bf16 widened by widen_bf16x8.
+// Four bf16 of one 8-byte word, widened as widen_bf16x8 does (every 4-wide
+// bf16 load: only LayerNorm lab variants 6 and 7 access bf16 4 wide).
+__device__ __forceinline__ void widen_bf16x4(const uint2& raw, float (&out)[4]) {
+  const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    out[2 * h] = __uint_as_float(w[h] << 16);
+    out[2 * h + 1] = __uint_as_float(w[h] & 0xffff0000u);
+  }
+}
+
+template <int W, Load L = Load::Plain>
+__device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&out)[W]) {
+  static_assert(W == 1 || W == 4 || W == 8, "bf16 access is 1, 4 or 8 wide");
+  if constexpr (W == 8) {
+    const uint4 raw = load_one<L>(reinterpret_cast<const uint4*>(p));
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float2 f = __bfloat1622float2(pairs[h]);  // exact: a bf16 is the top half of a float32
+      out[2 * h] = f.x, out[2 * h + 1] = f.y;
+    }
+  } else if constexpr (W == 4) {
+    widen_bf16x4(load_one<L>(reinterpret_cast<const uint2*>(p)), out);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) out[k] = __bfloat162float(load_one<L>(p + k));
+  }
+}
+
+// load_vec through the read-only path, bf16 widened by widen_bf16x8 (x4).
 template <int W>
 __device__ __forceinline__ void load_vec_lean(const float* p, float (&out)[W]) {
   load_vec<W, Load::ReadOnly>(p, out);
@@ -93,6 +107,7 @@ __device__ __forceinline__ void load_vec_lean(const float* p, float (&out)[W]) {
 template <int W>
 __device__ __forceinline__ void load_vec_lean(const __nv_bfloat16* p, float (&out)[W]) {
   if constexpr (W == 8) widen_bf16x8(__ldg(reinterpret_cast<const uint4*>(p)), out);
+  else if constexpr (W == 4) widen_bf16x4(__ldg(reinterpret_cast<const uint2*>(p)), out);
   else load_vec<W, Load::ReadOnly>(p, out);
 }
 
@@ -113,7 +128,7 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[W]) {
 
 template <int W, Store S = Store::Plain>
 __device__ __forceinline__ void store_vec(__nv_bfloat16* p, const float (&v)[W]) {
-  static_assert(W == 1 || W == 8, "bf16 access is 1 or 8 wide");
+  static_assert(W == 1 || W == 4 || W == 8, "bf16 access is 1, 4 or 8 wide");
   if constexpr (W == 8) {
     alignas(16) __nv_bfloat162 pairs[4];
 #pragma unroll
@@ -121,6 +136,13 @@ __device__ __forceinline__ void store_vec(__nv_bfloat16* p, const float (&v)[W])
     const uint4 raw = *reinterpret_cast<const uint4*>(pairs);
     if constexpr (S == Store::Streaming) __stcs(reinterpret_cast<uint4*>(p), raw);
     else *reinterpret_cast<uint4*>(p) = raw;
+  } else if constexpr (W == 4) {
+    alignas(8) __nv_bfloat162 pairs[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pairs[h] = __floats2bfloat162_rn(v[2 * h], v[2 * h + 1]);  // nearest even
+    const uint2 raw = *reinterpret_cast<const uint2*>(pairs);
+    if constexpr (S == Store::Streaming) __stcs(reinterpret_cast<uint2*>(p), raw);
+    else *reinterpret_cast<uint2*>(p) = raw;
   } else {
 #pragma unroll
     for (int k = 0; k < W; ++k) p[k] = __float2bfloat16_rn(v[k]);

@@ -217,12 +217,28 @@ bool width_selected(int64_t D) {
   return D >= range.first && D <= range.second;
 }
 
-// ---- the staged forward (lab variant 5) against variant 0 ----
+// ---- the staged forward (lab variants 5, 6) against the resident one (0, 7) ----
 
 // kLnVariants[5] in cuda/layernorm.cu: rows staged in shared memory by bulk
 // copies (sm_90+; below, variant 0 runs; the backward also where two stages
 // of a row do not fit a block: f32 rows past ~14500 elements).
 constexpr int kStagedVariant = 5;
+
+// kLnVariants[6] and [7]: the kernels of 5 and 0 with bf16 rows accessed 4
+// elements (8 bytes) at a time. Their bf16 sums run in another order than
+// variant 0's (so the float64 bounds check them), but 6 and 7 share their
+// slot order: 6 must match 7 as 5 matches 0. f32 rows run 5 and 0 exactly.
+constexpr int kStagedNarrowVariant = 6;
+constexpr int kNarrowVariant = 7;
+
+// A staged variant and the resident one it must match bitwise (y, mean,
+// rstd, dx), in the dtypes where the two differ in their kernels' code.
+struct StagedPair {
+  int resident, staged;
+  std::vector<DType> dtypes;
+};
+const std::vector<StagedPair> kStagedPairs = {{0, kStagedVariant, {DType::F32, DType::BF16}},
+                                              {kNarrowVariant, kStagedNarrowVariant, {DType::BF16}}};
 
 struct ForwardOutputs {
   Tensor y, mean, rstd;
@@ -261,24 +277,24 @@ ForwardInputs forward_inputs(int64_t rows, int64_t D, DType dtype, uint64_t seed
           Tensor::randn({D}, gen, DType::F32, Device::CUDA)};
 }
 
-// The staged forward takes the same statistics in the same order as variant
-// 0 (only where the row comes from differs), so y, mean and rstd must be
-// bitwise variant 0's, on any rows.
-void check_staged_matches_v0(const ForwardInputs& in) {
-  const ForwardOutputs v0 = run_forward(in.x, in.gamma, in.beta, 0);
-  const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, kStagedVariant);
-  REQUIRE(all_finite(v0.y));
-  REQUIRE(all_finite(v0.mean));
-  REQUIRE(all_finite(v0.rstd));
-  CHECK(same_bytes(staged.y, v0.y));
-  CHECK(same_bytes(staged.mean, v0.mean));
-  CHECK(same_bytes(staged.rstd, v0.rstd));
+// The staged forward takes the same statistics in the same order as the
+// resident one it pairs with (only where the row comes from differs), so y,
+// mean and rstd must be bitwise the resident variant's, on any rows.
+void check_staged_matches(const ForwardInputs& in, const StagedPair& pair) {
+  const ForwardOutputs resident = run_forward(in.x, in.gamma, in.beta, pair.resident);
+  const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, pair.staged);
+  REQUIRE(all_finite(resident.y));
+  REQUIRE(all_finite(resident.mean));
+  REQUIRE(all_finite(resident.rstd));
+  CHECK(same_bytes(staged.y, resident.y));
+  CHECK(same_bytes(staged.mean, resident.mean));
+  CHECK(same_bytes(staged.rstd, resident.rstd));
 }
 
-// Only where HG_KERNEL_VARIANTS (if set) lists the staged variant.
-bool staged_selected() {
-  const std::vector<int> v = variants_for(1, false);
-  return std::find(v.begin(), v.end(), kStagedVariant) != v.end();
+// Only where HG_KERNEL_VARIANTS (if set) lists variant v.
+bool selected(int v) {
+  const std::vector<int> all = variants_for(1, false);
+  return std::find(all.begin(), all.end(), v) != all.end();
 }
 
 }  // namespace
@@ -389,9 +405,9 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
       }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0", "[layernorm][cuda][kernels][staged]") {
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resident one (0, 7)",
+          "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
-  if (!staged_selected()) return;
   // Every resident width class with 16-byte rows in both dtypes (8: one
   // word per f32 row; 768..1024 warp rows; 1032 and 4096 multi-warp groups;
   // 8200 and 16384 the 512-thread rows). 1 and 3 rows leave most groups of
@@ -400,44 +416,52 @@ TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0", 
   // (a persistent grid holds at most a few hundred to a few thousand
   // groups). Cases past 24M elements are left out to keep the host draw short.
   uint64_t seed = 1700;
-  for (const DType dtype : {DType::F32, DType::BF16})
-    for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
-      if (!width_selected(D)) continue;
-      for (const int64_t rows : {1, 3, 1000, 5000}) {
-        if (rows * D > 24'000'000) continue;
-        const ForwardInputs in = forward_inputs(capped(rows), D, dtype, seed++);
-        INFO("dtype " << dtype_name(dtype) << " rows " << capped(rows) << " D " << D);
-        check_staged_matches_v0(in);
+  for (const StagedPair& pair : kStagedPairs) {
+    if (!selected(pair.staged)) continue;
+    for (const DType dtype : pair.dtypes)
+      for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
+        if (!width_selected(D)) continue;
+        for (const int64_t rows : {1, 3, 1000, 5000}) {
+          if (rows * D > 24'000'000) continue;
+          const ForwardInputs in = forward_inputs(capped(rows), D, dtype, seed++);
+          INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype)
+                          << " rows " << capped(rows) << " D " << D);
+          check_staged_matches(in, pair);
+        }
       }
-    }
+  }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variant 5) is bitwise variant 0 on hostile rows",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resident one (0, 7) on hostile rows",
           "[layernorm][cuda][kernels][staged][hostile]") {
   HG_REQUIRE_GPU();
-  if (!staged_selected()) return;
   struct Case {
     double offset, stddev;
     bool outlier_first;  // x[r, 0] at 0 .. 1e4 row standard deviations (row r: kOff[r % 6])
   };
   constexpr double kOff[] = {0.0, 1.0, 1.7, 2.0, 50.0, 1e4};
-  for (const DType dtype : {DType::F32, DType::BF16})
-    for (const Case c : {Case{1e4, 1.0, false}, Case{-3.0, 0.0, false}, Case{0.0, 1.0, true}})
-      for (const int64_t D : {768, 4096, 16384}) {
-        if (!width_selected(D)) continue;
-        const auto first = c.outlier_first ? std::function<double(int64_t)>([&](int64_t r) { return kOff[r % 6]; })
-                                           : std::function<double(int64_t)>();
-        const ForwardInputs in = forward_inputs(capped(1001), D, dtype, 61, c.offset, c.stddev, first);
-        INFO("dtype " << dtype_name(dtype) << " D " << D << " offset " << c.offset << " stddev " << c.stddev
-                      << (c.outlier_first ? " outlier in column 0" : ""));
-        check_staged_matches_v0(in);
-        if (c.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
-          const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, kStagedVariant);
-          const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
-          for (int64_t r = 0; r < in.x.size(0); r += 97)
-            CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
+  for (const StagedPair& pair : kStagedPairs) {
+    if (!selected(pair.staged)) continue;
+    for (const DType dtype : pair.dtypes)
+      for (const Case c : {Case{1e4, 1.0, false}, Case{-3.0, 0.0, false}, Case{0.0, 1.0, true}})
+        for (const int64_t D : {768, 4096, 16384}) {
+          if (!width_selected(D)) continue;
+          const auto first = c.outlier_first
+                                 ? std::function<double(int64_t)>([&](int64_t r) { return kOff[r % 6]; })
+                                 : std::function<double(int64_t)>();
+          const ForwardInputs in = forward_inputs(capped(1001), D, dtype, 61, c.offset, c.stddev, first);
+          INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype) << " D "
+                          << D << " offset " << c.offset << " stddev " << c.stddev
+                          << (c.outlier_first ? " outlier in column 0" : ""));
+          check_staged_matches(in, pair);
+          if (c.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
+            const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, pair.staged);
+            const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
+            for (int64_t r = 0; r < in.x.size(0); r += 97)
+              CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
+          }
         }
-      }
+  }
 }
 
 namespace {
@@ -483,13 +507,14 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
 
 }  // namespace
 
-TEST_CASE("layernorm kernels: staged backward (variant 5) against variant 0",
+TEST_CASE("layernorm kernels: staged backward (variants 5, 6) against the resident one (0, 7)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
-  if (!staged_selected()) return;
-  // Both variants run on one mean/rstd (the production forward's). dx must be
-  // bitwise variant 0's: the staged kernel forms each row's three sums with
-  // variant 0's per-thread order and group reduction. dgamma/dbeta are sums
+  // Both variants of a pair run on one mean/rstd (the production forward's).
+  // dx must be bitwise the resident variant's: the staged kernel forms each
+  // row's three sums with the resident kernel's per-thread order (the same
+  // slots: 16 bytes for 0 and 5, 8 bytes of bf16 for 7 and 6) and group
+  // reduction. dgamma/dbeta are sums
   // over the same rows grouped differently (other blocks, register instead
   // of shared-memory accumulators): two float32 sums of the same n = rows
   // terms (bitwise the same xhat in both), each within about (n - 1) 2^-24
@@ -497,62 +522,101 @@ TEST_CASE("layernorm kernels: staged backward (variant 5) against variant 0",
   // order), plus one rounding per term, differ by at most 2 (n + 2) 2^-24
   // sum|term| (one spare 2^-24 for the float64 scale's own distance from the
   // float32 terms). That catches a wrong or missing column, and a missing row
-  // up to ~1000 rows; the layouts test checks variant 5 against float64 too.
-  // Variant 5 must also be bitwise reproducible. Hostile rows: a common
-  // offset of 1e4, and constant rows (x - mean is the mean's rounding alone).
+  // up to ~1000 rows; the layouts test checks every variant against float64
+  // too. The staged variant must also be bitwise reproducible. Hostile rows: a
+  // common offset of 1e4, and constant rows (x - mean is the mean's rounding
+  // alone).
   struct Kind {
     double offset, stddev;
   };
   uint64_t seed = 1700;
-  for (const DType dtype : {DType::F32, DType::BF16})
-    for (const int64_t D : {768, 1024, 1032, 4096, 8200, 16384}) {
-      if (!width_selected(D)) continue;
-      for (const int64_t wanted_rows : {0, 1, 3, 1000, 5000})
-        for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
-          if (kind.stddev != 1.0 || kind.offset != 0.0)
-            if (wanted_rows != 1000) continue;  // hostile rows at one row count
-          if (wanted_rows * D > 24'000'000) continue;  // the float64 column scales stay a short host pass
-          const int64_t rows = capped(wanted_rows);
-          INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << " offset " << kind.offset
-                        << " stddev " << kind.stddev);
-          Generator gen(seed++);
-          const Tensor x = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
-                                     : Tensor::randn({rows, D}, gen, dtype, Device::CUDA, kind.offset, kind.stddev);
-          const Tensor dy = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
-                                      : Tensor::randn({rows, D}, gen, dtype, Device::CUDA);
-          const Tensor gamma = Tensor::randn({D}, gen, DType::F32, Device::CUDA, 1.0, 0.5);
-          const Tensor beta = Tensor::randn({D}, gen, DType::F32, Device::CUDA);
-          Tensor y = poisoned({rows, D}, dtype), mean = poisoned({rows}, DType::F32),
-                 rstd = poisoned({rows}, DType::F32);
-          gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
-          const Grads want = backward_as(0, dy, x, gamma, mean, rstd);
-          const Grads got = backward_as(kStagedVariant, dy, x, gamma, mean, rstd);
-          const Grads again = backward_as(kStagedVariant, dy, x, gamma, mean, rstd);
-          REQUIRE(all_finite(got.dx));
-          REQUIRE(all_finite(got.dgamma));
-          REQUIRE(all_finite(got.dbeta));
-          CHECK(same_bytes(got.dx, want.dx));
-          CHECK(same_bytes(got.dx, again.dx));
-          CHECK(same_bytes(got.dgamma, again.dgamma));
-          CHECK(same_bytes(got.dbeta, again.dbeta));
-          if (rows == 0) {  // kernel 2 alone writes the zeros
-            CHECK(hg::test::max_abs_diff(f64(got.dgamma), Tensor::zeros({D}, DType::F64)) == 0.0);
-            CHECK(hg::test::max_abs_diff(f64(got.dbeta), Tensor::zeros({D}, DType::F64)) == 0.0);
-            continue;
+  for (const StagedPair& pair : kStagedPairs) {
+    if (!selected(pair.staged)) continue;
+    for (const DType dtype : pair.dtypes)
+      for (const int64_t D : {768, 1024, 1032, 4096, 8200, 16384}) {
+        if (!width_selected(D)) continue;
+        for (const int64_t wanted_rows : {0, 1, 3, 1000, 5000})
+          for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
+            if (kind.stddev != 1.0 || kind.offset != 0.0)
+              if (wanted_rows != 1000) continue;  // hostile rows at one row count
+            if (wanted_rows * D > 24'000'000) continue;  // the float64 column scales stay a short host pass
+            const int64_t rows = capped(wanted_rows);
+            INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype)
+                            << " rows " << rows << " D " << D << " offset " << kind.offset << " stddev "
+                            << kind.stddev);
+            Generator gen(seed++);
+            const Tensor x = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
+                                       : Tensor::randn({rows, D}, gen, dtype, Device::CUDA, kind.offset, kind.stddev);
+            const Tensor dy = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
+                                        : Tensor::randn({rows, D}, gen, dtype, Device::CUDA);
+            const Tensor gamma = Tensor::randn({D}, gen, DType::F32, Device::CUDA, 1.0, 0.5);
+            const Tensor beta = Tensor::randn({D}, gen, DType::F32, Device::CUDA);
+            Tensor y = poisoned({rows, D}, dtype), mean = poisoned({rows}, DType::F32),
+                   rstd = poisoned({rows}, DType::F32);
+            gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
+            const Grads want = backward_as(pair.resident, dy, x, gamma, mean, rstd);
+            const Grads got = backward_as(pair.staged, dy, x, gamma, mean, rstd);
+            const Grads again = backward_as(pair.staged, dy, x, gamma, mean, rstd);
+            REQUIRE(all_finite(got.dx));
+            REQUIRE(all_finite(got.dgamma));
+            REQUIRE(all_finite(got.dbeta));
+            CHECK(same_bytes(got.dx, want.dx));
+            CHECK(same_bytes(got.dx, again.dx));
+            CHECK(same_bytes(got.dgamma, again.dgamma));
+            CHECK(same_bytes(got.dbeta, again.dbeta));
+            if (rows == 0) {  // kernel 2 alone writes the zeros
+              CHECK(hg::test::max_abs_diff(f64(got.dgamma), Tensor::zeros({D}, DType::F64)) == 0.0);
+              CHECK(hg::test::max_abs_diff(f64(got.dbeta), Tensor::zeros({D}, DType::F64)) == 0.0);
+              continue;
+            }
+            const auto [scale_g, scale_b] = column_term_scales(dy, x, mean, rstd);
+            const std::vector<double> g_staged = got.dgamma.to_vector(), g_resident = want.dgamma.to_vector();
+            const std::vector<double> b_staged = got.dbeta.to_vector(), b_resident = want.dbeta.to_vector();
+            const double per_term = 2.0 * static_cast<double>(rows + 2) * std::ldexp(1.0, -24);
+            int64_t bad_g = 0, bad_b = 0;
+            for (int64_t c = 0; c < D; ++c) {
+              bad_g += std::abs(g_staged[c] - g_resident[c]) > per_term * scale_g[c];
+              bad_b += std::abs(b_staged[c] - b_resident[c]) > per_term * scale_b[c];
+            }
+            CHECK(bad_g == 0);
+            CHECK(bad_b == 0);
           }
-          const auto [scale_g, scale_b] = column_term_scales(dy, x, mean, rstd);
-          const std::vector<double> g5 = got.dgamma.to_vector(), g0 = want.dgamma.to_vector();
-          const std::vector<double> b5 = got.dbeta.to_vector(), b0 = want.dbeta.to_vector();
-          const double per_term = 2.0 * static_cast<double>(rows + 2) * std::ldexp(1.0, -24);
-          int64_t bad_g = 0, bad_b = 0;
-          for (int64_t c = 0; c < D; ++c) {
-            bad_g += std::abs(g5[c] - g0[c]) > per_term * scale_g[c];
-            bad_b += std::abs(b5[c] - b0[c]) > per_term * scale_b[c];
-          }
-          CHECK(bad_g == 0);
-          CHECK(bad_b == 0);
-        }
+      }
+  }
+}
+
+TEST_CASE("layernorm kernels: bf16 8-byte accesses (variants 6, 7) against float64 on few and many rows",
+          "[layernorm][cuda][kernels][narrow]") {
+  HG_REQUIRE_GPU();
+  // The layouts test runs 6 and 7 against float64 on rows enough that every
+  // block walks several; this adds the staged test's row counts of 1 and 3
+  // (most groups of the one block without a row) at every resident width
+  // class of 16-byte bf16 rows, with the same bounds (check_outputs), and the
+  // two against each other bitwise wherever their code must agree: y, mean,
+  // rstd, and dx on those statistics (dgamma/dbeta: other groupings of one
+  // sum, held to the float64 bounds instead).
+  uint64_t seed = 2900;
+  for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
+    if (!width_selected(D)) continue;
+    for (const int64_t rows : {int64_t{1}, int64_t{3}, rows_for(D)}) {
+      const Inputs in = make_inputs(capped(rows), D, DType::BF16, false, seed++);
+      const Outputs want = reference(in);
+      std::vector<Outputs> got;
+      for (const int v : {kStagedNarrowVariant, kNarrowVariant}) {
+        if (!selected(v)) continue;
+        gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+        INFO("lab variant " << v << " rows " << capped(rows) << " D " << D);
+        got.push_back(run_kernels(in));
+        check_outputs(in, got.back(), want);
+      }
+      if (got.size() < 2) continue;
+      INFO("variant 6 against 7, rows " << capped(rows) << " D " << D);
+      CHECK(same_bytes(got[0].y, got[1].y));
+      CHECK(same_bytes(got[0].mean, got[1].mean));
+      CHECK(same_bytes(got[0].rstd, got[1].rstd));
+      CHECK(same_bytes(got[0].dx, got[1].dx));
     }
+  }
 }
 
 #else
