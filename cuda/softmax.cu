@@ -167,14 +167,12 @@ struct SoftmaxVariant {
   bool lean;            // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
   bool streaming;       // y stored evict-first (st.global.cs): nothing reads it again in the kernel
   int lane_max_keys;  // rows longer than this (past one chunk a lane) go to the block team; 0: no limit
-  bool narrow_bf16;   // bf16 rows read 4 keys (8 bytes) at a time: the mask's float4 loads become lane-contiguous
 };
 constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {
-    {false, false, 0, false},   // 0: the kernel of 2026-11-26
-    {true, false, 0, false},    // 1: lean
-    {true, true, 0, false},     // 2: lean + streaming stores
-    {true, false, 512, false},  // 3: lean, rows of T > 512 in the block team (bf16 T 1024: 64 threads a row)
-    {true, false, 512, true},   // 4: 3 with bf16 rows 8 bytes at a time
+    {false, false, 0},  // 0: the kernel of 2026-11-26
+    {true, false, 0},   // 1: lean
+    {true, true, 0},    // 2: lean + streaming stores
+    {true, false, 512}, // 3: lean, rows of T > 512 in the block team (bf16 T 1024: 64 threads a row)
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -544,10 +542,8 @@ void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   if (vector_ok) {
     const int variant = softmax_lab_switch().pick(kSoftmaxProduction[std::is_same_v<T, bf16>]);
     return with_variant<kSoftmaxVariantCount>(variant, [&](auto v) {
-      constexpr int kVariant = decltype(v)::value;
-      constexpr int kW = std::is_same_v<T, bf16> && kSoftmaxVariants[kVariant].narrow_bf16 ? 4 : V;
-      ForwardLauncher<T, kVariant> launcher{args};
-      dispatch<kW, kForwardBlockElems>(l.tk, launcher);
+      ForwardLauncher<T, decltype(v)::value> launcher{args};
+      dispatch<V, kForwardBlockElems>(l.tk, launcher);
     });
   }
   ForwardLauncher<T, 0> launcher{args};
