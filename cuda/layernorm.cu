@@ -29,6 +29,7 @@
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/layernorm_staged_backward.cuh"
 #include "cuda/layernorm_staged_forward.cuh"
+#include "cuda/layernorm_staged_pair_forward.cuh"
 #include "cuda/vec.cuh"
 
 namespace hg::gpu {
@@ -192,6 +193,8 @@ struct LnVariant {
   int narrows = -1;  // >= 0: variant `narrows`'s kernels with bf16 rows accessed 4 elements
                      // (8 bytes) at a time, so each thread's float4 gamma/beta loads are
                      // lane-contiguous; f32 rows run variant `narrows` itself
+  bool pairs = false;  // forward: the staged kernel taking two rows a step (one group reduction
+                       // per statistic and one gamma/beta load per slot for both); backward: staged
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, false},     // 0: the kernels of 2026-11-26
@@ -202,6 +205,7 @@ constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, true},      // 5: staged (cuda/bulk_stage.cuh)
     {false, false, false, true, 5},   // 6: 5 with 8-byte bf16 accesses
     {false, false, false, false, 0},  // 7: 0 with 8-byte bf16 accesses
+    {false, false, false, true, -1, true},  // 8: 5 with two rows a step (the backward is 5's)
 };
 
 // The variant whose kernels variant V launches (its template argument V in
@@ -683,6 +687,8 @@ struct Forward {
   void resident() const {
     if constexpr (V == 0) {
       resident_v0<EPT, G, R>();
+    } else if constexpr (kLnVariants[V].pairs) {
+      if (!resident_staged_pairs<EPT, G, R>()) resident_v0<EPT, G, R>();  // below sm_90: variant 0
     } else if constexpr (kLnVariants[V].staged) {
       if (!resident_staged<EPT, G, R>()) resident_v0<EPT, G, R>();  // below sm_90: variant 0
     } else if constexpr (kLnVariants[V].wide && std::is_same_v<T, __nv_bfloat16> && G >= 64) {
@@ -712,6 +718,21 @@ struct Forward {
         static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
         plan.stages);
     HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_kernel");
+    return true;
+  }
+  // Variant 8: two rows a step (cuda/layernorm_staged_pair_forward.cuh); as resident_staged.
+  template <int EPT, int G, int R>
+  bool resident_staged_pairs() const {
+    static_assert(VEC > 1, "staged rows are 16-byte rows");
+    auto kernel = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
+    static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
+    if (!room) return false;
+    const StagedPlan plan = plan_staged_pairs(*room, R, a.D * int(sizeof(T)), staged_target_bytes());
+    HG_CHECK(plan.stages >= 2, kOp, "two staged rows of ", a.D, " elements do not fit in shared memory");
+    kernel<<<persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, stream()>>>(
+        static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
+        plan.stages);
+    HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_pair_kernel");
     return true;
   }
   template <int EPT, int G, int R>

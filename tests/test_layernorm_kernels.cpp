@@ -217,7 +217,7 @@ bool width_selected(int64_t D) {
   return D >= range.first && D <= range.second;
 }
 
-// ---- the staged forward (lab variants 5, 6) against the resident one (0, 7) ----
+// ---- the staged forward (lab variants 5, 6, 8) against the resident one (0, 7) ----
 
 // kLnVariants[5] in cuda/layernorm.cu: rows staged in shared memory by bulk
 // copies (sm_90+; below, variant 0 runs; the backward also where two stages
@@ -231,6 +231,14 @@ constexpr int kStagedVariant = 5;
 constexpr int kStagedNarrowVariant = 6;
 constexpr int kNarrowVariant = 7;
 
+// kLnVariants[8]: the staged forward taking a group's rows r and
+// r + row_stride in one step (one group reduction per statistic for both,
+// gamma and beta loaded once a slot); each row's arithmetic is variant 5's,
+// so it must match variant 0 bitwise. A group with an odd share of rows
+// ends on a step with one row (and a second, empty one). Its backward is
+// variant 5's.
+constexpr int kStagedPairVariant = 8;
+
 // A staged variant and the resident one it must match bitwise (y, mean,
 // rstd, dx), in the dtypes where the two differ in their kernels' code.
 struct StagedPair {
@@ -238,7 +246,8 @@ struct StagedPair {
   std::vector<DType> dtypes;
 };
 const std::vector<StagedPair> kStagedPairs = {{0, kStagedVariant, {DType::F32, DType::BF16}},
-                                              {kNarrowVariant, kStagedNarrowVariant, {DType::BF16}}};
+                                              {kNarrowVariant, kStagedNarrowVariant, {DType::BF16}},
+                                              {0, kStagedPairVariant, {DType::F32, DType::BF16}}};
 
 struct ForwardOutputs {
   Tensor y, mean, rstd;
@@ -405,7 +414,7 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
       }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resident one (0, 7)",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) is bitwise the resident one (0, 7)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Every resident width class with 16-byte rows in both dtypes (8: one
@@ -415,13 +424,19 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resi
   // nothing); 1000 and 5000 rows wrap every group's ring several times
   // (a persistent grid holds at most a few hundred to a few thousand
   // groups). Cases past 24M elements are left out to keep the host draw short.
+  // Variant 8 takes a group's rows two a step; a group with an odd share of
+  // rows ends on a step with one row and an empty one. It also runs 2 rows
+  // and 2999 and 4001, so that at every width some row count leaves groups
+  // odd and even shares side by side (grids hold ~130 to ~4000 groups; of
+  // 528, 2999 = 5 x 528 + 359 rows gives shares of 6 and 5).
   uint64_t seed = 1700;
   for (const StagedPair& pair : kStagedPairs) {
     if (!selected(pair.staged)) continue;
     for (const DType dtype : pair.dtypes)
       for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
         if (!width_selected(D)) continue;
-        for (const int64_t rows : {1, 3, 1000, 5000}) {
+        for (const int64_t rows : {1, 2, 3, 1000, 2999, 4001, 5000}) {
+          if ((rows == 2 || rows == 2999 || rows == 4001) && pair.staged != kStagedPairVariant) continue;
           if (rows * D > 24'000'000) continue;
           const ForwardInputs in = forward_inputs(capped(rows), D, dtype, seed++);
           INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype)
@@ -432,7 +447,7 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resi
   }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resident one (0, 7) on hostile rows",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) is bitwise the resident one (0, 7) on hostile rows",
           "[layernorm][cuda][kernels][staged][hostile]") {
   HG_REQUIRE_GPU();
   struct Case {
@@ -466,7 +481,7 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6) is bitwise the resi
 
 namespace {
 
-// ---- the staged backward (lab variant 5) against variant 0 ----
+// ---- the staged backward (lab variant 5; 8 runs it too) against variant 0 ----
 
 struct Grads {
   Tensor dx, dgamma, dbeta;
@@ -507,7 +522,7 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
 
 }  // namespace
 
-TEST_CASE("layernorm kernels: staged backward (variants 5, 6) against the resident one (0, 7)",
+TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8) against the resident one (0, 7)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Both variants of a pair run on one mean/rstd (the production forward's).
