@@ -173,7 +173,6 @@ constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {
     {true, false, 0},   // 1: lean
     {true, true, 0},    // 2: lean + streaming stores
     {true, false, 512}, // 3: lean, rows of T > 512 in the block team (bf16 T 1024: 64 threads a row)
-    {true, true, 512},  // 4: 3 + streaming stores
 };
 
 constexpr float kLog2e = 1.4426950408889634f;

@@ -26,7 +26,7 @@ void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int
 // docs/layernorm_kernels_notes.md, "Lab variants"): 0 is the kernel of
 // 2026-11-26. HG_SOFTMAX_VARIANT=V forces V wherever it applies; unset, each
 // dtype runs the variant of the production table in cuda/softmax.cu.
-constexpr int kSoftmaxVariantCount = 5;
+constexpr int kSoftmaxVariantCount = 4;
 inline LabSwitch& softmax_lab_switch() {
   static LabSwitch s("HG_SOFTMAX_VARIANT", kSoftmaxVariantCount);
   return s;
