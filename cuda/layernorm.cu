@@ -928,10 +928,13 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 // 4096 and 9% at 512. bf16 forward at D = 256 keeps 0 (3 ran 13% slower).
 // Session 28 (2026-11-28): the bf16 backward reads rows 8 bytes at a time
 // at 1025-4096 (7: +4% at 4096) and above (6: +3-5% at 8192-16384); the
-// narrow rows lost on every bf16 forward and at 768, which keep 5.
+// narrow rows lost on every bf16 forward and at 768, which keep 5. The
+// bf16 forward at 1025-4096 goes back to 3, which beat 5 at every width
+// timed there (1536 +13%, 2048 +6%, 3072 +3%, 4096 +1%); the two-row
+// staged forward (8) won only at 4096 and is not taken.
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
-constexpr int kLnProduction[2][2][5] = {{{0, 5, 5, 5, 5}, {0, 3, 3, 5, 5}}, {{0, 0, 0, 0, 0}, {0, 0, 5, 7, 6}}};
+constexpr int kLnProduction[2][2][5] = {{{0, 5, 5, 5, 5}, {0, 3, 3, 3, 5}}, {{0, 0, 0, 0, 0}, {0, 0, 5, 7, 6}}};
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production
