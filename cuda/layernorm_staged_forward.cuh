@@ -58,6 +58,23 @@ struct RowRing {
   __device__ __forceinline__ void advance() {
     if (++stage == stages) stage = 0, parity ^= 1;
   }
+  // Group `group`'s ring of `stages` rows in the block's dynamic shared
+  // memory `rows_smem`, with its barriers `group_bars`.
+  static __device__ __forceinline__ RowRing of_group(unsigned char* rows_smem, int group, int stages,
+                                                     uint32_t row_bytes, uint64_t* group_bars) {
+    return {rows_smem + static_cast<uint32_t>(group * stages) * row_bytes, group_bars, stages, row_bytes};
+  }
+  // Every thread of the block: thread t == 0 of each group initialises its
+  // barriers, the block syncs, then it issues the group's first rows
+  // (first, first + stride, ...; only rows < rows).
+  __device__ __forceinline__ void start(int t, const T* x, int64_t first, int64_t stride, int64_t rows,
+                                        int D) const {
+    if (t == 0)
+      for (int s = 0; s < stages; ++s) stage_barrier_init(bars + s);
+    __syncthreads();  // the barriers are initialised before anyone waits on them
+    if (t == 0)
+      for (int s = 0; s < stages && first + s * stride < rows; ++s) fill(s, x + (first + s * stride) * D);
+  }
 };
 
 // Blocks per SM the registers must allow: as the resident kernel, but four
@@ -83,17 +100,11 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
   __shared__ uint64_t stage_bars[R][kMaxRowStages];
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const uint32_t row_bytes = static_cast<uint32_t>(D) * sizeof(T);
-  RowRing<T> ring{staged_rows + static_cast<uint32_t>(grp.group * stages) * row_bytes, stage_bars[grp.group], stages,
-                  row_bytes};
+  RowRing<T> ring = RowRing<T>::of_group(staged_rows, grp.group, stages, row_bytes, stage_bars[grp.group]);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-
-  if (grp.t == 0)
-    for (int s = 0; s < stages; ++s) stage_barrier_init(ring.bars + s);
-  __syncthreads();  // the barriers are initialised before anyone waits on them
-  if (grp.t == 0)
-    for (int s = 0; s < stages && first + s * row_stride < rows; ++s) ring.fill(s, x + (first + s * row_stride) * D);
+  ring.start(grp.t, x, first, row_stride, rows, D);
   int64_t next = first + stages * row_stride;  // the row that refills the stage read next
 
   for (int64_t base = first - grp.group; base < rows; base += row_stride) {

@@ -55,18 +55,12 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
   __shared__ uint64_t stage_bars[R][kMaxRowStages];
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const uint32_t row_bytes = static_cast<uint32_t>(D) * sizeof(T);
-  RowRing<T> ring{staged_rows + static_cast<uint32_t>(grp.group * stages) * row_bytes, stage_bars[grp.group], stages,
-                  row_bytes};
+  RowRing<T> ring = RowRing<T>::of_group(staged_rows, grp.group, stages, row_bytes, stage_bars[grp.group]);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
   const int64_t ahead = stages * row_stride;  // a stage's next row comes this many rows later
-
-  if (grp.t == 0)
-    for (int s = 0; s < stages; ++s) stage_barrier_init(ring.bars + s);
-  __syncthreads();  // the barriers are initialised before anyone waits on them
-  if (grp.t == 0)
-    for (int s = 0; s < stages && first + s * row_stride < rows; ++s) ring.fill(s, x + (first + s * row_stride) * D);
+  ring.start(grp.t, x, first, row_stride, rows, D);
 
   for (int64_t base = first - grp.group; base < rows; base += 2 * row_stride) {
     int64_t row[2];
