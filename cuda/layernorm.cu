@@ -711,14 +711,8 @@ struct Forward {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
     auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
-    if (!room) return false;
-    const StagedPlan plan = plan_staged(*room, R, a.D * int(sizeof(T)), staged_target_bytes());
-    HG_CHECK(plan.stages >= 1, kOp, "a staged row of ", a.D, " elements does not fit in shared memory");
-    kernel<<<persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, stream()>>>(
-        static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
-        plan.stages);
-    HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_kernel");
-    return true;
+    return room && launch_staged(kernel, G, R, plan_staged(*room, R, a.D * int(sizeof(T)), staged_target_bytes()),
+                                 1, "layernorm_forward_staged_kernel");
   }
   // Variant 8: two rows a step (cuda/layernorm_staged_pair_forward.cuh); as resident_staged.
   template <int EPT, int G, int R>
@@ -726,13 +720,19 @@ struct Forward {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
     auto kernel = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
-    if (!room) return false;
-    const StagedPlan plan = plan_staged_pairs(*room, R, a.D * int(sizeof(T)), staged_target_bytes());
-    HG_CHECK(plan.stages >= 2, kOp, "two staged rows of ", a.D, " elements do not fit in shared memory");
+    return room && launch_staged(kernel, G, R,
+                                 plan_staged_pairs(*room, R, a.D * int(sizeof(T)), staged_target_bytes()), 2,
+                                 "layernorm_forward_staged_pair_kernel");
+  }
+  // Launches a staged forward kernel (R groups of G threads a block) on
+  // `plan`, which must give each group at least `least` stages.
+  template <class Kernel>
+  bool launch_staged(Kernel kernel, int G, int R, const StagedPlan& plan, int least, const char* name) const {
+    HG_CHECK(plan.stages >= least, kOp, least, " staged row(s) of ", a.D, " elements do not fit in shared memory");
     kernel<<<persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, stream()>>>(
         static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
         plan.stages);
-    HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_pair_kernel");
+    HG_CUDA_CHECK_LAUNCH(name);
     return true;
   }
   template <int EPT, int G, int R>

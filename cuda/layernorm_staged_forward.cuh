@@ -144,15 +144,21 @@ struct StagedPlan {
   size_t smem = 0;  // dynamic shared memory per block
 };
 
+// Stages of row_bytes that fit each of a block's R groups at per_sm blocks
+// a SM (at most kMaxRowStages).
+inline int stages_that_fit(const StagedRoom& room, int per_sm, int R, int row_bytes) {
+  const int per_block =
+      std::min(room.smem_per_sm / per_sm - room.reserved_per_block, room.smem_per_block) - room.static_smem;
+  return std::min(kMaxRowStages, per_block / (R * row_bytes));
+}
+
 // The most blocks per SM the registers allow whose rings of one stage fit,
 // then enough stages that the SM's rows in flight (blocks x R x stages rows)
 // reach target_bytes: at least kMinRowStages where they fit, at most what
 // fits or kMaxRowStages.
 inline StagedPlan plan_staged(const StagedRoom& room, int R, int row_bytes, int target_bytes) {
   for (int per_sm = room.blocks_per_sm; per_sm >= 1; --per_sm) {
-    const int per_block =
-        std::min(room.smem_per_sm / per_sm - room.reserved_per_block, room.smem_per_block) - room.static_smem;
-    const int fit = std::min(kMaxRowStages, per_block / (R * row_bytes));
+    const int fit = stages_that_fit(room, per_sm, R, row_bytes);
     if (fit < 1) continue;
     const int64_t one_stage = int64_t(per_sm) * R * row_bytes;  // per SM
     const int64_t want = std::max<int64_t>(kMinRowStages, (target_bytes + one_stage - 1) / one_stage);

@@ -145,9 +145,7 @@ constexpr int kMinPairStages = 3;
 inline StagedPlan plan_staged_pairs(const StagedRoom& room, int R, int row_bytes, int target_bytes) {
   for (const int least : {kMinPairStages, 2})
     for (int per_sm = room.blocks_per_sm; per_sm >= 1; --per_sm) {
-      const int per_block =
-          std::min(room.smem_per_sm / per_sm - room.reserved_per_block, room.smem_per_block) - room.static_smem;
-      const int fit = std::min(kMaxRowStages, per_block / (R * row_bytes));
+      const int fit = stages_that_fit(room, per_sm, R, row_bytes);
       if (fit < least) continue;
       const int64_t one_stage = int64_t(per_sm) * R * row_bytes;  // per SM
       const int64_t travelling = std::max<int64_t>(1, (target_bytes + one_stage - 1) / one_stage);
