@@ -164,8 +164,8 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
 // forced by HG_SOFTMAX_VARIANT. Docs: docs/layernorm_kernels_notes.md,
 // "Lab variants". The backward has none.
 struct SoftmaxVariant {
-  bool lean;            // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
-  bool streaming;       // y stored evict-first (st.global.cs): nothing reads it again in the kernel
+  bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
+  bool streaming;     // y stored evict-first (st.global.cs): nothing reads it again in the kernel
   int lane_max_keys;  // rows longer than this (past one chunk a lane) go to the block team; 0: no limit
 };
 constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {

@@ -3,7 +3,7 @@
 // float32 or bf16 per access, converted to and from float32. W is
 // VecWidth<T>::value (16 bytes: one float4, or 8 bf16 as one uint4) when every
 // row start is 16-byte aligned (aligned16 on the host), else 1 (scalar).
-// bf16 also comes 4 wide (8 bytes, one uint2): LayerNorm lab variants 6 and 7.
+// bf16 also comes 4 wide (8 bytes, one uint2): LayerNorm variants 6 and 7.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -58,8 +58,8 @@ __device__ __forceinline__ void load_vec(const float* p, float (&out)[W]) {
 // Eight bf16 of one 16-byte word widened by a shift (even element, the low
 // half) or a mask (odd element): one integer instruction each, where the
 // pair intrinsic takes a PRMT and a shift for the high half. Exact, as every
-// bf16 -> float32 widening is. Used by the lab variants (HG_LN_VARIANT,
-// HG_SOFTMAX_VARIANT); the production kernels keep load_vec.
+// bf16 -> float32 widening is. Used by load_vec_lean (the lean softmax and
+// LayerNorm variants).
 __device__ __forceinline__ void widen_bf16x8(const uint4& raw, float (&out)[8]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -70,7 +70,8 @@ __device__ __forceinline__ void widen_bf16x8(const uint4& raw, float (&out)[8]) 
 }
 
 // Four bf16 of one 8-byte word, widened as widen_bf16x8 does (every 4-wide
-// bf16 load: only LayerNorm lab variants 6 and 7 access bf16 4 wide).
+// bf16 load: LayerNorm variants 6 and 7, the bf16 backward's default past
+// D 1024).
 __device__ __forceinline__ void widen_bf16x4(const uint2& raw, float (&out)[4]) {
   const uint32_t w[2] = {raw.x, raw.y};
 #pragma unroll

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17's lab sweep in one GPU call: the copy yardstick, then every
 # LayerNorm and softmax lab variant (HG_LN_VARIANT 0..8, HG_SOFTMAX_VARIANT
-# 0..2, or the lists in LN_VARIANTS and SOFTMAX_VARIANTS, selected in-process
+# 0..3, or the lists in LN_VARIANTS and SOFTMAX_VARIANTS, selected in-process
 # by --variants) on the issue's sizes, raw kernels
 # only, each as GB/s and % of the best copy at the same size. Compact tables
 # and the CSVs go to $OUT (default out/). About 2-3 minutes on an H100.
@@ -72,7 +72,7 @@ if has ln; then
 fi
 
 if has softmax; then
-  "$build/bench/bench_softmax" --device cuda --kernels-only --variants "${SOFTMAX_VARIANTS:-0,1,2}" --iters 30 --png '' \
+  "$build/bench/bench_softmax" --device cuda --kernels-only --variants "${SOFTMAX_VARIANTS:-0,1,2,3}" --iters 30 --png '' \
     --sizes 4x16x1024,2x16x2048,8x12x512 --csv "$out/sweep_softmax.csv" \
     > "$out/sweep_softmax.txt" 2>&1 || status=1
   table "$out/sweep_softmax.csv" softmax | tee "$out/sweep_softmax_table.txt"
