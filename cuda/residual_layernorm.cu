@@ -1,5 +1,6 @@
 // Fused residual add + LayerNorm (API: cuda/residual_layernorm_kernels.hpp;
-// the backward's derivation: docs/residual_layernorm.md). One block per row,
+// the backward's derivation: docs/residual_layernorm.md). Variant 0 of
+// HG_RESIDUAL_LN_VARIANT, and variant 1's fallback: one block per row,
 // any D: each thread owns the columns j = tid, tid + blockDim, ... and
 // re-reads only elements it wrote itself or read before (L2-resident), so
 // no shared row buffer bounds D. Statistics and sums in float32.
@@ -110,6 +111,12 @@ __global__ void sum_partial_columns(const float* __restrict__ partial, int64_t b
   }
 }
 
+// The variant run when HG_RESIDUAL_LN_VARIANT is unset. 0: variant 1 (the
+// resident LayerNorm rows) waits for its first GPU run (docs/residual_layernorm.md).
+constexpr int kResidualLnProduction = 0;
+
+bool variant1() { return residual_layernorm_lab_switch().pick(kResidualLnProduction) == 1; }
+
 unsigned int grid_for_rows(int64_t rows) {
   const int64_t cap = static_cast<int64_t>(sm_count()) * 8;
   return static_cast<unsigned int>(std::min(rows, cap));
@@ -128,6 +135,7 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
                                       float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
   const int64_t rows = x.size(0), D = x.size(1);
   if (rows == 0) return;
+  if (variant1() && residual_layernorm_forward_resident(x, r, gamma, beta, eps, h, y, mean, rstd)) return;
   with_storage(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     residual_ln_forward<T><<<grid_for_rows(rows), kThreads, 0, stream()>>>(
@@ -144,6 +152,7 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
   const int64_t rows = h.size(0), D = h.size(1);
   const int64_t blocks = std::min(rows, kBackwardBlocks);
   if (blocks == 0) return;  // refused by the op's checks: LayerNorm needs rows
+  if (variant1() && residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta)) return;
   Tensor partials = Tensor::empty({2, blocks, D}, DType::F32, Device::CUDA);
   float* dg_partial = partials.data<float>();
   float* db_partial = dg_partial + blocks * D;
