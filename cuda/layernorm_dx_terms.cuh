@@ -68,14 +68,10 @@ __device__ __forceinline__ void row_terms_in_registers(float (&xh)[NV][VEC], con
 }
 
 // dx as stored: LayerNorm's own (NoAddIn), or the residual backward's
-// dh_in + dx (AddHeld: dh_in held in registers, slot for slot).
+// dh_in + dx (HeldAddIn, cuda/layernorm_residual.cuh): add_in(j, e, dx) for
+// element e of slot j.
 struct NoAddIn {
   __device__ __forceinline__ float operator()(int, int, float dx) const { return dx; }
-};
-template <int NV, int VEC>
-struct AddHeld {
-  const float (&in)[NV][VEC];
-  __device__ __forceinline__ float operator()(int j, int e, float dx) const { return in[j][e] + dx; }
 };
 
 // A resident row (slice): stores dx (through add_in) and adds dy * xhat, dy

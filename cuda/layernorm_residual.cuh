@@ -49,6 +49,34 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   }
 }
 
+// dh_in as the residual backward holds it (this thread's slots, zeros past
+// len): floats, or bf16 x 8 as its raw 16-byte words (half the registers,
+// next to the held h and dy), widened exactly at use. add(j, e, dx) is
+// dh_in + dx for slot j, element e (dx_in_registers' AddIn).
+template <class T, int VEC, int NV, int G>
+struct HeldAddIn {
+  float v[NV][VEC];
+  __device__ __forceinline__ void load(const T* p, int len, int t) { load_part<T, VEC, NV, G>(p, len, t, 0.0f, v); }
+  __device__ __forceinline__ float operator()(int j, int e, float dx) const { return v[j][e] + dx; }
+};
+
+template <int NV, int G>
+struct HeldAddIn<__nv_bfloat16, 8, NV, G> {
+  uint4 raw[NV];
+  __device__ __forceinline__ void load(const __nv_bfloat16* p, int len, int t) {
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int i = (j * G + t) * 8;
+      raw[j] = i < len ? *reinterpret_cast<const uint4*>(p + i) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ __forceinline__ float operator()(int j, int e, float dx) const {
+    const int q = e / 2;  // a constant once the callers' loops are unrolled
+    const uint32_t w = q == 0 ? raw[j].x : q == 1 ? raw[j].y : q == 2 ? raw[j].z : raw[j].w;
+    return __uint_as_float(e % 2 == 0 ? w << 16 : w & 0xffff0000u) + dx;
+  }
+};
+
 // dh = dh_in + LN_backward(dy) for rows of D <= G * EPT: layernorm_backward_kernel
 // (resident, variant 0) reading h for x, with dh_in held in registers next
 // to h and dy and added to dx before its one rounding. dh may be dh_in: a
@@ -80,10 +108,11 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     const bool live = row < rows;
     const int row_len = live ? D : 0;
     const int64_t start = (live ? row : 0) * D;
-    float xh[NV][VEC], g_dy[NV][VEC], add[NV][VEC];  // h, then xhat'; dy; dh_in
+    float xh[NV][VEC], g_dy[NV][VEC];  // h, then xhat'; dy
+    HeldAddIn<T, VEC, NV, G> add;
     load_part<T, VEC, NV, G>(h + start, row_len, t, 0.0f, xh);
     load_part<T, VEC, NV, G>(dy + start, row_len, t, 0.0f, g_dy);
-    load_part<T, VEC, NV, G>(dh_in + start, row_len, t, 0.0f, add);
+    add.load(dh_in + start, row_len, t);
     if (prefetch_next_row(G * R) && row + row_stride < rows) {
       prefetch_row_l2<T, G, EPT>(h + start + row_stride * D, D, t);
       prefetch_row_l2<T, G, EPT>(dy + start + row_stride * D, D, t);
@@ -94,8 +123,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     row_terms_in_registers<VEC, NV, G>(xh, g_dy, gamma, row_len, t, m, rs, s);
     grp.sums(s);
     const DxTerms k = dx_terms(s, inv_d);
-    dx_in_registers<T, VEC, NV, G>(dh + start, gamma, xh, g_dy, row_len, t, rs, k, acc_dgamma, acc_dbeta,
-                                   AddHeld<NV, VEC>{add});
+    dx_in_registers<T, VEC, NV, G>(dh + start, gamma, xh, g_dy, row_len, t, rs, k, acc_dgamma, acc_dbeta, add);
   }
   const int64_t partial = static_cast<int64_t>(blockIdx.x) * D;
   write_block_partials<R, CAP>(reinterpret_cast<const float*>(acc_storage), D, partial_dgamma + partial,
