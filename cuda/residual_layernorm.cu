@@ -81,7 +81,7 @@ __global__ void residual_ln_backward(const T* __restrict__ dy, const T* dh_in, c
     float sum_xhat = 0.f, sum_g = 0.f, sum_g_xhat = 0.f;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
       const float xhat = (to_f(h[base + j]) - mu) * rs;
-      const float g = to_f(dy[base + j]) * gamma[j];
+      const float g = __fmul_rn(to_f(dy[base + j]), gamma[j]);  // _rn: the same rounding as in dx below
       sum_xhat += xhat;
       sum_g += g;
       sum_g_xhat += g * xhat;
@@ -93,7 +93,9 @@ __global__ void residual_ln_backward(const T* __restrict__ dy, const T* dh_in, c
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
       const float xhat = (to_f(h[base + j]) - mu) * rs - c;
       const float dyv = to_f(dy[base + j]);
-      const float dx = rs * (dyv * gamma[j] - mean_g - xhat * mean_g_xhat);
+      // _rn keeps dy gamma rounded as in mean_g: a contracted FMA would leave
+      // its rounding error (times rstd) where D = 1 must give exactly 0.
+      const float dx = rs * (__fmul_rn(dyv, gamma[j]) - mean_g - xhat * mean_g_xhat);
       dh[base + j] = from_f<T>(dh_in ? to_f(dh_in[base + j]) + dx : dx);
       dg[j] += dyv * xhat;
       db[j] += dyv;
