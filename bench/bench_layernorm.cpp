@@ -5,6 +5,9 @@
 //
 // Bytes counted (the minimum traffic): forward 2*M*N*elt (read x, write y),
 // backward 3*M*N*elt (read x and dy, write dx); the O(M + N) terms are left out.
+// --residual adds the fused residual + LayerNorm kernels per
+// HG_RESIDUAL_LN_VARIANT (0, 1): res_forward 4*M*N*elt (read x, r; write h,
+// y), res_backward 4*M*N*elt (read dy, h, dh_in; write dh).
 //
 //   bench_layernorm --device cuda --csv ln.csv
 //   bench_layernorm --device cpu --sizes 1024x768,1024x4096 --iters 10
@@ -28,6 +31,7 @@
 #include "cuda/layernorm_kernels.hpp"
 #include "ops/layernorm.hpp"
 #ifdef HG_WITH_CUDA
+#include "cuda/residual_layernorm_kernels.hpp"
 #include "bench/copy_rates.hpp"
 #include "cuda/cuda_check.hpp"
 #endif
@@ -112,6 +116,7 @@ struct Options {
   bool fused_only = false;
   bool kernels_only = false;
   std::vector<int> variants = {kProductionVariant};
+  bool residual = false;
   std::string csv = "bench_layernorm.csv";
   std::string png = "bench_layernorm.png";
   cli::CommonFlags common;
@@ -160,7 +165,9 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
       std::vector<LayerNormSaved> keep_saved(n_sets);
 
       auto record = [&](const char* pass, const char* impl, const bench::Timing& t) {
-        const double bytes = (std::string(pass) == "backward" ? 3 : 2) * elems * elt;  // copy: like forward
+        const std::string p = pass;
+        const double streams = p == "backward" ? 3 : p.rfind("res_", 0) == 0 ? 4 : 2;  // copy: like forward
+        const double bytes = streams * elems * elt;
         results.push_back({device_name(device), dtype_name(dtype), pass, impl, s.M, s.N, bytes, t.median_ms, t.min_ms});
       };
       auto try_record = [&](const char* pass, const char* impl, const std::function<bench::Timing()>& measure) {
@@ -215,6 +222,30 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
                                             dg[i], db[i]);
             });
           });
+        }
+        if (opt.residual) {
+          // r: dy's buffers; dh_in: copies of dy; h of the backward: x (with x's saved statistics).
+          std::vector<Tensor> h(n_sets), dh_in(n_sets);
+          for (int i = 0; i < n_sets; ++i) {
+            h[i] = Tensor::empty({s.M, s.N}, dtype, device);
+            dh_in[i] = in.dy[i].clone();
+          }
+          for (int variant = 0; variant < gpu::kResidualLayerNormVariants; ++variant) {
+            gpu::LabSwitchScope lab(gpu::residual_layernorm_lab_switch(), variant);
+            const std::string impl = "res_v" + std::to_string(variant);
+            try_record("res_forward", impl.c_str(), [&] {
+              return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+                gpu::residual_layernorm_forward_fused(in.x[i], in.dy[i], in.gamma, in.beta, float(kEps), h[i], y[i],
+                                                      mean[i], rstd[i]);
+              });
+            });
+            try_record("res_backward", impl.c_str(), [&] {
+              return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+                gpu::residual_layernorm_backward_fused(in.dy[i], &dh_in[i], in.x[i], in.gamma, in.saved[i].mean,
+                                                       in.saved[i].rstd, dx[i], dg[i], db[i]);
+              });
+            });
+          }
         }
         // cudaMemcpyAsync and our copy kernels on x's bytes (Tensor::clone
         // would synchronise the host after each copy); the fastest is the
@@ -313,6 +344,9 @@ int main(int argc, char** argv) {
                      ", rows v0, v1, ...); default: the production table or HG_LN_VARIANT (rows 'kernel')")
       ->delimiter(',')
       ->check(CLI::Range(0, gpu::kLayerNormVariants - 1));
+  app.add_flag("--residual", opt.residual,
+               "CUDA: also time the fused residual + LayerNorm kernels per HG_RESIDUAL_LN_VARIANT (rows res_v0, "
+               "res_v1; passes res_forward, res_backward)");
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against N at the most common M, .png or .svg ('' for none)")
       ->capture_default_str();

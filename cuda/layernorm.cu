@@ -24,8 +24,10 @@
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/layernorm_kernels.hpp"
+#include "cuda/residual_layernorm_kernels.hpp"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_moments.cuh"
+#include "cuda/layernorm_residual.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/layernorm_staged_backward.cuh"
 #include "cuda/layernorm_staged_forward.cuh"
@@ -292,47 +294,6 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 // partial row; kernel 2 sums the partial rows in a fixed order. The row
 // terms and dx: cuda/layernorm_dx_terms.cuh.
 
-// A resident row (slice): x in xh becomes xhat'; this thread's terms of s.
-template <int VEC, int NV, int G>
-__device__ __forceinline__ void row_terms_in_registers(float (&xh)[NV][VEC], const float (&g_dy)[NV][VEC],
-                                                       const float* gamma, int len, int t, float m, float rs,
-                                                       float (&s)[3]) {
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int i = (j * G + t) * VEC;
-    if (i < len) {
-      float g[VEC];
-      load_vec<VEC>(gamma + i, g);
-      slot_row_terms<VEC>(xh[j], g_dy[j], g, m, rs, s);
-    }
-  }
-}
-
-// A resident row (slice): stores dx and adds dy * xhat, dy to this group's
-// accumulators (a thread touches only its own columns).
-template <class T, int VEC, int NV, int G>
-__device__ __forceinline__ void dx_in_registers(T* dxr, const float* gamma, const float (&xh)[NV][VEC],
-                                                const float (&g_dy)[NV][VEC], int len, int t, float rs,
-                                                const DxTerms& k, float* acc_dgamma, float* acc_dbeta) {
-#pragma unroll
-  for (int j = 0; j < NV; ++j) {
-    const int i = (j * G + t) * VEC;
-    if (i < len) {
-      float g[VEC], out[VEC], dg[VEC];
-      load_vec<VEC>(gamma + i, g);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const float xhat = xh[j][e] - k.c;
-        out[e] = dx_element(g[e], g_dy[j][e], xhat, rs, k);
-        dg[e] = g_dy[j][e] * xhat;
-      }
-      store_vec<VEC, Store::Streaming>(dxr + i, out);
-      add_vec<VEC>(acc_dgamma + i, dg);
-      add_vec<VEC>(acc_dbeta + i, g_dy[j]);
-    }
-  }
-}
-
 // Rows (CLUSTER: row slices) of up to CAP = G * EPT elements: x and dy held
 // in registers, read once. Each group keeps its running partials in shared
 // memory (CAP floats of dgamma, then CAP of dbeta); at the end the block adds
@@ -367,13 +328,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 
   float* acc_dgamma = reinterpret_cast<float*>(acc_storage) + grp.group * 2 * CAP;
   float* acc_dbeta = acc_dgamma + CAP;
-#pragma unroll
-  for (int j = 0; j < NV; ++j)
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      acc_dgamma[(j * G + t) * VEC + k] = 0.0f;
-      acc_dbeta[(j * G + t) * VEC + k] = 0.0f;
-    }
+  zero_group_partials<VEC, NV, G>(acc_dgamma, acc_dbeta, t);
 
   // Every group of the block runs the same sequence of barriers: a group
   // past the last row still makes the trip, on an empty row (no loads, no
@@ -406,15 +361,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     dx_in_registers<T, VEC, NV, G>(dx + start, gamma_p, xh, g_dy, row_len, t, rs, k, acc_dgamma, acc_dbeta);
   }
 
-  __syncthreads();
-  const float* acc = reinterpret_cast<const float*>(acc_storage);
-  for (int c = threadIdx.x; c < len; c += blockDim.x) {
-    float sg = 0.0f, sb = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) sg += acc[r * 2 * CAP + c], sb += acc[r * 2 * CAP + CAP + c];
-    block_dgamma[c] = sg;
-    block_dbeta[c] = sb;
-  }
+  write_block_partials<R, CAP>(reinterpret_cast<const float*>(acc_storage), len, block_dgamma, block_dbeta);
   cluster_exit_barrier<CLUSTER>();
 }
 
@@ -909,6 +856,64 @@ struct Backward {
   }
 };
 
+// ---- host: residual + LayerNorm, variant 1 (cuda/layernorm_residual.cuh) ------------
+// The resident layouts of for_resident_width, one kernel per pass; the
+// backward's partial rows and kernel 2 are the LayerNorm backward's.
+
+struct ResidualForwardArgs {
+  const void* x;
+  const void* r;
+  const float* gamma;
+  const float* beta;
+  void* h;
+  void* y;
+  float* mean;
+  float* rstd;
+  int64_t rows;
+  int D;
+  float eps;
+};
+
+template <class T, int VEC>
+struct ResidualForward {
+  static constexpr const char* kOp = "residual_layernorm_forward_fused";
+  static constexpr int kWideEPT = Forward<T, VEC, 0>::kWideEPT;
+  const ResidualForwardArgs& a;
+
+  template <int EPT, int G, int R>
+  void resident() const {
+    auto kernel = residual_layernorm_forward_kernel<T, VEC, EPT, G, R>;
+    static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
+    kernel<<<persistent_grid(a.rows, R, per_sm), G * R, 0, stream()>>>(
+        static_cast<const T*>(a.x), static_cast<const T*>(a.r), a.gamma, a.beta, static_cast<T*>(a.h),
+        static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps);
+    HG_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
+  }
+};
+
+template <class T, int VEC>
+struct ResidualBackward {
+  static constexpr const char* kOp = "residual_layernorm_backward_fused";
+  using Ln = Backward<T, VEC, 0>;
+  static constexpr int kWideEPT = Ln::kWideEPT;
+  const BackwardArgs& a;  // x: h, dx: dh
+  const void* dh_in;
+
+  template <int EPT, int G, int R>
+  void resident() const {
+    auto kernel = residual_layernorm_backward_kernel<T, VEC, EPT, G, R>;
+    constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
+    static const int per_sm = Ln::capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
+    const int blocks = persistent_grid(a.rows, R, per_sm);
+    Ln{a}.with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
+      kernel<<<blocks, G * R, kSmem, stream()>>>(static_cast<const T*>(a.dy), static_cast<const T*>(dh_in),
+                                                 static_cast<const T*>(a.x), a.gamma, a.mean, a.rstd,
+                                                 static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows, a.D);
+      HG_CUDA_CHECK_LAUNCH("residual_layernorm_backward_kernel");
+    });
+  }
+};
+
 // 16-byte accesses need every row start aligned: the base pointers and D * elt.
 template <class T>
 bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
@@ -1002,6 +1007,44 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
                        x.size(0),          int(x.size(1))};
   if (a.D == 0) return;
   dispatch<Backward>(x, a, {a.dy, a.x, a.dx, a.gamma}, true);
+}
+
+// Variant 1 runs where every row is resident and 16-byte aligned.
+template <class T>
+bool residual_rows_fit(int64_t D, std::initializer_list<const void*> ptrs) {
+  return D >= 1 && D <= 16384 && can_vectorize<T>(static_cast<int>(D), ptrs);
+}
+
+bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
+                                         float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const ResidualForwardArgs a{x.raw_data(),       r.raw_data(),      gamma.data<float>(), beta.data<float>(),
+                              h.raw_data(),       y.raw_data(),      mean.data<float>(),  rstd.data<float>(),
+                              x.size(0),          int(std::min<int64_t>(x.size(1), INT_MAX)), eps};
+  const std::initializer_list<const void*> ptrs = {a.x, a.r, a.h, a.y, a.gamma, a.beta};
+  if (x.dtype() == DType::F32 && residual_rows_fit<float>(x.size(1), ptrs))
+    return for_resident_width(a.D, ResidualForward<float, VecWidth<float>::value>{a});
+  if (x.dtype() == DType::BF16 && residual_rows_fit<__nv_bfloat16>(x.size(1), ptrs))
+    return for_resident_width(a.D, ResidualForward<__nv_bfloat16, VecWidth<__nv_bfloat16>::value>{a});
+  return false;
+}
+
+bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
+                                          const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
+                                          Tensor& dgamma, Tensor& dbeta) {
+  const BackwardArgs a{dy.raw_data(),      h.raw_data(),        gamma.data<float>(),  mean.data<float>(),
+                       rstd.data<float>(), dh.raw_data(),       dgamma.data<float>(), dbeta.data<float>(),
+                       h.size(0),          int(std::min<int64_t>(h.size(1), INT_MAX))};
+  const void* in = dh_in != nullptr ? dh_in->raw_data() : nullptr;
+  const std::initializer_list<const void*> ptrs = {a.dy, a.x, a.dx, a.gamma, in != nullptr ? in : a.dy};
+  const bool f32 = h.dtype() == DType::F32;
+  if (!(f32 ? residual_rows_fit<float>(h.size(1), ptrs) : residual_rows_fit<__nv_bfloat16>(h.size(1), ptrs)))
+    return false;
+  if (in == nullptr) {  // dh is LayerNorm's dx alone: the LayerNorm backward, its own production variant
+    layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta);
+    return true;
+  }
+  if (f32) return for_resident_width(a.D, ResidualBackward<float, VecWidth<float>::value>{a, in});
+  return for_resident_width(a.D, ResidualBackward<__nv_bfloat16, VecWidth<__nv_bfloat16>::value>{a, in});
 }
 
 }  // namespace hg::gpu

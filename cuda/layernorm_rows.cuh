@@ -89,6 +89,20 @@ struct RowGroup {
     group_sums<G, N>(v, scratch, bar);
   }
   __device__ __forceinline__ float sum(float a) const { return group_sum<G>(a, scratch, bar); }
+  // Thread 0's a, in every thread of the group (the residual forward's
+  // shift). G > 32: through the last scratch slot, which only a reduction of
+  // three sums uses; the group's next reduction (its barriers) comes before
+  // thread 0 writes the slot again.
+  __device__ __forceinline__ float first(float a) const {
+    if constexpr (G == 32) {
+      return __shfl_sync(0xffffffffu, a, 0);
+    } else {
+      float* slot = scratch + 3 * (G / 32) - 1;
+      if (t == 0) *slot = a;
+      group_barrier(bar, G);
+      return *slot;
+    }
+  }
   // Every thread of the group has reached this point (its earlier shared
   // reads are done): a warp sync, or the group's named barrier.
   __device__ __forceinline__ void sync() const {
@@ -125,6 +139,38 @@ __device__ __forceinline__ void load_part(const T* p, int len, int t, float shif
       for (int k = 0; k < VEC; ++k) v[j][k] = 0.0f;
     }
   }
+}
+
+// The residual forward's load: this thread's slots (those of load_part) of
+// h = x + r rounded to T, stored to h and kept in v; slots past len become 0.
+// h may be x or r: a thread writes only slots it has just read itself.
+template <class T, int VEC, int NV, int G>
+__device__ __forceinline__ void add_rows_part(const T* x, const T* r, T* h, int len, int t, float (&v)[NV][VEC]) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int i = (j * G + t) * VEC;
+    if (i < len) {
+      float b[VEC];
+      load_vec<VEC>(x + i, v[j]);
+      load_vec<VEC>(r + i, b);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[j][k] = round_to_storage<T>(v[j][k] + b[k]);
+      store_vec<VEC>(h + i, v[j]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[j][k] = 0.0f;
+    }
+  }
+}
+
+// v -= shift on the slots inside the row (those past len stay 0), as load_part does.
+template <int VEC, int NV, int G>
+__device__ __forceinline__ void subtract_shift(float (&v)[NV][VEC], int len, int t, float shift) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j)
+    if ((j * G + t) * VEC < len)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[j][k] -= shift;
 }
 
 // Shared-memory accumulate p[k] += v[k] (p 16-byte aligned when VEC % 4 == 0).

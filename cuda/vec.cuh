@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace hg::gpu {
 
@@ -40,6 +41,14 @@ __device__ __forceinline__ V load_one(const V* p) {
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// v rounded to the storage type T (nearest even) and widened back: the value
+// a store of v as T leaves in memory.
+template <class T>
+__device__ __forceinline__ float round_to_storage(float v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(__float2bfloat16_rn(v));
+  else return v;
+}
 
 template <int W, Load L = Load::Plain>
 __device__ __forceinline__ void load_vec(const float* p, float (&out)[W]) {

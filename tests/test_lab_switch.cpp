@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "cuda/lab_switch.hpp"
+#include "cuda/residual_layernorm_kernels.hpp"
 #include "tests/catch.hpp"
 
 namespace {
@@ -60,4 +61,15 @@ TEST_CASE("lab switch: a scope forces a variant and restores the environment's",
   }
   CHECK(lab.pick(7) == 7);
   CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 3), hg::Error);
+}
+
+TEST_CASE("lab switch: HG_RESIDUAL_LN_VARIANT offers the old kernels (0) and the resident rows (1)", "[lab_switch]") {
+  hg::gpu::LabSwitch& lab = hg::gpu::residual_layernorm_lab_switch();
+  CHECK(std::string(lab.env()) == "HG_RESIDUAL_LN_VARIANT");
+  CHECK(lab.count() == 2);
+  {
+    hg::gpu::LabSwitchScope scope(lab, 1);
+    CHECK(lab.pick(0) == 1);
+  }
+  CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 2), hg::Error);
 }
