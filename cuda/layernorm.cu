@@ -891,7 +891,7 @@ struct ResidualForward {
   }
 };
 
-template <class T, int VEC>
+template <class T, int VEC, template <class, int, int, int> class AddIn>
 struct ResidualBackward {
   static constexpr const char* kOp = "residual_layernorm_backward_fused";
   using Ln = Backward<T, VEC, 0>;
@@ -901,7 +901,7 @@ struct ResidualBackward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    auto kernel = residual_layernorm_backward_kernel<T, VEC, EPT, G, R>;
+    auto kernel = residual_layernorm_backward_kernel<T, VEC, EPT, G, R, AddIn>;
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
     static const int per_sm = Ln::capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
     const int blocks = persistent_grid(a.rows, R, per_sm);
@@ -924,7 +924,8 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 }
 
 // The variant each case runs when HG_LN_VARIANT is unset, by [pass: forward,
-// backward][dtype: f32, bf16][D <= 256, <= 512, <= 1024, <= 4096, > 4096];
+// backward][dtype: f32, bf16][D <= 256, <= 512, <= 1024, <= 2048, <= 3072,
+// <= 4096, > 4096];
 // making a measured winner the default is one edit here. Chosen from the
 // H100 runs of 2026-11-26 (docs/layernorm_kernels_notes.md, "Session 27"):
 // the staged rows (5) gain 1-10% on the forward from 768 up but for bf16 at
@@ -936,10 +937,14 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 // narrow rows lost on every bf16 forward and at 768, which keep 5. The
 // bf16 forward at 1025-4096 goes back to 3, which beat 5 at every width
 // timed there (1536 +13%, 2048 +6%, 3072 +3%, 4096 +1%); the two-row
-// staged forward (8) won only at 4096 and is not taken.
+// staged forward (8) won only at 4096. Session 29 split 1025-4096 so the
+// forward can run 8 where it wins (H100, one call): f32 at 2049-4096
+// (+3-5% over 5 at 2560-4096), bf16 at 3073-4096 (+3% over 3 at 4096;
+// -10% at 2560, -1% at 3072, so 2049-3072 keeps 3).
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
-constexpr int kLnProduction[2][2][5] = {{{0, 5, 5, 5, 5}, {0, 3, 3, 3, 5}}, {{0, 0, 0, 0, 0}, {0, 0, 5, 7, 6}}};
+constexpr int kLnProduction[2][2][7] = {{{0, 5, 5, 5, 8, 8, 5}, {0, 3, 3, 3, 3, 8, 5}},
+                                        {{0, 0, 0, 0, 0, 0, 0}, {0, 0, 5, 7, 7, 7, 6}}};
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production
@@ -949,7 +954,13 @@ constexpr int kLnProduction[2][2][5] = {{{0, 5, 5, 5, 5}, {0, 3, 3, 3, 5}}, {{0,
 template <template <class, int, int> class Pass, class Args>
 void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*> ptrs, bool backward) {
   const bool bf16 = x.dtype() == DType::BF16;
-  const int width_class = a.D <= 256 ? 0 : a.D <= 512 ? 1 : a.D <= 1024 ? 2 : a.D <= 4096 ? 3 : 4;
+  const int width_class = a.D <= 256    ? 0
+                          : a.D <= 512  ? 1
+                          : a.D <= 1024 ? 2
+                          : a.D <= 2048 ? 3
+                          : a.D <= 3072 ? 4
+                          : a.D <= 4096 ? 5
+                                        : 6;
   const int variant = layernorm_lab_switch().pick(kLnProduction[backward][bf16][width_class]);
   switch (x.dtype()) {
     case DType::F32:
@@ -1030,7 +1041,7 @@ bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const
 
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
                                           const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
-                                          Tensor& dgamma, Tensor& dbeta) {
+                                          Tensor& dgamma, Tensor& dbeta, bool stream_dh_in) {
   const BackwardArgs a{dy.raw_data(),      h.raw_data(),        gamma.data<float>(),  mean.data<float>(),
                        rstd.data<float>(), dh.raw_data(),       dgamma.data<float>(), dbeta.data<float>(),
                        h.size(0),          int(std::min<int64_t>(h.size(1), INT_MAX))};
@@ -1043,8 +1054,18 @@ bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in,
     layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta);
     return true;
   }
-  if (f32) return for_resident_width(a.D, ResidualBackward<float, VecWidth<float>::value>{a, in});
-  return for_resident_width(a.D, ResidualBackward<__nv_bfloat16, VecWidth<__nv_bfloat16>::value>{a, in});
+  const auto run = [&](auto zero, auto add_in) {
+    using T = decltype(zero);
+    constexpr int VEC = VecWidth<T>::value;
+    if constexpr (decltype(add_in)::value)
+      return for_resident_width(a.D, ResidualBackward<T, VEC, StreamedAddIn>{a, in});
+    else
+      return for_resident_width(a.D, ResidualBackward<T, VEC, HeldAddIn>{a, in});
+  };
+  using Held = std::false_type;
+  using Streamed = std::true_type;
+  if (f32) return stream_dh_in ? run(float{}, Streamed{}) : run(float{}, Held{});
+  return stream_dh_in ? run(__nv_bfloat16{}, Streamed{}) : run(__nv_bfloat16{}, Held{});
 }
 
 }  // namespace hg::gpu

@@ -68,10 +68,12 @@ __device__ __forceinline__ void row_terms_in_registers(float (&xh)[NV][VEC], con
 }
 
 // dx as stored: LayerNorm's own (NoAddIn), or the residual backward's
-// dh_in + dx (HeldAddIn, cuda/layernorm_residual.cuh): add_in(j, e, dx) for
-// element e of slot j.
+// dh_in + dx (HeldAddIn, StreamedAddIn: cuda/layernorm_residual.cuh):
+// add_in(j, i, out) adds dh_in to slot j (row offset i) of dx before its
+// one rounding.
 struct NoAddIn {
-  __device__ __forceinline__ float operator()(int, int, float dx) const { return dx; }
+  template <int VEC>
+  __device__ __forceinline__ void operator()(int, int, float (&)[VEC]) const {}
 };
 
 // A resident row (slice): stores dx (through add_in) and adds dy * xhat, dy
@@ -90,9 +92,10 @@ __device__ __forceinline__ void dx_in_registers(T* dxr, const float* gamma, cons
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const float xhat = xh[j][e] - k.c;
-        out[e] = add_in(j, e, dx_element(g[e], g_dy[j][e], xhat, rs, k));
+        out[e] = dx_element(g[e], g_dy[j][e], xhat, rs, k);
         dg[e] = g_dy[j][e] * xhat;
       }
+      add_in(j, i, out);
       store_vec<VEC, Store::Streaming>(dxr + i, out);
       add_vec<VEC>(acc_dgamma + i, dg);
       add_vec<VEC>(acc_dbeta + i, g_dy[j]);

@@ -49,15 +49,18 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   }
 }
 
-// dh_in as the residual backward holds it (this thread's slots, zeros past
-// len): floats, or bf16 x 8 as its raw 16-byte words (half the registers,
-// next to the held h and dy), widened exactly at use. add(j, e, dx) is
-// dh_in + dx for slot j, element e (dx_in_registers' AddIn).
+// dh_in as the residual backward holds it (variant 1: this thread's slots,
+// zeros past len): floats, or bf16 x 8 as its raw 16-byte words (half the
+// registers, next to the held h and dy), widened exactly at use.
+// add(j, i, out): out += dh_in for slot j (dx_in_registers' AddIn).
 template <class T, int VEC, int NV, int G>
 struct HeldAddIn {
   float v[NV][VEC];
   __device__ __forceinline__ void load(const T* p, int len, int t) { load_part<T, VEC, NV, G>(p, len, t, 0.0f, v); }
-  __device__ __forceinline__ float operator()(int j, int e, float dx) const { return v[j][e] + dx; }
+  __device__ __forceinline__ void operator()(int j, int, float (&out)[VEC]) const {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = v[j][e] + out[e];
+  }
 };
 
 template <int NV, int G>
@@ -70,19 +73,35 @@ struct HeldAddIn<__nv_bfloat16, 8, NV, G> {
       raw[j] = i < len ? *reinterpret_cast<const uint4*>(p + i) : make_uint4(0, 0, 0, 0);
     }
   }
-  __device__ __forceinline__ float operator()(int j, int e, float dx) const {
-    const int q = e / 2;  // a constant once the callers' loops are unrolled
-    const uint32_t w = q == 0 ? raw[j].x : q == 1 ? raw[j].y : q == 2 ? raw[j].z : raw[j].w;
-    return __uint_as_float(e % 2 == 0 ? w << 16 : w & 0xffff0000u) + dx;
+  __device__ __forceinline__ void operator()(int j, int, float (&out)[8]) const {
+    float v[8];
+    widen_bf16x8(raw[j], v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out[e] = v[e] + out[e];
+  }
+};
+
+// Variant 2: dh_in read slot by slot as dx is stored (one 16-byte load a
+// slot, no registers held across the row's reductions); p is the row's start.
+template <class T, int VEC, int NV, int G>
+struct StreamedAddIn {
+  const T* p;
+  __device__ __forceinline__ void load(const T* row, int, int) { p = row; }
+  __device__ __forceinline__ void operator()(int, int i, float (&out)[VEC]) const {
+    float v[VEC];
+    load_vec<VEC>(p + i, v);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) out[e] = v[e] + out[e];
   }
 };
 
 // dh = dh_in + LN_backward(dy) for rows of D <= G * EPT: layernorm_backward_kernel
-// (resident, variant 0) reading h for x, with dh_in held in registers next
-// to h and dy and added to dx before its one rounding. dh may be dh_in: a
+// (resident, variant 0) reading h for x, with dh_in added to dx before its
+// one rounding: held in registers next to h and dy (AddIn = HeldAddIn,
+// variant 1) or read as dx is stored (StreamedAddIn, variant 2). dh may be dh_in: a
 // thread writes only slots it has read. Partials as the LayerNorm backward's:
 // per group in shared memory, then one partial row per block for kernel 2.
-template <class T, int VEC, int EPT, int G, int R>
+template <class T, int VEC, int EPT, int G, int R, template <class, int, int, int> class AddIn>
 __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     residual_layernorm_backward_kernel(const T* __restrict__ dy, const T* dh_in, const T* __restrict__ h,
                                        const float* __restrict__ gamma, const float* __restrict__ mean,
@@ -109,7 +128,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     const int row_len = live ? D : 0;
     const int64_t start = (live ? row : 0) * D;
     float xh[NV][VEC], g_dy[NV][VEC];  // h, then xhat'; dy
-    HeldAddIn<T, VEC, NV, G> add;
+    AddIn<T, VEC, NV, G> add;
     load_part<T, VEC, NV, G>(h + start, row_len, t, 0.0f, xh);
     load_part<T, VEC, NV, G>(dy + start, row_len, t, 0.0f, g_dy);
     add.load(dh_in + start, row_len, t);

@@ -113,12 +113,16 @@ __global__ void sum_partial_columns(const float* __restrict__ partial, int64_t b
   }
 }
 
-// The variant run when HG_RESIDUAL_LN_VARIANT is unset: 1, the resident
-// LayerNorm rows (1.1-2.2x variant 0 forward, 3-8x backward on an H100,
-// docs/residual_layernorm.md).
-constexpr int kResidualLnProduction = 1;
+// The variant run when HG_RESIDUAL_LN_VARIANT is unset, by [dtype: f32,
+// bf16][D <= 1024, > 1024]: the resident LayerNorm rows (1.1-2.2x variant 0
+// forward, 3-8x backward on an H100), whose backward reads dh_in as it
+// stores dh (2) except for f32 rows of D <= 1024, where holding it (1) was
+// 2% faster (docs/residual_layernorm.md).
+constexpr int kResidualLnProduction[2][2] = {{1, 2}, {2, 2}};
 
-bool variant1() { return residual_layernorm_lab_switch().pick(kResidualLnProduction) == 1; }
+int variant(DType dtype, int64_t D) {
+  return residual_layernorm_lab_switch().pick(kResidualLnProduction[dtype == DType::BF16][D > 1024]);
+}
 
 unsigned int grid_for_rows(int64_t rows) {
   const int64_t cap = static_cast<int64_t>(sm_count()) * 8;
@@ -138,7 +142,8 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
                                       float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
   const int64_t rows = x.size(0), D = x.size(1);
   if (rows == 0) return;
-  if (variant1() && residual_layernorm_forward_resident(x, r, gamma, beta, eps, h, y, mean, rstd)) return;
+  if (variant(x.dtype(), D) >= 1 && residual_layernorm_forward_resident(x, r, gamma, beta, eps, h, y, mean, rstd))
+    return;
   with_storage(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
     residual_ln_forward<T><<<grid_for_rows(rows), kThreads, 0, stream()>>>(
@@ -155,7 +160,9 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
   const int64_t rows = h.size(0), D = h.size(1);
   const int64_t blocks = std::min(rows, kBackwardBlocks);
   if (blocks == 0) return;  // refused by the op's checks: LayerNorm needs rows
-  if (variant1() && residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta)) return;
+  const int v = variant(h.dtype(), D);
+  if (v >= 1 && residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, v == 2))
+    return;
   Tensor partials = Tensor::empty({2, blocks, D}, DType::F32, Device::CUDA);
   float* dg_partial = partials.data<float>();
   float* db_partial = dg_partial + blocks * D;

@@ -11,9 +11,11 @@ namespace hg::gpu {
 // Which kernels the two calls below run (HG_RESIDUAL_LN_VARIANT): 0 the
 // one-block-per-row kernels of cuda/residual_layernorm.cu (any D); 1 the
 // resident LayerNorm rows (cuda/layernorm_residual.cuh) for 16-byte aligned
-// rows of D <= 16384, variant 0 elsewhere. Unset: the production constant in
-// cuda/residual_layernorm.cu. docs/residual_layernorm.md, "Variant 1".
-constexpr int kResidualLayerNormVariants = 2;
+// rows of D <= 16384, variant 0 elsewhere; 2 as 1, the backward reading
+// dh_in as it stores dh instead of holding it. Unset: the production
+// constant in cuda/residual_layernorm.cu. docs/residual_layernorm.md,
+// "Variant 1".
+constexpr int kResidualLayerNormVariants = 3;
 inline LabSwitch& residual_layernorm_lab_switch() {
   static LabSwitch s("HG_RESIDUAL_LN_VARIANT", kResidualLayerNormVariants);
   return s;
@@ -34,14 +36,15 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta);
 
-// Variant 1 (cuda/layernorm.cu), for the two calls above: runs the case and
-// returns true where it qualifies (16-byte aligned rows of 1 <= D <= 16384;
-// the backward without dh_in is layernorm_backward_fused), else launches
-// nothing and returns false. Same arguments and aliasing as above.
+// Variants 1 and 2 (cuda/layernorm.cu), for the two calls above: runs the
+// case and returns true where it qualifies (16-byte aligned rows of
+// 1 <= D <= 16384; the backward without dh_in is layernorm_backward_fused),
+// else launches nothing and returns false. Same arguments and aliasing as
+// above; stream_dh_in picks variant 2's backward.
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
                                           const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
-                                          Tensor& dgamma, Tensor& dbeta);
+                                          Tensor& dgamma, Tensor& dbeta, bool stream_dh_in = false);
 
 }  // namespace hg::gpu

@@ -63,13 +63,14 @@ TEST_CASE("lab switch: a scope forces a variant and restores the environment's",
   CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 3), hg::Error);
 }
 
-TEST_CASE("lab switch: HG_RESIDUAL_LN_VARIANT offers the old kernels (0) and the resident rows (1)", "[lab_switch]") {
+TEST_CASE("lab switch: HG_RESIDUAL_LN_VARIANT offers the old kernels (0) and the resident rows (1, 2)",
+          "[lab_switch]") {
   hg::gpu::LabSwitch& lab = hg::gpu::residual_layernorm_lab_switch();
   CHECK(std::string(lab.env()) == "HG_RESIDUAL_LN_VARIANT");
-  CHECK(lab.count() == 2);
+  CHECK(lab.count() == 3);
   {
-    hg::gpu::LabSwitchScope scope(lab, 1);
-    CHECK(lab.pick(0) == 1);
+    hg::gpu::LabSwitchScope scope(lab, 2);
+    CHECK(lab.pick(0) == 2);
   }
-  CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 2), hg::Error);
+  CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 3), hg::Error);
 }

@@ -247,7 +247,7 @@ int64_t rows_for(int64_t D) { return std::max<int64_t>(5, std::min<int64_t>(2001
 }  // namespace
 #endif
 
-TEST_CASE("residual_layernorm CUDA variant 1 matches float64 and variant 0 at every layout",
+TEST_CASE("residual_layernorm CUDA variants 1 and 2 match float64 and variant 0 at every layout",
           "[residual_layernorm][cuda][variant]") {
   HG_REQUIRE_GPU();
 #ifdef HG_WITH_CUDA
@@ -264,14 +264,21 @@ TEST_CASE("residual_layernorm CUDA variant 1 matches float64 and variant 0 at ev
             gpu::LabSwitchScope lab(gpu::residual_layernorm_lab_switch(), v);
             out[v] = check_path(Device::CUDA, dtype, KernelMode::Fused, rows, D, kind, {false, residual_grad});
           }
-          // The same rounding of x + r in both kernels.
+          // The same rounding of x + r in every kernel; variant 2 is variant 1
+          // with dh_in read at the store: the same bits everywhere.
           CHECK(same_bytes(out[1].h, out[0].h));
+          CHECK(same_bytes(out[2].h, out[0].h));
+          CHECK(same_bytes(out[2].y, out[1].y));
+          CHECK(same_bytes(out[2].dh, out[1].dh));
+          CHECK(same_bytes(out[2].dgamma, out[1].dgamma));
+          CHECK(same_bytes(out[2].dbeta, out[1].dbeta));
         }
-  // Unaligned rows fall back to variant 0 under variant 1.
-  for (const DType dtype : {DType::F32, DType::BF16}) {
-    gpu::LabSwitchScope lab(gpu::residual_layernorm_lab_switch(), 1);
-    check_path(Device::CUDA, dtype, KernelMode::Fused, 301, 768, Rows::Random, {true, true});
-  }
+  // Unaligned rows fall back to variant 0 under variants 1 and 2.
+  for (const int v : {1, 2})
+    for (const DType dtype : {DType::F32, DType::BF16}) {
+      gpu::LabSwitchScope lab(gpu::residual_layernorm_lab_switch(), v);
+      check_path(Device::CUDA, dtype, KernelMode::Fused, 301, 768, Rows::Random, {true, true});
+    }
 #endif
 }
 
