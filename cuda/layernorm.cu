@@ -860,18 +860,10 @@ struct Backward {
 // The resident layouts of for_resident_width, one kernel per pass; the
 // backward's partial rows and kernel 2 are the LayerNorm backward's.
 
-struct ResidualForwardArgs {
-  const void* x;
+// The LayerNorm forward's arguments plus the residual and the stored sum.
+struct ResidualForwardArgs : ForwardArgs {
   const void* r;
-  const float* gamma;
-  const float* beta;
   void* h;
-  void* y;
-  float* mean;
-  float* rstd;
-  int64_t rows;
-  int D;
-  float eps;
 };
 
 template <class T, int VEC>
@@ -1028,9 +1020,10 @@ bool residual_rows_fit(int64_t D, std::initializer_list<const void*> ptrs) {
 
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
-  const ResidualForwardArgs a{x.raw_data(),       r.raw_data(),      gamma.data<float>(), beta.data<float>(),
-                              h.raw_data(),       y.raw_data(),      mean.data<float>(),  rstd.data<float>(),
-                              x.size(0),          int(std::min<int64_t>(x.size(1), INT_MAX)), eps};
+  const ResidualForwardArgs a{{x.raw_data(), gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
+                                rstd.data<float>(), x.size(0), int(std::min<int64_t>(x.size(1), INT_MAX)), eps},
+                               r.raw_data(),
+                               h.raw_data()};
   const std::initializer_list<const void*> ptrs = {a.x, a.r, a.h, a.y, a.gamma, a.beta};
   if (x.dtype() == DType::F32 && residual_rows_fit<float>(x.size(1), ptrs))
     return for_resident_width(a.D, ResidualForward<float, VecWidth<float>::value>{a});
