@@ -10,9 +10,12 @@ read, dh written). CUDA events, warm-up, median, inputs rotated over 4 sets.
 import argparse
 import json
 
-import torch
-import torch._functorch.config as functorch_config
-import torch.nn.functional as F
+try:
+    import torch
+    import torch._functorch.config as functorch_config
+    import torch.nn.functional as F
+except ImportError as e:
+    raise SystemExit(f"torch_residual_layernorm.py needs PyTorch ({e}); run it where PyTorch with CUDA is installed")
 
 functorch_config.donated_buffer = False  # the compiled backward runs again on the same graph (retain_graph)
 
@@ -46,11 +49,13 @@ def main():
     ap.add_argument("--providers", default="eager", help="comma-separated: eager, compile")
     ap.add_argument("--json", default="", help="also write the rows here")
     args = ap.parse_args()
-    fns = {"eager": residual_layernorm, "compile": torch.compile(residual_layernorm)}
     providers = args.providers.split(",")
     for p in providers:
-        if p not in fns:
+        if p not in ("eager", "compile"):
             raise SystemExit(f"--providers: unknown '{p}' (allowed: eager, compile)")
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_residual_layernorm.py needs a CUDA GPU; torch.cuda.is_available() is False")
+    fns = {"eager": residual_layernorm, "compile": torch.compile(residual_layernorm)}
     print(torch.__version__, torch.cuda.get_device_name(0), flush=True)
     rows = []
     for dtype in (torch.bfloat16, torch.float32):

@@ -8,6 +8,8 @@
 #     gpt2s       bench_train at GPT-2-small shape (bf16) | torch_train_step.py --config gpt2s
 #     attention   bench_attention                          | torch_sdpa.py
 #     norms       bench_layernorm, bench_softmax           | torch_norms.py
+#     residual    bench_layernorm --residual (raw kernels, every HG_RESIDUAL_LN_VARIANT)
+#                                                          | bench/torch_residual_layernorm.py (eager, compile)
 #     accuracy    train --precision bf16 and fp32 on the built-in task (loss curves, held-out accuracy)
 #     python      bench/python_train_step.py (handgrad ops swapped into the anchor model)
 #     cpu         the CPU backend on this machine's cores: test_cpu_gemm / test_cpu_threads,
@@ -62,6 +64,11 @@ for stage in "$@"; do
       run bench_layernorm $b/bench_layernorm --device cuda --png '' --csv "$out/bench_layernorm.csv"
       run bench_softmax $b/bench_softmax --device cuda --png '' --csv "$out/bench_softmax.csv"
       torch_ref torch_norms torch_norms.py ;;
+    residual)
+      run bench_residual_layernorm $b/bench_layernorm --device cuda --dtypes bf16,f32 --kernels-only --residual \
+        --sizes 16384x768,4096x1024,4096x4096,4096x8192,4096x16384 --png '' --csv "$out/bench_residual_layernorm.csv"
+      run torch_residual_layernorm python3 bench/torch_residual_layernorm.py --providers eager,compile \
+        --json "$out/torch_residual_layernorm.json" ;;
     accuracy)
       for p in bf16 fp32; do
         run "train_$p" build-gpu/examples/train --device cuda --precision "$p" --log-csv "$out/train_$p.csv" \
@@ -87,7 +94,7 @@ for stage in "$@"; do
           build-gpu/examples/train --device cpu --threads $t --log-csv '' --plot ''"
       done
       torch_ref torch_cpu torch_cpu.py ;;
-    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms accuracy python cpu)" >&2
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms residual accuracy python cpu)" >&2
        exit 2 ;;
   esac
 done
