@@ -3,7 +3,6 @@
 // count (core/parallel.hpp). Each op runs at 1, 2, 3 and 8 threads on shapes
 // large enough to be cut into many pieces, plus odd sizes.
 #include <algorithm>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -35,11 +34,6 @@ struct ThreadScope {
   ~ThreadScope() { hg::set_num_threads(saved); }
 };
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
-}
-
 // Runs op at 1 thread, then at each other count, and compares every output.
 void check_thread_independent(const std::function<std::vector<Tensor>()>& op) {
   ThreadScope scope;
@@ -51,7 +45,7 @@ void check_thread_independent(const std::function<std::vector<Tensor>()>& op) {
     REQUIRE(got.size() == want.size());
     for (size_t i = 0; i < got.size(); ++i) {
       INFO("threads " << n << ", output " << i);
-      CHECK(same_bits(got[i], want[i]));
+      CHECK(hg::test::same_bytes(got[i], want[i]));
     }
   }
 }
@@ -189,7 +183,7 @@ TEST_CASE("fused LayerNorm forward writes the same bits with streaming stores", 
       const std::vector<Tensor> got = forward();
       for (size_t i = 0; i < got.size(); ++i) {
         INFO("threads " << n << ", output " << i);
-        CHECK(same_bits(got[i], want[i]));
+        CHECK(hg::test::same_bytes(got[i], want[i]));
       }
     }
   }

@@ -78,13 +78,6 @@ void require_close(const Tensor& got, const Tensor& want, double atol, double rt
   CHECK(worst <= 1.0);
 }
 
-// Same bytes (host copies of both tensors).
-bool bit_equal(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  return std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
-}
-
 const std::vector<UnaryOp> kUnaryOps = {UnaryOp::Identity, UnaryOp::Neg,      UnaryOp::Exp,   UnaryOp::Log,
                                         UnaryOp::Sqrt,     UnaryOp::Rsqrt,    UnaryOp::Reciprocal,
                                         UnaryOp::Square,   UnaryOp::Abs,      UnaryOp::Relu,  UnaryOp::ReluGrad,
@@ -255,7 +248,7 @@ TEST_CASE("cuda zip matches the CPU, with and without broadcasting", "[cuda][zip
           require_close(got, ref, 0.0, dtype == DType::F32 ? 1e-6 : 1e-13, what);
         } else {
           INFO(what);
-          CHECK(bit_equal(got, want));
+          CHECK(hg::test::same_bytes(got, want));
         }
       }
     }
@@ -270,7 +263,7 @@ TEST_CASE("cuda zip: in place, bad shapes and too many unmergeable dims", "[cuda
   hg::cpu_backend().zip(BinaryOp::Sub, a, b, want);
   Tensor ag = to_gpu(a);
   hg::cuda_backend().zip(BinaryOp::Sub, ag, to_gpu(b), ag);  // out aliases a
-  CHECK(bit_equal(ag, want));
+  CHECK(hg::test::same_bytes(ag, want));
 
   Tensor wrong = Tensor::empty({33, 16}, DType::F32, Device::CUDA);
   CHECK_THROWS_AS(hg::cuda_backend().zip(BinaryOp::Add, ag, to_gpu(b), wrong), hg::Error);
@@ -314,7 +307,7 @@ TEST_CASE("cuda reduce matches the float64 reference over every dim", "[cuda][re
           hg::cpu_backend().reduce(op, x64, dim, ref);
           if (op == ReduceOp::Max || op == ReduceOp::Min) {
             INFO(what);
-            CHECK(bit_equal(got, ref.to(dtype)));
+            CHECK(hg::test::same_bytes(got, ref.to(dtype)));
             continue;
           }
           // Error bound per output: sum_tol * sum |x| (divided by the length for the mean).
@@ -333,7 +326,7 @@ TEST_CASE("cuda reduce matches the float64 reference over every dim", "[cuda][re
       Tensor a = Tensor::empty(keep, dtype, Device::CUDA), b = Tensor::empty(keep, dtype, Device::CUDA);
       hg::cuda_backend().reduce(ReduceOp::Max, xg, -1, a);
       hg::cuda_backend().reduce(ReduceOp::Max, xg, static_cast<int>(shape.size()) - 1, b);
-      CHECK(bit_equal(a, b));
+      CHECK(hg::test::same_bytes(a, b));
     }
   }
 }
@@ -420,7 +413,7 @@ TEST_CASE("cuda fill and cast agree with the CPU bit for bit", "[cuda][cast]") {
       Tensor want = Tensor::empty({1001}, dtype);
       hg::cpu_backend().fill(want, value);
       INFO("fill " << hg::dtype_name(dtype) << " " << value);
-      CHECK(bit_equal(got, want));
+      CHECK(hg::test::same_bytes(got, want));
     }
   }
   hg::Generator gen(16);
@@ -437,7 +430,7 @@ TEST_CASE("cuda fill and cast agree with the CPU bit for bit", "[cuda][cast]") {
       Tensor got = Tensor::empty({n}, to, Device::CUDA);
       hg::cuda_backend().cast(src_gpu, got);
       INFO("cast " << hg::dtype_name(from) << " -> " << hg::dtype_name(to));
-      CHECK(bit_equal(got, want));
+      CHECK(hg::test::same_bytes(got, want));
     }
   }
 }
@@ -459,7 +452,7 @@ TEST_CASE("cuda transpose agrees with the CPU", "[cuda][transpose]") {
       Tensor got = Tensor::empty(os, dtype, Device::CUDA);
       hg::cuda_backend().transpose(to_gpu(x), d0, d1, got);
       INFO(hg::dtype_name(dtype) << " " << hg::shape_str(shape) << " dims " << d0 << ", " << d1);
-      CHECK(bit_equal(got, want));
+      CHECK(hg::test::same_bytes(got, want));
     }
   }
 }
@@ -472,7 +465,7 @@ TEST_CASE("cuda device round trips are bit-exact", "[cuda][runtime]") {
       const Tensor x = Tensor::randn({n}, gen, dtype);
       const Tensor back = to_gpu(x).clone().to(Device::CPU);  // H2D, D2D, D2H
       INFO(hg::dtype_name(dtype) << " n=" << n);
-      CHECK(bit_equal(x, back));
+      CHECK(hg::test::same_bytes(x, back));
     }
   }
   // copy_ into a slice of a GPU tensor writes exactly those rows.

@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -37,6 +36,7 @@ using namespace hg;
 using hg::test::all_finite;
 using hg::test::f64;
 using hg::test::rel_error;
+using hg::test::same_bytes;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr float kEps = 1e-5f;
@@ -260,14 +260,6 @@ ForwardOutputs run_forward(const Tensor& x, const Tensor& gamma, const Tensor& b
   ForwardOutputs out{poisoned({rows, D}, x.dtype()), poisoned({rows}, DType::F32), poisoned({rows}, DType::F32)};
   gpu::layernorm_forward_fused(x, gamma, beta, kEps, out.y, out.mean, out.rstd);
   return out;
-}
-
-// Byte for byte (GPU tensors of one shape and dtype): -0 and +0 differ, NaN equals itself.
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  if (ha.dtype() != hb.dtype() || ha.shape() != hb.shape()) return false;
-  const size_t n = static_cast<size_t>(ha.numel()) * dtype_size(ha.dtype());
-  return n == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), n) == 0;
 }
 
 // x (rows, D) of N(offset, stddev^2) on the GPU in dtype (16-byte aligned

@@ -14,7 +14,6 @@
 // The device norm is a double sum in a fixed order: within 1e-12 relative of
 // the CPU double sum, and bitwise the same run to run.
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -128,11 +127,6 @@ double norm_of(const std::vector<Tensor>& gs) {
   return std::sqrt(total);
 }
 
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  const Tensor ca = a.to(Device::CPU), cb = b.to(Device::CPU);
-  return ca.nbytes() == cb.nbytes() && std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()) == 0;
-}
-
 AdamWConfig config_with(double max_norm) {
   AdamWConfig c;
   c.beta1 = 0.9;
@@ -161,10 +155,10 @@ void check_cpu_against_reference(DType dtype, double max_norm) {
   }
   for (size_t i = 0; i < kSizes.size(); ++i) {
     INFO("tensor " << i << " of " << kSizes[i] << " elements");
-    CHECK(bitwise_equal(multi.p[i], ref.p[i]));
-    CHECK(bitwise_equal(multi.m[i], ref.m[i]));
-    CHECK(bitwise_equal(multi.v[i], ref.v[i]));
-    if (multi.copies[i].defined()) CHECK(bitwise_equal(multi.copies[i], multi.p[i].to(DType::BF16)));
+    CHECK(hg::test::same_bytes(multi.p[i], ref.p[i]));
+    CHECK(hg::test::same_bytes(multi.m[i], ref.m[i]));
+    CHECK(hg::test::same_bytes(multi.v[i], ref.v[i]));
+    if (multi.copies[i].defined()) CHECK(hg::test::same_bytes(multi.copies[i], multi.p[i].to(DType::BF16)));
   }
 }
 
@@ -187,8 +181,8 @@ TEST_CASE("adamw_multi skips every update when the norm is not finite", "[optim]
     CHECK(state.data<double>()[kAdamWSkipped] == 1);
     CHECK_FALSE(std::isfinite(state.data<double>()[kAdamWGradNorm]));
     for (size_t i = 0; i < kSizes.size(); ++i) {
-      CHECK(bitwise_equal(grp.p[i], before.p[i]));
-      CHECK(bitwise_equal(grp.m[i], before.m[i]));
+      CHECK(hg::test::same_bytes(grp.p[i], before.p[i]));
+      CHECK(hg::test::same_bytes(grp.m[i], before.m[i]));
     }
   }
 }
@@ -242,7 +236,7 @@ TEST_CASE("AdamW with max_grad_norm clips inside step and reports the norm", "[o
   o.weight_decay = 0;
   const Tensor before = a.value.clone();
   fused.step();
-  CHECK(bitwise_equal(before, a.value));
+  CHECK(hg::test::same_bytes(before, a.value));
 }
 
 TEST_CASE("CUDA adamw_multi matches the per-tensor kernel bit for bit and is deterministic", "[optim][cuda]") {
@@ -270,10 +264,10 @@ TEST_CASE("CUDA adamw_multi matches the per-tensor kernel bit for bit and is det
     }
     for (size_t i = 0; i < kSizes.size(); ++i) {
       INFO("tensor " << i << " of " << kSizes[i] << " elements");
-      CHECK(bitwise_equal(multi.p[i], ref.p[i]));
-      CHECK(bitwise_equal(multi.m[i], ref.m[i]));
-      CHECK(bitwise_equal(multi.v[i], ref.v[i]));
-      if (multi.copies[i].defined()) CHECK(bitwise_equal(multi.copies[i], multi.p[i].to(DType::BF16)));
+      CHECK(hg::test::same_bytes(multi.p[i], ref.p[i]));
+      CHECK(hg::test::same_bytes(multi.m[i], ref.m[i]));
+      CHECK(hg::test::same_bytes(multi.v[i], ref.v[i]));
+      if (multi.copies[i].defined()) CHECK(hg::test::same_bytes(multi.copies[i], multi.p[i].to(DType::BF16)));
     }
   }
   // sum_of_squares: deterministic, and the double sum of the CPU within 1e-12.
@@ -281,7 +275,7 @@ TEST_CASE("CUDA adamw_multi matches the per-tensor kernel bit for bit and is det
   Tensor first = Tensor::zeros({1}, DType::F64, Device::CUDA), second = first.clone();
   cuda_backend().sum_of_squares(grp.g, first);
   cuda_backend().sum_of_squares(grp.g, second);
-  CHECK(bitwise_equal(first, second));
+  CHECK(hg::test::same_bytes(first, second));
   const double want = std::pow(norm_of(grp.g), 2);
   CHECK(std::abs(first.item() - want) <= 1e-12 * want);
   // A NaN gradient: nothing changes, the flag says so.
@@ -291,6 +285,6 @@ TEST_CASE("CUDA adamw_multi matches the per-tensor kernel bit for bit and is det
   Tensor state = make_state(Device::CUDA, 1e-3);
   cuda_backend().adamw_multi(nan_grp.view(), config_with(1.0), state);
   CHECK(state.to(Device::CPU).data<double>()[kAdamWSkipped] == 1);
-  for (size_t i = 0; i < kSizes.size(); ++i) CHECK(bitwise_equal(nan_grp.p[i], before.p[i]));
+  for (size_t i = 0; i < kSizes.size(); ++i) CHECK(hg::test::same_bytes(nan_grp.p[i], before.p[i]));
 #endif
 }

@@ -13,16 +13,15 @@
 //   2^-23 (|mean| + 1) rstd max|gamma| + 1e-5 (1 + |y|); BF16 adds 2^-8 |y|.
 // - dh, dgamma, dbeta: float32 sums; each is a sequential run of at most
 //   ~300 terms per thread (a column's partials over blocks, or a thread's
-//   elements of a row: D / 256 for variant 0, EPT <= 32 for variant 1) then
+//   elements of a row: D / 256 for variant 0, EPT <= 32 for variants 1, 2) then
 //   a tree, error <= (run + depth) 2^-24 < 3e-5 relative to the sum of
 //   magnitudes, so ||got - want|| / ||want|| <= 1e-4; dh in BF16 adds one
 //   rounding: 2^-8.
-// The CUDA fused path runs under both HG_RESIDUAL_LN_VARIANT kernels (0: one
-// block per row; 1: the resident LayerNorm rows for 16-byte rows of
-// D <= 16384, 0 elsewhere), at every width where variant 1 changes layout,
+// The CUDA fused path runs under every HG_RESIDUAL_LN_VARIANT (0: one block
+// per row; 1, 2: the resident LayerNorm rows for 16-byte rows of D <= 16384,
+// 0 elsewhere), at every width where variants 1 and 2 change layout,
 // with h aliasing x or r and dh aliasing dh_in (kernels called directly).
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -38,6 +37,7 @@
 using namespace hg;
 using hg::test::f64;
 using hg::test::rel_error;
+using hg::test::same_bytes;
 using hg::test::weighted_sum;
 
 namespace {
@@ -200,17 +200,7 @@ TEST_CASE("residual_layernorm validates its inputs", "[residual_layernorm]") {
 
 #ifdef HG_WITH_CUDA
 namespace {
-
 constexpr int kVariants = gpu::kResidualLayerNormVariants;
-
-// Byte for byte (tensors of one shape and dtype): -0 and +0 differ, NaN equals itself.
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
-  if (ha.dtype() != hb.dtype() || ha.shape() != hb.shape()) return false;
-  const size_t n = static_cast<size_t>(ha.numel()) * dtype_size(ha.dtype());
-  return n == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), n) == 0;
-}
-
 }  // namespace
 #endif
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -74,6 +75,14 @@ inline bool all_finite(const Tensor& t) {
   for (double v : t.to_vector())
     if (!std::isfinite(v)) return false;
   return true;
+}
+
+// Byte for byte (host copies of tensors of one shape and dtype): -0 and +0
+// differ, a NaN equals the same NaN. The check of "the same bits".
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.nbytes() == 0 || std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0;
 }
 
 // A float64 CPU copy, the form every comparison with a float64 reference
