@@ -6,7 +6,7 @@
 // Bytes counted (the minimum traffic): forward 2*M*N*elt (read x, write y),
 // backward 3*M*N*elt (read x and dy, write dx); the O(M + N) terms are left out.
 // --residual adds the fused residual + LayerNorm kernels per
-// HG_RESIDUAL_LN_VARIANT (0, 1): res_forward 4*M*N*elt (read x, r; write h,
+// HG_RESIDUAL_LN_VARIANT (0, 1, 2): res_forward 4*M*N*elt (read x, r; write h,
 // y), res_backward 4*M*N*elt (read dy, h, dh_in; write dh).
 //
 //   bench_layernorm --device cuda --csv ln.csv
@@ -346,7 +346,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, gpu::kLayerNormVariants - 1));
   app.add_flag("--residual", opt.residual,
                "CUDA: also time the fused residual + LayerNorm kernels per HG_RESIDUAL_LN_VARIANT (rows res_v0, "
-               "res_v1; passes res_forward, res_backward)");
+               "res_v1, ...; passes res_forward, res_backward)");
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against N at the most common M, .png or .svg ('' for none)")
       ->capture_default_str();

@@ -856,7 +856,7 @@ struct Backward {
   }
 };
 
-// ---- host: residual + LayerNorm, variant 1 (cuda/layernorm_residual.cuh) ------------
+// ---- host: residual + LayerNorm, variants 1 and 2 (cuda/layernorm_residual.cuh) -----
 // The resident layouts of for_resident_width, one kernel per pass; the
 // backward's partial rows and kernel 2 are the LayerNorm backward's.
 
@@ -1012,10 +1012,18 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
   dispatch<Backward>(x, a, {a.dy, a.x, a.dx, a.gamma}, true);
 }
 
-// Variant 1 runs where every row is resident and 16-byte aligned.
+// Variants 1 and 2 run where every row is resident and 16-byte aligned.
 template <class T>
 bool residual_rows_fit(int64_t D, std::initializer_list<const void*> ptrs) {
   return D >= 1 && D <= 16384 && can_vectorize<T>(static_cast<int>(D), ptrs);
+}
+
+// The backward with dh_in held in registers (variant 1) or read at the store (2).
+template <class T>
+bool residual_backward_rows(const BackwardArgs& a, const void* dh_in, bool stream_dh_in) {
+  constexpr int VEC = VecWidth<T>::value;
+  if (stream_dh_in) return for_resident_width(a.D, ResidualBackward<T, VEC, StreamedAddIn>{a, dh_in});
+  return for_resident_width(a.D, ResidualBackward<T, VEC, HeldAddIn>{a, dh_in});
 }
 
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
@@ -1047,18 +1055,8 @@ bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in,
     layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta);
     return true;
   }
-  const auto run = [&](auto zero, auto add_in) {
-    using T = decltype(zero);
-    constexpr int VEC = VecWidth<T>::value;
-    if constexpr (decltype(add_in)::value)
-      return for_resident_width(a.D, ResidualBackward<T, VEC, StreamedAddIn>{a, in});
-    else
-      return for_resident_width(a.D, ResidualBackward<T, VEC, HeldAddIn>{a, in});
-  };
-  using Held = std::false_type;
-  using Streamed = std::true_type;
-  if (f32) return stream_dh_in ? run(float{}, Streamed{}) : run(float{}, Held{});
-  return stream_dh_in ? run(__nv_bfloat16{}, Streamed{}) : run(__nv_bfloat16{}, Held{});
+  if (f32) return residual_backward_rows<float>(a, in, stream_dh_in);
+  return residual_backward_rows<__nv_bfloat16>(a, in, stream_dh_in);
 }
 
 }  // namespace hg::gpu

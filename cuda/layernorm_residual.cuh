@@ -1,11 +1,11 @@
 #pragma once
-// Residual add + LayerNorm on the resident LayerNorm kernels' rows (variant 1
-// of HG_RESIDUAL_LN_VARIANT; cuda/layernorm.cu launches them through its
-// width table, for 16-byte rows of D <= 16384). A group of G threads holds a
+// Residual add + LayerNorm on the resident LayerNorm kernels' rows (variants
+// 1 and 2 of HG_RESIDUAL_LN_VARIANT; cuda/layernorm.cu launches them through
+// its width table, for 16-byte rows of D <= 16384). A group of G threads holds a
 // row in registers exactly as layernorm_forward_kernel and
 // layernorm_backward_kernel do, with the same helpers, so the statistics, y
 // and dx round as theirs. Design and bytes: docs/residual_layernorm.md,
-// "Variant 1".
+// "Variants 1 and 2".
 #include <cstdint>
 
 #include "cuda/layernorm_dx_terms.cuh"

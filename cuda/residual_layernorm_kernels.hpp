@@ -14,7 +14,7 @@ namespace hg::gpu {
 // rows of D <= 16384, variant 0 elsewhere; 2 as 1, the backward reading
 // dh_in as it stores dh instead of holding it. Unset: the production
 // constant in cuda/residual_layernorm.cu. docs/residual_layernorm.md,
-// "Variant 1".
+// "Variants 1 and 2".
 constexpr int kResidualLayerNormVariants = 3;
 inline LabSwitch& residual_layernorm_lab_switch() {
   static LabSwitch s("HG_RESIDUAL_LN_VARIANT", kResidualLayerNormVariants);
