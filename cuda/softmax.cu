@@ -450,8 +450,6 @@ unsigned block_team_threads(int64_t tk, int per_thread) {
 // than one chunk a lane, to the block team.
 template <int W, int BlockElems, class Launcher>
 void dispatch(int64_t tk, Launcher& L) {
-  constexpr int kN = BlockElems / W;
-  const auto block_team = [&] { return L.template block<W, kN>(block_team_threads(tk, kN * W)); };
   // Lane teams: one 16-byte (or one-element) access per lane for short rows;
   // a full warp with up to 8 (scalar: 8) accesses per lane up to Tk ~ 1024.
   if constexpr (W > 1) {
@@ -459,16 +457,15 @@ void dispatch(int64_t tk, Launcher& L) {
     if (tk <= 16 * W) return L.template lanes<16, W, 1>();
   }
   if (tk <= 32 * W) return L.template lanes<32, W, 1>();
-  if (Launcher::kLaneMaxKeys != 0 && tk > Launcher::kLaneMaxKeys) {
-    if (tk <= int64_t{kMaxBlock} * kN * W) return block_team();
-    return L.template streaming<W>();
+  if (Launcher::kLaneMaxKeys == 0 || tk <= Launcher::kLaneMaxKeys) {
+    if (tk <= 64 * W) return L.template lanes<32, W, 2>();
+    if (tk <= 128 * W) return L.template lanes<32, W, 4>();
+    if constexpr (W <= 4) {  // float4 rows up to 1024; bf16 x 8 already covered 1024 above
+      if (tk <= 256 * W) return L.template lanes<32, W, 8>();
+    }
   }
-  if (tk <= 64 * W) return L.template lanes<32, W, 2>();
-  if (tk <= 128 * W) return L.template lanes<32, W, 4>();
-  if constexpr (W <= 4) {  // float4 rows up to 1024; bf16 x 8 already covered 1024 above
-    if (tk <= 256 * W) return L.template lanes<32, W, 8>();
-  }
-  if (tk <= int64_t{kMaxBlock} * kN * W) return block_team();
+  constexpr int kN = BlockElems / W;
+  if (tk <= int64_t{kMaxBlock} * kN * W) return L.template block<W, kN>(block_team_threads(tk, kN * W));
   return L.template streaming<W>();
 }
 

@@ -68,7 +68,7 @@ __device__ __forceinline__ void load_vec(const float* p, float (&out)[W]) {
 // half) or a mask (odd element): one integer instruction each, where the
 // pair intrinsic takes a PRMT and a shift for the high half. Exact, as every
 // bf16 -> float32 widening is. Used by load_vec_lean (the lean softmax and
-// LayerNorm variants).
+// LayerNorm variants) and the residual LayerNorm backward's held bf16 dh_in.
 __device__ __forceinline__ void widen_bf16x8(const uint4& raw, float (&out)[8]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
