@@ -491,7 +491,9 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
 
 // The one table for both passes. Rows of up to 16384 elements are held in
 // registers by groups of G threads, EPT elements each, R groups per block:
-// a warp per row up to 1024, then several warps. At 8193-16384 the passes
+// a warp per row up to 1024, then several warps. 513-768 (GPT-2's 768) has
+// its own 24 elements a lane: with 32, a quarter of each lane's registers
+// held nothing there (docs/layernorm_kernels_notes.md, "Session 30"). At 8193-16384 the passes
 // differ only in how they spread the row: Pass::kWideEPT elements per thread
 // (the forward 32: 512 threads, two blocks per SM; the backward, which holds
 // x and dy, 16: one 1024-thread block). False, launching nothing, for
@@ -501,6 +503,7 @@ bool for_resident_width(int D, const Pass& pass) {
   if (D > 16384) return false;
   if (D <= 32 * 8) pass.template resident<8, 32, 8>();
   else if (D <= 32 * 16) pass.template resident<16, 32, 8>();
+  else if (D <= 32 * 24) pass.template resident<24, 32, 8>();
   else if (D <= 32 * 32) pass.template resident<32, 32, 8>();
   else if (D <= 128 * 16) pass.template resident<16, 128, 4>();
   else if (D <= 256 * 16) pass.template resident<16, 256, 2>();

@@ -25,13 +25,13 @@ namespace {
 // The staged kernel's block for a width of for_width's table <EPT, G, R>:
 // G and EPT are kept (the same per-thread columns and group reductions, so
 // the same row sums as variant 0); R and the ring depth S are its own.
-// Warp rows of 32 elements per lane hold 64 accumulators, so their blocks
+// Warp rows of 24 or 32 elements per lane hold 48 or 64 accumulators, so their blocks
 // shrink to 4 warps (one SM then fits 4 blocks in registers); short warp rows
 // (<= 512 elements, stages of <= 4 KB) keep three rows per group on chip,
 // longer ones two (one consumed while the next one lands).
 template <int EPT, int G, int R>
 struct StagedShape {
-  static constexpr int kGroups = (G == 32 && EPT == 32) ? 4 : R;
+  static constexpr int kGroups = (G == 32 && EPT >= 24) ? 4 : R;
   static constexpr int kDepth = (G == 32 && EPT <= 16) ? 3 : 2;
   static constexpr int kThreads = G * kGroups;
   // Registers: 1024-thread blocks get 64 per thread; 512-thread blocks are
