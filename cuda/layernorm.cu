@@ -493,11 +493,11 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
 // registers by groups of G threads, EPT elements each, R groups per block:
 // a warp per row up to 1024, then several warps. 513-768 (GPT-2's 768) has
 // its own 24 elements a lane: with 32, a quarter of each lane's registers
-// held nothing there (docs/layernorm_kernels_notes.md, "Session 30"). At 8193-16384 the passes
-// differ only in how they spread the row: Pass::kWideEPT elements per thread
-// (the forward 32: 512 threads, two blocks per SM; the backward, which holds
-// x and dy, 16: one 1024-thread block). False, launching nothing, for
-// longer rows.
+// held nothing there (docs/layernorm_kernels_notes.md, "Session 30"). At
+// 8193-16384 the passes differ only in how they spread the row:
+// Pass::kWideEPT elements per thread (the forward 32: 512 threads, two
+// blocks per SM; the backward, which holds x and dy, 16: one 1024-thread
+// block). False, launching nothing, for longer rows.
 template <class Pass>
 bool for_resident_width(int D, const Pass& pass) {
   if (D > 16384) return false;

@@ -1,5 +1,5 @@
 // The fused LayerNorm CUDA kernels called directly (cuda/layernorm_kernels.hpp)
-// at every D where cuda/layernorm.cu changes layout (warp per row with 8/16/32
+// at every D where cuda/layernorm.cu changes layout (warp per row with 8/16/24/32
 // elements per lane, 128/256/512-thread rows, the 512 x 32 forward and the
 // 1024-thread backward, backward clusters of 2..8 blocks per row, the chunked
 // kernels), in f32 and bf16, on aligned
@@ -166,16 +166,18 @@ void check_against_reference(const Inputs& in, bool offset_view) {
   }
 }
 
-// Every D at which the kernels switch layout, and one past it. Past 16384
+// Every D at which the kernels switch layout, and one past it (769 on the
+// scalar path, 776 the first width past 768 with 16-byte rows in both
+// dtypes). Past 16384
 // the forward is chunked; the backward (sm_90+) takes clusters of C blocks,
 // each on a slice of at most 16384 columns,
 // C at least 2 for 16385 (odd: scalar path) and 16392, 3 for 40000, 4 for
 // 65536, 7 for 100003 (odd), and exactly 8 for 131072 (the dispatcher may
 // take a larger C where more blocks stay resident); 140000 takes the
 // chunked backward (as every D past 16384 does below sm_90).
-const std::vector<int64_t> kWidths = {1,     3,     8,     100,   256,    257,    512,   513,   768,   1024,
-                                      1025,  1536,  2048,  2056,  3072,   4096,   4104,  8192,  8200,  12288,
-                                      16384, 16385, 16392, 40000, 65536, 100003, 131072, 140000};
+const std::vector<int64_t> kWidths = {1,     3,     8,     100,   256,   257,    512,    513,    768,   769,
+                                      776,   1024,  1025,  1536,  2048,  2056,   3072,   4096,   4104,  8192,
+                                      8200,  12288, 16384, 16385, 16392, 40000,  65536,  100003, 131072, 140000};
 
 // Rows: odd, and (below the chunked sizes) more than the persistent grid
 // holds at once on an H100, so blocks walk several rows (e.g. D = 16384:

@@ -223,7 +223,7 @@ TEST_CASE("residual_layernorm CUDA fused (F32, BF16) and unfused match float64",
 #ifdef HG_WITH_CUDA
 namespace {
 
-// Every width where variant 1's layout changes (warp rows of 8/16/32 per
+// Every width where variant 1's layout changes (warp rows of 8/16/24/32 per
 // lane, 128/256/512-thread rows, the 512 x 32 forward and 1024 x 16
 // backward at 8193-16384) and the fallbacks (D 1 and 7 f32 and 257: rows
 // not 16-byte aligned; 16385: past the resident rows).
