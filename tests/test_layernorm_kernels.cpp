@@ -168,9 +168,8 @@ void check_against_reference(const Inputs& in, bool offset_view) {
 
 // Every D at which the kernels switch layout, and one past it (769 on the
 // scalar path, 776 the first width past 768 with 16-byte rows in both
-// dtypes). Past 16384
-// the forward is chunked; the backward (sm_90+) takes clusters of C blocks,
-// each on a slice of at most 16384 columns,
+// dtypes). Past 16384 the forward is chunked; the backward (sm_90+) takes
+// clusters of C blocks, each on a slice of at most 16384 columns,
 // C at least 2 for 16385 (odd: scalar path) and 16392, 3 for 40000, 4 for
 // 65536, 7 for 100003 (odd), and exactly 8 for 131072 (the dispatcher may
 // take a larger C where more blocks stay resident); 140000 takes the
