@@ -45,6 +45,6 @@ bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
                                           const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
-                                          Tensor& dgamma, Tensor& dbeta, bool stream_dh_in = false);
+                                          Tensor& dgamma, Tensor& dbeta, bool stream_dh_in);
 
 }  // namespace hg::gpu
