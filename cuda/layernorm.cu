@@ -197,6 +197,9 @@ struct LnVariant {
                      // lane-contiguous; f32 rows run variant `narrows` itself
   bool pairs = false;  // forward: the staged kernel taking two rows a step (one group reduction
                        // per statistic and one gamma/beta load per slot for both); backward: staged
+  bool shared_params = false;  // forward: 1 with bf16 rows packed and, on warp rows, gamma/beta
+                               // read from a copy the block makes in shared memory; backward: 5
+                               // with gamma read from such a copy on warp rows
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, false},     // 0: the kernels of 2026-11-26
@@ -208,6 +211,7 @@ constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, true, 5},   // 6: 5 with 8-byte bf16 accesses
     {false, false, false, false, 0},  // 7: 0 with 8-byte bf16 accesses
     {false, false, false, true, -1, true},  // 8: 5 with two rows a step (the backward is 5's)
+    {true, false, false, false, -1, false, true},  // 9: 1 (backward: 5) with the parameters in shared memory
 };
 
 // The variant whose kernels variant V launches (its template argument V in
@@ -240,10 +244,42 @@ __device__ __forceinline__ Moments one_pass_moments(const Row& h, int len, int t
   return {mean, rsqrtf(var + eps)};
 }
 
+// Gamma and beta of a thread's slot j (columns i .. i + VEC) for
+// normalise_ffma: read from global memory at every row, or from a copy the
+// block made in shared memory (variant 9, warp rows).
+struct ParamsRead {
+  const float* gamma;
+  const float* beta;
+  template <int VEC>
+  __device__ __forceinline__ void get(int /*j*/, int i, float (&g)[VEC], float (&b)[VEC]) const {
+    load_vec<VEC, Load::ReadOnly>(gamma + i, g);
+    load_vec<VEC, Load::ReadOnly>(beta + i, b);
+  }
+};
+// Gamma then beta in the block's shared memory (ParamCopy's layout).
+template <int VEC, int NV, int G>
+struct ParamsShared {
+  using Copy = ParamCopy<VEC, NV, G>;
+  static constexpr int kFloat4s = 2 * Copy::kFloat4s;
+  const float4* smem;
+  int t;
+  // Every thread of the block: fills smem (kFloat4s) and syncs the block.
+  __device__ __forceinline__ ParamsShared(float4* fill, const float* gamma, const float* beta, int len, int t_)
+      : smem(fill), t(t_) {
+    Copy::fill(fill, gamma, len);
+    Copy::fill(fill + Copy::kFloat4s, beta, len);
+    __syncthreads();
+  }
+  __device__ __forceinline__ void get(int j, int /*i*/, float (&g)[VEC], float (&b)[VEC]) const {
+    Copy::get(smem, j, t, g);
+    Copy::get(smem + Copy::kFloat4s, j, t, b);
+  }
+};
+
 // y = ((x - shift) rstd - mean rstd) gamma + beta: two FFMAs per element.
-template <class T, int VEC, int NV, int G, class Row>
-__device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Moments& m, const float* gamma,
-                                               const float* beta, T* yr, int t) {
+template <class T, int VEC, int NV, int G, class Row, class Params>
+__device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Moments& m, const Params& params, T* yr,
+                                               int t) {
   const float neg_mean_rstd = -m.mean * m.rstd;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
@@ -251,8 +287,7 @@ __device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Mome
     if (i < len) {
       float d[VEC], g[VEC], b[VEC], out[VEC];
       h.get(j, d);
-      load_vec<VEC, Load::ReadOnly>(gamma + i, g);
-      load_vec<VEC, Load::ReadOnly>(beta + i, b);
+      params.get(j, i, g, b);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out[k] = fmaf(fmaf(d[k], m.rstd, neg_mean_rstd), g[k], b[k]);
       store_vec<VEC, Store::Streaming>(yr + i, out);
@@ -268,13 +303,20 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
                                  float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
   constexpr LnVariant kV = kLnVariants[V];
   constexpr int NV = EPT / VEC;
-  constexpr bool kPacked = kV.wide && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kPacked = (kV.wide || kV.shared_params) && std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool kSharedParams = kV.shared_params && G == 32;
   static_assert(V >= 1 && kV.lean && VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15,
                 "bad LayerNorm lab config");
   __shared__ GroupScratch<G, R> scratch;
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
+  using Shared = ParamsShared<VEC, NV, G>;
+  __shared__ float4 param_smem[kSharedParams ? Shared::kFloat4s : 1];
+  const auto params = [&] {
+    if constexpr (kSharedParams) return Shared(param_smem, gamma, beta, D, grp.t);
+    else return ParamsRead{gamma, beta};
+  }();
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
     const T* xr = x + row * D;
     HeldRow<T, VEC, NV, G, kPacked> h;
@@ -283,7 +325,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
       if (row + row_stride < rows)
         bulk_prefetch_l2<G, G * EPT * int(sizeof(T))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
     const Moments m = one_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
-    normalise_ffma<T, VEC, NV, G>(h, D, m, gamma, beta, y + row * D, grp.t);
+    normalise_ffma<T, VEC, NV, G>(h, D, m, params, y + row * D, grp.t);
     if (grp.t == 0) save_stats(mean_out, rstd_out, row, h.shift, m);
   }
 }
@@ -750,7 +792,7 @@ struct Backward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    if constexpr (kLnVariants[V].staged) {
+    if constexpr (kLnVariants[V].staged || kLnVariants[V].shared_params) {
       if (!staged<EPT, G, R>()) resident_as<EPT, G, R, 0>();  // below sm_90, or rows too wide for two stages
     } else {
       // wide: 1024-thread blocks, one per SM, where 512-thread blocks ran two.
@@ -775,7 +817,9 @@ struct Backward {
   template <int EPT, int G, int R>
   bool staged() const {
     using Staged = StagedShape<EPT, G, R>;
-    auto kernel = layernorm_backward_staged_kernel<T, VEC, EPT, G, Staged::kGroups, Staged::kDepth, Staged::kMinBlocks>;
+    constexpr bool kSharedGamma = kLnVariants[V].shared_params && G == 32;
+    auto kernel = layernorm_backward_staged_kernel<T, VEC, EPT, G, Staged::kGroups, Staged::kDepth, Staged::kMinBlocks,
+                                                   kSharedGamma>;
     static const size_t max_smem = staged_backward_smem_limit(kernel);
     const size_t smem = staged_smem_bytes(a.D, sizeof(T), Staged::kGroups, Staged::kDepth);
     if (smem > max_smem) return false;
@@ -935,11 +979,15 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 // staged forward (8) won only at 4096. Session 29 split 1025-4096 so the
 // forward can run 8 where it wins (H100, one call): f32 at 2049-4096
 // (+3-5% over 5 at 2560-4096), bf16 at 3073-4096 (+3% over 3 at 4096;
-// -10% at 2560, -1% at 3072, so 2049-3072 keeps 3).
+// -10% at 2560, -1% at 3072, so 2049-3072 keeps 3). Session 31: warp rows
+// read the parameters from a shared-memory copy (9): the bf16 forward at
+// D <= 1024 (+1% at 512 and 640 to +5% at 768 and 1024 over 3, +6% over 0
+// at 256), the backward at 513-1024 (f32 +2-6% over 0; bf16 -1% at 640,
+// +1% at 768, +3% at 1024 over 5).
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
-constexpr int kLnProduction[2][2][7] = {{{0, 5, 5, 5, 8, 8, 5}, {0, 3, 3, 3, 3, 8, 5}},
-                                        {{0, 0, 0, 0, 0, 0, 0}, {0, 0, 5, 7, 7, 7, 6}}};
+constexpr int kLnProduction[2][2][7] = {{{0, 5, 5, 5, 8, 8, 5}, {9, 9, 9, 3, 3, 8, 5}},
+                                        {{0, 0, 9, 0, 0, 0, 0}, {0, 0, 9, 7, 7, 7, 6}}};
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production

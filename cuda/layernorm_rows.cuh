@@ -189,6 +189,35 @@ __device__ __forceinline__ void add_vec(float* p, const float (&v)[VEC]) {
   }
 }
 
+// A block's copy of one parameter row (gamma or beta, f32) in shared
+// memory, laid out [slot j][float4 q of the slot][thread t] so that a
+// group's 16-byte reads of one (j, q) are consecutive words (conflict-free)
+// where the row's own layout puts a thread's VEC floats 32 bytes apart
+// (bf16 rows, VEC 8). ParamCopy<VEC, NV, G>::kFloat4s float4s.
+template <int VEC, int NV, int G>
+struct ParamCopy {
+  static_assert(VEC % 4 == 0, "parameter copies are of 16-byte slots");
+  static constexpr int kQuads = VEC / 4;
+  static constexpr int kFloat4s = NV * kQuads * G;
+  // Every thread of the block, then a __syncthreads before any get: fills
+  // dst from p (len columns; slots past len become 0).
+  static __device__ __forceinline__ void fill(float4* dst, const float* p, int len) {
+    for (int n = threadIdx.x; n < kFloat4s; n += blockDim.x) {
+      const int lane = n % G, q = n / G % kQuads, j = n / (G * kQuads);
+      const int i = (j * G + lane) * VEC + 4 * q;
+      dst[n] = i < len ? __ldg(reinterpret_cast<const float4*>(p + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  // Thread t's slot j.
+  static __device__ __forceinline__ void get(const float4* src, int j, int t, float (&out)[VEC]) {
+#pragma unroll
+    for (int q = 0; q < kQuads; ++q) {
+      const float4 f = src[(j * kQuads + q) * G + t];
+      out[4 * q] = f.x, out[4 * q + 1] = f.y, out[4 * q + 2] = f.z, out[4 * q + 3] = f.w;
+    }
+  }
+};
+
 // Asks L2 to start fetching a row this group reads next (one prefetch per
 // 128-byte line, spread over the group), so its DRAM latency overlaps the
 // current row's reduction and stores without holding any registers. Every

@@ -7,7 +7,8 @@
 // Design, bytes in flight and shared-memory traffic:
 // docs/layernorm_kernels_notes.md, "Session 27". Variant 6 runs it with bf16
 // slots of 4 elements (VEC 4; dx then is not bitwise variant 0's: the slots
-// sum in another order).
+// sum in another order), variant 9 with gamma read on warp rows from a copy
+// in shared memory (SHARED_GAMMA; dx bitwise variant 0's).
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -48,11 +49,24 @@ __host__ __device__ constexpr size_t staged_smem_bytes(int D, int elt, int group
   return size_t(groups) * size_t(depth) * 2 * staged_row_bytes(D, elt);
 }
 
+// gamma of thread t's slot j (columns i .. i + VEC): from global memory, or
+// (SHARED, variant 9 on warp rows) from the block's ParamCopy of it.
+template <int VEC, int NV, int G, bool SHARED>
+struct StagedGamma {
+  const float* gamma;
+  const float4* copy;
+  int t;
+  __device__ __forceinline__ void get(int j, int i, float (&g)[VEC]) const {
+    if constexpr (SHARED) ParamCopy<VEC, NV, G>::get(copy, j, t, g);
+    else load_vec<VEC>(gamma + i, g);
+  }
+};
+
 // Pass 1 of a staged row: variant 0's row terms (slot_row_terms, in the
 // same slot order), one slot at a time, so that only one slot of x and dy
 // sits in registers beside the accumulators.
-template <class T, int VEC, int NV, int G>
-__device__ __forceinline__ void row_terms_from_stage(const T* xs, const T* dys, const float* gamma, int len, int t,
+template <class T, int VEC, int NV, int G, class Gamma>
+__device__ __forceinline__ void row_terms_from_stage(const T* xs, const T* dys, const Gamma& gamma, int len, int t,
                                                      float m, float rs, float (&s)[3]) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
@@ -61,7 +75,7 @@ __device__ __forceinline__ void row_terms_from_stage(const T* xs, const T* dys, 
       float xh[VEC], d[VEC], g[VEC];
       load_vec<VEC>(xs + i, xh);
       load_vec<VEC>(dys + i, d);
-      load_vec<VEC>(gamma + i, g);
+      gamma.get(j, i, g);
       slot_row_terms<VEC>(xh, d, g, m, rs, s);
     }
   }
@@ -71,8 +85,8 @@ __device__ __forceinline__ void row_terms_from_stage(const T* xs, const T* dys, 
 // dy * xhat and dy added to this thread's register accumulators (its own
 // columns, the same every row). xhat' is recomputed as pass 1 rounded it
 // (__fmul_rn: a contracted fma(x - m, rs, -c) would change dx).
-template <class T, int VEC, int NV, int G>
-__device__ __forceinline__ void dx_from_stage(const T* xs, const T* dys, T* dxr, const float* gamma, int len, int t,
+template <class T, int VEC, int NV, int G, class Gamma>
+__device__ __forceinline__ void dx_from_stage(const T* xs, const T* dys, T* dxr, const Gamma& gamma, int len, int t,
                                               float m, float rs, const DxTerms& k, float (&acc_dgamma)[NV][VEC],
                                               float (&acc_dbeta)[NV][VEC]) {
 #pragma unroll
@@ -82,7 +96,7 @@ __device__ __forceinline__ void dx_from_stage(const T* xs, const T* dys, T* dxr,
       float xv[VEC], d[VEC], g[VEC], out[VEC];
       load_vec<VEC>(xs + i, xv);
       load_vec<VEC>(dys + i, d);
-      load_vec<VEC>(gamma + i, g);
+      gamma.get(j, i, g);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const float xhat = __fmul_rn(xv[e] - m, rs) - k.c;
@@ -117,7 +131,8 @@ __device__ __forceinline__ void spill_accumulators(float* acc, int D, int t, con
 // has passed the barrier behind its last read of row k. Every group of the
 // block makes the same number of trips (a group out of rows makes empty ones)
 // so that all named barriers stay matched (see layernorm_backward_kernel).
-template <class T, int VEC, int EPT, int G, int R, int S, int MIN_BLOCKS>
+// SHARED_GAMMA (warp rows): gamma read from a copy in shared memory.
+template <class T, int VEC, int EPT, int G, int R, int S, int MIN_BLOCKS, bool SHARED_GAMMA = false>
 __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
     layernorm_backward_staged_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                                      const float* __restrict__ gamma, const float* __restrict__ mean,
@@ -130,6 +145,8 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
   extern __shared__ float4 stage_storage[];  // R rings of S stages of (x row, dy row); at the end, accumulators
   __shared__ GroupScratch<G, R> scratch;
   __shared__ uint64_t stage_bars[R][S];
+  using GammaCopy = ParamCopy<VEC, NV, G>;
+  __shared__ float4 gamma_copy[SHARED_GAMMA ? GammaCopy::kFloat4s : 1];
 
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const int t = grp.t;
@@ -138,7 +155,9 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
   char* ring_bytes = reinterpret_cast<char*>(stage_storage) + size_t(grp.group) * S * 2 * row_bytes;
   const StageRing<S> ring{stage_bars[grp.group]};
   if (t == 0) ring.init();
-  __syncthreads();  // the barriers' initialisation is visible before any wait
+  if constexpr (SHARED_GAMMA) GammaCopy::fill(gamma_copy, gamma, D);
+  __syncthreads();  // the barriers' initialisation (and gamma's copy) is visible before any wait
+  const StagedGamma<VEC, NV, G, SHARED_GAMMA> gamma_of{gamma, gamma_copy, t};
 
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
@@ -169,10 +188,11 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
     if (live) ring.wait(k);
     const float m = live ? mean[row] : 0.0f, rs = live ? rstd[row] : 0.0f;
     float s[3] = {0.0f, 0.0f, 0.0f};
-    row_terms_from_stage<T, VEC, NV, G>(xs, dys, gamma, len, t, m, rs, s);
+    row_terms_from_stage<T, VEC, NV, G>(xs, dys, gamma_of, len, t, m, rs, s);
     grp.sums(s);
     const DxTerms terms = dx_terms(s, inv_d);
-    if (live) dx_from_stage<T, VEC, NV, G>(xs, dys, dx + row * D, gamma, len, t, m, rs, terms, acc_dgamma, acc_dbeta);
+    if (live)
+      dx_from_stage<T, VEC, NV, G>(xs, dys, dx + row * D, gamma_of, len, t, m, rs, terms, acc_dgamma, acc_dbeta);
     grp.sync();  // every read of stage k % S is done before it is refilled
     if (t == 0 && row + S * row_stride < rows) issue(k + S, row + S * row_stride);
   }

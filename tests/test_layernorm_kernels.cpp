@@ -240,15 +240,24 @@ constexpr int kNarrowVariant = 7;
 // variant 5's.
 constexpr int kStagedPairVariant = 8;
 
+// kLnVariants[9]: on warp rows, gamma and beta read from a copy the block
+// makes in shared memory. The forward's arithmetic is variant 1's (bf16
+// rows held packed), so it must match variant 1 bitwise; the backward is
+// variant 5's, so its dx must match variant 0's bitwise, as 5's does.
+constexpr int kSharedParamsVariant = 9;
+
 // A staged variant and the resident one it must match bitwise (y, mean,
 // rstd, dx), in the dtypes where the two differ in their kernels' code.
 struct StagedPair {
   int resident, staged;
   std::vector<DType> dtypes;
+  int backward_resident = -1;  // the backward's reference where not `resident`
+  int backward_reference() const { return backward_resident < 0 ? resident : backward_resident; }
 };
 const std::vector<StagedPair> kStagedPairs = {{0, kStagedVariant, {DType::F32, DType::BF16}},
                                               {kNarrowVariant, kStagedNarrowVariant, {DType::BF16}},
-                                              {0, kStagedPairVariant, {DType::F32, DType::BF16}}};
+                                              {0, kStagedPairVariant, {DType::F32, DType::BF16}},
+                                              {1, kSharedParamsVariant, {DType::F32, DType::BF16}, 0}};
 
 struct ForwardOutputs {
   Tensor y, mean, rstd;
@@ -407,7 +416,7 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
       }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) is bitwise the resident one (0, 7)",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9) are bitwise the resident one (0, 7, 1)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Every resident width class with 16-byte rows in both dtypes (8: one
@@ -440,7 +449,7 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) is bitwise the r
   }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) is bitwise the resident one (0, 7) on hostile rows",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9) are bitwise the resident one (0, 7, 1) on hostile rows",
           "[layernorm][cuda][kernels][staged][hostile]") {
   HG_REQUIRE_GPU();
   struct Case {
@@ -515,7 +524,7 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
 
 }  // namespace
 
-TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8) against the resident one (0, 7)",
+TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9) against the resident one (0, 7)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Both variants of a pair run on one mean/rstd (the production forward's).
@@ -549,8 +558,9 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8) against the res
               if (wanted_rows != 1000) continue;  // hostile rows at one row count
             if (wanted_rows * D > 24'000'000) continue;  // the float64 column scales stay a short host pass
             const int64_t rows = capped(wanted_rows);
-            INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype)
-                            << " rows " << rows << " D " << D << " offset " << kind.offset << " stddev "
+            INFO("variant " << pair.staged << " against " << pair.backward_reference() << " dtype "
+                            << dtype_name(dtype) << " rows " << rows << " D " << D << " offset " << kind.offset
+                            << " stddev "
                             << kind.stddev);
             Generator gen(seed++);
             const Tensor x = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
@@ -562,7 +572,7 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8) against the res
             Tensor y = poisoned({rows, D}, dtype), mean = poisoned({rows}, DType::F32),
                    rstd = poisoned({rows}, DType::F32);
             gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
-            const Grads want = backward_as(pair.resident, dy, x, gamma, mean, rstd);
+            const Grads want = backward_as(pair.backward_reference(), dy, x, gamma, mean, rstd);
             const Grads got = backward_as(pair.staged, dy, x, gamma, mean, rstd);
             const Grads again = backward_as(pair.staged, dy, x, gamma, mean, rstd);
             REQUIRE(all_finite(got.dx));
