@@ -981,9 +981,9 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 // (+3-5% over 5 at 2560-4096), bf16 at 3073-4096 (+3% over 3 at 4096;
 // -10% at 2560, -1% at 3072, so 2049-3072 keeps 3). Session 31: warp rows
 // read the parameters from a shared-memory copy (9): the bf16 forward at
-// D <= 1024 (+1% at 512 and 640 to +5% at 768 and 1024 over 3, +6% over 0
-// at 256), the backward at 513-1024 (f32 +2-6% over 0; bf16 -1% at 640,
-// +1% at 768, +3% at 1024 over 5).
+// D <= 1024 (+0-1% at 512 and 640 to +4-5% at 768 and 1024 over 3, +5% over 0
+// at 256), the backward at 513-1024 (f32 +3-6% over 0; bf16 -0.6% at 640,
+// +0.6% at 768, +2.6% at 1024 over 5).
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
 constexpr int kLnProduction[2][2][7] = {{{0, 5, 5, 5, 8, 8, 5}, {9, 9, 9, 3, 3, 8, 5}},
