@@ -244,42 +244,10 @@ __device__ __forceinline__ Moments one_pass_moments(const Row& h, int len, int t
   return {mean, rsqrtf(var + eps)};
 }
 
-// Gamma and beta of a thread's slot j (columns i .. i + VEC) for
-// normalise_ffma: read from global memory at every row, or from a copy the
-// block made in shared memory (variant 9, warp rows).
-struct ParamsRead {
-  const float* gamma;
-  const float* beta;
-  template <int VEC>
-  __device__ __forceinline__ void get(int /*j*/, int i, float (&g)[VEC], float (&b)[VEC]) const {
-    load_vec<VEC, Load::ReadOnly>(gamma + i, g);
-    load_vec<VEC, Load::ReadOnly>(beta + i, b);
-  }
-};
-// Gamma then beta in the block's shared memory (ParamCopy's layout).
-template <int VEC, int NV, int G>
-struct ParamsShared {
-  using Copy = ParamCopy<VEC, NV, G>;
-  static constexpr int kFloat4s = 2 * Copy::kFloat4s;
-  const float4* smem;
-  int t;
-  // Every thread of the block: fills smem (kFloat4s) and syncs the block.
-  __device__ __forceinline__ ParamsShared(float4* fill, const float* gamma, const float* beta, int len, int t_)
-      : smem(fill), t(t_) {
-    Copy::fill(fill, gamma, len);
-    Copy::fill(fill + Copy::kFloat4s, beta, len);
-    __syncthreads();
-  }
-  __device__ __forceinline__ void get(int j, int /*i*/, float (&g)[VEC], float (&b)[VEC]) const {
-    Copy::get(smem, j, t, g);
-    Copy::get(smem + Copy::kFloat4s, j, t, b);
-  }
-};
-
 // y = ((x - shift) rstd - mean rstd) gamma + beta: two FFMAs per element.
-template <class T, int VEC, int NV, int G, class Row, class Params>
-__device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Moments& m, const Params& params, T* yr,
-                                               int t) {
+template <class T, int VEC, int NV, int G, class Row, class Param>
+__device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Moments& m, const Param& gamma,
+                                               const Param& beta, T* yr, int t) {
   const float neg_mean_rstd = -m.mean * m.rstd;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
@@ -287,7 +255,8 @@ __device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Mome
     if (i < len) {
       float d[VEC], g[VEC], b[VEC], out[VEC];
       h.get(j, d);
-      params.get(j, i, g, b);
+      gamma.get(j, i, g);
+      beta.get(j, i, b);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out[k] = fmaf(fmaf(d[k], m.rstd, neg_mean_rstd), g[k], b[k]);
       store_vec<VEC, Store::Streaming>(yr + i, out);
@@ -311,12 +280,16 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-  using Shared = ParamsShared<VEC, NV, G>;
-  __shared__ float4 param_smem[kSharedParams ? Shared::kFloat4s : 1];
-  const auto params = [&] {
-    if constexpr (kSharedParams) return Shared(param_smem, gamma, beta, D, grp.t);
-    else return ParamsRead{gamma, beta};
-  }();
+  // Variant 9 on warp rows: the block's copies of gamma and beta (ParamCopy).
+  using Copy = ParamCopy<VEC, NV, G>;
+  __shared__ float4 param_copy[2][kSharedParams ? Copy::kFloat4s : 1];
+  if constexpr (kSharedParams) {
+    Copy::fill(param_copy[0], gamma, D);
+    Copy::fill(param_copy[1], beta, D);
+    __syncthreads();
+  }
+  using Param = ParamRow<VEC, NV, G, kSharedParams, Load::ReadOnly>;
+  const Param gamma_of{gamma, param_copy[0], grp.t}, beta_of{beta, param_copy[1], grp.t};
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
     const T* xr = x + row * D;
     HeldRow<T, VEC, NV, G, kPacked> h;
@@ -325,7 +298,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
       if (row + row_stride < rows)
         bulk_prefetch_l2<G, G * EPT * int(sizeof(T))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
     const Moments m = one_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
-    normalise_ffma<T, VEC, NV, G>(h, D, m, params, y + row * D, grp.t);
+    normalise_ffma<T, VEC, NV, G>(h, D, m, gamma_of, beta_of, y + row * D, grp.t);
     if (grp.t == 0) save_stats(mean_out, rstd_out, row, h.shift, m);
   }
 }

@@ -218,6 +218,20 @@ struct ParamCopy {
   }
 };
 
+// One parameter row (gamma or beta) as thread t reads its slot j (columns
+// i .. i + VEC): from global memory with loads L, or (SHARED) from the
+// block's ParamCopy of it.
+template <int VEC, int NV, int G, bool SHARED, Load L = Load::Plain>
+struct ParamRow {
+  const float* p;      // the row in global memory
+  const float4* copy;  // its ParamCopy, where SHARED
+  int t;
+  __device__ __forceinline__ void get(int j, int i, float (&out)[VEC]) const {
+    if constexpr (SHARED) ParamCopy<VEC, NV, G>::get(copy, j, t, out);
+    else load_vec<VEC, L>(p + i, out);
+  }
+};
+
 // Asks L2 to start fetching a row this group reads next (one prefetch per
 // 128-byte line, spread over the group), so its DRAM latency overlaps the
 // current row's reduction and stores without holding any registers. Every

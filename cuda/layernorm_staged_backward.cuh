@@ -49,19 +49,6 @@ __host__ __device__ constexpr size_t staged_smem_bytes(int D, int elt, int group
   return size_t(groups) * size_t(depth) * 2 * staged_row_bytes(D, elt);
 }
 
-// gamma of thread t's slot j (columns i .. i + VEC): from global memory, or
-// (SHARED, variant 9 on warp rows) from the block's ParamCopy of it.
-template <int VEC, int NV, int G, bool SHARED>
-struct StagedGamma {
-  const float* gamma;
-  const float4* copy;
-  int t;
-  __device__ __forceinline__ void get(int j, int i, float (&g)[VEC]) const {
-    if constexpr (SHARED) ParamCopy<VEC, NV, G>::get(copy, j, t, g);
-    else load_vec<VEC>(gamma + i, g);
-  }
-};
-
 // Pass 1 of a staged row: variant 0's row terms (slot_row_terms, in the
 // same slot order), one slot at a time, so that only one slot of x and dy
 // sits in registers beside the accumulators.
@@ -157,7 +144,7 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
   if (t == 0) ring.init();
   if constexpr (SHARED_GAMMA) GammaCopy::fill(gamma_copy, gamma, D);
   __syncthreads();  // the barriers' initialisation (and gamma's copy) is visible before any wait
-  const StagedGamma<VEC, NV, G, SHARED_GAMMA> gamma_of{gamma, gamma_copy, t};
+  const ParamRow<VEC, NV, G, SHARED_GAMMA> gamma_of{gamma, gamma_copy, t};
 
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
