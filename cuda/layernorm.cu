@@ -197,9 +197,9 @@ struct LnVariant {
                      // lane-contiguous; f32 rows run variant `narrows` itself
   bool pairs = false;  // forward: the staged kernel taking two rows a step (one group reduction
                        // per statistic and one gamma/beta load per slot for both); backward: staged
-  bool shared_params = false;  // forward: 1 with bf16 rows packed and, on warp rows, gamma/beta
-                               // read from a copy the block makes in shared memory; backward: 5
-                               // with gamma read from such a copy on warp rows
+  bool shared_params = false;  // on warp rows, gamma/beta read from a copy the block makes in
+                               // shared memory. Forward: with lean, 1 with bf16 rows packed;
+                               // with staged, 5. Backward: 5 with gamma from the copy
 };
 constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, false},     // 0: the kernels of 2026-11-26
@@ -212,6 +212,7 @@ constexpr LnVariant kLnVariants[kLayerNormVariants] = {
     {false, false, false, false, 0},  // 7: 0 with 8-byte bf16 accesses
     {false, false, false, true, -1, true},  // 8: 5 with two rows a step (the backward is 5's)
     {true, false, false, false, -1, false, true},  // 9: 1 (backward: 5) with the parameters in shared memory
+    {false, false, false, true, -1, false, true},  // 10: 5 with the parameters in shared memory (backward: 9's)
 };
 
 // The variant whose kernels variant V launches (its template argument V in
@@ -674,7 +675,7 @@ struct Forward {
   template <int EPT, int G, int R>
   bool resident_staged() const {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
-    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R>;
+    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, kLnVariants[V].shared_params && G == 32>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
     return room && launch_staged(kernel, G, R, plan_staged(*room, R, a.D * int(sizeof(T)), staged_target_bytes()),
                                  1, "layernorm_forward_staged_kernel");

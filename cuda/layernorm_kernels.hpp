@@ -24,10 +24,10 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
 // 2026-11-26, 1 .. kLayerNormVariants - 1 the candidates (6 and 7: 5 and 0
 // with bf16 rows accessed 8 bytes at a time; 8: 5 taking two rows a step;
 // 9: on warp rows, gamma/beta read from a copy in shared memory, the
-// forward 1's and the backward 5's).
+// forward 1's and the backward 5's; 10: the same with 5's forward).
 // HG_LN_VARIANT=V forces V on both passes wherever it applies; unset, each
 // case runs the variant of the production table in cuda/layernorm.cu.
-constexpr int kLayerNormVariants = 10;
+constexpr int kLayerNormVariants = 11;
 inline LabSwitch& layernorm_lab_switch() {
   static LabSwitch s("HG_LN_VARIANT", kLayerNormVariants);
   return s;

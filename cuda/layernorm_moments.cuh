@@ -50,23 +50,32 @@ __device__ __forceinline__ Moments moments_in_registers(const float (&v)[NV][VEC
   return {mean, rsqrtf(q[0] * inv_d + eps)};
 }
 
-// y = (x - shift - mean) rstd gamma + beta for the chunk elements of a row
-// held in v; gamma, beta, yr point at the chunk's first column.
-template <class T, int VEC, int NV, int G>
-__device__ __forceinline__ void normalise_chunk(const float (&v)[NV][VEC], int chunk, const Moments& m,
-                                                const float* gamma, const float* beta, T* yr, int t) {
+// y = (x - shift - mean) rstd gamma + beta for the len elements of a row
+// held in v, gamma and beta read through ParamRow.
+template <class T, int VEC, int NV, int G, class Param>
+__device__ __forceinline__ void normalise_held(const float (&v)[NV][VEC], int len, const Moments& m,
+                                               const Param& gamma, const Param& beta, T* yr, int t) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int i = (j * G + t) * VEC;
-    if (i < chunk) {
+    if (i < len) {
       float g[VEC], b[VEC], out[VEC];
-      load_vec<VEC>(gamma + i, g);
-      load_vec<VEC>(beta + i, b);
+      gamma.get(j, i, g);
+      beta.get(j, i, b);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out[k] = (v[j][k] - m.mean) * m.rstd * g[k] + b[k];
       store_vec<VEC, Store::Streaming>(yr + i, out);
     }
   }
+}
+
+// normalise_held for the chunk elements of a row; gamma, beta, yr point at
+// the chunk's first column.
+template <class T, int VEC, int NV, int G>
+__device__ __forceinline__ void normalise_chunk(const float (&v)[NV][VEC], int chunk, const Moments& m,
+                                                const float* gamma, const float* beta, T* yr, int t) {
+  using Param = ParamRow<VEC, NV, G, false>;
+  normalise_held<T, VEC, NV, G>(v, chunk, m, Param{gamma, nullptr, t}, Param{beta, nullptr, t}, yr, t);
 }
 
 // The row's statistics for the backward: its mean (shift + mean of x - shift) and rstd.

@@ -9,7 +9,8 @@
 // statistics and y exactly as variant 0 does (cuda/layernorm_moments.cuh):
 // y, mean and rstd are bitwise variant 0's. Design and the bytes-in-flight
 // arithmetic: docs/layernorm_kernels_notes.md, "Session 27". Variant 6 runs
-// it with bf16 read from the stage 4 elements (8 bytes) at a time (VEC 4).
+// it with bf16 read from the stage 4 elements (8 bytes) at a time (VEC 4),
+// variant 10 with the parameters from shared-memory copies on warp rows.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -87,7 +88,9 @@ constexpr int staged_min_blocks(int G, int R) { return G == 32 ? 4 : min_blocks_
 // group. Every group of a block makes the same trips (a group past the last
 // row runs its reductions on an empty row, waits for nothing and stores
 // nothing), as the resident backward does (docs/reliability.md).
-template <class T, int VEC, int EPT, int G, int R>
+// SHARED_PARAMS (variant 10, warp rows): gamma and beta read from the
+// block's ParamCopy of each.
+template <class T, int VEC, int EPT, int G, int R, bool SHARED_PARAMS = false>
 __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
     layernorm_forward_staged_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                     const float* __restrict__ beta, T* __restrict__ y,
@@ -98,12 +101,20 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
   extern __shared__ __align__(128) unsigned char staged_rows[];  // R rings of `stages` rows
   __shared__ GroupScratch<G, R> scratch;
   __shared__ uint64_t stage_bars[R][kMaxRowStages];
+  using Copy = ParamCopy<VEC, NV, G>;
+  __shared__ float4 param_copy[2][SHARED_PARAMS ? Copy::kFloat4s : 1];
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const uint32_t row_bytes = static_cast<uint32_t>(D) * sizeof(T);
   RowRing<T> ring = RowRing<T>::of_group(staged_rows, grp.group, stages, row_bytes, stage_bars[grp.group]);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
+  if constexpr (SHARED_PARAMS) {  // ring.start's __syncthreads publishes the copies
+    Copy::fill(param_copy[0], gamma, D);
+    Copy::fill(param_copy[1], beta, D);
+  }
+  using Param = ParamRow<VEC, NV, G, SHARED_PARAMS>;
+  const Param gamma_of{gamma, param_copy[0], grp.t}, beta_of{beta, param_copy[1], grp.t};
   ring.start(grp.t, x, first, row_stride, rows, D);
   int64_t next = first + stages * row_stride;  // the row that refills the stage read next
 
@@ -122,7 +133,7 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
       ring.advance();
     }
     const Moments m = moments_in_registers<VEC, NV, G>(v, len, grp.t, GroupSums<G>{grp}, inv_d, eps);
-    normalise_chunk<T, VEC, NV, G>(v, len, m, gamma, beta, y + (live ? row : 0) * D, grp.t);
+    normalise_held<T, VEC, NV, G>(v, len, m, gamma_of, beta_of, y + (live ? row : 0) * D, grp.t);
     if (live && grp.t == 0) save_stats(mean_out, rstd_out, row, shift, m);
   }
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 17's lab sweep in one GPU call: the copy yardstick, then every
-# LayerNorm and softmax lab variant (HG_LN_VARIANT 0..9, HG_SOFTMAX_VARIANT
+# LayerNorm and softmax lab variant (HG_LN_VARIANT 0..10, HG_SOFTMAX_VARIANT
 # 0..3, or the lists in LN_VARIANTS and SOFTMAX_VARIANTS, selected in-process
 # by --variants) on the issue's sizes, raw kernels
 # only, each as GB/s and % of the best copy at the same size. Compact tables

@@ -246,6 +246,11 @@ constexpr int kStagedPairVariant = 8;
 // variant 5's, so its dx must match variant 0's bitwise, as 5's does.
 constexpr int kSharedParamsVariant = 9;
 
+// kLnVariants[10]: variant 5's staged forward with the parameters from the
+// shared-memory copies on warp rows, so bitwise variant 0's; its backward is
+// variant 9's.
+constexpr int kStagedSharedParamsVariant = 10;
+
 // A staged variant and the resident one it must match bitwise (y, mean,
 // rstd, dx), in the dtypes where the two differ in their kernels' code.
 struct StagedPair {
@@ -257,7 +262,8 @@ struct StagedPair {
 const std::vector<StagedPair> kStagedPairs = {{0, kStagedVariant, {DType::F32, DType::BF16}},
                                               {kNarrowVariant, kStagedNarrowVariant, {DType::BF16}},
                                               {0, kStagedPairVariant, {DType::F32, DType::BF16}},
-                                              {1, kSharedParamsVariant, {DType::F32, DType::BF16}, 0}};
+                                              {1, kSharedParamsVariant, {DType::F32, DType::BF16}, 0},
+                                              {0, kStagedSharedParamsVariant, {DType::F32, DType::BF16}}};
 
 struct ForwardOutputs {
   Tensor y, mean, rstd;
@@ -416,7 +422,7 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
       }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9) are bitwise the resident one (0, 7, 1)",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9, 10) are bitwise the resident one (0, 7, 1)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Every resident width class with 16-byte rows in both dtypes (8: one
@@ -449,7 +455,7 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared param
   }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9) are bitwise the resident one (0, 7, 1) on hostile rows",
+TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9, 10) are bitwise the resident one (0, 7, 1) on hostile rows",
           "[layernorm][cuda][kernels][staged][hostile]") {
   HG_REQUIRE_GPU();
   struct Case {
@@ -524,7 +530,7 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
 
 }  // namespace
 
-TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9) against the resident one (0, 7)",
+TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9, 10) against the resident one (0, 7)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
   // Both variants of a pair run on one mean/rstd (the production forward's).
