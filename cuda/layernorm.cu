@@ -677,8 +677,9 @@ struct Forward {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
     auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, kLnVariants[V].shared_params && G == 32>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
-    return room && launch_staged(kernel, G, R, plan_staged(*room, R, a.D * int(sizeof(T)), staged_target_bytes()),
-                                 1, "layernorm_forward_staged_kernel");
+    const int target = staged_target_bytes(kLnVariants[V].shared_params ? 0 : kStagedKB * 1024);
+    return room && launch_staged(kernel, G, R, plan_staged(*room, R, a.D * int(sizeof(T)), target), 1,
+                                 "layernorm_forward_staged_kernel");
   }
   // Variant 8: two rows a step (cuda/layernorm_staged_pair_forward.cuh); as resident_staged.
   template <int EPT, int G, int R>
@@ -687,7 +688,7 @@ struct Forward {
     auto kernel = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
     return room && launch_staged(kernel, G, R,
-                                 plan_staged_pairs(*room, R, a.D * int(sizeof(T)), staged_target_bytes()), 2,
+                                 plan_staged_pairs(*room, R, a.D * int(sizeof(T)), staged_target_bytes(kStagedKB * 1024)), 2,
                                  "layernorm_forward_staged_pair_kernel");
   }
   // Launches a staged forward kernel (R groups of G threads a block) on
@@ -957,10 +958,14 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
 // read the parameters from a shared-memory copy (9): the bf16 forward at
 // D <= 1024 (+0-1% at 512 and 640 to +4-5% at 768 and 1024 over 3, +5% over 0
 // at 256), the backward at 513-1024 (f32 +3-6% over 0; bf16 -0.6% at 640,
-// +0.6% at 768, +2.6% at 1024 over 5).
+// +0.6% at 768, +2.6% at 1024 over 5). Session 32: the staged rows with
+// that copy, filled while the first rows travel (10), for the f32 forward
+// at 257-1024 (+3% at 512 and 640, +2-5% at 768, +7% at 1024 over 5) and
+// the bf16 forward at 257-512 (two stages: +5% at 512, even at 384, over
+// 9); bf16 at 513-1024 keeps 9 (10: +1.5% at 768, -2% at 1024, -6% at 640).
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
-constexpr int kLnProduction[2][2][7] = {{{0, 5, 5, 5, 8, 8, 5}, {9, 9, 9, 3, 3, 8, 5}},
+constexpr int kLnProduction[2][2][7] = {{{0, 10, 10, 5, 8, 8, 5}, {9, 10, 9, 3, 3, 8, 5}},
                                         {{0, 0, 9, 0, 0, 0, 0}, {0, 0, 9, 7, 7, 7, 6}}};
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V

@@ -109,13 +109,14 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * R + grp.group;
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
-  if constexpr (SHARED_PARAMS) {  // ring.start's __syncthreads publishes the copies
+  ring.start(grp.t, x, first, row_stride, rows, D);
+  if constexpr (SHARED_PARAMS) {  // filled while the first rows travel
     Copy::fill(param_copy[0], gamma, D);
     Copy::fill(param_copy[1], beta, D);
+    __syncthreads();
   }
   using Param = ParamRow<VEC, NV, G, SHARED_PARAMS>;
   const Param gamma_of{gamma, param_copy[0], grp.t}, beta_of{beta, param_copy[1], grp.t};
-  ring.start(grp.t, x, first, row_stride, rows, D);
   int64_t next = first + stages * row_stride;  // the row that refills the stage read next
 
   for (int64_t base = first - grp.group; base < rows; base += row_stride) {
@@ -180,20 +181,22 @@ inline StagedPlan plan_staged(const StagedRoom& room, int R, int row_bytes, int 
 }
 
 // HG_LN_STAGED_KB (a lab knob): the bytes in flight per SM the staged
-// forward aims at, in KB; unset, kStagedKB. Read once.
+// forward aims at, in KB; unset, `fallback` bytes: kStagedKB for variants 5
+// and 8; 0 (kMinRowStages) for 10, whose bf16 rows lost 4-9% at 384 and 512
+// with a third stage (docs/layernorm_kernels_notes.md, "Session 32"). Read once.
 constexpr int kStagedKB = 64;
-inline int staged_target_bytes() {
-  static const int bytes = [] {
+inline int staged_target_bytes(int fallback) {
+  static const std::optional<int> knob = []() -> std::optional<int> {
     const char* text = std::getenv("HG_LN_STAGED_KB");
-    if (text == nullptr || *text == '\0') return kStagedKB * 1024;
+    if (text == nullptr || *text == '\0') return std::nullopt;
     const std::optional<long> kb = parse_whole_number(text, 1, 1024);
     HG_CHECK(kb.has_value(), "HG_LN_STAGED_KB",
              "must be a whole number of KB in 1..1024 (the bytes in flight per SM the staged LayerNorm forward "
              "aims at; unset for ",
-             kStagedKB, "), got '", text, "'");
+             kStagedKB, " or, variant 10, the fewest stages), got '", text, "'");
     return static_cast<int>(*kb) * 1024;
   }();
-  return bytes;
+  return knob ? *knob : fallback;
 }
 
 }  // namespace
