@@ -219,6 +219,10 @@ constexpr LnVariant kLnVariants[kLayerNormVariants] = {
 // Forward and Backward): V itself, or the one it narrows.
 constexpr int kernels_of(int V) { return kLnVariants[V].narrows < 0 ? V : kLnVariants[V].narrows; }
 
+// Whether variant V's kernels on rows of G threads read gamma/beta from the
+// block's shared-memory copy: only warp rows (G == 32) take one.
+constexpr bool reads_param_copy(int V, int G) { return kLnVariants[V].shared_params && G == 32; }
+
 // One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
 // over d = x - shift, var = E[d^2] - E[d]^2. That difference loses about
 // log2(1 + E[d]^2 / var) bits; where E[d]^2 > kOnePassRatio var (the shift,
@@ -274,7 +278,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   constexpr LnVariant kV = kLnVariants[V];
   constexpr int NV = EPT / VEC;
   constexpr bool kPacked = (kV.wide || kV.shared_params) && std::is_same_v<T, __nv_bfloat16>;
-  constexpr bool kSharedParams = kV.shared_params && G == 32;
+  constexpr bool kSharedParams = reads_param_copy(V, G);
   static_assert(V >= 1 && kV.lean && VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15,
                 "bad LayerNorm lab config");
   __shared__ GroupScratch<G, R> scratch;
@@ -675,7 +679,7 @@ struct Forward {
   template <int EPT, int G, int R>
   bool resident_staged() const {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
-    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, kLnVariants[V].shared_params && G == 32>;
+    auto kernel = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, reads_param_copy(V, G)>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R);
     const int target = staged_target_bytes(kLnVariants[V].shared_params ? 0 : kStagedKB * 1024);
     return room && launch_staged(kernel, G, R, plan_staged(*room, R, a.D * int(sizeof(T)), target), 1,
@@ -792,7 +796,7 @@ struct Backward {
   template <int EPT, int G, int R>
   bool staged() const {
     using Staged = StagedShape<EPT, G, R>;
-    constexpr bool kSharedGamma = kLnVariants[V].shared_params && G == 32;
+    constexpr bool kSharedGamma = reads_param_copy(V, G);
     auto kernel = layernorm_backward_staged_kernel<T, VEC, EPT, G, Staged::kGroups, Staged::kDepth, Staged::kMinBlocks,
                                                    kSharedGamma>;
     static const size_t max_smem = staged_backward_smem_limit(kernel);
