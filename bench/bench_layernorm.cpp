@@ -137,6 +137,9 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
   // few times a typical last-level cache.
   const double cache_bytes = cuda ? 50e6 : 32e6;
   Generator gen(1234);
+  if (cuda)
+    spdlog::info("LayerNorm production table {} of 0 (HBM3), 1 (HBM3e); HG_LN_TABLE forces one",
+                 gpu::layernorm_production_table());
 
   std::stringstream ds(opt.dtypes);
   std::string dname;

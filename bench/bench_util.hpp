@@ -137,7 +137,7 @@ inline void for_each_device(const std::string& which, const char*, const std::fu
   const bool have_gpu = gpu::device_count() > 0;
   if (which == "cuda") cli::resolve_device("cuda");  // throws without a GPU
   if (which != "cpu" && have_gpu) {
-    spdlog::info("GPU: {}, {} SMs", gpu::device_name(), gpu::sm_count());
+    spdlog::info("GPU: {}, {} SMs, peak DRAM {:.0f} GB/s", gpu::device_name(), gpu::sm_count(), gpu::dram_peak_gbps());
     run(Device::CUDA);
   }
   if (which != "cuda") run(Device::CPU);

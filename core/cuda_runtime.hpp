@@ -93,6 +93,9 @@ class Timer {
 int sm_count();
 const char* device_name();
 int compute_capability();  // major * 10 + minor, e.g. 90 for an H100
+// Peak DRAM bandwidth in GB/s (10^9 B/s) from the memory clock and bus width
+// the driver reports: 3352 for an H100 SXM (HBM3), 4916 for an H200 (HBM3e).
+double dram_peak_gbps();
 
 }  // namespace hg::gpu
 

@@ -941,36 +941,29 @@ bool can_vectorize(int D, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// The variant each case runs when HG_LN_VARIANT is unset, by [pass: forward,
-// backward][dtype: f32, bf16][D <= 256, <= 512, <= 1024, <= 2048, <= 3072,
-// <= 4096, > 4096];
-// making a measured winner the default is one edit here. Chosen from the
-// H100 runs of 2026-11-26 (docs/layernorm_kernels_notes.md, "Session 27"):
-// the staged rows (5) gain 1-10% on the forward from 768 up but for bf16 at
-// 1024 (-4% against 3), and up to 22% on the bf16 backward past 4096 and at
-// 768; they lose 1-6% on every f32 backward, 2% on the bf16 backward at
-// 4096 and 9% at 512. bf16 forward at D = 256 keeps 0 (3 ran 13% slower).
-// Session 28 (2026-11-28): the bf16 backward reads rows 8 bytes at a time
-// at 1025-4096 (7: +4% at 4096) and above (6: +3-5% at 8192-16384); the
-// narrow rows lost on every bf16 forward and at 768, which keep 5. The
-// bf16 forward at 1025-4096 goes back to 3, which beat 5 at every width
-// timed there (1536 +13%, 2048 +6%, 3072 +3%, 4096 +1%); the two-row
-// staged forward (8) won only at 4096. Session 29 split 1025-4096 so the
-// forward can run 8 where it wins (H100, one call): f32 at 2049-4096
-// (+3-5% over 5 at 2560-4096), bf16 at 3073-4096 (+3% over 3 at 4096;
-// -10% at 2560, -1% at 3072, so 2049-3072 keeps 3). Session 31: warp rows
-// read the parameters from a shared-memory copy (9): the bf16 forward at
-// D <= 1024 (+0-1% at 512 and 640 to +4-5% at 768 and 1024 over 3, +5% over 0
-// at 256), the backward at 513-1024 (f32 +3-6% over 0; bf16 -0.6% at 640,
-// +0.6% at 768, +2.6% at 1024 over 5). Session 32: the staged rows with
-// that copy, filled while the first rows travel (10), for the f32 forward
-// at 257-1024 (+3% at 512 and 640, +2-5% at 768, +7% at 1024 over 5) and
-// the bf16 forward at 257-512 (two stages: +5% at 512, even at 384, over
-// 9); bf16 at 513-1024 keeps 9 (10: +1.5% at 768, -2% at 1024, -6% at 640).
+// The variant each case runs when HG_LN_VARIANT is unset, by [table: HBM3,
+// HBM3e (layernorm_table_switch)][pass: forward, backward][dtype: f32,
+// bf16][D <= 256, 512, 1024, 2048, 3072, 4096, 8192, > 8192]. Each entry is
+// the variant that won at those widths on that memory (table 0: H100 runs of
+// sessions 27-32; table 1: H200, session 33); the measurements and the
+// reasons are in docs/layernorm_kernels_notes.md (the session sections;
+// "Session 33" sums up both tables). Making a measured winner the default
+// is one edit here.
 // Variants reach only the resident kernels on 16-byte rows (D <= 16384);
 // every other case runs variant 0.
-constexpr int kLnProduction[2][2][7] = {{{0, 10, 10, 5, 8, 8, 5}, {9, 10, 9, 3, 3, 8, 5}},
-                                        {{0, 0, 9, 0, 0, 0, 0}, {0, 0, 9, 7, 7, 7, 6}}};
+constexpr int kLnWidthClasses = 8;
+constexpr int kLnProduction[kLayerNormTables][2][2][kLnWidthClasses] = {
+    {{{0, 10, 10, 5, 8, 8, 5, 5}, {9, 10, 9, 3, 3, 8, 5, 5}},    // HBM3 forward: f32, bf16
+     {{0, 0, 9, 0, 0, 0, 0, 0}, {0, 0, 9, 7, 7, 7, 6, 6}}},      // HBM3 backward
+    {{{10, 10, 10, 3, 3, 3, 3, 3}, {9, 9, 9, 3, 3, 8, 3, 3}},   // HBM3e forward
+     {{0, 0, 9, 0, 0, 0, 0, 0}, {7, 7, 9, 7, 7, 7, 7, 6}}}};    // HBM3e backward
+
+int ln_width_class(int D) {
+  constexpr int kUpTo[kLnWidthClasses - 1] = {256, 512, 1024, 2048, 3072, 4096, 8192};
+  int c = 0;
+  while (c < kLnWidthClasses - 1 && D > kUpTo[c]) ++c;
+  return c;
+}
 
 // Runs Pass<T, VEC, V> over the width table for x's dtype and alignment: V
 // the variant of the case (forced by HG_LN_VARIANT, else the production
@@ -980,14 +973,8 @@ constexpr int kLnProduction[2][2][7] = {{{0, 10, 10, 5, 8, 8, 5}, {9, 10, 9, 3, 
 template <template <class, int, int> class Pass, class Args>
 void dispatch(const Tensor& x, const Args& a, std::initializer_list<const void*> ptrs, bool backward) {
   const bool bf16 = x.dtype() == DType::BF16;
-  const int width_class = a.D <= 256    ? 0
-                          : a.D <= 512  ? 1
-                          : a.D <= 1024 ? 2
-                          : a.D <= 2048 ? 3
-                          : a.D <= 3072 ? 4
-                          : a.D <= 4096 ? 5
-                                        : 6;
-  const int variant = layernorm_lab_switch().pick(kLnProduction[backward][bf16][width_class]);
+  const int variant =
+      layernorm_lab_switch().pick(kLnProduction[layernorm_production_table()][backward][bf16][ln_width_class(a.D)]);
   switch (x.dtype()) {
     case DType::F32:
       if (can_vectorize<float>(a.D, ptrs))
@@ -1018,6 +1005,11 @@ void check_rows_d(const char* op, const Tensor& x) {
 }
 
 }  // namespace
+
+int layernorm_production_table() {
+  static const int by_device = dram_peak_gbps() >= kLnHbm3eGbps ? 1 : 0;
+  return layernorm_table_switch().pick(by_device);
+}
 
 void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                              Tensor& mean, Tensor& rstd) {

@@ -33,4 +33,19 @@ inline LabSwitch& layernorm_lab_switch() {
   return s;
 }
 
+// The production table is measured per memory system: 0 on HBM3 (H100,
+// 3.35 TB/s), 1 on HBM3e (H200, 4.8 TB/s), where the warp rows need more
+// bytes in flight and other variants win. Unset, a device whose peak DRAM
+// bandwidth (dram_peak_gbps) reaches kLnHbm3eGbps runs table 1, any other
+// table 0; HG_LN_TABLE=0|1 (or a LabSwitchScope) forces one, so one device
+// can time both.
+constexpr int kLayerNormTables = 2;
+constexpr double kLnHbm3eGbps = 4000;
+inline LabSwitch& layernorm_table_switch() {
+  static LabSwitch s("HG_LN_TABLE", kLayerNormTables);
+  return s;
+}
+// The table this process runs now (the forced one, else the device's).
+int layernorm_production_table();
+
 }  // namespace hg::gpu

@@ -57,6 +57,7 @@ int sm_count() { no_cuda("gpu::sm_count"); }
 int compute_capability() { no_cuda("gpu::compute_capability"); }
 
 const char* device_name() { no_cuda("gpu::device_name"); }
+double dram_peak_gbps() { no_cuda("gpu::dram_peak_gbps"); }
 
 void sgd_step(float*, const float*, float*, int64_t, float, float, float) { no_cuda("gpu::sgd_step"); }
 void adamw_step(float*, const float*, float*, float*, int64_t, float, float, float, float, float, float,
@@ -66,6 +67,7 @@ void adamw_step(float*, const float*, float*, float*, int64_t, float, float, flo
 double sum_of_squares(const float*, int64_t) { no_cuda("gpu::sum_of_squares"); }
 void scale_inplace(float*, int64_t, float) { no_cuda("gpu::scale_inplace"); }
 
+int layernorm_production_table() { no_cuda("gpu::layernorm_production_table"); }
 void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&) {
   no_cuda("gpu::layernorm_forward_fused");
 }

@@ -455,6 +455,17 @@ int compute_capability() {
   return cc;
 }
 
+double dram_peak_gbps() {
+  static const double gbps = [] {
+    int clock_khz = 0, bus_bits = 0;
+    const int device = current_device();
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+    HG_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    return 2.0 * clock_khz * 1e3 * (bus_bits / 8) * 1e-9;  // two transfers a clock (DDR)
+  }();
+  return gbps;
+}
+
 const char* device_name() {
   static const std::string name = [] {
     cudaDeviceProp prop{};

@@ -65,7 +65,7 @@ PY
 }
 
 if has ln; then
-  "$build/bench/bench_layernorm" --device cuda --kernels-only --variants "${LN_VARIANTS:-0,1,2,3,4,5,6,7,8}" --iters 30 --png '' \
+  "$build/bench/bench_layernorm" --device cuda --kernels-only --variants "${LN_VARIANTS:-0,1,2,3,4,5,6,7,8,9,10}" --iters 30 --png '' \
     --sizes 4096x1024,4096x4096,4096x8192,4096x16384,16384x768 --csv "$out/sweep_ln.csv" \
     > "$out/sweep_ln.txt" 2>&1 || status=1
   table "$out/sweep_ln.csv" ln | tee "$out/sweep_ln_table.txt"

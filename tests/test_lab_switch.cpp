@@ -7,6 +7,7 @@
 
 #include "core/error.hpp"
 #include "cuda/lab_switch.hpp"
+#include "cuda/layernorm_kernels.hpp"
 #include "cuda/residual_layernorm_kernels.hpp"
 #include "tests/catch.hpp"
 
@@ -73,4 +74,15 @@ TEST_CASE("lab switch: HG_RESIDUAL_LN_VARIANT offers the old kernels (0) and the
     CHECK(lab.pick(0) == 2);
   }
   CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 3), hg::Error);
+}
+
+TEST_CASE("lab switch: HG_LN_TABLE offers the HBM3 (0) and HBM3e (1) LayerNorm production tables", "[lab_switch]") {
+  hg::gpu::LabSwitch& table = hg::gpu::layernorm_table_switch();
+  CHECK(std::string(table.env()) == "HG_LN_TABLE");
+  CHECK(table.count() == hg::gpu::kLayerNormTables);
+  {
+    hg::gpu::LabSwitchScope scope(table, 1);
+    CHECK(table.pick(0) == 1);
+  }
+  CHECK_THROWS_AS(hg::gpu::LabSwitchScope(table, 2), hg::Error);
 }

@@ -331,6 +331,32 @@ TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, al
       }
 }
 
+// Every width class of the production tables (cuda/layernorm.cu), its first
+// and last 16-byte width, under each table whatever the device would pick:
+// the variants each entry names pass the reference, and the backward is
+// bitwise reproducible. (The per-variant cases above cover the variants;
+// this one covers the lookup.)
+TEST_CASE("layernorm kernels: each production table at the edges of its width classes",
+          "[layernorm][cuda][kernels][tables]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 4100;
+  for (int table = 0; table < gpu::kLayerNormTables; ++table) {
+    gpu::LabSwitchScope forced_table(gpu::layernorm_table_switch(), table);
+    gpu::LabSwitchScope production(gpu::layernorm_lab_switch(), gpu::LabSwitch::kProduction);
+    for (const DType dtype : {DType::F32, DType::BF16})
+      for (const int64_t D : {256, 264, 512, 520, 1024, 1032, 2048, 2056, 3072, 3080, 4096, 4104, 8192, 8200, 16384}) {
+        if (!width_selected(D)) continue;
+        const Inputs in = make_inputs(rows_for(D), D, dtype, false, seed++);
+        INFO("table " << table << " dtype " << dtype_name(dtype) << " D " << D);
+        const Outputs got = run_kernels(in);
+        check_outputs(in, got, reference(in));
+        const Outputs again = run_kernels(in);
+        CHECK(same_bytes(again.dx, got.dx));
+        CHECK(same_bytes(again.dgamma, got.dgamma));
+      }
+  }
+}
+
 TEST_CASE("layernorm kernels: backward is bitwise reproducible in every layout",
           "[layernorm][cuda][kernels][reproducible]") {
   HG_REQUIRE_GPU();
