@@ -94,7 +94,8 @@ int sm_count();
 const char* device_name();
 int compute_capability();  // major * 10 + minor, e.g. 90 for an H100
 // Peak DRAM bandwidth in GB/s (10^9 B/s) from the memory clock and bus width
-// the driver reports: 3352 for an H100 SXM (HBM3), 4916 for an H200 (HBM3e).
+// the driver reports: 4814 on the H200 of docs/benchmarks.md (HBM3e); an H100 SXM
+// (HBM3, 2619 MHz x 5120 bits by its datasheet) would give about 3350.
 double dram_peak_gbps();
 
 }  // namespace hg::gpu
