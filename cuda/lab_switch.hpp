@@ -1,9 +1,11 @@
 #pragma once
 // A lab switch: an environment variable that forces one experimental variant
 // of a kernel family (HG_LN_VARIANT, HG_SOFTMAX_VARIANT) or one production
-// table (HG_LN_TABLE), so that one build can time every candidate. Unset or empty: each case runs the variant its
-// production table names. Read once per process; a value that is not one of
-// 0 .. count-1 is an hg::Error naming the variable and the allowed values.
+// table (HG_LN_TABLE), so that one build can time every candidate. Unset or
+// empty: each case runs the variant its production table names (or the
+// table the device's memory picks). Read once per process; a value that is
+// not one of 0 .. count-1 is an hg::Error naming the variable and the
+// allowed values.
 // Tests and benchmarks force a variant in-process with LabSwitchScope.
 // Plain C++, header only: the no-CUDA build needs nothing from it.
 #include <atomic>

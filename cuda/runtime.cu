@@ -433,36 +433,29 @@ int current_device() {
   HG_CUDA_CHECK(cudaGetDevice(&device));
   return device;
 }
+
+// One attribute of the current device.
+int attribute(cudaDeviceAttr what) {
+  int value = 0;
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&value, what, current_device()));
+  return value;
+}
 }  // namespace
 
 int sm_count() {
-  static const int count = [] {
-    int n = 0;
-    HG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, current_device()));
-    return n;
-  }();
+  static const int count = attribute(cudaDevAttrMultiProcessorCount);
   return count;
 }
 
 int compute_capability() {
-  static const int cc = [] {
-    int major = 0, minor = 0;
-    const int device = current_device();
-    HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    HG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    return major * 10 + minor;
-  }();
+  static const int cc =
+      attribute(cudaDevAttrComputeCapabilityMajor) * 10 + attribute(cudaDevAttrComputeCapabilityMinor);
   return cc;
 }
 
 double dram_peak_gbps() {
-  static const double gbps = [] {
-    int clock_khz = 0, bus_bits = 0;
-    const int device = current_device();
-    HG_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
-    HG_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-    return 2.0 * clock_khz * 1e3 * (bus_bits / 8) * 1e-9;  // two transfers a clock (DDR)
-  }();
+  static const double gbps = 2.0 * attribute(cudaDevAttrMemoryClockRate) * 1e3 *  // kHz, two transfers a clock
+                             (attribute(cudaDevAttrGlobalMemoryBusWidth) / 8) * 1e-9;
   return gbps;
 }
 
