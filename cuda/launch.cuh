@@ -1,5 +1,5 @@
 #pragma once
-// Launch helpers shared by the fused kernels: the dynamic shared-memory
+// Launch utilities shared by the fused kernels: the dynamic shared-memory
 // opt-in, occupancy, what a kernel's compiled code can do, and launches with
 // a cluster shape. One place for these calls, so a launcher states what it
 // needs ("this many bytes", "blocks resident per SM") and not how the
