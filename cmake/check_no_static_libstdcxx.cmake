@@ -2,7 +2,7 @@
 # libstdc++.so.6 (cmake/SharedLibstdcxx.cmake says why that crashes Python).
 # Looks for definitions that exist only in libstdc++'s own objects, never in
 # code compiled from its headers: std::locale::classic(), std::locale::id::_M_id(),
-# std::ios_base::Init::Init() and the codecvt helper read_utf8_code_point.
+# std::ios_base::Init::Init() and the codecvt function read_utf8_code_point.
 # Usage: cmake -DNM=<nm> -DFILES="a;b;..." -P check_no_static_libstdcxx.cmake
 # Files not built are listed and skipped; none checked at all is an error.
 cmake_minimum_required(VERSION 3.25)

@@ -104,7 +104,7 @@ class Backend {
   // it; a device backend overrides it with a kernel to avoid the round trip.
   virtual void transpose(const Tensor& x, int dim0, int dim1, Tensor& out);
 
-  // ---- mixed precision (issue 13) ----
+  // ---- mixed precision ----
 
   // out = epilogue(op(a) * op(b)), shapes as matmul (epilogues other than None
   // need 2-D operands). a and b share a dtype; out may be wider: BF16 x BF16

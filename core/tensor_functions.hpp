@@ -46,7 +46,7 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool t
 // (e.g. a slice of a larger buffer, so no concatenation copy follows).
 void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a = false, bool transpose_b = false);
 
-// Layout helpers (copies): swap two dims of a contiguous tensor.
+// Layout functions (copies): swap two dims of a contiguous tensor.
 Tensor transpose(const Tensor& x, int dim0, int dim1);
 
 // ---- backward of the primitives ----

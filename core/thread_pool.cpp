@@ -45,7 +45,7 @@ struct Job {
 // after its call ended, finds the generation changed or no index left and
 // claims nothing. So the caller waits only for tasks that were started, never
 // for a worker to be scheduled: on a machine busy with other jobs a sleeping
-// worker costs nothing (waiting for every helper to check in made two threads
+// worker costs nothing (waiting for every worker to check in made two threads
 // slower than one there).
 class Pool {
  public:

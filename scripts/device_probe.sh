@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-off: what the GPU machine has (run through the device tool).
+# What a GPU machine has: GPU, driver, toolkit, compilers and the build's dependencies.
 set -u
 export PATH=/usr/local/cuda/bin:$PATH
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU job in one call (for the lent H100 or H200): build for sm_90, run every
+# The whole GPU job in one command (on an H100 or H200 machine): build for sm_90, run every
 # test, then the benchmarks; logs, CSVs and plots go to $OUT (default out/).
 # Usage: scripts/gpu_check.sh [tests|bench|sanitize|all]...   (default: tests bench)
 # HG_TEST_TIMEOUT caps each test program (seconds, default 900).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data parallelism on the GPU machine (docs/distributed.md), one call:
+# Data parallelism on the GPU machine (docs/distributed.md), in one command:
 #   1. builds into build-gpu/ and runs test_dist (NCCL with one rank) through scripts/gpu_check.sh;
 #   2. train on one GPU, plain vs --ddp (NCCL, one rank): the same losses, bit for bit;
 #      --zero 1 within a relative 1e-5 (its clipping scales the gradients in a separate pass);
@@ -16,7 +16,7 @@ cat "$out/test_summary.txt"
 grep -E "handgrad: (MPI|NCCL)" "$out/build.log"
 cmake --build build-gpu -j"$(nproc)" --target train bench_ddp > "$out/build_train.log" 2>&1 || { tail -30 "$out/build_train.log"; exit 1; }
 root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
-export NCCL_NVLS_ENABLE=0  # no NVLink multicast on the lent machines
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off: the multi-GPU machines measured need it off
 
 t=(--device cuda --steps 300 --eval-every 100 --plot "" -q)
 build-gpu/examples/train "${t[@]}" --log-csv "$out/plain.csv" > "$out/train_plain.txt" 2>&1
@@ -44,5 +44,5 @@ if ((n >= 2)); then
   mpirun -np "$n" "${root[@]}" -x NCCL_NVLS_ENABLE build-gpu/examples/train --device cuda --steps 300 --batch 16 \
     --check-sync --plot "" -q --log-csv "$out/train_np$n.csv" 2>&1 | tail -12 | tee "$out/train_np$n.txt"
 else
-  echo "one GPU: the ${n}-GPU scaling runs need nvidia-h200-x2 or larger"
+  echo "one GPU: the ${n}-GPU scaling runs need a machine with 2 or more GPUs"
 fi

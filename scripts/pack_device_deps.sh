@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Copies the header-only dependencies the GPU machine lacks (Eigen, spdlog,
-# fmt, CLI11) into .deps/include, which the device tool carries (it is
-# ignored by git). CMake falls back to it when find_package fails.
+# Copies the header-only dependencies a GPU machine without these packages
+# lacks (Eigen, spdlog, fmt, CLI11) into .deps/include (ignored by git), to be
+# copied there with the working tree. CMake falls back to it when
+# find_package fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dst=.deps/include

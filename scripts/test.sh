@@ -10,7 +10,7 @@
 #
 # In the sanitizer run each test binary gets the Catch2 filter "~[slow]~[.]":
 # it skips only cases tagged [slow] (for sweeps ASan would make too slow for
-# CI; none need it today) and hidden helper cases. Any sanitizer report fails
+# CI; none need it today) and hidden cases ([.]). Any sanitizer report fails
 # the run. Measured on 2 idle cores: the sanitizer build of the test programs
 # takes ~4 min from scratch, its ctest ~25 s.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #pragma once
-// File helpers shared by the tests that write .npy files and checkpoints.
+// File utilities shared by the tests that write .npy files and checkpoints.
 #include <unistd.h>
 
 #include <filesystem>

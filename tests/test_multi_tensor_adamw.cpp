@@ -57,7 +57,7 @@ Tensor make_state(Device device, double lr) {
   return s.to(device);
 }
 
-// The per-tensor AdamW of hg::AdamW before issue 13 (double math), on one
+// The per-tensor AdamW of hg::AdamW before the multi-tensor kernel (double math), on one
 // CPU tensor, grads multiplied by `scale`: the CPU's arithmetic for f64
 // parameters.
 void reference_step_f64(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWConfig& o, double lr, double t,

@@ -277,7 +277,7 @@ TEST_CASE("residual_layernorm CUDA variant 1 forward is LayerNorm's (variant 0) 
   HG_REQUIRE_GPU();
 #ifdef HG_WITH_CUDA
   // The residual kernel holds h = round(x + r) and takes the statistics and y
-  // with layernorm_forward_kernel's helpers, shift = h[row, 0]: bitwise its
+  // with layernorm_forward_kernel's row functions, shift = h[row, 0]: bitwise its
   // outputs on the stored h.
   for (const DType dtype : {DType::F32, DType::BF16})
     for (const int64_t D : {8, 256, 768, 1024, 4096, 8192, 16384})

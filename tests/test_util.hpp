@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the Catch2 tests: finite differences, error norms, GPU skip.
+// Shared by the Catch2 tests: finite differences, error norms, GPU skip.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
