@@ -1,0 +1,275 @@
+// Data parallelism with several ranks, run as `mpirun -np 2 test_dist_ranks`
+// (tests/CMakeLists.txt registers it where MPI was found): the reduced
+// gradients against one process with the whole batch, a ZeRO-1 resume on
+// two ranks against the uninterrupted run, and the bf16 reduction against
+// the fp32 one. CPU through MPI; the [cuda] cases through NCCL, one GPU per
+// rank, where the host has a GPU for every rank.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include "core/cuda_runtime.hpp"
+#include "core/optim.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "dist/collectives.hpp"
+#include "dist/grad_reducer.hpp"
+#include "dist/sharded_adamw.hpp"
+#include "dist/watchdog.hpp"
+#include "dist/world.hpp"
+#include "models/decoder_lm.hpp"
+#include "ops/cross_entropy.hpp"
+#include "tests/catch.hpp"
+#include "tests/test_util.hpp"
+
+using namespace hg;
+
+namespace {
+
+constexpr int64_t kRows = 16, kSeq = 9, kVocab = 37;
+
+// MPI once per process, finalised at exit (mpirun counts a rank that exits
+// without MPI_Finalize as failed). A rank whose case failed leaves its peer
+// in a collective: the watchdog stops both after a minute.
+const dist::World& ranks() {
+  static const dist::World& w = [] () -> const dist::World& {
+    const dist::World& world = dist::init_world();
+    dist::set_comm_timeout(60);
+    std::atexit(dist::finalize_world);
+    return world;
+  }();
+  return w;
+}
+
+void require_two_ranks() {
+  INFO("run under mpirun -np 2 (tests/CMakeLists.txt does)");
+  REQUIRE(ranks().size == 2);
+}
+
+// CUDA cases: one GPU per rank, NCCL between them.
+bool cuda_ranks_available() {
+  if (!gpu::nccl::built_with_nccl()) return false;
+  if (gpu::device_count() < ranks().local_size) return false;
+  gpu::set_device(ranks().local_rank);
+  return true;
+}
+
+std::unique_ptr<DecoderLM> tiny_model(Device dev, uint64_t seed = 11) {
+  DecoderLMConfig c;
+  c.vocab_size = kVocab;
+  c.max_seq_len = kSeq;
+  c.d_model = 24;
+  c.n_heads = 3;
+  c.n_layers = 2;
+  c.seed = seed;
+  auto m = std::make_unique<DecoderLM>(c);
+  m->to(dev);
+  return m;
+}
+
+// A global batch of kRows sequences, the same on every rank. The ignored
+// targets are spread unevenly (more in the first half), so the ranks' token
+// shares differ from 1/2 and the reduction must weigh by tokens.
+struct GlobalBatch {
+  std::vector<double> ids, targets;
+};
+
+GlobalBatch global_batch(uint64_t seed) {
+  Generator g(seed);
+  GlobalBatch b;
+  for (int64_t i = 0; i < kRows * kSeq; ++i) {
+    b.ids.push_back(static_cast<double>(g.next_u64() % kVocab));
+    b.targets.push_back(static_cast<double>(g.next_u64() % kVocab));
+  }
+  for (int64_t row = 0; row < kRows / 2; ++row) b.targets[row * kSeq + row % kSeq] = -100;
+  b.targets[kRows / 2 * kSeq + 4] = -100;
+  return b;
+}
+
+struct Shard {
+  Tensor ids, targets;
+  double weight;  // this shard's share of the global batch's target tokens
+};
+
+// Rows [from, to) of the global batch.
+Shard shard(const GlobalBatch& b, int64_t from, int64_t to, Device dev) {
+  const auto cut = [&](const std::vector<double>& v) {
+    return std::vector<double>(v.begin() + from * kSeq, v.begin() + to * kSeq);
+  };
+  const auto counted = [&](int64_t a, int64_t z) {
+    return std::count_if(b.targets.begin() + a * kSeq, b.targets.begin() + z * kSeq, [](double t) { return t != -100; });
+  };
+  return {Tensor::from_vector(cut(b.ids), {to - from, kSeq}, DType::F32, dev),
+          Tensor::from_vector(cut(b.targets), {to - from, kSeq}, DType::F32, dev),
+          static_cast<double>(counted(from, to)) / static_cast<double>(counted(0, kRows))};
+}
+
+// This rank's part of the global batch.
+Shard my_shard(const GlobalBatch& b, Device dev) {
+  const int64_t per = kRows / ranks().size;
+  return shard(b, ranks().rank * per, (ranks().rank + 1) * per, dev);
+}
+
+double forward_backward(DecoderLM& m, const Shard& s) {
+  m.zero_grad();
+  CrossEntropySaved saved;
+  const double loss = cross_entropy_forward(m.forward(s.ids), s.targets, -100, &saved).item();
+  m.backward(cross_entropy_backward(saved));
+  return loss;
+}
+
+std::vector<Parameter*> backward_order(DecoderLM& m) {
+  std::vector<Parameter*> ps = m.parameters();
+  std::reverse(ps.begin(), ps.end());
+  return ps;
+}
+
+double grad_norm(DecoderLM& m) {
+  double sumsq = 0;
+  for (Parameter* p : m.parameters())
+    for (double g : p->grad.to_vector()) sumsq += g * g;
+  return std::sqrt(sumsq);
+}
+
+// Each rank's batch-8 gradient, weighed by its tokens and reduced, is the
+// gradient of one process over the batch of 16: the pre-clip norm and every
+// gradient within a relative 1e-5 (the sums run in another order: not bitwise).
+void reduced_gradient_matches_whole_batch(Device dev) {
+  auto whole = tiny_model(dev), ddp = tiny_model(dev);
+  dist::Collectives comm(dev);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 4096;  // several buckets, reduced during the backward
+  dist::GradReducer reducer(comm, backward_order(*ddp), ro);
+  ddp->set_grads_ready_hook([&](const std::vector<Parameter*>& ps) { reducer.grads_ready(ps); });
+  for (uint64_t seed : {1, 2}) {
+    const GlobalBatch b = global_batch(seed);
+    forward_backward(*whole, shard(b, 0, kRows, dev));
+    const Shard mine = my_shard(b, dev);
+    reducer.begin_step(mine.weight);
+    forward_backward(*ddp, mine);
+    reducer.finish();
+    const double expected = grad_norm(*whole), got = grad_norm(*ddp);
+    INFO("rank " << ranks().rank << ", batch " << seed << ": pre-clip gradient norm " << got << ", one process "
+                 << expected);
+    REQUIRE(std::abs(got - expected) <= 1e-5 * expected);
+    const auto pw = whole->named_parameters(), pd = ddp->named_parameters();
+    for (size_t i = 0; i < pw.size(); ++i) {
+      INFO(pw[i].first);
+      const std::vector<double> g = pw[i].second->grad.to_vector(), h = pd[i].second->grad.to_vector();
+      double scale = 0, diff = 0;
+      for (size_t j = 0; j < g.size(); ++j) {
+        scale = std::max(scale, std::abs(g[j]));
+        diff = std::max(diff, std::abs(g[j] - h[j]));
+      }
+      REQUIRE(diff <= 1e-5 * scale);
+    }
+  }
+  ddp->set_grads_ready_hook(nullptr);
+}
+
+// A ZeRO-1 model on every rank: its reducer (sharded) and optimizer.
+struct ZeroRun {
+  std::unique_ptr<DecoderLM> model;
+  std::unique_ptr<dist::Collectives> comm;
+  std::unique_ptr<dist::GradReducer> reducer;
+  std::unique_ptr<dist::ShardedAdamW> opt;
+
+  ZeroRun(Device dev, const std::string& resume_from) {
+    model = tiny_model(Device::CPU, resume_from.empty() ? 11 : 99);  // a resumed run's own seed is overwritten
+    if (!resume_from.empty()) model->load(resume_from);
+    model->to(dev);
+    comm = std::make_unique<dist::Collectives>(dev);
+    dist::ReducerOptions ro;
+    ro.bucket_bytes = 8192;
+    ro.sharded = true;
+    reducer = std::make_unique<dist::GradReducer>(*comm, backward_order(*model), ro);
+    AdamWOptions o;
+    o.lr = 3e-3;
+    o.weight_decay = 0.1;
+    o.max_grad_norm = 1.0;
+    opt = std::make_unique<dist::ShardedAdamW>(*reducer, *comm, model->parameters(), o);
+    if (!resume_from.empty()) opt->load_state(resume_from + ".optim");
+    model->set_grads_ready_hook([this](const std::vector<Parameter*>& ps) { reducer->grads_ready(ps); });
+  }
+  ~ZeroRun() { model->set_grads_ready_hook(nullptr); }
+
+  // One step on global batch `seed`; returns the global loss.
+  double step(uint64_t seed, Device dev) {
+    const Shard mine = my_shard(global_batch(seed), dev);
+    reducer->begin_step(mine.weight);
+    double loss = mine.weight * forward_backward(*model, mine);
+    reducer->finish();
+    opt->step();
+    dist::all_reduce_sum(&loss, 1, "all-reduce of the loss");
+    return loss;
+  }
+};
+
+// ZeRO-1 on 2 ranks, checkpointed after step 3 and resumed on 2 ranks, gives
+// the uninterrupted run's losses and parameters bit for bit: every rank gets
+// its own part of the moments back.
+void zero1_resume_on_two_ranks(Device dev) {
+  constexpr int kSteps = 6, kCut = 3;
+  ZeroRun whole(dev, "");
+  std::vector<double> expected;
+  for (int s = 0; s < kSteps; ++s) expected.push_back(whole.step(100 + s, dev));
+
+  // One directory for every rank: rank 0's process id names it.
+  uint64_t id = static_cast<uint64_t>(::getpid());
+  dist::broadcast(&id, sizeof id, 0, "broadcast of the checkpoint name");
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("hg_test_dist_ranks_" + std::to_string(id));
+  if (ranks().rank == 0) std::filesystem::create_directories(dir);
+  const std::string ck = (dir / "zero.ck").string();
+  std::vector<double> got;
+  {
+    ZeroRun first(dev, "");
+    for (int s = 0; s < kCut; ++s) got.push_back(first.step(100 + s, dev));
+    if (ranks().rank == 0) first.model->save(ck, kCut);
+    first.opt->save_state(ck + ".optim");  // collective: rank 0 gathers and writes
+    dist::barrier("checkpoint written");
+  }
+  ZeroRun resumed(dev, ck);
+  REQUIRE(resumed.opt->steps() == kCut);
+  for (int s = kCut; s < kSteps; ++s) got.push_back(resumed.step(100 + s, dev));
+  dist::barrier("checkpoint read by every rank");
+  if (ranks().rank == 0) std::filesystem::remove_all(dir);
+
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("rank " << ranks().rank << ", step " << s + 1);
+    REQUIRE(got[s] == expected[s]);
+  }
+  const auto pw = whole.model->named_parameters(), pr = resumed.model->named_parameters();
+  for (size_t i = 0; i < pw.size(); ++i) {
+    INFO("rank " << ranks().rank << ", " << pw[i].first);
+    REQUIRE(pw[i].second->value.to_vector() == pr[i].second->value.to_vector());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("2 ranks x batch 8 = 1 process x batch 16: pre-clip gradient norm and gradients (CPU, MPI)") {
+  require_two_ranks();
+  reduced_gradient_matches_whole_batch(Device::CPU);
+}
+
+TEST_CASE("ZeRO-1 on 2 ranks, checkpointed and resumed on 2 ranks = uninterrupted (CPU, MPI)") {
+  require_two_ranks();
+  zero1_resume_on_two_ranks(Device::CPU);
+}
+
+TEST_CASE("[cuda] 2 ranks x batch 8 = 1 process x batch 16: pre-clip gradient norm and gradients (NCCL)") {
+  HG_REQUIRE_GPU();
+  require_two_ranks();
+  if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
+  reduced_gradient_matches_whole_batch(Device::CUDA);
+}
+
+TEST_CASE("[cuda] ZeRO-1 on 2 ranks, checkpointed and resumed on 2 ranks = uninterrupted (NCCL)") {
+  HG_REQUIRE_GPU();
+  require_two_ranks();
+  if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
+  zero1_resume_on_two_ranks(Device::CUDA);
+}
