@@ -7,6 +7,10 @@
 // scaling over one rank's step, and the communication: time of the
 // collectives, the part exposed after the backward, and the share hidden
 // behind it. docs/distributed.md.
+//
+// --bucket-mb and --grad-dtype take lists (--bucket-mb 10,25,50 --grad-dtype
+// fp32,bf16): each combination is measured on a fresh model, and rank 0
+// prints a table of all of them at the end.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
   int warmup = 3, iters = 10;
   cli::DataParallelFlags dpf;
   dpf.force = true;
+  cli::DataParallelSweep sweep;
   cli::CommonFlags common;
   app.add_option("--device", device, "auto, cpu, cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--config", config, "bench (bench_train's default size) or gpt2s (GPT-2 small, T 1024, B 8)")
@@ -55,7 +60,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--iters", iters, "timed steps (median)")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--csv", csv_path, "summary CSV (rank 0)")->capture_default_str();
-  cli::add_data_parallel_flags(app, dpf);
+  cli::add_data_parallel_flags(app, dpf, &sweep);
   cli::add_common_flags(app, common);
   const int code = cli::run_program(app, common, argc, argv, [&] {
     const Device dev = cli::resolve_device(device);
@@ -63,60 +68,78 @@ int main(int argc, char** argv) {
     const Precision precision = precision_arg == "auto" ? default_precision(dev) : parse_precision(precision_arg);
     check_precision_supported(precision, dev, "bench_ddp --precision");
     const Size s = preset(config, dev);
-    DecoderLM model(bench::decoder_config(s, precision));
-    model.to(dev);
-    cli::DataParallel dp(model, dev, dpf);
-    AdamWOptions adamw;
-    adamw.max_grad_norm = 1.0;
-    const std::unique_ptr<Optimizer> opt = dp.make_optimizer(adamw);
-    // Two batches per rank, different on every rank (its shard).
-    std::vector<Tensor> ids, targets;
-    bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
-    const auto step = [&](int i, bool reduce) {
-      model.zero_grad();
-      if (reduce) dp.begin_step(1.0 / w.size);
-      CrossEntropySaved saved;
-      cross_entropy_forward_on_device(model.forward(ids[i]), targets[i], -100, &saved);
-      model.backward(cross_entropy_backward(saved));
-      if (reduce) dp.end_backward();
-      if (reduce || !dp.sharded()) opt->step();  // ZeRO-1 steps only on reduced gradients
-    };
-    // (1) data parallel, then the check that every rank holds the same parameters.
-    for (int i = 0; i < warmup; ++i) step(i % 2, true);
-    dp.take_total_stats();
-    const bench::Timing ddp = bench::time_op(dev, 2, 0, iters, [&](int i) { step(i, true); });
-    const dist::CommStats cs = dp.take_total_stats();
-    dp.check_sync(warmup + iters);
-    // (2) this rank alone: no collective at all (the hook ignores a backward
-    // outside a step; the ranks' parameters drift apart from here on).
-    const bench::Timing alone = bench::time_op(dev, 2, warmup, iters, [&](int i) { step(i, false); });
-    // The slowest rank sets the pace: max over ranks of the medians.
-    double m[2] = {ddp.median_ms, alone.median_ms};
-    std::vector<uint64_t> all = dist::all_gather(static_cast<uint64_t>(ddp.median_ms * 1e6), "gather of the timings");
-    const double slowest = static_cast<double>(*std::max_element(all.begin(), all.end())) / 1e6;
-    if (w.rank != 0) return cli::kExitOk;
     const double tokens = static_cast<double>(s.batch * s.seq);
-    const double busy = cs.busy_ms / iters, exposed = cs.exposed_ms / iters;
-    std::printf("== bench_ddp %s on %s%s%s, %s, %d rank(s): d_model %lld, heads %lld, layers %lld, seq %lld, batch %lld "
-                "per rank, vocab %lld ==\n",
-                config.c_str(), device_name(dev), dev == Device::CUDA ? " " : "",
-                dev == Device::CUDA ? gpu::device_name() : "", precision_name(precision), w.size,
-                (long long)s.d_model, (long long)s.heads, (long long)s.layers, (long long)s.seq, (long long)s.batch,
-                (long long)s.vocab);
-    std::printf("%s\n", dp.describe().c_str());
-    std::printf("one rank alone (no communication): %9.2f ms/step  %10.0f tokens/s\n", m[1], tokens / (m[1] * 1e-3));
-    std::printf("data parallel, rank 0:             %9.2f ms/step  (slowest rank %.2f ms)\n", m[0], slowest);
-    std::printf("all ranks:                                        %10.0f tokens/s  scaling %.3fx over one rank alone "
-                "(ideal %dx)\n",
-                w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, w.size);
-    std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed after the backward, %.1f%% hidden "
-                "(%.1f collectives/step)\n",
-                busy, exposed, busy > 0 ? 100.0 * (1.0 - exposed / busy) : 0.0, double(cs.collectives) / iters);
-    bench::Csv csv(csv_path, "config,device,precision,ranks,zero,bucket_mb,alone_ms,ddp_ms,slowest_ms,tokens_per_s,"
-                             "scaling,comm_ms,exposed_ms,hidden_share");
-    csv.row(config, device_name(dev), precision_name(precision), w.size, dpf.zero, dpf.bucket_mb, m[1], m[0], slowest,
-            w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed,
-            busy > 0 ? 1.0 - exposed / busy : 0.0);
+    std::unique_ptr<bench::Csv> csv;
+    if (w.rank == 0)
+      csv = std::make_unique<bench::Csv>(csv_path, "config,device,precision,ranks,zero,bucket_mb,grad_dtype,alone_ms,"
+                                                   "ddp_ms,slowest_ms,tokens_per_s,scaling,comm_ms,exposed_ms,"
+                                                   "hidden_share");
+    std::string table;
+    for (const cli::DataParallelFlags& run : sweep.combinations(dpf)) {
+      DecoderLM model(bench::decoder_config(s, precision));
+      model.to(dev);
+      cli::DataParallel dp(model, dev, run);
+      AdamWOptions adamw;
+      adamw.max_grad_norm = 1.0;
+      const std::unique_ptr<Optimizer> opt = dp.make_optimizer(adamw);
+      // Two batches per rank, different on every rank (its shard).
+      std::vector<Tensor> ids, targets;
+      bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
+      const auto step = [&](int i, bool reduce) {
+        model.zero_grad();
+        if (reduce) dp.begin_step(1.0 / w.size);
+        CrossEntropySaved saved;
+        cross_entropy_forward_on_device(model.forward(ids[i]), targets[i], -100, &saved);
+        model.backward(cross_entropy_backward(saved));
+        if (reduce) dp.end_backward();
+        if (reduce || !dp.sharded()) opt->step();  // ZeRO-1 steps only on reduced gradients
+      };
+      // (1) data parallel, then the check that every rank holds the same parameters.
+      for (int i = 0; i < warmup; ++i) step(i % 2, true);
+      dp.take_total_stats();
+      const bench::Timing ddp = bench::time_op(dev, 2, 0, iters, [&](int i) { step(i, true); });
+      const dist::CommStats cs = dp.take_total_stats();
+      dp.check_sync(warmup + iters);
+      // (2) this rank alone: no collective at all (the hook ignores a backward
+      // outside a step; the ranks' parameters drift apart from here on).
+      const bench::Timing alone = bench::time_op(dev, 2, warmup, iters, [&](int i) { step(i, false); });
+      // The slowest rank sets the pace: max over ranks of the medians.
+      double m[2] = {ddp.median_ms, alone.median_ms};
+      const std::vector<uint64_t> all =
+          dist::all_gather(static_cast<uint64_t>(ddp.median_ms * 1e6), "gather of the timings");
+      const double slowest = static_cast<double>(*std::max_element(all.begin(), all.end())) / 1e6;
+      if (w.rank != 0) continue;
+      const double busy = cs.busy_ms / iters, exposed = cs.exposed_ms / iters;
+      std::printf("== bench_ddp %s on %s%s%s, %s, %d rank(s): d_model %lld, heads %lld, layers %lld, seq %lld, "
+                  "batch %lld per rank, vocab %lld ==\n",
+                  config.c_str(), device_name(dev), dev == Device::CUDA ? " " : "",
+                  dev == Device::CUDA ? gpu::device_name() : "", precision_name(precision), w.size,
+                  (long long)s.d_model, (long long)s.heads, (long long)s.layers, (long long)s.seq, (long long)s.batch,
+                  (long long)s.vocab);
+      std::printf("%s\n", dp.describe().c_str());
+      std::printf("one rank alone (no communication): %9.2f ms/step  %10.0f tokens/s\n", m[1],
+                  tokens / (m[1] * 1e-3));
+      std::printf("data parallel, rank 0:             %9.2f ms/step  (slowest rank %.2f ms)\n", m[0], slowest);
+      std::printf("all ranks:                                        %10.0f tokens/s  scaling %.3fx over one rank "
+                  "alone (ideal %dx)\n",
+                  w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, w.size);
+      const double hidden = busy > 0 ? 1.0 - exposed / busy : 0.0;
+      std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed after the backward, %.1f%% hidden "
+                  "(%.1f collectives/step)\n",
+                  busy, exposed, 100 * hidden, double(cs.collectives) / iters);
+      csv->row(config, device_name(dev), precision_name(precision), w.size, run.zero, run.bucket_mb, run.grad_dtype,
+               m[1], m[0], slowest, w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed, hidden);
+      char line[160];
+      std::snprintf(line, sizeof line, "%9g  %-5s  %8zu  %8.2f  %10.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%\n", run.bucket_mb,
+                    run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest, w.size * m[1] / slowest, busy, exposed,
+                    100 * hidden);
+      table += line;
+    }
+    if (w.rank != 0) return cli::kExitOk;
+    std::printf("== bench_ddp %s summary, %d rank(s), zero %d (ms per step) ==\n", config.c_str(), w.size, dpf.zero);
+    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s\n", "bucket_mb", "dtype", "buckets", "alone",
+                "slowest", "scaling", "comm", "exposed", "hidden");
+    std::printf("%s", table.c_str());
     return cli::kExitOk;
   });
   if (dist::world().distributed() && code != cli::kExitOk) dist::abort_world("bench_ddp", "", code);

@@ -2,8 +2,10 @@
 // (high priority, so a ready bucket's all-reduce is scheduled ahead of the
 // backward kernels queued after it), events to order it after the handgrad
 // stream and to time it.
+#include <cuda_bf16.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -82,6 +84,38 @@ struct PreMulSum {
   }
 };
 
+// The bf16 wire format of a bucket: out = bf16(premul * in), rounded to nearest even.
+__global__ void narrow_to_bf16(const float* in, float premul, __nv_bfloat16* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(premul * in[i]);
+}
+
+__global__ void widen_from_bf16(const __nv_bfloat16* in, float* out, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+
+// A grid-stride launch shape: enough blocks to fill the GPU, no more (these
+// run beside the backward's kernels).
+constexpr int kConvertThreads = 256;
+unsigned convert_blocks(size_t n) {
+  return static_cast<unsigned>(std::min<size_t>((n + kConvertThreads - 1) / kConvertThreads, 1024));
+}
+
+void narrow(const float* in, float premul, uint16_t* out, size_t n) {
+  if (n == 0) return;
+  narrow_to_bf16<<<convert_blocks(n), kConvertThreads, 0, state().comm_stream>>>(
+      in, premul, reinterpret_cast<__nv_bfloat16*>(out), n);
+  HG_CUDA_CHECK_LAUNCH("narrow_to_bf16");
+}
+
+void widen(const uint16_t* in, float* out, size_t n) {
+  if (n == 0) return;
+  widen_from_bf16<<<convert_blocks(n), kConvertThreads, 0, state().comm_stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(in), out, n);
+  HG_CUDA_CHECK_LAUNCH("widen_from_bf16");
+}
+
 }  // namespace
 
 bool built_with_nccl() { return true; }
@@ -145,6 +179,25 @@ void reduce_scatter_sum(const float* in, float* out, size_t out_count, float pre
   const cudaEvent_t stop = begin(what);
   const PreMulSum op(premul, what);
   check(ncclReduceScatter(in, out, out_count, ncclFloat32, op.op, comm(what), state().comm_stream), what);
+  end(stop);
+}
+
+void all_reduce_sum_bf16(float* data, uint16_t* wire, size_t count, float premul) {
+  const char* what = "nccl::all_reduce_sum_bf16";
+  const cudaEvent_t stop = begin(what);
+  narrow(data, premul, wire, count);
+  check(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm(what), state().comm_stream), what);
+  widen(wire, data, count);
+  end(stop);
+}
+
+void reduce_scatter_sum_bf16(const float* in, uint16_t* wire_in, uint16_t* wire_out, float* out, size_t out_count,
+                             float premul) {
+  const char* what = "nccl::reduce_scatter_sum_bf16";
+  const cudaEvent_t stop = begin(what);
+  narrow(in, premul, wire_in, out_count * static_cast<size_t>(state().world));
+  check(ncclReduceScatter(wire_in, wire_out, out_count, ncclBfloat16, ncclSum, comm(what), state().comm_stream), what);
+  widen(wire_out, out, out_count);
   end(stop);
 }
 

@@ -36,6 +36,13 @@ void all_reduce_sum(double* data, size_t count);
 // out (out_count) <- rank's part of sum over ranks of premul_r * in_r, where
 // in holds world * out_count elements.
 void reduce_scatter_sum(const float* in, float* out, size_t out_count, float premul);
+// The same two in bf16 (NCCL's ncclBfloat16), all on the communication
+// stream: premul * data rounded to bf16 into `wire` (count elements), summed
+// in bf16, widened back into data / out. The F32 buffers hold the result.
+void all_reduce_sum_bf16(float* data, uint16_t* wire, size_t count, float premul);
+// wire_in: world * out_count elements; wire_out: out_count.
+void reduce_scatter_sum_bf16(const float* in, uint16_t* wire_in, uint16_t* wire_out, float* out, size_t out_count,
+                             float premul);
 // In place: rank r's part is buffer[r * count, (r + 1) * count); afterwards
 // every rank holds every part.
 void all_gather(float* buffer, size_t count, int rank);

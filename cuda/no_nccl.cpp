@@ -20,6 +20,10 @@ void abort() noexcept {}
 void all_reduce_sum(float*, size_t, float) { no_nccl("nccl::all_reduce_sum"); }
 void all_reduce_sum(double*, size_t) { no_nccl("nccl::all_reduce_sum"); }
 void reduce_scatter_sum(const float*, float*, size_t, float) { no_nccl("nccl::reduce_scatter_sum"); }
+void all_reduce_sum_bf16(float*, uint16_t*, size_t, float) { no_nccl("nccl::all_reduce_sum_bf16"); }
+void reduce_scatter_sum_bf16(const float*, uint16_t*, uint16_t*, float*, size_t, float) {
+  no_nccl("nccl::reduce_scatter_sum_bf16");
+}
 void all_gather(float*, size_t, int) { no_nccl("nccl::all_gather"); }
 void join() { no_nccl("nccl::join"); }
 CommTiming take_timing() { return {}; }

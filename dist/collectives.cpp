@@ -25,6 +25,14 @@ void scale_in_place(Tensor& x, double s) {
   for (int64_t i = 0; i < x.numel(); ++i) p[i] *= f;
 }
 
+// wire = bf16(s * x), the same float product as scale_in_place, rounded once.
+void narrow_scaled(const Tensor& x, double s, const Tensor& wire) {
+  const float* p = x.data<float>();
+  bf16_t* w = wire.data<bf16_t>();
+  const float f = static_cast<float>(s);
+  for (int64_t i = 0; i < x.numel(); ++i) w[i] = float_to_bf16(f * p[i]);
+}
+
 }  // namespace
 
 Collectives::Collectives(Device device) : device_(device) {
@@ -46,40 +54,80 @@ void Collectives::check(const Tensor& x, const char* op) const {
   x.check_device(device_, op);
 }
 
-void Collectives::all_reduce_sum(Tensor& x, double premul) {
-  check(x, "Collectives::all_reduce_sum");
+void Collectives::check_wire(const Tensor& wire, const Tensor& x, const char* op) const {
+  wire.check_defined(op);
+  wire.check_dtype(DType::BF16, op);
+  wire.check_device(device_, op);
+  HG_CHECK(wire.numel() == x.numel(), op, "bf16 wire buffer of ", wire.numel(), " elements for ", x.numel());
+}
+
+void Collectives::scale_locally(const Tensor& in, Tensor& out, double premul, const Tensor& wire) {
+  Backend& be = backend_for(device_);
+  be.zip(BinaryOp::Mul, in, Tensor::full({1}, premul, DType::F32, device_), out);
+  if (!wire.defined()) return;
+  Tensor w = wire;
+  be.cast(out, w);
+  be.cast(w, out);
+}
+
+void Collectives::all_reduce_sum(Tensor& x, double premul, const Tensor& wire) {
+  const char* op = "Collectives::all_reduce_sum";
+  check(x, op);
+  const bool bf16 = wire.defined();
+  if (bf16) check_wire(wire, x, op);
+  const size_t n = static_cast<size_t>(x.numel());
   if (device_ == Device::CUDA) {
-    if (gpu::nccl::initialized()) gpu::nccl::all_reduce_sum(x.data<float>(), static_cast<size_t>(x.numel()),
-                                                            static_cast<float>(premul));
-    else backend_for(device_).zip(BinaryOp::Mul, x, Tensor::full({1}, premul, DType::F32, device_), x);
+    if (!gpu::nccl::initialized()) scale_locally(x, x, premul, wire);
+    else if (bf16) gpu::nccl::all_reduce_sum_bf16(x.data<float>(), &wire.data<bf16_t>()->bits, n,
+                                                  static_cast<float>(premul));
+    else gpu::nccl::all_reduce_sum(x.data<float>(), n, static_cast<float>(premul));
     return;
   }
   const auto t0 = Clock::now();
-  scale_in_place(x, premul);
-  start_all_reduce_sum(x.data<float>(), static_cast<size_t>(x.numel()));
+  if (bf16) {
+    narrow_scaled(x, premul, wire);
+    start_all_reduce_sum(wire.data<bf16_t>(), n);
+    cpu_widen_.emplace_back(wire, x);
+  } else {
+    scale_in_place(x, premul);
+    start_all_reduce_sum(x.data<float>(), n);
+  }
   cpu_stats_.busy_ms += ms_since(t0);
   ++cpu_stats_.collectives;
 }
 
-void Collectives::reduce_scatter_sum(Tensor& in, Tensor& out, double premul) {
+void Collectives::reduce_scatter_sum(Tensor& in, Tensor& out, double premul, const Tensor& wire_in,
+                                     const Tensor& wire_out) {
   const char* op = "Collectives::reduce_scatter_sum";
   check(in, op);
   check(out, op);
   const int64_t n = out.numel();
   HG_CHECK(in.numel() == n * world().size, op, "input of ", in.numel(), " elements is not world ", world().size,
            " x output ", n);
-  if (device_ == Device::CUDA && gpu::nccl::initialized()) {
-    gpu::nccl::reduce_scatter_sum(in.data<float>(), out.data<float>(), static_cast<size_t>(n),
-                                  static_cast<float>(premul));
-    return;
+  const bool bf16 = wire_in.defined() || wire_out.defined();
+  if (bf16) {
+    check_wire(wire_in, in, op);
+    check_wire(wire_out, out, op);
   }
-  if (device_ == Device::CUDA) {  // one process without NCCL: out = premul * in
-    backend_for(device_).zip(BinaryOp::Mul, in, Tensor::full({1}, premul, DType::F32, device_), out);
+  bf16_t* w_in = bf16 ? wire_in.data<bf16_t>() : nullptr;
+  bf16_t* w_out = bf16 ? wire_out.data<bf16_t>() : nullptr;
+  if (device_ == Device::CUDA) {
+    if (!gpu::nccl::initialized()) scale_locally(in, out, premul, wire_out);  // one process: out = premul * in
+    else if (bf16) gpu::nccl::reduce_scatter_sum_bf16(in.data<float>(), &w_in->bits, &w_out->bits, out.data<float>(),
+                                                      static_cast<size_t>(n), static_cast<float>(premul));
+    else gpu::nccl::reduce_scatter_sum(in.data<float>(), out.data<float>(), static_cast<size_t>(n),
+                                       static_cast<float>(premul));
     return;
   }
   const auto t0 = Clock::now();
-  scale_in_place(in, premul);
-  start_reduce_scatter_sum(in.data<float>(), out.data<float>(), static_cast<size_t>(n));
+  if (bf16) {
+    narrow_scaled(in, premul, wire_in);
+    start_reduce_scatter_sum(w_in, w_out, static_cast<size_t>(n));
+    cpu_widen_.emplace_back(wire_out, out);
+  } else {
+    scale_in_place(in, premul);
+    start_reduce_scatter_sum(in.data<float>(), out.data<float>(), static_cast<size_t>(n));
+  }
   cpu_stats_.busy_ms += ms_since(t0);
   ++cpu_stats_.collectives;
 }
@@ -113,6 +161,12 @@ void Collectives::wait(const char* what) {
   }
   const auto t0 = Clock::now();
   wait_all(what);
+  for (auto& [wire, out] : cpu_widen_) {
+    const bf16_t* w = wire.data<bf16_t>();
+    float* o = out.data<float>();
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16_to_float(w[i]);
+  }
+  cpu_widen_.clear();
   const double ms = ms_since(t0);
   cpu_stats_.busy_ms += ms;
   cpu_stats_.exposed_ms += ms;

@@ -6,6 +6,7 @@
 // wait() finishes every started one. The tensors must stay alive and
 // unwritten until then.
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -23,10 +24,15 @@ class Collectives {
   Device device() const { return device_; }
 
   // x <- sum over ranks of premul_r * x_r (x: F32, contiguous, on device()).
-  void all_reduce_sum(Tensor& x, double premul);
+  // With `wire` (BF16, x's size) the sum travels in bf16: premul_r * x_r is
+  // rounded to bf16 into wire, the ranks' values are summed in bf16 and the
+  // result is widened back into x (docs/distributed.md, "Precision").
+  void all_reduce_sum(Tensor& x, double premul, const Tensor& wire = Tensor());
   // out (n) <- this rank's n-element part of sum over ranks of premul_r * in_r (in: world * n).
-  // CPU: `in` is scaled in place first.
-  void reduce_scatter_sum(Tensor& in, Tensor& out, double premul);
+  // CPU: `in` is scaled in place first. With wire_in (BF16, in's size) and
+  // wire_out (BF16, out's size) the sum travels in bf16, as above.
+  void reduce_scatter_sum(Tensor& in, Tensor& out, double premul, const Tensor& wire_in = Tensor(),
+                          const Tensor& wire_out = Tensor());
   // In place: this rank's part of `buffer` (world equal parts) reaches every rank.
   void all_gather(Tensor& buffer);
   // CPU: lets MPI move the started collectives forward (it does so only inside MPI calls).
@@ -40,8 +46,12 @@ class Collectives {
 
  private:
   void check(const Tensor& x, const char* op) const;
+  void check_wire(const Tensor& wire, const Tensor& x, const char* op) const;
+  // One rank without NCCL on CUDA: out = premul * in, through bf16 when `wire` is defined.
+  void scale_locally(const Tensor& in, Tensor& out, double premul, const Tensor& wire);
   Device device_;
   CommStats cpu_stats_;
+  std::vector<std::pair<Tensor, Tensor>> cpu_widen_;  // CPU bf16 results (wire, F32 destination) to widen in wait()
 };
 
 }  // namespace hg::dist

@@ -25,6 +25,9 @@ GradReducer::GradReducer(Collectives& comm, std::vector<Parameter*> params, Redu
     : comm_(comm), options_(options) {
   const char* op = "GradReducer";
   HG_CHECK(options.bucket_bytes >= 4, op, "bucket size must be at least 4 bytes, got ", options.bucket_bytes);
+  HG_CHECK(options.grad_dtype == DType::F32 || options.grad_dtype == DType::BF16, op,
+           "gradients are reduced in f32 or bf16, not ", dtype_name(options.grad_dtype));
+  const bool bf16 = options.grad_dtype == DType::BF16;
   const int64_t world_size = world().size;
   const int64_t capacity = static_cast<int64_t>(options.bucket_bytes / sizeof(float));
   Bucket current;
@@ -36,7 +39,9 @@ GradReducer::GradReducer(Collectives& comm, std::vector<Parameter*> params, Redu
     if (options.sharded) {
       current.values = Tensor::zeros({total}, DType::F32, comm.device());
       current.shard_grads = Tensor::zeros({total / world_size}, DType::F32, comm.device());
+      if (bf16) current.wire_shard = Tensor::zeros({total / world_size}, DType::BF16, comm.device());
     }
+    if (bf16) current.wire = Tensor::zeros({total}, DType::BF16, comm.device());
     for (size_t i = 0; i < current.params.size(); ++i) {
       move_into(current.params[i]->grad, current.grads, current.offsets[i]);
       if (options.sharded) move_into(current.params[i]->value, current.values, current.offsets[i]);
@@ -93,8 +98,8 @@ CommStats GradReducer::take_total_stats() {
 
 void GradReducer::start(Bucket& b) {
   b.started = true;
-  if (options_.sharded) comm_.reduce_scatter_sum(b.grads, b.shard_grads, premul_);
-  else comm_.all_reduce_sum(b.grads, premul_);
+  if (options_.sharded) comm_.reduce_scatter_sum(b.grads, b.shard_grads, premul_, b.wire, b.wire_shard);
+  else comm_.all_reduce_sum(b.grads, premul_, b.wire);
 }
 
 void GradReducer::grads_ready(const std::vector<Parameter*>& params) {

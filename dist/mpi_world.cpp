@@ -36,6 +36,22 @@ void check(int rc, const char* what) {
   fail(what, "MPI error: ", std::string(text, static_cast<size_t>(len)));
 }
 
+// MPI_Op for bf16 bit patterns: inout[i] = bf16(float(in[i]) + float(inout[i])).
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16_t* a = static_cast<const bf16_t*>(in);
+  bf16_t* b = static_cast<bf16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+MPI_Op bf16_sum_op() {
+  static const MPI_Op op = [] {
+    MPI_Op o;
+    check(MPI_Op_create(&bf16_sum, /*commute=*/1, &o), "MPI_Op_create (bf16 sum)");
+    return o;
+  }();
+  return op;
+}
+
 int as_count(size_t n, const char* what) {
   HG_CHECK(n <= static_cast<size_t>(INT_MAX), what, n, " elements exceed MPI's int count; use smaller buckets");
   return static_cast<int>(n);
@@ -162,6 +178,28 @@ void start_all_gather(float* buffer, size_t count) {
   MPI_Request r;
   check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, as_count(count, what), MPI_FLOAT, MPI_COMM_WORLD,
                        &r),
+        what);
+  g_pending.push_back(r);
+}
+
+void start_all_reduce_sum(bf16_t* data, size_t count) {
+  if (!g_mpi) return;
+  const char* what = "MPI_Iallreduce (bf16)";
+  MPI_Request r;
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count, what), MPI_UINT16_T, bf16_sum_op(), MPI_COMM_WORLD, &r),
+        what);
+  g_pending.push_back(r);
+}
+
+void start_reduce_scatter_sum(const bf16_t* in, bf16_t* out, size_t out_count) {
+  if (!g_mpi) {
+    if (in != out) std::memmove(out, in, out_count * sizeof(bf16_t));
+    return;
+  }
+  const char* what = "MPI_Ireduce_scatter_block (bf16)";
+  MPI_Request r;
+  check(MPI_Ireduce_scatter_block(in, out, as_count(out_count, what), MPI_UINT16_T, bf16_sum_op(), MPI_COMM_WORLD,
+                                  &r),
         what);
   g_pending.push_back(r);
 }

@@ -148,6 +148,39 @@ void sharded_matches_adamw(Device dev) {
   zero->set_grads_ready_hook(nullptr);
 }
 
+// One rank, bf16 reduction: every reduced gradient is its weighted value
+// rounded to bf16 once (and widened back), in both layouts.
+void bf16_reduction_rounds_once(Device dev) {
+  dist::init_world();
+  dist::Collectives comm(dev);
+  for (bool sharded : {false, true}) {
+    Generator g(5);
+    Parameter a{Tensor::zeros({300}, DType::F32, dev), Tensor::randn({300}, g, DType::F32, dev), Tensor()};
+    Parameter b{Tensor::zeros({7}, DType::F32, dev), Tensor::randn({7}, g, DType::F32, dev), Tensor()};
+    const std::vector<double> ga = a.grad.to_vector(), gb = b.grad.to_vector();
+    dist::ReducerOptions ro;
+    ro.bucket_bytes = 1024;
+    ro.sharded = sharded;
+    ro.grad_dtype = DType::BF16;
+    dist::GradReducer reducer(comm, {&a, &b}, ro);
+    REQUIRE(reducer.buckets().size() == 2);
+    reducer.begin_step(0.3);
+    reducer.grads_ready({&a, &b});
+    reducer.finish();
+    const auto rounded = [](double x) { return double(bf16_to_float(float_to_bf16(0.3f * static_cast<float>(x)))); };
+    for (const auto& [p, g0] : {std::pair{&a, ga}, std::pair{&b, gb}}) {
+      const dist::GradReducer::Bucket& bk = reducer.buckets()[p == &a ? 0 : 1];
+      const std::vector<double> got = (sharded ? bk.shard_grads : bk.grads).to_vector();
+      size_t changed = 0;
+      for (size_t i = 0; i < g0.size(); ++i) {
+        REQUIRE(got[i] == rounded(g0[i]));
+        changed += got[i] != static_cast<double>(0.3f * static_cast<float>(g0[i]));
+      }
+      REQUIRE(changed > 0);  // bf16 rounding happened
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("GradReducer: gradients become aligned views of buckets filled in backward order") {
@@ -181,6 +214,9 @@ TEST_CASE("GradReducer: bad parameters and misuse are errors") {
   REQUIRE_THROWS_AS(dist::GradReducer(comm, {&f64}, {}), Error);
   Parameter p{Tensor::zeros({3}), Tensor::zeros({3}), Tensor()};
   REQUIRE_THROWS_AS(dist::GradReducer(comm, {&p, &p}, {}), Error);
+  dist::ReducerOptions f64_wire;
+  f64_wire.grad_dtype = DType::F64;
+  REQUIRE_THROWS_WITH(dist::GradReducer(comm, {&p}, f64_wire), Catch::Contains("reduced in f32 or bf16, not f64"));
   dist::GradReducer r(comm, {&p}, {});
   REQUIRE_THROWS_AS(r.finish(), Error);  // no step begun
   r.begin_step(1);
@@ -197,6 +233,15 @@ TEST_CASE("data-parallel step of one rank = the plain step, bitwise (CPU)") { re
 
 TEST_CASE("ZeRO-1 of one rank = AdamW, bitwise, and its checkpoint is AdamW's (CPU)") {
   sharded_matches_adamw(Device::CPU);
+}
+
+TEST_CASE("bf16 gradient reduction of one rank: the weighted gradient rounded to bf16 once (CPU)") {
+  bf16_reduction_rounds_once(Device::CPU);
+}
+
+TEST_CASE("[cuda] bf16 gradient reduction of one rank: rounded to bf16 once (NCCL when built)") {
+  HG_REQUIRE_GPU();
+  bf16_reduction_rounds_once(Device::CUDA);
 }
 
 TEST_CASE("parameter hash: equal for equal models, changed by one element") {

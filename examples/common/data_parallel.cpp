@@ -13,11 +13,25 @@
 
 namespace hg::cli {
 
-void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f) {
+void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSweep* sweep) {
   app.add_flag("--ddp", f.force, "data-parallel path even with one rank (mpirun -np N turns it on by itself)");
-  app.add_option("--bucket-mb", f.bucket_mb, "data parallel: gradient bucket size in MiB (reduced as each fills)")
-      ->check(CLI::Range(0.001, 4096.0))
-      ->capture_default_str();
+  const char* bucket_help = "data parallel: gradient bucket size in MiB (reduced as each fills)";
+  const char* dtype_help = "data parallel: dtype of the gradient reduction (bf16: half the bytes, ~2^-7 relative "
+                           "error per element; docs/distributed.md)";
+  const auto dtypes = CLI::IsMember({"fp32", "bf16"});
+  if (sweep) {
+    app.add_option("--bucket-mb", sweep->bucket_mb, std::string(bucket_help) + "; a list (10,25,50) measures each")
+        ->check(CLI::Range(0.001, 4096.0))
+        ->delimiter(',')
+        ->capture_default_str();
+    app.add_option("--grad-dtype", sweep->grad_dtype, std::string(dtype_help) + "; a list (fp32,bf16) measures each")
+        ->check(dtypes)
+        ->delimiter(',')
+        ->capture_default_str();
+  } else {
+    app.add_option("--bucket-mb", f.bucket_mb, bucket_help)->check(CLI::Range(0.001, 4096.0))->capture_default_str();
+    app.add_option("--grad-dtype", f.grad_dtype, dtype_help)->check(dtypes)->capture_default_str();
+  }
   app.add_option("--zero", f.zero, "data parallel: 1 shards the AdamW moments across ranks (ZeRO-1), 0 does not")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -27,6 +41,18 @@ void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f) {
       ->capture_default_str();
   app.add_flag("--check-sync", f.check_sync,
                "data parallel: compare a hash of the parameters across ranks after every step (else at evaluations)");
+}
+
+std::vector<DataParallelFlags> DataParallelSweep::combinations(const DataParallelFlags& base) const {
+  std::vector<DataParallelFlags> all;
+  for (const std::string& dtype : grad_dtype)
+    for (double mb : bucket_mb) {
+      DataParallelFlags f = base;
+      f.bucket_mb = mb;
+      f.grad_dtype = dtype;
+      all.push_back(f);
+    }
+  return all;
 }
 
 const dist::World& start_world(Device device, const DataParallelFlags& f) {
@@ -47,6 +73,7 @@ DataParallel::DataParallel(DecoderLM& model, Device device, const DataParallelFl
   dist::ReducerOptions o;
   o.bucket_bytes = static_cast<size_t>(std::max(4.0, f.bucket_mb * 1024 * 1024));
   o.sharded = f.zero == 1;
+  o.grad_dtype = f.grad_dtype == "bf16" ? DType::BF16 : DType::F32;
   // The backward finalises gradients in reverse registration order (head first).
   std::vector<Parameter*> order = model.parameters();
   std::reverse(order.begin(), order.end());
@@ -85,6 +112,7 @@ std::string DataParallel::describe() const {
     s += dist::built_with_mpi() && w.distributed() ? ", " + dist::mpi_version() : ", no MPI (one process)";
   s += ", " + std::to_string(reducer_->buckets().size()) + " gradient bucket(s) of <= " +
        std::to_string(flags_.bucket_mb).substr(0, std::to_string(flags_.bucket_mb).find('.') + 3) + " MiB";
+  s += ", reduced in " + flags_.grad_dtype;
   if (sharded()) s += ", ZeRO-1 (AdamW moments sharded)";
   return s;
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -20,11 +21,23 @@ namespace hg::cli {
 struct DataParallelFlags {
   bool force = false;        // --ddp: the data-parallel path even with one rank
   double bucket_mb = 25;     // --bucket-mb
+  std::string grad_dtype = dtype_flag(dist::kDefaultGradDType);  // --grad-dtype fp32|bf16: the reduction's dtype
   int zero = 0;              // --zero 0|1
   double comm_timeout = 300;  // --comm-timeout seconds (0: none)
   bool check_sync = false;   // --check-sync: parameter hash across ranks after every step
+
+  static std::string dtype_flag(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
 };
-void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f);
+// bench_ddp measures several settings in one run: --bucket-mb and
+// --grad-dtype then take comma-separated lists, one run per combination.
+struct DataParallelSweep {
+  std::vector<double> bucket_mb{25};
+  std::vector<std::string> grad_dtype{DataParallelFlags::dtype_flag(dist::kDefaultGradDType)};
+  // Every combination, the bucket size varying fastest; the other fields from `base`.
+  std::vector<DataParallelFlags> combinations(const DataParallelFlags& base) const;
+};
+// With `sweep`, --bucket-mb and --grad-dtype fill its lists instead of f's single values.
+void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSweep* sweep = nullptr);
 
 // Starts the world (MPI when launched by mpirun) and, on CUDA, makes GPU
 // `local rank` this process's device (before any other GPU work). A usage

@@ -100,7 +100,8 @@ Shard shard(const GlobalBatch& b, int64_t from, int64_t to, Device dev) {
     return std::vector<double>(v.begin() + from * kSeq, v.begin() + to * kSeq);
   };
   const auto counted = [&](int64_t a, int64_t z) {
-    return std::count_if(b.targets.begin() + a * kSeq, b.targets.begin() + z * kSeq, [](double t) { return t != -100; });
+    return std::count_if(b.targets.begin() + a * kSeq, b.targets.begin() + z * kSeq,
+                         [](double t) { return t != -100; });
   };
   return {Tensor::from_vector(cut(b.ids), {to - from, kSeq}, DType::F32, dev),
           Tensor::from_vector(cut(b.targets), {to - from, kSeq}, DType::F32, dev),
@@ -220,7 +221,8 @@ void zero1_resume_on_two_ranks(Device dev) {
   // One directory for every rank: rank 0's process id names it.
   uint64_t id = static_cast<uint64_t>(::getpid());
   dist::broadcast(&id, sizeof id, 0, "broadcast of the checkpoint name");
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("hg_test_dist_ranks_" + std::to_string(id));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("hg_test_dist_ranks_" + std::to_string(id));
   if (ranks().rank == 0) std::filesystem::create_directories(dir);
   const std::string ck = (dir / "zero.ck").string();
   std::vector<double> got;
@@ -248,7 +250,100 @@ void zero1_resume_on_two_ranks(Device dev) {
   }
 }
 
+// ---- the bf16 reduction against the fp32 one ----
+
+// Rank r's gradient: the same on every rank that asks (each rank also needs its peers').
+constexpr int64_t kSizes[] = {1000, 37, 4096, 5000, 1};
+Tensor rank_grad(int rank, size_t i, Device dev) {
+  Generator g(1000 * static_cast<uint64_t>(rank) + i);
+  std::vector<double> v = Tensor::randn({kSizes[i]}, g).to_vector();
+  if (i == 2)
+    for (double& x : v) x *= 1e-3;  // one small-valued tensor
+  return Tensor::from_vector(v, {kSizes[i]}, DType::F32, dev);
+}
+double rank_weight(int rank) { return rank == 0 ? 0.3 : 0.7; }
+
+// The reduced values of one reducer, bucket by bucket (this rank's part of each, sharded), with
+// sum_r |fl(w_r g_r)| at the same elements: the scale of the bf16 bound.
+struct Reduced {
+  std::vector<double> values, abs_terms;
+};
+
+Reduced reduce_once(Device dev, DType grad_dtype, bool sharded) {
+  std::vector<Parameter> params;
+  for (size_t i = 0; i < std::size(kSizes); ++i)
+    params.push_back(Parameter{Tensor::zeros({kSizes[i]}, DType::F32, dev), rank_grad(ranks().rank, i, dev), Tensor()});
+  std::vector<Parameter*> order;
+  for (Parameter& p : params) order.push_back(&p);
+  dist::Collectives comm(dev);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 8192;
+  ro.sharded = sharded;
+  ro.grad_dtype = grad_dtype;
+  dist::GradReducer reducer(comm, order, ro);
+  REQUIRE(reducer.buckets().size() > 2);
+  reducer.begin_step(rank_weight(ranks().rank));
+  reducer.grads_ready(order);
+  reducer.finish();
+  Reduced out;
+  for (const dist::GradReducer::Bucket& b : reducer.buckets()) {
+    std::vector<double> abs_terms(static_cast<size_t>(b.grads.numel()), 0.0);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const size_t i = static_cast<size_t>(b.params[j] - params.data());
+      for (int r = 0; r < ranks().size; ++r) {
+        const std::vector<double> g = rank_grad(r, i, Device::CPU).to_vector();
+        const float w = static_cast<float>(rank_weight(r));
+        for (size_t e = 0; e < g.size(); ++e) abs_terms[b.offsets[j] + e] += std::abs(w * static_cast<float>(g[e]));
+      }
+    }
+    const std::vector<double> v = (sharded ? b.shard_grads : b.grads).to_vector();
+    const size_t from = sharded ? static_cast<size_t>(ranks().rank) * v.size() : 0;
+    out.values.insert(out.values.end(), v.begin(), v.end());
+    out.abs_terms.insert(out.abs_terms.end(), abs_terms.begin() + from, abs_terms.begin() + from + v.size());
+  }
+  return out;
+}
+
+// The bound of docs/distributed.md for 2 ranks: each weighted gradient
+// rounded to bf16 (u = 2^-8 relative), their float sum rounded to bf16 again
+// (u), against fp32's one rounding (2^-24): |bf16 - fp32| <= (2u + u^2 +
+// 3 * 2^-24) (|a| + |b|) per element, below (2^-7 + 2^-15) (|a| + |b|).
+void bf16_reduction_within_bound(Device dev, bool sharded) {
+  const Reduced f32 = reduce_once(dev, DType::F32, sharded), bf16 = reduce_once(dev, DType::BF16, sharded);
+  REQUIRE(f32.values.size() == bf16.values.size());
+  const double bound = std::ldexp(1.0, -7) + std::ldexp(1.0, -15);
+  double worst = 0, diff2 = 0, norm2 = 0;
+  size_t rounded = 0;
+  for (size_t e = 0; e < f32.values.size(); ++e) {
+    const double d = std::abs(bf16.values[e] - f32.values[e]);
+    INFO("rank " << ranks().rank << ", element " << e << ": bf16 " << bf16.values[e] << ", fp32 " << f32.values[e]);
+    REQUIRE(d <= bound * f32.abs_terms[e]);
+    if (f32.abs_terms[e] > 0) worst = std::max(worst, d / f32.abs_terms[e]);
+    rounded += d > 0;
+    diff2 += d * d;
+    norm2 += f32.values[e] * f32.values[e];
+  }
+  REQUIRE(rounded > f32.values.size() / 2);  // the values did travel in bf16
+  WARN("rank " << ranks().rank << (sharded ? ", reduce-scatter" : ", all-reduce") << ": bf16 vs fp32 reduction, worst "
+               << worst << " x (|a| + |b|) (bound " << bound << "), relative L2 difference "
+               << std::sqrt(diff2 / norm2));
+}
+
 }  // namespace
+
+TEST_CASE("bf16 gradient reduction vs fp32 on 2 ranks: within (2^-7 + 2^-15) (|a| + |b|) per element (CPU, MPI)") {
+  require_two_ranks();
+  bf16_reduction_within_bound(Device::CPU, false);
+  bf16_reduction_within_bound(Device::CPU, true);
+}
+
+TEST_CASE("[cuda] bf16 gradient reduction vs fp32 on 2 ranks: within (2^-7 + 2^-15) (|a| + |b|) per element (NCCL)") {
+  HG_REQUIRE_GPU();
+  require_two_ranks();
+  if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
+  bf16_reduction_within_bound(Device::CUDA, false);
+  bf16_reduction_within_bound(Device::CUDA, true);
+}
 
 TEST_CASE("2 ranks x batch 8 = 1 process x batch 16: pre-clip gradient norm and gradients (CPU, MPI)") {
   require_two_ranks();
