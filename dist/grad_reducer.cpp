@@ -126,9 +126,17 @@ void GradReducer::finish() {
 }
 
 void GradReducer::gather_values() {
-  HG_CHECK(options_.sharded, "GradReducer::gather_values", "only in sharded (ZeRO-1) mode");
-  for (Bucket& b : buckets_) comm_.all_gather(b.values);
-  comm_.wait("parameter all-gather");
+  for (size_t k = 0; k < buckets_.size(); ++k) start_gather(k);
+  finish_gather();
 }
+
+void GradReducer::start_gather(size_t bucket) {
+  HG_CHECK(options_.sharded, "GradReducer::start_gather", "only in sharded (ZeRO-1) mode");
+  HG_CHECK(bucket < buckets_.size(), "GradReducer::start_gather", "bucket ", bucket, " of ", buckets_.size());
+  comm_.all_gather(buckets_[bucket].values);
+  comm_.progress();
+}
+
+void GradReducer::finish_gather() { comm_.wait("parameter all-gather"); }
 
 }  // namespace hg::dist

@@ -66,6 +66,10 @@ class GradReducer {
   // Sharded mode, after this rank's parts of the values were updated: every
   // rank gets every part (started and waited).
   void gather_values();
+  // The same bucket by bucket: start_gather(k) once bucket k's part is
+  // updated (it runs while the next bucket's update computes), then finish_gather().
+  void start_gather(size_t bucket);
+  void finish_gather();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Totals since the last call, the last finished step included (CUDA: waits for its collectives).

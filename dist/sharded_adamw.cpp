@@ -28,9 +28,7 @@ ShardedAdamW::ShardedAdamW(GradReducer& reducer, Collectives& comm, std::vector<
            model_params.size());
   AdamWOptions inner = options;
   inner.max_grad_norm = 0;  // clipped here, by the global norm
-  std::vector<Parameter*> parts;
-  for (Parameter& p : parts_) parts.push_back(&p);
-  inner_ = std::make_unique<AdamW>(parts, inner);
+  for (Parameter& p : parts_) inners_.push_back(std::make_unique<AdamW>(std::vector<Parameter*>{&p}, inner));
 }
 
 int64_t ShardedAdamW::state_elements() const {
@@ -55,9 +53,12 @@ void ShardedAdamW::step() {
       const Tensor factor = Tensor::full({1}, options_.max_grad_norm / last_norm_, DType::F32, dev);
       for (Tensor& g : grads) backend_for(dev).zip(BinaryOp::Mul, g, factor, g);
     }
-    inner_->set_lr(lr_);
-    inner_->step();
-    reducer_.gather_values();
+    for (size_t k = 0; k < inners_.size(); ++k) {
+      inners_[k]->set_lr(lr_);
+      inners_[k]->step();
+      reducer_.start_gather(k);
+    }
+    reducer_.finish_gather();
     refresh_compute_copies();
   }
   ++steps_;
@@ -67,16 +68,16 @@ void ShardedAdamW::step() {
 
 void ShardedAdamW::save_state(const std::string& path) {
   const World& w = world();
-  const auto state = inner_->named_state();  // m.k, v.k for bucket k
   std::vector<CheckpointRecord> records;
   records.push_back({"steps", Tensor::from_vector({static_cast<double>(steps_)}, {1}, DType::F64)});
   const auto& buckets = reducer_.buckets();
   for (size_t k = 0; k < buckets.size(); ++k) {
+    const auto state = inners_[k]->named_state();  // m.0, v.0: bucket k's part
     for (const char* moment : {"m.", "v."}) {
       const Tensor* part = nullptr;
       for (const auto& [name, t] : state)
-        if (name == moment + std::to_string(k)) part = t;
-      HG_CHECK(part != nullptr, "ShardedAdamW::save_state", "no state '", moment, k, "'");
+        if (name == std::string(moment) + "0") part = t;
+      HG_CHECK(part != nullptr, "ShardedAdamW::save_state", "no state '", moment, "0' in bucket ", k);
       const Tensor host = part->to(Device::CPU);
       const std::vector<float> full =
           gather_to(0, host.data<float>(), static_cast<size_t>(host.numel()), "gather of the AdamW moments");
@@ -96,10 +97,10 @@ void ShardedAdamW::load_state(const std::string& path) {
   constexpr const char* kOp = "ShardedAdamW::load_state";
   const std::map<std::string, Tensor> entries = read_checkpoint_file(path, kOp);
   const int64_t rank = world().rank;
-  std::map<std::string, Tensor> parts;
-  if (entries.count("steps")) parts["steps"] = entries.at("steps");
   const auto& buckets = reducer_.buckets();
+  std::vector<std::map<std::string, Tensor>> parts(buckets.size());  // per bucket: steps, m.0, v.0
   for (size_t k = 0; k < buckets.size(); ++k) {
+    if (entries.count("steps")) parts[k]["steps"] = entries.at("steps");
     const GradReducer::Bucket& b = buckets[k];
     for (const char* moment : {"m.", "v."}) {
       std::vector<float> full(static_cast<size_t>(b.grads.numel()), 0.0f);
@@ -115,13 +116,13 @@ void ShardedAdamW::load_state(const std::string& path) {
       }
       const int64_t n = b.shard_grads.numel();
       std::vector<double> mine(full.begin() + rank * n, full.begin() + (rank + 1) * n);
-      parts[moment + std::to_string(k)] = Tensor::from_vector(mine, {n}, DType::F32);
+      parts[k][std::string(moment) + "0"] = Tensor::from_vector(mine, {n}, DType::F32);
     }
   }
   HG_CHECK(entries.size() == 1 + 2 * index_.size(), kOp, path, ": expected 'steps' and ", 2 * index_.size(),
            " state tensors, the file has ", entries.size());
-  inner_->restore_state(parts, path);
-  steps_ = inner_->steps();
+  for (size_t k = 0; k < buckets.size(); ++k) inners_[k]->restore_state(parts[k], path);
+  steps_ = inners_.empty() ? 0 : inners_.front()->steps();
 }
 
 }  // namespace hg::dist

@@ -2,9 +2,12 @@
 // ZeRO stage 1: AdamW whose moments are sharded across the ranks. With the
 // GradReducer in sharded mode, rank r holds part r of every gradient bucket
 // after the reduce-scatter; step() clips by the global norm (the parts' sums
-// of squares all-reduced), runs one multi-tensor AdamW over its parts (the
-// moments are 1/world of the unsharded ones), and all-gathers the updated
-// values so every rank holds the whole model again.
+// of squares all-reduced), runs AdamW over its parts (the moments are
+// 1/world of the unsharded ones) bucket by bucket, and starts each bucket's
+// all-gather of the updated values as soon as its part is updated, so the
+// gather of one bucket runs while the next is updated; every rank then holds
+// the whole model again. AdamW is elementwise: per bucket or in one launch,
+// the same values.
 //
 // Checkpoints keep the unsharded format of AdamW over model.parameters()
 // ("steps", "m.i", "v.i"): save_state gathers the parts to rank 0, which
@@ -42,7 +45,7 @@ class ShardedAdamW : public Optimizer {
   Collectives& comm_;
   AdamWOptions options_;
   std::vector<Parameter> parts_;  // value: this rank's part of a value bucket; grad: the bucket's shard_grads
-  std::unique_ptr<AdamW> inner_;
+  std::vector<std::unique_ptr<AdamW>> inners_;  // one per bucket, over parts_[k]: state "m.0", "v.0"
   std::unordered_map<const Parameter*, size_t> index_;  // model parameter -> its index in model_params
   double last_norm_ = 0;
   bool last_skipped_ = false;
