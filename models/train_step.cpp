@@ -15,12 +15,17 @@ TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions op
   HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
   device_ = params.front()->value.device();
   check_precision_supported(precision_, device_, "TrainStep");
-  if (!options.use_graph) graph_note_ = "off (use_graph = false / --no-graph)";
-  else if (device_ != Device::CUDA) graph_note_ = "off: CUDA graphs need a CUDA model";
-  else if (model.config().dropout > 0) graph_note_ = "off: dropout's mask stream advances each step (a launch argument)";
-  else if (options.data_parallel) graph_note_ = "off: data parallel (gradient buckets are launched from the host during the backward)";
-  else if (!optimizer.capturable()) graph_note_ = "off: the optimizer cannot be captured (it keeps per-step scalars on the host)";
-  else {
+  if (!options.use_graph) {
+    graph_note_ = "off (use_graph = false / --no-graph)";
+  } else if (device_ != Device::CUDA) {
+    graph_note_ = "off: CUDA graphs need a CUDA model";
+  } else if (model.config().dropout > 0) {
+    graph_note_ = "off: dropout's mask stream advances each step (a launch argument)";
+  } else if (options.data_parallel) {
+    graph_note_ = "off: data parallel (gradient buckets are launched from the host during the backward)";
+  } else if (!optimizer.capturable()) {
+    graph_note_ = "off: the optimizer cannot be captured (it keeps per-step scalars on the host)";
+  } else {
     try_graph_ = true;
     graph_note_ = "pending: captured after " + std::to_string(options.warmup_steps) + " plain step(s)";
   }
@@ -96,7 +101,8 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
       return plain_step(ids, targets, 1.0, r);
     }
     model_.embed.set_id_check(IdCheck::Host);  // plain use of the model (evaluation) checks on the host
-    graph_note_ = "on: captured at step " + std::to_string(r.step) + " for batches of shape " + shape_str(ids.shape());
+    graph_note_ =
+        "on: captured at step " + std::to_string(r.step) + " for batches of shape " + shape_str(ids.shape());
   } else {
     {
       HG_PROFILE("upload", device_);

@@ -36,7 +36,7 @@ struct TrainStepOptions {
 struct StepResult {
   int64_t step = 0;      // the optimizer's step count after this step (1-based; a resumed optimizer continues its own)
   double loss = 0;       // mean cross-entropy of this process's batch (data parallel: the caller sums the ranks')
-  double grad_norm = 0;  // global L2 norm of the gradients before clipping; NaN when the optimizer does not measure it (SGD)
+  double grad_norm = 0;  // global L2 norm of the gradients before clipping; NaN where not measured (SGD)
 };
 
 // Thrown when a step's loss or gradient norm is not finite. The optimizer
