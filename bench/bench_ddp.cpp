@@ -1,9 +1,10 @@
 // bench_ddp: data-parallel DecoderLM training steps, one rank per GPU (or per
 // CPU process), launched as `mpirun -np N build/bench/bench_ddp --config
 // bench|gpt2s`. Same per-rank batch as bench_train's configs. Each rank
-// times (1) its step without any communication (the one-GPU step) and (2)
-// the data-parallel step (gradient buckets reduced during the backward,
-// AdamW with clipping, or ZeRO-1); rank 0 prints tokens/s of all ranks, the
+// times (1) the data-parallel step (gradient buckets reduced during the
+// backward, AdamW with clipping, or ZeRO-1) and (2) its step without any
+// communication (the one-GPU step), both models/train_step.hpp's TrainStep;
+// rank 0 prints tokens/s of all ranks, the
 // scaling over one rank's step, and the communication: time of the
 // collectives, the part exposed after the backward, and the share hidden
 // behind it. docs/distributed.md.
@@ -28,7 +29,7 @@
 #include "examples/common/cli.hpp"
 #include "examples/common/data_parallel.hpp"
 #include "models/decoder_lm.hpp"
-#include "ops/cross_entropy.hpp"
+#include "models/train_step.hpp"
 
 using namespace hg;
 
@@ -85,24 +86,28 @@ int main(int argc, char** argv) {
       // Two batches per rank, different on every rank (its shard).
       std::vector<Tensor> ids, targets;
       bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
-      const auto step = [&](int i, bool reduce) {
-        model.zero_grad();
-        if (reduce) dp.begin_step(1.0 / w.size);
-        CrossEntropySaved saved;
-        cross_entropy_forward_on_device(model.forward(ids[i]), targets[i], -100, &saved);
-        model.backward(cross_entropy_backward(saved));
-        if (reduce) dp.end_backward();
-        if (reduce || !dp.sharded()) opt->step();  // ZeRO-1 steps only on reduced gradients
-      };
-      // (1) data parallel, then the check that every rank holds the same parameters.
-      for (int i = 0; i < warmup; ++i) step(i % 2, true);
+      // (1) data parallel (models/train_step.hpp with the reducer as its hook),
+      // then the check that every rank holds the same parameters.
+      TrainStepOptions reduced;
+      reduced.data_parallel = &dp;
+      TrainStep ddp_step(model, *opt, reduced);
+      for (int i = 0; i < warmup; ++i) ddp_step.run(ids[i % 2], targets[i % 2], 1.0 / w.size);
       dp.take_total_stats();
-      const bench::Timing ddp = bench::time_op(dev, 2, 0, iters, [&](int i) { step(i, true); });
+      const bench::Timing ddp =
+          bench::time_op(dev, 2, 0, iters, [&](int i) { ddp_step.run(ids[i], targets[i], 1.0 / w.size); });
       const dist::CommStats cs = dp.take_total_stats();
       dp.check_sync(warmup + iters);
-      // (2) this rank alone: no collective at all (the hook ignores a backward
-      // outside a step; the ranks' parameters drift apart from here on).
-      const bench::Timing alone = bench::time_op(dev, 2, warmup, iters, [&](int i) { step(i, false); });
+      // (2) this rank alone: the same plain step with no collective at all (the
+      // reducer ignores a backward outside its steps; the ranks' parameters
+      // drift apart from here on). ZeRO-1 updates only reduced gradients, so
+      // the alone step runs an unsharded AdamW (its moments cost memory only here).
+      std::unique_ptr<Optimizer> alone_opt;
+      if (dp.sharded()) alone_opt = std::make_unique<AdamW>(model.parameters(), adamw);
+      TrainStepOptions plain;
+      plain.use_graph = false;  // the data-parallel step is not captured either
+      TrainStep alone_step(model, alone_opt ? *alone_opt : *opt, plain);
+      const bench::Timing alone =
+          bench::time_op(dev, 2, warmup, iters, [&](int i) { alone_step.run(ids[i], targets[i]); });
       // The slowest rank sets the pace: max over ranks of the medians.
       double m[2] = {ddp.median_ms, alone.median_ms};
       const std::vector<uint64_t> all =

@@ -2,6 +2,8 @@
 #   core/ includes nothing from ops/, models/ or cuda/
 #   cuda/ includes nothing from ops/ or models/
 #   ops/  includes nothing from models/ or dist/
+#   models/ includes nothing from dist/ or cuda/ (data parallelism reaches a
+#           model through hooks: GradsReadyHook, TrainStep's DataParallelHook)
 #   dist/ includes nothing from ops/ or models/ (it sees core/ and cuda/'s plain headers)
 #   and neither core/ nor cuda/ includes dist/
 # Includes are written from the repository root ("ops/softmax.hpp"); a
@@ -17,6 +19,7 @@ set(forbidden_core ops models cuda dist)
 set(forbidden_cuda ops models dist)
 set(forbidden_ops models dist)
 set(forbidden_dist ops models)
+set(forbidden_models dist cuda)
 
 set(allowed "")
 if(ALLOW_FILE)
@@ -34,7 +37,7 @@ endif()
 set(violations "")
 set(used_exceptions "")
 set(n_files 0)
-foreach(layer core cuda ops dist)
+foreach(layer core cuda ops dist models)
   file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/${layer}/*.cpp" "${SOURCE_DIR}/${layer}/*.hpp"
        "${SOURCE_DIR}/${layer}/*.h" "${SOURCE_DIR}/${layer}/*.cu" "${SOURCE_DIR}/${layer}/*.cuh")
   foreach(f IN LISTS files)
@@ -76,7 +79,7 @@ if(violations)
   list(LENGTH violations n)
   string(REPLACE ";" "\n  " listing "${violations}")
   message(FATAL_ERROR "check_layering: ${n} include(s) cross the layering (core -> ops/models/cuda, "
-                      "cuda -> ops/models, ops -> models; see docs/architecture.md):\n  ${listing}")
+                      "cuda -> ops/models, ops -> models, models -> dist/cuda; see docs/architecture.md):\n  ${listing}")
 endif()
 list(LENGTH used_exceptions n_exceptions)
-message(STATUS "check_layering: ${n_files} files in core/, cuda/, ops/ respect the layering (${n_exceptions} known exception(s))")
+message(STATUS "check_layering: ${n_files} files in core/, cuda/, ops/, dist/, models/ respect the layering (${n_exceptions} known exception(s))")

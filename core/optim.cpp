@@ -125,6 +125,8 @@ std::vector<std::pair<std::string, Tensor*>> SGD::state_buffers() {
   return out;
 }
 
+double Optimizer::last_grad_norm() const { return std::nan(""); }
+
 // ---- AdamW ----
 
 AdamW::AdamW(std::vector<Parameter*> params, AdamWOptions options) : Optimizer(std::move(params)), options_(options) {

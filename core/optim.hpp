@@ -26,6 +26,15 @@ class Optimizer {
   // scalars (learning rate, step count) from device memory and skips the
   // update on a non-finite gradient norm without the host. False here.
   virtual bool capturable() const { return false; }
+  // For a capturable optimizer whose step() a CUDA graph replays: the lr goes
+  // to the device before each replay, and the host's step count follows it.
+  virtual void write_lr_to_device() {}
+  virtual void step_replayed() { ++steps_; }
+  // The last step's global L2 gradient norm before clipping (NaN where the
+  // optimizer does not compute one: SGD), and whether that norm was not
+  // finite so the step left every parameter unchanged.
+  virtual double last_grad_norm() const;
+  virtual bool last_step_skipped() const { return false; }
 
   // The step count and every per-parameter buffer (momentum, Adam moments),
   // so a resumed run continues exactly where it stopped. Same file format and
@@ -97,14 +106,11 @@ class AdamW : public Optimizer {
   void set_compute_copies(std::vector<Tensor> copies);
   // step() reads lr and the step count from device memory: capturable in a CUDA graph.
   bool capturable() const override { return true; }
-  // A CUDA graph replayed a captured step(): the device state advanced, so does the host count.
-  void step_replayed() { ++steps_; }
-  void write_lr_to_device();
-  // Read back from the device (synchronises): the global grad norm of the
-  // last step before clipping, and whether it was non-finite so the step
-  // left every parameter unchanged.
-  double last_grad_norm() const;
-  bool last_step_skipped() const;
+  // One fill launch, and a no-op when lr has not changed since the last write.
+  void write_lr_to_device() override;
+  // Read back from the device (synchronises).
+  double last_grad_norm() const override;
+  bool last_step_skipped() const override;
 
  private:
   std::vector<std::pair<std::string, Tensor*>> state_buffers() override;

@@ -35,8 +35,8 @@ class ShardedAdamW : public Optimizer {
   // Every rank reads the file.
   void load_state(const std::string& path) override;
 
-  double last_grad_norm() const { return last_norm_; }
-  bool last_step_skipped() const { return last_skipped_; }
+  double last_grad_norm() const override { return last_norm_; }
+  bool last_step_skipped() const override { return last_skipped_; }
   int64_t state_elements() const;  // this rank's moment elements (m and v)
 
  private:

@@ -51,6 +51,7 @@
 #include "examples/translation/translate_run.hpp"
 #include "examples/translation/translation_checkpoint.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/train_step.hpp"
 #include "ops/cross_entropy.hpp"
 
 using namespace hg;
@@ -71,6 +72,7 @@ struct Options {
   std::string precision = "auto";  // auto, fp32, bf16
   std::string attention = "auto";  // auto, flash, softmax
   bool tf32 = false;
+  bool no_graph = false;
   std::string device = "auto";
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
   double lr = 3e-3, dropout = 0.0, weight_decay = 0.01, clip = 1.0;
@@ -158,44 +160,14 @@ Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g) 
 }
 
 // ---- the training step ------------------------------------------------------------------
-// One optimizer step on one batch; returns the loss (reading it synchronizes the device).
-// Data parallel (dp): each rank's gradient weighs `weight` (its share of the
-// global batch's loss terms) in the reduction, which starts bucket by bucket
-// during the backward; the loss returned is this rank's (the caller sums).
-double train_step(DecoderLM& model, Optimizer& opt, Device device, double clip, const Batch& b,
-                  cli::DataParallel* dp = nullptr, double weight = 1) {
-  Tensor ids, targets;
-  {
-    HG_PROFILE("upload", device);
-    ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, device);
-    targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, device);
-  }
-  model.zero_grad();
-  if (dp) dp->begin_step(weight);
-  const Tensor logits = model.forward(ids);
-  CrossEntropySaved saved;
-  Tensor loss;
-  {
-    HG_PROFILE("cross_entropy", device);
-    loss = cross_entropy_forward(logits, targets, kIgnore, &saved);
-  }
-  Tensor dlogits;
-  {
-    HG_PROFILE("cross_entropy", device);
-    dlogits = cross_entropy_backward(saved);
-  }
-  model.backward(dlogits);
-  if (dp) dp->end_backward();
-  {
-    HG_PROFILE("optimizer", device);
-    // ZeRO-1 clips by the global norm inside its step.
-    if (clip > 0 && !(dp && dp->sharded())) clip_grad_norm(model.parameters(), clip);
-    opt.step();
-  }
-  // On CUDA the host waits for NCCL here, the first time: under the watchdog
-  // when several ranks run (a hung peer must not hang this rank forever).
-  const dist::Watch watch("the step's gradient collectives (reading the loss)");
-  return loss.item();
+// One optimizer step on one batch (models/train_step.hpp: the library's step,
+// CUDA graph included where it can be captured); returns this rank's loss
+// (the caller sums the ranks'). weight: this rank's share of the global
+// batch's loss terms, for the data-parallel reduction.
+double train_step(TrainStep& step, const Batch& b, double weight) {
+  const Tensor ids = Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32);
+  const Tensor targets = Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32);
+  return step.run(ids, targets, weight).loss;
 }
 
 // Logits of a batch in eval mode, on the host: (B, T, V) row-major.
@@ -352,6 +324,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  app.add_flag("--no-graph", o.no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}))
       ->capture_default_str();
@@ -585,6 +558,7 @@ struct History {
   std::vector<prof::Entry> profile;
   int64_t profiled_steps = 0;
   double profiled_ms = 0;
+  std::string graph_note;  // whether the steps replayed a CUDA graph (TrainStep::graph_note)
 };
 
 struct EvalPoint {
@@ -657,8 +631,8 @@ void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt, const c
              path, ": ", std::strerror(errno));
 }
 
-History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& data, Device dev, int64_t start_step,
-                   cli::DataParallel* dp) {
+History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, TrainStep& train, Data& data, Device dev,
+                   int64_t start_step, cli::DataParallel* dp) {
   History h;
   h.start_step = h.end_step = start_step;
   const bool rank0 = dist::world().rank == 0;  // the one rank that logs, evaluates and writes files
@@ -692,7 +666,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     maybe_inject_fault(step + 1, model);
     dist::set_watch_step(step + 1);
     const auto t0 = std::chrono::steady_clock::now();
-    double loss = train_step(model, opt, dev, o.clip, b, dp, data.weight);
+    double loss = train_step(train, b, data.weight);
     const auto t1 = std::chrono::steady_clock::now();
     prof::enable(false);
     stop_signal = g_stop_signal;
@@ -706,7 +680,6 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
       if (o.dp.check_sync) dp->check_sync(step + 1);
     }
     const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-    HG_CHECK(std::isfinite(loss), "train", "loss became ", loss, " at step ", step + 1);
     const double tokens = static_cast<double>(b.batch * b.seq * data.world);  // every rank's
     if (profiled) {
       ++h.profiled_steps;
@@ -748,6 +721,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, Data& dat
     if (eval_now) save_checkpoint(o, model, opt, dp);
   }
   if (progress) progress->finish();
+  h.graph_note = train.graph_note();
   if (h.profiled_steps > 0) h.profile = prof::entries();
   h.stop_signal = stop_signal;
   if (h.stop_signal != 0) {
@@ -815,6 +789,7 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
                                             : static_cast<double>(o.batch * o.seq_len * data.world) / (median_ms * 1e-3);
   std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
               static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms, tokens_per_s);
+  if (dev == Device::CUDA) std::printf("CUDA graph %s\n", h.graph_note.c_str());
   print_profile(h);
   std::printf("final train loss %.4f\n", h.last_loss);
   if (dev == Device::CUDA)
@@ -883,10 +858,15 @@ int run(Options& o) {
   AdamWOptions adam;
   adam.lr = o.lr;
   adam.weight_decay = o.weight_decay;
+  adam.max_grad_norm = o.clip;  // clipped inside the optimizer's step (ZeRO-1: by the global norm)
   std::unique_ptr<cli::DataParallel> dp;
   if (use_dp) dp = std::make_unique<cli::DataParallel>(*model, dev, o.dp);
-  if (dp && dp->sharded()) adam.max_grad_norm = o.clip;  // ZeRO-1 clips by the global norm in its step
   const std::unique_ptr<Optimizer> opt = dp ? dp->make_optimizer(adam) : std::make_unique<AdamW>(model->parameters(), adam);
+  TrainStepOptions step_options;
+  step_options.ignore_index = kIgnore;
+  step_options.data_parallel = dp.get();
+  step_options.use_graph = !o.no_graph;
+  TrainStep step(*model, *opt, step_options);
   const int64_t start_step = maybe_resume(o, model_step, *opt, *data);
   if (dp) dp->check_sync(start_step);  // same seed or same checkpoint: identical on every rank
 
@@ -903,9 +883,10 @@ int run(Options& o) {
   if (dp)
     spdlog::info("data parallel: {}; global batch {} = {} x {}", dp->describe(), o.batch * world.size, world.size,
                  o.batch);
+  if (dev == Device::CUDA) spdlog::info("CUDA graph {}", step.graph_note());
 
   const auto run_start = std::chrono::steady_clock::now();
-  History history = train_loop(o, *model, *opt, *data, dev, start_step, dp.get());
+  History history = train_loop(o, *model, *opt, step, *data, dev, start_step, dp.get());
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
 
   // A plot that cannot be written is an error (exit 1), but the summary of

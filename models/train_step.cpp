@@ -8,21 +8,37 @@
 
 namespace hg {
 
-TrainStep::TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions options)
+TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options)
     : model_(model), optimizer_(optimizer), options_(options), precision_(model.config().precision) {
   HG_CHECK(options.warmup_steps >= 1, "TrainStep", "warmup_steps must be >= 1, got ", options.warmup_steps);
   const std::vector<Parameter*> params = model.parameters();
   HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
-  const Device dev = params.front()->value.device();
-  check_precision_supported(precision_, dev, "TrainStep");
-  if (!options.use_graph) graph_note_ = "off (use_graph = false / --no-graph)";
-  else if (dev != Device::CUDA) graph_note_ = "off: CUDA graphs need a CUDA model";
-  else if (model.config().dropout > 0) graph_note_ = "off: dropout's mask stream advances each step (a launch argument)";
-  else try_graph_ = true;
+  device_ = params.front()->value.device();
+  check_precision_supported(precision_, device_, "TrainStep");
+  if (!options.use_graph) {
+    graph_note_ = "off (use_graph = false / --no-graph)";
+  } else if (device_ != Device::CUDA) {
+    graph_note_ = "off: CUDA graphs need a CUDA model";
+  } else if (model.config().dropout > 0) {
+    graph_note_ = "off: dropout's mask stream advances each step (a launch argument)";
+  } else if (options.data_parallel) {
+    graph_note_ = "off: data parallel (gradient buckets are launched from the host during the backward)";
+  } else if (!optimizer.capturable()) {
+    graph_note_ = "off: the optimizer cannot be captured (it keeps per-step scalars on the host)";
+  } else {
+    try_graph_ = true;
+    graph_note_ = "pending: captured after " + std::to_string(options.warmup_steps) + " plain step(s)";
+  }
 }
 
-void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets) {
+Tensor TrainStep::on_device(const Tensor& t) const {
+  HG_PROFILE("upload", device_);
+  return t.to(device_);
+}
+
+void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight) {
   model_.zero_grad();
+  if (options_.data_parallel) options_.data_parallel->begin_step(weight);
   Tensor dlogits;
   {
     const Tensor logits = model_.forward(ids);
@@ -34,6 +50,7 @@ void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets) {
     dlogits = cross_entropy_backward_over_logits(saved);  // the logits are not needed again
   }  // the loss's saved state is released here, dlogits once the head's backward has run
   model_.backward(std::move(dlogits));
+  if (options_.data_parallel) options_.data_parallel->end_backward();
 }
 
 StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const {
@@ -49,13 +66,13 @@ StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_
                                   : "the parameters were updated with finite gradients"));
 }
 
-StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, StepResult r) {
+StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, double weight, StepResult r) {
   check_batch(ids, targets);
-  enqueue_gradients(ids, targets);
+  enqueue_gradients(on_device(ids), on_device(targets), weight);
   // Checked before the update, so a non-finite loss never reaches the parameters.
   if (!std::isfinite(loss_.item())) return finish(r, /*stepped=*/false, false);
   {
-    HG_PROFILE("optimizer", ids.device());
+    HG_PROFILE("optimizer", device_);
     optimizer_.step();
   }
   return finish(r, /*stepped=*/true, false);
@@ -66,12 +83,14 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
   // The captured step checks nothing on the host: the batch is checked here.
   check_batch(ids, targets);
   if (!graph_.ready()) {
-    ids_in_ = ids.clone();
-    targets_in_ = targets.clone();
+    ids_in_ = Tensor::empty(ids.shape(), DType::F32, device_);
+    targets_in_ = Tensor::empty(targets.shape(), DType::F32, device_);
+    ids_in_.copy_(ids);
+    targets_in_.copy_(targets);
     model_.embed.set_id_check(IdCheck::Device);
     try {
       graph_.begin_capture();
-      enqueue_gradients(ids_in_, targets_in_);
+      enqueue_gradients(ids_in_, targets_in_, 1.0);
       optimizer_.step();
       graph_.end_capture();
     } catch (const std::exception& e) {
@@ -79,13 +98,17 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
       model_.embed.set_id_check(IdCheck::Host);
       try_graph_ = false;
       graph_note_ = std::string("off: the capture failed: ") + e.what();
-      return plain_step(ids, targets, r);
+      return plain_step(ids, targets, 1.0, r);
     }
     model_.embed.set_id_check(IdCheck::Host);  // plain use of the model (evaluation) checks on the host
-    graph_note_ = "on: captured at step " + std::to_string(r.step);
+    graph_note_ =
+        "on: captured at step " + std::to_string(r.step) + " for batches of shape " + shape_str(ids.shape());
   } else {
-    ids_in_.copy_(ids);
-    targets_in_.copy_(targets);
+    {
+      HG_PROFILE("upload", device_);
+      ids_in_.copy_(ids);
+      targets_in_.copy_(targets);
+    }
     optimizer_.step_replayed();
   }
   graph_.replay();
@@ -106,18 +129,28 @@ void TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {
              ") nor ignore_index ", options_.ignore_index);
 }
 
-StepResult TrainStep::run(const Tensor& ids, const Tensor& targets) {
+StepResult TrainStep::run(const Tensor& ids, const Tensor& targets, double weight) {
   const char* op = "TrainStep::run";
   ids.check_defined(op);
   targets.check_defined(op);
   HG_CHECK(ids.shape() == targets.shape() && ids.ndim() == 2, op, "ids ", ids.shape(), " and targets ",
            targets.shape(), " must both be (B, T)");
-  HG_CHECK(!graph_.ready() || ids.shape() == ids_in_.shape(), op, "ids ", ids.shape(),
-           " differ in shape from the captured step's ", ids_in_.shape(), "; a CUDA graph replays fixed shapes");
+  for (const Tensor* t : {&ids, &targets})
+    HG_CHECK(t->dtype() == DType::F32 && (t->device() == Device::CPU || t->device() == device_), op,
+             t == &ids ? "ids" : "targets", " are ", t->describe(), "; expected F32 on the host or on the model's ",
+             device_name(device_));
+  HG_CHECK(std::isfinite(weight) && weight >= 0 && weight <= 1, op, "weight ", weight,
+           " must be a share of the global batch, in [0, 1]");
   StepResult r;
-  r.step = ++steps_;
-  if (try_graph_ && r.step > options_.warmup_steps) return graph_step(ids, targets, r);
-  return plain_step(ids, targets, r);
+  r.step = optimizer_.steps() + 1;  // a resumed optimizer continues its count
+  ++steps_;
+  // A graph replays the shapes it captured: a batch of another shape (padded
+  // translation batches) runs plain, as does a profiled step, so that each op
+  // is launched and timed on its own.
+  const bool graph_fits = !graph_.ready() || ids.shape() == ids_in_.shape();
+  if (try_graph_ && steps_ > options_.warmup_steps && graph_fits && !prof::enabled())
+    return graph_step(ids, targets, r);
+  return plain_step(ids, targets, weight, r);
 }
 
 }  // namespace hg

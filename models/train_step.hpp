@@ -10,19 +10,33 @@
 
 namespace hg {
 
-// Gradient clipping is the optimizer's: AdamWOptions::max_grad_norm (inside
-// the same multi-tensor launches as the update).
+// Data parallelism as the step sees it. The caller's gradient reducer
+// implements it (examples/common/data_parallel.hpp, over dist/), so models/
+// needs nothing from dist/. The reducer itself is driven by the model's
+// GradsReadyHook during the backward; these two calls open and close a step.
+class DataParallelHook {
+ public:
+  virtual ~DataParallelHook() = default;
+  // Before the forward. weight: this rank's share of the global batch's loss
+  // terms (tokens_r / tokens_all), by which its gradients enter the reduction.
+  virtual void begin_step(double weight) = 0;
+  // After the backward: the gradients are reduced (or queued to be, in the
+  // device's stream order) and the optimizer may read them.
+  virtual void end_backward() = 0;
+};
+
 struct TrainStepOptions {
   int64_t ignore_index = -100;  // targets equal to it do not count in the loss
   bool use_graph = true;        // capture the step as a CUDA graph and replay it, when it can be (graph_note())
   int warmup_steps = 2;         // plain steps before the capture (cuBLASLt plans, allocator cache)
+  DataParallelHook* data_parallel = nullptr;  // borrowed, must outlive the TrainStep; null: one process
 };
 
 // What one step measured, read back after the step has run.
 struct StepResult {
-  int64_t step = 0;      // 1-based count of steps run by this TrainStep
-  double loss = 0;       // mean cross-entropy of the batch
-  double grad_norm = 0;  // global L2 norm of the gradients before clipping
+  int64_t step = 0;      // the optimizer's step count after this step (1-based; a resumed optimizer continues its own)
+  double loss = 0;       // mean cross-entropy of this process's batch (data parallel: the caller sums the ranks')
+  double grad_norm = 0;  // global L2 norm of the gradients before clipping; NaN where not measured (SGD)
 };
 
 // Thrown when a step's loss or gradient norm is not finite. The optimizer
@@ -34,47 +48,60 @@ class NonFiniteError : public Error {
 };
 
 // One training step of a DecoderLM in the model's precision
-// (docs/mixed_precision.md): zero grads -> forward -> cross-entropy ->
-// backward -> clip + AdamW (one multi-tensor update, which skips itself on a
-// non-finite gradient norm). The model and optimizer are borrowed and must
-// outlive the TrainStep; set the optimizer's lr before run(). ids and
-// targets are (B, T) F32 tensors on the model's device.
+// (docs/mixed_precision.md): zero grads -> [data parallel: begin_step] ->
+// forward -> cross-entropy -> backward -> [end_backward] -> optimizer step.
+// Gradient clipping is the optimizer's (AdamWOptions::max_grad_norm, inside
+// the same multi-tensor launches as the update; ZeRO-1's ShardedAdamW clips
+// by the global norm), as is skipping an update whose gradient norm is not
+// finite. The model and optimizer are borrowed and must outlive the
+// TrainStep; the caller sets the optimizer's lr before run() (the schedule is
+// the caller's). ids and targets are (B, T) F32 tensors on the host or on the
+// model's device; a host batch is checked there and copied in.
 //
 // CUDA graphs: after warmup_steps plain steps, the next step is captured
 // (inputs first copied into tensors the TrainStep owns) and every later step
 // replays the graph, each batch checked on the host before it is copied in
 // (the captured embedding and loss check nothing on the host). Capture is
-// attempted only without dropout (each mask's stream position is a launch
-// argument, so a replay would repeat the captured masks); if the captured
-// work still synchronizes, the capture is dropped and the steps stay plain, with the
-// reason in graph_note(). Plain and replayed steps run the same arithmetic
-// in the same order (the device-built embedding CSR has the host one's
-// order), so their results are bitwise equal.
+// attempted only on CUDA, for a capturable optimizer (AdamW), without
+// dropout (each mask's stream position is a launch argument, so a replay
+// would repeat the captured masks) and without a data-parallel hook (the
+// gradient buckets are launched from the host as the backward is queued);
+// if the captured work still synchronizes, the capture is dropped and the
+// steps stay plain. graph_note() says which. While the profiler is on
+// (core/profiler.hpp) steps run plain, so each op is timed. Plain and
+// replayed steps run the same arithmetic in the same order (the
+// device-built embedding CSR has the host one's order), so their results
+// are bitwise equal.
 class TrainStep {
  public:
-  TrainStep(DecoderLM& model, AdamW& optimizer, TrainStepOptions options = {});
+  TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options = {});
 
-  StepResult run(const Tensor& ids, const Tensor& targets);
+  // weight: this rank's share of the global batch's loss terms, handed to
+  // the data-parallel hook (ignored without one).
+  StepResult run(const Tensor& ids, const Tensor& targets, double weight = 1.0);
 
   Precision precision() const { return precision_; }
   bool graph_active() const { return graph_.ready(); }
   const std::string& graph_note() const { return graph_note_; }
 
  private:
-  // Queues forward, loss and backward; the loss lands in loss_.
-  void enqueue_gradients(const Tensor& ids, const Tensor& targets);
-  StepResult plain_step(const Tensor& ids, const Tensor& targets, StepResult r);
+  // Queues forward, loss and backward (between the hook's two calls); the loss lands in loss_.
+  void enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight);
+  StepResult plain_step(const Tensor& ids, const Tensor& targets, double weight, StepResult r);
   StepResult graph_step(const Tensor& ids, const Tensor& targets, StepResult r);
   // Reads the loss and norm back; throws NonFiniteError when either is not finite.
   StepResult finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const;
   // ids and targets checked on the host (the step itself checks them only on the device).
   void check_batch(const Tensor& ids, const Tensor& targets) const;
+  // A host batch copied to the model's device (the same tensor when already there).
+  Tensor on_device(const Tensor& t) const;
 
   DecoderLM& model_;
-  AdamW& optimizer_;
+  Optimizer& optimizer_;
   TrainStepOptions options_;
   Precision precision_;
-  int64_t steps_ = 0;
+  Device device_;
+  int64_t steps_ = 0;  // steps run by this TrainStep (the warm-up before a capture)
   bool try_graph_ = false;
   gpu::Graph graph_;
   std::string graph_note_;

@@ -3,6 +3,7 @@
 // the collectives of one rank (NCCL on the GPU), the parameter hash. The
 // several-rank behaviour runs under mpirun in tests/cli/train_ddp.sh.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -17,11 +18,13 @@
 #include "dist/sharded_adamw.hpp"
 #include "dist/world.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/train_step.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/catch.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
+using hg::test::contains;
 
 namespace {
 
@@ -181,7 +184,68 @@ void bf16_reduction_rounds_once(Device dev) {
   }
 }
 
+// The reducer as TrainStep's data-parallel hook, as examples/common/data_parallel.cpp wires it.
+struct ReducerHook : DataParallelHook {
+  dist::GradReducer& reducer;
+  explicit ReducerHook(dist::GradReducer& r) : reducer(r) {}
+  void begin_step(double weight) override { reducer.begin_step(weight); }
+  void end_backward() override { reducer.finish(); }
+};
+
+// One rank through TrainStep: AdamW with the reducer as the hook (clipping
+// in effect), and ZeRO-1 (a non-AdamW optimizer), each equal bit for bit to
+// TrainStep's plain AdamW step. ZeRO-1 runs unclipped: it sums the squares
+// over its bucket shards, in another order than AdamW over the parameters,
+// so its norm (and a clip scale made from it) may differ in the last bit.
+void train_step_with_reducer_matches_plain(Device dev, bool sharded) {
+  dist::init_world();
+  auto plain = tiny_model(dev), ddp = tiny_model(dev);
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.max_grad_norm = sharded ? 0 : 0.5;
+  AdamW opt_plain(plain->parameters(), o);
+  dist::Collectives comm(dev);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 4096;
+  ro.sharded = sharded;
+  dist::GradReducer reducer(comm, backward_order(*ddp), ro);
+  ddp->set_grads_ready_hook([&](const std::vector<Parameter*>& ps) { reducer.grads_ready(ps); });
+  std::unique_ptr<Optimizer> opt_ddp;
+  if (sharded) opt_ddp = std::make_unique<dist::ShardedAdamW>(reducer, comm, ddp->parameters(), o);
+  else opt_ddp = std::make_unique<AdamW>(ddp->parameters(), o);
+  ReducerHook hook(reducer);
+  TrainStepOptions with_hook;
+  with_hook.data_parallel = &hook;
+  TrainStep step_plain(*plain, opt_plain), step_ddp(*ddp, *opt_ddp, with_hook);
+  REQUIRE(contains(step_ddp.graph_note(), "off"));
+  for (uint64_t s = 0; s < 4; ++s) {
+    const Batch b = batch(dev, s);
+    const StepResult rp = step_plain.run(b.ids, b.targets), rd = step_ddp.run(b.ids, b.targets, 1.0);
+    REQUIRE(rp.loss == rd.loss);
+    if (sharded) {
+      REQUIRE(std::abs(rp.grad_norm - rd.grad_norm) <= 1e-12 * rp.grad_norm);  // f64 sums, another order
+    } else {
+      REQUIRE(rp.grad_norm > o.max_grad_norm);  // clipped
+      REQUIRE(rp.grad_norm == rd.grad_norm);
+    }
+  }
+  REQUIRE(reducer.steps() == 4);
+  require_bitwise(*plain, *ddp, false);
+  ddp->set_grads_ready_hook(nullptr);
+}
+
 }  // namespace
+
+TEST_CASE("TrainStep with the reducer as its hook, one rank = TrainStep alone, bitwise (CPU; AdamW and ZeRO-1)") {
+  train_step_with_reducer_matches_plain(Device::CPU, false);
+  train_step_with_reducer_matches_plain(Device::CPU, true);
+}
+
+TEST_CASE("[cuda] TrainStep with the reducer as its hook, one rank = TrainStep alone, bitwise (AdamW and ZeRO-1)") {
+  HG_REQUIRE_GPU();
+  train_step_with_reducer_matches_plain(Device::CUDA, false);
+  train_step_with_reducer_matches_plain(Device::CUDA, true);
+}
 
 TEST_CASE("GradReducer: gradients become aligned views of buckets filled in backward order") {
   dist::init_world();

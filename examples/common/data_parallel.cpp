@@ -93,7 +93,12 @@ void DataParallel::begin_step(double weight) {
   reducer_->begin_step(weight);
 }
 
-void DataParallel::end_backward() { reducer_->finish(); }
+void DataParallel::end_backward() {
+  reducer_->finish();
+  if (comm_.device() != Device::CUDA) return;
+  const dist::Watch watch("the step's gradient collectives");
+  gpu::synchronize();
+}
 
 double DataParallel::global_loss(double local_loss) {
   double v = weight_ * local_loss;

@@ -1,8 +1,9 @@
 #pragma once
 // Data-parallel training of a DecoderLM for the programs (train, bench_ddp):
 // the flags, the rank's GPU, the gradient reducer wired to the model's
-// backward, the optimizer (AdamW, or ZeRO-1's ShardedAdamW), the global loss
-// and the cross-rank parameter check. docs/distributed.md.
+// backward and to TrainStep (models/train_step.hpp: it calls begin_step and
+// end_backward), the optimizer (AdamW, or ZeRO-1's ShardedAdamW), the global
+// loss and the cross-rank parameter check. docs/distributed.md.
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "dist/grad_reducer.hpp"
 #include "dist/world.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/train_step.hpp"
 
 namespace hg::cli {
 
@@ -44,20 +46,23 @@ void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSw
 // error when this host has more ranks than GPUs.
 const dist::World& start_world(Device device, const DataParallelFlags& f);
 
-class DataParallel {
+class DataParallel : public DataParallelHook {
  public:
   // After model.to(device) (the gradients become views of the buckets).
   DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f);
-  ~DataParallel();
+  ~DataParallel() override;
 
-  // AdamW over the model, or with --zero 1 the sharded one (which clips by
-  // the global norm itself: then clip_outside() is false).
+  // AdamW over the model, or with --zero 1 the sharded one; both clip by
+  // options.max_grad_norm inside their step (ZeRO-1 by the global norm).
   std::unique_ptr<Optimizer> make_optimizer(const AdamWOptions& options);
   bool sharded() const { return flags_.zero == 1; }
 
   // weight: this rank's share of the global batch's loss terms (tokens_r / tokens_all).
-  void begin_step(double weight);
-  void end_backward();  // after model.backward(): gradients reduced
+  void begin_step(double weight) override;
+  // After model.backward(): gradients reduced. On CUDA the host then waits
+  // for the collectives, under the watchdog (a hung peer must not hang this
+  // rank forever); the step reads its loss right after anyway.
+  void end_backward() override;
   double global_loss(double local_loss);  // sum over ranks of weight_r * loss_r
   void check_sync(long long step);        // throws when ranks hold different parameters
 

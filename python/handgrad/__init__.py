@@ -14,7 +14,8 @@ RuntimeError) with handgrad's own message. See docs/python.md.
 from contextlib import contextmanager as _contextmanager
 
 from ._C import (AdamW, CrossEntropySaved, DecoderLM, Error, Generator, LayerNormSaved, Module,
-                 Optimizer, Parameter, SGD, Tensor, attention_softmax_forward, clip_grad_norm,
+                 NonFiniteError, Optimizer, Parameter, SGD, StepResult, Tensor, TrainStep,
+                 attention_softmax_forward, clip_grad_norm,
                  cross_entropy_backward, cross_entropy_forward, cuda_available, cuda_stream,
                  from_dlpack, from_numpy, full, kernel_mode, layernorm_backward, layernorm_forward,
                  ones, randn, set_kernel_mode, softmax_backward, softmax_forward, zeros,

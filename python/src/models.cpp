@@ -1,6 +1,8 @@
-// Enough of the models and optimizers to train from Python:
+// Enough of the models and optimizers to train from Python, one op at a time:
 // logits = model.forward(ids); loss, s = cross_entropy_forward(...);
-// model.zero_grad(); model.backward(cross_entropy_backward(s)); opt.step().
+// model.zero_grad(); model.backward(cross_entropy_backward(s)); opt.step();
+// or as one call, the library's step (models/train_step.hpp, CUDA graph
+// included): TrainStep(model, opt).run(ids, targets).
 #include <pybind11/stl.h>
 
 #include <string>
@@ -8,6 +10,7 @@
 #include "bindings.hpp"
 #include "core/optim.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/train_step.hpp"
 
 namespace hg::python {
 
@@ -57,22 +60,27 @@ void bind_models(py::module_& m) {
       .def("zero_grad", &Optimizer::zero_grad)
       .def_property("lr", &Optimizer::lr, &Optimizer::set_lr)
       .def_property_readonly("steps", &Optimizer::steps)
+      .def_property_readonly("last_grad_norm", &Optimizer::last_grad_norm,
+                             "Global gradient norm of the last step before clipping (nan where not computed: SGD).")
       .def("save_state", &Optimizer::save_state, py::arg("path"))
       .def("load_state", &Optimizer::load_state, py::arg("path"));
 
   py::class_<AdamW, Optimizer>(m, "AdamW")
-      .def(py::init([](Module& module, double lr, std::pair<double, double> betas, double eps, double weight_decay) {
+      .def(py::init([](Module& module, double lr, std::pair<double, double> betas, double eps, double weight_decay,
+                       double max_grad_norm) {
              AdamWOptions o;
              o.lr = lr;
              o.beta1 = betas.first;
              o.beta2 = betas.second;
              o.eps = eps;
              o.weight_decay = weight_decay;
+             o.max_grad_norm = max_grad_norm;
              return new AdamW(module.parameters(), o);
            }),
            py::arg("module"), py::kw_only(), py::arg("lr") = 1e-3, py::arg("betas") = std::make_pair(0.9, 0.999),
-           py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.01,
-           py::keep_alive<1, 2>());  // the optimizer points at the module's parameters
+           py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.01, py::arg("max_grad_norm") = 0.0,
+           py::keep_alive<1, 2>(),  // the optimizer points at the module's parameters
+           "max_grad_norm > 0 clips the global gradient norm inside step() (0: no clipping).");
 
   py::class_<SGD, Optimizer>(m, "SGD")
       .def(py::init([](Module& module, double lr, double momentum, double weight_decay) {
@@ -80,6 +88,33 @@ void bind_models(py::module_& m) {
            }),
            py::arg("module"), py::kw_only(), py::arg("lr") = 1e-2, py::arg("momentum") = 0.0,
            py::arg("weight_decay") = 0.0, py::keep_alive<1, 2>());
+
+  py::register_exception<NonFiniteError>(m, "NonFiniteError", m.attr("Error"));
+  py::class_<StepResult>(m, "StepResult", "What TrainStep.run measured: step, loss, grad_norm.")
+      .def_readonly("step", &StepResult::step)
+      .def_readonly("loss", &StepResult::loss)
+      .def_readonly("grad_norm", &StepResult::grad_norm)
+      .def("__repr__", [](const StepResult& r) {
+        return "StepResult(step=" + std::to_string(r.step) + ", loss=" + std::to_string(r.loss) +
+               ", grad_norm=" + std::to_string(r.grad_norm) + ")";
+      });
+  py::class_<TrainStep>(m, "TrainStep",
+                        "One training step as one call: zero_grad, forward, cross-entropy, backward, the optimizer "
+                        "(clipping is AdamW's max_grad_norm), a CUDA graph replayed where the step can be captured.")
+      .def(py::init([](DecoderLM& model, Optimizer& optimizer, int64_t ignore_index, bool use_graph) {
+             TrainStepOptions o;
+             o.ignore_index = ignore_index;
+             o.use_graph = use_graph;
+             return new TrainStep(model, optimizer, o);
+           }),
+           py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("ignore_index") = -100,
+           py::arg("use_graph") = true, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def("run", [](TrainStep& step, const Tensor& ids, const Tensor& targets) { return step.run(ids, targets); },
+           py::arg("ids"), py::arg("targets"),
+           "ids, targets (B, T) float32 on the host or the model's device -> StepResult. Raises NonFiniteError "
+           "(parameters unchanged) when the loss or gradient norm is not finite.")
+      .def_property_readonly("graph_active", &TrainStep::graph_active)
+      .def_property_readonly("graph_note", &TrainStep::graph_note);
 
   m.def("clip_grad_norm", [](Module& module, double max_norm) { return clip_grad_norm(module.parameters(), max_norm); },
         py::arg("module"), py::arg("max_norm"), "Clips the global L2 grad norm; returns the norm before clipping.");

@@ -1,4 +1,4 @@
-"""A DecoderLM training step from Python: forward, loss, backward, AdamW step."""
+"""A DecoderLM training step from Python: forward, loss, backward, AdamW step; the same as one TrainStep call."""
 import os
 import tempfile
 import unittest
@@ -25,23 +25,54 @@ class Training(unittest.TestCase):
         self.assertIn("head.weight", names)
         self.assertEqual(model.num_parameters(), sum(p.value.numel() for p in model.parameters()))
         opt = hg.AdamW(model, lr=3e-3, weight_decay=0.0)
+        step = hg.TrainStep(model, opt)
         head = dict(model.named_parameters())["head.weight"].value.numpy()  # a live view
         before = head.copy()
         rng = np.random.default_rng(0)
-        losses = []
-        for _ in range(80):
-            ids, targets = batch(rng, 8, 8, 16)
-            logits = model.forward(ids)
-            self.assertEqual(logits.shape, (8, 8, 16))
-            loss, saved = hg.cross_entropy_forward(logits, targets, -100)
-            model.zero_grad()
-            model.backward(hg.cross_entropy_backward(saved))
-            opt.step()
-            losses.append(loss.item())
+        losses = [step.run(*batch(rng, 8, 8, 16)).loss for _ in range(80)]
+        self.assertEqual(model.forward(batch(rng, 8, 8, 16)[0]).shape, (8, 8, 16))
         self.assertEqual(opt.steps, 80)
         self.assertGreater(losses[0], 2.0)       # ~ log(16) = 2.77 at initialisation
         self.assertLess(np.mean(losses[-5:]), 0.3, losses[-5:])
         self.assertFalse(np.array_equal(head, before))  # step() updated the values the view sees
+
+    def test_train_step_is_the_op_by_op_step(self):
+        """TrainStep (the library's step) gives the losses, norms and parameters of the sequence above, bitwise."""
+        a, b = self.make(), self.make()
+        opt_a = hg.AdamW(a, lr=3e-3, max_grad_norm=1.0)
+        opt_b = hg.AdamW(b, lr=3e-3, max_grad_norm=1.0)
+        step = hg.TrainStep(a, opt_a)
+        self.assertIn("off", step.graph_note)  # CUDA graphs need a CUDA model
+        rng = np.random.default_rng(3)
+        for k in range(4):
+            ids, targets = batch(rng, 4, 8, 16)
+            opt_a.lr = opt_b.lr = 1e-3 * (k + 1)  # the schedule stays the caller's
+            r = step.run(ids, targets)
+            loss, saved = hg.cross_entropy_forward(b.forward(ids), targets, -100)
+            b.zero_grad()
+            b.backward(hg.cross_entropy_backward(saved))
+            opt_b.step()
+            self.assertEqual(r.step, k + 1)
+            self.assertEqual(r.loss, loss.item())
+            self.assertEqual(r.grad_norm, opt_b.last_grad_norm)
+        for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+            np.testing.assert_array_equal(pa.value.numpy(), pb.value.numpy(), err_msg=name)
+
+    def test_train_step_stops_on_a_non_finite_loss(self):
+        model = self.make()
+        opt = hg.AdamW(model, lr=3e-3)
+        step = hg.TrainStep(model, opt)
+        ids, targets = batch(np.random.default_rng(4), 2, 8, 16)
+        step.run(ids, targets)
+        bias = dict(model.named_parameters())["head.bias"].value.numpy()
+        bias[0] = np.inf
+        before = bias.copy()
+        with self.assertRaises(hg.NonFiniteError) as caught:
+            step.run(ids, targets)
+        self.assertIsInstance(caught.exception, hg.Error)
+        self.assertIn("step 2", str(caught.exception))
+        np.testing.assert_array_equal(bias, before)  # parameters unchanged
+        self.assertEqual(opt.steps, 1)
 
     def test_save_load_round_trip(self):
         a, b = self.make(), hg.DecoderLM(vocab_size=16, max_seq_len=8, d_model=32, n_heads=2, n_layers=1, seed=1)

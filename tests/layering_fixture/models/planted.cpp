@@ -1,0 +1,1 @@
+#include "dist/world.hpp"  // planted: models -> dist

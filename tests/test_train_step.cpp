@@ -1,0 +1,275 @@
+// TrainStep (models/train_step.hpp), the one training step of train,
+// bench_train, bench_ddp and the Python bindings: against the step train
+// wrote by hand before it (clip_grad_norm outside AdamW), with a
+// data-parallel hook, with SGD, with host or device batches, its profiling
+// scopes and its input checks. Graph replay vs plain steps: test_cuda_graph.cpp;
+// the reducer of dist/ as the hook: test_dist.cpp.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/optim.hpp"
+#include "core/profiler.hpp"
+#include "models/decoder_lm.hpp"
+#include "models/train_step.hpp"
+#include "ops/cross_entropy.hpp"
+#include "tests/catch.hpp"
+#include "tests/test_util.hpp"
+
+using namespace hg;
+using hg::test::contains;
+using hg::test::thrown_message;
+
+namespace {
+
+DecoderLMConfig tiny_config() {
+  DecoderLMConfig c;
+  c.vocab_size = 40;
+  c.max_seq_len = 12;
+  c.d_model = 32;
+  c.n_heads = 4;
+  c.n_layers = 2;
+  c.seed = 5;
+  return c;
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+
+// Random ids and targets with a few ignored positions, as train's
+// translation batches have (the number of counted rows varies per batch).
+Batch make_batch(uint64_t seed, Device dev = Device::CPU, int64_t b = 3, int64_t t = 12) {
+  Generator g(seed);
+  std::vector<double> ids(static_cast<size_t>(b * t)), targets(ids.size());
+  for (double& v : ids) v = static_cast<double>(g.next_u64() % 40);
+  for (double& v : targets) v = static_cast<double>(g.next_u64() % 40);
+  for (size_t i = seed % 5; i < targets.size(); i += 7) targets[i] = -100;
+  return {Tensor::from_vector(ids, {b, t}, DType::F32, dev), Tensor::from_vector(targets, {b, t}, DType::F32, dev)};
+}
+
+AdamWOptions adamw(double clip) {
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.weight_decay = 0.01;
+  o.max_grad_norm = clip;
+  return o;
+}
+
+// The step examples/train.cpp ran before it used TrainStep: cross-entropy
+// forward/backward, the global clip outside the optimizer, then AdamW.
+double hand_written_step(DecoderLM& m, Optimizer& opt, const Batch& b, double clip) {
+  m.zero_grad();
+  CrossEntropySaved saved;
+  const Tensor loss = cross_entropy_forward(m.forward(b.ids), b.targets, -100, &saved);
+  m.backward(cross_entropy_backward(saved));
+  if (clip > 0) clip_grad_norm(m.parameters(), clip);
+  opt.step();
+  return loss.item();
+}
+
+bool params_equal(DecoderLM& a, DecoderLM& b) {
+  const auto pa = a.parameters(), pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    if (pa[i]->value.to_vector() != pb[i]->value.to_vector()) return false;
+  return true;
+}
+
+std::vector<std::vector<double>> snapshot(DecoderLM& m, bool grads) {
+  std::vector<std::vector<double>> out;
+  for (Parameter* p : m.parameters()) out.push_back((grads ? p->grad : p->value).to_vector());
+  return out;
+}
+
+bool all_zero(const std::vector<std::vector<double>>& xs) {
+  for (const auto& x : xs)
+    for (double v : x)
+      if (v != 0) return false;
+  return true;
+}
+
+// Records the calls and what the model looked like at each of them.
+struct RecordingHook : DataParallelHook {
+  DecoderLM& model;
+  Optimizer& opt;
+  std::vector<std::string> calls;
+  std::vector<double> weights;
+  bool grads_zero_at_begin = true, grads_set_at_end = true, no_update_at_end = true;
+  std::vector<std::vector<double>> values_at_begin;
+  bool zero_the_grads = false;  // stands in for a reduction that changes the gradients
+
+  RecordingHook(DecoderLM& m, Optimizer& o) : model(m), opt(o) {}
+  void begin_step(double weight) override {
+    calls.push_back("begin " + std::to_string(opt.steps()));
+    weights.push_back(weight);
+    grads_zero_at_begin = grads_zero_at_begin && all_zero(snapshot(model, true));
+    values_at_begin = snapshot(model, false);
+  }
+  void end_backward() override {
+    calls.push_back("end " + std::to_string(opt.steps()));
+    grads_set_at_end = grads_set_at_end && !all_zero(snapshot(model, true));
+    no_update_at_end = no_update_at_end && snapshot(model, false) == values_at_begin;
+    if (zero_the_grads)
+      for (Parameter* p : model.parameters()) p->grad.fill_(0.0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("TrainStep on the CPU: the losses of train's former hand-written step", "[train_step]") {
+  // Once with no clipping in effect (clip far above the norm) and once
+  // clipping at 1.0 (checked: the norms here exceed it): AdamW scales each gradient by
+  // max_norm / norm inside its update, in float as clip_grad_norm's separate
+  // pass did, after the same sum of squares, so the losses and parameters
+  // are bitwise those of the former step.
+  for (double clip : {1e6, 1.0}) {
+    INFO("clip " << clip);
+    DecoderLM a(tiny_config()), b(tiny_config());
+    AdamW opt_a(a.parameters(), adamw(clip)), opt_b(b.parameters(), adamw(0));
+    TrainStep step(a, opt_a);
+    bool clipped = false;
+    for (uint64_t s = 0; s < 5; ++s) {
+      const Batch batch = make_batch(10 + s);
+      opt_a.set_lr(1e-3 * static_cast<double>(s + 1));  // the caller's schedule
+      opt_b.set_lr(1e-3 * static_cast<double>(s + 1));
+      const StepResult r = step.run(batch.ids, batch.targets);
+      const double want = hand_written_step(b, opt_b, batch, clip);
+      CHECK(r.step == static_cast<int64_t>(s + 1));
+      clipped = clipped || r.grad_norm > clip;
+      CHECK(r.loss == want);
+    }
+    CHECK(clipped == (clip < 100));  // the second pass did clip
+    CHECK(params_equal(a, b));
+  }
+}
+
+TEST_CASE("TrainStep calls the data-parallel hook around the backward, before the update, with the weight",
+          "[train_step]") {
+  DecoderLM a(tiny_config()), b(tiny_config());
+  AdamW opt_a(a.parameters(), adamw(1.0)), opt_b(b.parameters(), adamw(1.0));
+  RecordingHook hook(a, opt_a);
+  TrainStepOptions with_hook;
+  with_hook.data_parallel = &hook;
+  TrainStep sa(a, opt_a, with_hook), sb(b, opt_b);
+  CHECK(contains(sa.graph_note(), "off"));
+  const std::vector<double> weights = {1.0, 0.5, 0.25};
+  for (size_t s = 0; s < weights.size(); ++s) {
+    const Batch batch = make_batch(20 + s);
+    const StepResult ra = sa.run(batch.ids, batch.targets, weights[s]);
+    const StepResult rb = sb.run(batch.ids, batch.targets);
+    // A hook that reduces nothing leaves the step exactly the plain one.
+    CHECK(ra.loss == rb.loss);
+    CHECK(ra.grad_norm == rb.grad_norm);
+  }
+  CHECK(params_equal(a, b));
+  CHECK(hook.calls == std::vector<std::string>{"begin 0", "end 0", "begin 1", "end 1", "begin 2", "end 2"});
+  CHECK(hook.weights == weights);
+  CHECK(hook.grads_zero_at_begin);  // zero_grad ran before begin_step
+  CHECK(hook.grads_set_at_end);     // the backward ran before end_backward
+  CHECK(hook.no_update_at_end);     // and the optimizer after it
+
+  // The optimizer reads the gradients as the hook left them: zeroed ones
+  // give a zero norm and (no weight decay) no update.
+  AdamWOptions no_decay = adamw(1.0);
+  no_decay.weight_decay = 0;
+  AdamW opt_c(a.parameters(), no_decay);
+  RecordingHook zeroing(a, opt_c);
+  zeroing.zero_the_grads = true;
+  TrainStepOptions zeroing_options;
+  zeroing_options.data_parallel = &zeroing;
+  TrainStep sc(a, opt_c, zeroing_options);
+  const auto before = snapshot(a, false);
+  const StepResult r = sc.run(make_batch(30).ids, make_batch(30).targets);
+  CHECK(r.grad_norm == 0);
+  CHECK(snapshot(a, false) == before);
+}
+
+TEST_CASE("TrainStep with SGD: the hand-written SGD step bit for bit; no gradient norm measured", "[train_step]") {
+  DecoderLM a(tiny_config()), b(tiny_config());
+  SGD opt_a(a.parameters(), SGDOptions{0.05, 0.9, 0.01}), opt_b(b.parameters(), SGDOptions{0.05, 0.9, 0.01});
+  TrainStep step(a, opt_a);
+  CHECK(opt_a.capturable() == false);
+  for (uint64_t s = 0; s < 3; ++s) {
+    const Batch batch = make_batch(40 + s);
+    const StepResult r = step.run(batch.ids, batch.targets);
+    CHECK(r.loss == hand_written_step(b, opt_b, batch, 0));
+    CHECK(std::isnan(r.grad_norm));
+  }
+  CHECK(params_equal(a, b));
+  CHECK(opt_a.steps() == 3);
+}
+
+TEST_CASE("TrainStep: StepResult::step and the non-finite message continue the optimizer's count", "[train_step]") {
+  DecoderLM m(tiny_config());
+  AdamW opt(m.parameters(), adamw(1.0));
+  const Batch batch = make_batch(50);
+  {
+    TrainStep first(m, opt);
+    first.run(batch.ids, batch.targets);
+    first.run(batch.ids, batch.targets);
+  }
+  TrainStep resumed(m, opt);  // as after --resume: a new step, the optimizer at step 2
+  CHECK(resumed.run(batch.ids, batch.targets).step == 3);
+  m.head.bias.value.set({1}, std::nan(""));
+  const std::string message = thrown_message([&] { resumed.run(batch.ids, batch.targets); });
+  CHECK(contains(message, "step 4: loss nan"));
+  CHECK(contains(message, "parameters are unchanged"));
+  CHECK(opt.steps() == 3);
+}
+
+TEST_CASE("TrainStep: profiling scopes of the step (optimizer and cross_entropy included)", "[train_step]") {
+  DecoderLM m(tiny_config());
+  AdamW opt(m.parameters(), adamw(1.0));
+  TrainStep step(m, opt);
+  const Batch batch = make_batch(60);
+  prof::reset();
+  prof::enable(true);
+  step.run(batch.ids, batch.targets);
+  prof::enable(false);
+  std::vector<std::string> kinds;
+  for (const prof::Entry& e : prof::entries()) kinds.push_back(e.kind);
+  prof::reset();
+  for (const char* kind : {"embedding", "layernorm", "linear", "cross_entropy", "optimizer"}) {
+    INFO(kind);
+    CHECK(std::find(kinds.begin(), kinds.end(), kind) != kinds.end());
+  }
+}
+
+TEST_CASE("TrainStep: bad batches and weights are refused before anything runs", "[train_step]") {
+  DecoderLM m(tiny_config());
+  AdamW opt(m.parameters(), adamw(1.0));
+  TrainStep step(m, opt);
+  const Batch good = make_batch(70);
+  CHECK(contains(thrown_message([&] { step.run(good.ids.to(DType::F64), good.targets); }),
+                 "ids are Tensor(3, 12) f64 cpu; expected F32"));
+  CHECK(contains(thrown_message([&] { step.run(good.ids, good.targets, 1.5); }), "weight 1.5 must be a share"));
+  CHECK(contains(thrown_message([&] { step.run(good.ids, good.targets.reshape({36})); }), "must both be (B, T)"));
+  const Tensor bad_targets = Tensor::full({3, 12}, 40.0, DType::F32);
+  CHECK(contains(thrown_message([&] { step.run(good.ids, bad_targets); }), "target 40 at flat position 0"));
+  CHECK(opt.steps() == 0);
+}
+
+TEST_CASE("CUDA TrainStep: host batches equal device batches; another shape runs plain, bitwise",
+          "[train_step][cuda]") {
+  HG_REQUIRE_GPU();
+  DecoderLM a(tiny_config()), b(tiny_config());
+  a.to(Device::CUDA);
+  b.to(Device::CUDA);
+  AdamW oa(a.parameters(), adamw(1.0)), ob(b.parameters(), adamw(1.0));
+  TrainStepOptions plain;
+  plain.use_graph = false;
+  TrainStep sa(a, oa), sb(b, ob, plain);  // sa: host batches, graph on; sb: device batches, plain
+  for (uint64_t s = 0; s < 7; ++s) {
+    // Step 6 has a shorter sequence: the captured graph cannot replay it.
+    const int64_t t = s == 5 ? 8 : 12;
+    const Batch host = make_batch(80 + s, Device::CPU, 3, t), dev = make_batch(80 + s, Device::CUDA, 3, t);
+    const StepResult ra = sa.run(host.ids, host.targets), rb = sb.run(dev.ids, dev.targets);
+    CHECK(ra.loss == rb.loss);
+    CHECK(ra.grad_norm == rb.grad_norm);
+  }
+  INFO(sa.graph_note());
+  CHECK(sa.graph_active());
+  CHECK(contains(sa.graph_note(), "for batches of shape (3, 12)"));
+  CHECK(params_equal(a, b));
+}
