@@ -174,20 +174,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   l.mask_query_stride = c.mask_query_stride;
   l.causal = c.causal;
   l.scale = static_cast<float>(c.scale);
-  // Every lab variant of the forward on 16-byte rows (offset 0), in-process
-  // whatever HG_SOFTMAX_VARIANT says; the production kernels elsewhere.
-  std::vector<int> variants = {hg::gpu::LabSwitch::kProduction};
-  if (offset == 0) {
-    variants.clear();
-    for (int v = 0; v < hg::gpu::kSoftmaxVariantCount; ++v) variants.push_back(v);
-  }
-  for (const int lab_variant : variants) {
-    INFO("lab variant " << lab_variant);
-    hg::gpu::LabSwitchScope lab(hg::gpu::softmax_lab_switch(), lab_variant);
-    y.fill_(kNaN);
-    dx.fill_(kNaN);
-    check_case(c, variant, x, dy, y, dx, l, tk, dtype);
-  }
+  check_case(c, variant, x, dy, y, dx, l, tk, dtype);
 }
 
 // One forward and backward of run_case's inputs, against float64.
