@@ -11,7 +11,7 @@ that checked the old revision still hold for it: its tests and
 compute-sanitizer. Host code, and which kernel runs at which size, are not
 compared.
 
-Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]... [--diff SUBSTRING] [--sass]
+Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]... [--diff SUBSTRING] [--cubin]
   REV_B may be WORKTREE (the files as they are on disk); F defaults to
   cuda/layernorm.cu. --rename-a rewrites REV_A's demangled kernel names
   before matching, for a change that drops a template argument, e.g.
@@ -24,9 +24,9 @@ opcodes in the same order; the difference lies in integer instructions or
 operands, to be read with --diff SUBSTRING, which prints the normalised PTX
 diff of the changed kernels whose name contains it), or "float/memory ops
 differ". Changed kernels need their GPU tests again.
---sass compares the machine code instead (cuobjdump -sass of an sm_90
-cubin, addresses and encodings stripped): for kernels whose PTX differs
-only in how the front end numbered or ordered its virtual registers.
+--cubin compares the machine code instead (each kernel's .text section in
+an sm_90 cubin): for kernels whose PTX differs only in how the front end
+numbered or ordered its virtual registers.
 Exit status: 0 if every kernel of both revisions is identical, 1 otherwise.
 """
 import argparse
@@ -54,20 +54,23 @@ def checkout(rev, into):
     subprocess.run(["tar", "xf", into + ".tar", "-C", into], check=True)
 
 
-def sass_functions(tree, path):
-    """{demangled kernel name: its SASS, addresses and encodings stripped} of
-    `path` compiled for sm_90 under `tree` (ptxas's output: the machine code)."""
+def cubin_functions(tree, path):
+    """{demangled kernel name: its machine code (the bytes of its .text section)}
+    of `path` compiled by ptxas for sm_90 under `tree`."""
+    import struct
     cubin = os.path.join(tree, "out.cubin")
     subprocess.run([NVCC, "-cubin", "-O3", "-DNDEBUG", "-DHG_WITH_CUDA=1", "-arch=sm_90", "--expt-relaxed-constexpr",
                     "-std=c++17", "-I" + tree, "-o", cubin, os.path.join(tree, path)], check=True)
-    sass = subprocess.run([os.path.join(os.path.dirname(NVCC), "cuobjdump"), "-sass", cubin], capture_output=True,
-                          text=True, check=True).stdout
+    elf = open(cubin, "rb").read()
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + k * shentsize) for k in range(shnum)]
+    names_at = sections[shstrndx][4]
     functions = {}
-    for m in re.finditer(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S):
-        body = re.sub(r"/\*[0-9a-f]{4,}\*/", "", m.group(2))   # addresses
-        body = re.sub(r"/\* 0x[0-9a-f]+ \*/", "", body)         # encodings
-        body = strip_anonymous_tags(body)
-        functions[m.group(1)] = re.sub(r"[ \t]+", " ", body)
+    for name_off, _, _, _, offset, size, *_ in sections:
+        name = elf[names_at + name_off:elf.index(b"\0", names_at + name_off)].decode()
+        if name.startswith(".text."):
+            functions[name[len(".text."):]] = elf[offset:offset + size].hex()
     names = list(functions)
     demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
                                check=True).stdout.split("\n")
@@ -131,8 +134,8 @@ def main():
     parser.add_argument("--file", default="cuda/layernorm.cu")
     parser.add_argument("--diff", metavar="SUBSTRING", help="print the PTX diff of changed kernels matching this")
     parser.add_argument("--rename-a", nargs=2, metavar=("REGEX", "REPL"), action="append", default=[])
-    parser.add_argument("--sass", action="store_true",
-                        help="compare the machine code (cuobjdump -sass of an sm_90 cubin) instead of the PTX")
+    parser.add_argument("--cubin", action="store_true",
+                        help="compare the machine code (each kernel's .text in an sm_90 cubin) instead of the PTX")
     args = parser.parse_args()
     rev_a, rev_b, path = args.rev_a, args.rev_b, args.file
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,8 +143,8 @@ def main():
         for tag, rev in (("a", rev_a), ("b", rev_b)):
             tree = os.path.join(tmp, tag)
             checkout(rev, tree)
-            if args.sass:
-                found.append(sass_functions(tree, path))
+            if args.cubin:
+                found.append(cubin_functions(tree, path))
                 continue
             ptx = os.path.join(tmp, tag + ".ptx")
             subprocess.run([NVCC, "-ptx", "-O3", "-DNDEBUG", "-DHG_WITH_CUDA=1", "-arch=sm_90",
@@ -154,7 +157,7 @@ def main():
     same = sorted(k for k in a.keys() & b.keys() if a[k] == b[k])
     changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     for k in changed:
-        if args.sass:
+        if args.cubin:
             how = "(machine code differs)"
         elif renamed_registers(a[k]) == renamed_registers(b[k]):
             how = "(identical up to register names)"
