@@ -163,7 +163,7 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
 // dtype and access width. The streaming layout has no options, nor has the
 // backward.
 struct SoftmaxForwardConfig {
-  bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
+  bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2e; bf16 widened by masks
   int lane_max_keys;  // rows longer than this (past one chunk a lane) go to the block team; 0: no limit
 };
 
@@ -250,12 +250,15 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
     const Normaliser norm(team.max(row_max));
 
     float row_sum = 0.0f;
-    const float neg_shift_log2e = -norm.shift * kLog2e;  // lean: exp(z - shift) = 2^(z log2e - shift log2e)
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        if constexpr (kLean) v[i][j] = exp2_approx(fmaf(v[i][j], kLog2e, neg_shift_log2e));
+        // lean: exp(z - shift) = 2^((z - shift) log2e). The difference comes
+        // first: z log2e - shift log2e in one FFMA would leave the rounding
+        // of shift log2e (an ulp of 2^77 at logits of 1e30) in the max key's
+        // exponent, whose exp must be exactly 1.
+        if constexpr (kLean) v[i][j] = exp2_approx((v[i][j] - norm.shift) * kLog2e);
         else v[i][j] = expf(v[i][j] - norm.shift);
         row_sum += v[i][j];
       }

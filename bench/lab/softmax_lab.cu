@@ -35,7 +35,7 @@ using hg::gpu::Store;
 
 struct Config {
   const char* name;
-  bool lean;          // z = scale x as one multiply of the lean load; exp as ex2.approx of a pre-scaled FFMA
+  bool lean;          // z = scale x as one multiply of the lean load; exp as ex2.approx of (z - max) log2 e
   bool streaming;     // y stored evict-first (st.global.cs)
   int lane_max_keys;  // rows longer than this go to the block team (0: no limit)
   bool production;    // cuda/softmax.cu's kVectorForward
@@ -151,13 +151,13 @@ __device__ __forceinline__ void forward_rows(const Args<T>& a, const Team& team)
       for (int j = 0; j < W; ++j) row_max = max_nan(row_max, v[i][j]);
     row_max = team.max(row_max);
     const float shift = row_max == -INFINITY ? 0.0f : row_max;
-    const float neg_shift_log2e = -shift * kLog2e;
     float row_sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        if constexpr (kLean) v[i][j] = exp2_approx(fmaf(v[i][j], kLog2e, neg_shift_log2e));
+        // the difference first (cuda/softmax.cu says why)
+        if constexpr (kLean) v[i][j] = exp2_approx((v[i][j] - shift) * kLog2e);
         else v[i][j] = expf(v[i][j] - shift);
         row_sum += v[i][j];
       }
