@@ -126,13 +126,6 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-// --variants: the raw forward kernel's rows per lab variant (impl "v0",
-// "v1", ...); kProductionVariant: the production table, or
-// HG_SOFTMAX_VARIANT (impl "kernel").
-constexpr int kProductionVariant = -1;
-
-std::string variant_impl(int v) { return v == kProductionVariant ? "kernel" : "v" + std::to_string(v); }
-
 struct Options {
   std::string device = "all";
   std::string sizes;
@@ -140,7 +133,6 @@ struct Options {
   int iters = 0;  // 0 (not given): 30 on CUDA, 5 on the CPU
   int warmup = 3;
   bool kernels_only = false;
-  std::vector<int> variants = {kProductionVariant};
   std::string csv = "bench_softmax.csv";
   std::string png = "bench_softmax.png";
   cli::CommonFlags common;
@@ -197,11 +189,7 @@ class SizeRun {
       if (!opt_.kernels_only)
         compare_modes("forward", variant, bytes, [&](int i) { return attention_softmax_forward(x_[i], o); });
 #ifdef HG_WITH_CUDA
-      if (device_ == Device::CUDA)
-        for (const int v : opt_.variants) {
-          gpu::LabSwitchScope lab(gpu::softmax_lab_switch(), v);
-          time_forward_kernel(o, variant, bytes, variant_impl(v));
-        }
+      if (device_ == Device::CUDA) time_forward_kernel(o, variant, bytes);
 #endif
     }
     if (!opt_.kernels_only)
@@ -254,10 +242,10 @@ class SizeRun {
 
 #ifdef HG_WITH_CUDA
   // The raw kernels on preallocated outputs: the op's host-side cost removed.
-  void time_forward_kernel(const SoftmaxOptions& o, const char* variant, double bytes, const std::string& impl) {
+  void time_forward_kernel(const SoftmaxOptions& o, const char* variant, double bytes) {
     std::vector<Tensor> y(n_sets_);
     for (Tensor& t : y) t = Tensor::empty(size_.scores(), dtype_, device_);
-    gpu::SoftmaxLayout l;
+    hg::SoftmaxRows l;
     l.rows = size_.B * size_.H * size_.T;
     l.tk = size_.T;
     l.tq = size_.T;
@@ -268,7 +256,7 @@ class SizeRun {
     l.scale = static_cast<float>(o.scale);
     const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_,
                               [&](int i) { gpu::softmax_forward_fused(x_[i], l, y[i]); });
-    record("forward", variant, impl.c_str(), bytes, t);
+    record("forward", variant, "kernel", bytes, t);
   }
 
   void time_backward_kernel(double bytes) {
@@ -394,12 +382,6 @@ int main(int argc, char** argv) {
   app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)")->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
   app.add_flag("--kernels-only", opt.kernels_only, "CUDA: only the raw kernels and the copies (no op-level rows)");
-  app.add_option("--variants", opt.variants,
-                 "CUDA: time the raw forward kernel once per lab variant (0.." +
-                     std::to_string(gpu::kSoftmaxVariantCount - 1) +
-                     ", rows v0, v1, ...); default: the production table or HG_SOFTMAX_VARIANT (rows 'kernel')")
-      ->delimiter(',')
-      ->check(CLI::Range(0, gpu::kSoftmaxVariantCount - 1));
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against T, .png or .svg ('' for none)")->capture_default_str();
   cli::add_common_flags(app, opt.common);

@@ -11,8 +11,8 @@
 // does; F32: summed over the recomputed p, see cuda/attention_f32.cu); then
 // one kernel per key tile for dk, dv and one per query tile for dq, each
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
-// repeatable results. Lab variants (BF16 6, 7; F32 3) add dq from the dk, dv
-// kernel in a fixed order instead (cuda/attention_dq_order.cuh).
+// repeatable results. Which tiles each head dim runs: the configuration
+// tables in the launcher section (kBf16Forward, kBf16Backward).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,15 +21,13 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
-#include <type_traits>
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
-#include "cuda/attention_dq_order.cuh"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/lab_switch.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/side_stream.hpp"
 
 namespace hg::gpu {
@@ -190,9 +188,8 @@ __device__ __forceinline__ void acc_as_a(uint32_t (&a)[4], const float (&lo)[4],
 // acc[2][N / 8] += A B over DH: A the warp's two m16 tiles of a row-major
 // shared tile (`a_tile` = their address + lane_rc), B[k][n] = M[n][k] with M
 // a row-major [N][DH] shared tile (`m_tile` = its address + lane_nk). The
-// loop over k stays rolled (kUnroll 1) or unrolled kUnroll times: fewer
-// fragments in flight (dq dh 128 with 32-key tiles spills 12 to 40 bytes
-// unrolled, the leaner variant 8 at 8 times but not at 4).
+// loop over k is unrolled kUnroll times: fewer fragments in flight than a
+// full unroll (dq dh 128 with 32-key tiles spills at 8, not at 4).
 template <int DH, int N, int S, int kUnroll = 1>
 __device__ __forceinline__ void mma_nk_tile(float (&acc)[2][N / 8][4], unsigned a_tile, unsigned m_tile) {
 #pragma unroll kUnroll
@@ -225,25 +222,17 @@ __device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const f
 }
 
 // acc[MT][N / 8] += A B over K with both operands in shared memory (row
-// strides SA, SB). A: MT m16 tiles, of a row-major [M][K] tile read with
-// ldmatrix (`a_tile` = their address + lane_rc<SA>) or, kAT, of A^T stored
-// [K][M] read with ldmatrix.trans (`a_tile` = address of (0, first row) +
-// lane_nk<SA>). B: a row-major [K][N] tile read with ldmatrix.trans
-// (`b_tile` = the address of its first column + lane_rc<SB>). The loop over
-// K stays rolled (kUnroll 1) or unrolled kUnroll times.
-template <int MT, int K, int N, int SA, int SB, bool kAT = false, int kUnroll = K / 16>
+// strides SA, SB). A: MT m16 tiles of a row-major [M][K] tile read with
+// ldmatrix (`a_tile` = their address + lane_rc<SA>). B: a row-major [K][N]
+// tile read with ldmatrix.trans (`b_tile` = the address of its first column
+// + lane_rc<SB>).
+template <int MT, int K, int N, int SA, int SB>
 __device__ __forceinline__ void mma_smem_tile(float (&acc)[MT][N / 8][4], unsigned a_tile, unsigned b_tile) {
-#pragma unroll kUnroll
+#pragma unroll K / 16
   for (int kk = 0; kk < K / 16; ++kk) {
     uint32_t af[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (kAT) {
-        ldsm_trans(af[mt], a_tile + at<SA>(16 * kk, 16 * mt));
-      } else {
-        ldsm(af[mt], a_tile + at<SA>(16 * mt, 16 * kk));
-      }
-    }
+    for (int mt = 0; mt < MT; ++mt) ldsm(af[mt], a_tile + at<SA>(16 * mt, 16 * kk));
 #pragma unroll
     for (int nb = 0; nb < N / 8; nb += 2) {
       uint32_t b[4];
@@ -254,28 +243,14 @@ __device__ __forceinline__ void mma_smem_tile(float (&acc)[MT][N / 8][4], unsign
 }
 
 // Rows [r0, r0 + ROWS) of a (rows, D) matrix whose rows start `ld` elements
-// apart into a row-major shared tile with cp.async (global -> shared without
-// registers; zero-fill past the end); the caller commits the group and waits
-// before reading the tile.
-template <int ROWS, int D>
-__device__ void stage_rows_async(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
-#pragma unroll
-  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += kThreads) {
-    const int r = idx / (D / 8), c = (idx % (D / 8)) * 8;
-    const bool in = r0 + r < rows;
-    const bf16* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
-    const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * stride + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0));
-  }
-}
-
-// stage_rows_async without its index arithmetic per copy: thread x copies
-// the 16-byte chunk x % (D / 8) of rows x / (D / 8) + i kPass (a constant
-// shared offset and one pointer step each), and a tile wholly inside the
-// source skips the bounds tests. (stage_rows_async's loop starts at
-// threadIdx.x, so nvcc cannot unroll it: ~25 instructions per cp.async
-// against ~3 here; docs/attention.md.) `tile` is a shared byte address;
-// NT threads per block.
+// apart into a row-major shared tile of row stride S with cp.async (global ->
+// shared without registers; zero-fill past the end); the caller commits the
+// group and waits before reading the tile.
+// Thread x copies the 16-byte chunk x % (D / 8) of rows x / (D / 8) + i kPass
+// (a constant shared offset and one pointer step each: ~3 instructions per
+// cp.async, where a loop starting at threadIdx.x cannot be unrolled and takes
+// ~25), and a tile wholly inside the source skips the bounds tests. `tile` is
+// a shared byte address; NT threads per block.
 template <int ROWS, int D, int S, int NT = kThreads>
 __device__ __forceinline__ void stage_tile_async(unsigned tile, const bf16* src, int64_t ld, int r0, int rows) {
   constexpr int kChunks = D / 8, kPass = NT / kChunks;
@@ -298,14 +273,10 @@ __device__ __forceinline__ void stage_tile_async(unsigned tile, const bf16* src,
   }
 }
 
-// stage_tile_async (kLean) or stage_rows_async of a row-major shared tile of row stride S.
-template <bool kLean, int ROWS, int D, int S>
+// stage_tile_async of a row-major shared tile of row stride S.
+template <int ROWS, int D, int S>
 __device__ __forceinline__ void stage_rows(bf16* tile, const bf16* src, int64_t ld, int r0, int rows) {
-  if constexpr (kLean) {
-    stage_tile_async<ROWS, D, S>(smem_addr(tile), src, ld, r0, rows);
-  } else {
-    stage_rows_async<ROWS, D>(tile, S, src, ld, r0, rows);
-  }
+  stage_tile_async<ROWS, D, S>(smem_addr(tile), src, ld, r0, rows);
 }
 
 __device__ __forceinline__ void async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -317,15 +288,13 @@ __device__ __forceinline__ void async_wait() {
 // ---- BF16 forward ------------------------------------------------------------
 // 128 query rows per block, 32 per warp (two m16 tiles: each K or V fragment
 // read from shared memory feeds two mma). K and V tiles of KB keys are
-// double-buffered with cp.async and one barrier per tile, and computed KS
-// keys at a time (kRescale: see Rescale). Q sits in shared memory; with
-// kQRegs its fragments move to registers once (DH <= 64; at 128 they would
-// not fit beside the 128 accumulators). Tiles that no causal diagonal,
-// key-padding mask or end of Tk crosses (and a positive scale) skip logit2:
-// p = exp2(s * scale log2(e) - m) in one fma. kLean: tiles staged by
-// stage_tile_async, unmasked edge tiles bounded per row rather than through
-// logit2 (the same logits), and the fast tile's sub-tile compiled apart from
-// the edge tiles' (docs/attention.md, "Forward instruction count").
+// double-buffered with cp.async and one barrier per tile. Q sits in shared
+// memory; with kQRegs its fragments move to registers once (DH <= 64; at 128
+// they would not fit beside the 128 accumulators). Tiles that no causal
+// diagonal, key-padding mask or end of Tk crosses (and a positive scale) skip
+// logit2: p = exp2(s * scale log2(e) - m) in one fma. Unmasked edge tiles are
+// bounded per row rather than through logit2 (the same logits), and the fast
+// tile compiles apart from the edge tiles (docs/attention.md, "Forward").
 
 constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
 
@@ -350,15 +319,12 @@ __device__ __forceinline__ void rescale_row(float (&o)[N][4], float (&l)[2], int
   for (int db = 0; db < N; ++db) o[db][2 * h] *= alpha, o[db][2 * h + 1] *= alpha;
 }
 
-// When the forward rescales its output accumulators (docs/attention.md,
-// "Lab switch"): whenever a row max grows (Always), the same but skipped by a
-// warp whose 32 maxima all stayed (SkipUnchanged, bitwise Always's results),
-// or only when a tile's max passes the row's reference max by more than
-// kLazyRescaleLog2 (Lazy: the same softmax with p up to 2^8 in between).
-enum class Rescale { Always, SkipUnchanged, Lazy };
+// The forward rescales its output accumulators only when a tile's max passes
+// the row's reference max by more than kLazyRescaleLog2: the same softmax,
+// with p up to 2^8 in between, and most tiles skip the rescale.
 constexpr float kLazyRescaleLog2 = 8.f;
 
-template <int DH, int KB, int KS, bool kQRegs, Rescale kRescale, bool kLean>
+template <int DH, int KB, bool kQRegs>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -372,13 +338,8 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int tile) {
     bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    if constexpr (kLean) {
-      stage_tile_async<KB, DH, S>(smem_addr(ks), k, a.kv_row, tile * KB, a.tk);
-      stage_tile_async<KB, DH, S>(smem_addr(ks + KB * S), v, a.kv_row, tile * KB, a.tk);
-    } else {
-      stage_rows_async<KB, DH>(ks, S, k, a.kv_row, tile * KB, a.tk);
-      stage_rows_async<KB, DH>(ks + KB * S, S, v, a.kv_row, tile * KB, a.tk);
-    }
+    stage_tile_async<KB, DH, S>(smem_addr(ks), k, a.kv_row, tile * KB, a.tk);
+    stage_tile_async<KB, DH, S>(smem_addr(ks + KB * S), v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
   const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>();
@@ -389,11 +350,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
   uint32_t qa[2][kQRegs ? DH / 16 : 1][4];
   if (tiles > 0) {
     const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
-    if constexpr (kLean) {
-      stage_tile_async<kRowsBf16, DH, S>(smem_addr(qs), q, a.q_row, q_block, a.tq);
-    } else {
-      stage_rows_async<kRowsBf16, DH>(qs, S, q, a.q_row, q_block, a.tq);
-    }
+    stage_tile_async<kRowsBf16, DH, S>(smem_addr(qs), q, a.q_row, q_block, a.tq);
     stage(0);
     if constexpr (kQRegs) {
       async_wait<0>();
@@ -412,130 +369,98 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
     async_wait<0>();
     __syncthreads();  // tile visible to all; every warp is done with the buffer stage() refills next
     if (tile + 1 < tiles) stage(tile + 1);
-#pragma unroll 1
-    for (int sub = 0; sub < KB / KS; ++sub) {  // KS keys at a time
-      const int n0 = tile * KB + sub * KS;
-      if (KS < KB && n0 >= key_end) break;
-      const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
-      // One sub-tile: s = q k^T, the online softmax, o += p v. `exact`: the
-      // logits through logit2, or through one bound per row with `bounds`
-      // (no mask: the causal diagonal and Tk).
-      auto sub_tile = [&](bool exact, bool bounds) {
-        float s[2][KS / 8][4] = {};
+    const int n0 = tile * KB;
+    const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S), vs = ks + at<S>(KB, 0);
+    // s = q k^T, the online softmax, o += p v. `exact`: the logits through
+    // logit2, or through one bound per row with `bounds` (no mask: the causal
+    // diagonal and Tk).
+    auto tile_step = [&](bool exact, bool bounds) {
+      float s[2][KB / 8][4] = {};
 #pragma unroll
-        for (int kc = 0; kc < DH / 16; ++kc) {
-          uint32_t qf[2][4];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            if constexpr (kQRegs) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
-            } else {
-              ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
-            }
-          }
-#pragma unroll
-          for (int nb = 0; nb < KS / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
-        }
-        // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
-        // scaled after (c > 0 keeps the order and the rounding is monotonic).
-        const float c = exact ? 1.f : a.scale_log2;
-        float tile_max[2][2];
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        uint32_t qf[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
-          if (bounds) {
-            // logit2 without a mask: the causal diagonal and Tk bound each row's
-            // keys (a row past Tq keeps its keys, as on fast tiles: never written).
-            const int lane_col = n0 + 2 * t, tail = a.tk - lane_col;
-            const int diag = a.causal ? q0 + 16 * mt + g + 1 + a.tk - a.tq - lane_col : tail;
+          if constexpr (kQRegs) {
 #pragma unroll
-            for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                s[mt][nb][e] =
-                    nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
-          } else if (exact) {
-#pragma unroll
-            for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1),
-                                      s[mt][nb][e]);
-          }
-#pragma unroll
-          for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
-        }
-        float neg_base[2][2];
-        if constexpr (kRescale == Rescale::Lazy) {
-          // m is the reference max p is taken against, not the running max: it
-          // moves (and o, l with it) only when some row's tile max passes it by
-          // more than kLazyRescaleLog2. The test needs no shuffle (m is the same
-          // in the row's four lanes), and a warp decides once for its 32 rows.
-          bool grow = false;
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) grow |= tile_max[mt][h] * c > m[mt][h] + kLazyRescaleLog2;
-          if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-                rescale_row(o[mt], l[mt], h, exp2_ftz(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
-                m[mt][h] = m_new;
-              }
-          }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) neg_base[mt][h] = m[mt][h] == -INFINITY ? 0.f : -m[mt][h];
-        } else {
-          float alpha[2][2];
-          bool rescale = false;
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-              const float base = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-              alpha[mt][h] = exp2_ftz(m[mt][h] - base);
-              rescale |= alpha[mt][h] != 1.f;
-              neg_base[mt][h] = -base;
-              m[mt][h] = m_new;
-              if constexpr (kRescale == Rescale::Always) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
-            }
-          // SkipUnchanged: a warp whose 32 row maxima all stayed skips the
-          // multiplications by 1 (bitwise the same results).
-          if (kRescale == Rescale::SkipUnchanged && __any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) rescale_row(o[mt], l[mt], h, alpha[mt][h]);
+            for (int e = 0; e < 4; ++e) qf[mt][e] = qa[mt][kc][e];
+          } else {
+            ldsm(qf[mt], q_at + at<S>(16 * mt, 16 * kc));
           }
         }
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; nb += 2) ldsm_mma_x2(s, qf, ks + k_lane + at<S>(nb * 8, kc * 16), nb);
+      }
+      // Row maxima: of the base-2 logits (exact tiles) or of the raw scores,
+      // scaled after (c > 0 keeps the order and the rounding is monotonic).
+      const float c = exact ? 1.f : a.scale_log2;
+      float tile_max[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
+        if (bounds) {
+          // logit2 without a mask: the causal diagonal and Tk bound each row's
+          // keys (a row past Tq keeps its keys, as on fast tiles: never written).
+          const int lane_col = n0 + 2 * t, tail = a.tk - lane_col;
+          const int diag = a.causal ? q0 + 16 * mt + g + 1 + a.tk - a.tq - lane_col : tail;
+#pragma unroll
+          for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[mt][nb][e] =
+                  nb * 8 + (e & 1) < min(tail, diag + 8 * (e >> 1)) ? s[mt][nb][e] * a.scale_log2 : -INFINITY;
+        } else if (exact) {
+#pragma unroll
+          for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1),
+                                    s[mt][nb][e]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tile_max[mt][e >> 1] = fmaxf(tile_max[mt][e >> 1], s[mt][nb][e]);
+      }
+      float neg_base[2][2];
+      // m is the reference max p is taken against, not the running max: it
+      // moves (and o, l with it) only when some row's tile max passes it by
+      // more than kLazyRescaleLog2. The test needs no shuffle (m is the same
+      // in the row's four lanes), and a warp decides once for its 32 rows.
+      bool grow = false;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) grow |= tile_max[mt][h] * c > m[mt][h] + kLazyRescaleLog2;
+      if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nb = 0; nb < KS / 8; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
-              l[mt][e >> 1] += s[mt][nb][e];
-            }
-        mma_acc_tile<2, KS, DH, S>(o, s, vs + v_lane);
-      };
-      const bool exact = exact_tile(a, mask_row, q_block, n0, KS);
-      if (!kLean) {
-        sub_tile(exact, false);
-      } else if (!exact) {  // a copy of its own for the fast tile: no register moves where paths merge
-        sub_tile(false, false);
-      } else {
-        sub_tile(true, mask_row == nullptr);
+          for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
+            rescale_row(o[mt], l[mt], h, exp2_ftz(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
+            m[mt][h] = m_new;
+          }
       }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) neg_base[mt][h] = m[mt][h] == -INFINITY ? 0.f : -m[mt][h];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nb = 0; nb < KB / 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+            l[mt][e >> 1] += s[mt][nb][e];
+          }
+      mma_acc_tile<2, KB, DH, S>(o, s, vs + v_lane);
+    };
+    if (!exact_tile(a, mask_row, q_block, n0, KB)) {  // a copy of its own for the fast tile: no register moves where paths merge
+      tile_step(false, false);
+    } else {
+      tile_step(true, mask_row == nullptr);
     }
   }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
@@ -567,15 +492,13 @@ __device__ __forceinline__ float prob_fast(float s, float c, float2 stats) {
   return exp2_ftz(fmaf(s, c, -stats.x)) * stats.y;
 }
 
-// Calls a backward kernel's sub_tile(exact, bounds) for one tile. kLean: from
-// one call site per tile kind, so that the fast tile compiles apart from the
-// edge tiles (no merge of their registers), and unmasked edge tiles take the
+// Calls a backward kernel's sub_tile(exact, bounds) for one tile, from one
+// call site per tile kind, so that the fast tile compiles apart from the
+// edge tiles (no merge of their registers); unmasked edge tiles take the
 // per-row bounds.
-template <bool kLean, class SubTile>
+template <class SubTile>
 __device__ __forceinline__ void run_sub_tile(SubTile& sub_tile, bool exact, bool no_mask) {
-  if (!kLean) {
-    sub_tile(exact, false);
-  } else if (!exact) {
+  if (!exact) {
     sub_tile(false, false);
   } else {
     sub_tile(true, no_mask);
@@ -593,15 +516,6 @@ __device__ __forceinline__ void copy_async(void* to, const void* from, bool in) 
   }
 }
 
-// The one-kernel backward's dq (kFusedDq, BF16 variants 6, 7): the NW warps
-// split a QS x DH tile of dq = ds k into WR x WC parts of MQ m16 tiles x CW dims.
-template <int DH, int QS, int NW>
-struct FusedDqSplit {
-  static constexpr int kWC = DH == 128 ? 4 : 2, kWR = NW / kWC, kCW = DH / kWC, kMQ = QS / 16 / kWR;
-  static constexpr int kSD = QS + 8;  // row stride of ds^T in shared memory: rows 16 bytes apart mod 128
-  static_assert(kMQ >= 1 && kWR * kWC == NW);
-};
-
 // fn(i, n, h, row) for this lane's accumulator pairs [i][n][2 h], [2 h + 1]
 // of MT x NB m16n8 tiles whose row, row0 + 16 i + g + 8 h, is below `rows`.
 template <int MT, int NB, class Fn>
@@ -618,66 +532,17 @@ __device__ __forceinline__ void each_acc_pair(int row0, int rows, Fn&& fn) {
     }
 }
 
-// Key tile kt's turn at query tile f (cuda/attention_dq_order.cuh): this
-// warp's partial dq (rows row0 + 16 mq + g (+ 8), dims col0 + 8 nb + 2 t, +1;
-// without the scale) added to the sum of key tiles 0 .. kt - 1 in the head's
-// fp32 slot, or, from the tile's last contributor, written to its dq rows
-// (`dq_head`, q's strides) in bf16. Every load is issued before any store.
-template <int DH, int MQ, int NB>
-__device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (&dq)[MQ][NB][4], bf16* dq_head,
-                              int bh, int kt, int f, int row0, int col0) {
-  const int t = threadIdx.x % 4;
-  const int last = order.last_contributor(a, f);
-  order.wait_turn(bh, kt, f, last);
-  float* slot = order.slots + int64_t(bh % order.ring) * a.tq * DH + col0 + 2 * t;
-  auto each = [&](auto&& fn) {  // fn(x, y, row, col - col0) for this lane's pairs in rows below Tq
-    each_acc_pair<MQ, NB>(row0, a.tq, [&](int mq, int nb, int h, int row) {
-      fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb);
-    });
-  };
-  if (kt > 0) {
-    each([&](float& x, float& y, int row, int col) {
-      const float2 sum = __ldcg(reinterpret_cast<const float2*>(slot + int64_t(row) * DH + col));
-      x = sum.x + x, y = sum.y + y;
-    });
-  }
-  each([&](float& x, float& y, int row, int col) {
-    if (kt == last) {
-      bf16* to = dq_head + int64_t(row) * a.q_row + col0 + col + 2 * t;
-      *reinterpret_cast<uint32_t*>(to) = pack(x * a.scale, y * a.scale);
-    } else {
-      __stcg(reinterpret_cast<float2*>(slot + int64_t(row) * DH + col), make_float2(x, y));
-    }
-  });
-  order.arrive(bh, f);
-}
-
-// stage_rows_async for blocks of NT threads.
-template <int NT, int ROWS, int D>
-__device__ void stage_rows_by(bf16* tile, int stride, const bf16* src, int64_t ld, int r0, int rows) {
-#pragma unroll
-  for (int idx = threadIdx.x; idx < ROWS * D / 8; idx += NT) {
-    const int r = idx / (D / 8), c = idx % (D / 8) * 8;
-    copy_async<16>(tile + r * stride + c, src + (r0 + r < rows ? int64_t(r0 + r) * ld + c : 0), r0 + r < rows);
-  }
-}
-
 // Query rows [m0, m0 + QB) of one head into one stage of a dk/dv kernel
-// (blocks of NT threads): q and do as [QB][DH + 8] tiles, then the rows'
-// stats (QB float2) and delta (QB float); zeros past Tq. kLean: the tiles by
-// stage_tile_async, the stats by one `if`. The caller commits the group.
-template <bool kLean, int NT, int QB, int DH>
+// (blocks of NT threads, NT >= QB): q and do as [QB][DH + 8] tiles, then the
+// rows' stats (QB float2) and delta (QB float); zeros past Tq. The caller
+// commits the group.
+template <int NT, int QB, int DH>
 __device__ __forceinline__ void stage_queries(unsigned char* stage, const Args& a, const bf16* q, const bf16* dout,
                                               int bh, int m0) {
   constexpr int S = DH + 8;
   bf16* qs = reinterpret_cast<bf16*>(stage);
-  if constexpr (kLean) {
-    stage_tile_async<QB, DH, S, NT>(smem_addr(qs), q, a.q_row, m0, a.tq);
-    stage_tile_async<QB, DH, S, NT>(smem_addr(qs + QB * S), dout, a.o_row, m0, a.tq);
-  } else {
-    stage_rows_by<NT, QB, DH>(qs, S, q, a.q_row, m0, a.tq);
-    stage_rows_by<NT, QB, DH>(qs + QB * S, S, dout, a.o_row, m0, a.tq);
-  }
+  stage_tile_async<QB, DH, S, NT>(smem_addr(qs), q, a.q_row, m0, a.tq);
+  stage_tile_async<QB, DH, S, NT>(smem_addr(qs + QB * S), dout, a.o_row, m0, a.tq);
   float2* stat_s = reinterpret_cast<float2*>(qs + 2 * QB * S);
   float* delta_s = reinterpret_cast<float*>(stat_s + QB);
   auto stage_row_stats = [&](int r) {
@@ -686,11 +551,7 @@ __device__ __forceinline__ void stage_queries(unsigned char* stage, const Args& 
     copy_async<8>(stat_s + r, a.stats + at_row, in);
     copy_async<4>(delta_s + r, a.delta + at_row, in);
   };
-  if constexpr (kLean) {
-    if (threadIdx.x < QB) stage_row_stats(threadIdx.x);
-  } else {
-    for (int r = threadIdx.x; r < QB; r += NT) stage_row_stats(r);
-  }
+  if (threadIdx.x < QB) stage_row_stats(threadIdx.x);
 }
 
 // p^T from s^T in place: rows are keys j0 + 16 mt + g (+ 8), columns queries
@@ -745,57 +606,38 @@ __device__ __forceinline__ void write_dkdv(const Args& a, int64_t koff, const fl
   });
 }
 
-// dk, dv for 16 * MT * NW keys: a warp owns 16 * MT keys (MT m16 tiles) and their
+// dk, dv for 16 * MT * 4 keys: a warp owns 16 * MT keys (MT m16 tiles) and their
 // dk, dv accumulators while it sweeps the query tiles of QB rows (q, do,
 // stats, delta double-buffered with cp.async; computed QS rows at a time).
 // K and V fragments stay in registers with kKVRegs, else are re-read from
-// shared memory per tile.
-// kFusedDq (variants 6, 7): the block also computes dq = ds k for each QS
-// rows over its keys (ds^T through shared memory, DSB buffers) and adds it
-// in the fixed order of `order`; blocks take (head, key tile) from its
-// ticket, and key tile 0 sweeps from query 0 (rows with no key get their
-// zero dq). NW warps (16 MT NW keys): 4, or 8 for variant 7 at dh 128.
-// kLean (variant 8): tiles staged by stage_tile_async, unmasked edge tiles
-// bounded per row, fast and edge tiles compiled apart (as the forward's kLean).
-template <int DH, int QB, int QS, int MT, bool kKVRegs, bool kFusedDq = false, int DSB = 1, int NW = 4,
-          bool kLean = false>
-__global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, attn::DqOrder order) {
-  constexpr int NT = 32 * NW, S = DH + 8, kKeys = 16 * MT * NW;
-  static_assert(!kLean || (NT == kThreads && !kFusedDq && QB <= NT), "kLean: the two-kernel backward's blocks");
+// shared memory per tile. Unmasked edge tiles are bounded per row, and fast
+// and edge tiles compile apart (as in the forward).
+template <int DH, int QB, int QS, int MT, bool kKVRegs>
+__global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
+  constexpr int NT = kThreads, S = DH + 8, kKeys = 16 * MT * 4;
+  static_assert(QB <= NT, "stage_queries: a thread per query row's stats");
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
-  using Split = FusedDqSplit<DH, QS, NW>;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
   bf16* vs = ks + kKeys * S;                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
-  bf16* dst = reinterpret_cast<bf16*>(stages + 2 * kStage);  // kFusedDq: [DSB][kKeys][SD], ds^T
-  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
-  int bh = blockIdx.y, kt = blockIdx.x;
-  if constexpr (kFusedDq) {
-    const int64_t item = order.take_ticket();
-    bh = static_cast<int>(item / order.key_tiles), kt = static_cast<int>(item % order.key_tiles);
-  }
+  const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+  const int bh = blockIdx.y, kt = blockIdx.x;
   const int k_block = kt * kKeys, j0 = k_block + warp * 16 * MT;
   const int64_t koff = a.kv_base(bh);
   const bf16* q = static_cast<const bf16*>(a.q) + a.q_base(bh);
   const bf16* dout = static_cast<const bf16*>(a.dout) + a.o_base(bh);
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int m0, int which) {
-    stage_queries<kLean, NT, QB, DH>(stages + which * kStage, a, q, dout, bh, m0);
+    stage_queries<NT, QB, DH>(stages + which * kStage, a, q, dout, bh, m0);
     async_commit();
   };
 
-  const int q_first = kFusedDq ? order.first_flush(a, kt) * QS : a.first_query(k_block), m_first = q_first / QB * QB;
+  const int q_first = a.first_query(k_block), m_first = q_first / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
-  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
-  auto m_of = [&](int tile) { return m_first + (kFusedDq ? tiles - 1 - tile : tile) * QB; };
-  if constexpr (kLean) {
-    stage_tile_async<kKeys, DH, S>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
-    stage_tile_async<kKeys, DH, S>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  } else {
-    stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
-    stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  }
+  auto m_of = [&](int tile) { return m_first + tile * QB; };
+  stage_tile_async<kKeys, DH, S>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
+  stage_tile_async<kKeys, DH, S>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
   if (tiles > 0) stage(m_of(0), 0); else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
@@ -812,7 +654,6 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
       }
   }
   float dk[MT][DH / 8][4] = {}, dv[MT][DH / 8][4] = {};
-  [[maybe_unused]] int flushes = 0;  // kFusedDq: query tiles done, picks the ds^T buffer
   for (int tile = 0; tile < tiles; ++tile) {
     const int m_tile = m_of(tile);
     async_wait<0>();
@@ -822,7 +663,7 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
 #pragma unroll 1
     for (int sub = 0; sub < QB / QS; ++sub) {  // QS queries at a time
       const int m0 = m_tile + sub * QS;
-      if (QS < QB && m0 + QS <= q_first) continue;  // all above the causal end: the default's tiles start after
+      if (QS < QB && m0 + QS <= q_first) continue;  // all above the causal end
       if (QS < QB && m0 >= a.tq) break;
       const unsigned qs = smem_addr(qs_ptr) + at<S>(sub * QS, 0), dos = qs + at<S>(QB, 0);
       const float2* stat_s = reinterpret_cast<const float2*>(qs_ptr + 2 * QB * S) + sub * QS;
@@ -831,13 +672,13 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
       // mask) through one key bound per row: Tk and the causal diagonal.
       auto sub_tile = [&](bool exact, bool bounds) {
         float st[MT][QS / 8][4] = {}, dpt[MT][QS / 8][4];  // s^T and dp^T: 16 keys x QS queries per m tile
-        // kLean: dp^T's accumulators start at -delta, so the products leave dp^T - delta
+        // dp^T's accumulators start at -delta, so the products leave dp^T - delta
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dpt[mt][nb][e] = kLean ? -delta_s[nb * 8 + 2 * t + (e & 1)] : 0.f;
+            for (int e = 0; e < 4; ++e) dpt[mt][nb][e] = -delta_s[nb * 8 + 2 * t + (e & 1)];
 #pragma unroll
         for (int kc = 0; kc < DH / 16; ++kc) {
           uint32_t kf[MT][4], vf[MT][4];
@@ -860,46 +701,22 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
 #pragma unroll
           for (int nb = 0; nb < QS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              st[mt][nb][e] *= kLean ? dpt[mt][nb][e] : dpt[mt][nb][e] - delta_s[nb * 8 + 2 * t + (e & 1)];
-        if constexpr (!kFusedDq) {
-          mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
-        } else {
-          bf16* ds_buf = dst + (flushes++ % DSB) * kKeys * Split::kSD;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)  // ds^T to shared memory, this warp's keys
-#pragma unroll
-            for (int nb = 0; nb < QS / 8; ++nb)
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                *reinterpret_cast<uint32_t*>(ds_buf + (warp * 16 * MT + 16 * mt + g + 8 * h) * Split::kSD + nb * 8 +
-                                             2 * t) = pack(st[mt][nb][2 * h], st[mt][nb][2 * h + 1]);
-          mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
-          // dq = ds k over the block's keys, this warp's part; then its turn
-          __syncthreads();  // ds^T complete
-          const int wr = warp / Split::kWC, wc = warp % Split::kWC;
-          float dq[Split::kMQ][Split::kCW / 8][4] = {};
-          mma_smem_tile<Split::kMQ, kKeys, Split::kCW, Split::kSD, S, true, 1>(
-              dq, smem_addr(ds_buf) + lane_nk<Split::kSD>() + at<Split::kSD>(0, 16 * Split::kMQ * wr),
-              smem_addr(ks) + rc_lane + at<S>(0, Split::kCW * wc));
-          bf16* dq_head = static_cast<bf16*>(a.dq) + (q - static_cast<const bf16*>(a.q));  // dq has q's strides
-          flush_dq_bf16<DH>(a, order, dq, dq_head, bh, kt, m0 / QS, m0 + 16 * Split::kMQ * wr, Split::kCW * wc);
-          if constexpr (DSB == 1) __syncthreads();  // every warp is done with ds^T
-        }
+            for (int e = 0; e < 4; ++e) st[mt][nb][e] *= dpt[mt][nb][e];
+        mma_acc_tile<MT, QS, DH, S>(dk, st, qs + rc_lane);  // dk += ds^T q
       };
-      run_sub_tile<kLean>(sub_tile, exact_tile(a, mask_row, m0, k_block, kKeys), mask_row == nullptr);
+      run_sub_tile(sub_tile, exact_tile(a, mask_row, m0, k_block, kKeys), mask_row == nullptr);
     }
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
   write_dkdv(a, koff, dk, dv, j0, 0);
 }
 
-// dk, dv for 128 keys at dh 128 with 8 warps (backward variant 9): p^T and
-// ds^T pass through shared memory so that each phase splits the work its own
-// way (docs/attention.md, "Eight-warp dk/dv"). Per query tile of QB = 64
+// dk, dv for 128 keys at dh 128 with 8 warps: p^T and ds^T pass through
+// shared memory so that each phase splits the work its own way
+// (docs/attention.md, "Eight-warp dk/dv"). Per query tile of QB = 64
 // (q, do, stats, delta double-buffered as in backward_dkdv_bf16_kernel):
 // - phase 1, warps 4 (keys) x 2 (queries) of 32 x 32: s^T = k q^T, p^T,
-//   dp^T - delta = v do^T - delta (kLean's p: the same values as variant 8),
+//   dp^T - delta = v do^T - delta (p as backward_dkdv_bf16_kernel's),
 //   ds^T = p^T (dp^T - delta); p^T and ds^T to shared memory in bf16;
 // - phase 2, warps 2 (keys) x 4 (dims) of 64 x 32: dv += p^T do, dk += ds^T q.
 // Warps 4 h .. 4 h + 3 own keys 64 h .. 64 h + 63 in both phases.
@@ -931,7 +748,7 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   const int m_first = a.first_query(k_block) / QB * QB;
   const int tiles = m_first < a.tq ? (a.tq - m_first + QB - 1) / QB : 0;
   auto stage = [&](int tile) {
-    stage_queries<true, NT, QB, DH>(stages + tile % 2 * kStage, a, q, dout, bh, m_first + tile * QB);
+    stage_queries<NT, QB, DH>(stages + tile % 2 * kStage, a, q, dout, bh, m_first + tile * QB);
     async_commit();
   };
   stage_tile_async<kKeys, DH, S, NT>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
@@ -977,7 +794,7 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
             *reinterpret_cast<uint32_t*>(dst + at_pair) = pack(p0 * dpt[mt][nb][2 * h], p1 * dpt[mt][nb][2 * h + 1]);
           }
     };
-    run_sub_tile<true>(phase1, exact_tile(a, mask_row, m0 + queries1, k_block + keys1, 32), mask_row == nullptr);
+    run_sub_tile(phase1, exact_tile(a, mask_row, m0 + queries1, k_block + keys1, 32), mask_row == nullptr);
     // p^T, ds^T of this half's keys complete (named barrier 1 + half: its 4 warps)
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
     mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);   // dv += p^T do
@@ -989,8 +806,9 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
 
 // dq for 128 queries (32 per warp, two m16 tiles), sweeping double-buffered
 // key tiles of KB, computed KS keys at a time; q and do stay in shared memory.
-// kLean: as backward_dkdv_bf16_kernel's.
-template <int DH, int KB, int KS, bool kSplit, bool kLean = false>
+// kSplit: s, then dp (the q or the do fragments live, not both). Edge and
+// fast tiles as in backward_dkdv_bf16_kernel.
+template <int DH, int KB, int KS, bool kSplit>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1006,15 +824,15 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
   const float* mask_row = a.mask_row(bh);
   auto stage = [&](int tile) {
     bf16* ks = buf + (tile % 2) * 2 * KB * S;
-    stage_rows<kLean, KB, DH, S>(ks, k, a.kv_row, tile * KB, a.tk);
-    stage_rows<kLean, KB, DH, S>(ks + KB * S, v, a.kv_row, tile * KB, a.tk);
+    stage_rows<KB, DH, S>(ks, k, a.kv_row, tile * KB, a.tk);
+    stage_rows<KB, DH, S>(ks + KB * S, v, a.kv_row, tile * KB, a.tk);
     async_commit();
   };
   const int key_end = a.key_end(min(q_block + kRowsBf16, a.tq));
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
   if (tiles > 0) {
-    stage_rows<kLean, kRowsBf16, DH, S>(qs, static_cast<const bf16*>(a.q) + qoff, a.q_row, q_block, a.tq);
-    stage_rows<kLean, kRowsBf16, DH, S>(dos, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q_block, a.tq);
+    stage_rows<kRowsBf16, DH, S>(qs, static_cast<const bf16*>(a.q) + qoff, a.q_row, q_block, a.tq);
+    stage_rows<kRowsBf16, DH, S>(dos, static_cast<const bf16*>(a.dout) + a.o_base(bh), a.o_row, q_block, a.tq);
     stage(0);
   }
   const unsigned q_at = smem_addr(qs) + at<S>(warp * 32, 0) + lane_rc<S>(), do_off = at<S>(kRowsBf16, 0);
@@ -1040,20 +858,20 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
       if (KS < KB && n0 >= key_end) break;
       const unsigned ks = smem_addr(buf + (tile % 2) * 2 * KB * S) + at<S>(sub * KS, 0), vs = ks + at<S>(KB, 0);
       // One key sub-tile. `exact`: p through logit2, or with `bounds` (no
-      // mask) through one key bound per row, as the forward's kLean.
+      // mask) through one key bound per row, as in the forward.
       auto sub_tile = [&](bool exact, bool bounds) {
         float s[2][KS / 8][4] = {}, dp[2][KS / 8][4];
-        // kLean: dp's accumulators start at -delta, so the products leave dp - delta
+        // dp's accumulators start at -delta, so the products leave dp - delta
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[mt][nb][e] = kLean ? -delta[mt][e >> 1] : 0.f;
+            for (int e = 0; e < 4; ++e) dp[mt][nb][e] = -delta[mt][e >> 1];
         if constexpr (kSplit) {  // s, then dp: the q or the do fragments live, not both
-          // (kLean: unrolled by 4 in 248 registers, 0 spilled; by 8 it spills)
-          mma_nk_tile<DH, KS, S, kLean ? 4 : 1>(s, q_at, ks + nk_lane);
-          mma_nk_tile<DH, KS, S, kLean ? 4 : 1>(dp, q_at + do_off, vs + nk_lane);
+          // (unrolled by 4: 248 registers, none spilled; by 8 it spills)
+          mma_nk_tile<DH, KS, S, 4>(s, q_at, ks + nk_lane);
+          mma_nk_tile<DH, KS, S, 4>(dp, q_at + do_off, vs + nk_lane);
         } else {
 #pragma unroll
           for (int kc = 0; kc < DH / 16; ++kc) {
@@ -1105,10 +923,10 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nb][e] *= kLean ? dp[mt][nb][e] : dp[mt][nb][e] - delta[mt][e >> 1];
+            for (int e = 0; e < 4; ++e) s[mt][nb][e] *= dp[mt][nb][e];
         mma_acc_tile<2, KS, DH, S>(dq, s, ks + rc_lane);  // dq += ds k
       };
-      run_sub_tile<kLean>(sub_tile, exact_tile(a, mask_row, q_block, n0, KS), mask_row == nullptr);
+      run_sub_tile(sub_tile, exact_tile(a, mask_row, q_block, n0, KS), mask_row == nullptr);
     }
   }
   bf16* dq_out = static_cast<bf16*>(a.dq) + qoff;
@@ -1125,24 +943,10 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
     }
 }
 
-// delta_i = sum_c do[i, c] * o[i, c], one warp per query row (rows =
-// B * H * Tq, in (b, h, i) order), in F32 (BF16 path). do and o share o's strides.
-template <class T>
-__global__ void delta_kernel(Args a, int64_t rows, int dh) {
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int64_t at = a.o_base(row / a.tq) + (row % a.tq) * a.o_row;
-  const T* dout = static_cast<const T*>(a.dout) + at;
-  const T* o = static_cast<const T*>(a.o) + at;
-  float acc = 0.f;
-  for (int c = threadIdx.x % 32; c < dh; c += 32) acc += static_cast<float>(dout[c]) * static_cast<float>(o[c]);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (threadIdx.x % 32 == 0) a.delta[row] = acc;
-}
-
-// delta as delta_kernel for BF16 with 16-byte loads: DH / 8 lanes per row
-// (4, 8 or 16), 8 products each, summed by a shuffle tree within the lanes.
+// delta_i = sum_c do[i, c] * o[i, c] in F32 for each query row (rows =
+// B * H * Tq, in (b, h, i) order; do and o share o's strides): DH / 8 lanes
+// per row (4, 8 or 16), 16-byte loads of 8 products each, summed by a
+// shuffle tree within the lanes.
 template <int DH>
 __global__ void delta_bf16_kernel(Args a, int64_t rows) {
   constexpr int kLanes = DH / 8;
@@ -1184,28 +988,17 @@ dim3 grid(int64_t rows, int rows_per_block, int64_t heads_total) {
   return dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), static_cast<unsigned>(heads_total));
 }
 
-// `kernel` on NT threads per block.
+// `kernel` on NT threads per block, on stream `on`.
 template <int NT = kThreads, class Kernel, class... More>
 void launch_on(cudaStream_t on, Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name,
                const More&... more) {
-  if (smem > 48 * 1024)
-    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem(kernel, smem);
   kernel<<<blocks, NT, smem, on>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
 }
 template <int NT = kThreads, class Kernel, class... More>
 void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name, const More&... more) {
   launch_on<NT>(stream(), kernel, blocks, smem, a, name, more...);
-}
-
-// Blocks of `kernel` (`threads` each) that the GPU holds at once.
-template <class Kernel>
-int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
-  if (smem > 48 * 1024)
-    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int per_sm = 0;
-  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  return int64_t(std::max(per_sm, 1)) * sm_count();
 }
 
 // Shared memory of each BF16 kernel, in bytes.
@@ -1217,136 +1010,80 @@ constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {  // k, v; 2 
 constexpr size_t dkdv_phased_smem(int dh, int qb) { return dkdv_smem(dh, qb, 1, 8) + 2 * 2 * 128 * (qb + 8); }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
 
-// BF16 tile sizes per head dim: the largest whose accumulators fit the
-// registers without spills (ptxas figures in docs/attention.md). V = 0 is the
-// default; V = 1, 2 the lab variants (HG_ATTN_BF16_VARIANT, docs/attention.md
-// "Lab switch"): 1 stages key tiles of twice the keys per barrier for the
-// forward and dq and computes them in the default's sub-tiles (same
-// registers, bitwise the same results); 2 adds the forward's skipped rescale,
-// 3 the dk/dv kernel's staging of 64 queries, 4 the 16-byte delta kernel,
-// 5 dq dh 128 on 32-key tiles with s and dp computed one after the other.
-// From 6 on, forward and backward variants are numbered apart (one switch
-// value picks both; a direction without that number runs its default).
-// Forward 6 is 1's forward with kLean (fewer instructions, the same
-// arithmetic), 7 adds the lazy rescale, 8 is 7 with dh 128 on 64-key tiles
-// (the lazy rescale frees the registers). Backward 6 is the one-kernel
-// backward: dq = ds k added by the dk/dv blocks in a fixed order
-// (docs/attention.md, "One kernel"), no dq kernel; 7 at dh 128 its blocks of
-// 8 warps and 128 keys (half the dq adds and q, do reads per flop); 8 is
-// the two-kernel 5 with the forward's kLean (docs/attention.md, "Backward
-// instruction count"); 9 is 8 with dh 128's dk, dv from the eight-warp
-// backward_dkdv_phased_bf16_kernel (p^T, ds^T through shared memory;
-// docs/attention.md, "Eight-warp dk/dv"; dh 32, 64 run 8); 10 is 9 with
-// the dq kernel on a side stream, beside the dk, dv kernel (the same bits).
-template <int DH, int V>
-struct Bf16ForwardTiling {
-  static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;  // dh 128: 128 accumulators leave room for 32 keys
-  static constexpr int kKeys = V >= 1 && V < 8 && DH == 128 ? 2 * kSub : kSub;
-  static constexpr Rescale kRescale = V >= 7                ? Rescale::Lazy
-                                      : V >= 2 && V <= 5 ? Rescale::SkipUnchanged
-                                                         : Rescale::Always;
-  static constexpr bool kLean = V >= 6;
-};
-template <int DH, int V>
-struct Bf16Tiling {
-  // (6 at dh 128: 64 staged queries spill beside dq = ds k)
-  static constexpr bool kFusedDq = V == 6 || V == 7;
-  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 && !(kFusedDq && DH == 128) ? 64 : 32,
-                       kDkdvMT = DH == 128 ? 1 : 2;
-  static constexpr bool kDqSplit = V >= 5 && DH == 128;  // dq: s, then dp (fewer live registers)
-  static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
-  static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
-  static constexpr bool kDelta16 = V >= 4;  // delta by 16-byte loads (delta_bf16_kernel)
-  static constexpr int kDsBuffers = DH == 64 ? 1 : 2;  // dh 64: a second spills (252 registers with one)
-  static constexpr int kDkdvWarps = V == 7 && DH == 128 ? 8 : 4;  // 7: 128 keys a block at dh 128
-  static constexpr bool kLean = V >= 8;  // 8: 5 with the forward's instruction diet (kLean)
-  static constexpr bool kDkdvPhased = V >= 9 && DH == 128;  // 9: backward_dkdv_phased_bf16_kernel
-  static constexpr bool kDqBeside = V == 10;                 // 10: 9 with dq on a side stream (cuda/side_stream.hpp)
+// ---- BF16 configuration --------------------------------------------------------
+// Tile sizes per head dim: the largest whose accumulators fit the registers
+// without spills (ptxas figures in docs/attention.md). Candidates are timed in
+// bench/lab/attention_lab.cu; promoting one is an edit of these tables
+// (docs/attention.md, "Configuration").
+
+// forward_bf16_kernel at one head dim.
+struct Bf16ForwardConfig {
+  int keys;             // keys per staged tile (one barrier, one online-softmax step)
+  bool q_in_registers;  // q's fragments held in registers (at dh 128 they do not fit beside the accumulators)
 };
 
-// The BF16 variant each head dim runs by default, forward and backward
-// ({dh 32, 64, 128}); making a measured winner the default is one edit here.
-// Measured on the H100 on 2026-11-26 (docs/benchmarks.md): the forward gains
-// 15-34% from 7 (dh 32, 64; 8 runs 7 there) and 8 (dh 128); the backward
-// gains 13-38% from 8 over 3, then 10 (the eight-warp dk/dv at dh 128, dq on
-// a side stream) 10% over 8 at dh 128 T 4096 and 2-6% at dh 64; at dh 32
-// (2026-11-26, session 27) 10 runs the backward 1.5-1.8x faster than 0.
-constexpr int kBf16ForwardDefault[3] = {7, 7, 8};
-constexpr int kBf16BackwardDefault[3] = {10, 10, 10};
-constexpr int kBf16Variants = 9;          // forward: Bf16ForwardTiling<DH, 0 .. 8>
-constexpr int kBf16BackwardVariants = 11;  // backward: Bf16Tiling<DH, 0 .. 10>
-static_assert(kAttentionBf16SwitchValues == std::max(kBf16Variants, kBf16BackwardVariants));
+// The backward's kernels at one head dim: delta_bf16_kernel, a dk, dv kernel
+// per key tile and backward_dq_bf16_kernel per query tile.
+struct Bf16BackwardConfig {
+  bool dkdv_phased;    // dk, dv by backward_dkdv_phased_bf16_kernel (8 warps, 128 keys), else backward_dkdv_bf16_kernel
+  int dkdv_queries;    // query rows per staged tile of the dk, dv kernel
+  int dkdv_sub;        // backward_dkdv_bf16_kernel: query rows computed at a time
+  int dkdv_key_tiles;  // backward_dkdv_bf16_kernel: m16 key tiles per warp
+  int dq_keys;         // dq kernel: keys per staged tile
+  int dq_sub;          // dq kernel: keys computed at a time
+  bool dq_split;       // dq kernel: s, then dp (fewer live registers)
+  bool dq_beside;      // dq kernel on a side stream beside the dk, dv kernel (each fills the other's last wave)
+};
 
-// The variant to run: the one attention_bf16_lab_switch() forces
-// (HG_ATTN_BF16_VARIANT, read once, or a LabSwitchScope) for every head dim
-// and both directions (a direction's default where it has no variant of
-// that number), else the defaults above.
-int bf16_variant(int dh, bool backward) {
-  const int forced = attention_bf16_lab_switch().forced();
-  const int at = dh == 32 ? 0 : dh == 64 ? 1 : 2;
-  if (backward) return forced >= 0 && forced < kBf16BackwardVariants ? forced : kBf16BackwardDefault[at];
-  return forced >= 0 && forced < kBf16Variants ? forced : kBf16ForwardDefault[at];
-}
+// {dh 32, 64, 128}.
+constexpr Bf16ForwardConfig kBf16Forward[3] = {{64, true}, {64, true}, {64, false}};
+constexpr Bf16BackwardConfig kBf16Backward[3] = {
+    {false, 32, 32, 2, 64, 64, false, true},  // dh 32
+    {false, 64, 32, 2, 64, 32, false, true},  // dh 64
+    {true, 64, 0, 0, 32, 32, true, true},     // dh 128 (the phased kernel has its own warp grid)
+};
+constexpr int head_dim_index(int dh) { return dh == 32 ? 0 : dh == 64 ? 1 : 2; }
 
-template <int DH, int V>
+template <int DH>
 void forward_bf16(const Args& a, int64_t bh) {
-  using T = Bf16ForwardTiling<DH, V>;
-  launch(forward_bf16_kernel<DH, T::kKeys, T::kSub, DH <= 64, T::kRescale, T::kLean>, grid(a.tq, kRowsBf16, bh),
-         forward_smem(DH, T::kKeys), a, "attention_forward_bf16");
+  constexpr Bf16ForwardConfig C = kBf16Forward[head_dim_index(DH)];
+  launch(forward_bf16_kernel<DH, C.keys, C.q_in_registers>, grid(a.tq, kRowsBf16, bh), forward_smem(DH, C.keys), a,
+         "attention_forward_bf16");
 }
 
-template <int DH, int V>
+template <int DH>
 void backward_bf16(const Args& a, int64_t bh) {
-  using T = Bf16Tiling<DH, V>;
-  // (each variant reads only some of its fields)
-  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4 &&
-                !((T::kDkdvPhased || T::kDqBeside) && T::kFusedDq));
+  constexpr Bf16BackwardConfig C = kBf16Backward[head_dim_index(DH)];
+  static_assert(C.dq_keys % C.dq_sub == 0);
   const int64_t rows = bh * a.tq;
-  if constexpr (T::kDelta16) {
-    const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
-    delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
-  } else {
-    delta_kernel<bf16><<<static_cast<unsigned>((rows + 3) / 4), kThreads, 0, stream()>>>(a, rows, DH);
-  }
+  const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
+  delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta");
-  constexpr int kQB = T::kDkdvQueries, kQS = T::kDkdvSub, kMT = T::kDkdvMT;
-  if constexpr (T::kFusedDq) {
-    static_assert(!T::kLean, "kLean is a two-kernel variant");
-    constexpr int kWarps = T::kDkdvWarps, kKeys = 16 * kMT * kWarps;
-    const auto kernel = backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers, kWarps>;
-    const size_t smem = dkdv_smem(DH, kQB, kMT, kWarps) + size_t(T::kDsBuffers) * kKeys * (kQS + 8) * 2;
-    const dim3 blocks = grid(a.tk, kKeys, bh);
-    const int ring = attn::dq_ring_slots(bh, int(blocks.x), resident_blocks(kernel, 32 * kWarps, smem));
-    const attn::DqWorkspace work = attn::dq_workspace(a, bh, kKeys, kQS, kWarps, ring, DH);
-    kernel<<<blocks, 32 * kWarps, smem, stream()>>>(a, work.order);  // resident_blocks set the smem limit
-    HG_CUDA_CHECK_LAUNCH("attention_backward_fused_bf16");
+  std::optional<SideStream> side;
+  if (C.dq_beside) side.emplace();
+  if constexpr (C.dkdv_phased) {
+    launch<256>(backward_dkdv_phased_bf16_kernel<DH, C.dkdv_queries>, grid(a.tk, 128, bh),
+                dkdv_phased_smem(DH, C.dkdv_queries), a, "attention_backward_dkdv_phased_bf16");
   } else {
-    std::optional<SideStream> side;  // kDqBeside: dq beside dk, dv, each filling the other's last wave
-    if constexpr (T::kDqBeside) side.emplace();
-    if constexpr (T::kDkdvPhased) {
-      launch<256>(backward_dkdv_phased_bf16_kernel<DH, kQB>, grid(a.tk, 128, bh), dkdv_phased_smem(DH, kQB), a,
-                  "attention_backward_dkdv_phased_bf16");
-    } else {
-      launch(backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, false, 1, 4, T::kLean>,
-             grid(a.tk, 64 * kMT, bh), dkdv_smem(DH, kQB, kMT), a, "attention_backward_dkdv_bf16", attn::DqOrder{});
-    }
-    launch_on(side ? side->get() : stream(), backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>,
-              grid(a.tq, kRowsBf16, bh), dq_smem(DH, T::kDqKeys), a, "attention_backward_dq_bf16");
-    if (side) side->join();
+    constexpr int kMT = C.dkdv_key_tiles;
+    launch(backward_dkdv_bf16_kernel<DH, C.dkdv_queries, C.dkdv_sub, kMT, DH * kMT <= 64>, grid(a.tk, 64 * kMT, bh),
+           dkdv_smem(DH, C.dkdv_queries, kMT), a, "attention_backward_dkdv_bf16");
   }
+  launch_on(side ? side->get() : stream(), backward_dq_bf16_kernel<DH, C.dq_keys, C.dq_sub, C.dq_split>,
+            grid(a.tq, kRowsBf16, bh), dq_smem(DH, C.dq_keys), a, "attention_backward_dq_bf16");
+  if (side) side->join();
 }
 
 template <int DH>
 void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::forward_f32<DH>(a, bh);
-  with_variant<kBf16Variants>(bf16_variant(DH, false), [&](auto v) { forward_bf16<DH, decltype(v)::value>(a, bh); });
+  forward_bf16<DH>(a, bh);
 }
 
 template <int DH>
 void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
   if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  with_variant<kBf16BackwardVariants>(bf16_variant(DH, true),
-                                      [&](auto v) { backward_bf16<DH, decltype(v)::value>(a, bh); });
+  backward_bf16<DH>(a, bh);
 }
 
 template <class Fn>

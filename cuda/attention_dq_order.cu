@@ -1,13 +1,8 @@
 // Host side of the one-kernel attention backward's dq order
-// (cuda/attention_dq_order.cuh): its workspace and ring size.
+// (cuda/attention_dq_order.cuh): its workspace.
 #include "cuda/attention_dq_order.cuh"
 
-#include <algorithm>
-#include <cstdlib>
-#include <optional>
-
 #include "core/error.hpp"
-#include "core/whole_number.hpp"
 #include "cuda/cuda_check.hpp"
 
 namespace hg::gpu::attn {
@@ -25,7 +20,7 @@ DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int f
   o.flush_rows = flush_rows;
   o.flush_tiles = static_cast<int>(ceil_div(a.tq, flush_rows));
   o.warps = warps;
-  o.ring = ring > 0 ? ring : static_cast<int>(heads_total);  // F32: no head waits for another
+  o.ring = ring > 0 ? ring : static_cast<int>(heads_total);  // 0: no head waits for another
   // In 4-byte words: the ticket (2), the counters, then the slots 16-byte aligned.
   const int64_t head_words = 2 + heads_total * o.flush_tiles;
   const int64_t slots_at = ceil_div(head_words, 4) * 4;
@@ -37,17 +32,6 @@ DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int f
   o.counters = base + 2;
   o.slots = ring > 0 ? reinterpret_cast<float*>(base + slots_at) : nullptr;
   return w;
-}
-
-int dq_ring_slots(int64_t heads_total, int key_tiles, int64_t resident_blocks) {
-  if (const char* env = std::getenv("HG_ATTN_DQ_RING"); env != nullptr && *env != '\0') {
-    const std::optional<long> n = parse_whole_number(env, 1, 1 << 20);
-    HG_CHECK(n.has_value(), "attention", "HG_ATTN_DQ_RING must be a slot count in 1..", 1 << 20,
-             " (a lab switch), got '", env, "'");
-    return static_cast<int>(std::min<int64_t>(heads_total, *n));
-  }
-  const int64_t spanned = ceil_div(resident_blocks, key_tiles) + 1;  // by resident_blocks consecutive tickets
-  return static_cast<int>(std::min<int64_t>(heads_total, 2 * spanned));
 }
 
 }  // namespace hg::gpu::attn

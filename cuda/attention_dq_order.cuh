@@ -1,7 +1,7 @@
 #pragma once
 // For the fused attention .cu files only: the fixed order in which the key
-// blocks of the one-kernel backward (BF16 variant 6, F32 variant 3) add their
-// dq partials into a query tile, without floating-point atomics. Why it is
+// blocks of the one-kernel backward (the F32 kernels) add their dq partials
+// into a query tile, without floating-point atomics. Why it is
 // bitwise repeatable and why it cannot hang: docs/attention.md, "One kernel".
 //
 // Work items are (head, key tile) in ascending order, handed out by an
@@ -13,9 +13,11 @@
 // writes instead of adding; the tile's last contributor writes dq itself.
 // (The kernels sweep each block's query tiles from the last: causal blocks
 // then reach a tile together instead of waiting for tile 0 to get there.)
-// BF16 sums into a ring of `ring` fp32 slots of Tq x dh, head bh in slot
-// bh % ring: key tile 0 of head bh first waits until head bh - ring's last
-// contributor has left the tile. Every wait is on a smaller ticket.
+// F32 adds in place into dq (each head has its own). With a ring of `ring`
+// fp32 slots of Tq x dh (for kernels whose output type cannot hold partial
+// sums), head bh sums in slot bh % ring and key tile 0 of head bh first
+// waits until head bh - ring's last contributor has left the tile; ring =
+// heads_total (no slots) never waits. Every wait is on a smaller ticket.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -40,8 +42,8 @@ __device__ __forceinline__ void add_release(int* p, int v) {
 struct DqOrder {
   int* counters;                // [heads_total][flush_tiles] warp arrivals; zero at launch
   unsigned long long* ticket;  // next work item; zero at launch
-  float* slots;                 // BF16: [ring][Tq][dh] fp32; F32: unused (dq accumulates in place)
-  int ring;                     // slots (F32: heads_total, so no head waits for another)
+  float* slots;                 // [ring][Tq][dh] fp32, or null (F32: dq accumulates in place)
+  int ring;                     // slots (heads_total without slots: no head waits for another)
   int key_tiles, key_rows;      // key tiles per head and keys per tile
   int flush_tiles, flush_rows;  // query tiles per head and rows per tile (the unit of one wait)
   int warps;                    // warps per block: each arrives once per tile
@@ -95,17 +97,12 @@ struct DqOrder {
 };
 
 // The memory of one launch's order: counters and ticket zeroed on the
-// stream, then `ring` slots of Tq x dh fp32 (BF16; ring 0 for none).
+// stream, then `ring` slots of Tq x dh fp32 (ring 0 for none).
 struct DqWorkspace {
   Tensor memory;
   DqOrder order;
 };
 DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int flush_rows, int warps, int ring,
                          int dh);
-
-// Slots of the BF16 ring: HG_ATTN_DQ_RING (a lab switch, read per call), else
-// twice the heads that `resident_blocks` consecutive tickets can span, at
-// most heads_total (docs/attention.md, "One kernel").
-int dq_ring_slots(int64_t heads_total, int key_tiles, int64_t resident_blocks);
 
 }  // namespace hg::gpu::attn

@@ -17,28 +17,25 @@
 // tile, causal cut and mask goes through logit2 (-inf) and prob (0).
 //
 // Forward: online softmax over the key tiles; saves lse and stats.
-// Backward: the dq kernel sweeps its keys twice, first summing delta_i =
-// sum_j p_ij dp_ij over the very p and dp the gradient uses (not do . o,
-// docs/attention.md says why), then accumulating dq; it writes delta for the
-// dk, dv kernel. Each product sums over dh in one fixed fma chain in every
-// kernel, so all three see the same scores and both backward kernels the
-// same dp. No atomics: bitwise repeatable.
-// Lab variant (HG_ATTN_F32_VARIANT, docs/attention.md): delta = do . o in
-// that same fma chain (delta_kernel) and one key sweep in the dq kernel; 1
-// also prefetches the next q, do tile in the dk, dv kernel; 3 and 4 (one
-// kernel) add dq inside the dk, dv kernel in a fixed order, 4 prefetching
-// (5, 6: see backward_variant).
+// Backward, three kernels: delta_kernel (delta_i = do_i . o_i in the fma
+// chain of the score products); peaked_delta_kernel, which re-sums delta_i =
+// sum_j p_ij dp_ij over the very p and dp the gradient uses for the query
+// blocks with a near one-hot row (docs/attention.md says why); and one kernel
+// per key tile for dk, dv and dq, adding dq in the fixed order of
+// cuda/attention_dq_order.cuh (backward_dkdv_kernel; backward_split_kernel
+// at dh 128). Each product sums over dh in one fixed fma chain in every
+// kernel, so all see the same scores and the same dp. No float atomics:
+// bitwise repeatable.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "core/error.hpp"
 #include "cuda/attention_dq_order.cuh"
 #include "cuda/attention_f32.cuh"
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
 
 namespace hg::gpu::attn {
 namespace {
@@ -372,25 +369,19 @@ __global__ void delta_kernel(Args a, int64_t rows) {
   a.delta[r] = acc;
 }
 
-// dq for BR queries, two sweeps over the 64-key tiles: the first sums
-// delta_i = sum_j p_ij dp_ij, the second accumulates dq_i = sum_j ds_ij k_j
-// with ds_ij = p_ij (dp_ij - delta_i). Writes delta for the dk, dv kernel.
-// v of the next tile loads while this tile's ds k runs. kOneSweep: delta
-// comes from delta_kernel (do . o) and one sweep does, unless a row of the
-// block has a key of weight above 1/2 (1 / sum > 0.5: a near one-hot row,
-// where do . o and sum p dp may differ by more than ds = p (dp - delta) can
-// bear); such a block sweeps twice and writes its delta as without.
-// kDeltaOnly (with kOneSweep; the one-kernel backward, variant 3): only the
-// blocks with such a row run, their first sweep only, and write delta.
-template <int DH, int TY, int RM, bool kOneSweep, bool kDeltaOnly = false>
-__global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
-  constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
+// delta for the BR queries of a block that has a row with a key of weight
+// above 1/2 (1 / sum > 0.5: a near one-hot row, where do . o and sum p dp
+// may differ by more than ds = p (dp - delta) can bear): delta_i = sum_j p_ij
+// dp_ij over the 64-key tiles, written over delta_kernel's. Other blocks
+// return at once.
+template <int DH, int TY, int RM>
+__global__ void __launch_bounds__(16 * TY) peaked_delta_kernel(Args a) {
+  constexpr int BR = TY * RM, S = DH + 4, NT = 16 * TY;
   extern __shared__ __align__(16) float smem[];
   float* qs = smem;             // [BR][S]
   float* dos = qs + BR * S;     // [BR][S]
   float* ks = dos + BR * S;     // [64][S]
   float* vs = ks + kCols * S;   // [64][S]
-  float* dst = vs + kCols * S;  // [64][PS]: ds transposed
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * BR;
   const int64_t qoff = a.q_base(bh);
@@ -398,7 +389,7 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
   const float* v = static_cast<const float*>(a.v) + a.kv_base(bh);
   const float* mask_row = a.mask_row(bh);
   float2 stats[RM];
-  float delta[RM];  // two sweeps: this lane's share during the first, the row's total after it
+  float delta[RM];  // this lane's share
   bool peaked = false;
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
@@ -406,14 +397,9 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
     stats[i] = row < a.tq ? a.stats[bh * a.tq + row] : make_float2(-INFINITY, 0.f);
     peaked |= stats[i].y > 0.5f;
   }
-  const bool two = !kOneSweep || __syncthreads_or(peaked);
-  if (kDeltaOnly && !two) return;  // do . o (delta_kernel) stands
+  if (!__syncthreads_or(peaked)) return;  // do . o (delta_kernel) stands
 #pragma unroll
-  for (int i = 0; i < RM; ++i) {
-    const int row = q_block + row_of<TY>(i);
-    delta[i] = !two && row < a.tq ? a.delta[bh * a.tq + row] : 0.f;
-  }
-  const int sweeps = two && !kDeltaOnly ? 2 : 1;
+  for (int i = 0; i < RM; ++i) delta[i] = 0.f;
   const int key_end = a.key_end(min(q_block + BR, a.tq));
   const int tiles = key_end > 0 ? (key_end + kCols - 1) / kCols : 0;
   if (tiles > 0) {
@@ -423,10 +409,9 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
     stage<kCols, DH, NT>(vs, v, a.kv_row, 0, a.tk);
     async_commit();
   }
-  float dq[RM][N] = {};
-  for (int step = 0; step < sweeps * tiles; ++step) {
-    const int n0 = (step % tiles) * kCols, next = (step + 1) % tiles * kCols;
-    const bool more = step + 1 < sweeps * tiles, second = !kDeltaOnly && (!two || step >= tiles);
+  for (int step = 0; step < tiles; ++step) {
+    const int n0 = step * kCols, next = n0 + kCols;
+    const bool more = step + 1 < tiles;
     async_wait<0>();
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};
@@ -437,10 +422,6 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
       stage<kCols, DH, NT>(vs, v, a.kv_row, next, a.tk);
       async_commit();
     }
-    if (two && step == tiles) {  // the first sweep is over
-#pragma unroll
-      for (int i = 0; i < RM; ++i) delta[i] = row_sum(delta[i]);
-    }
     float bias[4];
 #pragma unroll
     for (int c = 0; c < 4; ++c) bias[c] = key_bias(a, mask_row, n0 + col_of(c));
@@ -449,34 +430,20 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const float p = prob(logit2(a, s[i][c], bias[c], q_block + row_of<TY>(i), n0 + col_of(c)), stats[i]);
-        if (second) {
-          s[i][c] = p * (dp[i][c] - delta[i]);  // ds without the scale
-        } else {
-          delta[i] += p * dp[i][c];
-        }
+        delta[i] += p * dp[i][c];
       }
-    if (second) {
-      store_t<TY, RM>(dst, PS, s);
-      __syncthreads();
-      tile_axpy<DH, TY, RM>(dq, dst, PS, ks);
-    }
-    __syncthreads();  // every thread is done with ks and dst
+    __syncthreads();  // every thread is done with ks
     if (more) {
       stage<kCols, DH, NT>(ks, k, a.kv_row, next, a.tk);
       async_commit();
     }
   }
-  if (kDeltaOnly) {
 #pragma unroll
-    for (int i = 0; i < RM; ++i) delta[i] = row_sum(delta[i]);
-  }
-  float* dq_out = static_cast<float*>(a.dq) + qoff;
+  for (int i = 0; i < RM; ++i) delta[i] = row_sum(delta[i]);
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
     const int row = q_block + row_of<TY>(i);
-    if (row >= a.tq) continue;
-    if (!kDeltaOnly) Dims<DH>::store(dq_out + int64_t(row) * a.q_row, dq[i], a.scale);
-    if (two && tx() == 0) a.delta[bh * a.tq + row] = delta[i];
+    if (row < a.tq && tx() == 0) a.delta[bh * a.tq + row] = delta[i];
   }
 }
 
@@ -588,80 +555,45 @@ __device__ __forceinline__ void stage_query_tile(const DkdvTiles& t, const Args&
   async_commit();
 }
 
-// dk, dv for BR keys, over the 64-query tiles from the first query that
-// sees them: s^T and dp^T (keys x queries) in registers, p and ds through
-// shared memory (query-major) into dv += p^T do and dk += ds^T q.
-// kPrefetch: the next tile's q loads during dv += p^T do, its do during the
-// next s^T (single buffers, two more barriers a tile).
-// kFusedDq (variant 3): the block also computes dq = ds k for each query
-// tile over its keys (ds from shared memory, row-major) and adds it into dq
-// in the fixed order of `order`; blocks take (head, key tile) from its
-// ticket, and key tile 0 sweeps from query 0 (rows with no key get dq = 0).
-// Both (variant 5, and 4 at dh 32, 64): the next tile's q, do, stats and
-// delta load during dq = ds k and the dq add, which read none of them (same
-// sums as variant 3).
-template <int DH, int TY, int RM, bool kPrefetch, bool kFusedDq = false>
+// dk, dv and dq for BR = 64 keys, over the 64-query tiles from the last
+// down to the first that sees them: s^T and dp^T (keys x queries) in
+// registers, p and ds through shared memory (query-major) into dv += p^T do
+// and dk += ds^T q; then dq = ds k over the block's keys (ds from shared
+// memory, row-major), added into dq in the fixed order of `order`. Blocks
+// take (head, key tile) from its ticket; key tile 0 sweeps from query 0
+// (rows with no key get dq = 0). The next tile's q, do, stats and delta load
+// during dq = ds k and the dq add, which read none of them.
+template <int DH, int TY, int RM>
 __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder order) {
   constexpr int BR = TY * RM, PS = BR + 4, NT = 16 * TY, N = DH / 16;
+  static_assert(BR == kCols);
   extern __shared__ __align__(16) float smem[];
   const DkdvTiles tiles = dkdv_tiles<DH, BR>(smem);
   const auto& [ks, vs, qs, dos, ps, dss, stat_s, delta_s] = tiles;
-  int64_t bh = blockIdx.y;
-  int kt = blockIdx.x;
-  if constexpr (kFusedDq) {
-    const int64_t item = order.take_ticket();
-    bh = item / order.key_tiles, kt = static_cast<int>(item % order.key_tiles);
-  }
+  const int64_t item = order.take_ticket();
+  const int64_t bh = item / order.key_tiles;
+  const int kt = static_cast<int>(item % order.key_tiles);
   const int k_block = kt * BR;
   const int64_t koff = a.kv_base(bh);
   const float* q = static_cast<const float*>(a.q) + a.q_base(bh);
   const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
   stage_keys<DH, BR, NT>(tiles, a, koff, k_block);
-  const int m_first = kFusedDq ? order.first_flush(a, kt) * kCols : a.first_query(k_block) / kCols * kCols;
-  // kFusedDq sweeps the query tiles from the last: see "One kernel" in docs/attention.md.
-  [[maybe_unused]] const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
-  constexpr bool kLoadsDuringDq = kPrefetch && kFusedDq;
-  if (kLoadsDuringDq && m_first < a.tq) {
-    stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m_last);
-  } else if (kPrefetch && m_first < a.tq) {
-    stage<kCols, DH, NT>(qs, q, a.q_row, m_first, a.tq);
-    async_commit();
-    stage<kCols, DH, NT>(dos, dout, a.o_row, m_first, a.tq);
-    async_commit();
-  }
+  const int m_first = order.first_flush(a, kt) * kCols;
+  // Query tiles from the last: see "One kernel" in docs/attention.md.
+  const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;
+  if (m_first < a.tq) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m_last);
   const float* mask_row = a.mask_row(bh);
   float bias[RM];
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY>(i));
   float dk[RM][N] = {}, dv[RM][N] = {};
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
-    const int m0 = kFusedDq ? m_first + m_last - m_up : m_up;
+    const int m0 = m_first + m_last - m_up;
     const bool more = m_up + kCols < a.tq;
-    if (!kPrefetch) {
-      __syncthreads();  // every thread is done with the previous query tile
-      stage<kCols, DH, NT>(qs, q, a.q_row, m0, a.tq);
-      stage<kCols, DH, NT>(dos, dout, a.o_row, m0, a.tq);
-      async_commit();
-    }
-    if (!kLoadsDuringDq) {
-      for (int r = threadIdx.x; r < kCols; r += NT) {
-        const bool in = m0 + r < a.tq;
-        stat_s[r] = in ? a.stats[bh * a.tq + m0 + r] : make_float2(-INFINITY, 0.f);
-        delta_s[r] = in ? a.delta[bh * a.tq + m0 + r] : 0.f;
-      }
-    }
-    if (kPrefetch && !kLoadsDuringDq) {
-      async_wait<1>();  // k, v and this tile's q; its do may still be in flight
-    } else {
-      async_wait<0>();
-    }
+    async_wait<0>();
     __syncthreads();
     float s[RM][4] = {}, dp[RM][4] = {};  // s^T and dp^T: keys x queries
     tile_dots<DH, TY, RM>(s, ks, qs);
-    if (kPrefetch && !kLoadsDuringDq) {
-      async_wait<0>();  // this tile's do
-      __syncthreads();
-    }
     tile_dots<DH, TY, RM>(dp, vs, dos);
 #pragma unroll
     for (int i = 0; i < RM; ++i)
@@ -675,31 +607,14 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
     store_t<TY, RM>(dss, PS, dp);
     __syncthreads();
     tile_axpy<DH, TY, RM>(dk, dss, PS, qs);
-    if (kPrefetch && !kLoadsDuringDq) {
-      __syncthreads();  // every thread is done with qs
-      if (more) {
-        stage<kCols, DH, NT>(qs, q, a.q_row, m0 + kCols, a.tq);
-        async_commit();
-      }
-    }
     tile_axpy<DH, TY, RM>(dv, ps, PS, dos);
-    if (kLoadsDuringDq) {
-      __syncthreads();  // every thread is done with qs, dos, ps and the stats (dss stays, for dq)
-      if (more) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m0 - kCols);
-    } else if (kPrefetch) {
-      __syncthreads();  // every thread is done with dos, ps, dss and the stats
-      if (more) {
-        stage<kCols, DH, NT>(dos, dout, a.o_row, m0 + kCols, a.tq);
-        async_commit();
-      }
-    }
-    if constexpr (kFusedDq) {  // dq = ds k over the block's keys (BR = 64 = kCols), then this warp's turn
-      static_assert(BR == kCols);
-      float dq[RM][N] = {};
-      tile_axpy_rows<DH, TY, RM>(dq, dss, PS, ks);
-      float* dq_head = static_cast<float*>(a.dq) + (q - static_cast<const float*>(a.q));  // dq has q's strides
-      flush_dq_f32<DH, TY, RM>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
-    }
+    __syncthreads();  // every thread is done with qs, dos, ps and the stats (dss stays, for dq)
+    if (more) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m0 - kCols);
+    // dq = ds k over the block's keys (BR = 64 = kCols), then this warp's turn
+    float dq[RM][N] = {};
+    tile_axpy_rows<DH, TY, RM>(dq, dss, PS, ks);
+    float* dq_head = static_cast<float*>(a.dq) + (q - static_cast<const float*>(a.q));  // dq has q's strides
+    flush_dq_f32<DH, TY, RM>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
   }
   float* dk_out = static_cast<float*>(a.dk) + koff;
   float* dv_out = static_cast<float*>(a.dv) + koff;
@@ -712,25 +627,23 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
   }
 }
 
-// Variant 4 at dh 128: the one-kernel backward (dk, dv and dq as variant 3,
-// 64 keys, 256 threads) with the work of the score and dk, dv products split
-// between the block's two halves of 128 threads instead of shared: half 0
-// computes s^T, p and dv += p^T do, half 1 dp^T, ds (reading p back from
-// shared memory) and dk += ds^T q, each as an 8 x 4 score and an 8 x 8
-// output micro-tile (TY 8, RM 8 within the half: 12 float4 loads per 128
-// fmas instead of 16 in the scores, 8 instead of 12 in the outputs). All 256
-// threads then compute dq = ds k and add it as variant 3 (TY 16, RM 4). The
-// next query tile's q, do, stats and delta load during dq. Every sum is
-// variant 3's, in the same order: the same bits.
-// kSharedDq (variant 6): dq = ds k goes to shared memory (dqs, after the
-// tiles) instead of straight into dq, and half 1 adds it into dq at the start
-// of the next tile, before its dp^T, while half 0 computes s^T and p: the
-// flush's waits and L2 round trips no longer stall the whole block. Only
-// half 1's 4 warps arrive on the counters. The same sums: the same bits.
-template <int DH, bool kSharedDq = false>
+// dh 128: backward_dkdv_kernel's work (64 keys, 256 threads) with the score
+// and dk, dv products split between the block's two halves of 128 threads
+// instead of shared: half 0 computes s^T, p and dv += p^T do, half 1 dp^T,
+// ds (reading p back from shared memory) and dk += ds^T q, each as an 8 x 4
+// score and an 8 x 8 output micro-tile (TY 8, RM 8 within the half: 12
+// float4 loads per 128 fmas instead of 16 in the scores, 8 instead of 12 in
+// the outputs). All 256 threads then compute dq = ds k (TY 16, RM 4) into
+// shared memory (dqs, after the tiles), and half 1 adds it into dq at the
+// start of the next tile, before its dp^T, while half 0 computes s^T and p:
+// the add's waits and L2 round trips do not stall the whole block. Only half
+// 1's 4 warps arrive on the counters. The next query tile's q, do, stats and
+// delta load during dq. Every sum is backward_dkdv_kernel's, in the same
+// order: the same bits.
+template <int DH>
 __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder order) {
   constexpr int TY = 8, RM = 8, BR = TY * RM, PS = BR + 4, NT = 256, N = DH / 16;
-  constexpr int kDqTy = 16, kDqRm = 4;  // dq: variant 3's geometry over all 256 threads
+  constexpr int kDqTy = 16, kDqRm = 4;  // dq: backward_dkdv_kernel's geometry over all 256 threads
   static_assert(BR == kCols && kDqTy * kDqRm == kCols);
   extern __shared__ __align__(16) float smem[];
   const DkdvTiles tiles = dkdv_tiles<DH, BR>(smem);
@@ -744,7 +657,7 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
   const float* dout = static_cast<const float*>(a.dout) + a.o_base(bh);
   stage_keys<DH, BR, NT>(tiles, a, koff, k_block);
   const int m_first = order.first_flush(a, kt) * kCols;
-  const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;  // swept from the last, as variant 3
+  const int m_last = m_first + (a.tq - 1 - m_first) / kCols * kCols;  // swept from the last
   if (m_first < a.tq) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m_last);
   const bool dk_half = threadIdx.x >= NT / 2;  // warp-uniform
   const float* mask_row = a.mask_row(bh);
@@ -753,7 +666,7 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY, 2>(i));
   float acc[RM][N] = {};  // dv (half 0) or dk (half 1)
   float* dq_head = static_cast<float*>(a.dq) + a.q_base(bh);  // dq has q's strides
-  [[maybe_unused]] float* dqs = delta_s + kCols;                // kSharedDq: [64][DH + 4], dq = ds k of the tile before
+  float* dqs = delta_s + kCols;                                  // [64][DH + 4]: dq = ds k of the tile before
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
     const int m0 = m_first + m_last - m_up;
     async_wait<0>();
@@ -768,7 +681,7 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
           x[i][c] = prob(logit2(a, x[i][c], bias[i], m0 + col_of(c), k_block + row_of<TY, 2>(i)), stat_s[col_of(c)]);
       store_t<TY, RM, 2>(ps, PS, x);
     } else {
-      if (kSharedDq && m_up > m_first) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m0 / kCols + 1, m0 + kCols);
+      if (m_up > m_first) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m0 / kCols + 1, m0 + kCols);
       tile_dots<DH, TY, RM, 2>(x, vs, dos);
     }
     __syncthreads();  // p is in ps
@@ -797,14 +710,11 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
     if (m_up + kCols < a.tq) stage_query_tile<DH, NT>(tiles, a, bh, q, dout, m0 - kCols);
     float dq[kDqRm][N] = {};
     tile_axpy_rows<DH, kDqTy, kDqRm>(dq, dss, PS, ks);
-    if constexpr (kSharedDq) {  // half 1 read the previous dqs before the last barrier
+    // half 1 read the previous dqs before the last barrier
 #pragma unroll
-      for (int i = 0; i < kDqRm; ++i) Dims<DH>::store(dqs + row_of<kDqTy>(i) * (DH + 4), dq[i], 1.f);
-    } else {
-      flush_dq_f32<DH, kDqTy, kDqRm>(a, order, dq, dq_head, bh, kt, m0 / kCols, m0);
-    }
+    for (int i = 0; i < kDqRm; ++i) Dims<DH>::store(dqs + row_of<kDqTy>(i) * (DH + 4), dq[i], 1.f);
   }
-  if (kSharedDq && m_first < a.tq) {  // the last tile swept is the first, m_first
+  if (m_first < a.tq) {  // the last tile swept is the first, m_first
     __syncthreads();                  // dqs is complete
     if (dk_half) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m_first / kCols, m_first);
   }
@@ -818,81 +728,32 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
 
 // ---- launchers ---------------------------------------------------------------
 
-// Threads per block 16 TY, rows per block TY RM. dh 128 runs 256 threads:
-// twice the rows in the forward (shared memory, not registers, bounds it to
-// one block per SM), half the rows per thread in the backward (registers).
+// The F32 configuration per head dim. Threads per block 16 TY, rows per
+// block TY RM. dh 128 runs 256 threads: twice the rows in the forward
+// (shared memory, not registers, bounds it to one block per SM), half the
+// rows per thread in the backward (registers), and dk, dv, dq in
+// backward_split_kernel. Candidates are timed in bench/lab/attention_lab.cu.
 template <int DH>
 struct Tiles {
   static constexpr int kFwdTy = DH == 128 ? 16 : 8, kFwdRm = 8;
   static constexpr int kBwdTy = DH == 128 ? 16 : 8, kBwdRm = DH == 128 ? 4 : 8;
+  static constexpr bool kBwdSplit = DH == 128;  // backward_split_kernel, else backward_dkdv_kernel
   static constexpr int kFwdRows = kFwdTy * kFwdRm, kBwdRows = kBwdTy * kBwdRm;
   // Shared memory in bytes: row-major tiles of stride DH + 4, transposed p / ds of stride rows + 4.
   static constexpr size_t kFwdSmem = 4 * ((kFwdRows + 2 * kCols) * (DH + 4) + kCols * (kFwdRows + 4));
-  static constexpr size_t kDqSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + kCols * (kBwdRows + 4));
+  static constexpr size_t kDeltaSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + kCols * (kBwdRows + 4));
   static constexpr size_t kDkdvSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + 2 * kCols * (kBwdRows + 4) + 3 * kCols);
+  static constexpr size_t kSplitSmem() { return kDkdvSmem + 4 * kCols * (DH + 4); }  // + dqs
 };
 
 template <class Kernel, class... More>
 void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_t heads_total, size_t smem,
             const Args& a, const char* name, const More&... more) {
-  if (smem > 48 * 1024)
-    HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(heads_total));
   kernel<<<grid, threads, smem, stream()>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
-}
-
-// HG_ATTN_F32_VARIANT, read once: 6 (unset: the default, the fastest on the
-// H100 on 2026-11-26: dh 128 T 1024 9.9 ms, 4 10.5) is 4 with that kernel's
-// dq add moved into the next tile (kSharedDq); 4 is 5 with, at dh 128,
-// backward_split_kernel; 5 is 3
-// with the next query tile's loads during dq = ds k and the dq add; 3 the
-// one-kernel backward (docs/attention.md; 1.2-1.4x variant 2); 2
-// delta_kernel and one sweep, 1 the same with the dk, dv prefetch, 0 the
-// two-sweep dq kernel. 3, 4, 5 and 6 give the same bits.
-int backward_variant() {
-  static const int variant = [] {
-    const char* env = std::getenv("HG_ATTN_F32_VARIANT");
-    const std::string v = env == nullptr || *env == '\0' ? "6" : env;
-    if (v.size() != 1 || v[0] < '0' || v[0] > '6')
-      fail("attention", "HG_ATTN_F32_VARIANT must be 0, 1, 2, 3, 4, 5 or 6, got '", v, "'");
-    return std::stoi(v);
-  }();
-  return variant;
-}
-
-// kFusedDq: the one-kernel backward (variants 3 to 6): delta_kernel, the dq
-// kernel's exact delta where a block needs it, then dk, dv and dq in the dk,
-// dv kernel, adding into dq itself (no ring: each head has its own dq);
-// kSplit: backward_split_kernel instead at dh 128.
-template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false, bool kSplit = false, bool kSharedDq = false>
-void backward_kernels(const Args& a, int64_t heads_total) {
-  using T = Tiles<DH>;
-  if (kOneSweep) {
-    const int64_t rows = heads_total * a.tq;
-    delta_kernel<DH><<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream()>>>(a, rows);
-    HG_CUDA_CHECK_LAUNCH("attention_delta_f32");
-  }
-  launch(backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm, kOneSweep, kFusedDq>, 16 * T::kBwdTy, a.tq, T::kBwdRows,
-         heads_total, T::kDqSmem, a, "attention_backward_dq_f32");  // writes delta unless kOneSweep
-  const auto dkdv = backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, kFusedDq>;
-  if constexpr (kFusedDq) {
-    constexpr bool kShared = kSplit && kSharedDq && DH == 128;  // half 1's 4 warps arrive, not all 8
-    const DqWorkspace work = dq_workspace(a, heads_total, T::kBwdRows, kCols, kShared ? 4 : T::kBwdTy / 2, 0, DH);
-    if constexpr (kSplit && DH == 128) {  // the same tiles: 64 keys, 256 threads, dq in warps of 8 x 4 rows
-      static_assert(T::kBwdRows == 64 && T::kBwdTy == 16);
-      const size_t smem = T::kDkdvSmem + (kShared ? 4 * kCols * (DH + 4) : 0);  // + dqs
-      launch(backward_split_kernel<DH, kShared>, 256, a.tk, T::kBwdRows, heads_total, smem, a,
-             "attention_backward_split_f32", work.order);
-      return;
-    }
-    launch(dkdv, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a, "attention_backward_fused_f32",
-           work.order);
-  } else {
-    launch(dkdv, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem, a, "attention_backward_dkdv_f32",
-           DqOrder{});
-  }
 }
 
 }  // namespace
@@ -904,16 +765,26 @@ void forward_f32(const Args& a, int64_t heads_total) {
          "attention_forward_f32");
 }
 
+// delta_kernel, peaked_delta_kernel where a block needs the exact delta,
+// then dk, dv and dq in one kernel per key tile, adding into dq itself (each
+// head has its own dq: no ring).
 template <int DH>
 void backward_f32(const Args& a, int64_t heads_total) {
-  switch (backward_variant()) {
-    case 1: return backward_kernels<DH, true, true>(a, heads_total);
-    case 2: return backward_kernels<DH, true, false>(a, heads_total);
-    case 3: return backward_kernels<DH, true, false, true>(a, heads_total);
-    case 4: return backward_kernels<DH, true, true, true, true>(a, heads_total);
-    case 5: return backward_kernels<DH, true, true, true>(a, heads_total);
-    case 6: return backward_kernels<DH, true, true, true, true, true>(a, heads_total);
-    default: return backward_kernels<DH, false, false>(a, heads_total);
+  using T = Tiles<DH>;
+  const int64_t rows = heads_total * a.tq;
+  delta_kernel<DH><<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream()>>>(a, rows);
+  HG_CUDA_CHECK_LAUNCH("attention_delta_f32");
+  launch(peaked_delta_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tq, T::kBwdRows, heads_total, T::kDeltaSmem,
+         a, "attention_peaked_delta_f32");
+  // backward_split_kernel: half 1's 4 warps arrive on the counters, not all 8
+  const DqWorkspace work = dq_workspace(a, heads_total, T::kBwdRows, kCols, T::kBwdSplit ? 4 : T::kBwdTy / 2, 0, DH);
+  if constexpr (T::kBwdSplit) {  // the same tiles: 64 keys, 256 threads, dq in warps of 8 x 4 rows
+    static_assert(T::kBwdRows == 64 && T::kBwdTy == 16);
+    launch(backward_split_kernel<DH>, 256, a.tk, T::kBwdRows, heads_total, T::kSplitSmem(), a,
+           "attention_backward_split_f32", work.order);
+  } else {
+    launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total,
+           T::kDkdvSmem, a, "attention_backward_fused_f32", work.order);
   }
 }
 

@@ -12,8 +12,7 @@ namespace hg::gpu::attn {
 template <int DH>
 void forward_f32(const Args& a, int64_t heads_total);
 
-// dq, dk, dv; HG_ATTN_F32_VARIANT (0 to 4, unset 3) selects the variants
-// of docs/attention.md.
+// dq, dk, dv (dq added by the dk, dv blocks in a fixed order).
 template <int DH>
 void backward_f32(const Args& a, int64_t heads_total);
 

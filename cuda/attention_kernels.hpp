@@ -3,7 +3,6 @@
 // ops/attention.cpp calls these for CUDA tensors in fused mode after validating.
 #include "core/attention_layout.hpp"
 #include "core/tensor.hpp"
-#include "cuda/lab_switch.hpp"
 
 namespace hg::gpu {
 
@@ -18,20 +17,10 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
                        void* out, Tensor& lse, Tensor& stats);
 
 // dq (layout.q), dk, dv (layout.kv) from dout (layout.o) without
-// floating-point atomics: one kernel owns dk and dv per key tile, another dq
-// per query tile (or, in the lab variants of docs/attention.md "One kernel",
-// the dk, dv blocks add dq in a fixed order), so results are bitwise repeatable.
+// floating-point atomics: BF16 runs one kernel for dk and dv per key tile and
+// another for dq per query tile; F32 adds dq from the dk, dv blocks in a
+// fixed order (docs/attention.md, "One kernel"). Results are bitwise repeatable.
 void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
                         const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv);
-
-// HG_ATTN_BF16_VARIANT=V (0 to 9; docs/attention.md, "Lab switch") runs the
-// BF16 variant V at every head dim, in each direction that has a variant V
-// (the other runs its default); unset, the defaults of cuda/attention.cu.
-// Tests force one in-process with LabSwitchScope.
-constexpr int kAttentionBf16SwitchValues = 11;
-inline LabSwitch& attention_bf16_lab_switch() {
-  static LabSwitch s("HG_ATTN_BF16_VARIANT", kAttentionBf16SwitchValues);
-  return s;
-}
 
 }  // namespace hg::gpu

@@ -158,22 +158,21 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
     if (k0 + j >= span.visible) z[j] = -INFINITY;  // only the chunk that straddles the diagonal
 }
 
-// ---- lab variants (HG_SOFTMAX_VARIANT) ------------------------------------------------
-// Candidates for the forward's register layouts (lane and block teams) on
-// 16-byte rows, picked per case by the production table (host section) or
-// forced by HG_SOFTMAX_VARIANT. Docs: docs/layernorm_kernels_notes.md,
-// "Lab variants". The backward has none.
-struct SoftmaxVariant {
-  bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
-  bool streaming;     // y stored evict-first (st.global.cs): nothing reads it again in the kernel
+// ---- forward configuration -------------------------------------------------------
+// What the forward's register layouts (lane and block teams) do for one
+// dtype and access width. The streaming layout has no options, nor has the
+// backward.
+struct SoftmaxForwardConfig {
+  bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2e; bf16 widened by masks
   int lane_max_keys;  // rows longer than this (past one chunk a lane) go to the block team; 0: no limit
 };
-constexpr SoftmaxVariant kSoftmaxVariants[kSoftmaxVariantCount] = {
-    {false, false, 0},  // 0: the kernel of 2026-11-26
-    {true, false, 0},   // 1: lean
-    {true, true, 0},    // 2: lean + streaming stores
-    {true, false, 512}, // 3: lean, rows of T > 512 in the block team (bf16 T 1024: 64 threads a row)
-};
+
+// Per dtype {f32, bf16} for rows read 16 bytes at a time: lean arithmetic,
+// and rows of Tk > 512 in the block team (bf16 Tk 1024: 64 threads a row).
+// Measured alternatives and how to promote one: bench/lab/softmax.md.
+constexpr SoftmaxForwardConfig kVectorForward[2] = {{true, 512}, {true, 512}};
+// Rows read one element at a time: the exact arithmetic of the CPU path.
+constexpr SoftmaxForwardConfig kScalarForward = {false, 0};
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -220,9 +219,9 @@ struct Normaliser {
 
 // Row held in registers: chunk i of a thread covers keys [(rank + i * size) * W, +W).
 // Requires tk <= size * N * W and, for W > 1, tk % W == 0 (chunks never straddle tk).
-template <class T, int W, int N, int V, class Team>
+// kLean: SoftmaxForwardConfig::lean.
+template <class T, int W, int N, bool kLean, class Team>
 __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& a, const Team& team) {
-  constexpr SoftmaxVariant kV = kSoftmaxVariants[V];
   const int64_t rows_per_block = team.rows_per_block();
   for (int64_t base = blockIdx.x * rows_per_block; base < a.rows; base += gridDim.x * rows_per_block) {
     const int64_t row = base + team.slot();
@@ -235,7 +234,7 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
     for (int i = 0; i < N; ++i) {
       const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
       if (k0 < span.visible) {
-        if constexpr (kV.lean) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i]);
+        if constexpr (kLean) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i]);
         else load_z<T, W>(x_row, span, k0, a.scale, v[i]);
       } else {
 #pragma unroll
@@ -251,12 +250,15 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
     const Normaliser norm(team.max(row_max));
 
     float row_sum = 0.0f;
-    const float neg_shift_log2e = -norm.shift * kLog2e;  // lean: exp(z - shift) = 2^(z log2e - shift log2e)
 #pragma unroll
     for (int i = 0; i < N; ++i)
 #pragma unroll
       for (int j = 0; j < W; ++j) {
-        if constexpr (kV.lean) v[i][j] = exp2_approx(fmaf(v[i][j], kLog2e, neg_shift_log2e));
+        // lean: exp(z - shift) = 2^((z - shift) log2e). The difference comes
+        // first: z log2e - shift log2e in one FFMA would leave the rounding
+        // of shift log2e (an ulp of 2^77 at logits of 1e30) in the max key's
+        // exponent, whose exp must be exactly 1.
+        if constexpr (kLean) v[i][j] = exp2_approx((v[i][j] - norm.shift) * kLog2e);
         else v[i][j] = expf(v[i][j] - norm.shift);
         row_sum += v[i][j];
       }
@@ -270,21 +272,21 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
       if (k0 < a.tk) {
 #pragma unroll
         for (int j = 0; j < W; ++j) v[i][j] *= inv;
-        store_vec<W, kV.streaming ? Store::Streaming : Store::Plain>(y_row + k0, v[i]);
+        store_vec<W>(y_row + k0, v[i]);
       }
     }
   }
 }
 
-template <class T, int TPR, int W, int N, int V = 0>
+template <class T, int TPR, int W, int N, bool kLean>
 __global__ void __launch_bounds__(kLaneTeamBlock) softmax_forward_lanes_kernel(ForwardArgs<T> a) {
-  forward_rows_in_registers<T, W, N, V>(a, LaneTeam<TPR>{});
+  forward_rows_in_registers<T, W, N, kLean>(a, LaneTeam<TPR>{});
 }
 
-template <class T, int W, int N, int V = 0>
+template <class T, int W, int N, bool kLean>
 __global__ void __launch_bounds__(kMaxBlock) softmax_forward_block_kernel(ForwardArgs<T> a) {
   __shared__ float scratch[32];
-  forward_rows_in_registers<T, W, N, V>(a, BlockTeam{scratch});
+  forward_rows_in_registers<T, W, N, kLean>(a, BlockTeam{scratch});
 }
 
 // Rows of any length: pass 1 keeps a running (max m, sum s of exp(z - m)) per
@@ -469,24 +471,20 @@ void dispatch(int64_t tk, Launcher& L) {
   return L.template streaming<W>();
 }
 
-// V: the lab variant of the register layouts (16-byte rows only; the
-// streaming kernel has none).
-template <class T, int V>
+// The fields of a SoftmaxForwardConfig (the streaming kernel has none).
+template <class T, bool kLean, int kLaneMaxKeys_>
 struct ForwardLauncher {
-  static_assert(V >= 0 && V < kSoftmaxVariantCount, "softmax variant");
-  static constexpr int kLaneMaxKeys = kSoftmaxVariants[V].lane_max_keys;
+  static constexpr int kLaneMaxKeys = kLaneMaxKeys_;
   ForwardArgs<T> args;
 
   template <int TPR, int W, int N> void lanes() {
-    static_assert(V == 0 || W > 1, "lab variants: 16-byte rows only");
     const int rows_per_block = kLaneTeamBlock / TPR;
-    softmax_forward_lanes_kernel<T, TPR, W, N, V>
+    softmax_forward_lanes_kernel<T, TPR, W, N, kLean>
         <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
   template <int W, int N> void block(unsigned threads) {
-    static_assert(V == 0 || W > 1, "lab variants: 16-byte rows only");
-    softmax_forward_block_kernel<T, W, N, V><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
+    softmax_forward_block_kernel<T, W, N, kLean><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
   }
   template <int W> void streaming() {
@@ -516,12 +514,6 @@ struct BackwardLauncher {
   }
 };
 
-// The forward variant each dtype runs when HG_SOFTMAX_VARIANT is unset ({f32,
-// bf16}); making a measured winner the default is one edit here. 3: the
-// block team from T 513 (H100, 2026-11-28: T 1024 +3% f32, +6% bf16; the
-// lane teams it replaces lost 5% at f32 T 512, so they stay there).
-constexpr int kSoftmaxProduction[2] = {3, 3};
-
 template <class T>
 void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   constexpr int V = VecWidth<T>::value;
@@ -537,13 +529,11 @@ void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
                          (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 &&
                                               l.mask_query_stride % 4 == 0));
   if (vector_ok) {
-    const int variant = softmax_lab_switch().pick(kSoftmaxProduction[std::is_same_v<T, bf16>]);
-    return with_variant<kSoftmaxVariantCount>(variant, [&](auto v) {
-      ForwardLauncher<T, decltype(v)::value> launcher{args};
-      dispatch<V, kForwardBlockElems>(l.tk, launcher);
-    });
+    constexpr SoftmaxForwardConfig C = kVectorForward[std::is_same_v<T, bf16>];
+    ForwardLauncher<T, C.lean, C.lane_max_keys> launcher{args};
+    return dispatch<V, kForwardBlockElems>(l.tk, launcher);
   }
-  ForwardLauncher<T, 0> launcher{args};
+  ForwardLauncher<T, kScalarForward.lean, kScalarForward.lane_max_keys> launcher{args};
   dispatch<1, kForwardBlockElems>(l.tk, launcher);
 }
 

@@ -8,6 +8,7 @@
 #     gpt2s       bench_train at GPT-2-small shape (bf16) | torch_train_step.py --config gpt2s
 #     attention   bench_attention                          | torch_sdpa.py
 #     norms       bench_layernorm, bench_softmax           | torch_norms.py
+#     lab         bench/lab/softmax_lab, bench/lab/attention_lab (every kernel candidate against production)
 #     residual    bench_layernorm --residual (raw kernels, every HG_RESIDUAL_LN_VARIANT)
 #                                                          | bench/torch_residual_layernorm.py (eager, compile)
 #     accuracy    train --precision bf16 and fp32 on the built-in task (loss curves, held-out accuracy)
@@ -60,6 +61,9 @@ for stage in "$@"; do
       run bench_attention $b/bench_attention --seq 1024,4096 --max-unfused-seq 1024 --iters 10 \
         --csv "$out/bench_attention.csv"
       torch_ref torch_sdpa torch_sdpa.py --json "$out/torch_sdpa.json" ;;
+    lab)
+      run softmax_lab build-gpu/bench/lab/softmax_lab
+      run attention_lab build-gpu/bench/lab/attention_lab --seq 1024,4096 ;;
     norms)
       run bench_layernorm $b/bench_layernorm --device cuda --png '' --csv "$out/bench_layernorm.csv"
       run bench_softmax $b/bench_softmax --device cuda --png '' --csv "$out/bench_softmax.csv"

@@ -11,7 +11,7 @@ that checked the old revision still hold for it: its tests and
 compute-sanitizer. Host code, and which kernel runs at which size, are not
 compared.
 
-Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]... [--diff SUBSTRING]
+Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]... [--diff SUBSTRING] [--cubin]
   REV_B may be WORKTREE (the files as they are on disk); F defaults to
   cuda/layernorm.cu. --rename-a rewrites REV_A's demangled kernel names
   before matching, for a change that drops a template argument, e.g.
@@ -24,6 +24,9 @@ opcodes in the same order; the difference lies in integer instructions or
 operands, to be read with --diff SUBSTRING, which prints the normalised PTX
 diff of the changed kernels whose name contains it), or "float/memory ops
 differ". Changed kernels need their GPU tests again.
+--cubin compares the machine code instead (each kernel's .text section in
+an sm_90 cubin): for kernels whose PTX differs only in how the front end
+numbered or ordered its virtual registers.
 Exit status: 0 if every kernel of both revisions is identical, 1 otherwise.
 """
 import argparse
@@ -51,6 +54,42 @@ def checkout(rev, into):
     subprocess.run(["tar", "xf", into + ".tar", "-C", into], check=True)
 
 
+def cubin_functions(tree, path):
+    """{demangled kernel name: its machine code (the bytes of its .text section)}
+    of `path` compiled by ptxas for sm_90 under `tree`."""
+    import struct
+    cubin = os.path.join(tree, "out.cubin")
+    subprocess.run([NVCC, "-cubin", "-O3", "-DNDEBUG", "-DHG_WITH_CUDA=1", "-arch=sm_90", "--expt-relaxed-constexpr",
+                    "-std=c++17", "-I" + tree, "-o", cubin, os.path.join(tree, path)], check=True)
+    elf = open(cubin, "rb").read()
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + k * shentsize) for k in range(shnum)]
+    names_at = sections[shstrndx][4]
+    functions = {}
+    for name_off, _, _, _, offset, size, *_ in sections:
+        name = elf[names_at + name_off:elf.index(b"\0", names_at + name_off)].decode()
+        if name.startswith(".text."):
+            functions[name[len(".text."):]] = elf[offset:offset + size].hex()
+    names = list(functions)
+    demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                               check=True).stdout.split("\n")
+    return {d: functions[n] for d, n in zip(demangled, names)}
+
+
+def strip_anonymous_tags(text):
+    """Mangled anonymous-namespace tags (<length>_GLOBAL__N_...) replaced by ANON,
+    cut by their length prefix: the tag's tail (it varies with the file's
+    contents) would otherwise be left fused to the next name's length digits."""
+    out, pos = [], 0
+    for m in re.finditer(r"(\d+)_GLOBAL__N_", text):
+        if m.start() < pos:
+            continue
+        out.append(text[pos:m.start()] + "ANON")
+        pos = m.start() + len(m.group(1)) + int(m.group(1))
+    return "".join(out) + text[pos:]
+
+
 def kernels(ptx_path):
     """{demangled kernel name: normalised PTX body}."""
     text = open(ptx_path).read()
@@ -58,6 +97,7 @@ def kernels(ptx_path):
     for match in re.finditer(r"\.entry (\S+)\(.*?^\}", text, re.S | re.M):
         name, body = match.group(1), match.group(0)
         body = body.replace(name, "KERNEL")
+        body = strip_anonymous_tags(body)
         body = re.sub(r"\.loc.*\n", "", body)
         body = re.sub(r"_ZZ\w*E\d+([A-Za-z_]\w*)", r"LOCAL_\1", body)  # function-local statics
         body = re.sub(r"\d*_GLOBAL__N__\w+?_cu_[0-9a-f]+", "ANON", body)  # path-derived namespace tag
@@ -94,6 +134,8 @@ def main():
     parser.add_argument("--file", default="cuda/layernorm.cu")
     parser.add_argument("--diff", metavar="SUBSTRING", help="print the PTX diff of changed kernels matching this")
     parser.add_argument("--rename-a", nargs=2, metavar=("REGEX", "REPL"), action="append", default=[])
+    parser.add_argument("--cubin", action="store_true",
+                        help="compare the machine code (each kernel's .text in an sm_90 cubin) instead of the PTX")
     args = parser.parse_args()
     rev_a, rev_b, path = args.rev_a, args.rev_b, args.file
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,6 +143,9 @@ def main():
         for tag, rev in (("a", rev_a), ("b", rev_b)):
             tree = os.path.join(tmp, tag)
             checkout(rev, tree)
+            if args.cubin:
+                found.append(cubin_functions(tree, path))
+                continue
             ptx = os.path.join(tmp, tag + ".ptx")
             subprocess.run([NVCC, "-ptx", "-O3", "-DNDEBUG", "-DHG_WITH_CUDA=1", "-arch=sm_90",
                             "--expt-relaxed-constexpr", "-std=c++17", "-I" + tree, "-I" + os.path.join(ROOT, ".deps/include"),
@@ -112,7 +157,9 @@ def main():
     same = sorted(k for k in a.keys() & b.keys() if a[k] == b[k])
     changed = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     for k in changed:
-        if renamed_registers(a[k]) == renamed_registers(b[k]):
+        if args.cubin:
+            how = "(machine code differs)"
+        elif renamed_registers(a[k]) == renamed_registers(b[k]):
             how = "(identical up to register names)"
         elif float_memory_ops(a[k]) == float_memory_ops(b[k]):
             how = "(same float/memory ops)"

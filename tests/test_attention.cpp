@@ -381,12 +381,12 @@ TEST_CASE("attention: CUDA paths agree with the float64 reference", "[attention]
     // The BF16 tiling: 128-query blocks, key tiles of 16 to 64, key blocks of
     // 64 or 128; tiles off the causal diagonal skip the per-element masking.
     // Tk not a multiple of 128, causal with Tq < Tk and Tq > Tk, T in 65..127.
-    // HG_ATTN_BF16_VARIANT=1 to 3 stages twice the keys (dk/dv: queries) and
-    // computes them in halves: the second half partial (300, 96 + causal),
-    // past the causal end (160, 200 x 72), past Tk (40 x 232) or past Tq (96,
-    // 160), the first wholly above the causal end (300 x 130). Variant 9's
-    // dh 128 dk/dv blocks of 128 keys end one key short of a block (255),
-    // one past (257) or reach past Tq with causal Tq < Tk (64 x 257).
+    // Tiles staged in halves (dh 64: dq's 64-key tiles in 32-key steps, dk/dv's
+    // 64-query tiles in 32-query steps): the second half partial (300, 96 +
+    // causal), past the causal end (160, 200 x 72), past Tk (40 x 232) or past
+    // Tq (96, 160), the first wholly above the causal end (300 x 130). The dh
+    // 128 dk/dv blocks of 128 keys end one key short of a block (255), one
+    // past (257) or reach past Tq with causal Tq < Tk (64 x 257).
     Problem tiled;
     tiled.b = 1, tiled.h = 2;
     for (const auto& [tq, tk, causal] :
@@ -499,19 +499,6 @@ TEST_CASE("attention: CUDA F32 fused kernels at tile edges", "[attention][cuda]"
 
 namespace {
 
-// An environment variable set for a scope: HG_ATTN_DQ_RING, which the CUDA
-// backward reads on every call.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
 Inputs rounded_to_bf16(const Inputs& in) {
   Inputs r = in;
   for (Tensor* t : {&r.q, &r.k, &r.v, &r.dout}) *t = t->to(DType::BF16).to(DType::F64);
@@ -563,13 +550,11 @@ double rel_err(const std::vector<double>& a, const std::vector<double>& ref) {
 
 }  // namespace
 
-// The one-kernel backward (HG_ATTN_BF16_VARIANT=6, HG_ATTN_F32_VARIANT=3)
-// adds the key tiles' dq in a fixed order per query tile; BF16 sums in a
-// ring of fp32 head slots, where key tile 0 of a head waits for the head a
-// ring before it. HG_ATTN_DQ_RING=1: every head shares one slot (the most
-// waiting). The order, not the ring, fixes every bit. Under the other
-// variants the same assertions hold for the two-kernel backward.
-TEST_CASE("attention: CUDA backward, heads sharing one dq slot", "[attention][cuda]") {
+// The F32 backward adds the key tiles' dq in a fixed order per query tile
+// (cuda/attention_dq_order.cuh); BF16 runs a dq kernel beside the dk, dv
+// kernel. Both against float64 on six heads with a mask, causal with Tq != Tk,
+// and bitwise equal on a second run.
+TEST_CASE("attention: CUDA backward over several heads is right and repeatable", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   uint64_t seed = 3100;
   for (int64_t dh : {32, 64, 128})
@@ -578,39 +563,22 @@ TEST_CASE("attention: CUDA backward, heads sharing one dq slot", "[attention][cu
       p.b = 2, p.h = 3, p.tq = tq, p.tk = tk, p.dh = dh, p.causal = causal, p.mask = true;
       p.scale = 1.0 / std::sqrt(double(dh));
       const Inputs in = make_inputs(p, ++seed), in16 = rounded_to_bf16(in);
-      Outputs f32, bf16;
-      {
-        ScopedEnv one_slot("HG_ATTN_DQ_RING", "1");
-        f32 = run(p, in, Device::CUDA, DType::F32, KernelMode::Fused);
-        bf16 = run(p, in16, Device::CUDA, DType::BF16, KernelMode::Fused);
-      }
-      check_close(f32, reference(p, in), 2e-6, 2e-5, describe(p) + " cuda f32 fused, one slot");
-      check_close_bf16(bf16, reference(p, in16), describe(p) + " cuda bf16 fused, one slot");
-      INFO(describe(p) << ": one slot vs the default ring");
+      const Outputs f32 = run(p, in, Device::CUDA, DType::F32, KernelMode::Fused);
+      const Outputs bf16 = run(p, in16, Device::CUDA, DType::BF16, KernelMode::Fused);
+      check_close(f32, reference(p, in), 2e-6, 2e-5, describe(p) + " cuda f32 fused");
+      check_close_bf16(bf16, reference(p, in16), describe(p) + " cuda bf16 fused");
+      INFO(describe(p) << ": a second run");
       check_bitwise_repeat(f32, run(p, in, Device::CUDA, DType::F32, KernelMode::Fused));
       check_bitwise_repeat(bf16, run(p, in16, Device::CUDA, DType::BF16, KernelMode::Fused));
     }
-  // The lab switch rejects what is not a slot count (read only where the BF16 one-kernel backward runs).
-  const char* variant = std::getenv("HG_ATTN_BF16_VARIANT");
-  if (variant != nullptr && (std::string(variant) == "6" || std::string(variant) == "7")) {
-    Problem p;
-    p.dh = 32;
-    const Inputs in = make_inputs(p, 3199);
-    for (const char* bad : {"0", "-2", "x", "3x"}) {
-      ScopedEnv ring("HG_ATTN_DQ_RING", bad);
-      expect_error([&] { run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused); }, "HG_ATTN_DQ_RING must be");
-    }
-  }
 }
 
-// Backward variant 9's dh 128 dk, dv (eight warps, 128 keys a block, p^T and
-// ds^T through shared memory) add the same bf16 products in the same order
-// as variant 8's (docs/attention.md, "Eight-warp dk/dv"): bitwise 8's
-// results, both forced in-process whatever HG_ATTN_BF16_VARIANT says. Shapes
-// cross 128-key blocks (255, 257, 300), causal with Tq != Tk, the mask
-// (a fully masked batch), T = 1 and a negative scale.
-// Variant 10 (9 with the dq kernel on a side stream) gives the same bits too.
-TEST_CASE("attention: CUDA BF16 backward variants 9 and 10 give variant 8's bits", "[attention][cuda]") {
+// The dh 128 BF16 backward: dk, dv from the eight-warp kernel (128 keys a
+// block, p^T and ds^T through shared memory; docs/attention.md, "Eight-warp
+// dk/dv"), dq on a side stream. Shapes cross 128-key blocks (255, 257, 300),
+// causal with Tq != Tk, the mask (a fully masked batch), T = 1 and a
+// negative scale: against float64, finite, and bitwise equal on a second run.
+TEST_CASE("attention: CUDA BF16 dh 128 backward at 128-key block edges", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   struct Case {
     int64_t tq, tk;
@@ -624,15 +592,11 @@ TEST_CASE("attention: CUDA BF16 backward variants 9 and 10 give variant 8's bits
     Problem p;
     p.b = 2, p.h = 2, p.tq = c.tq, p.tk = c.tk, p.dh = 128, p.causal = c.causal, p.mask = c.mask, p.scale = c.scale;
     const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
-    auto run_variant = [&](int v) {
-      hg::gpu::LabSwitchScope lab(hg::gpu::attention_bf16_lab_switch(), v);
-      return run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
-    };
-    const Outputs v8 = run_variant(8), v9 = run_variant(9), v10 = run_variant(10);
-    INFO(describe(p) << " scale " << c.scale << ": variants 9 and 10 vs 8");
-    check_bitwise_repeat(v8, v9);
-    check_bitwise_repeat(v8, v10);
-    for (const Tensor* t : {&v9.dk, &v9.dv}) CHECK(hg::test::all_finite(*t));
+    const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+    const std::string what = describe(p) + " scale " + std::to_string(c.scale);
+    check_close_bf16(got, reference(p, in), what);
+    INFO(what << ": a second run");
+    check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
   }
 }
 

@@ -1,5 +1,5 @@
-// cuda/lab_switch.hpp: the environment value of a lab switch (HG_LN_VARIANT,
-// HG_SOFTMAX_VARIANT) picks a variant only when it is one of 0 .. count-1;
+// cuda/lab_switch.hpp: the environment value of a lab switch (HG_LN_VARIANT)
+// picks a variant only when it is one of 0 .. count-1;
 // anything else is an error naming the variable and the allowed values.
 // Plain C++: runs without a GPU.
 #include <cstdlib>

@@ -1,0 +1,595 @@
+// Fused attention lab: every BF16 forward and backward tiling and every F32
+// backward kernel set of bench/lab/attention_lab_kernels.cuh, side by side.
+// Each configuration is checked against a CPU float64 attention (o, dq, dk,
+// dv) on fresh random inputs, then timed with CUDA events (median after
+// warm-up, input sets rotated past the L2) and reported in TFLOP/s. The
+// production configuration is marked "*"; to promote a winner, edit
+// kBf16Forward / kBf16Backward in cuda/attention.cu (or Tiles in
+// cuda/attention_f32.cu) and run the GPU tests (bench/lab/attention.md).
+// Standalone: CUDA runtime only.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <utility>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "bench/lab/attention_lab_kernels.cuh"
+#include "bench/lab/lab_util.cuh"
+
+namespace {
+
+using hg::gpu::attn::Args;
+using hg::gpu::attn::DqOrder;
+using bf16 = __nv_bfloat16;
+
+
+int g_ring = 0;  // --ring: slots of the BF16 one-kernel backward's dq ring (0: twice the heads resident blocks span)
+
+template <class Kernel, class... More>
+void launch_kernel(cudaStream_t s, Kernel kernel, dim3 grid, int threads, size_t smem, const Args& a,
+                   const More&... more) {
+  if (smem > 48 * 1024)
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  kernel<<<grid, threads, smem, s>>>(a, more...);
+  CHECK_CUDA(cudaGetLastError());
+}
+
+dim3 grid_of(int64_t rows, int per_block, int64_t heads) {
+  return dim3(unsigned((rows + per_block - 1) / per_block), unsigned(heads));
+}
+
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  if (smem > 48 * 1024)
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0, sms = 0, device = 0;
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return int64_t(std::max(per_sm, 1)) * sms;
+}
+
+// The dq order's memory (cuda/attention_dq_order.cu's dq_workspace), from a
+// scratch buffer that grows as needed.
+DqOrder dq_order(const Args& a, int64_t heads, int key_rows, int flush_rows, int warps, int ring, int dh) {
+  static void* scratch = nullptr;
+  static size_t scratch_bytes = 0;
+  DqOrder o{};
+  o.key_rows = key_rows, o.key_tiles = int((a.tk + key_rows - 1) / key_rows);
+  o.flush_rows = flush_rows, o.flush_tiles = int((a.tq + flush_rows - 1) / flush_rows);
+  o.warps = warps;
+  o.ring = ring > 0 ? ring : int(heads);
+  const int64_t head_words = 2 + heads * o.flush_tiles, slots_at = (head_words + 3) / 4 * 4;
+  const int64_t words = slots_at + (ring > 0 ? int64_t(ring) * a.tq * dh : 0);
+  if (size_t(words) * 4 > scratch_bytes) {
+    if (scratch != nullptr) CHECK_CUDA(cudaFree(scratch));
+    scratch_bytes = size_t(words) * 4;
+    CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+  }
+  int* base = static_cast<int*>(scratch);
+  CHECK_CUDA(cudaMemsetAsync(base, 0, size_t(head_words) * 4));
+  o.ticket = reinterpret_cast<unsigned long long*>(base);
+  o.counters = base + 2;
+  o.slots = ring > 0 ? reinterpret_cast<float*>(base + slots_at) : nullptr;
+  return o;
+}
+
+// ---- BF16 configurations ------------------------------------------------------------
+namespace b = hg::gpu::lab_bf16;
+
+// Forward variants 0 .. 8: 1 stages twice the keys per barrier at dh 128
+// (computed in halves), 2-5 skip the rescale when no row max grew, 6 stages
+// with the unrolled copies and compiles the fast tile apart (lean), 7 adds
+// the lazy rescale, 8 is 7 with 64-key tiles at dh 128.
+template <int DH, int V>
+struct ForwardTiling {
+  static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;
+  static constexpr int kKeys = V >= 1 && V < 8 && DH == 128 ? 2 * kSub : kSub;
+  static constexpr b::Rescale kRescale = V >= 7               ? b::Rescale::Lazy
+                                         : V >= 2 && V <= 5 ? b::Rescale::SkipUnchanged
+                                                            : b::Rescale::Always;
+  static constexpr bool kLean = V >= 6;
+};
+// Backward variants 0 .. 10: 1 twice the keys per dq barrier, 3 64 staged
+// queries in dk/dv, 4 the 16-byte delta kernel, 5 dq at dh 128 on 32-key
+// tiles with s then dp, 6 the one-kernel backward (dq added by the dk/dv
+// blocks in a fixed order, through a ring of fp32 slots), 7 6 with 8 warps
+// and 128 keys at dh 128, 8 5 with the lean tiles, 9 8 with the eight-warp
+// phased dk/dv at dh 128, 10 9 with dq on a second stream.
+template <int DH, int V>
+struct BackwardTiling {
+  static constexpr bool kFusedDq = V == 6 || V == 7;
+  static constexpr int kDkdvSub = 32, kDkdvQueries = V >= 3 && DH >= 64 && !(kFusedDq && DH == 128) ? 64 : 32,
+                       kDkdvMT = DH == 128 ? 1 : 2;
+  static constexpr bool kDqSplit = V >= 5 && DH == 128;
+  static constexpr int kDqSub = DH == 128 ? (kDqSplit ? 32 : 16) : DH == 64 ? 32 : 64;
+  static constexpr int kDqKeys = V >= 1 && DH >= 64 && !kDqSplit ? 2 * kDqSub : kDqSub;
+  static constexpr bool kDelta16 = V >= 4;
+  static constexpr int kDsBuffers = DH == 64 ? 1 : 2;
+  static constexpr int kDkdvWarps = V == 7 && DH == 128 ? 8 : 4;
+  static constexpr bool kLean = V >= 8;
+  static constexpr bool kDkdvPhased = V >= 9 && DH == 128;
+  static constexpr bool kDqBeside = V == 10;
+};
+constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
+// cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
+constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
+constexpr int kBf16BackwardProduction = 10;
+
+constexpr size_t forward_smem(int dh, int kb) { return 2 * (b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
+constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {
+  return 2 * 2 * 16 * warps * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
+}
+constexpr size_t dkdv_phased_smem(int dh, int qb) { return dkdv_smem(dh, qb, 1, 8) + 2 * 2 * 128 * (qb + 8); }
+constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
+
+template <int DH, int V>
+void bf16_forward(const Args& a, int64_t bh) {
+  using T = ForwardTiling<DH, V>;
+  launch_kernel(nullptr, b::forward_bf16_kernel<DH, T::kKeys, T::kSub, DH <= 64, T::kRescale, T::kLean>,
+                grid_of(a.tq, b::kRowsBf16, bh), 128, forward_smem(DH, T::kKeys), a);
+}
+
+template <int DH, int V>
+void bf16_backward(const Args& a, int64_t bh) {
+  using T = BackwardTiling<DH, V>;
+  // (each variant reads only some of its fields)
+  static_assert(T::kDqKeys % T::kDqSub == 0 && T::kDsBuffers >= 1 && T::kDkdvWarps >= 4 &&
+                !((T::kDkdvPhased || T::kDqBeside) && T::kFusedDq));
+  const int64_t rows = bh * a.tq;
+  if constexpr (T::kDelta16) {
+    b::delta_bf16_kernel<DH><<<unsigned((rows * (DH / 8) + 127) / 128), 128>>>(a, rows);
+  } else {
+    b::delta_kernel<bf16><<<unsigned((rows + 3) / 4), 128>>>(a, rows, DH);
+  }
+  CHECK_CUDA(cudaGetLastError());
+  constexpr int kQB = T::kDkdvQueries, kQS = T::kDkdvSub, kMT = T::kDkdvMT;
+  if constexpr (T::kFusedDq) {
+    constexpr int kWarps = T::kDkdvWarps, kKeys = 16 * kMT * kWarps;
+    const auto kernel = b::backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, true, T::kDsBuffers, kWarps>;
+    const size_t smem = dkdv_smem(DH, kQB, kMT, kWarps) + size_t(T::kDsBuffers) * kKeys * (kQS + 8) * 2;
+    const dim3 blocks = grid_of(a.tk, kKeys, bh);
+    const int64_t spanned = (resident_blocks(kernel, 32 * kWarps, smem) + blocks.x - 1) / blocks.x + 1;
+    const int ring = int(std::min<int64_t>(bh, g_ring > 0 ? g_ring : 2 * spanned));
+    const DqOrder order = dq_order(a, bh, kKeys, kQS, kWarps, ring, DH);
+    kernel<<<blocks, 32 * kWarps, smem>>>(a, order);
+    CHECK_CUDA(cudaGetLastError());
+    return;
+  }
+  static cudaStream_t side = nullptr;
+  static cudaEvent_t fork, join;
+  if (side == nullptr) {
+    CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  cudaStream_t dq_stream = nullptr;
+  if constexpr (T::kDqBeside) {
+    CHECK_CUDA(cudaEventRecord(fork, nullptr));
+    CHECK_CUDA(cudaStreamWaitEvent(side, fork));
+    dq_stream = side;
+  }
+  if constexpr (T::kDkdvPhased) {
+    launch_kernel(nullptr, b::backward_dkdv_phased_bf16_kernel<DH, kQB>, grid_of(a.tk, 128, bh), 256,
+                  dkdv_phased_smem(DH, kQB), a);
+  } else {
+    launch_kernel(nullptr, b::backward_dkdv_bf16_kernel<DH, kQB, kQS, kMT, DH * kMT <= 64, false, 1, 4, T::kLean>,
+                  grid_of(a.tk, 64 * kMT, bh), 128, dkdv_smem(DH, kQB, kMT), a, DqOrder{});
+  }
+  launch_kernel(dq_stream, b::backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>,
+                grid_of(a.tq, b::kRowsBf16, bh), 128, dq_smem(DH, T::kDqKeys), a);
+  if constexpr (T::kDqBeside) {
+    CHECK_CUDA(cudaEventRecord(join, side));
+    CHECK_CUDA(cudaStreamWaitEvent(nullptr, join));
+  }
+}
+
+// ---- F32 configurations ---------------------------------------------------------------
+namespace f = hg::gpu::attn::lab_f32;
+constexpr int kCols = 64;
+
+template <int DH>
+struct F32Tiles {
+  static constexpr int kFwdTy = DH == 128 ? 16 : 8, kFwdRm = 8;
+  static constexpr int kBwdTy = DH == 128 ? 16 : 8, kBwdRm = DH == 128 ? 4 : 8;
+  static constexpr int kFwdRows = kFwdTy * kFwdRm, kBwdRows = kBwdTy * kBwdRm;
+  static constexpr size_t kFwdSmem = 4 * ((kFwdRows + 2 * kCols) * (DH + 4) + kCols * (kFwdRows + 4));
+  static constexpr size_t kDqSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + kCols * (kBwdRows + 4));
+  static constexpr size_t kDkdvSmem =
+      4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + 2 * kCols * (kBwdRows + 4) + 3 * kCols);
+};
+// Backward variants 0 .. 6: 0 the two-sweep dq kernel, then dk/dv; 1 delta
+// by do . o and one sweep, dk/dv prefetching; 2 as 1 without the prefetch;
+// 3 the one-kernel backward (dq added in the fixed order); 5 3 with the next
+// tile's loads during dq; 4 5 with backward_split_kernel at dh 128; 6 4 with
+// the dq add moved into the next tile (production, cuda/attention_f32.cu).
+constexpr int kF32BackwardVariants = 7, kF32BackwardProduction = 6;
+
+template <int DH>
+void f32_forward(const Args& a, int64_t bh) {
+  using T = F32Tiles<DH>;
+  launch_kernel(nullptr, f::forward_kernel<DH, T::kFwdTy, T::kFwdRm>, grid_of(a.tq, T::kFwdRows, bh), 16 * T::kFwdTy,
+                T::kFwdSmem, a);
+}
+
+template <int DH, bool kOneSweep, bool kPrefetch, bool kFusedDq = false, bool kSplit = false, bool kSharedDq = false>
+void f32_backward_kernels(const Args& a, int64_t bh) {
+  using T = F32Tiles<DH>;
+  if (kOneSweep) {
+    const int64_t rows = bh * a.tq;
+    f::delta_kernel<DH><<<unsigned((rows + 127) / 128), 128>>>(a, rows);
+    CHECK_CUDA(cudaGetLastError());
+  }
+  launch_kernel(nullptr, f::backward_dq_kernel<DH, T::kBwdTy, T::kBwdRm, kOneSweep, kFusedDq>,
+                grid_of(a.tq, T::kBwdRows, bh), 16 * T::kBwdTy, T::kDqSmem, a);
+  if constexpr (kFusedDq) {
+    constexpr bool kShared = kSplit && kSharedDq && DH == 128;
+    const DqOrder order = dq_order(a, bh, T::kBwdRows, kCols, kShared ? 4 : T::kBwdTy / 2, 0, DH);
+    if constexpr (kSplit && DH == 128) {
+      const size_t smem = T::kDkdvSmem + (kShared ? 4 * kCols * (DH + 4) : 0);
+      launch_kernel(nullptr, f::backward_split_kernel<DH, kShared>, grid_of(a.tk, T::kBwdRows, bh), 256, smem, a, order);
+      return;
+    }
+    launch_kernel(nullptr, f::backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, true>,
+                  grid_of(a.tk, T::kBwdRows, bh), 16 * T::kBwdTy, T::kDkdvSmem, a, order);
+  } else {
+    launch_kernel(nullptr, f::backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, false>,
+                  grid_of(a.tk, T::kBwdRows, bh), 16 * T::kBwdTy, T::kDkdvSmem, a, DqOrder{});
+  }
+}
+
+template <int DH>
+void f32_backward(int v, const Args& a, int64_t bh) {
+  switch (v) {
+    case 1: return f32_backward_kernels<DH, true, true>(a, bh);
+    case 2: return f32_backward_kernels<DH, true, false>(a, bh);
+    case 3: return f32_backward_kernels<DH, true, false, true>(a, bh);
+    case 4: return f32_backward_kernels<DH, true, true, true, true>(a, bh);
+    case 5: return f32_backward_kernels<DH, true, true, true>(a, bh);
+    case 6: return f32_backward_kernels<DH, true, true, true, true, true>(a, bh);
+    default: return f32_backward_kernels<DH, false, false>(a, bh);
+  }
+}
+
+// fn(std::integral_constant<int, v>{}) for a run-time v in 0 .. N-1.
+template <class Fn, int... Is>
+void with_index(int v, Fn& fn, std::integer_sequence<int, Is...>) {
+  (void)((v == Is && (fn(std::integral_constant<int, Is>{}), true)) || ...);
+}
+template <int N, class Fn>
+void with_index(int v, Fn&& fn) {
+  with_index(v, fn, std::make_integer_sequence<int, N>{});
+}
+
+// One configuration: the dtype, the direction and its variant number.
+struct Config {
+  bool bf16, backward;
+  int variant;
+};
+
+template <int DH>
+void run_config(const Config& c, const Args& a, int64_t bh) {
+  if (c.bf16 && !c.backward) return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
+  if (c.bf16) return with_index<kBf16BackwardVariants>(c.variant, [&](auto v) { bf16_backward<DH, decltype(v)::value>(a, bh); });
+  if (!c.backward) return f32_forward<DH>(a, bh);
+  f32_backward<DH>(c.variant, a, bh);
+}
+
+void run(const Config& c, int dh, const Args& a, int64_t bh) {
+  if (dh == 32) return run_config<32>(c, a, bh);
+  if (dh == 64) return run_config<64>(c, a, bh);
+  run_config<128>(c, a, bh);
+}
+
+// ---- buffers, reference, checks -------------------------------------------------------
+
+// q, k, v, o, do, dq, dk, dv (B, H, T, dh) contiguous, lse, stats, delta.
+struct Buffers {
+  void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  float *lse, *delta;
+  float2* stats;
+};
+
+Buffers alloc(size_t n, int64_t rows, size_t elt) {
+  Buffers b{};
+  for (void** p : {&b.q, &b.k, &b.v, &b.o, &b.dout, &b.dq, &b.dk, &b.dv}) CHECK_CUDA(cudaMalloc(p, n * elt));
+  CHECK_CUDA(cudaMalloc(&b.lse, rows * 4));
+  CHECK_CUDA(cudaMalloc(&b.delta, rows * 4));
+  CHECK_CUDA(cudaMalloc(&b.stats, rows * 8));
+  return b;
+}
+void release(Buffers& b) {
+  for (void* p : {b.q, b.k, b.v, b.o, b.dout, b.dq, b.dk, b.dv}) CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFree(b.lse));
+  CHECK_CUDA(cudaFree(b.delta));
+  CHECK_CUDA(cudaFree(b.stats));
+}
+
+Args args_of(const Buffers& b, int64_t heads, int64_t t, int dh, bool causal, double scale) {
+  Args a{};
+  a.q = b.q, a.k = b.k, a.v = b.v, a.o = b.o, a.dout = b.dout, a.out = b.o, a.dq = b.dq, a.dk = b.dk, a.dv = b.dv;
+  a.lse = b.lse, a.stats = b.stats, a.delta = b.delta, a.mask = nullptr;
+  a.heads = int(heads), a.tq = int(t), a.tk = int(t), a.causal = causal;
+  a.scale = float(scale), a.scale_log2 = float(scale * 1.4426950408889634);
+  a.q_batch = a.kv_batch = a.o_batch = heads * t * dh;
+  a.q_head = a.kv_head = a.o_head = t * dh;
+  a.q_row = a.kv_row = a.o_row = dh;
+  return a;
+}
+
+// Host values as the kernel reads them (bf16-rounded for BF16).
+std::vector<double> upload(void* dst, size_t n, bool bf16_inputs, std::mt19937_64& gen) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> seen(n);
+  if (bf16_inputs) {
+    std::vector<bf16> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = __float2bfloat16(float(normal(gen))), seen[i] = __bfloat162float(h[i]);
+    CHECK_CUDA(cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = float(normal(gen)), seen[i] = h[i];
+    CHECK_CUDA(cudaMemcpy(dst, h.data(), n * 4, cudaMemcpyHostToDevice));
+  }
+  return seen;
+}
+std::vector<double> download(const void* src, size_t n, bool bf16_inputs) {
+  std::vector<double> out(n);
+  if (bf16_inputs) {
+    std::vector<bf16> h(n);
+    CHECK_CUDA(cudaMemcpy(h.data(), src, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) out[i] = __bfloat162float(h[i]);
+  } else {
+    std::vector<float> h(n);
+    CHECK_CUDA(cudaMemcpy(h.data(), src, n * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) out[i] = h[i];
+  }
+  return out;
+}
+
+// float64 attention of heads (T, dh): o, and dq, dk, dv from dout.
+void reference(int64_t heads, int64_t t, int dh, bool causal, double scale, const std::vector<double>& q,
+               const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
+               std::vector<double>& o, std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
+  const size_t n = size_t(heads * t * dh);
+  o.assign(n, 0), dq.assign(n, 0), dk.assign(n, 0), dv.assign(n, 0);
+  std::vector<double> p(t), dp(t);
+  for (int64_t h = 0; h < heads; ++h) {
+    const size_t base = size_t(h * t * dh);
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t keys = causal ? i + 1 : t;
+      double m = -INFINITY, sum = 0, delta = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double s = 0;
+        for (int c = 0; c < dh; ++c) s += q[base + i * dh + c] * k[base + j * dh + c];
+        p[j] = s * scale, m = std::max(m, p[j]);
+      }
+      for (int64_t j = 0; j < keys; ++j) p[j] = std::exp(p[j] - m), sum += p[j];
+      for (int64_t j = 0; j < keys; ++j) {
+        p[j] /= sum;
+        double d = 0;
+        for (int c = 0; c < dh; ++c) {
+          o[base + i * dh + c] += p[j] * v[base + j * dh + c];
+          d += dout[base + i * dh + c] * v[base + j * dh + c];
+        }
+        dp[j] = d, delta += p[j] * d;
+      }
+      for (int64_t j = 0; j < keys; ++j) {
+        const double ds = p[j] * (dp[j] - delta) * scale;
+        for (int c = 0; c < dh; ++c) {
+          dq[base + i * dh + c] += ds * k[base + j * dh + c];
+          dk[base + j * dh + c] += ds * q[base + i * dh + c];
+          dv[base + j * dh + c] += p[j] * dout[base + i * dh + c];
+        }
+      }
+    }
+  }
+}
+
+// ||got - want|| / ||want||.
+double rel_err(const std::vector<double>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * (got[i] - want[i]), den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+struct Options {
+  std::vector<int> dhs = {32, 64, 128};
+  std::vector<int64_t> seqs = {1024, 4096};
+  int64_t batch_heads = 32;
+  bool bf16 = true, f32 = true, forward = true, backward = true, causal = false;
+  int iters = 10, warmup = 3;
+};
+
+// The error of configuration c on a small problem (two heads, T 300: edges
+// of every tile size) against float64; max over o or dq, dk, dv.
+double check(const Config& c, int dh, bool causal) {
+  const int64_t heads = 2, t = 300;
+  const size_t n = size_t(heads * t * dh), elt = c.bf16 ? 2 : 4;
+  Buffers b = alloc(n, heads * t, elt);
+  std::mt19937_64 gen(77 + dh + 1000 * c.variant);
+  const double scale = 1.0 / std::sqrt(double(dh));
+  const std::vector<double> q = upload(b.q, n, c.bf16, gen), k = upload(b.k, n, c.bf16, gen),
+                            v = upload(b.v, n, c.bf16, gen), dout = upload(b.dout, n, c.bf16, gen);
+  const Args a = args_of(b, heads, t, dh, causal, scale);
+  // The backward reads the forward's o and stats: the production forward's.
+  const Config fwd{c.bf16, false, c.bf16 ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
+  run(c.backward ? fwd : c, dh, a, heads);
+  if (c.backward) {
+    CHECK_CUDA(cudaMemset(b.dq, 0xff, n * elt));  // NaN poison: an unwritten element fails the check
+    run(c, dh, a, heads);
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> o, dq, dk, dv;
+  reference(heads, t, dh, causal, scale, q, k, v, dout, o, dq, dk, dv);
+  double e = rel_err(download(b.o, n, c.bf16), o);
+  if (c.backward)
+    e = std::max({rel_err(download(b.dq, n, c.bf16), dq), rel_err(download(b.dk, n, c.bf16), dk),
+                  rel_err(download(b.dv, n, c.bf16), dv)});
+  release(b);
+  return e;
+}
+
+
+bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2) {
+  const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
+                                 : (backward ? kBf16BackwardVariants : kBf16ForwardVariants);
+  const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
+                                      : (backward ? kBf16BackwardProduction
+                                                  : kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2]);
+  const double bound = bf16_inputs ? (backward ? 2e-2 : 8e-3) : (backward ? 2e-5 : 2e-6);
+  std::printf("%s %s dh %d%s (error vs float64 at 2 heads x T 300; bound %.0e)\n", bf16_inputs ? "bf16" : "f32",
+              backward ? "backward" : "forward", dh, o.causal ? " causal" : "", bound);
+  bool ok = true;
+  std::vector<double> errors(count);
+  for (int v = 0; v < count; ++v) {
+    errors[v] = check(Config{bf16_inputs, backward, v}, dh, o.causal);
+    ok &= errors[v] <= bound;
+  }
+  for (const int64_t t : o.seqs) {
+    const int64_t heads = o.batch_heads;
+    const size_t n = size_t(heads * t * dh), elt = bf16_inputs ? 2 : 4;
+    const int sets = int(std::clamp<int64_t>(2 * int64_t(l2) / int64_t(8 * n * elt) + 1, 1, 8));
+    std::vector<Buffers> bufs;
+    std::vector<Args> args;
+    std::mt19937_64 gen(5 + t);
+    for (int s = 0; s < sets; ++s) {
+      bufs.push_back(alloc(n, heads * t, elt));
+      for (void* p : {bufs[s].q, bufs[s].k, bufs[s].v, bufs[s].dout}) upload(p, n, bf16_inputs, gen);
+      args.push_back(args_of(bufs[s], heads, t, dh, o.causal, 1.0 / std::sqrt(double(dh))));
+      const Config fwd{bf16_inputs, false, bf16_inputs ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
+      run(fwd, dh, args[s], heads);  // o and stats for the backward
+    }
+    const double flops = (backward ? 10.0 : 4.0) * double(heads) * double(t) * double(t) * dh * (o.causal ? 0.5 : 1.0);
+    std::printf("  B*H %lld, T %lld:\n", (long long)heads, (long long)t);
+    int best = -1;
+    double best_ms = 0;
+    for (int v = 0; v < count; ++v) {
+      const Config c{bf16_inputs, backward, v};
+      const double ms = lab::median_ms(o.warmup, o.iters, sets, [&](int s) { run(c, dh, args[s], heads); });
+      const bool pass = errors[v] <= bound;
+      if (pass && (best < 0 || ms < best_ms)) best = v, best_ms = ms;
+      std::printf("    %c variant %2d %9.3f ms %7.1f TFLOP/s  rel err %.2e %s\n", v == production ? '*' : ' ', v, ms,
+                  flops / ms / 1e9, errors[v], pass ? "ok" : "FAILED");
+    }
+    if (best >= 0) std::printf("    winner: variant %d%s\n", best, best == production ? " (production)" : "");
+    for (Buffers& bb : bufs) release(bb);
+  }
+  return ok;
+}
+
+[[noreturn]] void usage_error(const std::string& what) {
+  std::fprintf(stderr, "attention_lab: %s (see --help)\n", what.c_str());
+  std::exit(2);
+}
+
+std::vector<int64_t> parse_list(const std::string& s, const char* flag, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  size_t at = 0;
+  while (true) {
+    const size_t next = s.find(',', at);
+    const std::string item = s.substr(at, next - at);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < lo || v > hi)
+      usage_error(std::string(flag) + ": '" + item + "' is not a whole number in " + std::to_string(lo) + ".." +
+                  std::to_string(hi));
+    out.push_back(v);
+    if (next == std::string::npos) return out;
+    at = next + 1;
+  }
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "--help" || f == "-h") {
+      std::printf(
+          "attention_lab: fused attention kernel candidates, checked against float64 and timed.\n"
+          "  --dtypes bf16,f32      (default both)\n"
+          "  --directions fwd,bwd   (default both)\n"
+          "  --dh 32,64,128         head dims (default all three)\n"
+          "  --seq 1024,4096        sequence lengths timed (Tq = Tk; default 1024,4096)\n"
+          "  --batch-heads N        B * H timed (default 32)\n"
+          "  --causal               causal attention\n"
+          "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
+          "                         the heads the resident blocks span)\n"
+          "  --iters N, --warmup N  timed and untimed samples (default 10, 3)\n"
+          "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
+      std::exit(0);
+    } else if (f == "--dtypes" || f == "--directions") {
+      const std::string v = value();
+      const bool dtypes = f == "--dtypes";
+      const char* a = dtypes ? "bf16" : "fwd";
+      const char* b2 = dtypes ? "f32" : "bwd";
+      bool first = false, second = false;
+      size_t at = 0;
+      while (true) {
+        const size_t next = v.find(',', at);
+        const std::string item = v.substr(at, next - at);
+        if (item == a) first = true;
+        else if (item == b2) second = true;
+        else usage_error(f + ": unknown value '" + item + "' (allowed: " + a + ", " + b2 + ")");
+        if (next == std::string::npos) break;
+        at = next + 1;
+      }
+      (dtypes ? o.bf16 : o.forward) = first;
+      (dtypes ? o.f32 : o.backward) = second;
+    } else if (f == "--dh") {
+      o.dhs.clear();
+      for (const int64_t d : parse_list(value(), "--dh", 32, 128)) {
+        if (d != 32 && d != 64 && d != 128) usage_error("--dh: " + std::to_string(d) + " (allowed: 32, 64, 128)");
+        o.dhs.push_back(int(d));
+      }
+    } else if (f == "--seq") {
+      o.seqs = parse_list(value(), "--seq", 1, 1 << 17);
+    } else if (f == "--batch-heads") {
+      o.batch_heads = parse_list(value(), "--batch-heads", 1, 65535)[0];
+    } else if (f == "--ring") {
+      g_ring = int(parse_list(value(), "--ring", 1, 1 << 20)[0]);
+    } else if (f == "--iters") {
+      o.iters = int(parse_list(value(), "--iters", 1, 100000)[0]);
+    } else if (f == "--warmup") {
+      o.warmup = int(parse_list(value(), "--warmup", 0, 100000)[0]);
+    } else if (f == "--causal") {
+      o.causal = true;
+    } else {
+      usage_error("unknown flag '" + f + "'");
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  int device = 0, l2 = 0;
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  std::printf("attention_lab on %s (sm_%d%d, L2 %d MiB); * = production\n", prop.name, prop.major, prop.minor, l2 >> 20);
+  bool ok = true;
+  for (const bool bf16_inputs : {true, false}) {
+    if (bf16_inputs ? !o.bf16 : !o.f32) continue;
+    for (const bool backward : {false, true}) {
+      if (backward ? !o.backward : !o.forward) continue;
+      for (const int dh : o.dhs) ok &= run_case(o, bf16_inputs, backward, dh, l2);
+    }
+  }
+  std::printf(ok ? "all checks passed\n" : "CHECK FAILED: a configuration exceeded its error bound\n");
+  return ok ? 0 : 1;
+}
