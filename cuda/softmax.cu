@@ -161,8 +161,8 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
 // ---- lab variants (HG_SOFTMAX_VARIANT) ------------------------------------------------
 // Candidates for the forward's register layouts (lane and block teams) on
 // 16-byte rows, picked per case by the production table (host section) or
-// forced by HG_SOFTMAX_VARIANT. Docs: docs/layernorm_kernels_notes.md,
-// "Lab variants". The backward has none.
+// forced by HG_SOFTMAX_VARIANT. Docs: bench/lab/layernorm.md. The backward
+// has none.
 struct SoftmaxVariant {
   bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of a pre-scaled FFMA; bf16 widened by masks
   bool streaming;     // y stored evict-first (st.global.cs): nothing reads it again in the kernel

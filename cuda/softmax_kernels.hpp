@@ -23,7 +23,7 @@ void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int
                             Tensor& dx);
 
 // Lab variants of the forward's register layouts (16-byte rows, Tk <= 16384;
-// docs/layernorm_kernels_notes.md, "Lab variants"): 0 is the kernel of
+// bench/lab/layernorm.md): 0 is the kernel of
 // 2026-11-26. HG_SOFTMAX_VARIANT=V forces V wherever it applies; unset, each
 // dtype runs the variant of the production table in cuda/softmax.cu.
 constexpr int kSoftmaxVariantCount = 4;

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 17's lab sweep in one GPU call: the copy yardstick, then every
-# LayerNorm and softmax lab variant (HG_LN_VARIANT 0..10, HG_SOFTMAX_VARIANT
-# 0..3, or the lists in LN_VARIANTS and SOFTMAX_VARIANTS, selected in-process
-# by --variants) on the issue's sizes, raw kernels
-# only, each as GB/s and % of the best copy at the same size. Compact tables
-# and the CSVs go to $OUT (default out/). About 2-3 minutes on an H100.
-# Needs a built build-gpu/ (targets bench_copy bench_layernorm bench_softmax),
-# or pass BUILD=dir.
-# Usage: [LN_VARIANTS=0,5] [SOFTMAX_VARIANTS=1,3] scripts/norm_sweep.sh [ln|softmax|copy]...
-#   (default: all three parts, every variant)
+# The norm kernels' lab sweep in one GPU call: the copy yardstick, then
+# every LayerNorm candidate configuration (the lab program
+# bench/lab/layernorm_lab.cu; LN_CONFIGS=SUBSTRING narrows it) and every
+# softmax lab variant (HG_SOFTMAX_VARIANT 0..3, or the list in
+# SOFTMAX_VARIANTS, selected in-process by --variants), raw kernels only,
+# each as GB/s and % of the best copy at the same size. Tables and the CSVs
+# go to $OUT (default out/). Needs a built build-gpu/ (targets bench_copy
+# layernorm_lab bench_softmax), or pass BUILD=dir.
+# Usage: [LN_CONFIGS=staged] [SOFTMAX_VARIANTS=1,3] scripts/norm_sweep.sh [ln|softmax|copy]...
+#   (default: all three parts)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build="${BUILD:-build-gpu}"
@@ -17,10 +17,10 @@ mkdir -p "$out"
 parts=("$@")
 ((${#parts[@]})) || parts=(copy ln softmax)
 has() { local p; for p in "${parts[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
-for b in bench_copy bench_layernorm bench_softmax; do
-  [[ -x $build/bench/$b ]] || { echo "missing $build/bench/$b: build it first (cmake --build $build --target $b)"; exit 1; }
+for b in bench_copy lab/layernorm_lab bench_softmax; do
+  [[ -x $build/bench/$b ]] || { echo "missing $build/bench/$b: build it first (cmake --build $build --target ${b#lab/})"; exit 1; }
 done
-unset HG_LN_VARIANT HG_SOFTMAX_VARIANT  # --variants picks each one in-process
+unset HG_SOFTMAX_VARIANT  # --variants picks each one in-process
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/sweep_gpu.txt"
 date -u +%Y-%m-%dT%H:%MZ | tee -a "$out/sweep_gpu.txt"
 status=0
@@ -65,10 +65,8 @@ PY
 }
 
 if has ln; then
-  "$build/bench/bench_layernorm" --device cuda --kernels-only --variants "${LN_VARIANTS:-0,1,2,3,4,5,6,7,8,9,10}" --iters 30 --png '' \
-    --sizes 4096x1024,4096x4096,4096x8192,4096x16384,16384x768 --csv "$out/sweep_ln.csv" \
-    > "$out/sweep_ln.txt" 2>&1 || status=1
-  table "$out/sweep_ln.csv" ln | tee "$out/sweep_ln_table.txt"
+  "$build/bench/lab/layernorm_lab" --iters 30 ${LN_CONFIGS:+--configs "$LN_CONFIGS"} \
+    --sizes 4096x1024,4096x4096,4096x8192,4096x16384,16384x768 2>&1 | tee "$out/sweep_ln.txt" || status=1
 fi
 
 if has softmax; then

@@ -1,5 +1,5 @@
-// cuda/lab_switch.hpp: the environment value of a lab switch (HG_LN_VARIANT,
-// HG_SOFTMAX_VARIANT) picks a variant only when it is one of 0 .. count-1;
+// cuda/lab_switch.hpp: the environment value of a lab switch
+// (HG_SOFTMAX_VARIANT) picks a variant only when it is one of 0 .. count-1;
 // anything else is an error naming the variable and the allowed values.
 // Plain C++: runs without a GPU.
 #include <cstdlib>
@@ -7,8 +7,6 @@
 
 #include "core/error.hpp"
 #include "cuda/lab_switch.hpp"
-#include "cuda/layernorm_kernels.hpp"
-#include "cuda/residual_layernorm_kernels.hpp"
 #include "tests/catch.hpp"
 
 namespace {
@@ -62,27 +60,4 @@ TEST_CASE("lab switch: a scope forces a variant and restores the environment's",
   }
   CHECK(lab.pick(7) == 7);
   CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 3), hg::Error);
-}
-
-TEST_CASE("lab switch: HG_RESIDUAL_LN_VARIANT offers the old kernels (0) and the resident rows (1, 2)",
-          "[lab_switch]") {
-  hg::gpu::LabSwitch& lab = hg::gpu::residual_layernorm_lab_switch();
-  CHECK(std::string(lab.env()) == "HG_RESIDUAL_LN_VARIANT");
-  CHECK(lab.count() == 3);
-  {
-    hg::gpu::LabSwitchScope scope(lab, 2);
-    CHECK(lab.pick(0) == 2);
-  }
-  CHECK_THROWS_AS(hg::gpu::LabSwitchScope(lab, 3), hg::Error);
-}
-
-TEST_CASE("lab switch: HG_LN_TABLE offers the HBM3 (0) and HBM3e (1) LayerNorm production tables", "[lab_switch]") {
-  hg::gpu::LabSwitch& table = hg::gpu::layernorm_table_switch();
-  CHECK(std::string(table.env()) == "HG_LN_TABLE");
-  CHECK(table.count() == hg::gpu::kLayerNormTables);
-  {
-    hg::gpu::LabSwitchScope scope(table, 1);
-    CHECK(table.pick(0) == 1);
-  }
-  CHECK_THROWS_AS(hg::gpu::LabSwitchScope(table, 2), hg::Error);
 }
