@@ -3,7 +3,7 @@
 // bench_layernorm counts its forward), so the best row is the yardstick the
 // memory-bound kernels are measured against. Sizes are the bytes of one
 // tensor; the defaults cover the tensors of the LayerNorm and softmax sweeps
-// (docs/layernorm_kernels_notes.md, "Copy yardstick").
+// (bench/lab/layernorm.md).
 //
 //   bench_copy --sizes-mib 32,128,512 --csv copy.csv
 #include <CLI/CLI.hpp>

@@ -5,9 +5,12 @@
 //
 // Bytes counted (the minimum traffic): forward 2*M*N*elt (read x, write y),
 // backward 3*M*N*elt (read x and dy, write dx); the O(M + N) terms are left out.
-// --residual adds the fused residual + LayerNorm kernels per
-// HG_RESIDUAL_LN_VARIANT (0, 1, 2): res_forward 4*M*N*elt (read x, r; write h,
-// y), res_backward 4*M*N*elt (read dy, h, dh_in; write dh).
+// The raw kernels are production's (the table of this device's memory
+// system); candidate kernels are compared in the lab program,
+// bench/lab/layernorm_lab.cu. --residual adds the fused residual + LayerNorm
+// kernels (impl res_resident: production; res_per_row: the one-block-per-row
+// kernels): res_forward 4*M*N*elt (read x, r; write h, y), res_backward
+// 4*M*N*elt (read dy, h, dh_in; write dh).
 //
 //   bench_layernorm --device cuda --csv ln.csv
 //   bench_layernorm --device cpu --sizes 1024x768,1024x4096 --iters 10
@@ -101,12 +104,6 @@ Inputs make_inputs(Size s, DType dtype, Device device, int n_sets, Generator& ge
   return in;
 }
 
-// --variants: the raw kernels' rows per lab variant (impl "v0", "v1", ...);
-// kProductionVariant: the production table, or HG_LN_VARIANT (impl "kernel").
-constexpr int kProductionVariant = -1;
-
-std::string variant_impl(int v) { return v == kProductionVariant ? "kernel" : "v" + std::to_string(v); }
-
 struct Options {
   std::string device = "all";
   std::string sizes;
@@ -115,7 +112,6 @@ struct Options {
   int warmup = 3;
   bool fused_only = false;
   bool kernels_only = false;
-  std::vector<int> variants = {kProductionVariant};
   bool residual = false;
   std::string csv = "bench_layernorm.csv";
   std::string png = "bench_layernorm.png";
@@ -138,8 +134,8 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
   const double cache_bytes = cuda ? 50e6 : 32e6;
   Generator gen(1234);
   if (cuda)
-    spdlog::info("LayerNorm production table {} of 0 (HBM3), 1 (HBM3e); HG_LN_TABLE forces one",
-                 gpu::layernorm_production_table());
+    spdlog::info("LayerNorm production table: {} (cuda/layernorm_table.hpp)",
+                 gpu::memory_system_name(gpu::device_memory_system()));
 
   std::stringstream ds(opt.dtypes);
   std::string dname;
@@ -199,8 +195,8 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
 
 #ifdef HG_WITH_CUDA
       if (cuda) {
-        // The raw kernels on preallocated outputs (per lab variant when
-        // --variants asks), and the copy yardstick of the same bytes.
+        // The raw kernels on preallocated outputs, and the copy yardstick of
+        // the same bytes.
         std::vector<Tensor> y(n_sets), mean(n_sets), rstd(n_sets), dx(n_sets), dg(n_sets), db(n_sets), copy(n_sets);
         for (int i = 0; i < n_sets; ++i) {
           y[i] = Tensor::empty({s.M, s.N}, dtype, device);
@@ -211,21 +207,17 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
           dg[i] = Tensor::empty({s.N}, DType::F32, device);
           db[i] = Tensor::empty({s.N}, DType::F32, device);
         }
-        for (const int variant : opt.variants) {
-          gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), variant);
-          const std::string impl = variant_impl(variant);
-          try_record("forward", impl.c_str(), [&] {
-            return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
-              gpu::layernorm_forward_fused(in.x[i], in.gamma, in.beta, float(kEps), y[i], mean[i], rstd[i]);
-            });
+        try_record("forward", "kernel", [&] {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            gpu::layernorm_forward_fused(in.x[i], in.gamma, in.beta, float(kEps), y[i], mean[i], rstd[i]);
           });
-          try_record("backward", impl.c_str(), [&] {
-            return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
-              gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
-                                            dg[i], db[i]);
-            });
+        });
+        try_record("backward", "kernel", [&] {
+          return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
+            gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
+                                          dg[i], db[i]);
           });
-        }
+        });
         if (opt.residual) {
           // r: dy's buffers; dh_in: copies of dy; h of the backward: x (with x's saved statistics).
           std::vector<Tensor> h(n_sets), dh_in(n_sets);
@@ -233,19 +225,20 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
             h[i] = Tensor::empty({s.M, s.N}, dtype, device);
             dh_in[i] = in.dy[i].clone();
           }
-          for (int variant = 0; variant < gpu::kResidualLayerNormVariants; ++variant) {
-            gpu::LabSwitchScope lab(gpu::residual_layernorm_lab_switch(), variant);
-            const std::string impl = "res_v" + std::to_string(variant);
+          for (const gpu::ResidualLnKernel kernel :
+               {gpu::ResidualLnKernel::ResidentRows, gpu::ResidualLnKernel::OneBlockPerRow}) {
+            const std::string impl =
+                kernel == gpu::ResidualLnKernel::ResidentRows ? "res_resident" : "res_per_row";
             try_record("res_forward", impl.c_str(), [&] {
               return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
                 gpu::residual_layernorm_forward_fused(in.x[i], in.dy[i], in.gamma, in.beta, float(kEps), h[i], y[i],
-                                                      mean[i], rstd[i]);
+                                                      mean[i], rstd[i], kernel);
               });
             });
             try_record("res_backward", impl.c_str(), [&] {
               return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
                 gpu::residual_layernorm_backward_fused(in.dy[i], &dh_in[i], in.x[i], in.gamma, in.saved[i].mean,
-                                                       in.saved[i].rstd, dx[i], dg[i], db[i]);
+                                                       in.saved[i].rstd, dx[i], dg[i], db[i], kernel);
               });
             });
           }
@@ -342,14 +335,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fused-only", opt.fused_only,
                "skip the unfused op (most of the time of a run at D ~ 1e5; no vs_unf column then)");
   app.add_flag("--kernels-only", opt.kernels_only, "CUDA: only the raw kernels and the copies (no op-level rows)");
-  app.add_option("--variants", opt.variants,
-                 "CUDA: time the raw kernels once per lab variant (0.." + std::to_string(gpu::kLayerNormVariants - 1) +
-                     ", rows v0, v1, ...); default: the production table or HG_LN_VARIANT (rows 'kernel')")
-      ->delimiter(',')
-      ->check(CLI::Range(0, gpu::kLayerNormVariants - 1));
   app.add_flag("--residual", opt.residual,
-               "CUDA: also time the fused residual + LayerNorm kernels per HG_RESIDUAL_LN_VARIANT (rows res_v0, "
-               "res_v1, ...; passes res_forward, res_backward)");
+               "CUDA: also time the fused residual + LayerNorm kernels (rows res_resident: production, res_per_row: "
+               "one block per row; passes res_forward, res_backward)");
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against N at the most common M, .png or .svg ('' for none)")
       ->capture_default_str();

@@ -26,13 +26,29 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes) {
     HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// An attribute of the current device.
+inline int device_attribute(cudaDeviceAttr what) {
+  int device = 0, value = 0;
+  HG_CUDA_CHECK(cudaGetDevice(&device));
+  HG_CUDA_CHECK(cudaDeviceGetAttribute(&value, what, device));
+  return value;
+}
+
+// Blocks of `kernel` (`threads` each, `smem` dynamic bytes, already allowed)
+// resident per SM; 0 where none fits.
+template <class Kernel>
+int active_blocks_per_sm(Kernel kernel, int threads, size_t smem) {
+  int n = 0;
+  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  return n;
+}
+
 // Blocks of `kernel` (`threads` each, `smem` dynamic bytes) resident per SM;
 // fails naming `op` when not even one fits.
 template <class Kernel>
 int blocks_per_sm(Kernel kernel, int threads, size_t smem, const char* op) {
   allow_dynamic_smem(kernel, smem);
-  int n = 0;
-  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
+  const int n = active_blocks_per_sm(kernel, threads, smem);
   HG_CHECK(n >= 1, op, "kernel does not fit on an SM (", threads, " threads, ", smem, " bytes of shared memory)");
   return n;
 }
@@ -41,9 +57,7 @@ int blocks_per_sm(Kernel kernel, int threads, size_t smem, const char* op) {
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
   allow_dynamic_smem(kernel, smem);
-  int per_sm = 0;
-  HG_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  return int64_t(std::max(per_sm, 1)) * sm_count();
+  return int64_t(std::max(active_blocks_per_sm(kernel, threads, smem), 1)) * sm_count();
 }
 
 // Whether `kernel` runs Hopper code on this device: the device is sm_90+ and
@@ -57,17 +71,20 @@ bool runs_sm90_code(Kernel kernel) {
   return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
 }
 
+// The static shared memory of one block of `kernel`.
+template <class Kernel>
+int static_smem_bytes(Kernel kernel) {
+  cudaFuncAttributes attr{};
+  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  return static_cast<int>(attr.sharedSizeBytes);
+}
+
 // The most dynamic shared memory one block of `kernel` may take on this
 // device (the opt-in limit less the kernel's static shared memory), allowed
 // to the kernel; 0 if there is none.
 template <class Kernel>
 size_t allow_max_dynamic_smem(Kernel kernel) {
-  int device = 0, optin = 0;
-  HG_CUDA_CHECK(cudaGetDevice(&device));
-  HG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cudaFuncAttributes attr{};
-  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  const int limit = optin - static_cast<int>(attr.sharedSizeBytes);
+  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - static_smem_bytes(kernel);
   if (limit <= 0) return 0;
   HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
   return static_cast<size_t>(limit);

@@ -2,7 +2,8 @@
 // The LayerNorm backward's per-row terms and dx, shared by the resident,
 // cluster and staged backward kernels (cuda/layernorm.cu,
 // cuda/layernorm_staged_backward.cuh), so that every one sums and rounds the
-// same way: the staged kernel's dx is bitwise that of variant 0.
+// same way: the staged kernel's dx is bitwise that of the kernel holding rows
+// in registers.
 //
 // Per row, with xhat' = (x - mean) rstd from the saved, float32-rounded
 // mean: s = (sum g dy, sum g dy xhat', sum xhat'). The true xhat has mean 0;
@@ -36,8 +37,8 @@ __device__ __forceinline__ float dx_element(float g, float dy, float xhat, float
 
 // One slot of a row (VEC columns, gamma in g): x in xh becomes xhat'; its
 // terms are added to s. The one definition of the row sums' order and
-// rounding, which variant 5 (cuda/layernorm_staged_backward.cuh) shares so
-// that its dx is bitwise variant 0's.
+// rounding, which the staged kernel (cuda/layernorm_staged_backward.cuh)
+// shares so that its dx is bitwise that of the rows in registers.
 template <int VEC>
 __device__ __forceinline__ void slot_row_terms(float (&xh)[VEC], const float (&g_dy)[VEC], const float (&g)[VEC],
                                                float m, float rs, float (&s)[3]) {

@@ -3,12 +3,13 @@
 // ops/layernorm.cpp calls these for CUDA tensors in fused mode, after it has
 // validated shapes and allocated every output on the GPU.
 #include "core/tensor.hpp"
-#include "cuda/lab_switch.hpp"
+#include "cuda/layernorm_table.hpp"
 
 namespace hg::gpu {
 
 // x, y: (rows, D) contiguous, both F32 or both BF16 (math in float32).
 // gamma, beta: (D,) F32. mean, rstd: (rows,) F32, written for backward.
+// Runs the production table of this device's memory system.
 void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
                              Tensor& y, Tensor& mean, Tensor& rstd);
 
@@ -19,33 +20,20 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
                               const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
                               Tensor& dbeta);
 
-// Lab variants of the resident kernels (16-byte aligned rows, D <= 16384;
-// docs/layernorm_kernels_notes.md, "Lab variants"): 0 is the kernel of
-// 2026-11-26, 1 .. kLayerNormVariants - 1 the candidates (6 and 7: 5 and 0
-// with bf16 rows accessed 8 bytes at a time; 8: 5 taking two rows a step;
-// 9: on warp rows, gamma/beta read from a copy in shared memory, the
-// forward 1's and the backward 5's; 10: the same with 5's forward).
-// HG_LN_VARIANT=V forces V on both passes wherever it applies; unset, each
-// case runs the variant of the production table in cuda/layernorm.cu.
-constexpr int kLayerNormVariants = 11;
-inline LabSwitch& layernorm_lab_switch() {
-  static LabSwitch s("HG_LN_VARIANT", kLayerNormVariants);
-  return s;
-}
+// The same with a given kernel configuration for 16-byte aligned rows of
+// D <= 16384 (other rows run the chunked, cluster or scalar kernels, as
+// above): tests and benchmarks run every table entry this way on one
+// device, e.g. with ln_production_kernel(MemorySystem::HBM3, ...). A
+// configuration not compiled for the pass, dtype and width class
+// (ln_kernel_compiled) is an hg::Error naming the ones that are.
+void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
+                             Tensor& y, Tensor& mean, Tensor& rstd, const LnKernel& kernel);
+void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                              const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
+                              Tensor& dbeta, const LnKernel& kernel);
 
-// The production table is measured per memory system: 0 on HBM3 (H100,
-// 3.35 TB/s), 1 on HBM3e (H200, 4.8 TB/s), where the warp rows need more
-// bytes in flight and other variants win. Unset, a device whose peak DRAM
-// bandwidth (dram_peak_gbps) reaches kLnHbm3eGbps runs table 1, any other
-// table 0; HG_LN_TABLE=0|1 (or a LabSwitchScope) forces one, so one device
-// can time both.
-constexpr int kLayerNormTables = 2;
-constexpr double kLnHbm3eGbps = 4000;
-inline LabSwitch& layernorm_table_switch() {
-  static LabSwitch s("HG_LN_TABLE", kLayerNormTables);
-  return s;
-}
-// The table this process runs now (the forced one, else the device's).
-int layernorm_production_table();
+// This device's memory system (by gpu::dram_peak_gbps against kHbm3eGbps):
+// the table the two production calls above run.
+MemorySystem device_memory_system();
 
 }  // namespace hg::gpu

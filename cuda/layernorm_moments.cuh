@@ -3,7 +3,8 @@
 // (minus its shift, zeros past its length), shared by the resident, cluster
 // and staged LayerNorm forward kernels (cuda/layernorm.cu,
 // cuda/layernorm_staged_forward.cuh), so that every one rounds the same way:
-// the staged kernel's y, mean and rstd are bitwise those of variant 0.
+// the staged kernels' y, mean and rstd are bitwise those of the rows in
+// registers.
 // Stability: statistics are taken of x - shift with shift = x[row, 0], so a
 // large common offset cancels exactly before any sum is formed; the variance
 // is a second pass, sum((x - shift - m)^2) / D, never E[x^2] - E[x]^2.

@@ -1,11 +1,10 @@
 #pragma once
-// Residual add + LayerNorm on the resident LayerNorm kernels' rows (variants
-// 1 and 2 of HG_RESIDUAL_LN_VARIANT; cuda/layernorm.cu launches them through
-// its width table, for 16-byte rows of D <= 16384). A group of G threads holds a
-// row in registers exactly as layernorm_forward_kernel and
-// layernorm_backward_kernel do, with the same helpers, so the statistics, y
-// and dx round as theirs. Design and bytes: docs/residual_layernorm.md,
-// "Variants 1 and 2".
+// Residual add + LayerNorm on the resident LayerNorm kernels' rows
+// (cuda/layernorm.cu launches them through its width table, for 16-byte rows
+// of D <= 16384). A group of G threads holds a row in registers exactly as
+// layernorm_forward_kernel and layernorm_backward_kernel do, with the same
+// helpers, so the statistics, y and dx round as theirs. Design and bytes:
+// docs/residual_layernorm.md, "Resident rows".
 #include <cstdint>
 
 #include "cuda/layernorm_dx_terms.cuh"
@@ -49,7 +48,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
   }
 }
 
-// dh_in as the residual backward holds it (variant 1: this thread's slots,
+// dh_in as the residual backward holds it (HeldAddIn: this thread's slots,
 // zeros past len): floats, or bf16 x 8 as its raw 16-byte words (half the
 // registers, next to the held h and dy), widened exactly at use.
 // add(j, i, out): out += dh_in for slot j (dx_in_registers' AddIn).
@@ -81,7 +80,7 @@ struct HeldAddIn<__nv_bfloat16, 8, NV, G> {
   }
 };
 
-// Variant 2: dh_in read slot by slot as dx is stored (one 16-byte load a
+// StreamedAddIn: dh_in read slot by slot as dx is stored (one 16-byte load a
 // slot, no registers held across the row's reductions); p is the row's start.
 template <class T, int VEC, int NV, int G>
 struct StreamedAddIn {
@@ -96,9 +95,9 @@ struct StreamedAddIn {
 };
 
 // dh = dh_in + LN_backward(dy) for rows of D <= G * EPT: layernorm_backward_kernel
-// (resident, variant 0) reading h for x, with dh_in added to dx before its
+// (rows in registers) reading h for x, with dh_in added to dx before its
 // one rounding: held in registers next to h and dy (AddIn = HeldAddIn,
-// variant 1) or read as dx is stored (StreamedAddIn, variant 2). dh may be dh_in: a
+// the f32 warp rows) or read as dx is stored (StreamedAddIn, the others). dh may be dh_in: a
 // thread writes only slots it has read. Partials as the LayerNorm backward's:
 // per group in shared memory, then one partial row per block for kernel 2.
 template <class T, int VEC, int EPT, int G, int R, template <class, int, int, int> class AddIn>

@@ -123,7 +123,7 @@ __device__ __forceinline__ RowGroup<G> row_group(GroupScratch<G, R>& scratch) {
 // Loads the part of a row this thread owns among `len` elements starting at
 // p, minus `shift`; slots past len become 0. In vector mode len is a multiple
 // of VEC, so a vector is either wholly inside or wholly outside. LEAN (the
-// lab variants): read-only loads, bf16 widened by masks (load_vec_lean).
+// one-pass forward): read-only loads, bf16 widened by masks (load_vec_lean).
 template <class T, int VEC, int NV, int G, bool LEAN = false>
 __device__ __forceinline__ void load_part(const T* p, int len, int t, float shift, float (&v)[NV][VEC]) {
 #pragma unroll
@@ -249,25 +249,7 @@ __device__ __forceinline__ void prefetch_row_l2(const T* row, int D, int t) {
   }
 }
 
-// Asks L2 for `bytes` bytes at p (16-byte aligned, a multiple of 16, at
-// most kMaxBytes) with sm_90 bulk prefetches: one instruction per 4 KB
-// piece, issued by the first threads of the group, no registers held while
-// the bytes travel (the lab variants' next-row prefetch, any block size).
-// Elsewhere: nothing.
-template <int G, int kMaxBytes>
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, int bytes, int t) {
-  constexpr int kPiece = 4096;
-  static_assert(kMaxBytes <= G * kPiece, "one piece per thread");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int off = t * kPiece;
-  if (off < bytes)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(p) + off),
-                 "r"(min(kPiece, bytes - off))
-                 : "memory");
-#endif
-}
-
-// The part of a row a thread holds (the slots of load_part) for the lab
+// The part of a row a thread holds (the slots of load_part) for the one-pass
 // forward: float32 x - shift, or, PACKED (bf16 x 8 only), the raw 16-byte
 // words, widened and shifted again at each use: half the registers, so twice
 // the elements per thread fit. get(j) gives slot j's x - shift; callers read

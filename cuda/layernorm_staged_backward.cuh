@@ -1,21 +1,19 @@
 #pragma once
-// LayerNorm backward, lab variant 5 ("staged"): resident 16-byte rows whose
-// x and dy are brought into shared memory by sm_90 bulk copies, S rows in
-// flight per group (cuda/bulk_stage.cuh), with dgamma/dbeta accumulated in
-// registers. It shares the resident kernels' row terms
-// (cuda/layernorm_dx_terms.cuh), so dx is bitwise that of variant 0.
-// Design, bytes in flight and shared-memory traffic:
-// docs/layernorm_kernels_notes.md, "Session 27". Variant 6 runs it with bf16
-// slots of 4 elements (VEC 4; dx then is not bitwise variant 0's: the slots
-// sum in another order), variant 9 with gamma read on warp rows from a copy
-// in shared memory (SHARED_GAMMA; dx bitwise variant 0's).
+// The staged LayerNorm backward (LnRows::Staged): resident 16-byte rows
+// whose x and dy are brought into shared memory by sm_90 bulk copies, S rows
+// in flight per group (cuda/bulk_stage.cuh), with dgamma/dbeta accumulated
+// in registers. It shares the resident kernels' row terms
+// (cuda/layernorm_dx_terms.cuh), so dx is bitwise that of the rows in
+// registers with the same slot width (bf16 slots of 4 elements, VEC 4, sum
+// in another order than slots of 8). SHARED_GAMMA: gamma read on warp rows
+// from a copy in shared memory (dx still bitwise the same). Bytes in flight
+// and shared-memory traffic: docs/layernorm.md, "Staged rows".
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/cuda_check.hpp"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -25,7 +23,7 @@ namespace {
 
 // The staged kernel's block for a width of for_width's table <EPT, G, R>:
 // G and EPT are kept (the same per-thread columns and group reductions, so
-// the same row sums as variant 0); R and the ring depth S are its own.
+// the same row sums as the rows in registers); R and the ring depth S are its own.
 // Warp rows of 24 or 32 elements per lane hold 48 or 64 accumulators, so their blocks
 // shrink to 4 warps (one SM then fits 4 blocks in registers); short warp rows
 // (<= 512 elements, stages of <= 4 KB) keep three rows per group on chip,
@@ -49,7 +47,7 @@ __host__ __device__ constexpr size_t staged_smem_bytes(int D, int elt, int group
   return size_t(groups) * size_t(depth) * 2 * staged_row_bytes(D, elt);
 }
 
-// Pass 1 of a staged row: variant 0's row terms (slot_row_terms, in the
+// Pass 1 of a staged row: the resident kernel's row terms (slot_row_terms, in the
 // same slot order), one slot at a time, so that only one slot of x and dy
 // sits in registers beside the accumulators.
 template <class T, int VEC, int NV, int G, class Gamma>
@@ -199,27 +197,6 @@ __global__ void __launch_bounds__(G * R, MIN_BLOCKS)
     block_dgamma[c] = sg;
     block_dbeta[c] = sb;
   }
-}
-
-// ---- host ----
-
-// The dynamic shared memory a bulk-staged kernel may take on this device
-// (raised to the opt-in maximum), or 0 where it cannot run: a device below
-// sm_90, or a build whose code for it was not compiled for sm_90+ (the
-// copies exist only there, as for clusters_that_fit).
-template <class Kernel>
-size_t staged_backward_smem_limit(Kernel kernel) {
-  int device = 0, major = 0, optin = 0;
-  HG_CUDA_CHECK(cudaGetDevice(&device));
-  HG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  HG_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cudaFuncAttributes attr{};
-  HG_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-  if (major < 9 || attr.ptxVersion < 90 || attr.binaryVersion < 90) return 0;
-  const int limit = optin - static_cast<int>(attr.sharedSizeBytes);
-  if (limit <= 0) return 0;
-  HG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-  return static_cast<size_t>(limit);
 }
 
 }  // namespace

@@ -1,23 +1,19 @@
 #pragma once
-// The staged LayerNorm forward (lab variant 5, sm_90+; included by
+// The staged LayerNorm forward (LnRows::Staged, sm_90+; launched by
 // cuda/layernorm.cu): resident 16-byte rows of D <= 16384, each group of G
 // threads keeping its next rows in flight as whole-row bulk copies into a
 // ring of shared-memory stages (cuda/bulk_stage.cuh), so bytes travel while
 // the group reduces and stores without holding registers. Per row the group
 // reads its stage into registers with the resident kernel's column mapping,
 // syncs, refills the stage with the row `stages` rows ahead, then takes the
-// statistics and y exactly as variant 0 does (cuda/layernorm_moments.cuh):
-// y, mean and rstd are bitwise variant 0's. Design and the bytes-in-flight
-// arithmetic: docs/layernorm_kernels_notes.md, "Session 27". Variant 6 runs
-// it with bf16 read from the stage 4 elements (8 bytes) at a time (VEC 4),
-// variant 10 with the parameters from shared-memory copies on warp rows.
+// statistics and y exactly as the rows in registers do
+// (cuda/layernorm_moments.cuh): y, mean and rstd are bitwise theirs. The
+// bytes-in-flight arithmetic: docs/layernorm.md, "Staged rows".
+// SHARED_PARAMS runs it with the parameters from shared-memory copies on
+// warp rows.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <optional>
 
-#include "core/error.hpp"
-#include "core/whole_number.hpp"
 #include "cuda/bulk_stage.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
@@ -88,7 +84,7 @@ constexpr int staged_min_blocks(int G, int R) { return G == 32 ? 4 : min_blocks_
 // group. Every group of a block makes the same trips (a group past the last
 // row runs its reductions on an empty row, waits for nothing and stores
 // nothing), as the resident backward does (docs/reliability.md).
-// SHARED_PARAMS (variant 10, warp rows): gamma and beta read from the
+// SHARED_PARAMS (warp rows): gamma and beta read from the
 // block's ParamCopy of each.
 template <class T, int VEC, int EPT, int G, int R, bool SHARED_PARAMS = false>
 __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
@@ -178,25 +174,6 @@ inline StagedPlan plan_staged(const StagedRoom& room, int R, int row_bytes, int 
     return {per_sm, stages, size_t(R) * stages * row_bytes};
   }
   return {};
-}
-
-// HG_LN_STAGED_KB (a lab knob): the bytes in flight per SM the staged
-// forward aims at, in KB; unset, `fallback` bytes: kStagedKB for variants 5
-// and 8; 0 (kMinRowStages) for 10, whose bf16 rows lost 4-9% at 384 and 512
-// with a third stage (docs/layernorm_kernels_notes.md, "Session 32"). Read once.
-constexpr int kStagedKB = 64;
-inline int staged_target_bytes(int fallback) {
-  static const std::optional<int> knob = []() -> std::optional<int> {
-    const char* text = std::getenv("HG_LN_STAGED_KB");
-    if (text == nullptr || *text == '\0') return std::nullopt;
-    const std::optional<long> kb = parse_whole_number(text, 1, 1024);
-    HG_CHECK(kb.has_value(), "HG_LN_STAGED_KB",
-             "must be a whole number of KB in 1..1024 (the bytes in flight per SM the staged LayerNorm forward "
-             "aims at; unset for ",
-             kStagedKB, " or, variant 10, the fewest stages), got '", text, "'");
-    return static_cast<int>(*kb) * 1024;
-  }();
-  return knob ? *knob : fallback;
 }
 
 }  // namespace

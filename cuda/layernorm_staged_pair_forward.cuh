@@ -1,16 +1,15 @@
 #pragma once
-// The staged LayerNorm forward taking two rows a step (lab variant 8,
-// sm_90+; included by cuda/layernorm.cu): variant 5's rings and row
-// assignment (cuda/layernorm_staged_forward.cuh), but each group works on
+// The staged LayerNorm forward taking two rows a step
+// (LnRows::StagedTwoAStep, sm_90+; launched by cuda/layernorm.cu): the
+// staged forward's rings and row assignment (cuda/layernorm_staged_forward.cuh), but each group works on
 // its rows r and r + row_stride together, so the two rows share one group
 // reduction per statistic (group_sums<G, 2>: the barrier rounds per row
 // halve) and one gamma/beta load per column slot. x is not held in
-// registers: each pass reads it from the stage (registers stay at variant
-// 5's), and the two stages are refilled only after the normalisation. Each
-// row's arithmetic is variant 5's (the same slots, per-thread sum order,
-// group reduction order and normalisation), so y, mean and rstd are bitwise
-// variant 0's. Design: docs/layernorm_kernels_notes.md, "Session 28: two
-// rows a step".
+// registers: each pass reads it from the stage (registers stay at the
+// staged kernel's), and the two stages are refilled only after the normalisation. Each
+// row's arithmetic is the staged kernel's (the same slots, per-thread sum
+// order, group reduction order and normalisation), so y, mean and rstd are
+// bitwise those of the rows in registers.
 #include <algorithm>
 #include <cstdint>
 
@@ -38,7 +37,7 @@ __device__ __forceinline__ void staged_slot(const T* xs, int len, int j, int t, 
   }
 }
 
-// Variant 5's kernel (same widths, launch bounds, rings) with two rows a
+// The staged kernel (same widths, launch bounds, rings) with two rows a
 // step. A row past the last ("empty": len 0) runs the reductions on zeros,
 // waits for nothing and stores nothing, so every group of a block makes the
 // same trips, an odd share of rows included.

@@ -67,12 +67,20 @@ void adamw_step(float*, const float*, float*, float*, int64_t, float, float, flo
 double sum_of_squares(const float*, int64_t) { no_cuda("gpu::sum_of_squares"); }
 void scale_inplace(float*, int64_t, float) { no_cuda("gpu::scale_inplace"); }
 
-int layernorm_production_table() { no_cuda("gpu::layernorm_production_table"); }
+MemorySystem device_memory_system() { no_cuda("gpu::device_memory_system"); }
 void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&) {
   no_cuda("gpu::layernorm_forward_fused");
 }
 void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
                               Tensor&, Tensor&) {
+  no_cuda("gpu::layernorm_backward_fused");
+}
+void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&,
+                             const LnKernel&) {
+  no_cuda("gpu::layernorm_forward_fused");
+}
+void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                              Tensor&, Tensor&, const LnKernel&) {
   no_cuda("gpu::layernorm_backward_fused");
 }
 

@@ -1,7 +1,7 @@
 // Fused residual add + LayerNorm (API: cuda/residual_layernorm_kernels.hpp;
-// the backward's derivation: docs/residual_layernorm.md). Variant 0 of
-// HG_RESIDUAL_LN_VARIANT, and variants 1 and 2's fallback: one block per row,
-// any D: each thread owns the columns j = tid, tid + blockDim, ... and
+// the backward's derivation: docs/residual_layernorm.md). The rows the
+// resident kernels (cuda/layernorm.cu) do not take run here, one block per
+// row, any D: each thread owns the columns j = tid, tid + blockDim, ... and
 // re-reads only elements it wrote itself or read before (L2-resident), so
 // no shared row buffer bounds D. Statistics and sums in float32.
 #include <cuda_bf16.h>
@@ -113,17 +113,6 @@ __global__ void sum_partial_columns(const float* __restrict__ partial, int64_t b
   }
 }
 
-// The variant run when HG_RESIDUAL_LN_VARIANT is unset, by [dtype: f32,
-// bf16][D <= 1024, > 1024]: the resident LayerNorm rows (1.1-2.7x variant 0
-// forward, 3-8x backward on an H100), whose backward reads dh_in as it
-// stores dh (2) except for f32 rows of D <= 1024, where holding it (1) was
-// 2% faster (docs/residual_layernorm.md).
-constexpr int kResidualLnProduction[2][2] = {{1, 2}, {2, 2}};
-
-int variant(DType dtype, int64_t D) {
-  return residual_layernorm_lab_switch().pick(kResidualLnProduction[dtype == DType::BF16][D > 1024]);
-}
-
 unsigned int grid_for_rows(int64_t rows) {
   const int64_t cap = static_cast<int64_t>(sm_count()) * 8;
   return static_cast<unsigned int>(std::min(rows, cap));
@@ -139,10 +128,12 @@ void with_storage(DType dtype, F&& f) {
 }  // namespace
 
 void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
-                                      float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
+                                      float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd,
+                                      ResidualLnKernel kernel) {
   const int64_t rows = x.size(0), D = x.size(1);
   if (rows == 0) return;
-  if (variant(x.dtype(), D) >= 1 && residual_layernorm_forward_resident(x, r, gamma, beta, eps, h, y, mean, rstd))
+  if (kernel == ResidualLnKernel::ResidentRows &&
+      residual_layernorm_forward_resident(x, r, gamma, beta, eps, h, y, mean, rstd))
     return;
   with_storage(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -156,12 +147,12 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
 
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                       Tensor& dbeta) {
+                                       Tensor& dbeta, ResidualLnKernel kernel) {
   const int64_t rows = h.size(0), D = h.size(1);
   const int64_t blocks = std::min(rows, kBackwardBlocks);
   if (blocks == 0) return;  // refused by the op's checks: LayerNorm needs rows
-  const int v = variant(h.dtype(), D);
-  if (v >= 1 && residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, v == 2))
+  if (kernel == ResidualLnKernel::ResidentRows &&
+      residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta))
     return;
   Tensor partials = Tensor::empty({2, blocks, D}, DType::F32, Device::CUDA);
   float* dg_partial = partials.data<float>();
@@ -179,6 +170,18 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
   HG_CUDA_CHECK_LAUNCH("sum_partial_columns");
   sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(db_partial, blocks, D, dbeta.data<float>());
   HG_CUDA_CHECK_LAUNCH("sum_partial_columns");
+}
+
+void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
+                                      float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
+  residual_layernorm_forward_fused(x, r, gamma, beta, eps, h, y, mean, rstd, ResidualLnKernel::ResidentRows);
+}
+
+void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
+                                       const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
+                                       Tensor& dbeta) {
+  residual_layernorm_backward_fused(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta,
+                                    ResidualLnKernel::ResidentRows);
 }
 
 }  // namespace hg::gpu

@@ -4,22 +4,14 @@
 // these for CUDA tensors in fused mode after validating every input and
 // allocating every output.
 #include "core/tensor.hpp"
-#include "cuda/lab_switch.hpp"
 
 namespace hg::gpu {
 
-// Which kernels the two calls below run (HG_RESIDUAL_LN_VARIANT): 0 the
-// one-block-per-row kernels of cuda/residual_layernorm.cu (any D); 1 the
-// resident LayerNorm rows (cuda/layernorm_residual.cuh) for 16-byte aligned
-// rows of D <= 16384, variant 0 elsewhere; 2 as 1, the backward reading
-// dh_in as it stores dh instead of holding it. Unset: the production
-// constant in cuda/residual_layernorm.cu. docs/residual_layernorm.md,
-// "Variants 1 and 2".
-constexpr int kResidualLayerNormVariants = 3;
-inline LabSwitch& residual_layernorm_lab_switch() {
-  static LabSwitch s("HG_RESIDUAL_LN_VARIANT", kResidualLayerNormVariants);
-  return s;
-}
+// Which kernels the two calls below run: 16-byte aligned rows of
+// 1 <= D <= 16384 the resident LayerNorm rows (cuda/layernorm_residual.cuh;
+// docs/residual_layernorm.md, "Resident rows"), any other rows the
+// one-block-per-row kernels of cuda/residual_layernorm.cu (any D).
+enum class ResidualLnKernel { ResidentRows, OneBlockPerRow };
 
 // x, r, h, y: (rows, D), all F32 or all BF16; gamma, beta (D,) F32; mean,
 // rstd (rows,) F32. h = x + r (rounded to the storage dtype), y = LN(h) of
@@ -36,15 +28,26 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta);
 
-// Variants 1 and 2 (cuda/layernorm.cu), for the two calls above: runs the
-// case and returns true where it qualifies (16-byte aligned rows of
+// The same with the kernels named: OneBlockPerRow runs those on any rows
+// (tests compare them with the resident rows); ResidentRows is the
+// production choice above.
+void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
+                                      float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd,
+                                      ResidualLnKernel kernel);
+void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
+                                       const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
+                                       Tensor& dbeta, ResidualLnKernel kernel);
+
+// The resident rows (cuda/layernorm.cu), for the calls above: runs the case
+// and returns true where it qualifies (16-byte aligned rows of
 // 1 <= D <= 16384; the backward without dh_in is layernorm_backward_fused),
 // else launches nothing and returns false. Same arguments and aliasing as
-// above; stream_dh_in picks variant 2's backward.
+// above. The backward holds dh_in in registers for f32 rows of D <= 1024
+// and reads it as it stores dh elsewhere.
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
                                           const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
-                                          Tensor& dgamma, Tensor& dbeta, bool stream_dh_in);
+                                          Tensor& dgamma, Tensor& dbeta);
 
 }  // namespace hg::gpu

@@ -9,7 +9,7 @@
 #     attention   bench_attention                          | torch_sdpa.py
 #     norms       bench_layernorm, bench_softmax           | torch_norms.py
 #     lab         bench/lab/softmax_lab, bench/lab/attention_lab (every kernel candidate against production)
-#     residual    bench_layernorm --residual (raw kernels, every HG_RESIDUAL_LN_VARIANT)
+#     residual    bench_layernorm --residual (raw kernels, both residual kernel choices)
 #                                                          | bench/torch_residual_layernorm.py (eager, compile)
 #     accuracy    train --precision bf16 and fp32 on the built-in task (loss curves, held-out accuracy)
 #     python      bench/python_train_step.py (handgrad ops swapped into the anchor model)

@@ -11,7 +11,8 @@ that checked the old revision still hold for it: its tests and
 compute-sanitizer. Host code, and which kernel runs at which size, are not
 compared.
 
-Usage: scripts/ptx_compare.py REV_A REV_B [--file F] [--rename-a REGEX REPL]... [--diff SUBSTRING] [--cubin]
+Usage: scripts/ptx_compare.py REV_A REV_B [--file F]... [--rename-a REGEX REPL]... [--diff SUBSTRING]
+                              [--match-bodies] [--cubin]
   REV_B may be WORKTREE (the files as they are on disk); F defaults to
   cuda/layernorm.cu. --rename-a rewrites REV_A's demangled kernel names
   before matching, for a change that drops a template argument, e.g.
@@ -28,6 +29,13 @@ differ". Changed kernels need their GPU tests again.
 an sm_90 cubin): for kernels whose PTX differs only in how the front end
 numbered or ordered its virtual registers.
 Exit status: 0 if every kernel of both revisions is identical, 1 otherwise.
+
+--match-bodies compares by body instead of by name, for a change that
+renames kernels or their template arguments and drops kernels: every kernel
+of REV_B must have a kernel of REV_A with the identical normalised body.
+It prints the kernel counts of both revisions, each REV_B kernel without
+such a twin, and exits 0 if there is none. --file may be given several
+times (each file is compared on its own).
 """
 import argparse
 import difflib
@@ -131,27 +139,57 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("rev_a")
     parser.add_argument("rev_b")
-    parser.add_argument("--file", default="cuda/layernorm.cu")
+    parser.add_argument("--file", action="append", help="the .cu file (default cuda/layernorm.cu); repeatable")
+    parser.add_argument("--match-bodies", action="store_true",
+                        help="match every REV_B kernel to a REV_A kernel of identical body, whatever the names")
     parser.add_argument("--diff", metavar="SUBSTRING", help="print the PTX diff of changed kernels matching this")
     parser.add_argument("--rename-a", nargs=2, metavar=("REGEX", "REPL"), action="append", default=[])
     parser.add_argument("--cubin", action="store_true",
                         help="compare the machine code (each kernel's .text in an sm_90 cubin) instead of the PTX")
     args = parser.parse_args()
-    rev_a, rev_b, path = args.rev_a, args.rev_b, args.file
+    rev_a, rev_b = args.rev_a, args.rev_b
+    paths = args.file or ["cuda/layernorm.cu"]
+    status = 0
     with tempfile.TemporaryDirectory() as tmp:
-        found = []
         for tag, rev in (("a", rev_a), ("b", rev_b)):
-            tree = os.path.join(tmp, tag)
-            checkout(rev, tree)
-            if args.cubin:
-                found.append(cubin_functions(tree, path))
-                continue
-            ptx = os.path.join(tmp, tag + ".ptx")
-            subprocess.run([NVCC, "-ptx", "-O3", "-DNDEBUG", "-DHG_WITH_CUDA=1", "-arch=sm_90",
-                            "--expt-relaxed-constexpr", "-std=c++17", "-I" + tree, "-I" + os.path.join(ROOT, ".deps/include"),
-                            "-o", ptx, os.path.join(tree, path)], check=True)
-            found.append(kernels(ptx))
-    a, b = found
+            checkout(rev, os.path.join(tmp, tag))
+        for path in paths:
+            found = []
+            for tag in ("a", "b"):
+                tree = os.path.join(tmp, tag)
+                if args.cubin:
+                    found.append(cubin_functions(tree, path))
+                    continue
+                ptx = os.path.join(tmp, tag + ".ptx")
+                subprocess.run([NVCC, "-ptx", "-O3", "-DNDEBUG", "-DHG_WITH_CUDA=1", "-arch=sm_90",
+                                "--expt-relaxed-constexpr", "-std=c++17", "-I" + tree,
+                                "-I" + os.path.join(ROOT, ".deps/include"), "-o", ptx, os.path.join(tree, path)],
+                               check=True)
+                found.append(kernels(ptx))
+            compare = match_bodies if args.match_bodies else compare_names
+            status |= compare(args, path, *found)
+    sys.exit(status)
+
+
+def match_bodies(args, path, a, b):
+    """Every kernel of b against the bodies of a; 0 if each has a twin."""
+    by_body = {}
+    for name, body in a.items():
+        by_body.setdefault(body, name)
+    unmatched = sorted(k for k in b if b[k] not in by_body)
+    used = {by_body[b[k]] for k in b if b[k] in by_body}
+    for k in unmatched:
+        print("no twin in", args.rev_a + ":", k)
+    print(f"{path}: {len(a)} kernels in {args.rev_a}, {len(b)} in {args.rev_b}; "
+          f"{len(b) - len(unmatched)} of {len(b)} identical to a kernel of {args.rev_a} "
+          f"({len(used)} distinct), {len(unmatched)} without a twin; "
+          f"{len(a) - len(used)} kernels of {args.rev_a} not compiled in {args.rev_b}")
+    return 1 if unmatched else 0
+
+
+def compare_names(args, path, a, b):
+    """Kernels of the same name in a and b; 0 if all are identical."""
+    rev_a, rev_b = args.rev_a, args.rev_b
     for regex, repl in args.rename_a:
         a = {re.sub(regex, repl, k): v for k, v in a.items()}
     same = sorted(k for k in a.keys() & b.keys() if a[k] == b[k])
@@ -174,7 +212,7 @@ def main():
         print("only in", rev_b + ":", k)
     print(f"{path}: {len(same)} kernels identical, {len(changed)} changed, "
           f"{len(a.keys() - b.keys())} only in {rev_a}, {len(b.keys() - a.keys())} only in {rev_b}")
-    sys.exit(0 if len(same) == len(a) == len(b) else 1)
+    return 0 if len(same) == len(a) == len(b) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -25,9 +26,57 @@
 #include "ops/layernorm.hpp"
 #include "tests/layernorm_outputs.hpp"
 #include "tests/test_util.hpp"
+#include "cuda/layernorm_table.hpp"
 #ifdef HG_WITH_CUDA
 #include "cuda/layernorm_kernels.hpp"
 #endif
+
+// ---- the production table (plain C++: runs without a GPU) ----
+
+TEST_CASE("layernorm table: width classes, memory systems, and what each entry may name", "[layernorm][table]") {
+  using namespace hg::gpu;
+  // Width classes end at 256, 512, 1024, 2048, 3072, 4096, 8192; the last
+  // takes everything longer.
+  CHECK(ln_width_class(1) == 0);
+  CHECK(ln_width_class(256) == 0);
+  CHECK(ln_width_class(257) == 1);
+  CHECK(ln_width_class(1024) == 2);
+  CHECK(ln_width_class(3072) == 4);
+  CHECK(ln_width_class(3073) == 5);
+  CHECK(ln_width_class(8192) == 6);
+  CHECK(ln_width_class(8193) == 7);
+  CHECK(ln_width_class(1 << 20) == 7);
+  for (const MemorySystem m : {MemorySystem::HBM3, MemorySystem::HBM3e})
+    for (const LnPass pass : {LnPass::Forward, LnPass::Backward})
+      for (const bool bf16 : {false, true})
+        for (int c = 0; c < kLnWidthClasses; ++c) {
+          const LnKernel k = ln_table_entry(m, pass, bf16, c);
+          INFO(memory_system_name(m) << (pass == LnPass::Forward ? " forward " : " backward ")
+                                     << (bf16 ? "bf16" : "f32") << " class " << c << ": " << ln_kernel_name(k));
+          CHECK(ln_kernel_compiled(k, pass, bf16, c));
+          CHECK(ln_kernel_compiled(ln_fallback(k), pass, bf16, c));
+          CHECK(ln_fallback(k).rows == LnRows::InRegisters);
+          CHECK(ln_fallback(k).bf16_8_byte_access == k.bf16_8_byte_access);
+          if (!bf16) CHECK_FALSE(k.bf16_8_byte_access);  // an f32 row has no 8-byte bf16 slots
+          if (pass == LnPass::Backward) {  // the backward has no one-pass or two-a-step kernels
+            CHECK(k.rows != LnRows::StagedTwoAStep);
+            CHECK_FALSE(k.one_pass_stats);
+            CHECK_FALSE(k.bf16_packed);
+          }
+          if (k.one_pass_stats || k.bf16_packed) CHECK(k.rows == LnRows::InRegisters);
+          // What the device would run is what the table says.
+          constexpr int64_t kLast[kLnWidthClasses] = {256, 512, 1024, 2048, 3072, 4096, 8192, kLnResidentMaxD};
+          const int64_t D = kLast[c];
+          CHECK(ln_production_kernel(m, pass, bf16 ? hg::DType::BF16 : hg::DType::F32, D) == k);
+          // The list a test runs holds the entry and its fallback, each once.
+          const std::vector<LnKernel> all = ln_compiled_kernels(pass, bf16 ? hg::DType::BF16 : hg::DType::F32, D);
+          CHECK(std::count(all.begin(), all.end(), k) == 1);
+          CHECK(std::count(all.begin(), all.end(), ln_fallback(k)) == 1);
+        }
+  // Rows in registers are not compiled everywhere: the bf16 forward of
+  // 1025-2048 runs one-pass packed rows on both memories.
+  CHECK_FALSE(ln_kernel_compiled(ln::kInRegisters, LnPass::Forward, true, 3));
+}
 
 #ifdef HG_WITH_CUDA
 namespace {
@@ -90,45 +139,55 @@ Outputs reference(const Inputs& in) {
 
 Tensor poisoned(const Shape& shape, DType dtype) { return Tensor::full(shape, kNaN, dtype, Device::CUDA); }
 
+// The kernel configurations of one run (cuda/layernorm_table.hpp); unset:
+// the production table of this device.
+struct Configs {
+  std::optional<gpu::LnKernel> forward, backward;
+};
+
+std::string describe(const Configs& c) {
+  const auto name = [](const std::optional<gpu::LnKernel>& k) {
+    return k ? gpu::ln_kernel_name(*k) : std::string("production");
+  };
+  return "forward '" + name(c.forward) + "', backward '" + name(c.backward) + "'";
+}
+
+void forward_with(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& y, Tensor& mean, Tensor& rstd,
+                  const std::optional<gpu::LnKernel>& k) {
+  if (k) gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd, *k);
+  else gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
+}
+
+void backward_with(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                   Tensor& dx, Tensor& dgamma, Tensor& dbeta, const std::optional<gpu::LnKernel>& k) {
+  if (k) gpu::layernorm_backward_fused(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, *k);
+  else gpu::layernorm_backward_fused(dy, x, gamma, mean, rstd, dx, dgamma, dbeta);
+}
+
 // Forward, then backward on the forward's own mean/rstd, every output NaN first.
-Outputs run_kernels(const Inputs& in) {
+Outputs run_kernels(const Inputs& in, const Configs& configs = {}) {
   const int64_t rows = in.x.size(0), D = in.x.size(1);
   const DType dtype = in.x.dtype();
   Outputs out{poisoned({rows, D}, dtype), poisoned({rows}, DType::F32), poisoned({rows}, DType::F32),
               poisoned({rows, D}, dtype), poisoned({D}, DType::F32),   poisoned({D}, DType::F32)};
-  gpu::layernorm_forward_fused(in.x, in.gamma, in.beta, kEps, out.y, out.mean, out.rstd);
-  gpu::layernorm_backward_fused(in.dy, in.x, in.gamma, out.mean, out.rstd, out.dx, out.dgamma, out.dbeta);
+  forward_with(in.x, in.gamma, in.beta, out.y, out.mean, out.rstd, configs.forward);
+  backward_with(in.dy, in.x, in.gamma, out.mean, out.rstd, out.dx, out.dgamma, out.dbeta, configs.backward);
   return out;
 }
 
-// The lab variants a case reaches (cuda/layernorm_kernels.hpp): every one
-// on 16-byte rows of D <= 16384, else only the production kernels. Each
-// runs in-process under a LabSwitchScope, whatever HG_LN_VARIANT says.
-// HG_KERNEL_VARIANTS=V[,V...] runs only those (a compute-sanitizer shard
-// that would outlast its time cap with all of them).
-std::vector<int> variants_for(int64_t D, bool offset_view) {
-  static const std::vector<int> selected = [] {
-    std::vector<int> v;
-    const char* text = std::getenv("HG_KERNEL_VARIANTS");
-    if (text == nullptr) {
-      for (int i = 0; i < gpu::kLayerNormVariants; ++i) v.push_back(i);
-      return v;
-    }
-    std::stringstream ss(text);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      char* end = nullptr;
-      const long n = std::strtol(item.c_str(), &end, 10);
-      if (item.empty() || *end != '\0' || n < 0 || n >= gpu::kLayerNormVariants)
-        throw std::runtime_error("HG_KERNEL_VARIANTS must list variants in 0.." +
-                                 std::to_string(gpu::kLayerNormVariants - 1) + ", got '" + std::string(text) + "'");
-      v.push_back(static_cast<int>(n));
-    }
-    std::fprintf(stderr, "test_layernorm_kernels: only lab variants %s (HG_KERNEL_VARIANTS)\n", text);
-    return v;
-  }();
-  if (offset_view || D > 16384) return {gpu::LabSwitch::kProduction};
-  return selected;
+// The configurations a case reaches: on 16-byte rows of D <= 16384 every
+// configuration compiled for each pass (gpu::ln_compiled_kernels: the
+// entries of every memory system's table and their fallbacks), paired up
+// so that max(forward, backward) runs cover them all; other rows run the
+// same kernels whatever the configuration, so once, in production.
+std::vector<Configs> configs_for(int64_t D, DType dtype, bool offset_view) {
+  if (offset_view || D > gpu::kLnResidentMaxD) return {Configs{}};
+  const std::vector<gpu::LnKernel> fwd = gpu::ln_compiled_kernels(gpu::LnPass::Forward, dtype, D);
+  const std::vector<gpu::LnKernel> bwd = gpu::ln_compiled_kernels(gpu::LnPass::Backward, dtype, D);
+  std::vector<Configs> out;
+  for (size_t i = 0; i < std::max(fwd.size(), bwd.size()); ++i)
+    out.push_back({fwd[std::min(i, fwd.size() - 1)], bwd[std::min(i, bwd.size() - 1)]});
+  return out;
 }
 
 // The kernels' outputs against the float64 reference. Every output must be
@@ -156,13 +215,12 @@ void check_outputs(const Inputs& in, const Outputs& got, const Outputs& want) {
   }
 }
 
-// check_outputs for every variant the case reaches, on one reference.
+// check_outputs for every configuration the case reaches, on one reference.
 void check_against_reference(const Inputs& in, bool offset_view) {
   const Outputs want = reference(in);
-  for (const int v : variants_for(in.x.size(1), offset_view)) {
-    gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
-    INFO("lab variant " << v);
-    check_outputs(in, run_kernels(in), want);
+  for (const Configs& c : configs_for(in.x.size(1), in.x.dtype(), offset_view)) {
+    INFO(describe(c));
+    check_outputs(in, run_kernels(in, c), want);
   }
 }
 
@@ -218,63 +276,30 @@ bool width_selected(int64_t D) {
   return D >= range.first && D <= range.second;
 }
 
-// ---- the staged forward (lab variants 5, 6, 8) against the resident one (0, 7) ----
+// ---- staged configurations against their fallback (rows in registers) ----
+// A staged configuration takes the same statistics in the same order as its
+// fallback, the rows in registers with the same slot width (only where a
+// row comes from differs), so y, mean and rstd, and dx on the same
+// statistics, must be bitwise the fallback's. Two a step: a group with an
+// odd share of rows ends on a step with one row (and a second, empty one).
 
-// kLnVariants[5] in cuda/layernorm.cu: rows staged in shared memory by bulk
-// copies (sm_90+; below, variant 0 runs; the backward also where two stages
-// of a row do not fit a block: f32 rows past ~14500 elements).
-constexpr int kStagedVariant = 5;
-
-// kLnVariants[6] and [7]: the kernels of 5 and 0 with bf16 rows accessed 4
-// elements (8 bytes) at a time. Their bf16 sums run in another order than
-// variant 0's (so the float64 bounds check them), but 6 and 7 share their
-// slot order: 6 must match 7 as 5 matches 0. f32 rows run 5 and 0 exactly.
-constexpr int kStagedNarrowVariant = 6;
-constexpr int kNarrowVariant = 7;
-
-// kLnVariants[8]: the staged forward taking a group's rows r and
-// r + row_stride in one step (one group reduction per statistic for both,
-// gamma and beta loaded once a slot); each row's arithmetic is variant 5's,
-// so it must match variant 0 bitwise. A group with an odd share of rows
-// ends on a step with one row (and a second, empty one). Its backward is
-// variant 5's.
-constexpr int kStagedPairVariant = 8;
-
-// kLnVariants[9]: on warp rows, gamma and beta read from a copy the block
-// makes in shared memory. The forward's arithmetic is variant 1's (bf16
-// rows held packed), so it must match variant 1 bitwise; the backward is
-// variant 5's, so its dx must match variant 0's bitwise, as 5's does.
-constexpr int kSharedParamsVariant = 9;
-
-// kLnVariants[10]: variant 5's staged forward with the parameters from the
-// shared-memory copies on warp rows, so bitwise variant 0's; its backward is
-// variant 9's.
-constexpr int kStagedSharedParamsVariant = 10;
-
-// A staged variant and the resident one it must match bitwise (y, mean,
-// rstd, dx), in the dtypes where the two differ in their kernels' code.
-struct StagedPair {
-  int resident, staged;
-  std::vector<DType> dtypes;
-  int backward_resident = -1;  // the backward's reference where not `resident`
-  int backward_reference() const { return backward_resident < 0 ? resident : backward_resident; }
-};
-const std::vector<StagedPair> kStagedPairs = {{0, kStagedVariant, {DType::F32, DType::BF16}},
-                                              {kNarrowVariant, kStagedNarrowVariant, {DType::BF16}},
-                                              {0, kStagedPairVariant, {DType::F32, DType::BF16}},
-                                              {1, kSharedParamsVariant, {DType::F32, DType::BF16}, 0},
-                                              {0, kStagedSharedParamsVariant, {DType::F32, DType::BF16}}};
+// The staged configurations compiled for (pass, dtype, D).
+std::vector<gpu::LnKernel> staged_configs(gpu::LnPass pass, DType dtype, int64_t D) {
+  std::vector<gpu::LnKernel> out;
+  for (const gpu::LnKernel& k : gpu::ln_compiled_kernels(pass, dtype, D))
+    if (k.rows != gpu::LnRows::InRegisters) out.push_back(k);
+  return out;
+}
 
 struct ForwardOutputs {
   Tensor y, mean, rstd;
 };
 
-// The forward alone under lab variant v, every output NaN first.
-ForwardOutputs run_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, int v) {
-  gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
+// The forward alone with configuration k, every output NaN first.
+ForwardOutputs run_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, const gpu::LnKernel& k) {
   const int64_t rows = x.size(0), D = x.size(1);
   ForwardOutputs out{poisoned({rows, D}, x.dtype()), poisoned({rows}, DType::F32), poisoned({rows}, DType::F32)};
-  gpu::layernorm_forward_fused(x, gamma, beta, kEps, out.y, out.mean, out.rstd);
+  gpu::layernorm_forward_fused(x, gamma, beta, kEps, out.y, out.mean, out.rstd, k);
   return out;
 }
 
@@ -294,24 +319,16 @@ ForwardInputs forward_inputs(int64_t rows, int64_t D, DType dtype, uint64_t seed
           Tensor::randn({D}, gen, DType::F32, Device::CUDA)};
 }
 
-// The staged forward takes the same statistics in the same order as the
-// resident one it pairs with (only where the row comes from differs), so y,
-// mean and rstd must be bitwise the resident variant's, on any rows.
-void check_staged_matches(const ForwardInputs& in, const StagedPair& pair) {
-  const ForwardOutputs resident = run_forward(in.x, in.gamma, in.beta, pair.resident);
-  const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, pair.staged);
+// The staged forward k against its fallback, on any rows.
+void check_staged_matches(const ForwardInputs& in, const gpu::LnKernel& k) {
+  const ForwardOutputs resident = run_forward(in.x, in.gamma, in.beta, gpu::ln_fallback(k));
+  const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, k);
   REQUIRE(all_finite(resident.y));
   REQUIRE(all_finite(resident.mean));
   REQUIRE(all_finite(resident.rstd));
   CHECK(same_bytes(staged.y, resident.y));
   CHECK(same_bytes(staged.mean, resident.mean));
   CHECK(same_bytes(staged.rstd, resident.rstd));
-}
-
-// Only where HG_KERNEL_VARIANTS (if set) lists variant v.
-bool selected(int v) {
-  const std::vector<int> all = variants_for(1, false);
-  return std::find(all.begin(), all.end(), v) != all.end();
 }
 
 }  // namespace
@@ -331,30 +348,52 @@ TEST_CASE("layernorm kernels: every layout, f32 and bf16, aligned and offset, al
       }
 }
 
-// Every width class of the production tables (cuda/layernorm.cu), its first
-// and last 16-byte width, under each table whatever the device would pick:
-// the variants each entry names pass the reference, and the backward is
-// bitwise reproducible. (The per-variant cases above cover the variants;
-// this one covers the lookup.)
+// Every width class of the production tables (cuda/layernorm_table.hpp),
+// its first and last 16-byte width, with each memory system's table
+// whatever the device's is: the configurations each entry names pass the
+// reference, and the backward is bitwise reproducible. (The cases above
+// cover every compiled configuration; this one covers the lookup.)
 TEST_CASE("layernorm kernels: each production table at the edges of its width classes",
           "[layernorm][cuda][kernels][tables]") {
   HG_REQUIRE_GPU();
   uint64_t seed = 4100;
-  for (int table = 0; table < gpu::kLayerNormTables; ++table) {
-    gpu::LabSwitchScope forced_table(gpu::layernorm_table_switch(), table);
-    gpu::LabSwitchScope production(gpu::layernorm_lab_switch(), gpu::LabSwitch::kProduction);
+  for (const gpu::MemorySystem memory : {gpu::MemorySystem::HBM3, gpu::MemorySystem::HBM3e}) {
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t D : {256, 264, 512, 520, 1024, 1032, 2048, 2056, 3072, 3080, 4096, 4104, 8192, 8200, 16384}) {
         if (!width_selected(D)) continue;
         const Inputs in = make_inputs(rows_for(D), D, dtype, false, seed++);
-        INFO("table " << table << " dtype " << dtype_name(dtype) << " D " << D);
-        const Outputs got = run_kernels(in);
+        const Configs table{gpu::ln_production_kernel(memory, gpu::LnPass::Forward, dtype, D),
+                            gpu::ln_production_kernel(memory, gpu::LnPass::Backward, dtype, D)};
+        INFO(gpu::memory_system_name(memory) << " table, dtype " << dtype_name(dtype) << " D " << D << ": "
+                                             << describe(table));
+        const Outputs got = run_kernels(in, table);
         check_outputs(in, got, reference(in));
-        const Outputs again = run_kernels(in);
+        const Outputs again = run_kernels(in, table);
         CHECK(same_bytes(again.dx, got.dx));
         CHECK(same_bytes(again.dgamma, got.dgamma));
       }
   }
+}
+
+TEST_CASE("layernorm kernels: a configuration not compiled for the case is an error naming those that are",
+          "[layernorm][cuda][kernels][tables]") {
+  HG_REQUIRE_GPU();
+  // The bf16 forward of 1025-2048 runs one-pass packed rows on both memories:
+  // rows in registers are not compiled there.
+  const Inputs in = make_inputs(5, 1032, DType::BF16, false, 7);
+  Tensor y = poisoned({5, 1032}, DType::BF16), mean = poisoned({5}, DType::F32), rstd = poisoned({5}, DType::F32);
+  try {
+    gpu::layernorm_forward_fused(in.x, in.gamma, in.beta, kEps, y, mean, rstd, gpu::ln::kInRegisters);
+    FAIL("accepted");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("in registers") != std::string::npos);
+    CHECK(what.find(gpu::ln_kernel_name(gpu::ln::kOnePassPackedBf16)) != std::string::npos);
+  }
+  // Rows the configurations do not apply to (offset views) run whatever is asked.
+  const Inputs off = make_inputs(5, 1032, DType::BF16, true, 7);
+  gpu::layernorm_forward_fused(off.x, off.gamma, off.beta, kEps, y, mean, rstd, gpu::ln::kInRegisters);
+  CHECK(all_finite(y));
 }
 
 TEST_CASE("layernorm kernels: backward is bitwise reproducible in every layout",
@@ -364,11 +403,10 @@ TEST_CASE("layernorm kernels: backward is bitwise reproducible in every layout",
     for (const int64_t D : {256, 1024, 2048, 4096, 8192, 16384, 40000, 100003, 131072, 140000}) {
       if (!width_selected(D)) continue;
       const Inputs in = make_inputs(rows_for(D), D, dtype, false, 77);
-      for (const int v : variants_for(D, false)) {
-        gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
-        const Outputs a = run_kernels(in);
-        const Outputs b = run_kernels(in);
-        INFO("dtype " << dtype_name(dtype) << " D " << D << " lab variant " << v);
+      for (const Configs& c : configs_for(D, dtype, false)) {
+        const Outputs a = run_kernels(in, c);
+        const Outputs b = run_kernels(in, c);
+        INFO("dtype " << dtype_name(dtype) << " D " << D << " " << describe(c));
         CHECK(a.dx.to_vector() == b.dx.to_vector());
         CHECK(a.dgamma.to_vector() == b.dgamma.to_vector());
         CHECK(a.dbeta.to_vector() == b.dbeta.to_vector());
@@ -390,10 +428,9 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
       if (!width_selected(D)) continue;
       const Inputs in = make_inputs(capped(67), D, DType::F32, false, 31, c.offset, c.stddev);
       const Outputs want = reference(in);
-      for (const int v : variants_for(D, false)) {
-        gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
-        INFO("offset " << c.offset << " stddev " << c.stddev << " D " << D << " lab variant " << v);
-        const Outputs got = run_kernels(in);
+      for (const Configs& k : configs_for(D, DType::F32, false)) {
+        INFO("offset " << c.offset << " stddev " << c.stddev << " D " << D << " " << describe(k));
+        const Outputs got = run_kernels(in, k);
         REQUIRE(all_finite(got.y));
         REQUIRE(all_finite(got.dx));
         REQUIRE(all_finite(got.dgamma));
@@ -409,18 +446,18 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
 TEST_CASE("layernorm kernels: one-pass statistics where x[row, 0] is far from the row mean",
           "[layernorm][cuda][kernels][hostile]") {
   HG_REQUIRE_GPU();
-  // The lab variants take the variance as E[d^2] - E[d]^2 of d = x - x[row, 0]
-  // and fall back to the second pass when x[row, 0] is over sqrt(3) row
-  // standard deviations from the mean. Rows here put x[row, 0] at 0 to 1e4
-  // standard deviations (row r: k = kOff[r % 6]), so both paths run in one
-  // launch, next to each other, and every variant must still match the
+  // The one-pass configurations take the variance as E[d^2] - E[d]^2 of
+  // d = x - x[row, 0] and fall back to the second pass when x[row, 0] is over
+  // sqrt(3) row standard deviations from the mean. Rows here put x[row, 0] at
+  // 0 to 1e4 standard deviations (row r: k = kOff[r % 6]), so both paths run
+  // in one launch, next to each other, and every configuration must still match the
   // float64 statistics. No common offset: a float32 mean near 1e3 alone is
   // rounded by 3e-5 row standard deviations, over tol_stats whatever the
   // kernel does (the offset cases above check y, dx and dgamma instead).
   // (Not D = 16384: there the 1e4 rows' mean is off by 1.1e-5 to 1.8e-5 row
-  // standard deviations in every variant, today's kernel included (H100,
-  // 2026-11-26): the shift by x[row, 0] costs bits when x[row, 0] itself is
-  // the outlier. docs/layernorm_kernels_notes.md, "Known limits".)
+  // standard deviations in every configuration, the two-pass one included:
+  // the shift by x[row, 0] costs bits when x[row, 0] itself is the outlier.
+  // bench/lab/layernorm.md, "Known limits".)
   constexpr double kOff[] = {0.0, 1.0, 1.7, 2.0, 50.0, 1e4};
   for (const DType dtype : {DType::F32, DType::BF16})
     for (const int64_t D : {256, 768, 4096}) {
@@ -448,40 +485,38 @@ TEST_CASE("layernorm kernels: cluster rows with one to three rows", "[layernorm]
       }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9, 10) are bitwise the resident one (0, 7, 1)",
+TEST_CASE("layernorm kernels: staged forward configurations are bitwise their fallback (rows in registers)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
-  // Every resident width class with 16-byte rows in both dtypes (8: one
-  // word per f32 row; 768..1024 warp rows; 1032 and 4096 multi-warp groups;
-  // 8200 and 16384 the 512-thread rows). 1 and 3 rows leave most groups of
-  // the one block without a row (they still make the trip, waiting for
-  // nothing); 1000 and 5000 rows wrap every group's ring several times
-  // (a persistent grid holds at most a few hundred to a few thousand
-  // groups). Cases past 24M elements are left out to keep the host draw short.
-  // Variant 8 takes a group's rows two a step; a group with an odd share of
-  // rows ends on a step with one row and an empty one. It also runs 2 rows
-  // and 2999 and 4001, so that at every width some row count leaves groups
-  // odd and even shares side by side (grids hold ~130 to ~4000 groups; of
-  // 528, 2999 = 5 x 528 + 359 rows gives shares of 6 and 5).
+  // Every width class with 16-byte rows in both dtypes (8: one word per f32
+  // row; 768..1024 warp rows; 1032 and 4096 multi-warp groups; 8200 and 16384
+  // the 512-thread rows), each staged configuration compiled there. 1 and 3
+  // rows leave most groups of the one block without a row (they still make
+  // the trip, waiting for nothing); 1000 and 5000 rows wrap every group's
+  // ring several times (a persistent grid holds at most a few hundred to a
+  // few thousand groups). Cases past 24M elements are left out to keep the
+  // host draw short. Two a step also runs 2 rows and 2999 and 4001, so that
+  // at every width some row count leaves groups odd and even shares side by
+  // side (grids hold ~130 to ~4000 groups; of 528, 2999 = 5 x 528 + 359 rows
+  // gives shares of 6 and 5).
   uint64_t seed = 1700;
-  for (const StagedPair& pair : kStagedPairs) {
-    if (!selected(pair.staged)) continue;
-    for (const DType dtype : pair.dtypes)
-      for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
-        if (!width_selected(D)) continue;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
+      if (!width_selected(D)) continue;
+      for (const gpu::LnKernel& k : staged_configs(gpu::LnPass::Forward, dtype, D))
         for (const int64_t rows : {1, 2, 3, 1000, 2999, 4001, 5000}) {
-          if ((rows == 2 || rows == 2999 || rows == 4001) && pair.staged != kStagedPairVariant) continue;
+          const bool odd_shares = rows == 2 || rows == 2999 || rows == 4001;
+          if (odd_shares && k.rows != gpu::LnRows::StagedTwoAStep) continue;
           if (rows * D > 24'000'000) continue;
           const ForwardInputs in = forward_inputs(capped(rows), D, dtype, seed++);
-          INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype)
-                          << " rows " << capped(rows) << " D " << D);
-          check_staged_matches(in, pair);
+          INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " rows " << capped(rows) << " D "
+                   << D);
+          check_staged_matches(in, k);
         }
-      }
-  }
+    }
 }
 
-TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared parameters (9, 10) are bitwise the resident one (0, 7, 1) on hostile rows",
+TEST_CASE("layernorm kernels: staged forward configurations are bitwise their fallback on hostile rows",
           "[layernorm][cuda][kernels][staged][hostile]") {
   HG_REQUIRE_GPU();
   struct Case {
@@ -489,45 +524,42 @@ TEST_CASE("layernorm kernels: staged forward (variants 5, 6, 8) and shared param
     bool outlier_first;  // x[r, 0] at 0 .. 1e4 row standard deviations (row r: kOff[r % 6])
   };
   constexpr double kOff[] = {0.0, 1.0, 1.7, 2.0, 50.0, 1e4};
-  for (const StagedPair& pair : kStagedPairs) {
-    if (!selected(pair.staged)) continue;
-    for (const DType dtype : pair.dtypes)
-      for (const Case c : {Case{1e4, 1.0, false}, Case{-3.0, 0.0, false}, Case{0.0, 1.0, true}})
-        for (const int64_t D : {768, 4096, 16384}) {
-          if (!width_selected(D)) continue;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {768, 4096, 16384}) {
+      if (!width_selected(D)) continue;
+      for (const gpu::LnKernel& k : staged_configs(gpu::LnPass::Forward, dtype, D))
+        for (const Case c : {Case{1e4, 1.0, false}, Case{-3.0, 0.0, false}, Case{0.0, 1.0, true}}) {
           const auto first = c.outlier_first
                                  ? std::function<double(int64_t)>([&](int64_t r) { return kOff[r % 6]; })
                                  : std::function<double(int64_t)>();
           const ForwardInputs in = forward_inputs(capped(1001), D, dtype, 61, c.offset, c.stddev, first);
-          INFO("variant " << pair.staged << " against " << pair.resident << " dtype " << dtype_name(dtype) << " D "
-                          << D << " offset " << c.offset << " stddev " << c.stddev
-                          << (c.outlier_first ? " outlier in column 0" : ""));
-          check_staged_matches(in, pair);
+          INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " D " << D << " offset "
+                   << c.offset << " stddev " << c.stddev << (c.outlier_first ? " outlier in column 0" : ""));
+          check_staged_matches(in, k);
           if (c.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
-            const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, pair.staged);
+            const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, k);
             const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
             for (int64_t r = 0; r < in.x.size(0); r += 97)
               CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
           }
         }
-  }
+    }
 }
 
 namespace {
 
-// ---- the staged backward (lab variant 5; 8 runs it too) against variant 0 ----
+// ---- the staged backward against its fallback ----
 
 struct Grads {
   Tensor dx, dgamma, dbeta;
 };
 
-// The backward alone, as lab variant v, on a given mean/rstd; outputs NaN first.
-Grads backward_as(int v, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+// The backward alone with configuration k, on a given mean/rstd; outputs NaN first.
+Grads backward_as(const gpu::LnKernel& k, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                   const Tensor& rstd) {
-  gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
   const int64_t D = x.size(1);
   Grads g{poisoned(x.shape(), x.dtype()), poisoned({D}, DType::F32), poisoned({D}, DType::F32)};
-  gpu::layernorm_backward_fused(dy, x, gamma, mean, rstd, g.dx, g.dgamma, g.dbeta);
+  gpu::layernorm_backward_fused(dy, x, gamma, mean, rstd, g.dx, g.dgamma, g.dbeta, k);
   return g;
 }
 
@@ -556,14 +588,13 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
 
 }  // namespace
 
-TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9, 10) against the resident one (0, 7)",
+TEST_CASE("layernorm kernels: staged backward configurations against their fallback (rows in registers)",
           "[layernorm][cuda][kernels][staged]") {
   HG_REQUIRE_GPU();
-  // Both variants of a pair run on one mean/rstd (the production forward's).
-  // dx must be bitwise the resident variant's: the staged kernel forms each
-  // row's three sums with the resident kernel's per-thread order (the same
-  // slots: 16 bytes for 0 and 5, 8 bytes of bf16 for 7 and 6) and group
-  // reduction. dgamma/dbeta are sums
+  // Both configurations run on one mean/rstd (the production forward's).
+  // dx must be bitwise the fallback's: the staged kernel forms each row's
+  // three sums with the resident kernel's per-thread order (the same slots:
+  // 16 bytes, or 8 bytes of bf16 for both) and group reduction. dgamma/dbeta are sums
   // over the same rows grouped differently (other blocks, register instead
   // of shared-memory accumulators): two float32 sums of the same n = rows
   // terms (bitwise the same xhat in both), each within about (n - 1) 2^-24
@@ -571,29 +602,26 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9, 10) against 
   // order), plus one rounding per term, differ by at most 2 (n + 2) 2^-24
   // sum|term| (one spare 2^-24 for the float64 scale's own distance from the
   // float32 terms). That catches a wrong or missing column, and a missing row
-  // up to ~1000 rows; the layouts test checks every variant against float64
-  // too. The staged variant must also be bitwise reproducible. Hostile rows: a
+  // up to ~1000 rows; the layouts test checks every configuration against
+  // float64 too. The staged configuration must also be bitwise reproducible. Hostile rows: a
   // common offset of 1e4, and constant rows (x - mean is the mean's rounding
   // alone).
   struct Kind {
     double offset, stddev;
   };
   uint64_t seed = 1700;
-  for (const StagedPair& pair : kStagedPairs) {
-    if (!selected(pair.staged)) continue;
-    for (const DType dtype : pair.dtypes)
-      for (const int64_t D : {768, 1024, 1032, 4096, 8200, 16384}) {
-        if (!width_selected(D)) continue;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {768, 1024, 1032, 4096, 8200, 16384}) {
+      if (!width_selected(D)) continue;
+      for (const gpu::LnKernel& k : staged_configs(gpu::LnPass::Backward, dtype, D))
         for (const int64_t wanted_rows : {0, 1, 3, 1000, 5000})
           for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
             if (kind.stddev != 1.0 || kind.offset != 0.0)
               if (wanted_rows != 1000) continue;  // hostile rows at one row count
             if (wanted_rows * D > 24'000'000) continue;  // the float64 column scales stay a short host pass
             const int64_t rows = capped(wanted_rows);
-            INFO("variant " << pair.staged << " against " << pair.backward_reference() << " dtype "
-                            << dtype_name(dtype) << " rows " << rows << " D " << D << " offset " << kind.offset
-                            << " stddev "
-                            << kind.stddev);
+            INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " rows " << rows << " D "
+                     << D << " offset " << kind.offset << " stddev " << kind.stddev);
             Generator gen(seed++);
             const Tensor x = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
                                        : Tensor::randn({rows, D}, gen, dtype, Device::CUDA, kind.offset, kind.stddev);
@@ -604,9 +632,9 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9, 10) against 
             Tensor y = poisoned({rows, D}, dtype), mean = poisoned({rows}, DType::F32),
                    rstd = poisoned({rows}, DType::F32);
             gpu::layernorm_forward_fused(x, gamma, beta, kEps, y, mean, rstd);
-            const Grads want = backward_as(pair.backward_reference(), dy, x, gamma, mean, rstd);
-            const Grads got = backward_as(pair.staged, dy, x, gamma, mean, rstd);
-            const Grads again = backward_as(pair.staged, dy, x, gamma, mean, rstd);
+            const Grads want = backward_as(gpu::ln_fallback(k), dy, x, gamma, mean, rstd);
+            const Grads got = backward_as(k, dy, x, gamma, mean, rstd);
+            const Grads again = backward_as(k, dy, x, gamma, mean, rstd);
             REQUIRE(all_finite(got.dx));
             REQUIRE(all_finite(got.dgamma));
             REQUIRE(all_finite(got.dbeta));
@@ -631,40 +659,41 @@ TEST_CASE("layernorm kernels: staged backward (variants 5, 6, 8, 9, 10) against 
             CHECK(bad_g == 0);
             CHECK(bad_b == 0);
           }
-      }
-  }
+    }
 }
 
-TEST_CASE("layernorm kernels: bf16 8-byte accesses (variants 6, 7) against float64 on few and many rows",
+TEST_CASE("layernorm kernels: bf16 8-byte backward configurations against float64 on few and many rows",
           "[layernorm][cuda][kernels][narrow]") {
   HG_REQUIRE_GPU();
-  // The layouts test runs 6 and 7 against float64 on rows enough that every
-  // block walks several; this adds the staged test's row counts of 1 and 3
-  // (most groups of the one block without a row) at every resident width
-  // class of 16-byte bf16 rows, with the same bounds (check_outputs), and the
-  // two against each other bitwise wherever their code must agree: y, mean,
-  // rstd, and dx on those statistics (dgamma/dbeta: other groupings of one
-  // sum, held to the float64 bounds instead).
+  // The layouts test runs the 8-byte bf16 configurations against float64 on
+  // rows enough that every block walks several; this adds the staged test's
+  // row counts of 1 and 3 (most groups of the one block without a row) at
+  // every resident width class of 16-byte bf16 rows where one is compiled,
+  // with the same bounds (check_outputs), and, where two are, dx of each
+  // against the other bitwise (the same 8-byte slots, summed in the same
+  // order; dgamma/dbeta: other groupings of one sum, held to the float64
+  // bounds instead).
   uint64_t seed = 2900;
   for (const int64_t D : {8, 768, 1000, 1024, 1032, 4096, 8200, 16384}) {
     if (!width_selected(D)) continue;
+    std::vector<gpu::LnKernel> narrow;
+    for (const gpu::LnKernel& k : gpu::ln_compiled_kernels(gpu::LnPass::Backward, DType::BF16, D))
+      if (k.bf16_8_byte_access) narrow.push_back(k);
     for (const int64_t rows : {int64_t{1}, int64_t{3}, rows_for(D)}) {
       const Inputs in = make_inputs(capped(rows), D, DType::BF16, false, seed++);
       const Outputs want = reference(in);
       std::vector<Outputs> got;
-      for (const int v : {kStagedNarrowVariant, kNarrowVariant}) {
-        if (!selected(v)) continue;
-        gpu::LabSwitchScope lab(gpu::layernorm_lab_switch(), v);
-        INFO("lab variant " << v << " rows " << capped(rows) << " D " << D);
-        got.push_back(run_kernels(in));
+      for (const gpu::LnKernel& k : narrow) {
+        const Configs c{std::nullopt, k};
+        INFO(describe(c) << " rows " << capped(rows) << " D " << D);
+        got.push_back(run_kernels(in, c));
         check_outputs(in, got.back(), want);
       }
-      if (got.size() < 2) continue;
-      INFO("variant 6 against 7, rows " << capped(rows) << " D " << D);
-      CHECK(same_bytes(got[0].y, got[1].y));
-      CHECK(same_bytes(got[0].mean, got[1].mean));
-      CHECK(same_bytes(got[0].rstd, got[1].rstd));
-      CHECK(same_bytes(got[0].dx, got[1].dx));
+      for (size_t i = 1; i < got.size(); ++i) {
+        INFO("'" << gpu::ln_kernel_name(narrow[i]) << "' against '" << gpu::ln_kernel_name(narrow[0]) << "', rows "
+                 << capped(rows) << " D " << D);
+        CHECK(same_bytes(got[i].dx, got[0].dx));
+      }
     }
   }
 }
