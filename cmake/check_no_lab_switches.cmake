@@ -2,8 +2,9 @@
 # documented user setting: a switch that picks an experimental kernel variant
 # or table (LabSwitch, or a getenv of its own) belongs in a benchmark or test,
 # never in core/, cuda/, ops/, models/ or dist/. Reported: every getenv,
-# std::getenv and secure_getenv call and every use of LabSwitch or its header
-# there, except the calls ALLOW_FILE allows (// comments are not read).
+# std::getenv and secure_getenv call and every use of a LabSwitch (its
+# header, the class, a *_lab_switch() accessor) there, except the calls
+# ALLOW_FILE allows (// comments are not read).
 # Usage: cmake -DSOURCE_DIR=<root> [-DALLOW_FILE=<file>] -P check_no_lab_switches.cmake
 # ALLOW_FILE: one "<file> <VAR>[,<VAR>...] <reason>" per line, # comments. A
 # call in <file> passes when its literal argument is one of the VARs, or when
@@ -55,7 +56,7 @@ foreach(layer core cuda ops models dist)
       math(EXPR n "${n} + 1")
       string(REGEX REPLACE "//.*" "" code "${line}")
       set(why "")
-      if(code MATCHES "LabSwitch|lab_switch\\.hpp")
+      if(code MATCHES "LabSwitch|lab_switch(\\.hpp|[ \t]*\\()")
         set(why "lab switch")
       elseif(code MATCHES "(^|[^A-Za-z0-9_])(secure_)?getenv[ \t]*\\(")
         set(reads_env TRUE)
