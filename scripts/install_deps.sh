@@ -20,6 +20,9 @@ packages=(cmake make g++ pkg-config libeigen3-dev catch2 libspdlog-dev libfmt-de
 # (HG_NO_TORCH=1 there leaves it out, and those tests skip with a message);
 # the main job (scripts/run.sh) does not install it.
 packages+=(python3-dev pybind11-dev python3-numpy)
+# clang-format: CTest's `format` test (scripts/format.sh --check; the style is
+# checked with Debian 12's clang-format 14).
+packages+=(clang-format)
 # libtorch-dev: PyTorch's C++ headers, for handgrad._torch_ext (the drop-ins as C++ autograd
 # functions; measured 2026-11-26 on the 2-core box: ~4 s, 26 MB plus glog/gflags/protobuf headers).
 [[ "${HG_WITH_TORCH:-0}" == 1 && "${HG_NO_TORCH:-0}" != 1 ]] && packages+=(python3-torch libtorch-dev)

@@ -51,8 +51,8 @@ fi
 
 echo "== sanitizer build (ASan + UBSan, CPU): build-asan"
 asan_dir="${HG_ASAN_BUILD_DIR:-build-asan}"
-cmake -S . -B "$asan_dir" -DHG_SANITIZE=ON -DHG_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+# CMakePresets.json's `asan` preset: -DHG_SANITIZE=ON -DHG_ENABLE_CUDA=OFF, Debug at -O1 -g.
+cmake --preset asan -B "$asan_dir" >/dev/null
 # Only the test programs: examples and benchmarks add build time, not coverage.
 # Every test program CTest registered there (tests/test_*.cpp, and optional
 # ones such as tests/translation/test_translation.cpp when their library was found).
@@ -61,8 +61,9 @@ registered=$(ctest --test-dir "$asan_dir" -N | sed -n 's/^ *Test *#[0-9]*: \(tes
 for t in $registered; do tests+=("$t"); done
 # (+ the planted object that gemm_level_symbols_catches_sharing reads)
 cmake --build "$asan_dir" -j"$(nproc)" --target "${tests[@]}" hg_gemm_symbols_fixture
-# Every allocation is filled with 0xff bytes (a NaN in f32 and f64), so a
-# result that reads memory it never wrote shows up as a failed comparison.
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1:max_malloc_fill_size=1073741824:malloc_fill_byte=255
-export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest --test-dir "$asan_dir" --output-on-failure -j"$(nproc)" --timeout 1500
+# The `asan` test preset sets ASAN_OPTIONS and UBSAN_OPTIONS (leaks detected,
+# the first UBSan report fatal) and a 1500 s timeout per test. Its
+# malloc_fill_byte=255 fills every allocation with 0xff bytes (a NaN in f32
+# and f64), so a result that reads memory it never wrote shows up as a
+# failed comparison.
+ctest --preset asan --test-dir "$asan_dir" -j"$(nproc)"

@@ -1,0 +1,102 @@
+# Fails when the library reads an environment variable that is not a
+# documented user setting: a switch that picks an experimental kernel variant
+# or table (LabSwitch, or a getenv of its own) belongs in a benchmark or test,
+# never in core/, cuda/, ops/, models/ or dist/. Reported: every getenv,
+# std::getenv and secure_getenv call and every use of a LabSwitch (its
+# header, the class, a *_lab_switch() accessor) there, except the calls
+# ALLOW_FILE allows (// comments are not read).
+# Usage: cmake -DSOURCE_DIR=<root> [-DALLOW_FILE=<file>] -P check_no_lab_switches.cmake
+# ALLOW_FILE: one "<file> <VAR>[,<VAR>...] <reason>" per line, # comments. A
+# call in <file> passes when its literal argument is one of the VARs, or when
+# its argument is not a literal (a loop over the listed names).
+cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/text_lines.cmake)
+if(NOT SOURCE_DIR)
+  message(FATAL_ERROR "check_no_lab_switches: pass -DSOURCE_DIR=<repository root>")
+endif()
+
+set(allowed_files "")
+if(ALLOW_FILE)
+  file(STRINGS "${ALLOW_FILE}" entries)
+  foreach(entry IN LISTS entries)
+    if(entry MATCHES "^[ \t]*(#|$)")
+      continue()
+    endif()
+    if(NOT entry MATCHES "^([^ \t]+)[ \t]+([A-Za-z0-9_,]+)[ \t]+[^ \t]")
+      message(FATAL_ERROR "check_no_lab_switches: ${ALLOW_FILE}: '${entry}' is not "
+                          "'<file> <VAR>[,<VAR>...] <reason>'")
+    endif()
+    set(path "${CMAKE_MATCH_1}")
+    string(REPLACE "," ";" vars "${CMAKE_MATCH_2}")
+    string(MAKE_C_IDENTIFIER "${path}" key)
+    list(APPEND allowed_files "${path}")
+    set(vars_${key} ${vars})
+  endforeach()
+endif()
+
+set(violations "")
+set(n_violations 0)
+set(n_files 0)
+set(n_allowed 0)
+foreach(layer core cuda ops models dist)
+  file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}" "${SOURCE_DIR}/${layer}/*.cpp" "${SOURCE_DIR}/${layer}/*.hpp"
+       "${SOURCE_DIR}/${layer}/*.h" "${SOURCE_DIR}/${layer}/*.cu" "${SOURCE_DIR}/${layer}/*.cuh")
+  list(SORT files)
+  foreach(f IN LISTS files)
+    math(EXPR n_files "${n_files} + 1")
+    file(READ "${SOURCE_DIR}/${f}" text)
+    if(NOT text MATCHES "getenv|LabSwitch|lab_switch")
+      continue()
+    endif()
+    string(MAKE_C_IDENTIFIER "${f}" key)
+    set(reads_env FALSE)
+    hg_text_lines("${text}" lines)
+    set(n 0)
+    foreach(line IN LISTS lines)
+      math(EXPR n "${n} + 1")
+      string(REGEX REPLACE "//.*" "" code "${line}")
+      set(why "")
+      if(code MATCHES "LabSwitch|lab_switch(\\.hpp|[ \t]*\\()")
+        set(why "lab switch")
+      elseif(code MATCHES "(^|[^A-Za-z0-9_])(secure_)?getenv[ \t]*\\(")
+        set(reads_env TRUE)
+        if(NOT f IN_LIST allowed_files)
+          set(why "environment read (file not in the allow-list)")
+        elseif(code MATCHES "getenv[ \t]*\\([ \t]*\"([^\"]*)\"")
+          if(NOT CMAKE_MATCH_1 IN_LIST vars_${key})
+            set(why "${CMAKE_MATCH_1} is not among the variables the allow-list gives ${f}")
+          endif()
+        endif()
+      endif()
+      if(why)
+        hg_line_text("${line}" shown)
+        string(APPEND violations "\n  ${f}:${n}: ${why}: ${shown}")
+        math(EXPR n_violations "${n_violations} + 1")
+      endif()
+    endforeach()
+    if(reads_env AND f IN_LIST allowed_files)
+      math(EXPR n_allowed "${n_allowed} + 1")
+    endif()
+  endforeach()
+endforeach()
+
+foreach(path IN LISTS allowed_files)
+  string(MAKE_C_IDENTIFIER "${path}" key)
+  set(text "")
+  if(EXISTS "${SOURCE_DIR}/${path}")
+    file(READ "${SOURCE_DIR}/${path}" text)
+  endif()
+  foreach(var IN LISTS vars_${key})
+    string(FIND "${text}" "\"${var}\"" at)
+    if(at EQUAL -1)
+      message(WARNING "check_no_lab_switches: ${path} no longer names ${var}; remove it from ${ALLOW_FILE}")
+    endif()
+  endforeach()
+endforeach()
+
+if(n_violations GREATER 0)
+  message(FATAL_ERROR "check_no_lab_switches: ${n_violations} environment read(s) or lab switch(es) in library code "
+                      "(allowed: the documented settings listed in ${ALLOW_FILE}):${violations}")
+endif()
+message(STATUS "check_no_lab_switches: ${n_files} files in core/, cuda/, ops/, models/, dist/; "
+               "${n_allowed} read only documented settings")
