@@ -36,7 +36,7 @@ struct Job {
   TaskFn fn = nullptr;
   const void* body = nullptr;
   int64_t tasks = 0;
-  int helpers = 0;
+  int joining_workers = 0;  // pool workers that take tasks of this call
   uint32_t generation = 0;
 };
 
@@ -114,7 +114,7 @@ class Pool {
     fn_.store(job.fn, std::memory_order_relaxed);
     body_.store(job.body, std::memory_order_relaxed);
     tasks_.store(job.tasks, std::memory_order_relaxed);
-    helpers_.store(job.helpers, std::memory_order_relaxed);
+    joining_workers_.store(job.joining_workers, std::memory_order_relaxed);
     generation_seen_.store(job.generation, std::memory_order_relaxed);
     sequence_.store(seq + 2, std::memory_order_release);
   }
@@ -124,7 +124,7 @@ class Pool {
     const uint64_t seq = sequence_.load(std::memory_order_acquire);
     if (seq & 1) return false;
     job = {fn_.load(std::memory_order_relaxed), body_.load(std::memory_order_relaxed),
-           tasks_.load(std::memory_order_relaxed), helpers_.load(std::memory_order_relaxed),
+           tasks_.load(std::memory_order_relaxed), joining_workers_.load(std::memory_order_relaxed),
            generation_seen_.load(std::memory_order_relaxed)};
     std::atomic_thread_fence(std::memory_order_acquire);
     return sequence_.load(std::memory_order_relaxed) == seq;
@@ -147,7 +147,7 @@ class Pool {
         while (!read(job)) HG_CPU_RELAX();
       }
       seen = job.generation;
-      if (index < job.helpers) work(job);
+      if (index < job.joining_workers) work(job);
     }
   }
 
@@ -160,7 +160,7 @@ class Pool {
   std::atomic<TaskFn> fn_{nullptr};
   std::atomic<const void*> body_{nullptr};
   std::atomic<int64_t> tasks_{0};
-  std::atomic<int> helpers_{0};
+  std::atomic<int> joining_workers_{0};
   std::atomic<uint32_t> generation_seen_{0};
   std::atomic<uint64_t> claim_{0};
   std::atomic<int64_t> completed_{0};

@@ -3,7 +3,7 @@
 // (cuda/layernorm.cu launches them through its width table, for 16-byte rows
 // of D <= 16384). A group of G threads holds a row in registers exactly as
 // layernorm_forward_kernel and layernorm_backward_kernel do, with the same
-// helpers, so the statistics, y and dx round as theirs. Design and bytes:
+// row functions, so the statistics, y and dx round as theirs. Design and bytes:
 // docs/residual_layernorm.md, "Resident rows".
 #include <cstdint>
 

@@ -254,7 +254,7 @@ TEST_CASE("zip rejects shapes that do not broadcast, naming both", "[backend][zi
                     hg::Error);
 }
 
-TEST_CASE("scalar helpers", "[backend][zip]") {
+TEST_CASE("scalar map and zip functions", "[backend][zip]") {
   const Tensor a = Tensor::from_vector({1, -2, 3}, {3}, DType::F64);
   REQUIRE(hg::add_scalar(a, 0.5).to_vector() == std::vector<double>{1.5, -1.5, 3.5});
   REQUIRE(hg::mul_scalar(a, -2).to_vector() == std::vector<double>{-2, 4, -6});

@@ -226,7 +226,7 @@ TEST_CASE("same seed gives the same numbers; the stream looks random") {
   REQUIRE_THROWS_AS(Tensor::rand({2}, g, DType::F32, Device::CPU, 1.0, 0.0), hg::Error);
 }
 
-TEST_CASE("check helpers name the op and the shapes") {
+TEST_CASE("shape checks name the op and the shapes") {
   const Tensor a = Tensor::zeros({2, 3});
   const Tensor b = Tensor::zeros({3, 2}, DType::F64);
   std::string msg = error_message([&] { hg::check_same_shape("my_op", a, b); });

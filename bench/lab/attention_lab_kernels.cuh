@@ -99,7 +99,7 @@ using attn::kLn2;
 using attn::kLog2e;
 using attn::kMaskThreshold;
 
-// ---- shared row helpers ------------------------------------------------------
+// ---- shared row functions ----------------------------------------------------
 
 // The base-2 logit of (query i, key j) from the raw score s: scale*log2(e)*s
 // plus the mask, or -inf where the key is removed (past Tk, causally hidden,
