@@ -95,9 +95,9 @@ int main(int argc, char** argv) {
 #ifdef HG_WITH_CUDA
     cli::resolve_device("cuda");  // a usage error without a GPU
     run(opt);
-    return cli::kExitOk;
 #else
     cli::usage_error("--device", "cuda", ": bench_copy needs a CUDA build (handgrad was built without CUDA)");
 #endif
+    return cli::kExitOk;
   });
 }
