@@ -18,6 +18,7 @@
 #include "core/tensor_functions.hpp"
 #include "models/attention.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/training_memory.hpp"
 #include "models/dropout.hpp"
 #include "models/embedding.hpp"
 #include "models/feedforward.hpp"
@@ -740,6 +741,22 @@ TEST_CASE("DecoderLM: two backwards without zero_grad give twice one backward's 
             (dtype == DType::F64 ? 1e-12 : 1e-6));
     }
   }
+}
+
+TEST_CASE("training memory estimate: the parameter count of the built model, linear in the batch", "[models]") {
+  for (int64_t layers : {0, 1, 3})
+    for (int64_t hidden : {0, 24}) {
+      DecoderLMConfig c = tiny_config();
+      c.n_layers = layers;
+      c.ffn_hidden = hidden;
+      INFO("layers " << layers << " ffn_hidden " << hidden);
+      DecoderLM model(c);
+      CHECK(parameter_count(c) == model.num_parameters());
+      const TrainingMemory one = estimate_training_memory(c, 1, 6), many = estimate_training_memory(c, 1000, 6);
+      CHECK(one.weight_bytes == 16.0 * static_cast<double>(model.num_parameters()));
+      CHECK(many.activation_bytes() == Approx(1000 * one.activation_bytes()));
+      CHECK(many.total_bytes() > one.total_bytes());
+    }
 }
 
 TEST_CASE("DecoderLM tiny: every parameter and the input embeddings vs finite differences", "[models][lm]") {
