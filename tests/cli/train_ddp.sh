@@ -49,6 +49,11 @@ check "2 ranks x batch 8 = 1 process x batch 16 (relative 1e-5)" close one.csv t
 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --bucket-mb 0.01 --log-csv again.csv >/dev/null 2>&1
 check "2-rank runs repeat bit for bit" cmp -s <(losses two.csv) <(losses again.csv)
 check "communication time reported" grep -q "communication: .* ms/step in MPI calls" two.out
+# Under mpirun a rank's stdout is the launcher's pseudo-terminal, even with
+# mpirun's output in a file: the progress must be plain lines there.
+"${launch[@]}" "$train" "${tiny[@]}" --log-level info --steps 8 --batch 8 --log-csv '' > progress.out 2>&1
+check "progress under mpirun, output to a file: plain lines, no CR or ESC" \
+  bash -c "grep -q 'step 8/8' progress.out && ! grep -q $'\\r' progress.out && ! grep -q $'\\x1b' progress.out"
 
 "${launch[@]}" "$train" "${tiny[@]}" --steps 4 --batch 8 --zero 1 --check-sync --checkpoint z.ck --log-csv z.csv \
   > z.out 2>&1
