@@ -325,8 +325,8 @@ std::string printable(const std::string& s) {
 
 // ---- 1. flags --------------------------------------------------------------------------
 void add_flags(CLI::App& app, Options& o) {
+  using cli::at_least;
   using cli::real_range;
-  constexpr int64_t kBig = int64_t{1} << 40;
   auto* data = app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
                    ->check(CLI::ExistingFile);
   app.add_option("--task", o.task, "synthetic (built-in) or translate (parallel text from --pairs)")
@@ -377,10 +377,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--lr", o.lr, "peak AdamW learning rate")->check(real_range(1e-12, 10))->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->check(real_range(0, 10))->capture_default_str();
   app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(real_range(0, 1e6))->capture_default_str();
-  app.add_option("--steps", o.steps, "total training steps")->check(CLI::Range(int64_t{1}, kBig))->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(CLI::Range(int64_t{0}, kBig))->capture_default_str();
+  app.add_option("--steps", o.steps, "total training steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(at_least(0))->capture_default_str();
   app.add_option("--dropout", o.dropout, "dropout probability")->check(real_range(0, 0.99))->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(CLI::Range(int64_t{0}, kBig))->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(at_least(0))->capture_default_str();
   app.add_option("--words", o.words, "task: vocabulary size of each language")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--min-len", o.min_len, "task: shortest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--max-len", o.max_len, "task: longest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -388,10 +388,10 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
-      ->check(CLI::Range(int64_t{0}, kBig))
+      ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--print-every", o.print_every, "steps between progress lines when not a terminal (0: auto)")
-      ->check(CLI::Range(int64_t{0}, kBig));
+      ->check(at_least(0));
   app.add_option("--profile-steps", o.profile_steps,
                  "time this many steps (from the run's 11th) per op kind, every op synchronized, and print the "
                  "breakdown (those steps are left out of ms/step)")
