@@ -262,30 +262,25 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return _to_torch(_C._torch_cross_entropy_backward(ctx.saved, logits, float(dloss))), None, None
 
 
-def _py_cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
-    """Mean cross-entropy of logits (..., V) against integer targets (...) (F.cross_entropy with
-    class ids in the last dim; reduction 'mean' only)."""
-    if reduction != "mean":
-        raise ValueError(f"handgrad.torch.cross_entropy supports reduction='mean' only, got {reduction!r}")
-    return _CrossEntropyFunction.apply(logits, target, int(ignore_index))
-
-
-_cross_entropy = _ext.cross_entropy if _ext is not None else _py_cross_entropy
-
-
 def _refuse_unsupported(where, label_smoothing, weight):
     if label_smoothing != 0.0:
-        raise ValueError(f"{where}: label_smoothing={label_smoothing!r} is not supported (only 0.0); "
+        raise ValueError(f"{where}: label_smoothing={float(label_smoothing)!r} is not supported (only 0.0); "
                          "use torch.nn.functional.cross_entropy for label smoothing")
     if weight is not None:
         raise ValueError(f"{where}: class weights (weight=...) are not supported")
 
 
-def cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, weight=None):
-    """F.cross_entropy(logits, target, ignore_index=...) with the classes in the last dim, mean
-    reduction. label_smoothing other than 0 and class weights are refused by name."""
+def _py_cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, weight=None):
+    """Mean cross-entropy of logits (..., V) against integer targets (...) (F.cross_entropy with
+    class ids in the last dim; reduction 'mean' only; label_smoothing other than 0 and class
+    weights are refused by name)."""
+    if reduction != "mean":
+        raise ValueError(f"handgrad.torch.cross_entropy supports reduction='mean' only, got {reduction!r}")
     _refuse_unsupported("handgrad.torch.cross_entropy", label_smoothing, weight)
-    return _cross_entropy(logits, target, ignore_index, reduction)
+    return _CrossEntropyFunction.apply(logits, target, int(ignore_index))
+
+
+cross_entropy = _ext.cross_entropy if _ext is not None else _py_cross_entropy
 
 
 class CrossEntropyLoss(nn.Module):
