@@ -85,15 +85,15 @@ int main(int argc, char** argv) {
   app.add_option("--seq", seqs, "sequence lengths T")->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   app.add_option("--head-dim", head_dims, "head dims (32, 64, 128)")->delimiter(',')->check(CLI::IsMember({32, 64, 128}));
   app.add_option("--dtype", dtypes, "bf16 and/or f32")->delimiter(',')->check(CLI::IsMember({"bf16", "f32"}));
-  app.add_option("--warmup", warmup)->check(CLI::Range(0, 1000));
-  app.add_option("--iters", iters)->check(CLI::Range(1, 100000));
+  app.add_option("--warmup", warmup, "untimed calls per case")->check(CLI::Range(0, 1000));
+  app.add_option("--iters", iters, "timed calls per case (median)")->check(CLI::Range(1, 100000));
   app.add_option("--max-unfused-seq", max_unfused_t, "skip the unfused path above this T (its memory grows as T^2)");
-  app.add_flag("--fused-only", fused_only);
+  app.add_flag("--fused-only", fused_only, "time only the fused path");
   app.add_option("--csv", csv_path, "write every row here too");
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
-    cli::resolve_device("cuda", "bench_attention");  // times the CUDA paths: "no CUDA GPU" is a usage error
+    cli::require_cuda("bench_attention", "hg_op attention, bench_train --device cpu");
     if (!csv_path.empty()) cli::check_writable(csv_path, "--csv");
     std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up\n", gpu::device_name(),
                 static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup);

@@ -54,15 +54,16 @@ void report(const char* name, double bytes, const Sample& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_cpu_kernels: CPU fused kernels, GELU and GEMM per thread count"};
+  CLI::App app{"bench_cpu_kernels: CPU fused kernels, GELU and GEMM per thread count", "bench_cpu_kernels"};
   std::vector<int> threads{1};
   int iters = 7;
-  app.add_option("--threads", threads, "thread counts to run (hg::set_num_threads)")->delimiter(',');
+  app.add_option("--threads", threads, "thread counts to run, comma-separated (hg::set_num_threads)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024));
   app.add_option("--iters", iters, "timed calls per kernel (median)")->check(CLI::Range(1, 1000));
-  cli::CommonFlags common;  // --threads is this program's own list here
+  cli::CommonFlags common;
+  cli::add_common_flags(app, common, /*threads_flag=*/false);  // --threads is this program's own list
   return cli::run_program(app, common, argc, argv, [&] {
-  for (int n : threads)
-    if (n < 1) cli::usage_error("--threads", n, ": not a thread count (>= 1)");
   Generator g(1);
   std::string levels;
   for (const std::string& l : cpu::gemm_levels()) levels += (levels.empty() ? "" : ", ") + l;

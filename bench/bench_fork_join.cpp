@@ -12,15 +12,18 @@
 #include <CLI/CLI.hpp>
 
 #include "core/parallel.hpp"
+#include "examples/common/cli.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_fork_join: parallel_for's fixed overhead per call"};
+  CLI::App app{"bench_fork_join: parallel_for's fixed overhead per call", "bench_fork_join"};
   std::vector<int> threads{1, 2};
   int calls = 20000, rounds = 3;
-  app.add_option("--threads", threads, "thread counts to run")->delimiter(',');
+  app.add_option("--threads", threads, "thread counts to run, comma-separated")->delimiter(',')->check(CLI::Range(1, 1024));
   app.add_option("--calls", calls, "calls per round")->check(CLI::Range(1, 10000000));
   app.add_option("--rounds", rounds, "rounds per thread count")->check(CLI::Range(1, 100));
-  CLI11_PARSE(app, argc, argv);
+  hg::cli::CommonFlags common;
+  hg::cli::add_common_flags(app, common, /*threads_flag=*/false);  // --threads is this program's own list
+  return hg::cli::run_program(app, common, argc, argv, [&] {
   std::atomic<int64_t> sink{0};
   for (int n : threads) {
     hg::set_num_threads(n);
@@ -37,4 +40,5 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+  });
 }

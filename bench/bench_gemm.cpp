@@ -37,26 +37,28 @@ struct Operands {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"cuBLASLt GEMM throughput at bench_train's linear-layer shapes"};
+  CLI::App app{"cuBLASLt GEMM throughput at bench_train's linear-layer shapes", "bench_gemm"};
   int64_t m = 8192;
   std::string dtype_text = "bf16";
   bool tf32 = false;
   double peak = 790.0;
   int iters = 30, warmup = 5, reps = 10, sets = 3;
   std::string csv;
-  app.add_option("--m", m, "rows (batch * seq)")->check(CLI::PositiveNumber);
+  app.add_option("--m", m, "rows (batch * seq)")->check(cli::at_least(1))->capture_default_str();
   app.add_option("--dtype", dtype_text, "operand dtype")->check(CLI::IsMember({"bf16", "f32"}));
   app.add_flag("--tf32", tf32, "allow TF32 for f32 operands");
-  app.add_option("--peak", peak, "dense peak TFLOP/s of the GPU for the % column")->check(CLI::PositiveNumber);
-  app.add_option("--iters", iters, "timed samples")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed samples")->check(CLI::NonNegativeNumber);
-  app.add_option("--reps", reps, "calls per timed sample")->check(CLI::PositiveNumber);
-  app.add_option("--sets", sets, "rotating input sets")->check(CLI::PositiveNumber);
+  app.add_option("--peak", peak, "dense peak TFLOP/s of the GPU for the % column")
+      ->check(cli::real_range(1e-3, 1e6))
+      ->capture_default_str();
+  app.add_option("--iters", iters, "timed samples")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed samples")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("--reps", reps, "calls per timed sample")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_option("--sets", sets, "rotating input sets")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--csv", csv, "write the rows to this CSV file");
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
-    cli::resolve_device("cuda", kBench);  // times the CUDA GEMMs: "no CUDA GPU" is a usage error
+    cli::require_cuda(kBench, "bench_cpu_kernels (its GEMM rows)");
     const DType dtype = dtype_text == "bf16" ? DType::BF16 : DType::F32;
     set_allow_tf32(tf32);
     Backend& be = cuda_backend();

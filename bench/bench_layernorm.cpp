@@ -146,6 +146,9 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
     if (cuda && d == DType::F64) continue;    // no fused F64 kernels on CUDA
     dtypes.push_back(d);
   }
+  if (dtypes.empty())
+    cli::usage_error("--dtypes", opt.dtypes, ": none of them runs on ", device_name(device), " (allowed there: ",
+                     cuda ? "f32, bf16" : "f32, f64", ")");
 
   cli::Progress progress(std::string("bench_layernorm ") + device_name(device) + " case", int64_t(sizes.size() * dtypes.size()),
                          0, "cases", 1);

@@ -308,6 +308,9 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
     if (!cuda && d == DType::BF16) continue;  // BF16 softmax runs only on CUDA
     dtypes.push_back(d);
   }
+  if (dtypes.empty())
+    cli::usage_error("--dtypes", opt.dtypes, ": none of them runs on ", device_name(device), " (allowed there: f32",
+                     cuda ? ", bf16" : "", ")");
   cli::Progress progress(std::string(kBench) + " " + device_name(device) + " case", int64_t(sizes.size() * dtypes.size()), 0,
                          "cases", 1);
   int64_t cases_done = 0;

@@ -114,7 +114,8 @@ std::vector<KernelMode> modes_for(const std::string& kernels) {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_train: DecoderLM training step per precision and kernel mode, with MFU and a per-op-kind "
-               "breakdown"};
+               "breakdown",
+               "bench_train"};
   std::string devices = "auto", precision_name_arg = "auto", kernels = "both", attention = "auto";
   Size gpu{512, 8, 6, 256, 32, 256};
   Size cpu{128, 4, 2, 64, 8, 256};
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
-  auto positive = CLI::Range(int64_t{1}, int64_t{1} << 40);
+  const CLI::Validator positive = cli::at_least(1);
   app.add_option("--d-model", gpu.d_model, "CUDA model width")->capture_default_str()->check(positive);
   app.add_option("--heads", gpu.heads, "CUDA heads (must divide --d-model)")->capture_default_str()->check(positive);
   app.add_option("--layers", gpu.layers, "CUDA layers")->capture_default_str()->check(positive);
@@ -152,7 +153,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
   app.add_option("--peak-tflops", peak_tflops, "dense bf16 peak for MFU when the GPU is not in the built-in table")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::real_range(1e-3, 1e6));
   app.add_option("--csv", csv_path, "summary CSV")->capture_default_str();
   app.add_option("--breakdown-csv", breakdown_path, "per-op-kind CSV")->capture_default_str();
   cli::CommonFlags common;
@@ -165,8 +166,10 @@ int main(int argc, char** argv) {
     if (devices == "cuda") cli::resolve_device("cuda", "--device");  // "no CUDA GPU": a usage error
     for (Device dev : devs) {
       const Size& s = dev == Device::CUDA ? gpu : cpu;
-      HG_CHECK(s.d_model % s.heads == 0, "bench_train", device_name(dev), " d_model ", s.d_model,
-               " is not a multiple of heads ", s.heads);
+      const bool on_gpu = dev == Device::CUDA;
+      if (s.d_model % s.heads != 0)
+        cli::usage_error(on_gpu ? "--heads" : "--cpu-heads", s.heads, ": must divide ",
+                         on_gpu ? "--d-model " : "--cpu-d-model ", s.d_model, " (head width = d_model / heads)");
       if (precision_name_arg != "auto")
         try {
           check_precision_supported(parse_precision(precision_name_arg), dev, "bench_train --precision");

@@ -26,6 +26,16 @@ spdlog::level::level_enum parse_level(const std::string& name, const std::string
        " (expected trace, debug, info, warn, error or off)");
 }
 
+// Whether stdout is a terminal the user watches. Under mpirun a rank's
+// stdout is a pseudo-terminal of the launcher even when mpirun's own output
+// goes to a file, so a process started by an MPI launcher (Open MPI, MPICH /
+// Hydra, PMIx) never counts as one: no carriage returns or ESC[K in a log.
+bool stdout_is_terminal() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(var) != nullptr) return false;
+  return isatty(fileno(stdout)) != 0;
+}
+
 // Routes info and below to stdout, warnings and errors to stderr, and keeps
 // the status line (if any) below the messages.
 class ConsoleSink final : public spdlog::sinks::base_sink<std::mutex> {
@@ -33,7 +43,7 @@ class ConsoleSink final : public spdlog::sinks::base_sink<std::mutex> {
   ConsoleSink()
       : out_(std::make_unique<spdlog::pattern_formatter>("%v")),
         err_(std::make_unique<spdlog::pattern_formatter>("%n: %l: %v")),
-        tty_(isatty(fileno(stdout)) != 0) {}
+        tty_(stdout_is_terminal()) {}
 
   void status(const std::string& line) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -223,14 +223,24 @@ void add_attention_command(CLI::App& app, Command& command) {
 
 int main(int argc, char** argv) {
   CLI::App app{"hg_op: run one handgrad op forward and backward on .npy files", "hg_op"};
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);
+  app.fallthrough();  // inherited by the ops: the common flags work after the op's name too
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   Command command;
   add_layernorm_command(app, command);
   add_softmax_command(app, command);
   add_attention_command(app, command);
+  // Not inherited (set after the ops): words no op takes are kept, so the
+  // message below can name them.
+  app.allow_extras();
   return cli::run_program(app, common, argc, argv, [&] {
+    const char* ops = "layernorm, softmax, attention";
+    const std::vector<std::string> extra = app.remaining();
+    if (!extra.empty() && extra[0].rfind("-", 0) == 0)
+      cli::usage_error(extra[0] + ":", "unknown flag (hg_op --help, hg_op OP --help)");
+    if (!extra.empty()) cli::usage_error(extra[0] + ":", "not an op (allowed: ", ops, ")");
+    if (!command) cli::usage_error("hg_op", "needs an op: ", ops, " (hg_op OP --help)");
     command();
     return cli::kExitOk;
   });

@@ -44,6 +44,8 @@
 #include "dist/world.hpp"
 #include "examples/common/cli.hpp"
 #include "examples/common/data_parallel.hpp"
+#include "examples/common/host_memory.hpp"
+#include "examples/common/lr_schedule.hpp"
 #include "examples/common/plot.hpp"
 #include "examples/common/progress.hpp"
 #include "examples/common/step_log.hpp"
@@ -52,6 +54,7 @@
 #include "examples/translation/translation_checkpoint.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
+#include "models/training_memory.hpp"
 #include "ops/cross_entropy.hpp"
 
 using namespace hg;
@@ -82,17 +85,14 @@ struct Options {
   int64_t profile_steps = 0;  // steps timed per op kind (from the run's 11th), 0: none
   int sample_bytes = 300;
   std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png";
-  bool resume = false;
+  bool resume = false, extend_schedule = false;
+  cli::LrSchedule schedule;  // from --lr/--warmup/--steps, or the checkpoint's (resolve_schedule)
   cli::DataParallelFlags dp;
   cli::CommonFlags common;
 };
 
-// Linear warm-up, then cosine decay to 10% of the peak.
-double learning_rate(const Options& o, int64_t step) {
-  if (step < o.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(o.warmup);
-  const double t = static_cast<double>(step - o.warmup) / static_cast<double>(std::max<int64_t>(1, o.steps - o.warmup));
-  return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, t))));
-}
+// Linear warm-up, then cosine decay to 10% of the peak (examples/common/lr_schedule.hpp).
+double learning_rate(const Options& o, int64_t step) { return o.schedule.at(step); }
 
 std::vector<double> to_double(const std::vector<int32_t>& v) { return std::vector<double>(v.begin(), v.end()); }
 
@@ -104,6 +104,15 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) {
   g_stop_signal = sig;
   std::signal(sig, SIG_DFL);
+}
+
+// Long loops outside a training step (building a batch, replaying the data
+// stream on --resume) check the flag and unwind with this.
+struct Stopped {
+  int signal;
+};
+void stop_if_signalled() {
+  if (g_stop_signal != 0) throw Stopped{g_stop_signal};
 }
 
 // ---- failure injection for the data-parallel tests ------------------------------------
@@ -144,12 +153,13 @@ struct TextData {
   }
 };
 
-Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g) {
+Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g, bool stoppable) {
   Batch out;
   out.batch = b;
   out.seq = seq;
   const uint64_t starts = text.size() - static_cast<uint64_t>(seq);  // windows of seq + 1 bytes
   for (int64_t i = 0; i < b; ++i) {
+    if (stoppable && i % 4096 == 0) stop_if_signalled();
     const size_t s = g.next_u64() % starts;
     for (int64_t p = 0; p < seq; ++p) {
       out.inputs.push_back(static_cast<unsigned char>(text[s + p]));
@@ -287,8 +297,8 @@ std::string printable(const std::string& s) {
 
 // ---- 1. flags --------------------------------------------------------------------------
 void add_flags(CLI::App& app, Options& o) {
+  using cli::at_least;
   using cli::real_range;
-  constexpr int64_t kBig = int64_t{1} << 40;
   auto* data = app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
                    ->check(CLI::ExistingFile);
   app.add_option("--task", o.task, "synthetic (built-in) or translate (parallel text from --pairs)")
@@ -340,10 +350,10 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--lr", o.lr, "peak AdamW learning rate")->check(real_range(1e-12, 10))->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->check(real_range(0, 10))->capture_default_str();
   app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(real_range(0, 1e6))->capture_default_str();
-  app.add_option("--steps", o.steps, "total training steps")->check(CLI::Range(int64_t{1}, kBig))->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(CLI::Range(int64_t{0}, kBig))->capture_default_str();
+  app.add_option("--steps", o.steps, "total training steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(at_least(0))->capture_default_str();
   app.add_option("--dropout", o.dropout, "dropout probability")->check(real_range(0, 0.99))->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(CLI::Range(int64_t{0}, kBig))->capture_default_str();
+  app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(at_least(0))->capture_default_str();
   app.add_option("--words", o.words, "task: vocabulary size of each language")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--min-len", o.min_len, "task: shortest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--max-len", o.max_len, "task: longest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
@@ -351,10 +361,10 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--eval-every", o.eval_every, "steps between held-out evaluations (0: only at the end)")
-      ->check(CLI::Range(int64_t{0}, kBig))
+      ->check(at_least(0))
       ->capture_default_str();
   app.add_option("--print-every", o.print_every, "steps between progress lines when not a terminal (0: auto)")
-      ->check(CLI::Range(int64_t{0}, kBig));
+      ->check(at_least(0));
   app.add_option("--profile-steps", o.profile_steps,
                  "time this many steps (from the run's 11th) per op kind, every op synchronized, and print the "
                  "breakdown (those steps are left out of ms/step)")
@@ -363,7 +373,12 @@ void add_flags(CLI::App& app, Options& o) {
   auto* checkpoint = app.add_option(
       "--checkpoint", o.checkpoint,
       "save the model here (and the optimizer state to PATH.optim) at each evaluation, at the end and when stopped");
-  app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")->needs(checkpoint);
+  auto* resume =
+      app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")->needs(checkpoint);
+  app.add_flag("--extend-schedule", o.extend_schedule,
+               "with --resume and a --steps other than the checkpoint's run: decay the learning rate from where it is "
+               "to 10% of --lr at the new --steps (without it such a change is refused)")
+      ->needs(resume);
   app.add_option("--log-csv", o.log_csv, "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
       ->capture_default_str();
   app.add_option("--plot", o.plot, "loss curve, .png or .svg, of the whole run ('' for none)")->capture_default_str();
@@ -423,6 +438,7 @@ void validate(Options& o) {
   if (!o.checkpoint.empty()) {
     cli::check_writable(o.checkpoint, "--checkpoint");
     cli::check_writable(o.checkpoint + ".optim", "--checkpoint");
+    cli::check_writable(cli::schedule_path(o.checkpoint), "--checkpoint");
     if (o.resume && !std::ifstream(o.checkpoint))
       usage_error("--checkpoint", o.checkpoint, ": --resume needs an existing checkpoint, and there is none");
   }
@@ -439,6 +455,10 @@ struct Data {
   int64_t batch = 0, seq_len = 0;  // batch: per rank
   int rank = 0, world = 1;
   double weight = 1;  // the last batch's share of the global batch's target tokens
+  // Whether a signal may cut a batch short (throwing Stopped). Not under data
+  // parallelism: there every rank must finish the same steps, and a signal
+  // stops them all after a step.
+  bool stoppable = true;
 
   // Data parallel: every rank draws the same global batch of world x batch
   // sequences from the one seeded stream and trains on its rows
@@ -465,10 +485,13 @@ struct Data {
  private:
   Batch next_global() {
     const int64_t n = batch * world;
-    if (lm) return text_batch(text.train, n, seq_len, gen);
+    if (lm) return text_batch(text.train, n, seq_len, gen, stoppable);
     if (parallel) return parallel->train_batch(n, gen);
     std::vector<Example> ex;
-    for (int64_t i = 0; i < n; ++i) ex.push_back(task.train_sample(gen));
+    for (int64_t i = 0; i < n; ++i) {
+      if (stoppable && i % 4096 == 0) stop_if_signalled();
+      ex.push_back(task.train_sample(gen));
+    }
     return task.make_batch(ex);
   }
 };
@@ -490,11 +513,12 @@ std::unique_ptr<Data> build_data(Options& o) {
   d->seq_len = o.seq_len;
   d->rank = dist::world().rank;
   d->world = dist::world().size;
+  d->stoppable = d->world == 1;
   return d;
 }
 
 // ---- 4. model --------------------------------------------------------------------------------
-std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data, Precision precision) {
+DecoderLMConfig model_config(const Options& o, const Data& data, Precision precision) {
   DecoderLMConfig cfg;
   cfg.vocab_size = data.lm ? 256 : data.task.vocab_size();
   if (data.parallel) cfg.vocab_size = data.parallel->vocab_size();
@@ -506,7 +530,29 @@ std::unique_ptr<DecoderLM> build_model(const Options& o, const Data& data, Preci
   cfg.seed = static_cast<uint64_t>(o.seed);
   cfg.precision = precision;
   cfg.attention = parse_attention_impl(o.attention);
-  return std::make_unique<DecoderLM>(cfg);
+  return cfg;
+}
+
+// Refuses a configuration whose training step cannot fit in the host's
+// available memory, before anything is allocated: past it the OS would swap
+// or kill the run partway. (On CUDA the model and activations live on the
+// GPU; its free memory is not checked here.)
+void check_memory_fits(const Options& o, const DecoderLMConfig& cfg, Device dev) {
+  if (dev != Device::CPU) return;
+  const int64_t available = cli::host_memory_available();
+  if (available < 0) return;
+  const TrainingMemory m = estimate_training_memory(cfg, o.batch, o.seq_len);
+  if (m.total_bytes() <= static_cast<double>(available)) return;
+  const double room = static_cast<double>(available) - m.weight_bytes;
+  const int64_t fits = room > 0 ? static_cast<int64_t>(room / m.per_sequence_bytes) : 0;
+  const std::string flag = fits > 0 ? "--batch" : "--d-model";
+  usage_error(flag, fits > 0 ? o.batch : o.d_model, ": a training step needs about ", cli::format_bytes(m.total_bytes()), " (",
+              m.parameters, " parameters with gradients and AdamW state ", cli::format_bytes(m.weight_bytes),
+              ", activations and logits of ", o.batch, " x ", o.seq_len, " tokens ",
+              cli::format_bytes(m.activation_bytes()), ") but the host has ", cli::format_bytes(double(available)),
+              " available (MemAvailable); ",
+              fits > 0 ? "--batch " + std::to_string(fits) + " or less would fit"
+                       : std::string("the model alone does not fit: lower --d-model or --layers"));
 }
 
 // ---- 5. resume -------------------------------------------------------------------------------
@@ -541,9 +587,54 @@ int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data&
          ": they were not saved together; refusing to resume from the pair");
   if (step >= o.steps)
     usage_error("--steps", o.steps, ": the checkpoint ", o.checkpoint, " is already at step ", step,
-                "; pass --steps > ", step, " to train further");
-  for (int64_t s = 0; s < step; ++s) data.next();
+                "; pass --steps > ", step, " and --extend-schedule to train further");
+  for (int64_t s = 0; s < step; ++s) {
+    stop_if_signalled();
+    data.next();
+  }
   return step;
+}
+
+// The schedule a run follows: the flags' for a new run; for a resumed run the
+// one saved with the checkpoint, so the learning rate continues where it was.
+// A different --lr or --warmup is refused, a different --steps too unless
+// --extend-schedule says how to continue. start: the first step to run.
+cli::LrSchedule resolve_schedule(const Options& o, int64_t start) {
+  cli::LrSchedule asked;
+  asked.lr = o.lr, asked.warmup = o.warmup, asked.steps = o.steps;
+  if (!o.resume) return asked;
+  const std::string path = cli::schedule_path(o.checkpoint);
+  const std::optional<cli::LrSchedule> saved = cli::load_schedule(o.checkpoint);
+  if (!saved) {
+    spdlog::warn("{} does not exist (the checkpoint was written by an older train): the learning-rate schedule "
+                 "comes from --lr, --warmup and --steps",
+                 path);
+    return asked;
+  }
+  const auto jump = [&](const cli::LrSchedule& other) {
+    if (other.at(start) == saved->at(start)) return std::string("(the schedule after step ") + std::to_string(start) + " would change)";
+    return fmt::format("(the learning rate of step {} would jump from {:.3g} to {:.3g})", start + 1, saved->at(start),
+                       other.at(start));
+  };
+  if (o.lr != saved->lr)
+    usage_error("--lr", o.lr, ": the checkpoint's run used --lr ", saved->lr, " (", path, "); resume with it ",
+                jump(asked));
+  if (o.warmup != saved->warmup)
+    usage_error("--warmup", o.warmup, ": the checkpoint's run used --warmup ", saved->warmup, " (", path,
+                "); resume with it ", jump(asked));
+  if (o.steps == saved->steps) {
+    if (o.extend_schedule) spdlog::info("--extend-schedule: --steps {} is the checkpoint's own; nothing to extend", o.steps);
+    return *saved;
+  }
+  const cli::LrSchedule longer = saved->extended(start, o.steps);
+  if (!o.extend_schedule)
+    usage_error("--steps", o.steps, ": the checkpoint's schedule ends at step ", saved->steps, " (", path, ") ",
+                jump(asked), "; add --extend-schedule to go on from ", fmt::format("{:.3g}", saved->at(start)),
+                " to ", fmt::format("{:.3g}", longer.at(o.steps - 1)), " at step ", o.steps, ", or resume with --steps ",
+                saved->steps);
+  spdlog::info("--extend-schedule: learning rate {:.3g} at step {}, decaying to {:.3g} at step {}", longer.at(start),
+               start + 1, longer.at(o.steps - 1), o.steps);
+  return longer;
 }
 
 // ---- 6. the training loop ----------------------------------------------------------------------
@@ -571,7 +662,7 @@ EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device 
     Generator val_gen(4242);
     double sum = 0;
     for (int k = 0; k < 4; ++k) {
-      const Batch b = text_batch(data.text.val, o.batch, o.seq_len, val_gen);
+      const Batch b = text_batch(data.text.val, o.batch, o.seq_len, val_gen, false);
       model.eval();
       const Tensor logits = model.forward(Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, dev));
       model.train();
@@ -645,8 +736,6 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, TrainStep
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
   std::optional<cli::Progress> progress;
   if (rank0) progress.emplace("step", o.steps, start_step, "tok", print_every);
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
   int stop_signal = 0;
 
   // --profile-steps: steps from the 11th of this run (after one-time costs).
@@ -661,7 +750,12 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, TrainStep
     Batch b;
     {
       HG_PROFILE("batch", Device::CPU);  // host: sampling, padding, framing
-      b = data.next();
+      try {
+        b = data.next();
+      } catch (const Stopped& s) {  // signalled while a large batch was built: stop before its step
+        stop_signal = s.signal;
+        break;
+      }
     }
     maybe_inject_fault(step + 1, model);
     dist::set_watch_step(step + 1);
@@ -833,6 +927,10 @@ void print_comm_summary(cli::DataParallel& dp, const History& h) {
 }
 
 int run(Options& o) {
+  // From here on SIGINT / SIGTERM stop the run at the next check: between
+  // steps, or inside the loops that build batches and replay the data.
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   validate(o);
   const Device dev = cli::resolve_device(o.device);
   set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
@@ -849,7 +947,9 @@ int run(Options& o) {
   if (world.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 alone logs progress
 
   const std::unique_ptr<Data> data = build_data(o);
-  const std::unique_ptr<DecoderLM> model = build_model(o, *data, precision);
+  const DecoderLMConfig cfg = model_config(o, *data, precision);
+  check_memory_fits(o, cfg, dev);
+  const auto model = std::make_unique<DecoderLM>(cfg);
   const int64_t model_step = o.resume ? model->load(o.checkpoint) : -1;
   // The vocabulary and model shape, once: a resumed run reuses the file.
   if (data->parallel && !o.checkpoint.empty() && !o.resume && world.rank == 0)
@@ -868,6 +968,8 @@ int run(Options& o) {
   step_options.use_graph = !o.no_graph;
   TrainStep step(*model, *opt, step_options);
   const int64_t start_step = maybe_resume(o, model_step, *opt, *data);
+  o.schedule = resolve_schedule(o, start_step);
+  if (!o.checkpoint.empty() && world.rank == 0) cli::save_schedule(o.checkpoint, o.schedule);
   if (dp) dp->check_sync(start_step);  // same seed or same checkpoint: identical on every rank
 
   std::string what = data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")";
@@ -912,7 +1014,14 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"train: trains a handgrad DecoderLM (built-in synthetic translation task, or --data FILE)", "train"};
   add_flags(app, o);
-  const int code = cli::run_program(app, o.common, argc, argv, [&] { return run(o); });
+  const int code = cli::run_program(app, o.common, argc, argv, [&] {
+    try {
+      return run(o);
+    } catch (const Stopped& s) {  // before the first step: nothing to save
+      spdlog::warn("stopped by {} before training started", s.signal == SIGINT ? "SIGINT" : "SIGTERM");
+      return 128 + s.signal;
+    }
+  });
   // A rank that failed takes every rank down (its message is out): no rank
   // waits forever in a collective this one will never join.
   if (dist::world().distributed() && code != cli::kExitOk && code < 128) dist::abort_world("train", "", code);

@@ -143,7 +143,7 @@ void fused_backward(const Tensor& dout, const AttentionSaved& s, const void* q, 
   if (dout.is_cuda()) {
     gpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.o.raw_data(), s.softmax_stats, l, dq, dk, dv);
   } else {
-    cpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.lse, l, dq, dk, dv);
+    cpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, l, dq, dk, dv);
   }
 }
 

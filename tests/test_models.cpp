@@ -18,6 +18,7 @@
 #include "core/tensor_functions.hpp"
 #include "models/attention.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/training_memory.hpp"
 #include "models/dropout.hpp"
 #include "models/embedding.hpp"
 #include "models/feedforward.hpp"
@@ -154,6 +155,24 @@ TEST_CASE("Embedding: forward picks rows plus positions, grads match finite diff
   check_parameters(emb, [&] { return weighted_sum(emb.forward(ids), w); });
   // Rows of positions beyond T = 5 get exactly zero gradient.
   for (int64_t j = 0; j < 4; ++j) CHECK(emb.position.grad.at({5, j}) == 0.0);
+}
+
+TEST_CASE("Embedding: a second backward without zero_grad accumulates into both tables", "[models]") {
+  Generator g(2);
+  Embedding emb(7, 6, 4, g);
+  emb.to(DType::F64);
+  const Tensor ids = Tensor::from_vector({3, 1, 3, 0, 6, 1, 1, 2}, {2, 4}, DType::F32);
+  const Tensor w = Tensor::randn({2, 4, 4}, g, DType::F64);
+  emb.zero_grad();
+  emb.forward(ids);
+  emb.backward(w);
+  const std::vector<double> token_once = emb.token.grad.to_vector(), position_once = emb.position.grad.to_vector();
+  emb.forward(ids);
+  emb.backward(w);
+  const std::vector<double> token_twice = emb.token.grad.to_vector(), position_twice = emb.position.grad.to_vector();
+  // Repeated ids sum in another order the second time: equal to rounding.
+  for (size_t i = 0; i < token_once.size(); ++i) CHECK(token_twice[i] == Approx(2 * token_once[i]).epsilon(1e-14));
+  for (size_t i = 0; i < position_once.size(); ++i) CHECK(position_twice[i] == 2 * position_once[i]);
 }
 
 TEST_CASE("Embedding: bad ids and lengths throw hg::Error", "[models]") {
@@ -689,6 +708,55 @@ TEST_CASE("gather_rows / scatter_add_rows: values, repeated ids, errors", "[core
   CHECK_THROWS_AS(gather_rows(table, Tensor::from_vector({3}, {1})), Error);
   CHECK_THROWS_AS(gather_rows(Tensor::zeros({6}), ids), Error);
   CHECK_THROWS_AS(scatter_add_rows(Tensor::zeros({3, 3}), ids, grad_table), Error);
+}
+
+TEST_CASE("DecoderLM: two backwards without zero_grad give twice one backward's gradients", "[models][lm]") {
+  // Gradients accumulate in every module (PyTorch's rule): nothing may
+  // overwrite what an earlier backward left. The second backward computes
+  // the same gradients as the first, so the sum is twice them (to rounding
+  // where repeated token ids are summed in another order).
+  std::vector<std::pair<Device, DType>> runs{{Device::CPU, DType::F64}};
+  if (test::cuda_paths_run("DecoderLM gradient accumulation")) runs.push_back({Device::CUDA, DType::F32});
+  for (const auto& [device, dtype] : runs) {
+    INFO(device_name(device));
+    DecoderLMConfig c = tiny_config();
+    c.dtype = dtype;
+    DecoderLM model(c);
+    model.to(device);
+    Tensor ids, targets;
+    fixed_batch(c, 2, 5, &ids, &targets);
+    ids = ids.to(device), targets = targets.to(device);
+    StepResult once = lm_step(model, ids, targets);  // zero_grad, forward, backward
+    for (auto& named : once.grads) named.second = named.second.clone();  // not the live gradient
+    CrossEntropySaved saved;
+    cross_entropy_forward(model.forward(ids), targets, -100, &saved);
+    model.backward(cross_entropy_backward(saved));
+    for (const auto& [name, g] : once.grads) {
+      INFO(name);
+      Parameter* p = nullptr;
+      for (auto& [n, q] : model.named_parameters())
+        if (n == name) p = q;
+      REQUIRE(p != nullptr);
+      CHECK(hg::rel_error(p->grad.to(Device::CPU).to(DType::F64), hg::mul_scalar(g.to(DType::F64), 2.0)) <
+            (dtype == DType::F64 ? 1e-12 : 1e-6));
+    }
+  }
+}
+
+TEST_CASE("training memory estimate: the parameter count of the built model, linear in the batch", "[models]") {
+  for (int64_t layers : {0, 1, 3})
+    for (int64_t hidden : {0, 24}) {
+      DecoderLMConfig c = tiny_config();
+      c.n_layers = layers;
+      c.ffn_hidden = hidden;
+      INFO("layers " << layers << " ffn_hidden " << hidden);
+      DecoderLM model(c);
+      CHECK(parameter_count(c) == model.num_parameters());
+      const TrainingMemory one = estimate_training_memory(c, 1, 6), many = estimate_training_memory(c, 1000, 6);
+      CHECK(one.weight_bytes == 16.0 * static_cast<double>(model.num_parameters()));
+      CHECK(many.activation_bytes() == Approx(1000 * one.activation_bytes()));
+      CHECK(many.total_bytes() > one.total_bytes());
+    }
 }
 
 TEST_CASE("DecoderLM tiny: every parameter and the input embeddings vs finite differences", "[models][lm]") {

@@ -1,6 +1,10 @@
 #include "examples/common/cli.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cmath>
 #include <cstdio>
@@ -24,13 +28,14 @@ std::string join(const std::function<void(std::ostream&)>& write) {
 
 std::string version_string() { return std::string("handgrad ") + HG_VERSION; }
 
-void add_common_flags(CLI::App& app, CommonFlags& flags) {
+void add_common_flags(CLI::App& app, CommonFlags& flags, bool threads_flag) {
   app.add_option("--log-level", flags.log_level,
                  "trace, debug, info, warn, error or off (default: $HG_LOG_LEVEL, $SPDLOG_LEVEL, else info)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "off"}));
   app.add_flag("--quiet,-q", flags.quiet, "only warnings, errors and results (log level warn)");
-  app.add_option("--threads", flags.threads, "CPU threads (default: $HG_NUM_THREADS, else every core)")
-      ->check(CLI::Range(1, 1024));
+  if (threads_flag)
+    app.add_option("--threads", flags.threads, "CPU threads (default: $HG_NUM_THREADS, else every core)")
+        ->check(CLI::Range(1, 1024));
   app.set_version_flag("--version", version_string());
 }
 
@@ -68,21 +73,30 @@ int run_program(CLI::App& app, CommonFlags& flags, int argc, char** argv, const 
   }
 }
 
+namespace {
+const char* why_no_cuda() {
+#ifdef HG_WITH_CUDA
+  return "is visible to this process";
+#else
+  return "support: this build has no CUDA backend (nvcc was not found at configure time)";
+#endif
+}
+}  // namespace
+
 Device resolve_device(const std::string& name, const std::string& flag) {
   if (name == "cpu") return Device::CPU;
   if (name == "auto") return cuda_available() ? Device::CUDA : Device::CPU;
   if (name == "cuda") {
-    if (!cuda_available())
-      usage_error(flag, "cuda: no CUDA GPU ",
-#ifdef HG_WITH_CUDA
-                  "is visible to this process",
-#else
-                  "support: this build has no CUDA backend (nvcc was not found at configure time)",
-#endif
-                  "; use ", flag, " cpu");
+    if (!cuda_available()) usage_error(flag, "cuda: no CUDA GPU ", why_no_cuda(), "; use ", flag, " cpu");
     return Device::CUDA;
   }
   usage_error(flag, name, ": unknown device (allowed: cpu, cuda, auto)");
+}
+
+void require_cuda(const std::string& program, const std::string& cpu_alternative) {
+  if (!cuda_available())
+    throw UsageError(program + " times CUDA kernels only, and there is no CUDA GPU " + why_no_cuda() +
+                     (cpu_alternative.empty() ? "" : "; on the CPU: " + cpu_alternative));
 }
 
 void check_writable(const std::string& path, const std::string& flag) {
@@ -92,12 +106,22 @@ void check_writable(const std::string& path, const std::string& flag) {
   std::error_code ec;
   if (fs::is_directory(p, ec)) usage_error(flag, path, ": is a directory, expected a file path");
   if (fs::exists(p, ec)) {
-    if (::access(path.c_str(), W_OK) != 0) usage_error(flag, path, ": the file exists and is not writable");
+    const int fd = ::open(path.c_str(), O_WRONLY);  // neither truncates nor writes
+    if (fd < 0) usage_error(flag, path, ": the file exists and cannot be written: ", std::strerror(errno));
+    ::close(fd);
     return;
   }
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec)) usage_error(flag, path, ": directory '", dir.string(), "' does not exist");
   if (::access(dir.c_str(), W_OK) != 0) usage_error(flag, path, ": directory '", dir.string(), "' is not writable");
+  // access() trusts the mode bits, which /proc, /sys and read-only mounts do
+  // not honour: only creating the file shows that it can be written. It is
+  // removed at once (the program writes it later, as a whole).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0)
+    usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(path.c_str());
 }
 
 }  // namespace hg::cli
@@ -122,6 +146,23 @@ CLI::Validator real_range(double lo, double hi) {
         return std::string();
       },
       "REAL in " + text);
+}
+
+CLI::Validator at_least(int64_t lo) {
+  const std::string bound = std::to_string(lo);
+  return CLI::Validator(
+      [lo, bound](std::string& input) -> std::string {
+        size_t used = 0;
+        long long v = 0;
+        try {
+          v = std::stoll(input, &used);
+        } catch (const std::exception&) {
+          return "Value " + input + " is not an integer";
+        }
+        if (used != input.size() || v < lo) return "Value " + input + " not in range: at least " + bound;
+        return std::string();
+      },
+      "INT >= " + bound);
 }
 
 }  // namespace hg::cli

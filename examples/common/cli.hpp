@@ -39,8 +39,9 @@ struct CommonFlags {
   int threads = 0;  // 0: leave hg::num_threads() as it is (HG_NUM_THREADS or every core)
 };
 
-// Adds --log-level, --quiet, --threads and --version to `app`.
-void add_common_flags(CLI::App& app, CommonFlags& flags);
+// Adds --log-level, --quiet, --threads and --version to `app`. threads_flag
+// false: the program has its own --threads (a list of counts it sweeps).
+void add_common_flags(CLI::App& app, CommonFlags& flags, bool threads_flag = true);
 
 // Parses the command line, sets up logging and threads, runs `body` and turns
 // every failure into a message and an exit code (see the table above).
@@ -50,6 +51,11 @@ int run_program(CLI::App& app, CommonFlags& flags, int argc, char** argv, const 
 // "cpu", "cuda" or "auto" (CUDA when a GPU is present). "cuda" without a GPU
 // is a UsageError: "--device cuda: no CUDA GPU ...".
 Device resolve_device(const std::string& name, const std::string& flag = "--device");
+
+// For a program that runs only on CUDA (it has no --device): a UsageError
+// "<program> times CUDA kernels only, and there is no CUDA GPU ...", naming
+// what runs on the CPU instead when cpu_alternative is given.
+void require_cuda(const std::string& program, const std::string& cpu_alternative = "");
 
 // Output paths are checked before any work: the file must be creatable (or,
 // when it exists, writable) in an existing directory. Empty: nothing to check.
@@ -74,5 +80,10 @@ namespace hg::cli {
 // A CLI11 check that a real number lies in [lo, hi] (finite), whose message
 // names the value and the range with %g ("Value 0 not in range [1e-09, 10]").
 CLI::Validator real_range(double lo, double hi);
+
+// A CLI11 check that an integer is at least `lo`, with no made-up upper
+// bound in the help ("INT >= 1") or the message ("Value 0 not in range: at
+// least 1"). The option's own type bounds it above.
+CLI::Validator at_least(int64_t lo);
 
 }  // namespace hg::cli

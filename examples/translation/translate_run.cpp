@@ -1,8 +1,10 @@
 #include "examples/translation/translate_run.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
+#include "core/error.hpp"
 #include "core/logging.hpp"
 #include "examples/translation/translation_checkpoint.hpp"
 #include "models/decoder_lm.hpp"
@@ -12,8 +14,37 @@ namespace hg::translation {
 
 namespace {
 
+// Whether s can be a line of text: valid UTF-8 without control bytes.
+bool looks_like_text(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    i += n;
+  }
+  return true;
+}
+
+// Binary data or a file of another format still splits into "lines", a few
+// with a tab: refuse a file in which most lines are not text pairs, rather
+// than let the later steps fail on it with a message about lengths.
+void check_mostly_pairs(const std::string& path, const ParallelCorpus& c) {
+  const int64_t lines = static_cast<int64_t>(c.pairs.size()) + c.malformed;
+  const int64_t text = std::count_if(c.pairs.begin(), c.pairs.end(), [](const SentencePair& p) {
+    return looks_like_text(p.source) && looks_like_text(p.target);
+  });
+  if (lines > 0 && text * 2 < lines)
+    fail("translate", path, ": only ", text, " of its ", lines, " lines are source<TAB>target pairs of text (",
+         c.malformed, " malformed, ", static_cast<int64_t>(c.pairs.size()) - text,
+         " with control bytes or invalid UTF-8): the file holds almost no valid pairs; is it a parallel text corpus?");
+}
+
 std::vector<SentencePair> read_pairs(const std::string& path) {
   ParallelCorpus c = read_parallel_tsv(path);
+  check_mostly_pairs(path, c);
   if (c.malformed > 0) {
     spdlog::warn("{}: {} malformed line{} skipped (a line must be source<TAB>target, both non-empty):", path, c.malformed,
                  c.malformed == 1 ? "" : "s");

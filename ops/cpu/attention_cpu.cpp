@@ -75,30 +75,42 @@ struct Head {
       const int64_t end = std::clamp<int64_t>(l.key_end(i0 + r), 0, l.tk);
       for (int64_t j = end; j < l.tk; ++j) z(r, j) = -inf;
       if (mask_row == nullptr) continue;
+      // A value at or below the threshold removes its key; adding (m - inf)
+      // rather than assigning -inf keeps a NaN mask value NaN (docs/reliability.md).
       for (int64_t j = 0; j < end; ++j) {
         const T m = mask_row[j];
-        z(r, j) = m > static_cast<T>(kSoftmaxMaskThreshold) ? z(r, j) + m : -inf;
+        z(r, j) += m > static_cast<T>(kSoftmaxMaskThreshold) ? m : m - inf;
       }
     }
   }
 };
 
-// p = exp(z - lse) row-wise; a row with lse = -inf (every key removed) is all zeros.
+// Row-wise softmax in place, p = exp(z - max) / sum, the plain composition's
+// arithmetic: every row sums to one to rounding. (exp(z - lse) with a stored
+// lse = max + log(sum) does not: at large logits lse's rounding, an ulp of
+// the max, scales every p of the row, and the backward's dp - D cancellation
+// amplifies it.) A row whose keys are all removed is zeros; a NaN logit makes
+// its row NaN. Returns each row's log-sum-exp in lse (rows values).
 template <class T>
-void probabilities(Mat<T>& z, const T* lse) {
+void softmax_rows(Mat<T>& z, T* lse) {
+  const T inf = std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < z.rows(); ++r) {
-    if (std::isinf(lse[r])) {
+    const T m = z.row(r).template maxCoeff<Eigen::PropagateNaN>();
+    if (m == -inf) {
       z.row(r).setZero();
-    } else {
-      z.row(r) = (z.row(r).array() - lse[r]).exp();
+      lse[r] = -inf;
+      continue;
     }
+    z.row(r) = (z.row(r).array() - m).exp();
+    const T sum = z.row(r).sum();
+    z.row(r) *= T(1) / sum;
+    lse[r] = m + std::log(sum);
   }
 }
 
 template <class T>
 void forward(const void* q, const void* k, const void* v, const AttentionLayout& l, void* o, Tensor& lse) {
   const int64_t dh = l.head_dim, h = l.heads;
-  const T inf = std::numeric_limits<T>::infinity();
   for_heads(l, [&](int64_t bh) {
     const Head<T> head(l, bh);
     const ConstMap<T> qm = slice<T>(q, l.q, bh, h, l.tq, dh);
@@ -111,11 +123,7 @@ void forward(const void* q, const void* k, const void* v, const AttentionLayout&
       const int64_t rows = std::min(kQueryTile, l.tq - i0);
       z.resize(rows, l.tk);
       head.logits(qm, km, i0, rows, z);
-      for (int64_t r = 0; r < rows; ++r) {
-        const T m = z.row(r).maxCoeff();
-        lse_row[i0 + r] = m == -inf ? -inf : m + std::log((z.row(r).array() - m).exp().sum());
-      }
-      probabilities(z, lse_row + i0);
+      softmax_rows(z, lse_row + i0);
       product<T>(rows, dh, l.tk, z.data(), l.tk, false, vm.data(), vm.outerStride(), false,
                  om.data() + i0 * om.outerStride(), om.outerStride(), T(1), false);
     }
@@ -123,8 +131,7 @@ void forward(const void* q, const void* k, const void* v, const AttentionLayout&
 }
 
 template <class T>
-void backward(const void* dout, const void* q, const void* k, const void* v, const Tensor& lse,
-              const AttentionLayout& l, void* dq, void* dk, void* dv) {
+void backward(const void* dout, const void* q, const void* k, const void* v, const AttentionLayout& l, void* dq, void* dk, void* dv) {
   const int64_t dh = l.head_dim, h = l.heads;
   const T scale = static_cast<T>(l.scale);
   for_heads(l, [&](int64_t bh) {
@@ -138,13 +145,13 @@ void backward(const void* dout, const void* q, const void* k, const void* v, con
     MutMap<T> dvm = slice_mut<T>(dv, l.kv, bh, h, l.tk, dh);
     dkm.setZero();
     dvm.setZero();
-    const T* lse_row = lse.data<T>() + bh * l.tq;
     Mat<T> p, dp;
+    Eigen::Matrix<T, Eigen::Dynamic, 1> lse_tile(std::min(kQueryTile, l.tq));
     for (int64_t i0 = 0; i0 < l.tq; i0 += kQueryTile) {
       const int64_t rows = std::min(kQueryTile, l.tq - i0);
       p.resize(rows, l.tk);
       head.logits(qm, km, i0, rows, p);
-      probabilities(p, lse_row + i0);
+      softmax_rows(p, lse_tile.data());  // the forward's p, bit for bit
       const T* d_out = dom.data() + i0 * dom.outerStride();
       const int64_t ld_out = dom.outerStride();
       dp.resize(rows, l.tk);
@@ -173,10 +180,10 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
   forward<float>(q, k, v, layout, o, lse);
 }
 
-void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const Tensor& lse,
+void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v,
                         const AttentionLayout& layout, void* dq, void* dk, void* dv) {
-  if (dtype == DType::F64) return backward<double>(dout, q, k, v, lse, layout, dq, dk, dv);
-  backward<float>(dout, q, k, v, lse, layout, dq, dk, dv);
+  if (dtype == DType::F64) return backward<double>(dout, q, k, v, layout, dq, dk, dv);
+  backward<float>(dout, q, k, v, layout, dq, dk, dv);
 }
 
 }  // namespace hg::cpu

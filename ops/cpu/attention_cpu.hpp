@@ -13,8 +13,9 @@ namespace hg::cpu {
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
                        void* o, Tensor& lse);
 
-// dq, dk, dv from dout and the forward's lse (probabilities recomputed per tile).
-void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const Tensor& lse,
+// dq, dk, dv from dout; the probabilities are recomputed per tile exactly as
+// the forward computed them (max and sum of the row, not the stored lse).
+void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v,
                         const AttentionLayout& layout, void* dq, void* dk, void* dv);
 
 }  // namespace hg::cpu

@@ -18,6 +18,7 @@ call moves it there), so nothing needs an event and the host never blocks;
 cross-entropy checks its targets on the device (a bad target gives a NaN loss). Dtypes: float32 and float64 on the CPU;
 float32 and bfloat16 on CUDA (math in float32). Details and limits: docs/python.md.
 """
+import importlib.util
 import os
 import types
 import warnings
@@ -41,14 +42,20 @@ def _load_extension():
                         f"handgrad._torch_ext), got {choice!r}")
     if choice == "0":
         return None
+    # Not built (the build found no PyTorch C++ headers) is a normal state, said as such;
+    # built but failing to import is a fault worth a warning.
+    if importlib.util.find_spec("handgrad._torch_ext") is None:
+        if choice == "1":
+            raise ImportError("HG_TORCH_EXT=1, but handgrad._torch_ext was not built (CMake builds it where it finds "
+                              "PyTorch's C++ headers: 'PyTorch C++ extension ON' in the configure output)")
+        return None
     try:
         from handgrad import _torch_ext
         return _torch_ext
     except ImportError as e:
         if choice == "1":
-            raise ImportError(f"HG_TORCH_EXT=1, but handgrad._torch_ext does not import: {e}") from e
-        if not (isinstance(e, ModuleNotFoundError) and e.name == "handgrad._torch_ext"):  # built, yet broken
-            warnings.warn(f"handgrad._torch_ext does not import ({e}); using the Python autograd Functions")
+            raise ImportError(f"HG_TORCH_EXT=1, but handgrad._torch_ext, which was built, does not import: {e}") from e
+        warnings.warn(f"handgrad._torch_ext was built but does not import ({e}); using the Python autograd Functions")
         return None
 
 
@@ -255,11 +262,21 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return _to_torch(_C._torch_cross_entropy_backward(ctx.saved, logits, float(dloss))), None, None
 
 
-def _py_cross_entropy(logits, target, ignore_index=-100, reduction="mean"):
+def _refuse_unsupported(where, label_smoothing, weight):
+    if label_smoothing != 0.0:
+        raise ValueError(f"{where}: label_smoothing={float(label_smoothing)!r} is not supported (only 0.0); "
+                         "use torch.nn.functional.cross_entropy for label smoothing")
+    if weight is not None:
+        raise ValueError(f"{where}: class weights (weight=...) are not supported")
+
+
+def _py_cross_entropy(logits, target, ignore_index=-100, reduction="mean", label_smoothing=0.0, weight=None):
     """Mean cross-entropy of logits (..., V) against integer targets (...) (F.cross_entropy with
-    class ids in the last dim; reduction 'mean' only)."""
+    class ids in the last dim; reduction 'mean' only; label_smoothing other than 0 and class
+    weights are refused by name)."""
     if reduction != "mean":
         raise ValueError(f"handgrad.torch.cross_entropy supports reduction='mean' only, got {reduction!r}")
+    _refuse_unsupported("handgrad.torch.cross_entropy", label_smoothing, weight)
     return _CrossEntropyFunction.apply(logits, target, int(ignore_index))
 
 
@@ -270,8 +287,9 @@ class CrossEntropyLoss(nn.Module):
     """nn.CrossEntropyLoss(ignore_index=...) for logits (N, V) / (..., V); mean reduction, no
     class weights, no label smoothing."""
 
-    def __init__(self, ignore_index=-100, reduction="mean"):
+    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0, weight=None):
         super().__init__()
+        _refuse_unsupported("handgrad.torch.CrossEntropyLoss", label_smoothing, weight)
         if reduction != "mean":
             raise ValueError(f"handgrad.torch.CrossEntropyLoss supports reduction='mean' only, got {reduction!r}")
         self.ignore_index = ignore_index

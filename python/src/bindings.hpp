@@ -4,6 +4,7 @@
 
 #include "core/dtype.hpp"
 #include "core/device.hpp"
+#include "core/tensor.hpp"
 
 namespace hg::python {
 
@@ -22,5 +23,11 @@ void bind_bench_hooks(py::module_& m);  // bench_hooks.cpp: C++-side timing for 
 DType parse_dtype(const std::string& name);
 const char* dtype_py_name(DType dtype);
 Device parse_device(const std::string& name);
+
+// Token ids / class targets as handgrad takes them (float32, exact up to
+// 2^24): a handgrad tensor as it is (the op checks its dtype); a NumPy array
+// or nested list of integers or floats converted to a float32 CPU tensor.
+// `what` names the op in errors.
+Tensor as_ids(const py::object& ids, const char* what);
 
 }  // namespace hg::python

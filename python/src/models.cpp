@@ -49,9 +49,12 @@ void bind_models(py::module_& m) {
            py::kw_only(), py::arg("vocab_size") = 256, py::arg("max_seq_len") = 128, py::arg("d_model") = 128,
            py::arg("n_heads") = 4, py::arg("n_layers") = 2, py::arg("ffn_hidden") = 0, py::arg("dropout") = 0.0,
            py::arg("ln_eps") = 1e-5, py::arg("seed") = 0, py::arg("dtype") = "float32")
-      .def("forward", [](DecoderLM& lm, const Tensor& ids, const py::object& mask) {
-        return lm.forward(ids, mask.is_none() ? Tensor() : mask.cast<Tensor>());
-      }, py::arg("ids"), py::arg("key_padding_mask") = py::none(), "ids (B, T) float32 token ids -> logits (B, T, V).")
+      .def("forward", [](DecoderLM& lm, const py::object& ids, const py::object& mask) {
+        Tensor t = as_ids(ids, "DecoderLM.forward");
+        if (!py::isinstance<Tensor>(ids)) t = t.to(lm.embed.token.value.device());  // NumPy ids: to the model
+        return lm.forward(t, mask.is_none() ? Tensor() : mask.cast<Tensor>());
+      }, py::arg("ids"), py::arg("key_padding_mask") = py::none(),
+         "ids (B, T) token ids (integers: a NumPy array or list, or a float32 Tensor) -> logits (B, T, V).")
       .def("backward", &DecoderLM::backward, py::arg("dlogits"),
            "Accumulates every parameter gradient; returns d loss / d embedding output.");
 

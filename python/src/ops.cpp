@@ -54,13 +54,17 @@ void bind_ops(py::module_& m) {
 
   py::class_<CrossEntropySaved>(m, "CrossEntropySaved", "What cross_entropy_backward needs.")
       .def_readonly("n_valid", &CrossEntropySaved::n_valid);
-  m.def("cross_entropy_forward", [](const Tensor& logits, const Tensor& targets, int64_t ignore_index, bool on_device) {
+  m.def("cross_entropy_forward", [](const Tensor& logits, const py::object& target_ids, int64_t ignore_index,
+                                    bool on_device) {
+    Tensor targets = as_ids(target_ids, "cross_entropy_forward");
+    if (!py::isinstance<Tensor>(target_ids)) targets = targets.to(logits.device());  // NumPy ids: to the logits
     CrossEntropySaved saved;
     Tensor loss = on_device ? cross_entropy_forward_on_device(logits, targets, ignore_index, &saved)
                             : cross_entropy_forward(logits, targets, ignore_index, &saved);
     return py::make_tuple(std::move(loss), std::move(saved));
   }, py::arg("logits"), py::arg("targets"), py::arg("ignore_index") = -100, py::kw_only(), py::arg("on_device") = false,
-        "Mean cross-entropy of logits (..., V) against float32 class ids (...) -> (loss, saved).\n"
+        "Mean cross-entropy of logits (..., V) against class ids (...) -> (loss, saved); the ids are\n"
+        "integers (a NumPy array or list) or a float32 Tensor.\n"
         "on_device=True: on CUDA in fused mode nothing is read back to the host (no wait): the targets\n"
         "are counted on the device, a bad target makes the loss NaN instead of raising, and\n"
         "saved.n_valid is -1. Elsewhere it changes nothing.");

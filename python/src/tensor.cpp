@@ -3,6 +3,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -111,12 +113,59 @@ Tensor from_numpy(const py::array& a) {
   });
 }
 
+// repr(): the values of a small tensor, as PyTorch prints them
+// ("Tensor(2.3026, dtype=float32)", "Tensor([[1., 2.], [3., 4.]], ...)"),
+// so print(loss) shows the loss; a large one by its shape only.
+constexpr int64_t kReprMaxValues = 100;
+
+void write_values(std::ostringstream& os, const std::vector<double>& v, const Shape& shape, size_t dim, size_t& at) {
+  if (dim == shape.size()) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g", v[at++]);
+    os << text;
+    return;
+  }
+  os << '[';
+  for (int64_t i = 0; i < shape[dim]; ++i) {
+    if (i > 0) os << ", ";
+    write_values(os, v, shape, dim + 1, at);
+  }
+  os << ']';
+}
+
+std::string tensor_repr(const Tensor& t) {
+  if (!t.defined() || t.numel() > kReprMaxValues) return t.describe();
+  std::ostringstream os;
+  os << "Tensor(";
+  size_t at = 0;
+  write_values(os, t.to_vector(), t.shape(), 0, at);
+  os << ", dtype=" << dtype_py_name(t.dtype());
+  if (t.is_cuda()) os << ", device=cuda";
+  os << ')';
+  return os.str();
+}
+
 Shape to_shape(const py::object& obj) {
   if (py::isinstance<py::int_>(obj)) return Shape{obj.cast<int64_t>()};
   return obj.cast<Shape>();
 }
 
 }  // namespace
+
+Tensor as_ids(const py::object& ids, const char* what) {
+  if (py::isinstance<Tensor>(ids)) return ids.cast<Tensor>();  // as it is: the op checks its dtype
+  const py::module_ np = py::module_::import("numpy");
+  const py::object a = np.attr("asarray")(ids);
+  const std::string kind = a.attr("dtype").attr("kind").cast<std::string>();
+  HG_CHECK(kind == "i" || kind == "u" || kind == "f", what, "ids must be integers (or float32), got a NumPy array of ",
+           py::str(a.attr("dtype")).cast<std::string>());
+  if (kind != "f" && a.attr("size").cast<int64_t>() > 0) {
+    const int64_t hi = a.attr("max")().cast<int64_t>(), lo = a.attr("min")().cast<int64_t>();
+    constexpr int64_t kExact = int64_t{1} << 24;  // float32 holds every integer up to here
+    HG_CHECK(hi < kExact && lo > -kExact, what, "ids from ", lo, " to ", hi, " are not exact in float32 (|id| < 2^24)");
+  }
+  return from_numpy(np.attr("ascontiguousarray")(a, py::arg("dtype") = "float32").cast<py::array>());
+}
 
 void bind_tensor(py::module_& m) {
   py::class_<Generator>(m, "Generator", "Seeded random source; tensors are drawn on the host from it.")
@@ -132,7 +181,7 @@ void bind_tensor(py::module_& m) {
       .def_property_readonly("nbytes", &Tensor::nbytes)
       .def("numel", &Tensor::numel)
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()); })
-      .def("__repr__", &Tensor::describe)
+      .def("__repr__", &tensor_repr)
       .def("numpy", [](py::object self) { return to_numpy(self.cast<const Tensor&>(), self); },
            "A NumPy array viewing this tensor's host memory (no copy).")
       .def_property_readonly("__array_interface__", [](const Tensor& t) {

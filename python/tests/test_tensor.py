@@ -16,7 +16,7 @@ class TensorBasics(unittest.TestCase):
         self.assertEqual(t.ndim, 2)
         self.assertEqual(t.numel(), 6)
         self.assertEqual(t.nbytes, 48)
-        self.assertIn("(2, 3)", repr(t))
+        self.assertEqual(repr(t), "Tensor([[0, 0, 0], [0, 0, 0]], dtype=float64)")  # small: the values
         np.testing.assert_array_equal(hg.ones(4).numpy(), np.ones(4, np.float32))
         np.testing.assert_array_equal(hg.full((2,), 2.5).numpy(), [2.5, 2.5])
         r = hg.randn((1000,), hg.Generator(3))

@@ -4,8 +4,10 @@ autograd Functions (handgrad._torch_ext) against the Python ones. Skips
 visibly without PyTorch; the CUDA cases skip without a GPU."""
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import unittest
 
 import numpy as np
@@ -31,6 +33,49 @@ needs_gpu = unittest.skipUnless(torch is not None and torch.cuda.is_available() 
 
 def causal_mask(Tq, Tk, dtype=None):
     return torch.full((Tq, Tk), float("-inf"), dtype=dtype).triu(1 + Tk - Tq)
+
+
+@needs_torch
+class Unsupported(unittest.TestCase):
+    def test_label_smoothing_and_class_weights_are_refused_by_name(self):
+        logits, target = torch.randn(4, 5), torch.tensor([0, 1, 2, 3])
+        with self.assertRaisesRegex(ValueError, "cross_entropy: label_smoothing=0.1 is not supported"):
+            hgt.cross_entropy(logits, target, label_smoothing=0.1)
+        with self.assertRaisesRegex(ValueError, "CrossEntropyLoss: label_smoothing=0.1 is not supported"):
+            hgt.CrossEntropyLoss(label_smoothing=0.1)
+        with self.assertRaisesRegex(ValueError, "class weights"):
+            hgt.cross_entropy(logits, target, weight=torch.ones(5))
+        # F.cross_entropy's defaults are accepted.
+        self.assertAlmostEqual(hgt.cross_entropy(logits, target, label_smoothing=0.0, weight=None).item(),
+                               F.cross_entropy(logits, target).item(), places=5)
+
+
+@needs_torch
+class ExtensionNotBuilt(unittest.TestCase):
+    """A build without handgrad._torch_ext (no PyTorch C++ headers) says so; it is not a failed import."""
+
+    def run_without_extension(self, env_value):
+        package = os.path.dirname(hg.__file__)
+        with tempfile.TemporaryDirectory() as root:
+            shutil.copytree(package, os.path.join(root, "handgrad"), ignore=shutil.ignore_patterns("_torch_ext*"))
+            env = dict(os.environ, PYTHONPATH=root)
+            env.pop("HG_TORCH_EXT", None)
+            if env_value is not None:
+                env["HG_TORCH_EXT"] = env_value
+            return subprocess.run([sys.executable, "-W", "always", "-c",
+                                   "import handgrad.torch as t; print(t.BACKEND)"],
+                                  env=env, capture_output=True, text=True, cwd=root)
+
+    def test_auto_uses_the_python_functions_without_a_warning(self):
+        r = self.run_without_extension(None)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.strip(), "python")
+        self.assertNotIn("does not import", r.stderr)
+
+    def test_required_extension_says_it_was_not_built(self):
+        r = self.run_without_extension("1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("handgrad._torch_ext was not built", r.stderr)
 
 
 @needs_torch

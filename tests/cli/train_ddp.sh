@@ -49,11 +49,16 @@ check "2 ranks x batch 8 = 1 process x batch 16 (relative 1e-5)" close one.csv t
 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --bucket-mb 0.01 --log-csv again.csv >/dev/null 2>&1
 check "2-rank runs repeat bit for bit" cmp -s <(losses two.csv) <(losses again.csv)
 check "communication time reported" grep -q "communication: .* ms/step in MPI calls" two.out
+# Under mpirun a rank's stdout is the launcher's pseudo-terminal, even with
+# mpirun's output in a file: the progress must be plain lines there.
+"${launch[@]}" "$train" "${tiny[@]}" --log-level info --steps 8 --batch 8 --log-csv '' > progress.out 2>&1
+check "progress under mpirun, output to a file: plain lines, no CR or ESC" \
+  bash -c "grep -q 'step 8/8' progress.out && ! grep -q $'\\r' progress.out && ! grep -q $'\\x1b' progress.out"
 
 "${launch[@]}" "$train" "${tiny[@]}" --steps 4 --batch 8 --zero 1 --check-sync --checkpoint z.ck --log-csv z.csv \
   > z.out 2>&1
 check "--zero 1: a reduce-scatter and an all-gather per step" grep -q "2.0 collectives/step" z.out
-"$train" "${tiny[@]}" --steps 8 --batch 16 --checkpoint z.ck --resume --log-csv z.csv >/dev/null 2>&1
+"$train" "${tiny[@]}" --steps 8 --batch 16 --checkpoint z.ck --resume --extend-schedule --log-csv z.csv >/dev/null 2>&1
 check "ZeRO-1 on 2 ranks, resumed in 1 process = 1 process throughout" close one.csv z.csv 1e-5
 
 HG_FAULT=perturb:1:3 "${launch[@]}" "$train" "${tiny[@]}" --steps 4 --batch 8 --check-sync > p.out 2>&1
@@ -72,7 +77,7 @@ last=$(tail -1 s.csv | cut -d, -f1)
 check "SIGTERM to mpirun: every rank stops after step $last and the checkpoint is saved" \
   grep -q "saved s.ck (+ .optim) at step $last" s.out
 check "... and it resumes" \
-  bash -c "'$train' ${tiny[*]@Q} --steps $((last + 2)) --batch 16 --checkpoint s.ck --resume --log-csv s.csv > /dev/null 2>&1"
+  bash -c "'$train' ${tiny[*]@Q} --steps $((last + 2)) --batch 16 --checkpoint s.ck --resume --extend-schedule --log-csv s.csv > /dev/null 2>&1"
 
 start=$(date +%s)
 HG_FAULT=kill:1:5 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --checkpoint k.ck --log-csv k.csv \

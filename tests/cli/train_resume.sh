@@ -7,6 +7,9 @@
 #   3. A model checkpoint and optimizer state from different steps are
 #      refused, unless the save was cut between its renames (then the resume
 #      completes it); resuming past --steps is a usage error (exit 2).
+#   4. The learning-rate schedule travels with the checkpoint: a resume with
+#      another --lr or a longer --steps is refused, --extend-schedule
+#      continues it without a jump.
 #
 #   train_resume.sh PATH/TO/train
 set -uo pipefail
@@ -85,22 +88,44 @@ done
 # ---- 3. mismatched checkpoint pair; resume past the end
 "$train" "${tiny[@]}" --steps 20 --log-csv a.csv --plot '' --checkpoint a.ck -q > /dev/null 2>&1
 cp a.ck.optim a20.optim
-"$train" "${tiny[@]}" --steps 30 --log-csv a.csv --plot '' --checkpoint a.ck --resume -q > /dev/null 2>&1
+"$train" "${tiny[@]}" --steps 30 --log-csv a.csv --plot '' --checkpoint a.ck --resume --extend-schedule -q > /dev/null 2>&1
 "$train" "${tiny[@]}" --steps 20 --log-csv b.csv --plot '' --checkpoint a.ck --resume > past.out 2>&1
 check "resume past the end: exit 2" [ $? == 2 ]
 check "resume past the end: message names --steps and the step" grep -q -- "--steps 20: the checkpoint a.ck is already at step" past.out
 cp a.ck.optim a30.optim
 cp a20.optim a.ck.optim  # model from step 30, optimizer from step 20
-"$train" "${tiny[@]}" --steps 40 --log-csv a.csv --plot '' --checkpoint a.ck --resume > mismatch.out 2>&1
+"$train" "${tiny[@]}" --steps 40 --log-csv a.csv --plot '' --checkpoint a.ck --resume --extend-schedule > mismatch.out 2>&1
 check "mismatched pair: exit 1" [ $? == 1 ]
 check "mismatched pair: message names both steps" grep -q "is from step 30 but a.ck.optim is from step 20" mismatch.out
 # A save killed between its two renames: model at 30, optimizer at 20, the
 # optimizer's step-30 state still in .optim.next: the resume completes it.
 cp a30.optim a.ck.optim.next
-"$train" "${tiny[@]}" --steps 40 --log-csv a.csv --plot '' --checkpoint a.ck --resume > completed.out 2>&1
+"$train" "${tiny[@]}" --steps 40 --log-csv a.csv --plot '' --checkpoint a.ck --resume --extend-schedule > completed.out 2>&1
 check "save interrupted between renames: resume completes it and exits 0" [ $? == 0 ]
 check "save interrupted between renames: says so" grep -q "completed a checkpoint save that was interrupted (step 30)" completed.out
 check "save interrupted between renames: resumed at step 30" grep -q "at step 30" completed.out
+
+# ---- 4. the learning-rate schedule is the checkpoint's: a longer --steps is
+# refused unless --extend-schedule, which continues without a jump.
+sched=("${tiny[@]}" --warmup 5 --plot '' --checkpoint s.ck)
+"$train" "${sched[@]}" --steps 20 --log-csv s.csv -q > /dev/null 2>&1
+"$train" "${sched[@]}" --steps 40 --log-csv s.csv --resume > longer.out 2>&1
+check "longer --steps on resume without --extend-schedule: exit 2" [ $? == 2 ]
+check "longer --steps on resume: message names the schedule's end, the jump and --extend-schedule" \
+  grep -q -- "--steps 40: the checkpoint's schedule ends at step 20 .*would jump from 0.0003 to .*--extend-schedule" longer.out
+"$train" "${sched[@]}" --steps 40 --lr 0.001 --log-csv s.csv --resume > lr.out 2>&1
+check "another --lr on resume: exit 2, names the saved one" grep -q -- "--lr 0.001: the checkpoint's run used --lr 0.003" lr.out
+"$train" "${sched[@]}" --steps 40 --log-csv s.csv --resume --extend-schedule -q > extend.out 2>&1
+check "--extend-schedule: exit 0" [ $? == 0 ]
+check "--extend-schedule: the log has steps 1..40 once each" continuous s.csv 40
+# The saved schedule had reached its floor, 10% of --lr, at step 20: the
+# extension holds it (without it the rate would have jumped to 1.9e-3).
+check "--extend-schedule: lr of steps 21..40 stays at 0.0003" \
+  awk -F, 'NR > 1 && $1 > 20 && $3 != 0.0003 { bad = 1 } END { exit bad }' s.csv
+# A second resume of the extended run keeps the extended schedule.
+"$train" "${sched[@]}" --steps 40 --log-csv s.csv --resume -q > again.out 2>&1
+check "resume of an extended run at its end: refused as past the end" grep -q -- "already at step 40" again.out
+
 if ((failures)); then
   for f in *.out; do echo "--- $f"; tail -5 "$f"; done
   echo "$failures check(s) failed"

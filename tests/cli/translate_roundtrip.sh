@@ -36,7 +36,7 @@ check "test BLEU in the summary" grep -qE "^test BLEU [0-9.]+ \([0-9]+ pairs, gr
 check "valid_bleu column in the log" grep -q "^step,loss,lr,ms,tokens_per_s,eval_loss,eval_token_acc,valid_bleu$" part.csv
 check "valid BLEU logged at step 4" grep -qE "^4,([^,]*,){6}[0-9.]+$" part.csv
 vocab_before=$(md5sum < ck.vocab)
-"$train" "${tiny[@]}" --seq-len 64 --steps 8 --checkpoint ck --log-csv part.csv --resume > resume.out 2>&1
+"$train" "${tiny[@]}" --seq-len 64 --steps 8 --checkpoint ck --log-csv part.csv --resume --extend-schedule > resume.out 2>&1
 check "resumed run exits 0" test $? -eq 0
 check "resume trains no new vocabulary" bash -c "! grep -q 'trained a bpe vocabulary' resume.out"
 check "CK.vocab unchanged by the resume" test "$vocab_before" == "$(md5sum < ck.vocab)"

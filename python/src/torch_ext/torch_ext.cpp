@@ -342,11 +342,20 @@ PYBIND11_MODULE(_torch_ext, m) {
     return SoftmaxFunction::apply(x, OptionalTensor(), false, 1.0);
   }, py::arg("x"), py::arg("dim") = -1, "torch.softmax over the last dim.");
   m.def("cross_entropy", [](const Tensor& logits, const Tensor& target, const py::object& ignore_index,
-                            const py::object& reduction) {
+                            const py::object& reduction, double label_smoothing, const py::object& weight) {
     if (!py::str("mean").equal(reduction))
       throw py::value_error("handgrad.torch.cross_entropy supports reduction='mean' only, got " +
                             py::repr(reduction).cast<std::string>());
+    // The same refusals, in the same words, as handgrad/torch.py's Python Function.
+    if (label_smoothing != 0.0)
+      throw py::value_error("handgrad.torch.cross_entropy: label_smoothing=" +
+                            py::repr(py::float_(label_smoothing)).cast<std::string>() +
+                            " is not supported (only 0.0); use torch.nn.functional.cross_entropy for label smoothing");
+    if (!weight.is_none())
+      throw py::value_error("handgrad.torch.cross_entropy: class weights (weight=...) are not supported");
     return CrossEntropyFunction::apply(logits, target, py::int_(ignore_index).cast<int64_t>());
   }, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100, py::arg("reduction") = "mean",
-     "Mean cross-entropy of logits (..., V) against integer targets (...); reduction 'mean' only.");
+     py::arg("label_smoothing") = 0.0, py::arg("weight") = py::none(),
+     "Mean cross-entropy of logits (..., V) against integer targets (...); reduction 'mean' only; label_smoothing\n"
+     "other than 0 and class weights are refused.");
 }
