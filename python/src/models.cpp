@@ -112,9 +112,13 @@ void bind_models(py::module_& m) {
            }),
            py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("ignore_index") = -100,
            py::arg("use_graph") = true, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
-      .def("run", [](TrainStep& step, const Tensor& ids, const Tensor& targets) { return step.run(ids, targets); },
+      .def("run",
+           [](TrainStep& step, const py::object& ids, const py::object& targets) {
+             return step.run(as_ids(ids, "TrainStep.run"), as_ids(targets, "TrainStep.run"));
+           },
            py::arg("ids"), py::arg("targets"),
-           "ids, targets (B, T) float32 on the host or the model's device -> StepResult. Raises NonFiniteError "
+           "ids, targets (B, T): integers (a NumPy array or list) or float32 Tensors on the host or the model's "
+           "device -> StepResult. Raises NonFiniteError "
            "(parameters unchanged) when the loss or gradient norm is not finite.")
       .def_property_readonly("graph_active", &TrainStep::graph_active)
       .def_property_readonly("graph_note", &TrainStep::graph_note);
