@@ -40,11 +40,17 @@ struct ChunkMoments {
 };
 
 // The next chunk of a long row (chunk elements at xr, read into v): its
-// mean and M2, merged into acc.
-template <class T, int VEC, int NV, int G>
+// mean and M2, merged into acc. SCALED: of (x - shift) 2^-96, for a row
+// whose statistics overflowed (cuda/layernorm_moments.cuh).
+template <class T, int VEC, int NV, int G, bool SCALED = false>
 __device__ __forceinline__ void add_chunk(const T* xr, int chunk, float shift, const RowGroup<G>& grp,
                                           float (&v)[NV][VEC], ChunkMoments& acc) {
   load_part<T, VEC, NV, G>(xr, chunk, grp.t, shift, v);
+  if constexpr (SCALED)
+#pragma unroll
+    for (int j = 0; j < NV; ++j)
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) v[j][k] *= kOverflowScale;
   float s = 0.0f;
 #pragma unroll
   for (int j = 0; j < NV; ++j)
@@ -153,7 +159,13 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
       const int chunk = min(CAP, D - off);
       add_chunk<T, VEC, NV, G>(xr + off, chunk, shift, grp, v, acc);
     }
-    const Moments m = {acc.mean, rsqrtf(acc.m2 * inv_d + eps)};
+    Moments m = {acc.mean, rsqrtf(acc.m2 * inv_d + eps)};
+    if (statistics_overflowed(m.rstd)) {  // uniform over the block
+      ChunkMoments scaled;
+      for (int off = 0; off < D; off += CAP)
+        add_chunk<T, VEC, NV, G, true>(xr + off, min(CAP, D - off), shift, grp, v, scaled);
+      m = unscale_moments(scaled.mean, scaled.m2, inv_d, eps);
+    }
     for (int off = 0; off < D; off += CAP) {
       const int chunk = min(CAP, D - off);
       load_part<T, VEC, NV, G>(xr + off, chunk, grp.t, shift, v);
@@ -190,7 +202,9 @@ __device__ __forceinline__ Moments one_pass_moments(const Row& h, int len, int t
     row_sums(q);
     var = q[0] * inv_d;
   }
-  return {mean, rsqrtf(var + eps)};
+  const float rstd = rsqrtf(var + eps);
+  if (statistics_overflowed(rstd)) return scaled_moments<VEC, NV, G>(h, len, t, row_sums, inv_d, eps);
+  return {mean, rstd};
 }
 
 // y = ((x - shift) rstd - mean rstd) gamma + beta: two FFMAs per element.

@@ -37,6 +37,15 @@ __device__ __forceinline__ void staged_slot(const T* xs, int len, int j, int t, 
   }
 }
 
+// A staged row as for_each_held reads it (slot j's x - shift).
+template <class T, int VEC, int G>
+struct StagedRow {
+  const T* xs;
+  int len, t;
+  float shift;
+  __device__ __forceinline__ void get(int j, float (&out)[VEC]) const { staged_slot<T, VEC, G>(xs, len, j, t, shift, out); }
+};
+
 // The staged kernel (same widths, launch bounds, rings) with two rows a
 // step. A row past the last ("empty": len 0) runs the reductions on zeros,
 // waits for nothing and stores nothing, so every group of a block makes the
@@ -102,7 +111,12 @@ __global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
     grp.sums(q);
     Moments m[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) m[r] = {mean[r], rsqrtf(q[r] * inv_d + eps)};
+    for (int r = 0; r < 2; ++r) {
+      m[r] = {mean[r], rsqrtf(q[r] * inv_d + eps)};
+      if (statistics_overflowed(m[r].rstd))  // uniform over the group
+        m[r] = scaled_moments<VEC, NV, G>(StagedRow<T, VEC, G>{xs[r], len[r], grp.t, shift[r]}, len[r], grp.t,
+                                          GroupSums<G>{grp}, inv_d, eps);
+    }
     // normalise_chunk's y for both rows, gamma and beta loaded once a slot (len[1] <= len[0]).
 #pragma unroll
     for (int j = 0; j < NV; ++j) {

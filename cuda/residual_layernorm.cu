@@ -50,7 +50,16 @@ __global__ void residual_ln_forward(const T* x, const T* r, const float* __restr
       const float c = to_f(h[base + j]) - mean;
       sq += c * c;
     }
-    const float rstd = 1.f / sqrtf(block_sum(sq, scratch) / static_cast<float>(D) + eps);
+    float rstd = 1.f / sqrtf(block_sum(sq, scratch) / static_cast<float>(D) + eps);
+    if (!(rstd > 0.f)) {  // the squares overflowed (|h - mean| past ~1e19): again on (h - mean) 2^-96
+      constexpr float kScale = 0x1p-96f;
+      float scaled_sq = 0.f;
+      for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+        const float c = (to_f(h[base + j]) - mean) * kScale;
+        scaled_sq += c * c;
+      }
+      rstd = kScale / sqrtf(block_sum(scaled_sq, scratch) / static_cast<float>(D) + eps * kScale * kScale);
+    }
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x)
       y[base + j] = from_f<T>((to_f(h[base + j]) - mean) * rstd * gamma[j] + beta[j]);
     if (threadIdx.x == 0) {

@@ -1,5 +1,6 @@
 #include "ops/layernorm_unfused.hpp"
 
+#include "core/backend.hpp"
 #include "core/tensor_functions.hpp"
 
 // Each line below is one primitive call, i.e. one pass over memory (one
@@ -17,6 +18,19 @@ Tensor as_rows(const Tensor& t) {
   return t.reshape({t.numel() / D, D});
 }
 
+// rstd = 0 means var + eps overflowed: a row's squares passed the largest
+// float (|xc| past ~1e19 in float32, ~1e154 in float64). Then rstd is taken
+// again of xc / a, a = max(max|xc|, 1) per row, whose squares are at most 1:
+// rstd = rsqrt(mean((xc / a)^2) + eps / a^2) / a. Rows with max|xc| <= 1 get
+// the formula above (a = 1). Five more passes, only then.
+Tensor rstd_of_large_rows(const Tensor& xc, double eps) {
+  const Tensor inv_a = map(UnaryOp::Reciprocal, maximum(max(map(UnaryOp::Abs, xc), 1, /*keepdim=*/true),
+                                                        Tensor::ones({1}, xc.dtype(), xc.device())));  // 2 passes
+  const Tensor xs = mul(xc, inv_a);                                                                  // pass
+  const Tensor var_s = mean(mul(xs, xs), 1, /*keepdim=*/true);                                       // 2 passes
+  return mul(rsqrt(add(var_s, mul_scalar(mul(inv_a, inv_a), eps))), inv_a);                          // O(rows)
+}
+
 }  // namespace
 
 Tensor layernorm_forward(const Tensor& x_in, const Tensor& gamma, const Tensor& beta, double eps,
@@ -30,7 +44,8 @@ Tensor layernorm_forward(const Tensor& x_in, const Tensor& gamma, const Tensor& 
   const Tensor m2 = mean(x_shift, 1, /*keepdim=*/true);     // pass: read
   const Tensor xc = sub(x_shift, m2);                       // pass: read, write
   const Tensor var = mean(mul(xc, xc), 1, /*keepdim=*/true);  // 2 passes
-  const Tensor rstd = rsqrt(add_scalar(var, eps));          // O(rows)
+  Tensor rstd = rsqrt(add_scalar(var, eps));                // O(rows)
+  if (reduce(ReduceOp::Min, rstd, 0).item() == 0.0) rstd = rstd_of_large_rows(xc, eps);  // O(rows) check
   const Tensor xhat = mul(xc, rstd);                        // pass
   const Tensor y = add(mul(xhat, gamma), beta);             // 2 passes
 

@@ -321,6 +321,99 @@ TEST_CASE("layernorm of constant rows is finite, y == beta", "[layernorm][stabil
       }
 }
 
+namespace {
+
+// Rows whose values span the float32 range: (x - mean)^2 summed over a row
+// passes the largest float (3.4e38) once |x - mean| passes ~1e19, which
+// must not give var = inf, rstd = 0 and y = beta. Each case is x = offset +
+// N(0, stddev^2), with the rows `huge_row` (r % 3 == 1) scaled by
+// huge_scale where it is not 1: one 1e30 row among N(0, 1) rows. Tiny
+// rows (eps dominates the variance; 1e-39 is a float32 subnormal) must
+// still match too.
+struct RangeCase {
+  const char* name;
+  double offset, stddev, huge_scale;
+};
+const std::vector<RangeCase> kRangeCases = {
+    {"N(0,1) 1e30", 0.0, 1e30, 1.0},
+    {"1e30 + N(0,1) 1e28", 1e30, 1e28, 1.0},
+    {"a N(0,1) 1e30 row among N(0,1) rows", 0.0, 1.0, 1e30},
+    {"N(0,1) 1e-30", 0.0, 1e-30, 1.0},
+    {"N(0,1) 1e-39 (subnormal)", 0.0, 1e-39, 1.0},
+};
+
+Inputs range_inputs(const Shape& shape, const RangeCase& c, uint64_t seed, DType dtype, Device device) {
+  Inputs in = random_inputs(shape, seed, DType::F64, Device::CPU, c.offset, c.stddev);
+  const int64_t D = shape.back(), rows = in.x.numel() / D;
+  if (c.huge_scale != 1.0) {
+    std::vector<double> x = in.x.to_vector();
+    for (int64_t r = 1; r < rows; r += 3)
+      for (int64_t j = 0; j < D; ++j) x[r * D + j] *= c.huge_scale;
+    in.x = Tensor::from_vector(x, shape, DType::F64);
+  }
+  const DType param_dtype = hg::math_dtype(dtype);
+  return {in.x.to(dtype).to(device), in.gamma.to(param_dtype).to(device), in.beta.to(param_dtype).to(device),
+          in.dy.to(dtype).to(device)};
+}
+
+}  // namespace
+
+TEST_CASE("layernorm normalises float32 rows whose squares overflow float32, and tiny rows", "[layernorm][stability][range]") {
+  for (const RangeCase& c : kRangeCases)
+    for (const Shape& shape : std::vector<Shape>{{7, 1000}, {6, 7}, {4, 4097}, {2, 3, 1}}) {
+      const Inputs in = range_inputs(shape, c, 11, DType::F32, Device::CPU);
+      const Outputs want = reference(in, 1e-5);  // float64: 1e60 is in range
+      for (KernelMode mode : kModes) {
+        INFO(c.name << " shape " << shape_str(shape) << " mode " << kernel_mode_name(mode));
+        const Outputs got = run(in, 1e-5, mode);
+        // Bounds of "float32 CPU paths match the float64 path", each row on its own.
+        const double tol = mode == KernelMode::Fused ? 1e-6 : 2e-5;
+        hg::test::check_layernorm_rows(got, want, tol, tol, tol);
+      }
+    }
+}
+
+TEST_CASE("layernorm normalises float64 rows whose squares overflow float64", "[layernorm][stability][range]") {
+  // x = z 2^520 (~3e156; squares past 1e308) against the float64 reference
+  // on z: y and dgamma, dbeta are the same, mean scales by 2^520, rstd and dx
+  // by 2^-520 (eps is below the rounding of var either way).
+  constexpr int kExp = 520;
+  for (const Shape& shape : std::vector<Shape>{{7, 1000}, {6, 7}, {4, 4097}}) {
+    const Inputs z = random_inputs(shape, 12);
+    Inputs in = z;
+    in.x = mul_scalar(z.x, std::ldexp(1.0, kExp));
+    const Outputs zref = hg::test::layernorm_reference(z.x, z.gamma, z.beta, z.dy, 1e-300);
+    Outputs want = zref;
+    want.mean = mul_scalar(zref.mean, std::ldexp(1.0, kExp));
+    want.rstd = mul_scalar(zref.rstd, std::ldexp(1.0, -kExp));
+    want.dx = mul_scalar(zref.dx, std::ldexp(1.0, -kExp));
+    for (KernelMode mode : kModes) {
+      INFO("shape " << shape_str(shape) << " mode " << kernel_mode_name(mode));
+      hg::test::check_layernorm_rows(run(in, 1e-5, mode), want, 1e-12, 1e-12, 1e-12);
+    }
+  }
+}
+
+TEST_CASE("layernorm of rows holding NaN or inf gives NaN in those rows, never a finite y", "[layernorm][stability][range]") {
+  for (DType dtype : {DType::F32, DType::F64})
+    for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()})
+      for (int64_t D : {int64_t{7}, int64_t{1000}}) {
+        Inputs in = random_inputs({3, D}, 13, dtype);
+        in.x.set({1, D / 2}, bad);  // row 1 only
+        for (KernelMode mode : kModes) {
+          INFO("dtype " << dtype_name(dtype) << " bad " << bad << " D " << D << " mode " << kernel_mode_name(mode));
+          const Outputs got = run(in, 1e-5, mode);
+          const std::vector<double> y = got.y.to_vector();
+          for (int64_t r = 0; r < 3; ++r)
+            for (int64_t j = 0; j < D; ++j) {
+              INFO("row " << r << " column " << j);
+              CHECK(std::isfinite(y[r * D + j]) == (r != 1));
+            }
+          CHECK(std::isnan(got.rstd.at({1})));
+        }
+      }
+}
+
 // ---------------------------------------------------------------------------
 // bad input
 // ---------------------------------------------------------------------------

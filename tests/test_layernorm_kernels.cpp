@@ -108,14 +108,22 @@ Tensor gpu_matrix(const Tensor& cpu64, DType dtype, bool offset_view) {
   return flat.to(dtype).to(Device::CUDA).slice(1, rows * D + 1).reshape({rows, D});
 }
 
-// first_column: if set, x[r, 0] = first_column(r) before rounding to dtype.
+// first_column: if set, x[r, 0] = first_column(r) before rounding to dtype;
+// row_scale: if set, row r of x is multiplied by row_scale(r).
 Inputs make_inputs(int64_t rows, int64_t D, DType dtype, bool offset_view, uint64_t seed, double offset = 0.0,
-                   double stddev = 1.0, const std::function<double(int64_t)>& first_column = nullptr) {
+                   double stddev = 1.0, const std::function<double(int64_t)>& first_column = nullptr,
+                   const std::function<double(int64_t)>& row_scale = nullptr) {
   Generator gen(seed);
   Inputs in;
   Tensor x_drawn = Tensor::randn({rows, D}, gen, DType::F64, Device::CPU, offset, stddev);
   if (first_column)
     for (int64_t r = 0; r < rows; ++r) x_drawn.set({r, 0}, first_column(r));
+  if (row_scale) {
+    std::vector<double> v = x_drawn.to_vector();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < D; ++j) v[r * D + j] *= row_scale(r);
+    x_drawn = Tensor::from_vector(v, {rows, D}, DType::F64);
+  }
   // Round through `dtype` first so the float64 reference sees the stored values.
   const Tensor x = x_drawn.to(dtype).to(DType::F64);
   const Tensor dy = Tensor::randn({rows, D}, gen, DType::F64).to(dtype).to(DType::F64);
@@ -439,6 +447,83 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
         CHECK(rel_error(f64(got.dgamma), want.dgamma) < 1e-5);
         // A constant row: x - shift is exactly 0, so y is beta exactly.
         if (c.stddev == 0.0) CHECK(hg::test::max_abs_diff(f64(got.y), want.y) == 0.0);
+      }
+    }
+}
+
+TEST_CASE("layernorm kernels: rows whose squares overflow float32, and tiny rows, in every configuration",
+          "[layernorm][cuda][kernels][hostile][range]") {
+  HG_REQUIRE_GPU();
+  // (x - mean)^2 summed over a row passes the largest float (3.4e38, bf16's
+  // too) once |x - mean| passes ~1e19: every kernel must take such rows'
+  // statistics again on scaled values (cuda/layernorm_moments.cuh), not
+  // return rstd = 0 and y = beta. 1e37 rows: their float32 row sums overflow
+  // as well. Tiny rows (eps dominates; 1e-39 is subnormal) must still match.
+  // Every configuration compiled for D (configs_for), 16-byte rows and
+  // offset views (the scalar kernels), the chunked and cluster widths; the
+  // float64 reference is in range. y, dx and rstd row by row: a 1e30 row's
+  // dx and rstd are 1e-30 times its neighbours'.
+  struct Case {
+    const char* name;
+    double offset, stddev, huge_scale;  // rows r % 3 == 1 scaled by huge_scale
+  };
+  const Case cases[] = {{"N(0,1) 1e30", 0.0, 1e30, 1.0},
+                        {"1e30 + N(0,1) 1e28", 1e30, 1e28, 1.0},
+                        {"a N(0,1) 1e30 row every third", 0.0, 1.0, 1e30},
+                        {"N(0,1) 1e37", 0.0, 1e37, 1.0},
+                        {"N(0,1) 1e-30", 0.0, 1e-30, 1.0},
+                        {"N(0,1) 1e-39 (subnormal)", 0.0, 1e-39, 1.0}};
+  uint64_t seed = 5100;
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const bool offset_view : {false, true})
+      for (const int64_t D : {8, 256, 768, 1000, 1024, 2048, 3072, 4096, 8192, 16384, 40000, 65536, 140000}) {
+        if (!width_selected(D)) continue;
+        for (const Case& c : cases) {
+          const auto scale = c.huge_scale == 1.0 ? std::function<double(int64_t)>()
+                                                 : [&](int64_t r) { return r % 3 == 1 ? c.huge_scale : 1.0; };
+          const Inputs in = make_inputs(capped(37), D, dtype, offset_view, seed++, c.offset, c.stddev, nullptr, scale);
+          const Outputs want = reference(in);
+          for (const Configs& k : configs_for(D, dtype, offset_view)) {
+            INFO(c.name << " dtype " << dtype_name(dtype) << " D " << D << (offset_view ? " offset view " : " ")
+                        << describe(k));
+            const Outputs got = run_kernels(in, k);
+            REQUIRE(all_finite(got.y));
+            REQUIRE(all_finite(got.rstd));
+            REQUIRE(all_finite(got.dx));
+            CHECK(hg::test::worst_row_rel_error(f64(got.rstd), want.rstd) < 1e-5);
+            if (dtype == DType::F32) hg::test::check_layernorm_rows(got, want, 1e-5, 1e-5, 1e-5);
+            else hg::test::check_layernorm_bf16(got, want, in.x64, in.gamma64, in.beta64, in.dy64, 1e-5, 1e-4);
+          }
+        }
+      }
+}
+
+TEST_CASE("layernorm kernels: rows holding NaN give NaN rows", "[layernorm][cuda][kernels][hostile][range]") {
+  HG_REQUIRE_GPU();
+  // Row 1 holds one NaN: its y and rstd are NaN in every configuration (the
+  // overflow guard takes such a row's statistics again, still NaN), the
+  // other rows are finite.
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {256, 1024, 4096, 16384, 40000, 140000}) {
+      if (!width_selected(D)) continue;
+      const Inputs in = make_inputs(3, D, dtype, false, 5200, 0.0, 1.0,
+                                    [](int64_t r) { return r == 1 ? std::nan("") : 0.5; });
+      for (const Configs& k : configs_for(D, dtype, false)) {
+        INFO("dtype " << dtype_name(dtype) << " D " << D << " " << describe(k));
+        Outputs out{poisoned({3, D}, dtype), Tensor::zeros({3}, DType::F32, Device::CUDA),
+                    Tensor::zeros({3}, DType::F32, Device::CUDA), {}, {}, {}};
+        forward_with(in.x, in.gamma, in.beta, out.y, out.mean, out.rstd, k.forward);
+        const std::vector<double> y = out.y.to_vector(), rstd = out.rstd.to_vector();
+        CHECK(std::isnan(rstd[1]));
+        CHECK(std::isfinite(rstd[0]));
+        CHECK(std::isfinite(rstd[2]));
+        int64_t finite_in_row_1 = 0, finite_elsewhere = 0;
+        for (int64_t j = 0; j < D; ++j) {
+          finite_in_row_1 += std::isfinite(y[D + j]);
+          finite_elsewhere += std::isfinite(y[j]) + std::isfinite(y[2 * D + j]);
+        }
+        CHECK(finite_in_row_1 == 0);
+        CHECK(finite_elsewhere == 2 * D);
       }
     }
 }

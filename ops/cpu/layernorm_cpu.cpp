@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/parallel.hpp"
@@ -12,6 +13,38 @@
 
 namespace hg::cpu {
 namespace {
+
+// ---------------------------------------------------------------- range
+// A row whose squared deviations overflow its type (|x - mean| past ~1e19 in
+// float32, ~1e154 in float64) would get var = inf, rstd = 0 and y = beta:
+// such rows (found by a non-finite sum or rstd not > 0, after the normal
+// statistics) take their mean and rstd again here, in float64 on the row
+// scaled by 2^-e, e the exponent of its largest |x| (exact: a power of
+// two), where no square exceeds 4. Inf or NaN elements give NaN.
+struct RowStats {
+  double mean, rstd;
+};
+
+template <class T>
+RowStats scaled_row_stats(const T* x, int64_t D, double eps) {
+  double largest = 0.0;
+  for (int64_t j = 0; j < D; ++j) largest = std::max(largest, std::abs(static_cast<double>(x[j])));
+  int e = 0;
+  if (std::isfinite(largest)) std::frexp(largest, &e);  // largest < 2^e
+  double sum = 0.0;
+  for (int64_t j = 0; j < D; ++j) sum += std::ldexp(static_cast<double>(x[j]), -e);
+  const double mu = sum / static_cast<double>(D);
+  double sq = 0.0;
+  for (int64_t j = 0; j < D; ++j) {
+    const double c = std::ldexp(static_cast<double>(x[j]), -e) - mu;
+    sq += c * c;
+  }
+  // var + eps = 2^2e (sq / D + eps 2^-2e); eps 2^-2e may underflow to 0 only
+  // where it is negligible next to the variance that overflowed.
+  const double rs = 1.0 / std::sqrt(sq / static_cast<double>(D) + std::ldexp(eps, -2 * e));
+  if (!std::isfinite(largest)) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
+  return {std::ldexp(mu, e), std::ldexp(rs, -e)};
+}
 
 // ---------------------------------------------------------------- float64
 // Rows are Eigen maps over the flat buffers, statistics in double.
@@ -25,9 +58,13 @@ void forward_rows_f64(const double* x, const double* g, const double* b, double 
     const ConstRow<double> xr(x + r * D, D);
     // Two sweeps, mean then the centred sum of squares: never E[x^2] - E[x]^2,
     // which cancels catastrophically when |mean| >> std.
-    const double mu = xr.sum() / static_cast<double>(D);
+    double mu = xr.sum() / static_cast<double>(D);
     const double var = (xr - mu).square().sum() / static_cast<double>(D);
-    const double rs = 1.0 / std::sqrt(var + eps);
+    double rs = 1.0 / std::sqrt(var + eps);
+    if (!(rs > 0.0)) {  // overflowed (or NaN)
+      const RowStats s = scaled_row_stats(x + r * D, D, eps);
+      mu = s.mean, rs = s.rstd;
+    }
     Row<double>(y + r * D, D) = (xr - mu) * rs * ConstRow<double>(g, D) + ConstRow<double>(b, D);
     mean[r] = mu;
     rstd[r] = rs;
@@ -75,9 +112,13 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
       t[0] = c, t[1] = c * c;
     }, s12);
     const double s1 = s12[0], s2 = s12[1];
-    const double mu = shift + s1 * inv_d;
+    double mu = shift + s1 * inv_d;
     const double var = std::max(0.0, s2 * inv_d - (s1 * inv_d) * (s1 * inv_d));
-    const double rs = 1.0 / std::sqrt(var + eps);
+    double rs = 1.0 / std::sqrt(var + eps);
+    if (!std::isfinite(s1 + s2) || !(rs > 0.0)) {  // overflowed (or NaN)
+      const RowStats s = scaled_row_stats(xr, D, eps);
+      mu = s.mean, rs = s.rstd;
+    }
     const float hi = static_cast<float>(mu), lo = static_cast<float>(mu - hi), rs_f = static_cast<float>(rs);
     float* yr = y + r * D;
     const bool stream_row = stream && reinterpret_cast<uintptr_t>(yr) % 16 == 0;
