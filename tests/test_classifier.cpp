@@ -212,10 +212,12 @@ TEST_CASE("classifier: the default chunk bounds one chunk of logits", "[classifi
   CHECK(default_classifier_chunk_rows(100, DType::BF16, Device::CUDA) * 100 * 2 <= int64_t(256) << 20);
 }
 
-// CUDA against the float64 CPU result. F32: cuBLASLt's exact-FP32 GEMMs and
-// the row kernel's float sums (loss within 4e-5 + 1e-5 |loss|:
-// tests/test_cross_entropy_lse.cpp) give loss within 2e-5 relative (loss
-// ~ log V >= 4.6 here) and gradients within 1e-5 relative L2. BF16: h, W and
+// CUDA against the float64 CPU result. F32: the row kernel's float sums
+// (loss within 4e-5 + 1e-5 |loss|: tests/test_cross_entropy_lse.cpp) give
+// loss within 2e-5 relative (loss ~ log V >= 4.6 here); dh = g W sums V
+// terms in exact FP32 and the target's -W_t / n dominates the running sum,
+// whose rounding walks as sqrt(V) 2^-24 relative: gradients within
+// 4 sqrt(V) 2^-24 + 1e-6 relative L2 (5.4e-5 at V = 50304). BF16: h, W and
 // b are rounded to bf16 before both sides (the reference uses the rounded
 // values), so what remains is docs/classifier.md's bound: the logits rounded
 // (2^-9 relative, |logit| <= ~5 here: p off by <= 1%, typically 0.2%), dlogits
@@ -233,7 +235,8 @@ TEST_CASE("classifier on CUDA (F32, BF16) matches the float64 CPU result", "[cla
       Problem q = p;
       q.h = p.h.to(dt).to(DType::F64), q.weight = p.weight.to(dt).to(DType::F64), q.bias = p.bias.to(dt).to(DType::F64);
       const Result want = fused(q, DType::F64, Device::CPU, 0);
-      const double loss_tol = dt == DType::BF16 ? 2e-2 : 2e-5, grad_tol = dt == DType::BF16 ? 2e-2 : 1e-5;
+      const double loss_tol = dt == DType::BF16 ? 2e-2 : 2e-5;
+      const double grad_tol = dt == DType::BF16 ? 2e-2 : 4 * std::sqrt(double(vocab)) * std::ldexp(1.0, -24) + 1e-6;
       for (int64_t chunk : {int64_t{0}, int64_t{7}, n})
         for (bool on_device : {false, true}) {
           INFO(dtype_name(dt) << " chunk_rows " << chunk << (on_device ? " targets on device" : ""));
