@@ -127,7 +127,7 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
   ClassifierResult r;
   r.dh = Tensor::empty({n, d}, h.dtype(), dev);
   Backend& be = backend_for(dev);
-  const Tensor buffer = Tensor::empty({n > 0 ? chunk : 0, vocab}, h.dtype(), dev);  // one chunk of logits
+  Tensor buffer = Tensor::empty({n > 0 ? chunk : 0, vocab}, h.dtype(), dev);  // one chunk of logits, reused
   Tensor db = bias.defined() ? Tensor::empty({vocab}, bias_grad.dtype(), dev) : Tensor();
   for (int64_t first = 0; first < n; first += chunk) {
     const int64_t rows = std::min(chunk, n - first);
