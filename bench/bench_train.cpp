@@ -23,6 +23,7 @@
 #include "core/profiler.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
+#include "ops/classifier.hpp"
 
 using namespace hg;
 
@@ -62,8 +63,8 @@ double bf16_peak_tflops(const std::string& gpu_name) {
   return 0;
 }
 
-Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl attention, bool use_graph, const Size& s,
-           int warmup, int iters, int profile_steps) {
+Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl attention, bool use_graph,
+           bool chunked_classifier, int64_t chunk_rows, const Size& s, int warmup, int iters, int profile_steps) {
   KernelModeScope scope(mode);
   DecoderLMConfig c = bench::decoder_config(s, precision);
   c.attention = attention;
@@ -74,6 +75,8 @@ Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl atten
   AdamW opt(model.parameters(), adamw);
   TrainStepOptions options;
   options.use_graph = use_graph;
+  options.chunked_classifier = chunked_classifier;
+  options.classifier_chunk_rows = chunk_rows;
   TrainStep step(model, opt, options);
   // Two input sets, so no step sees the previous step's batch.
   std::vector<Tensor> ids, targets;
@@ -121,6 +124,8 @@ int main(int argc, char** argv) {
   Size cpu{128, 4, 2, 64, 8, 256};
   int warmup = 3, iters = 10, profile_steps = 3;
   bool tf32 = false, no_graph = false;
+  std::string classifier = "chunked";
+  int64_t classifier_chunk_rows = 0;
   double peak_tflops = 0;
   std::string csv_path = "bench_train.csv", breakdown_path = "bench_train_breakdown.csv";
   app.add_option("--device", devices, "auto (cpu, plus cuda when present), cpu, cuda")
@@ -133,6 +138,15 @@ int main(int argc, char** argv) {
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
+  app.add_option("--classifier", classifier,
+                 "fused mode's head and loss: chunked (the chunked classifier, no (B*T, V) logits) or composed "
+                 "(logits, cross-entropy, the head's backward, as unfused mode)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"chunked", "composed"}));
+  app.add_option("--classifier-chunk-rows", classifier_chunk_rows,
+                 "rows per chunk of the chunked classifier (0: its default, a bounded chunk of logits)")
+      ->capture_default_str()
+      ->check(cli::at_least(0));
   const CLI::Validator positive = cli::at_least(1);
   app.add_option("--d-model", gpu.d_model, "CUDA model width")->capture_default_str()->check(positive);
   app.add_option("--heads", gpu.heads, "CUDA heads (must divide --d-model)")->capture_default_str()->check(positive);
@@ -193,13 +207,22 @@ int main(int argc, char** argv) {
                   device_name(dev), gpu_name.empty() ? "" : " ", gpu_name.c_str(), precision_name(precision),
                   tf32 ? " (tf32 on)" : "", (long long)s.d_model, (long long)s.heads, (long long)s.layers,
                   (long long)s.seq, (long long)s.batch, (long long)s.vocab);
+      std::printf("fused mode's classifier: %s", classifier.c_str());
+      if (classifier == "chunked")
+        std::printf(", %lld rows per chunk",
+                    (long long)(classifier_chunk_rows > 0
+                                    ? classifier_chunk_rows
+                                    : default_classifier_chunk_rows(s.vocab, precision == Precision::BF16 ? DType::BF16
+                                                                                                          : DType::F32,
+                                                                    dev)));
+      std::printf("\n");
       std::printf("model FLOPs per step %.3f TFLOP (6 N tokens + 12 L T d tokens)%s\n", flops / 1e12,
                   peak > 0 ? "" : (dev == Device::CUDA ? "; MFU n/a: unknown GPU, pass --peak-tflops" : ""));
       const std::vector<KernelMode> modes = modes_for(kernels);
       std::map<KernelMode, Result> results;
       for (KernelMode mode : modes)
-        results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph, s, warmup, iters,
-                            profile_steps);
+        results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph,
+                            classifier == "chunked", classifier_chunk_rows, s, warmup, iters, profile_steps);
       const double tokens = static_cast<double>(s.batch * s.seq);
       for (KernelMode mode : modes) {
         const Result& r = results[mode];

@@ -84,6 +84,53 @@ __global__ void lse_backward(const T* logits, const float* __restrict__ targets,
   }
 }
 
+// The classifier's row pass: lse_rows and lse_backward in one kernel, the
+// gradient written over the logits. Thread 0 reads x_t before the block's
+// reductions, whose barriers every thread passes before any element is
+// overwritten.
+template <class T>
+__global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
+                              const float* __restrict__ inv_count, float* __restrict__ row_loss) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * vocab;
+  const int64_t target = target_class(targets[row], vocab, ignore_index);  // the same for the whole block
+  if (target == -1) {
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) x[j] = from_f<T>(0.f);
+    if (threadIdx.x == 0) row_loss[row] = 0.f;
+    return;
+  }
+  const float x_t = target >= 0 && threadIdx.x == 0 ? to_f(x[target]) : 0.f;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
+  m = block_max(m, scratch);
+  const float log_s = block_log_sum_exp_shifted(vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
+  const float scale = inv_count[0];
+  for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float z = (to_f(x[j]) - m) - log_s;  // the target's p - 1 as expm1, as lse_backward
+    x[j] = from_f<T>((j == target ? expm1f(z) : expf(z)) * scale);
+  }
+  if (threadIdx.x == 0) row_loss[row] = target == -2 ? NAN : log_s - (x_t - m);
+}
+
+__global__ void count_targets(const float* __restrict__ targets, int64_t rows, int64_t ignore_index,
+                              float* __restrict__ inv_count) {
+  __shared__ float scratch[32];
+  float n = 0.f;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) n += targets[i] != static_cast<float>(ignore_index);
+  n = block_sum(n, scratch);
+  if (threadIdx.x == 0) inv_count[0] = n > 0.f ? 1.f / n : 0.f;
+}
+
+__global__ void sum_row_losses(const float* __restrict__ row_loss, int64_t rows, const float* __restrict__ inv_count,
+                               float* __restrict__ loss) {
+  __shared__ float scratch[32];
+  float acc = 0.f;
+  for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) acc += row_loss[i];
+  acc = block_sum(acc, scratch);
+  if (threadIdx.x == 0) loss[0] = acc * inv_count[0];
+}
+
 template <class F>
 void with_logits_type(DType dtype, F&& f) {
   if (dtype == DType::F32) f(float{});
@@ -122,6 +169,31 @@ void cross_entropy_lse_backward(const Tensor& logits, const Tensor& targets, int
         inv_count.data<float>(), dloss, static_cast<T*>(dlogits.raw_data()));
     HG_CUDA_CHECK_LAUNCH("lse_backward");
   });
+}
+
+void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Tensor& inv_count) {
+  count_targets<<<1, kSumThreads, 0, stream()>>>(targets.data<float>(), targets.numel(), ignore_index,
+                                                 inv_count.data<float>());
+  HG_CUDA_CHECK_LAUNCH("count_targets");
+}
+
+void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                 const Tensor& inv_count, Tensor& row_loss) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (rows == 0) return;
+  with_logits_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    lse_rows_grad<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+        static_cast<T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index, inv_count.data<float>(),
+        row_loss.data<float>());
+    HG_CUDA_CHECK_LAUNCH("lse_rows_grad");
+  });
+}
+
+void cross_entropy_sum_row_losses(const Tensor& row_loss, const Tensor& inv_count, Tensor& loss) {
+  sum_row_losses<<<1, kSumThreads, 0, stream()>>>(row_loss.data<float>(), row_loss.numel(), inv_count.data<float>(),
+                                                  loss.data<float>());
+  HG_CUDA_CHECK_LAUNCH("sum_row_losses");
 }
 
 }  // namespace hg::gpu

@@ -24,4 +24,21 @@ void cross_entropy_lse_forward(const Tensor& logits, const Tensor& targets, int6
 void cross_entropy_lse_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                 const Tensor& row_stats, const Tensor& inv_count, float dloss, Tensor& dlogits);
 
+// ---- the chunked classifier (ops/classifier.hpp): counted once, then rows
+// chunk by chunk, then one sum; nothing read back, so it can be captured.
+
+// inv_count (1,) F32 = 1 / (number of targets != ignore_index), 0 when none.
+// One block, fixed order (the count is exact: integers below 2^24).
+void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Tensor& inv_count);
+
+// logits (rows, V) F32 or BF16, overwritten in place by
+// (softmax - onehot) * inv_count (zero rows where the target is
+// ignore_index); row_loss (rows,) F32 = log s - (x_t - m), 0 where ignored,
+// NaN for a target that is neither a class nor ignore_index.
+void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                 const Tensor& inv_count, Tensor& row_loss);
+
+// loss (0-d F32) = inv_count * sum of row_loss (rows,), one block, fixed order.
+void cross_entropy_sum_row_losses(const Tensor& row_loss, const Tensor& inv_count, Tensor& loss);
+
 }  // namespace hg::gpu

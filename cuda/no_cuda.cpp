@@ -10,6 +10,7 @@
 #include "core/error.hpp"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
+#include "cuda/cross_entropy_lse_kernels.hpp"
 #include "cuda/indexing_kernels.hpp"
 #include "cuda/layernorm_kernels.hpp"
 #include "cuda/optim_kernels.hpp"
@@ -99,6 +100,13 @@ void attention_backward(DType, const void*, const void*, const void*, const void
 
 void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, float, Tensor&, Tensor&) {
   no_cuda("gpu::cross_entropy_fused");
+}
+void cross_entropy_count_targets(const Tensor&, int64_t, Tensor&) { no_cuda("gpu::cross_entropy_count_targets"); }
+void cross_entropy_lse_rows_grad(Tensor&, const Tensor&, int64_t, const Tensor&, Tensor&) {
+  no_cuda("gpu::cross_entropy_lse_rows_grad");
+}
+void cross_entropy_sum_row_losses(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("gpu::cross_entropy_sum_row_losses");
 }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }

@@ -1,6 +1,7 @@
 #include "models/decoder_lm.hpp"
 
 #include <string>
+#include <utility>
 
 namespace hg {
 
@@ -27,13 +28,21 @@ DecoderLM::DecoderLM(const DecoderLMConfig& c)
 }
 
 Tensor DecoderLM::forward(const Tensor& ids, const Tensor& key_padding_mask) {
+  return head_logits(forward_features(ids, key_padding_mask));
+}
+
+Tensor DecoderLM::forward_features(const Tensor& ids, const Tensor& key_padding_mask) {
   const Tensor h = embed_drop.forward(embed.forward(ids));
-  const Tensor logits = forward_embedded(h, key_padding_mask);
+  const Tensor features = features_of_embedded(h, key_padding_mask);
   embedded_from_ids_ = true;
-  return logits;
+  return features;
 }
 
 Tensor DecoderLM::forward_embedded(const Tensor& h, const Tensor& key_padding_mask) {
+  return head_logits(features_of_embedded(h, key_padding_mask));
+}
+
+Tensor DecoderLM::features_of_embedded(const Tensor& h, const Tensor& key_padding_mask) {
   const char* op = "DecoderLM::forward";
   h.check_defined(op);
   HG_CHECK(h.ndim() == 3 && h.size(2) == config_.d_model, op, "hidden states must be (B, T, ", config_.d_model,
@@ -44,9 +53,13 @@ Tensor DecoderLM::forward_embedded(const Tensor& h, const Tensor& key_padding_ma
   h_dtype_ = h.dtype();
   Tensor x = config_.precision == Precision::BF16 ? h.to(DType::BF16) : h;
   for (auto& layer : layers) x = layer->forward(x, key_padding_mask);
-  x = ln_f.forward(x);
-  const int64_t rows = h.size(0) * h.size(1);
-  return head.forward(x.reshape({rows, config_.d_model})).reshape({h.size(0), h.size(1), config_.vocab_size});
+  return ln_f.forward(x);
+}
+
+Tensor DecoderLM::head_logits(const Tensor& features) {
+  const int64_t rows = features.size(0) * features.size(1);
+  return head.forward(features.reshape({rows, config_.d_model}))
+      .reshape({features.size(0), features.size(1), config_.vocab_size});
 }
 
 Tensor DecoderLM::backward(Tensor dlogits) {
@@ -58,8 +71,18 @@ Tensor DecoderLM::backward(Tensor dlogits) {
   const int64_t rows = h_shape_[0] * h_shape_[1];
   Tensor dx = head.backward(dlogits.reshape({rows, config_.vocab_size}));
   dlogits = Tensor();  // used up; a caller that moved it in frees (B, T, V) here, before the layers' backward
+  dx = dx.reshape(h_shape_);
+  return backward_features(std::move(dx));
+}
+
+Tensor DecoderLM::backward_features(Tensor dfeatures) {
+  const char* op = "DecoderLM::backward_features";
+  HG_CHECK(!h_shape_.empty(), op, "backward called before forward");
+  HG_CHECK(dfeatures.shape() == h_shape_, op, "dfeatures ", dfeatures.shape(), " must match the features ",
+           h_shape_);
   grads_ready(head);
-  dx = ln_f.backward(dx.reshape(h_shape_));
+  Tensor dx = ln_f.backward(dfeatures);
+  dfeatures = Tensor();  // used up: its memory can serve the layers' backward
   grads_ready(ln_f);
   for (auto it = layers.rbegin(); it != layers.rend(); ++it) {
     dx = (*it)->backward(dx);

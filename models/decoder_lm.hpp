@@ -58,6 +58,17 @@ class DecoderLM : public Module {
   // (B, T, V) memory serves the rest of the backward.
   Tensor backward(Tensor dlogits);
 
+  // The training step without (B, T, V) logits (models/train_step.hpp with
+  // the chunked classifier, ops/classifier.hpp): forward_features runs
+  // forward() up to ln_f and returns its output, the features (B, T, d) the
+  // head would read (bf16 under bf16 precision); the caller computes the
+  // loss and the head's gradients from them (head.weight.grad and
+  // head.bias.grad accumulated) and hands d loss / d features to
+  // backward_features, which continues as backward() does after the head.
+  Tensor forward_features(const Tensor& ids, const Tensor& key_padding_mask = Tensor());
+  // Pass dfeatures with std::move: it is dropped after ln_f's backward.
+  Tensor backward_features(Tensor dfeatures);
+
   const DecoderLMConfig& config() const { return config_; }
   // Called by backward() after the head, ln_f, each layer (last first) and
   // the embedding with that module's parameters: their gradients are final.
@@ -70,6 +81,8 @@ class DecoderLM : public Module {
   Linear head;
 
  private:
+  Tensor features_of_embedded(const Tensor& h, const Tensor& key_padding_mask);  // layers, then ln_f
+  Tensor head_logits(const Tensor& features);                                     // (B, T, d) -> (B, T, V)
   void grads_ready(Module& finished) {
     if (grads_ready_) grads_ready_(finished.parameters());
   }

@@ -4,6 +4,8 @@
 
 #include "core/indexing.hpp"
 #include "core/profiler.hpp"
+#include "core/kernel_mode.hpp"
+#include "ops/classifier.hpp"
 #include "ops/cross_entropy.hpp"
 
 namespace hg {
@@ -11,6 +13,8 @@ namespace hg {
 TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options)
     : model_(model), optimizer_(optimizer), options_(options), precision_(model.config().precision) {
   HG_CHECK(options.warmup_steps >= 1, "TrainStep", "warmup_steps must be >= 1, got ", options.warmup_steps);
+  HG_CHECK(options.classifier_chunk_rows >= 0, "TrainStep", "classifier_chunk_rows must be >= 0 (0: the default), got ",
+           options.classifier_chunk_rows);
   const std::vector<Parameter*> params = model.parameters();
   HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
   device_ = params.front()->value.device();
@@ -39,6 +43,14 @@ Tensor TrainStep::on_device(const Tensor& t) const {
 void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight) {
   model_.zero_grad();
   if (options_.data_parallel) options_.data_parallel->begin_step(weight);
+  if (options_.chunked_classifier && kernel_mode() == KernelMode::Fused)
+    loss_and_backward_chunked(ids, targets);
+  else
+    loss_and_backward_composed(ids, targets);
+  if (options_.data_parallel) options_.data_parallel->end_backward();
+}
+
+void TrainStep::loss_and_backward_composed(const Tensor& ids, const Tensor& targets) {
   Tensor dlogits;
   {
     const Tensor logits = model_.forward(ids);
@@ -50,7 +62,26 @@ void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, doub
     dlogits = cross_entropy_backward_over_logits(saved);  // the logits are not needed again
   }  // the loss's saved state is released here, dlogits once the head's backward has run
   model_.backward(std::move(dlogits));
-  if (options_.data_parallel) options_.data_parallel->end_backward();
+}
+
+void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targets) {
+  Tensor dfeatures;
+  {
+    const Tensor features = model_.forward_features(ids);
+    const int64_t rows = features.size(0) * features.size(1);
+    const Tensor h = features.reshape({rows, features.size(2)});
+    Linear& head = model_.head;
+    const Tensor no_bias;
+    ClassifierOptions options;
+    options.chunk_rows = options_.classifier_chunk_rows;
+    options.targets_on_device = true;  // as above: check_batch has checked them, nothing is read back
+    ClassifierResult r = classifier_loss_and_grads(
+        h, head.weight_for(h), head.has_bias() ? head.bias_for(h) : no_bias, targets.reshape({rows}),
+        options_.ignore_index, head.weight.grad, head.bias.grad, options);
+    loss_ = r.loss;
+    dfeatures = r.dh.reshape(features.shape());
+  }  // the features are released here (ln_f's backward keeps its own input)
+  model_.backward_features(std::move(dfeatures));
 }
 
 StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const {
@@ -101,6 +132,7 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
       return plain_step(ids, targets, 1.0, r);
     }
     model_.embed.set_id_check(IdCheck::Host);  // plain use of the model (evaluation) checks on the host
+    graph_loss_ = loss_;  // every replay writes its loss here, whatever plain steps ran in between
     graph_note_ =
         "on: captured at step " + std::to_string(r.step) + " for batches of shape " + shape_str(ids.shape());
   } else {
@@ -112,6 +144,7 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
     optimizer_.step_replayed();
   }
   graph_.replay();
+  loss_ = graph_loss_;
   // A non-finite norm made the captured update skip itself; a non-finite
   // loss with a finite norm is reported as applied.
   return finish(r, /*stepped=*/true, /*update_applied_if_loss_bad=*/true);
@@ -121,12 +154,7 @@ void TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {
   const char* op = "TrainStep::run";
   const int64_t vocab = model_.config().vocab_size;
   read_indices(ids, vocab, op);
-  const std::vector<double> t = targets.to_vector();
-  for (size_t i = 0; i < t.size(); ++i)
-    HG_CHECK(t[i] == static_cast<double>(options_.ignore_index) ||
-                 (t[i] >= 0 && t[i] < static_cast<double>(vocab) && t[i] == std::floor(t[i])),
-             op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
-             ") nor ignore_index ", options_.ignore_index);
+  read_cross_entropy_targets(targets, vocab, options_.ignore_index, op);
 }
 
 StepResult TrainStep::run(const Tensor& ids, const Tensor& targets, double weight) {

@@ -30,6 +30,12 @@ struct TrainStepOptions {
   bool use_graph = true;        // capture the step as a CUDA graph and replay it, when it can be (graph_note())
   int warmup_steps = 2;         // plain steps before the capture (cuBLASLt plans, allocator cache)
   DataParallelHook* data_parallel = nullptr;  // borrowed, must outlive the TrainStep; null: one process
+  // Fused kernel mode: the loss and the head's gradients from the chunked
+  // classifier (ops/classifier.hpp), so the (B, T, V) logits never exist;
+  // false, or unfused mode: the head's logits, cross-entropy over them and
+  // the head's backward, as DecoderLM::forward / backward compose them.
+  bool chunked_classifier = true;
+  int64_t classifier_chunk_rows = 0;  // rows per chunk; 0: default_classifier_chunk_rows
 };
 
 // What one step measured, read back after the step has run.
@@ -50,6 +56,8 @@ class NonFiniteError : public Error {
 // One training step of a DecoderLM in the model's precision
 // (docs/mixed_precision.md): zero grads -> [data parallel: begin_step] ->
 // forward -> cross-entropy -> backward -> [end_backward] -> optimizer step.
+// In fused kernel mode the head, the loss and their gradients are the
+// chunked classifier's (TrainStepOptions::chunked_classifier, docs/classifier.md).
 // Gradient clipping is the optimizer's (AdamWOptions::max_grad_norm, inside
 // the same multi-tensor launches as the update; ZeRO-1's ShardedAdamW clips
 // by the global norm), as is skipping an update whose gradient norm is not
@@ -87,6 +95,9 @@ class TrainStep {
  private:
   // Queues forward, loss and backward (between the hook's two calls); the loss lands in loss_.
   void enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight);
+  // Loss and backward of the two forms; the loss lands in loss_.
+  void loss_and_backward_composed(const Tensor& ids, const Tensor& targets);
+  void loss_and_backward_chunked(const Tensor& ids, const Tensor& targets);
   StepResult plain_step(const Tensor& ids, const Tensor& targets, double weight, StepResult r);
   StepResult graph_step(const Tensor& ids, const Tensor& targets, StepResult r);
   // Reads the loss and norm back; throws NonFiniteError when either is not finite.
@@ -107,6 +118,7 @@ class TrainStep {
   std::string graph_note_;
   Tensor ids_in_, targets_in_;  // graph mode: the inputs every replay reads
   Tensor loss_;                 // 0-d, written by the step
+  Tensor graph_loss_;           // 0-d, written by every replay of the captured step
 };
 
 }  // namespace hg

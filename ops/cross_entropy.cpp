@@ -16,20 +16,6 @@ namespace {
 
 constexpr const char* kOp = "cross_entropy_forward";
 
-// Checks targets on the host and returns how many positions count.
-int64_t count_valid_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index) {
-  const std::vector<double> t = targets.to_vector();
-  int64_t n_valid = 0;
-  for (size_t i = 0; i < t.size(); ++i) {
-    if (t[i] == static_cast<double>(ignore_index)) continue;
-    if (!(t[i] >= 0 && t[i] < static_cast<double>(vocab)) || t[i] != std::floor(t[i]))
-      fail(kOp, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
-           ") nor ignore_index ", ignore_index);
-    ++n_valid;
-  }
-  return n_valid;
-}
-
 // log-softmax and the NLL pick written on map/zip/reduce, like miniTorch.
 Tensor unfused(const Tensor& x, const Tensor& targets, int64_t n_rows, int64_t vocab, int64_t ignore_index,
                double inv_count, CrossEntropySaved* saved) {
@@ -96,6 +82,21 @@ Tensor lse_forward(const Tensor&, const Tensor&, int64_t, CrossEntropySaved*) {
 
 }  // namespace
 
+std::vector<double> read_cross_entropy_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index,
+                                               const char* op, int64_t* n_valid) {
+  std::vector<double> t = targets.to_vector();
+  int64_t counted = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] == static_cast<double>(ignore_index)) continue;
+    if (!(t[i] >= 0 && t[i] < static_cast<double>(vocab)) || t[i] != std::floor(t[i]))
+      fail(op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
+           ") nor ignore_index ", ignore_index);
+    ++counted;
+  }
+  if (n_valid) *n_valid = counted;
+  return t;
+}
+
 Tensor cross_entropy_forward_on_device(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                        CrossEntropySaved* saved) {
   HG_PROFILE("cross_entropy", logits.device());
@@ -116,7 +117,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   check_shapes(logits, targets);
   const int64_t vocab = logits.size(-1);
   const int64_t n_rows = targets.numel();
-  const int64_t n_valid = count_valid_targets(targets, vocab, ignore_index);
+  int64_t n_valid = 0;
+  const std::vector<double> host_targets = read_cross_entropy_targets(targets, vocab, ignore_index, kOp, &n_valid);
   const double inv_count = n_valid > 0 ? 1.0 / static_cast<double>(n_valid) : 0.0;
   if (saved) {
     *saved = CrossEntropySaved{};
@@ -143,8 +145,7 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   log_dispatch("cross_entropy_forward", dispatch_path(logits, !fused_kernel), logits);
   if (fused && !logits.is_cuda()) {
     Tensor dlogits = Tensor::empty({n_rows, vocab}, x.dtype(), Device::CPU);
-    const std::vector<double> t = targets.to_vector();
-    const double loss = cpu::cross_entropy_forward(x, t, vocab, ignore_index, inv_count, dlogits);
+    const double loss = cpu::cross_entropy_forward(x, host_targets, vocab, ignore_index, inv_count, dlogits);
     if (saved) saved->dlogits = dlogits.reshape(logits.shape());
     return Tensor::full({}, loss, x.dtype(), Device::CPU);
   }

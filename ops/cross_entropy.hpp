@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.hpp"
 
@@ -56,5 +57,12 @@ Tensor cross_entropy_backward(const CrossEntropySaved& saved, double dloss = 1.0
 // over them, in place, and they are returned (one (N, V) buffer fewer: 786
 // MiB of bf16 at GPT-2 small's batch); elsewhere cross_entropy_backward.
 Tensor cross_entropy_backward_over_logits(const CrossEntropySaved& saved, double dloss = 1.0);
+
+// The targets' check, shared by every caller that checks on the host: reads
+// targets (any shape, F32) to the host and requires each to be a class in
+// [0, vocab) or ignore_index (hg::Error from `op` naming the value and its flat
+// position otherwise). Returns them; *n_valid (when given) = how many count.
+std::vector<double> read_cross_entropy_targets(const Tensor& targets, int64_t vocab, int64_t ignore_index,
+                                               const char* op, int64_t* n_valid = nullptr);
 
 }  // namespace hg

@@ -148,47 +148,60 @@ TEST_CASE("gather / scatter-add with ids checked on the device equal the host-ch
 TEST_CASE("TrainStep: steps replayed from a CUDA graph equal plain steps bit for bit (fp32 and bf16)",
           "[graph][cuda]") {
   HG_REQUIRE_GPU();
+  // The head and loss as the chunked classifier (one chunk; 5-row chunks,
+  // the last of 2 rows) and composed (logits, cross-entropy).
+  struct Classifier {
+    bool chunked;
+    int64_t chunk_rows;
+  };
   for (Precision precision : {Precision::FP32, Precision::BF16}) {
-    INFO(precision_name(precision));
-    DecoderLMConfig c;
-    c.vocab_size = 64;
-    c.max_seq_len = 16;
-    c.d_model = 64;  // head dim 32: the fused attention kernels run inside the captured step
-    c.n_heads = 2;
-    c.n_layers = 2;
-    c.seed = 3;
-    c.precision = precision;
-    DecoderLM a(c), b(c);
-    a.to(Device::CUDA);
-    b.to(Device::CUDA);
-    AdamWOptions o;
-    o.max_grad_norm = 1.0;
-    AdamW oa(a.parameters(), o), ob(b.parameters(), o);
-    TrainStepOptions graph_on, graph_off;
-    graph_off.use_graph = false;
-    TrainStep sa(a, oa, graph_on), sb(b, ob, graph_off);
-    Generator gen(5);
-    for (int step = 0; step < 6; ++step) {
-      std::vector<double> ids(2 * 16), targets(ids.size());
-      for (double& v : ids) v = static_cast<double>(gen.next_u64() % 64);
-      for (double& v : targets) v = static_cast<double>(gen.next_u64() % 64);
-      targets[3] = -100;  // an ignored position: the count of rows changes per batch
-      const Tensor i = Tensor::from_vector(ids, {2, 16}, DType::F32, Device::CUDA);
-      const Tensor t = Tensor::from_vector(targets, {2, 16}, DType::F32, Device::CUDA);
-      oa.set_lr(1e-3 * (step + 1));  // a schedule: the replay must read the new lr
-      ob.set_lr(1e-3 * (step + 1));
-      const StepResult ra = sa.run(i, t), rb = sb.run(i, t);
-      CHECK(ra.loss == rb.loss);
-      CHECK(ra.grad_norm == rb.grad_norm);
+    for (Classifier classifier : {Classifier{true, 0}, Classifier{true, 5}, Classifier{false, 0}}) {
+      INFO(precision_name(precision) << (classifier.chunked ? " chunked classifier, rows per chunk "
+                                                            : " composed classifier ")
+                                     << classifier.chunk_rows);
+      DecoderLMConfig c;
+      c.vocab_size = 64;
+      c.max_seq_len = 16;
+      c.d_model = 64;  // head dim 32: the fused attention kernels run inside the captured step
+      c.n_heads = 2;
+      c.n_layers = 2;
+      c.seed = 3;
+      c.precision = precision;
+      DecoderLM a(c), b(c);
+      a.to(Device::CUDA);
+      b.to(Device::CUDA);
+      AdamWOptions o;
+      o.max_grad_norm = 1.0;
+      AdamW oa(a.parameters(), o), ob(b.parameters(), o);
+      TrainStepOptions graph_on, graph_off;
+      graph_on.chunked_classifier = classifier.chunked;
+      graph_on.classifier_chunk_rows = classifier.chunk_rows;
+      graph_off = graph_on;
+      graph_off.use_graph = false;
+      TrainStep sa(a, oa, graph_on), sb(b, ob, graph_off);
+      Generator gen(5);
+      for (int step = 0; step < 6; ++step) {
+        std::vector<double> ids(2 * 16), targets(ids.size());
+        for (double& v : ids) v = static_cast<double>(gen.next_u64() % 64);
+        for (double& v : targets) v = static_cast<double>(gen.next_u64() % 64);
+        targets[3] = -100;  // an ignored position: the count of rows changes per batch
+        const Tensor i = Tensor::from_vector(ids, {2, 16}, DType::F32, Device::CUDA);
+        const Tensor t = Tensor::from_vector(targets, {2, 16}, DType::F32, Device::CUDA);
+        oa.set_lr(1e-3 * (step + 1));  // a schedule: the replay must read the new lr
+        ob.set_lr(1e-3 * (step + 1));
+        const StepResult ra = sa.run(i, t), rb = sb.run(i, t);
+        CHECK(ra.loss == rb.loss);
+        CHECK(ra.grad_norm == rb.grad_norm);
+      }
+      INFO(sa.graph_note());
+      CHECK(sa.graph_active());  // captured after the two warm-up steps, replayed for steps 3..6
+      CHECK(oa.steps() == ob.steps());
+      const auto pa = a.parameters(), pb = b.parameters();
+      for (size_t k = 0; k < pa.size(); ++k) CHECK(pa[k]->value.to_vector() == pb[k]->value.to_vector());
+      // A bad id is still refused with a message before anything is copied in.
+      const Tensor bad = Tensor::full({2, 16}, 64.0, DType::F32, Device::CUDA);
+      const Tensor t0 = Tensor::zeros({2, 16}, DType::F32, Device::CUDA);
+      CHECK(contains(thrown_message([&] { sa.run(bad, t0); }), "not an integer in [0, 64)"));
     }
-    INFO(sa.graph_note());
-    CHECK(sa.graph_active());  // captured after the two warm-up steps, replayed for steps 3..6
-    CHECK(oa.steps() == ob.steps());
-    const auto pa = a.parameters(), pb = b.parameters();
-    for (size_t k = 0; k < pa.size(); ++k) CHECK(pa[k]->value.to_vector() == pb[k]->value.to_vector());
-    // A bad id is still refused with a message before anything is copied in.
-    const Tensor bad = Tensor::full({2, 16}, 64.0, DType::F32, Device::CUDA);
-    const Tensor t0 = Tensor::zeros({2, 16}, DType::F32, Device::CUDA);
-    CHECK(contains(thrown_message([&] { sa.run(bad, t0); }), "not an integer in [0, 64)"));
   }
 }

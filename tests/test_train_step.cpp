@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kernel_mode.hpp"
 #include "core/optim.hpp"
 #include "core/profiler.hpp"
 #include "models/decoder_lm.hpp"
@@ -218,21 +219,32 @@ TEST_CASE("TrainStep: StepResult::step and the non-finite message continue the o
   CHECK(opt.steps() == 3);
 }
 
-TEST_CASE("TrainStep: profiling scopes of the step (optimizer and cross_entropy included)", "[train_step]") {
-  DecoderLM m(tiny_config());
-  AdamW opt(m.parameters(), adamw(1.0));
-  TrainStep step(m, opt);
-  const Batch batch = make_batch(60);
-  prof::reset();
-  prof::enable(true);
-  step.run(batch.ids, batch.targets);
-  prof::enable(false);
-  std::vector<std::string> kinds;
-  for (const prof::Entry& e : prof::entries()) kinds.push_back(e.kind);
-  prof::reset();
-  for (const char* kind : {"embedding", "layernorm", "linear", "cross_entropy", "optimizer"}) {
-    INFO(kind);
-    CHECK(std::find(kinds.begin(), kinds.end(), kind) != kinds.end());
+TEST_CASE("TrainStep: profiling scopes of the step (optimizer, and the classifier or cross_entropy)",
+          "[train_step]") {
+  // Fused mode runs the chunked classifier (its GEMMs and row pass one
+  // kind); without it the head is a Linear and the loss cross_entropy.
+  for (bool chunked : {true, false}) {
+    INFO("chunked_classifier " << chunked);
+    DecoderLM m(tiny_config());
+    AdamW opt(m.parameters(), adamw(1.0));
+    TrainStepOptions options;
+    options.chunked_classifier = chunked;
+    TrainStep step(m, opt, options);
+    const Batch batch = make_batch(60);
+    prof::reset();
+    prof::enable(true);
+    step.run(batch.ids, batch.targets);
+    prof::enable(false);
+    std::vector<std::string> kinds;
+    for (const prof::Entry& e : prof::entries()) kinds.push_back(e.kind);
+    prof::reset();
+    const char* loss_kind = chunked ? "classifier" : "cross_entropy";
+    const char* absent = chunked ? "cross_entropy" : "classifier";
+    for (const char* kind : {"embedding", "layernorm", "linear", loss_kind, "optimizer"}) {
+      INFO(kind);
+      CHECK(std::find(kinds.begin(), kinds.end(), kind) != kinds.end());
+    }
+    CHECK(std::find(kinds.begin(), kinds.end(), absent) == kinds.end());
   }
 }
 
@@ -272,4 +284,123 @@ TEST_CASE("CUDA TrainStep: host batches equal device batches; another shape runs
   CHECK(sa.graph_active());
   CHECK(contains(sa.graph_note(), "for batches of shape (3, 12)"));
   CHECK(params_equal(a, b));
+}
+
+namespace {
+
+// Relative L2 distance of two models' parameters (all of them together).
+double params_rel_diff(DecoderLM& a, DecoderLM& b) {
+  double diff = 0, norm = 0;
+  const auto pa = a.parameters(), pb = b.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const auto va = pa[i]->value.to_vector(), vb = pb[i]->value.to_vector();
+    for (size_t k = 0; k < va.size(); ++k) {
+      diff += (va[k] - vb[k]) * (va[k] - vb[k]);
+      norm += vb[k] * vb[k];
+    }
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The chunked classifier against the composed head + cross-entropy, both in
+// TrainStep, on `dev` in `precision`, SGD with momentum (its update is
+// continuous in the gradient, so rounding differences stay rounding-sized
+// over the steps; AdamW's first update is lr * sign(g) and can flip on a
+// gradient that is zero up to rounding). Returns the largest relative loss
+// difference over 4 steps; the parameters' relative distance lands in *params.
+double chunked_vs_composed(Device dev, Precision precision, int64_t chunk_rows, double* params) {
+  DecoderLMConfig c = tiny_config();
+  c.precision = precision;
+  DecoderLM a(c), b(c);
+  a.to(dev);
+  b.to(dev);
+  SGD opt_a(a.parameters(), SGDOptions{0.05, 0.9, 0.01}), opt_b(b.parameters(), SGDOptions{0.05, 0.9, 0.01});
+  TrainStepOptions chunked, composed;
+  chunked.classifier_chunk_rows = chunk_rows;
+  composed.chunked_classifier = false;
+  TrainStep sa(a, opt_a, chunked), sb(b, opt_b, composed);
+  double worst = 0;
+  for (uint64_t s = 0; s < 4; ++s) {
+    const Batch batch = make_batch(90 + s, dev);
+    const StepResult ra = sa.run(batch.ids, batch.targets), rb = sb.run(batch.ids, batch.targets);
+    worst = std::max(worst, std::abs(ra.loss - rb.loss) / std::abs(rb.loss));
+  }
+  *params = params_rel_diff(a, b);
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("TrainStep: the chunked classifier gives the composed step's losses (CPU)", "[train_step][classifier]") {
+  // 36 rows in chunks of 5 (the last holds 1): the logits of a chunk and
+  // the dW / db sums over chunks round differently from the whole-batch
+  // GEMMs, at float32's 1e-7 level; 1e-5 over 4 steps leaves margin and
+  // fails a missing chunk, a wrong 1/n or a lost bias gradient (O(1e-2) and up).
+  double params = 0;
+  CHECK(chunked_vs_composed(Device::CPU, Precision::FP32, 5, &params) <= 1e-5);
+  CHECK(params <= 1e-5);
+  // One chunk (the default at this vocabulary) runs the composed step's
+  // GEMMs and row pass on the same operands: the same bits.
+  CHECK(chunked_vs_composed(Device::CPU, Precision::FP32, 0, &params) == 0.0);
+  CHECK(params == 0.0);
+}
+
+TEST_CASE("TrainStep: unfused mode composes the head and cross-entropy whatever chunked_classifier says",
+          "[train_step][classifier]") {
+  KernelModeScope unfused(KernelMode::Unfused);
+  DecoderLM a(tiny_config()), b(tiny_config());
+  AdamW opt_a(a.parameters(), adamw(1.0)), opt_b(b.parameters(), adamw(1.0));
+  TrainStepOptions composed;
+  composed.chunked_classifier = false;
+  TrainStep sa(a, opt_a), sb(b, opt_b, composed);
+  prof::reset();
+  prof::enable(true);
+  for (uint64_t s = 0; s < 2; ++s) {
+    const Batch batch = make_batch(100 + s);
+    CHECK(sa.run(batch.ids, batch.targets).loss == sb.run(batch.ids, batch.targets).loss);
+  }
+  prof::enable(false);
+  for (const prof::Entry& e : prof::entries()) CHECK(e.kind != "classifier");
+  prof::reset();
+  CHECK(params_equal(a, b));
+}
+
+TEST_CASE("TrainStep: a NaN reaching the chunked classifier stops the step, parameters unchanged",
+          "[train_step][classifier]") {
+  DecoderLM m(tiny_config());
+  AdamW opt(m.parameters(), adamw(1.0));
+  TrainStepOptions options;
+  options.classifier_chunk_rows = 7;
+  TrainStep step(m, opt, options);
+  const Batch batch = make_batch(110);
+  step.run(batch.ids, batch.targets);
+  m.ln_f.gamma.value.set({3}, std::nan(""));  // every feature row carries it into the logits
+  std::vector<Tensor> before;
+  for (Parameter* p : m.parameters()) before.push_back(p->value.clone());
+  CHECK(contains(thrown_message([&] { step.run(batch.ids, batch.targets); }), "step 2: loss nan"));
+  const auto params = m.parameters();
+  for (size_t i = 0; i < params.size(); ++i) CHECK(hg::test::same_bytes(params[i]->value, before[i]));  // NaN too
+  CHECK(contains(thrown_message([&] {
+                   TrainStepOptions bad;
+                   bad.classifier_chunk_rows = -1;
+                   TrainStep s(m, opt, bad);
+                 }),
+                 "classifier_chunk_rows must be >= 0"));
+}
+
+TEST_CASE("CUDA TrainStep: the chunked classifier gives the composed step's losses (fp32, bf16)",
+          "[train_step][classifier][cuda]") {
+  HG_REQUIRE_GPU();
+  // fp32: as on the CPU (cuBLASLt's exact-FP32 GEMMs, float row sums).
+  // bf16: both forms round the logits, dlogits and GEMM outputs to bf16 the
+  // same way; a chunk's GEMM may pick another algorithm than the whole
+  // batch's and round a logit one bf16 ulp apart (2^-8 relative, ~0.01 in
+  // a row loss, averaged over 30 counted rows): 1e-3 relative.
+  double params = 0;
+  CHECK(chunked_vs_composed(Device::CUDA, Precision::FP32, 5, &params) <= 1e-5);
+  CHECK(params <= 1e-5);
+  CHECK(chunked_vs_composed(Device::CUDA, Precision::BF16, 5, &params) <= 1e-3);
+  CHECK(params <= 1e-3);
+  CHECK(chunked_vs_composed(Device::CUDA, Precision::BF16, 0, &params) <= 1e-3);
+  CHECK(params <= 1e-3);
 }

@@ -28,8 +28,10 @@ HG_SIMD_INLINE double sum_to_double(const float* x, int64_t n) {
 }
 
 // One row: writes (p - onehot) * inv_count into dx, returns log s - (x_t - m).
+// dx may be x itself: x_t is read before the row is overwritten.
 HG_SIMD_CLONES double row_f32(const float* x, float* dx, int64_t vocab, int64_t target, double inv_count) {
   constexpr float inf = __builtin_inff();
+  const float x_t = x[target];
   Floats vmax = simd::splat(-inf);
   int64_t i = 0;
   for (; i + kLanes <= vocab; i += kLanes) {
@@ -49,12 +51,13 @@ HG_SIMD_CLONES double row_f32(const float* x, float* dx, int64_t vocab, int64_t 
   const float scale = static_cast<float>(inv_count / s);
   simd::transform(dx, dx, vocab, [scale](Floats e) HG_SIMD_LAMBDA { return e * scale; });
   dx[target] = static_cast<float>(0.0 - others / s * inv_count);  // 0.0 -: +0 for a single class
-  return std::log(s) - static_cast<double>(x[target] - m);
+  return std::log(s) - static_cast<double>(x_t - m);
 }
 
 // ---------------------------------------------------------------- float64
 // Relative to the max, so large offsets keep their digits (docs/cross_entropy.md).
 double row_f64(const double* x, double* dx, int64_t vocab, int64_t target, double inv_count) {
+  const double x_t = x[target];  // dx may be x
   double m = x[0];
   for (int64_t j = 1; j < vocab; ++j) m = x[j] > m ? x[j] : m;
   double s = 0;
@@ -64,42 +67,50 @@ double row_f64(const double* x, double* dx, int64_t vocab, int64_t target, doubl
     const double z = (x[j] - m) - log_s;  // the target's p - 1 as expm1 (no cancellation)
     dx[j] = (j == target ? std::expm1(z) : std::exp(z)) * inv_count;
   }
-  return log_s - (x[target] - m);
+  return log_s - (x_t - m);
 }
 
-// Rows in tasks of about 16K elements; the row losses are added in row order
-// afterwards, so the loss has the same bits at any thread count.
+// Rows in tasks of about 16K elements; each row's loss lands in its own
+// slot, so a caller that adds them in row order gets the same bits at any
+// thread count.
 template <class T, class Row>
-double fused_rows(const Tensor& logits, const std::vector<double>& targets, int64_t vocab, int64_t ignore_index,
-                  double inv_count, Tensor& dlogits, const Row& row) {
+void fused_rows(const Tensor& logits, const double* targets, int64_t ignore_index, double inv_count, Tensor& dlogits,
+                double* row_loss, const Row& row) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
   const T* x = logits.data<T>();
   T* dx = dlogits.data<T>();
-  const auto rows = static_cast<int64_t>(targets.size());
-  std::vector<double> loss(targets.size(), 0.0);
   const int64_t per = std::max<int64_t>(1, (int64_t(1) << 14) / vocab);
   parallel_for(pieces(rows, per), rows * vocab, [&](int64_t t) {
     for (int64_t r = t * per; r < std::min(rows, (t + 1) * per); ++r) {
-      const double target = targets[static_cast<size_t>(r)];
+      const double target = targets[r];
       if (target == static_cast<double>(ignore_index)) {
         std::fill(dx + r * vocab, dx + (r + 1) * vocab, T(0));
+        row_loss[r] = 0;
         continue;
       }
-      loss[static_cast<size_t>(r)] =
-          row(x + r * vocab, dx + r * vocab, vocab, static_cast<int64_t>(target), inv_count);
+      row_loss[r] = row(x + r * vocab, dx + r * vocab, vocab, static_cast<int64_t>(target), inv_count);
     }
   });
-  double total = 0;
-  for (double l : loss) total += l;
-  return total * inv_count;
 }
 
 }  // namespace
 
+void cross_entropy_rows(const Tensor& logits, const double* targets, int64_t ignore_index, double inv_count,
+                        Tensor& dlogits, double* row_loss) {
+  if (logits.dtype() == DType::F32)
+    fused_rows<float>(logits, targets, ignore_index, inv_count, dlogits, row_loss, row_f32);
+  else
+    fused_rows<double>(logits, targets, ignore_index, inv_count, dlogits, row_loss, row_f64);
+}
+
 double cross_entropy_forward(const Tensor& logits, const std::vector<double>& targets, int64_t vocab,
                              int64_t ignore_index, double inv_count, Tensor& dlogits) {
-  if (logits.dtype() == DType::F32)
-    return fused_rows<float>(logits, targets, vocab, ignore_index, inv_count, dlogits, row_f32);
-  return fused_rows<double>(logits, targets, vocab, ignore_index, inv_count, dlogits, row_f64);
+  std::vector<double> loss(targets.size(), 0.0);
+  cross_entropy_rows(logits.reshape({static_cast<int64_t>(targets.size()), vocab}), targets.data(), ignore_index,
+                     inv_count, dlogits, loss.data());
+  double total = 0;
+  for (double l : loss) total += l;
+  return total * inv_count;
 }
 
 }  // namespace hg::cpu

@@ -14,4 +14,12 @@ namespace hg::cpu {
 double cross_entropy_forward(const Tensor& logits, const std::vector<double>& targets, int64_t vocab,
                              int64_t ignore_index, double inv_count, Tensor& dlogits);
 
+// The same rows for a caller that sums the losses itself: logits and
+// dlogits (rows, vocab) F32 or F64, dlogits may be logits (the gradient is
+// written over them); targets has one entry per row, already checked.
+// row_loss[r] = log s - (x_t - m) (0 where ignored), not scaled by inv_count;
+// dlogits as above.
+void cross_entropy_rows(const Tensor& logits, const double* targets, int64_t ignore_index, double inv_count,
+                        Tensor& dlogits, double* row_loss);
+
 }  // namespace hg::cpu
