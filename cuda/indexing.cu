@@ -77,6 +77,11 @@ __global__ void place_rows_kernel(const float* __restrict__ ids, int64_t n, int6
 
 // One thread owns grad_table[v, col]: it sums the grad rows of its positions
 // in ascending order, then adds once. No two threads touch the same element.
+// Real text is skewed (a space, "the", a comma own thousands of a batch's
+// positions), and one load at a time would keep such a row's threads waiting
+// on memory latency thousands of times in a row: the loads of kInFlight
+// positions are issued before their adds, which still run in position order.
+constexpr int kInFlight = 8;
 template <class T>
 __global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_t* __restrict__ offsets,
                                         const int32_t* __restrict__ positions, int64_t d,
@@ -86,7 +91,15 @@ __global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_
   const int32_t begin = offsets[v], end = offsets[v + 1];
   if (col >= d || begin == end) return;
   T acc = 0;
-  for (int32_t j = begin; j < end; ++j) acc += grad[static_cast<int64_t>(positions[j]) * d + col];
+  int32_t j = begin;
+  for (; j + kInFlight <= end; j += kInFlight) {
+    T g[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) g[k] = grad[static_cast<int64_t>(positions[j + k]) * d + col];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) acc += g[k];
+  }
+  for (; j < end; ++j) acc += grad[static_cast<int64_t>(positions[j]) * d + col];
   grad_table[v * d + col] += acc;
 }
 

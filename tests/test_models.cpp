@@ -953,6 +953,25 @@ TEST_CASE("CUDA: gather / scatter-add and fused cross-entropy match the CPU", "[
   scatter_add_rows(grad.to(Device::CUDA), ids.to(Device::CUDA), acc_gpu);
   CHECK(rel_error(acc_gpu.to(Device::CPU), acc_cpu) < 1e-6);
 
+  // Skewed like text: one row owns most positions (thousands of adds for its
+  // threads), the rest are spread; odd counts leave a remainder after the
+  // groups of loads. Both CUDA paths (ids checked on the host, on the device)
+  // against the float64 CPU sums.
+  {
+    const int64_t n = 4099, v = 300, d = 37;
+    std::vector<double> skewed(static_cast<size_t>(n));
+    for (double& x : skewed) x = g.next_u64() % 10 < 9 ? 3.0 : static_cast<double>(g.next_u64() % v);
+    const Tensor sids = Tensor::from_vector(skewed, {n});
+    const Tensor sgrad = Tensor::randn({n, d}, g, DType::F64);
+    Tensor ref = Tensor::zeros({v, d}, DType::F64);
+    scatter_add_rows(sgrad, sids, ref);
+    for (const IdCheck check : {IdCheck::Host, IdCheck::Device}) {
+      Tensor acc = Tensor::zeros({v, d}, DType::F32, Device::CUDA);
+      scatter_add_rows(sgrad.to(DType::F32).to(Device::CUDA), sids.to(DType::F32).to(Device::CUDA), acc, check);
+      CHECK(rel_error(acc.to(Device::CPU).to(DType::F64), ref) < 1e-5);
+    }
+  }
+
   for (int64_t vocab : {1, 3, 1000, 4097, 65536}) {
     INFO("vocab " << vocab);
     const Tensor logits = Tensor::randn({6, vocab}, g, DType::F32, Device::CPU, 100.0, 5.0);
