@@ -12,9 +12,9 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.hpp"
-#include "examples/common/cli.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
+#include "examples/common/cli.hpp"
 #include "ops/attention.hpp"
 
 using namespace hg;
@@ -83,7 +83,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", tokens, "B * T")->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app.add_option("--width", width, "H * dh")->check(CLI::Range(int64_t(32), int64_t(1) << 16));
   app.add_option("--seq", seqs, "sequence lengths T")->delimiter(',')->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  app.add_option("--head-dim", head_dims, "head dims (32, 64, 128)")->delimiter(',')->check(CLI::IsMember({32, 64, 128}));
+  app.add_option("--head-dim", head_dims, "head dims (32, 64, 128)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({32, 64, 128}));
   app.add_option("--dtype", dtypes, "bf16 and/or f32")->delimiter(',')->check(CLI::IsMember({"bf16", "f32"}));
   app.add_option("--warmup", warmup, "untimed calls per case")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "timed calls per case (median)")->check(CLI::Range(1, 100000));
@@ -97,8 +99,8 @@ int main(int argc, char** argv) {
     if (!csv_path.empty()) cli::check_writable(csv_path, "--csv");
     std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up\n", gpu::device_name(),
                 static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup);
-    std::printf("%-5s %5s %4s %6s %-7s | %9s %9s | %8s %8s | %9s\n", "dtype", "T", "dh", "causal", "path",
-                "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "peak MiB");
+    std::printf("%-5s %5s %4s %6s %-7s | %9s %9s | %8s %8s | %9s\n", "dtype", "T", "dh", "causal", "path", "fwd ms",
+                "bwd ms", "fwd TF/s", "bwd TF/s", "peak MiB");
     std::unique_ptr<bench::Csv> csv;
     if (!csv_path.empty())
       csv = std::make_unique<bench::Csv>(csv_path, "dtype,T,B,H,dh,causal,path,fwd_ms,bwd_ms,fwd_tflops,bwd_tflops,"

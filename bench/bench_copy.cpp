@@ -85,8 +85,12 @@ int main(int argc, char** argv) {
   CLI::App app{"Device-to-device copy bandwidth: cudaMemcpyAsync and our copy kernels", "bench_copy"};
   app.add_option("--sizes-mib", opt.sizes_mib, "comma-separated tensor sizes in MiB (one copy reads and writes this)")
       ->capture_default_str();
-  app.add_option("--iters", opt.iters, "timed samples per kernel")->check(CLI::Range(1, 1000000))->capture_default_str();
-  app.add_option("--warmup", opt.warmup, "untimed samples per kernel")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("--iters", opt.iters, "timed samples per kernel")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--warmup", opt.warmup, "untimed samples per kernel")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   cli::add_common_flags(app, opt.common);
   return cli::run_program(app, opt.common, argc, argv, [&] {

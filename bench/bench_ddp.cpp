@@ -40,7 +40,7 @@ using Size = bench::ModelSize;
 Size preset(const std::string& name, Device dev) {
   if (name == "gpt2s") return {768, 12, 12, 1024, 8, 50304};
   if (dev == Device::CPU) return {128, 4, 2, 64, 8, 256};  // bench_train's CPU size
-  return {512, 8, 6, 256, 32, 256};                         // bench_train's GPU size
+  return {512, 8, 6, 256, 32, 256};                        // bench_train's GPU size
 }
 
 }  // namespace
@@ -122,8 +122,7 @@ int main(int argc, char** argv) {
                   (long long)s.d_model, (long long)s.heads, (long long)s.layers, (long long)s.seq, (long long)s.batch,
                   (long long)s.vocab);
       std::printf("%s\n", dp.describe().c_str());
-      std::printf("one rank alone (no communication): %9.2f ms/step  %10.0f tokens/s\n", m[1],
-                  tokens / (m[1] * 1e-3));
+      std::printf("one rank alone (no communication): %9.2f ms/step  %10.0f tokens/s\n", m[1], tokens / (m[1] * 1e-3));
       std::printf("data parallel, rank 0:             %9.2f ms/step  (slowest rank %.2f ms)\n", m[0], slowest);
       std::printf("all ranks:                                        %10.0f tokens/s  scaling %.3fx over one rank "
                   "alone (ideal %dx)\n",
@@ -142,8 +141,8 @@ int main(int argc, char** argv) {
     }
     if (w.rank != 0) return cli::kExitOk;
     std::printf("== bench_ddp %s summary, %d rank(s), zero %d (ms per step) ==\n", config.c_str(), w.size, dpf.zero);
-    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s\n", "bucket_mb", "dtype", "buckets", "alone",
-                "slowest", "scaling", "comm", "exposed", "hidden");
+    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s\n", "bucket_mb", "dtype", "buckets", "alone", "slowest",
+                "scaling", "comm", "exposed", "hidden");
     std::printf("%s", table.c_str());
     return cli::kExitOk;
   });

@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
-#include "examples/common/cli.hpp"
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/device.hpp"
 #include "core/math_mode.hpp"
 #include "core/tensor.hpp"
+#include "examples/common/cli.hpp"
 
 namespace {
 
@@ -86,15 +86,20 @@ int main(int argc, char** argv) {
           std::function<void(Operands&)> run;
         };
         const std::vector<Form> forms = {
-            {"forward", [&](Operands& o) { be.gemm(o.x, o.w, o.out_fwd, {false, true}); }},
+            {"forward",
+             [&](Operands& o) {
+               be.gemm(o.x, o.w, o.out_fwd, {false, true});
+             }},
             {"dgrad", [&](Operands& o) { be.gemm(o.dy, o.w, o.out_dx, {}); }},
-            {"wgrad", [&](Operands& o) {
+            {"wgrad",
+             [&](Operands& o) {
                GemmArgs a;
                a.transpose_a = true;
                a.accumulate = true;
                be.gemm(o.dy, o.x, o.out_dw, a);
              }},
-            {"bias_gelu", [&](Operands& o) {
+            {"bias_gelu",
+             [&](Operands& o) {
                GemmArgs a;
                a.transpose_b = true;
                a.epilogue = GemmEpilogue::BiasGelu;

@@ -26,17 +26,17 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
-#include "examples/common/progress.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
 #include "cuda/layernorm_kernels.hpp"
+#include "examples/common/progress.hpp"
 #include "ops/layernorm.hpp"
 #ifdef HG_WITH_CUDA
-#include "cuda/residual_layernorm_kernels.hpp"
 #include "bench/copy_rates.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/residual_layernorm_kernels.hpp"
 #endif
 
 namespace {
@@ -67,8 +67,8 @@ std::vector<Size> parse_sizes(const std::string& text) {
 // The sweep: M = 4096 with N = 256 ... 16384, and (B, T, D) = (32, 512, 768).
 std::vector<Size> default_sizes(Device device) {
   if (device == Device::CUDA)
-    return {{4096, 256}, {4096, 512}, {4096, 1024}, {4096, 2048}, {4096, 4096},
-            {4096, 8192}, {4096, 16384}, {16384, 768}};
+    return {{4096, 256},  {4096, 512},  {4096, 1024},  {4096, 2048},
+            {4096, 4096}, {4096, 8192}, {4096, 16384}, {16384, 768}};
   // Two shared CPU cores: a smaller sweep that still spans the regimes.
   return {{1024, 256}, {1024, 1024}, {1024, 4096}, {2048, 768}};
 }
@@ -147,11 +147,11 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
     dtypes.push_back(d);
   }
   if (dtypes.empty())
-    cli::usage_error("--dtypes", opt.dtypes, ": none of them runs on ", device_name(device), " (allowed there: ",
-                     cuda ? "f32, bf16" : "f32, f64", ")");
+    cli::usage_error("--dtypes", opt.dtypes, ": none of them runs on ", device_name(device),
+                     " (allowed there: ", cuda ? "f32, bf16" : "f32, f64", ")");
 
-  cli::Progress progress(std::string("bench_layernorm ") + device_name(device) + " case", int64_t(sizes.size() * dtypes.size()),
-                         0, "cases", 1);
+  cli::Progress progress(std::string("bench_layernorm ") + device_name(device) + " case",
+                         int64_t(sizes.size() * dtypes.size()), 0, "cases", 1);
   int64_t cases_done = 0;
   for (const Size s : sizes) {
     for (const DType dtype : dtypes) {
@@ -162,7 +162,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
       // Enough calls per timed sample for ~1 ms of GPU work at ~2.5 TB/s.
       const int reps = cuda ? int(std::clamp(std::ceil(1e-3 / (3 * elems * elt / 2.5e12)), 1.0, 64.0)) : 1;
       Inputs in = make_inputs(s, dtype, device, n_sets, gen);
-      std::vector<Tensor> keep_y(n_sets);  // outputs stay alive across a rotation:
+      std::vector<Tensor> keep_y(n_sets);          // outputs stay alive across a rotation:
       std::vector<LayerNormGrads> keep_g(n_sets);  // distinct buffers, like the inputs
       std::vector<LayerNormSaved> keep_saved(n_sets);
 
@@ -217,8 +217,8 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
         });
         try_record("backward", "kernel", [&] {
           return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
-            gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i],
-                                          dg[i], db[i]);
+            gpu::layernorm_backward_fused(in.dy[i], in.x[i], in.gamma, in.saved[i].mean, in.saved[i].rstd, dx[i], dg[i],
+                                          db[i]);
           });
         });
         if (opt.residual) {
@@ -230,8 +230,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
           }
           for (const gpu::ResidualLnKernel kernel :
                {gpu::ResidualLnKernel::ResidentRows, gpu::ResidualLnKernel::OneBlockPerRow}) {
-            const std::string impl =
-                kernel == gpu::ResidualLnKernel::ResidentRows ? "res_resident" : "res_per_row";
+            const std::string impl = kernel == gpu::ResidualLnKernel::ResidentRows ? "res_resident" : "res_per_row";
             try_record("res_forward", impl.c_str(), [&] {
               return bench::time_rotating(device, n_sets, opt.warmup, iters, reps, [&](int i) {
                 gpu::residual_layernorm_forward_fused(in.x[i], in.dy[i], in.gamma, in.beta, float(kEps), h[i], y[i],
@@ -265,8 +264,8 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
           rates += " " + r.pass + " " + std::to_string(static_cast<int>(r.gbps())) + " GB/s";
       progress.update(++cases_done, 1,
                       std::string(dtype_name(dtype)) + " " + std::to_string(s.M) + "x" + std::to_string(s.N) + " (" +
-                          std::to_string(n_sets) + " input sets, " + std::to_string(reps) + " calls per sample):" +
-                          rates);
+                          std::to_string(n_sets) + " input sets, " + std::to_string(reps) +
+                          " calls per sample):" + rates);
     }
   }
   progress.finish();
@@ -276,8 +275,7 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
 // fastest copy kernel) for the same device, dtype and size.
 double copy_gbps(const std::vector<Result>& results, const Result& r) {
   for (const Result& c : results)
-    if (c.pass == "copy" && c.impl == "best" && c.device == r.device && c.dtype == r.dtype && c.M == r.M &&
-        c.N == r.N)
+    if (c.pass == "copy" && c.impl == "best" && c.device == r.device && c.dtype == r.dtype && c.M == r.M && c.N == r.N)
       return c.gbps();
   return 0;
 }
@@ -291,10 +289,9 @@ double unfused_ms(const std::vector<Result>& results, const Result& r) {
 }
 
 void report(const std::vector<Result>& results, const std::string& csv_path) {
-  bench::Csv csv(csv_path,
-                 "device,dtype,pass,impl,M,N,bytes,median_ms,min_ms,gbps,speedup_vs_unfused,pct_of_copy");
-  std::printf("%-5s %-5s %-8s %-8s %6s %6s %10s %9s %8s %7s\n", "dev", "dtype", "pass", "impl", "M", "N", "ms",
-              "GB/s", "vs_unf", "%copy");
+  bench::Csv csv(csv_path, "device,dtype,pass,impl,M,N,bytes,median_ms,min_ms,gbps,speedup_vs_unfused,pct_of_copy");
+  std::printf("%-5s %-5s %-8s %-8s %6s %6s %10s %9s %8s %7s\n", "dev", "dtype", "pass", "impl", "M", "N", "ms", "GB/s",
+              "vs_unf", "%copy");
   for (const Result& r : results) {
     const double unf = unfused_ms(results, r);
     const double speedup = (r.impl != "unfused" && unf > 0) ? unf / r.median_ms : 0.0;
@@ -302,8 +299,8 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
     const double pct = (cp > 0 && r.impl != "best") ? 100.0 * r.gbps() / cp : 0.0;
     csv.row(r.device, r.dtype, r.pass, r.impl, r.M, r.N, r.bytes, r.median_ms, r.min_ms, r.gbps(), speedup, pct);
     std::printf("%-5s %-5s %-8s %-8s %6lld %6lld %10.4f %9.1f %8s %7s\n", r.device.c_str(), r.dtype.c_str(),
-                r.pass.c_str(), r.impl.c_str(), static_cast<long long>(r.M), static_cast<long long>(r.N),
-                r.median_ms, r.gbps(), speedup > 0 ? (std::to_string(speedup).substr(0, 5) + "x").c_str() : "-",
+                r.pass.c_str(), r.impl.c_str(), static_cast<long long>(r.M), static_cast<long long>(r.N), r.median_ms,
+                r.gbps(), speedup > 0 ? (std::to_string(speedup).substr(0, 5) + "x").c_str() : "-",
                 pct > 0 ? (std::to_string(pct).substr(0, 5)).c_str() : "-");
   }
   spdlog::info("CSV written to {}", csv_path);
@@ -319,7 +316,8 @@ void write_plot(const std::vector<Result>& results, const std::string& path) {
     if (m == 0 || count > m_count[m]) m = value;
   bench::PlotLines lines;
   for (const Result& r : results)
-    if (r.M == m && r.impl != "kernel") lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.impl, r.N, r.gbps());
+    if (r.M == m && r.impl != "kernel")
+      lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.impl, r.N, r.gbps());
   bench::write_gbps_plot(path, "LayerNorm bandwidth, M = " + std::to_string(m), "N (row length)", lines.lines());
 }
 
@@ -332,9 +330,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cuda", "cpu", "all"}))
       ->capture_default_str();
   app.add_option("--sizes", opt.sizes, "comma-separated MxN list, e.g. 4096x1024,16384x768 (default: per device)");
-  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only), f64 (CPU only)")->capture_default_str();
-  app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)")->check(CLI::Range(1, 1000000));
-  app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only), f64 (CPU only)")
+      ->capture_default_str();
+  app.add_option("--iters", opt.iters, "timed samples per case (default 50 CUDA, 10 CPU)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", opt.warmup, "untimed samples per case")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   app.add_flag("--fused-only", opt.fused_only,
                "skip the unfused op (most of the time of a run at D ~ 1e5; no vs_unf column then)");
   app.add_flag("--kernels-only", opt.kernels_only, "CUDA: only the raw kernels and the copies (no op-level rows)");

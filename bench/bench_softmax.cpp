@@ -23,7 +23,6 @@
 #include <vector>
 
 #include "bench/bench_util.hpp"
-#include "examples/common/progress.hpp"
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
@@ -31,6 +30,7 @@
 #include "core/tensor.hpp"
 #include "core/tensor_functions.hpp"
 #include "cuda/softmax_kernels.hpp"
+#include "examples/common/progress.hpp"
 #include "ops/softmax.hpp"
 #ifdef HG_WITH_CUDA
 #include "bench/copy_rates.hpp"
@@ -90,8 +90,7 @@ struct Result {
 Tensor random_tensor(const Shape& shape, DType dtype, Device device, Generator& gen, double stddev) {
   constexpr int64_t kPool = int64_t{1} << 22;
   const int64_t n = shape_numel(shape);
-  if (n <= kPool || device != Device::CUDA)
-    return Tensor::randn(shape, gen, DType::F32, device, 0.0, stddev).to(dtype);
+  if (n <= kPool || device != Device::CUDA) return Tensor::randn(shape, gen, DType::F32, device, 0.0, stddev).to(dtype);
   const Tensor pool = Tensor::randn({kPool}, gen, DType::F32, device, 0.0, stddev).to(dtype);
   Tensor out = Tensor::empty(shape, dtype, device);
   const size_t elt = dtype_size(dtype);
@@ -155,9 +154,8 @@ class SizeRun {
     // Input sets in rotation: several caches' worth of the backward's inputs.
     n_sets_ = int(std::clamp(std::ceil(4 * cache_bytes / (2 * size.numel() * elt)), 1.0, 32.0));
     // Enough calls per timed sample for ~1 ms of GPU work at ~2.5 TB/s.
-    reps_ = device == Device::CUDA
-                ? int(std::clamp(std::ceil(1e-3 / (2 * size.numel() * elt / 2.5e12)), 1.0, 64.0))
-                : 1;
+    reps_ =
+        device == Device::CUDA ? int(std::clamp(std::ceil(1e-3 / (2 * size.numel() * elt / 2.5e12)), 1.0, 64.0)) : 1;
     Generator gen(1234);
     const Tensor x = random_tensor(size.scores(), dtype, device, gen, 2.0);
     const Tensor dy = random_tensor(size.scores(), dtype, device, gen, 1.0);
@@ -214,8 +212,8 @@ class SizeRun {
 
   void record(const char* pass, const char* variant, const char* impl, double bytes, const bench::Timing& t,
               double diff = -1) {
-    results_.push_back({device_name(device_), dtype_name(dtype_), pass, variant, impl, size_, bytes, t.median_ms,
-                        t.min_ms, diff});
+    results_.push_back(
+        {device_name(device_), dtype_name(dtype_), pass, variant, impl, size_, bytes, t.median_ms, t.min_ms, diff});
   }
 
   // Times op(set) fused and unfused, and checks that both give the same answer
@@ -228,16 +226,18 @@ class SizeRun {
       KernelModeScope scope(modes[m]);
       try {
         std::vector<Tensor> keep(n_sets_);  // outputs stay alive across a rotation: distinct buffers
-        timings[m] = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) { keep[i] = op(i); });
+        timings[m] =
+            bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_, [&](int i) { keep[i] = op(i); });
         outputs[m] = keep[0];
       } catch (const hg::Error& e) {
-        spdlog::warn("skipped {} {} {} {}: {}", pass, variant, kernel_mode_name(modes[m]), dtype_name(dtype_), e.what());
+        spdlog::warn("skipped {} {} {} {}: {}", pass, variant, kernel_mode_name(modes[m]), dtype_name(dtype_),
+                     e.what());
       }
     }
-    const double diff =
-        outputs[0].defined() && outputs[1].defined() ? max_abs_diff(outputs[0], outputs[1]) : -1.0;
+    const double diff = outputs[0].defined() && outputs[1].defined() ? max_abs_diff(outputs[0], outputs[1]) : -1.0;
     for (int m = 0; m < 2; ++m)
-      if (outputs[m].defined()) record(pass, variant, kernel_mode_name(modes[m]), bytes, timings[m], m == 0 ? diff : -1);
+      if (outputs[m].defined())
+        record(pass, variant, kernel_mode_name(modes[m]), bytes, timings[m], m == 0 ? diff : -1);
   }
 
 #ifdef HG_WITH_CUDA
@@ -255,7 +255,7 @@ class SizeRun {
     l.causal = o.causal;
     l.scale = static_cast<float>(o.scale);
     const auto t = bench::time_rotating(device_, n_sets_, opt_.warmup, iters_, reps_,
-                              [&](int i) { gpu::softmax_forward_fused(x_[i], l, y[i]); });
+                                        [&](int i) { gpu::softmax_forward_fused(x_[i], l, y[i]); });
     record("forward", variant, "kernel", bytes, t);
   }
 
@@ -311,8 +311,8 @@ void run_device(Device device, const Options& opt, std::vector<Result>& results)
   if (dtypes.empty())
     cli::usage_error("--dtypes", opt.dtypes, ": none of them runs on ", device_name(device), " (allowed there: f32",
                      cuda ? ", bf16" : "", ")");
-  cli::Progress progress(std::string(kBench) + " " + device_name(device) + " case", int64_t(sizes.size() * dtypes.size()), 0,
-                         "cases", 1);
+  cli::Progress progress(std::string(kBench) + " " + device_name(device) + " case",
+                         int64_t(sizes.size() * dtypes.size()), 0, "cases", 1);
   int64_t cases_done = 0;
   for (const Size& s : sizes)
     for (const DType dtype : dtypes) {
@@ -351,10 +351,10 @@ void report(const std::vector<Result>& results, const std::string& csv_path) {
     const double speedup = unf != nullptr ? unf->median_ms / r.median_ms : 0.0;
     const Result* cp = r.impl != "best" ? find(results, r, "copy", "best") : nullptr;
     const double pct = cp != nullptr ? 100.0 * r.gbps() / cp->gbps() : 0.0;
-    csv.row(r.device, r.dtype, r.pass, r.variant, r.impl, r.size.B, r.size.H, r.size.T, r.bytes, r.median_ms,
-            r.min_ms, r.gbps(), speedup, pct, r.max_abs_diff);
-    const std::string shape = "(" + std::to_string(r.size.B) + ", " + std::to_string(r.size.H) + ", " +
-                              std::to_string(r.size.T) + ")";
+    csv.row(r.device, r.dtype, r.pass, r.variant, r.impl, r.size.B, r.size.H, r.size.T, r.bytes, r.median_ms, r.min_ms,
+            r.gbps(), speedup, pct, r.max_abs_diff);
+    const std::string shape =
+        "(" + std::to_string(r.size.B) + ", " + std::to_string(r.size.H) + ", " + std::to_string(r.size.T) + ")";
     std::printf("%-5s %-5s %-8s %-6s %-7s %16s %10.4f %8.1f %8s %6s %9s\n", r.device.c_str(), r.dtype.c_str(),
                 r.pass.c_str(), r.variant.c_str(), r.impl.c_str(), shape.c_str(), r.median_ms, r.gbps(),
                 speedup > 0 ? (fixed(speedup, 2) + "x").c_str() : "-", pct > 0 ? fixed(pct, 1).c_str() : "-",
@@ -369,7 +369,8 @@ void write_plot(const std::vector<Result>& results, const std::string& path) {
   for (const Result& r : results)
     if (r.impl == "fused" || r.impl == "unfused" || r.pass == "copy")
       lines.add(r.device + " " + r.dtype + " " + r.pass + " " + r.variant + " " + r.impl, r.size.T, r.gbps());
-  bench::write_gbps_plot(path, "Attention softmax bandwidth, scores (B, H, T, T)", "T (sequence length)", lines.lines());
+  bench::write_gbps_plot(path, "Attention softmax bandwidth, scores (B, H, T, T)", "T (sequence length)",
+                         lines.lines());
 }
 
 }  // namespace
@@ -382,8 +383,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sizes", opt.sizes, "comma-separated BxHxT list, scores (B, H, T, T) (default: per device)");
   app.add_option("--dtypes", opt.dtypes, "comma-separated: f32, bf16 (CUDA only)")->capture_default_str();
-  app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)")->check(CLI::Range(1, 1000000));
-  app.add_option("--warmup", opt.warmup, "untimed samples per case")->check(CLI::Range(0, 1000000))->capture_default_str();
+  app.add_option("--iters", opt.iters, "timed samples per case (default 30 CUDA, 5 CPU)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", opt.warmup, "untimed samples per case")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   app.add_flag("--kernels-only", opt.kernels_only, "CUDA: only the raw kernels and the copies (no op-level rows)");
   app.add_option("--csv", opt.csv, "CSV output path")->capture_default_str();
   app.add_option("--png", opt.png, "plot of GB/s against T, .png or .svg ('' for none)")->capture_default_str();

@@ -14,13 +14,13 @@
 
 #include "bench/bench_model.hpp"
 #include "bench/bench_util.hpp"
-#include "examples/common/cli.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/math_mode.hpp"
 #include "core/optim.hpp"
 #include "core/precision.hpp"
 #include "core/profiler.hpp"
+#include "examples/common/cli.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
 #include "ops/classifier.hpp"
@@ -184,8 +184,7 @@ int main(int argc, char** argv) {
       if (s.d_model % s.heads != 0)
         cli::usage_error(on_gpu ? "--heads" : "--cpu-heads", s.heads, ": must divide ",
                          on_gpu ? "--d-model " : "--cpu-d-model ", s.d_model, " (head width = d_model / heads)");
-      if (precision_name_arg != "auto")
-        try {
+      if (precision_name_arg != "auto") try {
           check_precision_supported(parse_precision(precision_name_arg), dev, "bench_train --precision");
         } catch (const Error& e) {  // a flag value this machine cannot run: a usage error
           cli::usage_error("--precision", precision_name_arg, ": ", e.what());
@@ -212,17 +211,16 @@ int main(int argc, char** argv) {
         std::printf(", %lld rows per chunk",
                     (long long)(classifier_chunk_rows > 0
                                     ? classifier_chunk_rows
-                                    : default_classifier_chunk_rows(s.vocab, precision == Precision::BF16 ? DType::BF16
-                                                                                                          : DType::F32,
-                                                                    dev)));
+                                    : default_classifier_chunk_rows(
+                                          s.vocab, precision == Precision::BF16 ? DType::BF16 : DType::F32, dev)));
       std::printf("\n");
       std::printf("model FLOPs per step %.3f TFLOP (6 N tokens + 12 L T d tokens)%s\n", flops / 1e12,
                   peak > 0 ? "" : (dev == Device::CUDA ? "; MFU n/a: unknown GPU, pass --peak-tflops" : ""));
       const std::vector<KernelMode> modes = modes_for(kernels);
       std::map<KernelMode, Result> results;
       for (KernelMode mode : modes)
-        results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph,
-                            classifier == "chunked", classifier_chunk_rows, s, warmup, iters, profile_steps);
+        results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph, classifier == "chunked",
+                            classifier_chunk_rows, s, warmup, iters, profile_steps);
       const double tokens = static_cast<double>(s.batch * s.seq);
       for (KernelMode mode : modes) {
         const Result& r = results[mode];

@@ -3,12 +3,12 @@
 // steady_clock on the CPU), medians, rotating input sets, CSV output.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <map>
-#include <chrono>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,8 +34,7 @@ inline Timing summarize(std::vector<double> ms) {
 // Calls run(i % n_inputs) `warmup` times, then times `iters` calls one by one.
 // Rotating over n_inputs distinct input sets keeps the L2 cache from
 // flattering the numbers (size n_inputs so their total is several L2s).
-inline Timing time_op(Device device, int n_inputs, int warmup, int iters,
-                      const std::function<void(int)>& run) {
+inline Timing time_op(Device device, int n_inputs, int warmup, int iters, const std::function<void(int)>& run) {
   for (int i = 0; i < warmup; ++i) run(i % n_inputs);
   std::vector<double> ms;
   ms.reserve(iters);
@@ -152,7 +151,8 @@ class Csv {
     out_ << header << '\n';
     check();
   }
-  template <class... Cols> void row(const Cols&... cols) {
+  template <class... Cols>
+  void row(const Cols&... cols) {
     bool first = true;
     ((out_ << (first ? "" : ",") << cols, first = false), ...);
     out_ << '\n';

@@ -10,7 +10,23 @@ namespace hg {
 // fused is written on these four kinds of pass. One implementation per device
 // (cpu_backend.cpp on Eigen, cuda/cuda_backend.cu on CUDA kernels + cuBLAS).
 
-enum class UnaryOp { Identity, Neg, Exp, Log, Sqrt, Rsqrt, Reciprocal, Square, Abs, Relu, ReluGrad, Gelu, GeluGrad, Tanh, Sigmoid };
+enum class UnaryOp {
+  Identity,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Reciprocal,
+  Square,
+  Abs,
+  Relu,
+  ReluGrad,
+  Gelu,
+  GeluGrad,
+  Tanh,
+  Sigmoid
+};
 enum class BinaryOp { Add, Sub, Mul, Div, Max, Min, Pow, Eq, Gt };
 enum class ReduceOp { Sum, Max, Min, Mean };
 
@@ -53,12 +69,12 @@ struct AdamWConfig {
 // the parameters' device, so a step reads nothing from the host (a CUDA graph
 // can replay it while lr changes between replays).
 enum AdamWStateIndex : int {
-  kAdamWStep = 0,      // t, incremented by every step (read and written on the device)
-  kAdamWLr = 1,        // learning rate, written by the caller (fill of a 1-element slice)
-  kAdamWGradNorm = 2,  // global L2 norm of the grads before clipping (written)
-  kAdamWClipScale = 3, // factor the grads were multiplied by (written; 1 when not clipped)
-  kAdamWSkipped = 4,   // 1 when the norm was not finite and nothing was updated (written)
-  kAdamWStateSize = 8, // [5], [6]: bias corrections 1 - beta^t of this step
+  kAdamWStep = 0,       // t, incremented by every step (read and written on the device)
+  kAdamWLr = 1,         // learning rate, written by the caller (fill of a 1-element slice)
+  kAdamWGradNorm = 2,   // global L2 norm of the grads before clipping (written)
+  kAdamWClipScale = 3,  // factor the grads were multiplied by (written; 1 when not clipped)
+  kAdamWSkipped = 4,    // 1 when the norm was not finite and nothing was updated (written)
+  kAdamWStateSize = 8,  // [5], [6]: bias corrections 1 - beta^t of this step
 };
 
 const char* unary_op_name(UnaryOp op);
@@ -85,8 +101,8 @@ class Backend {
   // where op transposes the last two dims when the flag is set. a and b have
   // the same leading (batch) dims, or b is 2-D and shared by every batch.
   // When accumulate is true, out += product instead of out = product.
-  virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a,
-                      bool transpose_b, bool accumulate = false) = 0;
+  virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a, bool transpose_b,
+                      bool accumulate = false) = 0;
 
   // out = value everywhere / out = src converted to out's dtype (same device, same numel).
   virtual void fill(Tensor& out, double value) = 0;

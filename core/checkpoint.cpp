@@ -24,7 +24,8 @@ constexpr uint32_t kVersion = 1;
 constexpr uint32_t kMaxRank = 32;
 constexpr const char* kOp = "Module::load";
 
-template <class T> void put(std::string& out, T v) {
+template <class T>
+void put(std::string& out, T v) {
   for (size_t i = 0; i < sizeof(T); ++i) out += static_cast<char>((static_cast<uint64_t>(v) >> (8 * i)) & 0xff);
 }
 
@@ -32,10 +33,12 @@ template <class T> void put(std::string& out, T v) {
 class Reader {
  public:
   Reader(const std::string& bytes, size_t end, const std::string& what) : b_(bytes), end_(end), what_(what) {}
-  template <class T> T get(const char* field) {
+  template <class T>
+  T get(const char* field) {
     need(sizeof(T), field);
     uint64_t v = 0;
-    for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(b_[pos_ + i])) << (8 * i);
+    for (size_t i = 0; i < sizeof(T); ++i)
+      v |= static_cast<uint64_t>(static_cast<unsigned char>(b_[pos_ + i])) << (8 * i);
     pos_ += sizeof(T);
     return static_cast<T>(v);
   }
@@ -65,7 +68,8 @@ uint64_t expected_nbytes(const Shape& shape, DType dtype, const std::string& nam
   const uint64_t limit = std::numeric_limits<int64_t>::max() / dtype_size(dtype);
   for (int64_t d : shape) {
     if (d < 0) fail(kOp, what, ": '", name, "' has a negative dimension in shape ", shape);
-    if (d != 0 && n > limit / static_cast<uint64_t>(d)) fail(kOp, what, ": '", name, "' shape ", shape, " is too large");
+    if (d != 0 && n > limit / static_cast<uint64_t>(d))
+      fail(kOp, what, ": '", name, "' shape ", shape, " is too large");
     n *= static_cast<uint64_t>(d);
   }
   return n * dtype_size(dtype);
@@ -125,7 +129,8 @@ std::vector<CheckpointRecord> parse_checkpoint(const std::string& bytes, const s
     const uint32_t name_len = r.get<uint32_t>("name length");
     std::string name(r.take(name_len, "name"), name_len);
     const uint32_t dtype_code = r.get<uint32_t>("dtype");
-    if (dtype_code > static_cast<uint32_t>(DType::F16)) fail(kOp, what, ": '", name, "' has bad dtype code ", dtype_code);
+    if (dtype_code > static_cast<uint32_t>(DType::F16))
+      fail(kOp, what, ": '", name, "' has bad dtype code ", dtype_code);
     const DType dtype = static_cast<DType>(dtype_code);
     const uint32_t ndim = r.get<uint32_t>("rank");
     if (ndim > kMaxRank) fail(kOp, what, ": '", name, "' has rank ", ndim, " (at most ", kMaxRank, ")");

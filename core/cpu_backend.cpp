@@ -11,10 +11,10 @@
 #include "core/cpu_math.hpp"
 #include "core/cpu_matmul.hpp"
 #include "core/gemm_check.hpp"
-#include "core/optimizer_ops.hpp"
 #include "core/half.hpp"
 #include "core/indexing.hpp"
 #include "core/matmul_shape.hpp"
+#include "core/optimizer_ops.hpp"
 #include "core/parallel.hpp"
 #include "core/random_stream.hpp"
 #include "core/transpose_plan.hpp"
@@ -22,21 +22,23 @@
 namespace hg {
 namespace {
 
-template <class T> using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
-template <class T> using VecMap = Eigen::Map<Vec<T>>;
-template <class T> using ConstVecMap = Eigen::Map<const Vec<T>>;
+template <class T>
+using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using VecMap = Eigen::Map<Vec<T>>;
+template <class T>
+using ConstVecMap = Eigen::Map<const Vec<T>>;
 
 void check_cpu_float(const Tensor& t, const char* op, const char* role) {
   HG_CHECK(t.defined(), op, role, " is an undefined tensor");
-  HG_CHECK(t.device() == Device::CPU, op, role, " ", t.shape(), " is on ", device_name(t.device()),
-           ", expected cpu");
+  HG_CHECK(t.device() == Device::CPU, op, role, " ", t.shape(), " is on ", device_name(t.device()), ", expected cpu");
   HG_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, op, role, " ", t.shape(), " has dtype ",
            dtype_name(t.dtype()), ", arithmetic needs f32 or f64");
 }
 
 void check_same_dtype_as(const Tensor& t, const Tensor& ref, const char* op, const char* role) {
-  HG_CHECK(t.dtype() == ref.dtype(), op, role, " ", t.shape(), " has dtype ", dtype_name(t.dtype()),
-           ", expected ", dtype_name(ref.dtype()));
+  HG_CHECK(t.dtype() == ref.dtype(), op, role, " ", t.shape(), " has dtype ", dtype_name(t.dtype()), ", expected ",
+           dtype_name(ref.dtype()));
 }
 
 // Elementwise work is cut into pieces of this many elements: the pieces
@@ -121,9 +123,7 @@ void map_typed(UnaryOp op, const T* xp, T* yp, int64_t n) {
     case UnaryOp::Abs: y = x.abs(); return;
     case UnaryOp::Relu: y = x.max(T(0)); return;
     case UnaryOp::ReluGrad: y = (x > T(0)).template cast<T>(); return;
-    case UnaryOp::Gelu:
-      y = T(0.5) * x * (T(1) + (T(kGeluC) * (x + T(kGeluA) * x.cube())).tanh());
-      return;
+    case UnaryOp::Gelu: y = T(0.5) * x * (T(1) + (T(kGeluC) * (x + T(kGeluA) * x.cube())).tanh()); return;
     case UnaryOp::GeluGrad: y = x.unaryExpr([](T v) { return gelu_grad(v); }); return;
     case UnaryOp::Tanh: y = x.tanh(); return;
     // exp(-x) overflows to inf for very negative x, giving exactly 0: no NaN.
@@ -393,7 +393,6 @@ void scatter_add_rows_typed(const Tensor& grad, const std::vector<int32_t>& idx,
     for (int64_t j = 0; j < d; ++j) dst[idx[i] * d + j] += src[static_cast<int64_t>(i) * d + j];
 }
 
-
 // ---------------------------------------------------------------- dropout mask
 
 template <class T>
@@ -439,8 +438,8 @@ class CpuBackend final : public Backend {
     const int d = normalize_dim(dim, x.ndim(), name);
     Shape expected = x.shape();
     expected[d] = 1;
-    HG_CHECK(out.shape() == expected, name, "out shape ", out.shape(), " should be ", expected, " for x ",
-             x.shape(), " reduced over dim ", d);
+    HG_CHECK(out.shape() == expected, name, "out shape ", out.shape(), " should be ", expected, " for x ", x.shape(),
+             " reduced over dim ", d);
     const int64_t len = x.shape()[d];
     HG_CHECK(len > 0 || op == ReduceOp::Sum, name, "cannot reduce an empty dim ", d, " of x ", x.shape());
     int64_t outer = 1, inner = 1;
@@ -458,13 +457,11 @@ class CpuBackend final : public Backend {
     check_same_dtype_as(b, a, "matmul", "b");
     check_same_dtype_as(out, a, "matmul", "out");
     const MatmulShape s = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, "matmul");
-    HG_CHECK(out.shape() == s.out, "matmul", "out shape ", out.shape(), " should be ", s.out, " for a ",
-             a.shape(), " b ", b.shape());
+    HG_CHECK(out.shape() == s.out, "matmul", "out shape ", out.shape(), " should be ", s.out, " for a ", a.shape(),
+             " b ", b.shape());
     if (a.dtype() == DType::F32)
       cpu::matmul(a.data<float>(), b.data<float>(), out.data<float>(), s, transpose_a, transpose_b, accumulate);
-    else
-      cpu::matmul(a.data<double>(), b.data<double>(), out.data<double>(), s, transpose_a, transpose_b,
-                  accumulate);
+    else cpu::matmul(a.data<double>(), b.data<double>(), out.data<double>(), s, transpose_a, transpose_b, accumulate);
   }
 
   void fill(Tensor& out, double value) override {
@@ -475,12 +472,8 @@ class CpuBackend final : public Backend {
     switch (out.dtype()) {
       case DType::F32: VecMap<float>(static_cast<float*>(p), n).setConstant(static_cast<float>(value)); return;
       case DType::F64: VecMap<double>(static_cast<double*>(p), n).setConstant(value); return;
-      case DType::BF16:
-        std::fill_n(static_cast<bf16_t*>(p), n, float_to_bf16(static_cast<float>(value)));
-        return;
-      case DType::F16:
-        std::fill_n(static_cast<f16_t*>(p), n, float_to_half(static_cast<float>(value)));
-        return;
+      case DType::BF16: std::fill_n(static_cast<bf16_t*>(p), n, float_to_bf16(static_cast<float>(value))); return;
+      case DType::F16: std::fill_n(static_cast<f16_t*>(p), n, float_to_half(static_cast<float>(value))); return;
     }
   }
 
@@ -495,7 +488,8 @@ class CpuBackend final : public Backend {
       case DType::F32: return dropout_mask_typed(static_cast<float*>(o), n, seed, counter, p, static_cast<float>(keep));
       case DType::F64: return dropout_mask_typed(static_cast<double*>(o), n, seed, counter, p, keep);
       case DType::BF16:
-        return dropout_mask_typed(static_cast<bf16_t*>(o), n, seed, counter, p, float_to_bf16(static_cast<float>(keep)));
+        return dropout_mask_typed(static_cast<bf16_t*>(o), n, seed, counter, p,
+                                  float_to_bf16(static_cast<float>(keep)));
       case DType::F16:
         return dropout_mask_typed(static_cast<f16_t*>(o), n, seed, counter, p, float_to_half(static_cast<float>(keep)));
     }
@@ -534,16 +528,16 @@ class CpuBackend final : public Backend {
     }
     switch (dtype_size(x.dtype())) {
       case 2:
-        transpose_typed(static_cast<const uint16_t*>(x.raw_data()), static_cast<uint16_t*>(out.raw_data()), p.A,
-                        p.n0, p.M, p.n1, p.B);
+        transpose_typed(static_cast<const uint16_t*>(x.raw_data()), static_cast<uint16_t*>(out.raw_data()), p.A, p.n0,
+                        p.M, p.n1, p.B);
         return;
       case 4:
-        transpose_typed(static_cast<const uint32_t*>(x.raw_data()), static_cast<uint32_t*>(out.raw_data()), p.A,
-                        p.n0, p.M, p.n1, p.B);
+        transpose_typed(static_cast<const uint32_t*>(x.raw_data()), static_cast<uint32_t*>(out.raw_data()), p.A, p.n0,
+                        p.M, p.n1, p.B);
         return;
       case 8:
-        transpose_typed(static_cast<const uint64_t*>(x.raw_data()), static_cast<uint64_t*>(out.raw_data()), p.A,
-                        p.n0, p.M, p.n1, p.B);
+        transpose_typed(static_cast<const uint64_t*>(x.raw_data()), static_cast<uint64_t*>(out.raw_data()), p.A, p.n0,
+                        p.M, p.n1, p.B);
         return;
     }
     fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));

@@ -28,8 +28,7 @@ using isa::GemmKernels;
   return __builtin_cpu_supports("x86-64-v4");
 #else
   return cpu_runs_v3() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512cd");
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd");
 #endif
 }
 

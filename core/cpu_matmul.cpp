@@ -70,9 +70,13 @@ struct Scratch {
 template <class T>
 const PackedGemm<T>& packed_gemm();
 template <>
-const PackedGemm<float>& packed_gemm<float>() { return packed_gemm_f32(); }
+const PackedGemm<float>& packed_gemm<float>() {
+  return packed_gemm_f32();
+}
 template <>
-const PackedGemm<double>& packed_gemm<double>() { return packed_gemm_f64(); }
+const PackedGemm<double>& packed_gemm<double>() {
+  return packed_gemm_f64();
+}
 
 // A panel is packed into the shared buffer by the first tile that needs it.
 // A tile that finds it still being packed by another thread packs its own
@@ -128,12 +132,12 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * kc_max, kc = std::min(kc_max, g.depth - k0);
       thread_local Scratch own_rows, own_cols;
-      const T* row_panel_at = row_states.get(
-          kb * t.row_tiles + i, rows_buf + (kb * t.row_tiles + i) * row_panel,
-          static_cast<T*>(own_rows.get(sizeof(T) * row_panel)), [&](T* to) { p.pack_rows(g, k0, kc, r0, rows, to); });
-      const T* col_panel_at = col_states.get(
-          kb * t.col_tiles + j, cols_buf + (kb * t.col_tiles + j) * col_panel,
-          static_cast<T*>(own_cols.get(sizeof(T) * col_panel)), [&](T* to) { p.pack_cols(g, k0, kc, c0, cols, to); });
+      const T* row_panel_at = row_states.get(kb * t.row_tiles + i, rows_buf + (kb * t.row_tiles + i) * row_panel,
+                                             static_cast<T*>(own_rows.get(sizeof(T) * row_panel)),
+                                             [&](T* to) { p.pack_rows(g, k0, kc, r0, rows, to); });
+      const T* col_panel_at = col_states.get(kb * t.col_tiles + j, cols_buf + (kb * t.col_tiles + j) * col_panel,
+                                             static_cast<T*>(own_cols.get(sizeof(T) * col_panel)),
+                                             [&](T* to) { p.pack_cols(g, k0, kc, c0, cols, to); });
       p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at);
     }
   });

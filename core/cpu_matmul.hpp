@@ -9,7 +9,6 @@ namespace hg::cpu {
 
 // C [+]= op(A) op(B) for every batch entry; results do not depend on the thread count.
 template <class T>
-void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool transpose_a, bool transpose_b,
-            bool accumulate);
+void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool transpose_a, bool transpose_b, bool accumulate);
 
 }  // namespace hg::cpu

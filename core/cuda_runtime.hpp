@@ -17,9 +17,9 @@ bool built_with_cuda();
 void* allocate(size_t bytes);
 void release(void* ptr);
 struct MemoryStats {
-  size_t in_use = 0;         // bytes handed out to tensors now
-  size_t peak_in_use = 0;    // max of in_use since the last reset
-  size_t reserved = 0;       // bytes held from cudaMalloc (in use + cached)
+  size_t in_use = 0;           // bytes handed out to tensors now
+  size_t peak_in_use = 0;      // max of in_use since the last reset
+  size_t reserved = 0;         // bytes held from cudaMalloc (in use + cached)
   int64_t device_mallocs = 0;  // cudaMalloc calls so far
 };
 MemoryStats memory_stats();

@@ -16,7 +16,10 @@ class Error : public std::runtime_error {
 
 namespace detail {
 inline void append(std::ostringstream& os, const Shape& s) { os << shape_str(s); }
-template <class T> void append(std::ostringstream& os, const T& v) { os << v; }
+template <class T>
+void append(std::ostringstream& os, const T& v) {
+  os << v;
+}
 }  // namespace detail
 
 // fail("matmul", "inner dims differ: a ", a.shape(), " b ", b.shape()) throws
@@ -32,8 +35,8 @@ template <class... Parts>
 }  // namespace hg
 
 // Check a condition; on failure throw hg::Error with the op name and message parts.
-#define HG_CHECK(cond, op, ...)            \
-  do {                                     \
+#define HG_CHECK(cond, op, ...)               \
+  do {                                        \
     if (!(cond)) ::hg::fail(op, __VA_ARGS__); \
   } while (0)
 
@@ -45,7 +48,7 @@ template <class... Parts>
 #else
 #define HG_DEBUG_CHECKS 1
 #endif
-#define HG_DCHECK(cond, op, ...)                         \
-  do {                                                   \
+#define HG_DCHECK(cond, op, ...)                                 \
+  do {                                                           \
     if (HG_DEBUG_CHECKS && !(cond)) ::hg::fail(op, __VA_ARGS__); \
   } while (0)

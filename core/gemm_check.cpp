@@ -34,20 +34,20 @@ const char* gemm_epilogue_name(GemmEpilogue e) {
   return "unknown";
 }
 
-MatmulShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& out, const GemmArgs& args,
-                       const char* op) {
+MatmulShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& out, const GemmArgs& args, const char* op) {
   a.check_defined(op);
   b.check_defined(op);
   out.check_defined(op);
   check_same_device(op, a, b);
   check_same_device(op, a, out);
   check_same_dtype(op, a, b);
-  HG_CHECK(out.dtype() == a.dtype() || (a.dtype() == DType::BF16 && out.dtype() == DType::F32), op,
-           "out has dtype ", dtype_name(out.dtype()), " for ", dtype_name(a.dtype()), " operands; allowed: out of "
+  HG_CHECK(out.dtype() == a.dtype() || (a.dtype() == DType::BF16 && out.dtype() == DType::F32), op, "out has dtype ",
+           dtype_name(out.dtype()), " for ", dtype_name(a.dtype()),
+           " operands; allowed: out of "
            "the operands' dtype, or f32 for bf16 operands");
   const MatmulShape s = matmul_shape(a.shape(), b.shape(), args.transpose_a, args.transpose_b, op);
-  HG_CHECK(out.shape() == s.out, op, "out has shape ", out.shape(), ", expected ", s.out, " for a ", a.shape(),
-           " b ", b.shape());
+  HG_CHECK(out.shape() == s.out, op, "out has shape ", out.shape(), ", expected ", s.out, " for a ", a.shape(), " b ",
+           b.shape());
 
   const GemmEpilogue e = args.epilogue;
   const char* name = gemm_epilogue_name(e);
@@ -61,15 +61,14 @@ MatmulShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& out, cons
            needs_aux(e) ? " needs aux (the GELU pre-activation)" : " takes no aux, but one was given");
   HG_CHECK(takes_bias_grad(e) || args.bias_grad == nullptr, op, "epilogue ", name,
            " takes no bias_grad, but one was given");
-  HG_CHECK(e == GemmEpilogue::GeluBackward || !takes_bias_grad(e) || args.bias_grad != nullptr, op, "epilogue ",
-           name, " needs bias_grad");
+  HG_CHECK(e == GemmEpilogue::GeluBackward || !takes_bias_grad(e) || args.bias_grad != nullptr, op, "epilogue ", name,
+           " needs bias_grad");
   HG_CHECK(!(e == GemmEpilogue::GeluBackward && args.accumulate), op,
            "epilogue GeluBackward cannot accumulate (the GELU derivative would scale the old out too)");
   if (args.bias) check_vector(op, "bias", args.bias, s.n, out);
   if (args.aux) {
     args.aux->check_defined(op);
-    HG_CHECK(args.aux->shape() == out.shape() && args.aux->dtype() == out.dtype() &&
-                 args.aux->device() == out.device(),
+    HG_CHECK(args.aux->shape() == out.shape() && args.aux->dtype() == out.dtype() && args.aux->device() == out.device(),
              op, "aux is ", args.aux->describe(), ", expected the shape, dtype and device of out ", out.describe());
     HG_CHECK(args.aux->raw_data() != out.raw_data(), op, "aux and out must be different tensors");
   }

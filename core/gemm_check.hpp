@@ -10,7 +10,6 @@ namespace hg {
 // the tensors each epilogue needs present with the right shapes (and none it
 // would ignore), epilogues on 2-D operands only. Returns the product's shape.
 // Device-specific dtype limits stay with the backend.
-MatmulShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& out, const GemmArgs& args,
-                       const char* op);
+MatmulShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& out, const GemmArgs& args, const char* op);
 
 }  // namespace hg

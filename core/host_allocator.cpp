@@ -23,8 +23,9 @@
 namespace hg::host {
 namespace {
 
-constexpr size_t kAlignment = 64;             // a cache line; enough for any SIMD load Eigen issues
-constexpr size_t kCacheFrom = size_t(64) << 10;  // below glibc's 128 KiB mmap threshold: malloc's free lists serve those
+constexpr size_t kAlignment = 64;  // a cache line; enough for any SIMD load Eigen issues
+constexpr size_t kCacheFrom =
+    size_t(64) << 10;  // below glibc's 128 KiB mmap threshold: malloc's free lists serve those
 constexpr size_t kPage = 4096;
 // The cache never holds more than half the machine's memory; beyond that the
 // largest blocks go back. (A fixed 4 GiB was too little for the unfused

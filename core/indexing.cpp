@@ -15,8 +15,7 @@ std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* 
   for (size_t i = 0; i < values.size(); ++i) {
     const double v = values[i];
     if (!(v >= 0 && v < static_cast<double>(limit)) || v != std::floor(v))
-      fail(op, "id ", v, " at flat position ", i, " of ids ", ids.shape(), " is not an integer in [0, ",
-           limit, ")");
+      fail(op, "id ", v, " at flat position ", i, " of ids ", ids.shape(), " is not an integer in [0, ", limit, ")");
     out[i] = static_cast<int32_t>(v);
   }
   return out;
@@ -27,8 +26,8 @@ namespace {
 void check_table(const Tensor& table, const char* op) {
   table.check_defined(op);
   HG_CHECK(table.ndim() == 2, op, "table must be (V, D), got ", table.shape());
-  HG_CHECK(table.dtype() == DType::F32 || table.dtype() == DType::F64, op,
-           "table must be F32 or F64, got ", dtype_name(table.dtype()));
+  HG_CHECK(table.dtype() == DType::F32 || table.dtype() == DType::F64, op, "table must be F32 or F64, got ",
+           dtype_name(table.dtype()));
 }
 
 }  // namespace
@@ -60,8 +59,8 @@ void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table,
   check_same_dtype(op, grad, grad_table);
   Shape expected = ids.shape();
   expected.push_back(grad_table.size(1));
-  HG_CHECK(grad.shape() == expected, op, "grad ", grad.shape(), " must be ids.shape + (D,) = ", expected,
-           " for ids ", ids.shape(), " and table ", grad_table.shape());
+  HG_CHECK(grad.shape() == expected, op, "grad ", grad.shape(), " must be ids.shape + (D,) = ", expected, " for ids ",
+           ids.shape(), " and table ", grad_table.shape());
   if (check == IdCheck::Device && grad_table.is_cuda()) {
     ids.check_dtype(DType::F32, op);
     if (grad.numel() > 0)
@@ -72,8 +71,7 @@ void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table,
   }
   const std::vector<int32_t> idx = read_indices(ids, grad_table.size(0), op);
   if (grad.numel() == 0) return;
-  backend_for(grad_table.device()).scatter_add_rows(grad.reshape({ids.numel(), grad_table.size(1)}), idx,
-                                                      grad_table);
+  backend_for(grad_table.device()).scatter_add_rows(grad.reshape({ids.numel(), grad_table.size(1)}), idx, grad_table);
 }
 
 }  // namespace hg

@@ -12,8 +12,6 @@ KernelMode kernel_mode() { return g_mode.load(std::memory_order_relaxed); }
 
 void set_kernel_mode(KernelMode mode) { g_mode.store(mode, std::memory_order_relaxed); }
 
-const char* kernel_mode_name(KernelMode mode) {
-  return mode == KernelMode::Fused ? "fused" : "unfused";
-}
+const char* kernel_mode_name(KernelMode mode) { return mode == KernelMode::Fused ? "fused" : "unfused"; }
 
 }  // namespace hg

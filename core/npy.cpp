@@ -231,7 +231,8 @@ void save_npy(const std::string& path, const Tensor& t) {
 Tensor load_npy(const std::string& path) {
   // A directory opens as a stream whose size reads as ~2^63: check before allocating.
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("load_npy", "'", path, "' does not exist or is not a regular file");
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail("load_npy", "'", path, "' does not exist or is not a regular file");
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) fail("load_npy", "cannot open '", path, "'");
   const std::streamoff size = f.tellg();

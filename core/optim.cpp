@@ -81,9 +81,9 @@ void Optimizer::restore_state(const std::map<std::string, Tensor>& entries, cons
   for (const auto& [name, t] : buffers) {
     const auto it = entries.find(name);
     HG_CHECK(it != entries.end(), kOp, path, ": state tensor '", name, "' missing from the file");
-    HG_CHECK(it->second.shape() == t->shape() && it->second.dtype() == t->dtype(), kOp, path, ": '", name,
-             "' is ", dtype_name(it->second.dtype()), " of shape ", it->second.shape(),
-             " in the file but ", dtype_name(t->dtype()), " of shape ", t->shape(), " here");
+    HG_CHECK(it->second.shape() == t->shape() && it->second.dtype() == t->dtype(), kOp, path, ": '", name, "' is ",
+             dtype_name(it->second.dtype()), " of shape ", it->second.shape(), " in the file but ",
+             dtype_name(t->dtype()), " of shape ", t->shape(), " here");
   }
   for (const auto& [name, t] : buffers) t->copy_(entries.at(name));
   steps_ = static_cast<int64_t>(steps);
@@ -100,9 +100,8 @@ SGD::SGD(std::vector<Parameter*> params, SGDOptions options) : Optimizer(std::mo
   for (Parameter* p : params_) {
     check_param(*p, "SGD");
     // Zero velocity makes the first step v = g, as in PyTorch.
-    velocity_.push_back(options.momentum != 0
-                            ? Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device())
-                            : Tensor());
+    velocity_.push_back(options.momentum != 0 ? Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device())
+                                              : Tensor());
   }
 }
 

@@ -118,8 +118,8 @@ class AdamW : public Optimizer {
   AdamWConfig config_() const;
   AdamWOptions options_;
   std::vector<Tensor> m_, v_;
-  AdamWGroup group_;  // views of params, grads, m, v (+ compute copies)
-  Tensor state_;      // F64 (kAdamWStateSize,) on the parameters' device
+  AdamWGroup group_;       // views of params, grads, m, v (+ compute copies)
+  Tensor state_;           // F64 (kAdamWStateSize,) on the parameters' device
   double device_lr_ = -1;  // the lr last written into state_
 };
 

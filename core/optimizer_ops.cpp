@@ -107,9 +107,14 @@ struct AdamWFloats {
 };
 
 AdamWFloats adamw_floats(const AdamWConfig& o, const AdamWScalars& k) {
-  return {static_cast<float>(1.0 - k.lr * o.weight_decay), static_cast<float>(o.beta1),
-          static_cast<float>(o.beta2), static_cast<float>(1.0 - o.beta1), static_cast<float>(1.0 - o.beta2),
-          static_cast<float>(o.eps), static_cast<float>(k.lr / k.bc1), static_cast<float>(1.0 / std::sqrt(k.bc2)),
+  return {static_cast<float>(1.0 - k.lr * o.weight_decay),
+          static_cast<float>(o.beta1),
+          static_cast<float>(o.beta2),
+          static_cast<float>(1.0 - o.beta1),
+          static_cast<float>(1.0 - o.beta2),
+          static_cast<float>(o.eps),
+          static_cast<float>(k.lr / k.bc1),
+          static_cast<float>(1.0 / std::sqrt(k.bc2)),
           static_cast<float>(k.scale)};
 }
 
@@ -126,20 +131,20 @@ HG_SIMD_CLONES void adamw_f32(float* p, const float* g, float* m, float* v, int6
 
 }  // namespace
 
-void check_adamw_group(const AdamWGroup& g, const AdamWConfig& c, const Tensor& state, bool allow_f64,
-                       const char* op) {
+void check_adamw_group(const AdamWGroup& g, const AdamWConfig& c, const Tensor& state, bool allow_f64, const char* op) {
   const size_t n = g.params.size();
   HG_CHECK(g.grads.size() == n && g.m.size() == n && g.v.size() == n &&
                (g.compute_copies.empty() || g.compute_copies.size() == n),
-           op, "the group's lists differ in length: params ", n, ", grads ", g.grads.size(), ", m ", g.m.size(),
-           ", v ", g.v.size(), ", compute_copies ", g.compute_copies.size(), " (0 or ", n, ")");
+           op, "the group's lists differ in length: params ", n, ", grads ", g.grads.size(), ", m ", g.m.size(), ", v ",
+           g.v.size(), ", compute_copies ", g.compute_copies.size(), " (0 or ", n, ")");
   HG_CHECK(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1 && c.eps > 0 && c.weight_decay >= 0 &&
                c.max_grad_norm >= 0 && std::isfinite(c.max_grad_norm),
-           op, "bad config: beta1 ", c.beta1, ", beta2 ", c.beta2, " (each in [0, 1)), eps ", c.eps, " (> 0), weight_decay ",
-           c.weight_decay, " (>= 0), max_grad_norm ", c.max_grad_norm, " (finite, >= 0; 0 = no clipping)");
+           op, "bad config: beta1 ", c.beta1, ", beta2 ", c.beta2, " (each in [0, 1)), eps ", c.eps,
+           " (> 0), weight_decay ", c.weight_decay, " (>= 0), max_grad_norm ", c.max_grad_norm,
+           " (finite, >= 0; 0 = no clipping)");
   state.check_defined(op);
-  HG_CHECK(state.dtype() == DType::F64 && state.shape() == Shape{kAdamWStateSize}, op, "state is ",
-           state.describe(), ", expected f64 (", int(kAdamWStateSize), ",)");
+  HG_CHECK(state.dtype() == DType::F64 && state.shape() == Shape{kAdamWStateSize}, op, "state is ", state.describe(),
+           ", expected f64 (", int(kAdamWStateSize), ",)");
   for (size_t i = 0; i < n; ++i) {
     check_float(g.params[i], "params", i, allow_f64, op);
     HG_CHECK(g.params[i].device() == state.device(), op, "params[", i, "] is on ", device_name(g.params[i].device()),
@@ -149,8 +154,7 @@ void check_adamw_group(const AdamWGroup& g, const AdamWConfig& c, const Tensor& 
     check_twin(g.v[i], g.params[i], "v", i, op);
     if (!g.compute_copies.empty() && g.compute_copies[i].defined()) {
       const Tensor& c16 = g.compute_copies[i];
-      HG_CHECK(c16.dtype() == DType::BF16 && c16.shape() == g.params[i].shape() &&
-                   c16.device() == g.params[i].device(),
+      HG_CHECK(c16.dtype() == DType::BF16 && c16.shape() == g.params[i].shape() && c16.device() == g.params[i].device(),
                op, "compute_copies[", i, "] is ", c16.describe(), ", expected bf16 like params[", i, "] ",
                g.params[i].describe());
     }
@@ -162,8 +166,8 @@ void check_sum_of_squares(const std::vector<Tensor>& xs, const Tensor& out, bool
   HG_CHECK(out.dtype() == DType::F64 && out.shape() == Shape{1}, op, "out is ", out.describe(), ", expected f64 (1,)");
   for (size_t i = 0; i < xs.size(); ++i) {
     check_float(xs[i], "xs", i, allow_f64, op);
-    HG_CHECK(xs[i].device() == out.device(), op, "xs[", i, "] is on ", device_name(xs[i].device()),
-             " but out is on ", device_name(out.device()));
+    HG_CHECK(xs[i].device() == out.device(), op, "xs[", i, "] is on ", device_name(xs[i].device()), " but out is on ",
+             device_name(out.device()));
   }
 }
 
@@ -202,8 +206,8 @@ void adamw_multi(const AdamWGroup& g, const AdamWConfig& c, Tensor& state) {
     if (g.compute_copies.empty() || !g.compute_copies[i].defined()) return;
     bf16_t* copy = g.compute_copies[i].data<bf16_t>() + b;
     for (int64_t j = 0; j < n; ++j)
-      copy[j] = float_to_bf16(f32 ? g.params[i].data<float>()[b + j]
-                                  : static_cast<float>(g.params[i].data<double>()[b + j]));
+      copy[j] =
+          float_to_bf16(f32 ? g.params[i].data<float>()[b + j] : static_cast<float>(g.params[i].data<double>()[b + j]));
   });
 }
 
@@ -225,8 +229,7 @@ void sgd_typed(T* p, const T* g, T* v, int64_t n, double lr, double momentum, do
 void sgd_update(Tensor& p, const Tensor& g, Tensor* v, double lr, double momentum, double wd) {
   if (p.dtype() == DType::F32)
     sgd_typed(p.data<float>(), g.data<float>(), v ? v->data<float>() : nullptr, p.numel(), lr, momentum, wd);
-  else
-    sgd_typed(p.data<double>(), g.data<double>(), v ? v->data<double>() : nullptr, p.numel(), lr, momentum, wd);
+  else sgd_typed(p.data<double>(), g.data<double>(), v ? v->data<double>() : nullptr, p.numel(), lr, momentum, wd);
 }
 
 }  // namespace cpu

@@ -20,7 +20,8 @@ Precision default_precision(Device device) {
 
 void check_precision_supported(Precision p, Device device, const char* op) {
   if (p == Precision::FP32) return;
-  HG_CHECK(device == Device::CUDA, op, "bf16 precision runs only on CUDA; the CPU trains in fp32 (use --precision fp32)");
+  HG_CHECK(device == Device::CUDA, op,
+           "bf16 precision runs only on CUDA; the CPU trains in fp32 (use --precision fp32)");
   const int cc = gpu::compute_capability();
   HG_CHECK(cc >= 80, op, "bf16 precision needs bf16 tensor cores (sm_80 or newer); this GPU is sm_", cc);
 }

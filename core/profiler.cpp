@@ -29,8 +29,7 @@ int64_t now_ns() {
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
   }
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 

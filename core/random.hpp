@@ -8,12 +8,15 @@ namespace hg {
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
-  uint64_t next_u64();                 // advances the counter
-  double uniform();                    // [0, 1)
-  double normal();                     // N(0, 1), Box-Muller
+  uint64_t next_u64();  // advances the counter
+  double uniform();     // [0, 1)
+  double normal();      // N(0, 1), Box-Muller
   uint64_t seed() const { return seed_; }
   uint64_t counter() const { return counter_; }
-  void set_state(uint64_t seed, uint64_t counter) { seed_ = seed; counter_ = counter; }
+  void set_state(uint64_t seed, uint64_t counter) {
+    seed_ = seed;
+    counter_ = counter;
+  }
   // Skips n numbers: what n calls of next_u64() or uniform() would leave
   // (used after a device kernel drew numbers counter .. counter + n - 1).
   void advance(uint64_t n) { counter_ += n; }

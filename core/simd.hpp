@@ -184,7 +184,8 @@ HG_SIMD_INLINE void sums(int64_t n, const Terms& terms, float (&out)[N]) {
 template <class Term>
 HG_SIMD_INLINE float sum(int64_t n, const Term& term) {
   float out[1];
-  sums<1>(n, [&](int64_t i, int64_t k, Floats(&t)[1]) HG_SIMD_LAMBDA { t[0] = term(i, k); }, out);
+  sums<1>(
+      n, [&](int64_t i, int64_t k, Floats(&t)[1]) HG_SIMD_LAMBDA { t[0] = term(i, k); }, out);
   return out[0];
 }
 

@@ -20,13 +20,13 @@ inline constexpr double kSoftmaxMaskThreshold = -1e9;
 struct SoftmaxRows {
   int64_t rows = 0;
   int64_t tk = 0;
-  int64_t tq = 1;                // queries per (b, h); 1 for plain softmax
+  int64_t tq = 1;  // queries per (b, h); 1 for plain softmax
   int64_t heads = 1;
   const Tensor* mask = nullptr;  // optional, x's dtype family, on x's device
   int64_t mask_batch_stride = 0;
   int64_t mask_query_stride = 0;
-  bool causal = false;           // key k masked for query q when k > q + (tk - tq)
-  double scale = 1.0;            // applied to x before the mask (float32 on the GPU)
+  bool causal = false;  // key k masked for query q when k > q + (tk - tq)
+  double scale = 1.0;   // applied to x before the mask (float32 on the GPU)
 };
 
 }  // namespace hg

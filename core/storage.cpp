@@ -16,8 +16,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
   return std::shared_ptr<Storage>(new Storage(data, bytes, device));
 }
 
-std::shared_ptr<Storage> Storage::wrap(void* data, size_t bytes, Device device,
-                                       std::function<void()> release) {
+std::shared_ptr<Storage> Storage::wrap(void* data, size_t bytes, Device device, std::function<void()> release) {
   HG_CHECK(release != nullptr, "Storage::wrap", "a release callback is required");
   HG_CHECK(data != nullptr || bytes == 0, "Storage::wrap", "null data for ", bytes, " bytes");
   return std::shared_ptr<Storage>(new Storage(data, bytes, device, std::move(release)));

@@ -15,8 +15,7 @@ class Storage {
   // Memory handgrad does not own (a NumPy array, a DLPack tensor): the bytes
   // are used in place and `release` runs once, when the last view goes, to
   // hand them back to their owner instead of freeing them.
-  static std::shared_ptr<Storage> wrap(void* data, size_t bytes, Device device,
-                                       std::function<void()> release);
+  static std::shared_ptr<Storage> wrap(void* data, size_t bytes, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -80,20 +80,15 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(Storage::allocate(bytes, device), 0, shape, dtype, device);
 }
 
-Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device,
-                         std::function<void()> release) {
+Tensor Tensor::from_blob(void* data, const Shape& shape, DType dtype, Device device, std::function<void()> release) {
   check_shape(shape, dtype, "Tensor::from_blob");
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   return Tensor(Storage::wrap(data, bytes, device, std::move(release)), 0, shape, dtype, device);
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 0.0, dtype, device);
-}
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 
-Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
-  return full(shape, 1.0, dtype, device);
-}
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
@@ -304,8 +299,7 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
   a.check_defined(op);
   b.check_defined(op);
   if (a.dtype() != b.dtype())
-    fail(op, "dtype mismatch: ", a.shape(), " ", dtype_name(a.dtype()), " vs ", b.shape(), " ",
-         dtype_name(b.dtype()));
+    fail(op, "dtype mismatch: ", a.shape(), " ", dtype_name(a.dtype()), " vs ", b.shape(), " ", dtype_name(b.dtype()));
 }
 
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
@@ -314,8 +308,7 @@ void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) fail(op, "shape mismatch: ", a.shape(), " vs ", b.shape());
 }
 
-void check_output(const char* op, const char* name, const Tensor& out, const Shape& shape, DType dtype,
-                  Device device) {
+void check_output(const char* op, const char* name, const Tensor& out, const Shape& shape, DType dtype, Device device) {
   HG_CHECK(out.defined(), op, "output ", name, " is undefined");
   HG_CHECK(out.shape() == shape && out.dtype() == dtype && out.device() == device, op, "output ", name, " is ",
            out.describe(), " but must be ", shape, " ", dtype_name(dtype), " ", device_name(device));
@@ -354,8 +347,8 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (!t.defined()) return os << "Tensor(undefined)";
   std::ostringstream body;  // own stream: the caller's formatting flags stay untouched
   body << std::setprecision(6);
-  body << "Tensor(shape=" << shape_str(t.shape()) << ", " << dtype_name(t.dtype()) << ", "
-       << device_name(t.device()) << ")\n";
+  body << "Tensor(shape=" << shape_str(t.shape()) << ", " << dtype_name(t.dtype()) << ", " << device_name(t.device())
+       << ")\n";
   const std::vector<double> v = t.to_vector();
   if (t.ndim() == 0) {
     body << v[0];

@@ -32,19 +32,18 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::F32, Device device = Device::CPU);
   static Tensor arange(int64_t n, DType dtype = DType::F32, Device device = Device::CPU);  // 0..n-1
   // Values given in row-major order; throws if their count is not numel(shape).
-  static Tensor from_vector(const std::vector<double>& values, const Shape& shape,
-                            DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor from_vector(const std::vector<double>& values, const Shape& shape, DType dtype = DType::F32,
+                            Device device = Device::CPU);
   // Random draws happen on the host from `gen`, then move to `device`.
-  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::F32,
-                      Device device = Device::CPU, double mean = 0.0, double stddev = 1.0);
-  static Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::F32,
-                     Device device = Device::CPU, double low = 0.0, double high = 1.0);
+  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::F32, Device device = Device::CPU,
+                      double mean = 0.0, double stddev = 1.0);
+  static Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::F32, Device device = Device::CPU,
+                     double low = 0.0, double high = 1.0);
 
   // Uses `data` (contiguous, row-major, `device` memory) in place without
   // owning it; `release` runs when the last tensor viewing it is gone.
   // Interop (NumPy, DLPack) builds on this: see python/ and docs/python.md.
-  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
-                          std::function<void()> release);
+  static Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device, std::function<void()> release);
 
   // ---- metadata ----
   bool defined() const { return storage_ != nullptr; }
@@ -60,16 +59,17 @@ class Tensor {
 
   // ---- raw data (device pointer for CUDA tensors) ----
   void* raw_data() const;
-  template <class T> T* data() const {
+  template <class T>
+  T* data() const {
     check_dtype(dtype_of<T>(), "Tensor::data");
     return static_cast<T*>(raw_data());
   }
 
   // ---- conversions and copies ----
-  Tensor to(Device device) const;   // same tensor if already there
-  Tensor to(DType dtype) const;     // cast (F32/F64/BF16/F16), same device; same tensor if already that dtype
-  Tensor clone() const;             // deep copy, same device and dtype
-  void copy_(const Tensor& src);    // same shape, any device/dtype; writes into this storage
+  Tensor to(Device device) const;  // same tensor if already there
+  Tensor to(DType dtype) const;    // cast (F32/F64/BF16/F16), same device; same tensor if already that dtype
+  Tensor clone() const;            // deep copy, same device and dtype
+  void copy_(const Tensor& src);   // same shape, any device/dtype; writes into this storage
   Tensor& fill_(double value);
 
   // ---- views (share storage) ----
@@ -80,10 +80,10 @@ class Tensor {
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
 
   // ---- element access for tests and printing (copies one element from a GPU) ----
-  double item() const;                              // numel() must be 1
+  double item() const;  // numel() must be 1
   double at(std::initializer_list<int64_t> index) const;
   void set(std::initializer_list<int64_t> index, double value);
-  std::vector<double> to_vector() const;            // all elements as double, row-major
+  std::vector<double> to_vector() const;  // all elements as double, row-major
 
   // ---- checks used by ops; each throws hg::Error naming `op` ----
   void check_dtype(DType expected, const char* op) const;
@@ -109,7 +109,6 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 // An output the caller provides (ops' *_into variants): defined, exactly this shape, dtype and device.
-void check_output(const char* op, const char* name, const Tensor& out, const Shape& shape, DType dtype,
-                  Device device);
+void check_output(const char* op, const char* name, const Tensor& out, const Shape& shape, DType dtype, Device device);
 
 }  // namespace hg

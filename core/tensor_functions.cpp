@@ -22,10 +22,10 @@ void check_float(const Tensor& t, const char* op, const char* role) {
 void check_pair(const Tensor& a, const Tensor& b, const char* op) {
   check_float(a, op, "a");
   check_float(b, op, "b");
-  HG_CHECK(a.device() == b.device(), op, "a ", a.shape(), " is on ", device_name(a.device()), " but b ",
-           b.shape(), " is on ", device_name(b.device()));
-  HG_CHECK(a.dtype() == b.dtype(), op, "a ", a.shape(), " is ", dtype_name(a.dtype()), " but b ", b.shape(),
-           " is ", dtype_name(b.dtype()));
+  HG_CHECK(a.device() == b.device(), op, "a ", a.shape(), " is on ", device_name(a.device()), " but b ", b.shape(),
+           " is on ", device_name(b.device()));
+  HG_CHECK(a.dtype() == b.dtype(), op, "a ", a.shape(), " is ", dtype_name(a.dtype()), " but b ", b.shape(), " is ",
+           dtype_name(b.dtype()));
 }
 
 bool broadcastable(const Shape& a, const Shape& b) {
@@ -155,9 +155,8 @@ void matmul_into(const Tensor& a, const Tensor& b, Tensor& out, bool transpose_a
   HG_PROFILE("matmul", a.device());
   check_pair(a, b, "matmul_into");
   out.check_defined("matmul_into");
-  HG_CHECK(out.device() == a.device() && out.dtype() == a.dtype(), "matmul_into", "out ",
-           out.shape(), " must be a ", dtype_name(a.dtype()), " tensor on ", device_name(a.device()),
-           " like a ", a.shape());
+  HG_CHECK(out.device() == a.device() && out.dtype() == a.dtype(), "matmul_into", "out ", out.shape(), " must be a ",
+           dtype_name(a.dtype()), " tensor on ", device_name(a.device()), " like a ", a.shape());
   const MatmulShape s = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, "matmul_into");
   HG_CHECK(out.shape() == s.out, "matmul_into", "out has shape ", out.shape(), ", expected ", s.out, " for a ",
            a.shape(), " b ", b.shape());
@@ -235,10 +234,10 @@ Tensor map_backward(UnaryOp op, const Tensor& dout, const Tensor& x, const Tenso
   switch (op) {
     case UnaryOp::Identity: return dout;
     case UnaryOp::Neg: return neg(dout);
-    case UnaryOp::Exp: return mul(dout, y());                          // e^x
-    case UnaryOp::Log: return div(dout, x);                            // 1/x
-    case UnaryOp::Sqrt: return div(dout, mul_scalar(y(), 2.0));        // 1/(2 sqrt x)
-    case UnaryOp::Rsqrt: {                                             // -1/2 x^-3/2 = -y^3/2
+    case UnaryOp::Exp: return mul(dout, y());                    // e^x
+    case UnaryOp::Log: return div(dout, x);                      // 1/x
+    case UnaryOp::Sqrt: return div(dout, mul_scalar(y(), 2.0));  // 1/(2 sqrt x)
+    case UnaryOp::Rsqrt: {                                       // -1/2 x^-3/2 = -y^3/2
       const Tensor r = y();
       return mul(dout, mul_scalar(mul(r, map(UnaryOp::Square, r)), -0.5));
     }
@@ -259,8 +258,7 @@ Tensor map_backward(UnaryOp op, const Tensor& dout, const Tensor& x, const Tenso
       return mul(dout, mul(s, add_scalar(neg(s), 1.0)));
     }
     case UnaryOp::ReluGrad:
-    case UnaryOp::GeluGrad:
-      fail(name, unary_op_name(op), " is not differentiable here (it is itself a derivative)");
+    case UnaryOp::GeluGrad: fail(name, unary_op_name(op), " is not differentiable here (it is itself a derivative)");
   }
   fail(name, "unknown unary op ", static_cast<int>(op));
 }
@@ -317,8 +315,8 @@ std::pair<Tensor, Tensor> matmul_backward(const Tensor& dout, const Tensor& a, c
   check_pair(a, b, name);
   check_pair(dout, a, name);
   const MatmulShape s = matmul_shape(a.shape(), b.shape(), transpose_a, transpose_b, name);
-  HG_CHECK(dout.shape() == s.out, name, "dout shape ", dout.shape(), " should be ", s.out, " for a ", a.shape(),
-           " b ", b.shape());
+  HG_CHECK(dout.shape() == s.out, name, "dout shape ", dout.shape(), " should be ", s.out, " for a ", a.shape(), " b ",
+           b.shape());
   const bool ta = transpose_a, tb = transpose_b;
 
   if (s.b_shared && !ta) {

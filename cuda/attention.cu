@@ -85,11 +85,10 @@ __device__ __forceinline__ float quad_max(float x) {
 // matrix start 16 bytes apart modulo 128, so no bank conflicts.
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // acc[mt][n] and acc[mt][n + 1] += a[mt] B for every m tile, B the two
@@ -206,7 +205,8 @@ __device__ __forceinline__ void mma_nk_tile(float (&acc)[2][N / 8][4], unsigned 
 // bf16 A operands, M a row-major [K][N] shared tile read with ldmatrix.trans
 // (`tile` = its address + lane_rc).
 template <int MT, int K, int N, int S>
-__device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const float (&p)[MT][K / 8][4], unsigned tile) {
+__device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const float (&p)[MT][K / 8][4],
+                                             unsigned tile) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     uint32_t pa[MT][4];
@@ -300,9 +300,7 @@ constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
 
 // The block's tile index along the query axis: causal blocks with the most
 // keys (the last queries) start first, so the short ones fill the tail.
-__device__ __forceinline__ int heavy_first(const Args& a) {
-  return a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-}
+__device__ __forceinline__ int heavy_first(const Args& a) { return a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x; }
 
 // Whether key tile [n0, n0 + KB) needs the per-element logit2 for queries
 // [q0, q_end): the mask, the end of Tk, a causal diagonal or a scale <= 0.
@@ -414,8 +412,8 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
           for (int nb = 0; nb < KB / 8; ++nb)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1),
-                                    s[mt][nb][e]);
+              s[mt][nb][e] =
+                  logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
         }
 #pragma unroll
         for (int nb = 0; nb < KB / 8; ++nb)
@@ -457,7 +455,8 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
           }
       mma_acc_tile<2, KB, DH, S>(o, s, vs + v_lane);
     };
-    if (!exact_tile(a, mask_row, q_block, n0, KB)) {  // a copy of its own for the fast tile: no register moves where paths merge
+    if (!exact_tile(a, mask_row, q_block, n0,
+                    KB)) {  // a copy of its own for the fast tile: no register moves where paths merge
       tile_step(false, false);
     } else {
       tile_step(true, mask_row == nullptr);
@@ -618,8 +617,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   static_assert(QB <= NT, "stage_queries: a thread per query row's stats");
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
-  bf16* vs = ks + kKeys * S;                 // [kKeys][S]
+  bf16* ks = reinterpret_cast<bf16*>(smem);                                  // [kKeys][S]
+  bf16* vs = ks + kKeys * S;                                                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
   const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
   const int bh = blockIdx.y, kt = blockIdx.x;
@@ -638,7 +637,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
   auto m_of = [&](int tile) { return m_first + tile * QB; };
   stage_tile_async<kKeys, DH, S>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_tile_async<kKeys, DH, S>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  if (tiles > 0) stage(m_of(0), 0); else async_commit();
+  if (tiles > 0) stage(m_of(0), 0);
+  else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
   uint32_t ka[MT][kKVRegs ? DH / 16 : 1][4], va[MT][kKVRegs ? DH / 16 : 1][4];
@@ -730,8 +730,8 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   constexpr int kMT2 = 4, kDims2 = 32;              // phase 2: m16 tiles of keys, dims per warp
   static_assert(DH == 4 * kDims2 && kKeys == 2 * 16 * kMT2 && QB == 64, "the warp grids of the two phases");
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
-  bf16* vs = ks + kKeys * S;                 // [kKeys][S]
+  bf16* ks = reinterpret_cast<bf16*>(smem);                                  // [kKeys][S]
+  bf16* vs = ks + kKeys * S;                                                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
   bf16* pt = reinterpret_cast<bf16*>(stages + 2 * kStage);                   // p^T [kKeys][SP]
   bf16* dst = pt + kKeys * SP;                                               // ds^T [kKeys][SP]
@@ -753,7 +753,8 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   };
   stage_tile_async<kKeys, DH, S, NT>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_tile_async<kKeys, DH, S, NT>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  if (tiles > 0) stage(0); else async_commit();
+  if (tiles > 0) stage(0);
+  else async_commit();
   const unsigned rc_lane = lane_rc<S>(), nk_lane = lane_nk<S>();
   const unsigned k_at = smem_addr(ks) + at<S>(keys1, 0) + rc_lane, v_at = k_at + at<S>(kKeys, 0);
   const unsigned pt_at = smem_addr(pt) + at<SP>(keys2, 0) + lane_rc<SP>(), dst_at = pt_at + at<SP>(kKeys, 0);
@@ -797,7 +798,7 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
     run_sub_tile(phase1, exact_tile(a, mask_row, m0 + queries1, k_block + keys1, 32), mask_row == nullptr);
     // p^T, ds^T of this half's keys complete (named barrier 1 + half: its 4 warps)
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
-    mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);   // dv += p^T do
+    mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);  // dv += p^T do
     mma_smem_tile<kMT2, QB, kDims2, SP, S>(dk, dst_at, qs + at<S>(0, dims2) + rc_lane);  // dk += ds^T q
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
@@ -1002,13 +1003,17 @@ void launch(Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* 
 }
 
 // Shared memory of each BF16 kernel, in bytes.
-constexpr size_t forward_smem(int dh, int kb) { return 2 * (kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, 2 stages of k, v
+constexpr size_t forward_smem(int dh, int kb) {
+  return 2 * (kRowsBf16 + 2 * 2 * kb) * (dh + 8);
+}  // q, 2 stages of k, v
 constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {  // k, v; 2 stages of q, do, stats, delta
   return 2 * 2 * 16 * warps * mt * (dh + 8) + 2 * (2 * 2 * qb * (dh + 8) + 12 * qb);
 }
 // backward_dkdv_phased_bf16_kernel: dkdv_smem's for 128 keys, then p^T and ds^T ([128][qb + 8] each).
 constexpr size_t dkdv_phased_smem(int dh, int qb) { return dkdv_smem(dh, qb, 1, 8) + 2 * 2 * 128 * (qb + 8); }
-constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8); }  // q, do, 2 stages of k, v
+constexpr size_t dq_smem(int dh, int kb) {
+  return 2 * (2 * kRowsBf16 + 2 * 2 * kb) * (dh + 8);
+}  // q, do, 2 stages of k, v
 
 // ---- BF16 configuration --------------------------------------------------------
 // Tile sizes per head dim: the largest whose accumulators fit the registers
@@ -1137,15 +1142,22 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
   a.lse = lse.data<float>();
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
   const bool bf16_inputs = dtype == DType::BF16;
-  by_head_dim(layout.head_dim, [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
+  by_head_dim(layout.head_dim,
+              [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }
 
 void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
                         const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv) {
   const char* op = "attention_backward";
   check_sizes(layout, dtype, op);
-  for (const auto& [p, name] : {std::pair<const void*, const char*>{dout, "dout"}, {q, "q"}, {k, "k"}, {v, "v"},
-                                {o, "o"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}})
+  for (const auto& [p, name] : {std::pair<const void*, const char*>{dout, "dout"},
+                                {q, "q"},
+                                {k, "k"},
+                                {v, "v"},
+                                {o, "o"},
+                                {dq, "dq"},
+                                {dk, "dk"},
+                                {dv, "dv"}})
     check_aligned(p, name, op);
   Tensor delta = Tensor::empty({layout.heads_total() * layout.tq}, DType::F32, Device::CUDA);
   const bool bf16_inputs = dtype == DType::BF16;

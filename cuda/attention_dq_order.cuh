@@ -41,7 +41,7 @@ __device__ __forceinline__ void add_release(int* p, int v) {
 
 struct DqOrder {
   int* counters;                // [heads_total][flush_tiles] warp arrivals; zero at launch
-  unsigned long long* ticket;  // next work item; zero at launch
+  unsigned long long* ticket;   // next work item; zero at launch
   float* slots;                 // [ring][Tq][dh] fp32, or null (F32: dq accumulates in place)
   int ring;                     // slots (heads_total without slots: no head waits for another)
   int key_tiles, key_rows;      // key tiles per head and keys per tile
@@ -102,7 +102,6 @@ struct DqWorkspace {
   Tensor memory;
   DqOrder order;
 };
-DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int flush_rows, int warps, int ring,
-                         int dh);
+DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int flush_rows, int warps, int ring, int dh);
 
 }  // namespace hg::gpu::attn

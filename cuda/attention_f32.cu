@@ -105,8 +105,7 @@ __device__ __forceinline__ void stage(float* tile, const float* src, int64_t ld,
     const bool in = r0 + r < rows;
     const float* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * (DH + 4) + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0) : "memory");
   }
 }
 
@@ -378,10 +377,10 @@ template <int DH, int TY, int RM>
 __global__ void __launch_bounds__(16 * TY) peaked_delta_kernel(Args a) {
   constexpr int BR = TY * RM, S = DH + 4, NT = 16 * TY;
   extern __shared__ __align__(16) float smem[];
-  float* qs = smem;             // [BR][S]
-  float* dos = qs + BR * S;     // [BR][S]
-  float* ks = dos + BR * S;     // [64][S]
-  float* vs = ks + kCols * S;   // [64][S]
+  float* qs = smem;            // [BR][S]
+  float* dos = qs + BR * S;    // [BR][S]
+  float* ks = dos + BR * S;    // [64][S]
+  float* vs = ks + kCols * S;  // [64][S]
   const int64_t bh = blockIdx.y;
   const int q_block = blockIdx.x * BR;
   const int64_t qoff = a.q_base(bh);
@@ -453,8 +452,8 @@ __global__ void __launch_bounds__(16 * TY) peaked_delta_kernel(Args a) {
 // 0 .. kt - 1; the tile's last contributor scales the sum. Every load is
 // issued before any store.
 template <int DH, int TY, int RM>
-__device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM][DH / 16], float* dq_head,
-                             int64_t bh, int kt, int f, int m0) {
+__device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM][DH / 16], float* dq_head, int64_t bh,
+                             int kt, int f, int m0) {
   const int last = order.last_contributor(a, f);
   order.wait_turn(bh, kt, f, last);
   if (kt > 0) {
@@ -664,13 +663,13 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
   float bias[RM];
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY, 2>(i));
-  float acc[RM][N] = {};  // dv (half 0) or dk (half 1)
+  float acc[RM][N] = {};                                      // dv (half 0) or dk (half 1)
   float* dq_head = static_cast<float*>(a.dq) + a.q_base(bh);  // dq has q's strides
-  float* dqs = delta_s + kCols;                                  // [64][DH + 4]: dq = ds k of the tile before
+  float* dqs = delta_s + kCols;                               // [64][DH + 4]: dq = ds k of the tile before
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
     const int m0 = m_first + m_last - m_up;
     async_wait<0>();
-    __syncthreads();  // this tile's loads are in; every thread is done with the previous dss
+    __syncthreads();      // this tile's loads are in; every thread is done with the previous dss
     float x[RM][4] = {};  // s^T, then p (half 0); dp^T, then ds (half 1): keys x queries
     if (!dk_half) {
       tile_dots<DH, TY, RM, 2>(x, ks, qs);
@@ -715,7 +714,7 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
     for (int i = 0; i < kDqRm; ++i) Dims<DH>::store(dqs + row_of<kDqTy>(i) * (DH + 4), dq[i], 1.f);
   }
   if (m_first < a.tq) {  // the last tile swept is the first, m_first
-    __syncthreads();                  // dqs is complete
+    __syncthreads();     // dqs is complete
     if (dk_half) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m_first / kCols, m_first);
   }
   float* out = static_cast<float*>(dk_half ? a.dk : a.dv) + koff;
@@ -742,7 +741,8 @@ struct Tiles {
   // Shared memory in bytes: row-major tiles of stride DH + 4, transposed p / ds of stride rows + 4.
   static constexpr size_t kFwdSmem = 4 * ((kFwdRows + 2 * kCols) * (DH + 4) + kCols * (kFwdRows + 4));
   static constexpr size_t kDeltaSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + kCols * (kBwdRows + 4));
-  static constexpr size_t kDkdvSmem = 4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + 2 * kCols * (kBwdRows + 4) + 3 * kCols);
+  static constexpr size_t kDkdvSmem =
+      4 * ((2 * kBwdRows + 2 * kCols) * (DH + 4) + 2 * kCols * (kBwdRows + 4) + 3 * kCols);
   static constexpr size_t kSplitSmem() { return kDkdvSmem + 4 * kCols * (DH + 4); }  // + dqs
 };
 
@@ -783,8 +783,8 @@ void backward_f32(const Args& a, int64_t heads_total) {
     launch(backward_split_kernel<DH>, 256, a.tk, T::kBwdRows, heads_total, T::kSplitSmem(), a,
            "attention_backward_split_f32", work.order);
   } else {
-    launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total,
-           T::kDkdvSmem, a, "attention_backward_fused_f32", work.order);
+    launch(backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tk, T::kBwdRows, heads_total, T::kDkdvSmem,
+           a, "attention_backward_fused_f32", work.order);
   }
 }
 

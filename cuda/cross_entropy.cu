@@ -32,7 +32,8 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits, cons
   m = block_max(m, scratch);
   // Work relative to the max: x - m is exact for nearby logits, while
   // m + log(s) would round to the ulp of m (large offsets lose digits).
-  const float log_s = block_log_sum_exp_shifted(vocab, m, [&](int64_t j) { return x[j]; }, scratch);
+  const float log_s = block_log_sum_exp_shifted(
+      vocab, m, [&](int64_t j) { return x[j]; }, scratch);
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     // The target's p - 1 as expm1: exact where p rounds to 1 (a confident row).
     const float z = (x[j] - m) - log_s;
@@ -57,13 +58,12 @@ struct DeviceFree {
 
 }  // namespace
 
-void cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t rows, int64_t vocab,
-                         int64_t ignore_index, float inv_count, Tensor& dlogits, Tensor& loss) {
+void cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t rows, int64_t vocab, int64_t ignore_index,
+                         float inv_count, Tensor& dlogits, Tensor& loss) {
   std::unique_ptr<void, DeviceFree> row_loss(allocate(static_cast<size_t>(rows) * sizeof(float)));
   float* row_loss_ptr = static_cast<float*>(row_loss.get());
   cross_entropy_rows_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-      logits.data<float>(), targets.data<float>(), vocab, ignore_index, inv_count, dlogits.data<float>(),
-      row_loss_ptr);
+      logits.data<float>(), targets.data<float>(), vocab, ignore_index, inv_count, dlogits.data<float>(), row_loss_ptr);
   HG_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
   sum_rows_kernel<<<1, kSumThreads, 0, stream()>>>(row_loss_ptr, rows, inv_count, loss.data<float>());
   HG_CUDA_CHECK_LAUNCH("sum_rows_kernel");

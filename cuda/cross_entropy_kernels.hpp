@@ -11,7 +11,7 @@ namespace hg::gpu {
 // One kernel writes dlogits = (softmax - onehot) * inv_count per row and the
 // row's loss; a second, single-block kernel sums the row losses in a fixed
 // order into loss (0-d F32) = sum * inv_count. Deterministic.
-void cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t rows, int64_t vocab,
-                         int64_t ignore_index, float inv_count, Tensor& dlogits, Tensor& loss);
+void cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t rows, int64_t vocab, int64_t ignore_index,
+                         float inv_count, Tensor& dlogits, Tensor& loss);
 
 }  // namespace hg::gpu

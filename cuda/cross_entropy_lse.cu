@@ -38,7 +38,8 @@ __global__ void lse_rows(const T* __restrict__ logits, const float* __restrict__
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
   m = block_max(m, scratch);
   // m and log s are kept apart: m + log s would round to the ulp of m.
-  const float log_s = block_log_sum_exp_shifted(vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
+  const float log_s = block_log_sum_exp_shifted(
+      vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
   if (threadIdx.x != 0) return;
   row_stats[2 * row] = m;
   row_stats[2 * row + 1] = log_s;
@@ -104,7 +105,8 @@ __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int6
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
   m = block_max(m, scratch);
-  const float log_s = block_log_sum_exp_shifted(vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
+  const float log_s = block_log_sum_exp_shifted(
+      vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
   const float scale = inv_count[0];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
     const float z = (to_f(x[j]) - m) - log_s;  // the target's p - 1 as expm1, as lse_backward
@@ -148,8 +150,8 @@ void cross_entropy_lse_forward(const Tensor& logits, const Tensor& targets, int6
     with_logits_type(logits.dtype(), [&](auto zero) {
       using T = decltype(zero);
       lse_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-          static_cast<const T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index,
-          row_stats.data<float>(), row_loss, row_loss + rows);
+          static_cast<const T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index, row_stats.data<float>(),
+          row_loss, row_loss + rows);
       HG_CUDA_CHECK_LAUNCH("lse_rows");
     });
   }
@@ -177,8 +179,8 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
   HG_CUDA_CHECK_LAUNCH("count_targets");
 }
 
-void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                 const Tensor& inv_count, Tensor& row_loss) {
+void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
+                                 Tensor& row_loss) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   if (rows == 0) return;
   with_logits_type(logits.dtype(), [&](auto zero) {

@@ -35,8 +35,8 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
 // (softmax - onehot) * inv_count (zero rows where the target is
 // ignore_index); row_loss (rows,) F32 = log s - (x_t - m), 0 where ignored,
 // NaN for a target that is neither a class nor ignore_index.
-void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                 const Tensor& inv_count, Tensor& row_loss);
+void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
+                                 Tensor& row_loss);
 
 // loss (0-d F32) = inv_count * sum of row_loss (rows,), one block, fixed order.
 void cross_entropy_sum_row_losses(const Tensor& row_loss, const Tensor& inv_count, Tensor& loss);

@@ -13,9 +13,8 @@ cublasHandle_t cublas_handle();
 
 }  // namespace hg::gpu
 
-#define HG_CUBLAS_CHECK(call)                                                      \
-  do {                                                                             \
-    cublasStatus_t hg_status_ = (call);                                            \
-    if (hg_status_ != CUBLAS_STATUS_SUCCESS)                                       \
-      ::hg::gpu::throw_cublas_error(hg_status_, #call, __FILE__, __LINE__);        \
+#define HG_CUBLAS_CHECK(call)                                                                                      \
+  do {                                                                                                             \
+    cublasStatus_t hg_status_ = (call);                                                                            \
+    if (hg_status_ != CUBLAS_STATUS_SUCCESS) ::hg::gpu::throw_cublas_error(hg_status_, #call, __FILE__, __LINE__); \
   } while (0)

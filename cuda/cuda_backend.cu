@@ -8,8 +8,8 @@
 #include <cuda_fp16.h>
 
 #include <climits>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -64,9 +64,16 @@ void with_arith_type(DType dtype, F&& f) {
 }
 
 // The type the math runs in for a storage type: float for bf16, else itself.
-template <class S> struct MathOf { using type = S; };
-template <> struct MathOf<__nv_bfloat16> { using type = float; };
-template <class S> using math_t = typename MathOf<S>::type;
+template <class S>
+struct MathOf {
+  using type = S;
+};
+template <>
+struct MathOf<__nv_bfloat16> {
+  using type = float;
+};
+template <class S>
+using math_t = typename MathOf<S>::type;
 
 // Conversions go through float (or double between F32 / F64), the same route
 // the CPU takes, so CUDA and CPU casts agree bit for bit. Rounding is to
@@ -166,8 +173,8 @@ void launch_map(const Tensor& x, Tensor& out) {
     T* ys = static_cast<T*>(out.raw_data());
     if constexpr (std::is_same_v<T, float>) {
       if (vec4_ok(xs, ys, n)) {
-        map_kernel_vec4<OP><<<grid_for(n / 4), kThreads, 0, gpu::stream()>>>(
-            reinterpret_cast<const float4*>(xs), reinterpret_cast<float4*>(ys), n / 4);
+        map_kernel_vec4<OP><<<grid_for(n / 4), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const float4*>(xs),
+                                                                             reinterpret_cast<float4*>(ys), n / 4);
         HG_CUDA_CHECK_LAUNCH("map_kernel_vec4");
         return;
       }
@@ -294,13 +301,12 @@ void launch_zip(const Tensor& a, const Tensor& b, Tensor& out) {
     }
     const auto dims = merge_broadcast_dims(a.shape(), b.shape(), out.shape());
     if (dims.size() > kMaxZipDims)
-      fail("cuda zip", binary_op_name(OP), ": broadcasting ", a.shape(), " with ", b.shape(), " needs ",
-           dims.size(), " dims after merging; the CUDA kernel handles up to ", kMaxZipDims);
+      fail("cuda zip", binary_op_name(OP), ": broadcasting ", a.shape(), " with ", b.shape(), " needs ", dims.size(),
+           " dims after merging; the CUDA kernel handles up to ", kMaxZipDims);
     // 32-bit index arithmetic (much cheaper division) whenever offsets fit.
     if (n <= int64_t(UINT32_MAX) && a.numel() <= int64_t(UINT32_MAX) && b.numel() <= int64_t(UINT32_MAX))
       launch_zip_broadcast<OP, T, uint32_t>(as, bs, os, n, dims);
-    else
-      launch_zip_broadcast<OP, T, int64_t>(as, bs, os, n, dims);
+    else launch_zip_broadcast<OP, T, int64_t>(as, bs, os, n, dims);
   });
 }
 
@@ -428,8 +434,7 @@ void launch_reduce(const Tensor& x, int dim, Tensor& out) {
       HG_CUDA_CHECK_LAUNCH("reduce_rows_warp_kernel");
     } else {
       const int64_t tiles = outer * ((inner + kColTileX - 1) / kColTileX);
-      reduce_cols_kernel<OP, S, O><<<grid_for(tiles, 1), dim3(kColTileX, kColTileY), 0, s>>>(xs, os, outer, len,
-                                                                                            inner);
+      reduce_cols_kernel<OP, S, O><<<grid_for(tiles, 1), dim3(kColTileX, kColTileY), 0, s>>>(xs, os, outer, len, inner);
       HG_CUDA_CHECK_LAUNCH("reduce_cols_kernel");
     }
   };
@@ -466,7 +471,7 @@ __global__ void dropout_mask_kernel(Bits* out, int64_t n, uint64_t key, uint64_t
 template <class Bits>
 void launch_dropout_mask(void* out, int64_t n, uint64_t seed, uint64_t counter, double p, Bits keep) {
   dropout_mask_kernel<Bits><<<grid_for(n), kThreads, 0, gpu::stream()>>>(static_cast<Bits*>(out), n,
-                                                                        random_stream::key(seed), counter, p, keep);
+                                                                         random_stream::key(seed), counter, p, keep);
   HG_CUDA_CHECK_LAUNCH("dropout_mask_kernel");
 }
 
@@ -502,8 +507,8 @@ void with_storage_type(DType dtype, F&& f) {
 // writes one output element (coalesced writes; reads are coalesced along B,
 // which is the head dim in attention's (batch, T, heads, D) <-> (batch, heads, T, D)).
 template <class Elem, class I>
-__global__ void transpose_kernel(const Elem* __restrict__ x, Elem* __restrict__ out, int64_t total, I n0, I M,
-                                 I n1, I B) {
+__global__ void transpose_kernel(const Elem* __restrict__ x, Elem* __restrict__ out, int64_t total, I n0, I M, I n1,
+                                 I B) {
   for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < total; o += int64_t(gridDim.x) * blockDim.x) {
     I t = static_cast<I>(o);
     const I b = t % B;
@@ -525,32 +530,29 @@ void launch_transpose(const void* x, void* out, int64_t total, int64_t n0, int64
   if (total <= int64_t(UINT32_MAX))
     transpose_kernel<Elem, uint32_t><<<grid_for(total), kThreads, 0, gpu::stream()>>>(
         xs, os, total, uint32_t(n0), uint32_t(M), uint32_t(n1), uint32_t(B));
-  else
-    transpose_kernel<Elem, int64_t><<<grid_for(total), kThreads, 0, gpu::stream()>>>(xs, os, total, n0, M, n1, B);
+  else transpose_kernel<Elem, int64_t><<<grid_for(total), kThreads, 0, gpu::stream()>>>(xs, os, total, n0, M, n1, B);
   HG_CUDA_CHECK_LAUNCH("transpose_kernel");
 }
 
 // ---- matmul -----------------------------------------------------------------------
 
 void check_fits_int(const char* op, const char* what, int64_t v, const Tensor& a, const Tensor& b) {
-  if (v > INT_MAX)
-    fail(op, what, " = ", v, " exceeds cuBLAS's 32-bit limit (a ", a.shape(), ", b ", b.shape(), ")");
+  if (v > INT_MAX) fail(op, what, " = ", v, " exceeds cuBLAS's 32-bit limit (a ", a.shape(), ", b ", b.shape(), ")");
 }
 
 // Row-major C (m x n) = op(A) (m x k) * op(B) (k x n). cuBLAS is column-major,
 // and a row-major matrix read column-major is its transpose, so we ask cuBLAS
 // for C^T = op(B)^T op(A)^T (n x m, ldc = n): B goes first, each operand
 // keeps its own transpose flag, and the leading dims are the stored row lengths.
-void dgemm_strided_batched(bool ta, bool tb, int m, int n, int k, const double* a, long long stride_a,
-                           const double* b, long long stride_b, double* c, long long stride_c, int batch,
-                           double beta) {
+void dgemm_strided_batched(bool ta, bool tb, int m, int n, int k, const double* a, long long stride_a, const double* b,
+                           long long stride_b, double* c, long long stride_c, int batch, double beta) {
   const double alpha = 1.0;
   const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int lda = ta ? m : k;  // stored A is (k x m) when transposed, else (m x k)
   const int ldb = tb ? k : n;  // stored B is (n x k) when transposed, else (k x n)
-  HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b, a,
-                                            lda, stride_a, &beta, c, n, stride_c, batch));
+  HG_CUBLAS_CHECK(cublasDgemmStridedBatched(gpu::cublas_handle(), op_b, op_a, n, m, k, &alpha, b, ldb, stride_b, a, lda,
+                                            stride_a, &beta, c, n, stride_c, batch));
 }
 
 // bf16 input may reduce into an f32 output (a bias gradient); otherwise out has x's dtype.
@@ -563,10 +565,14 @@ void check_output_dtype(const char* op, const Tensor& in, const Tensor& out) {
 
 // ---- the backend ------------------------------------------------------------------
 
-#define HG_UNARY_CASE(NAME) \
-  case UnaryOp::NAME: launch_map<UnaryOp::NAME>(x, out); return;
-#define HG_BINARY_CASE(NAME) \
-  case BinaryOp::NAME: launch_zip<BinaryOp::NAME>(a, b, out); return;
+#define HG_UNARY_CASE(NAME)            \
+  case UnaryOp::NAME:                  \
+    launch_map<UnaryOp::NAME>(x, out); \
+    return;
+#define HG_BINARY_CASE(NAME)               \
+  case BinaryOp::NAME:                     \
+    launch_zip<BinaryOp::NAME>(a, b, out); \
+    return;
 #define HG_REDUCE_CASE(NAME) \
   case ReduceOp::NAME: launch_reduce<ReduceOp::NAME>(x, d, out); return;
 
@@ -581,10 +587,21 @@ class CudaBackend final : public Backend {
     check_same_shape(name, x, out);
     if (x.numel() == 0) return;
     switch (op) {
-      HG_UNARY_CASE(Identity) HG_UNARY_CASE(Neg) HG_UNARY_CASE(Exp) HG_UNARY_CASE(Log)
-      HG_UNARY_CASE(Sqrt) HG_UNARY_CASE(Rsqrt) HG_UNARY_CASE(Reciprocal) HG_UNARY_CASE(Square)
-      HG_UNARY_CASE(Abs) HG_UNARY_CASE(Relu) HG_UNARY_CASE(ReluGrad) HG_UNARY_CASE(Gelu)
-      HG_UNARY_CASE(GeluGrad) HG_UNARY_CASE(Tanh) HG_UNARY_CASE(Sigmoid)
+      HG_UNARY_CASE(Identity)
+      HG_UNARY_CASE(Neg)
+      HG_UNARY_CASE(Exp)
+      HG_UNARY_CASE(Log)
+      HG_UNARY_CASE(Sqrt)
+      HG_UNARY_CASE(Rsqrt)
+      HG_UNARY_CASE(Reciprocal)
+      HG_UNARY_CASE(Square)
+      HG_UNARY_CASE(Abs)
+      HG_UNARY_CASE(Relu)
+      HG_UNARY_CASE(ReluGrad)
+      HG_UNARY_CASE(Gelu)
+      HG_UNARY_CASE(GeluGrad)
+      HG_UNARY_CASE(Tanh)
+      HG_UNARY_CASE(Sigmoid)
     }
     fail(name, "unknown UnaryOp ", static_cast<int>(op));
   }
@@ -603,8 +620,15 @@ class CudaBackend final : public Backend {
            " broadcast to ", expected);
     if (out.numel() == 0) return;
     switch (op) {
-      HG_BINARY_CASE(Add) HG_BINARY_CASE(Sub) HG_BINARY_CASE(Mul) HG_BINARY_CASE(Div) HG_BINARY_CASE(Max)
-      HG_BINARY_CASE(Min) HG_BINARY_CASE(Pow) HG_BINARY_CASE(Eq) HG_BINARY_CASE(Gt)
+      HG_BINARY_CASE(Add)
+      HG_BINARY_CASE(Sub)
+      HG_BINARY_CASE(Mul)
+      HG_BINARY_CASE(Div)
+      HG_BINARY_CASE(Max)
+      HG_BINARY_CASE(Min)
+      HG_BINARY_CASE(Pow)
+      HG_BINARY_CASE(Eq)
+      HG_BINARY_CASE(Gt)
     }
     fail(name, "unknown BinaryOp ", static_cast<int>(op));
   }
@@ -692,9 +716,11 @@ class CudaBackend final : public Backend {
       case DType::F32: return launch_dropout_mask<float>(o, n, seed, counter, p, static_cast<float>(keep));
       case DType::F64: return launch_dropout_mask<double>(o, n, seed, counter, p, keep);
       case DType::BF16:
-        return launch_dropout_mask<uint16_t>(o, n, seed, counter, p, half_bits(__float2bfloat16_rn(static_cast<float>(keep))));
+        return launch_dropout_mask<uint16_t>(o, n, seed, counter, p,
+                                             half_bits(__float2bfloat16_rn(static_cast<float>(keep))));
       case DType::F16:
-        return launch_dropout_mask<uint16_t>(o, n, seed, counter, p, half_bits(__float2half_rn(static_cast<float>(keep))));
+        return launch_dropout_mask<uint16_t>(o, n, seed, counter, p,
+                                             half_bits(__float2half_rn(static_cast<float>(keep))));
     }
     fail("cuda dropout_mask", "unknown dtype ", static_cast<int>(out.dtype()));
   }
@@ -709,8 +735,8 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     if (src.dtype() == out.dtype()) {
       if (src.raw_data() != out.raw_data())
-        HG_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDeviceToDevice,
-                                      gpu::stream()));
+        HG_CUDA_CHECK(
+            cudaMemcpyAsync(out.raw_data(), src.raw_data(), src.nbytes(), cudaMemcpyDeviceToDevice, gpu::stream()));
       return;
     }
     with_storage_type(src.dtype(), [&](auto src_zero) {
@@ -718,7 +744,7 @@ class CudaBackend final : public Backend {
       with_storage_type(out.dtype(), [&](auto out_zero) {
         using D = decltype(out_zero);
         cast_kernel<S, D><<<grid_for(n), kThreads, 0, gpu::stream()>>>(static_cast<const S*>(src.raw_data()),
-                                                                     static_cast<D*>(out.raw_data()), n);
+                                                                       static_cast<D*>(out.raw_data()), n);
         HG_CUDA_CHECK_LAUNCH("cast_kernel");
       });
     });
@@ -733,8 +759,8 @@ class CudaBackend final : public Backend {
     if (total == 0) return;
     if (p.plain_copy) {  // same memory order
       if (x.raw_data() != out.raw_data())
-        HG_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice,
-                                      gpu::stream()));
+        HG_CUDA_CHECK(
+            cudaMemcpyAsync(out.raw_data(), x.raw_data(), x.nbytes(), cudaMemcpyDeviceToDevice, gpu::stream()));
       return;
     }
     switch (dtype_size(x.dtype())) {

@@ -12,15 +12,15 @@ cudaStream_t stream();
 
 }  // namespace hg::gpu
 
-#define HG_CUDA_CHECK(call)                                                     \
-  do {                                                                          \
-    cudaError_t hg_err_ = (call);                                               \
+#define HG_CUDA_CHECK(call)                                                                      \
+  do {                                                                                           \
+    cudaError_t hg_err_ = (call);                                                                \
     if (hg_err_ != cudaSuccess) ::hg::gpu::throw_cuda_error(hg_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // After every <<<...>>> launch: catches bad configurations at once.
-#define HG_CUDA_CHECK_LAUNCH(kernel_name)                                       \
-  do {                                                                          \
-    cudaError_t hg_err_ = cudaGetLastError();                                   \
+#define HG_CUDA_CHECK_LAUNCH(kernel_name)                                                              \
+  do {                                                                                                 \
+    cudaError_t hg_err_ = cudaGetLastError();                                                          \
     if (hg_err_ != cudaSuccess) ::hg::gpu::throw_cuda_error(hg_err_, kernel_name, __FILE__, __LINE__); \
   } while (0)

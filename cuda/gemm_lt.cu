@@ -65,8 +65,8 @@ int alignment_of(const void* p) {
 // lanes take j = lane, lane + 32, ... and combine in a fixed shuffle tree, so
 // the result does not depend on timing.
 template <class T, class O>
-__global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out, int64_t count, int64_t len,
-                                   int64_t si, int64_t sj) {
+__global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out, int64_t count, int64_t len, int64_t si,
+                                   int64_t sj) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
@@ -84,11 +84,11 @@ void launch_strided_sum_to(const void* x, const Tensor& out, int64_t count, int6
   const auto grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
   const T* xs = static_cast<const T*>(x);
   if (out.dtype() == DType::F32)
-    strided_sum_kernel<T, float><<<grid, threads, 0, stream()>>>(xs, static_cast<float*>(out.raw_data()), count,
-                                                                 len, si, sj);
+    strided_sum_kernel<T, float>
+        <<<grid, threads, 0, stream()>>>(xs, static_cast<float*>(out.raw_data()), count, len, si, sj);
   else
-    strided_sum_kernel<T, __nv_bfloat16><<<grid, threads, 0, stream()>>>(
-        xs, static_cast<__nv_bfloat16*>(out.raw_data()), count, len, si, sj);
+    strided_sum_kernel<T, __nv_bfloat16>
+        <<<grid, threads, 0, stream()>>>(xs, static_cast<__nv_bfloat16*>(out.raw_data()), count, len, si, sj);
   HG_CUDA_CHECK_LAUNCH("strided_sum_kernel");
 }
 
@@ -101,8 +101,8 @@ constexpr int64_t kColumnChunk = 64;
 constexpr int kColumnThreads = 256;
 
 template <class T>
-__global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t count,
-                                      int64_t len, int64_t sj) {
+__global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t count, int64_t len,
+                                      int64_t sj) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
   if (i >= count) return;
   const int64_t end = (chunk + 1) * kColumnChunk < len ? (chunk + 1) * kColumnChunk : len;
@@ -130,9 +130,8 @@ void launch_column_sum(const void* x, const Tensor& out, int64_t count, int64_t 
       static_cast<const T*>(x), partial.data<float>(), count, len, sj);
   HG_CUDA_CHECK_LAUNCH("column_partial_kernel");
   if (out.dtype() == DType::F32)
-    column_finish_kernel<float><<<blocks, kColumnThreads, 0, stream()>>>(partial.data<float>(),
-                                                                        static_cast<float*>(out.raw_data()), count,
-                                                                        chunks);
+    column_finish_kernel<float><<<blocks, kColumnThreads, 0, stream()>>>(
+        partial.data<float>(), static_cast<float*>(out.raw_data()), count, chunks);
   else
     column_finish_kernel<__nv_bfloat16><<<blocks, kColumnThreads, 0, stream()>>>(
         partial.data<float>(), static_cast<__nv_bfloat16*>(out.raw_data()), count, chunks);
@@ -177,11 +176,23 @@ cublasComputeType_t compute_type(DType operands) {
 }
 
 PlanKey key_of(const Call& c) {
-  return {int64_t(c.a.dtype()), int64_t(c.out.dtype()), c.vec ? int64_t(c.vec->dtype()) : -1,
-          c.args.transpose_a, c.args.transpose_b, c.s.m, c.s.n, c.s.k, c.s.batch, c.s.b_shared,
-          int64_t(c.epilogue), int64_t(compute_type(c.a.dtype())), alignment_of(c.a.raw_data()),
-          alignment_of(c.b.raw_data()), alignment_of(c.out.raw_data()),
-          c.vec ? alignment_of(c.vec->raw_data()) : 0, c.args.aux ? alignment_of(c.args.aux->raw_data()) : 0};
+  return {int64_t(c.a.dtype()),
+          int64_t(c.out.dtype()),
+          c.vec ? int64_t(c.vec->dtype()) : -1,
+          c.args.transpose_a,
+          c.args.transpose_b,
+          c.s.m,
+          c.s.n,
+          c.s.k,
+          c.s.batch,
+          c.s.b_shared,
+          int64_t(c.epilogue),
+          int64_t(compute_type(c.a.dtype())),
+          alignment_of(c.a.raw_data()),
+          alignment_of(c.b.raw_data()),
+          alignment_of(c.out.raw_data()),
+          c.vec ? alignment_of(c.vec->raw_data()) : 0,
+          c.args.aux ? alignment_of(c.args.aux->raw_data()) : 0};
 }
 
 template <class V>
@@ -202,8 +213,8 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     HG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-    HG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                     &batch_stride, sizeof batch_stride));
+    HG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+                                                     sizeof batch_stride));
   }
   return layout;
 }
@@ -234,14 +245,14 @@ Plan build_plan(const Call& c) {
   HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t align_a = alignment_of(c.b.raw_data()), align_b = alignment_of(c.a.raw_data()),
                  align_d = alignment_of(c.out.raw_data());
-  HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                       sizeof align_a));
-  HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                       sizeof align_b));
-  HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                       sizeof align_d));
-  HG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                       sizeof align_d));
+  HG_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+  HG_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+  HG_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof align_d));
+  HG_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof align_d));
   // Split-K partial sums stay in fp32: for an out narrower than fp32 only the
   // COMPUTE_TYPE reduction (or none). INPLACE and OUTPUT_TYPE add the partial
   // products in out's dtype, which for bf16 is not fp32 accumulation (on the
@@ -253,8 +264,8 @@ Plan build_plan(const Call& c) {
                                                        sizeof reductions));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt_handle(), p.desc, p.lt_a, p.lt_b, p.lt_d, p.lt_d,
-                                                               pref, 1, &result, &found);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_handle(), p.desc, p.lt_a, p.lt_b, p.lt_d, p.lt_d, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   p.has_algo = status == CUBLAS_STATUS_SUCCESS && found > 0;
   if (p.has_algo) p.algo = result.algo;
@@ -278,10 +289,9 @@ bool try_run(const Call& c) {
   const Plan& p = plan_for(c);
   if (!p.has_algo) return false;
   const float alpha = 1.f, beta = c.args.accumulate ? 1.f : 0.f;
-  const cublasStatus_t status =
-      cublasLtMatmul(lt_handle(), p.desc, &alpha, c.b.raw_data(), p.lt_a, c.a.raw_data(), p.lt_b, &beta,
-                     c.out.raw_data(), p.lt_d, c.out.raw_data(), p.lt_d, &p.algo, workspace(), kWorkspaceBytes,
-                     stream());
+  const cublasStatus_t status = cublasLtMatmul(lt_handle(), p.desc, &alpha, c.b.raw_data(), p.lt_a, c.a.raw_data(),
+                                               p.lt_b, &beta, c.out.raw_data(), p.lt_d, c.out.raw_data(), p.lt_d,
+                                               &p.algo, workspace(), kWorkspaceBytes, stream());
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
   HG_CUBLAS_CHECK(status);
   return true;
@@ -376,11 +386,14 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
   HG_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16, op, "a has dtype ", dtype_name(a.dtype()),
            "; cuBLASLt GEMMs take f32 or bf16 operands");
   for (const auto& [what, v] : {std::pair<const char*, int64_t>{"m", s.m}, {"n", s.n}, {"k", s.k}, {"batch", s.batch}})
-    HG_CHECK(v <= INT_MAX, op, what, " = ", v, " exceeds cuBLASLt's 32-bit limit (a ", a.shape(), ", b ", b.shape(), ")");
+    HG_CHECK(v <= INT_MAX, op, what, " = ", v, " exceeds cuBLASLt's 32-bit limit (a ", a.shape(), ", b ", b.shape(),
+             ")");
   const GemmEpilogue e = args.epilogue;
   if (e == GemmEpilogue::BiasGelu || e == GemmEpilogue::GeluBackward)
-    HG_CHECK(s.n % 8 == 0, op, "epilogue ", gemm_epilogue_name(e), " needs N % 8 == 0 (cuBLASLt's GELU aux "
-             "leading dimension), got N = ", s.n, " for out ", out.shape());
+    HG_CHECK(s.n % 8 == 0, op, "epilogue ", gemm_epilogue_name(e),
+             " needs N % 8 == 0 (cuBLASLt's GELU aux "
+             "leading dimension), got N = ",
+             s.n, " for out ", out.shape());
   if (s.batch == 0 || s.m == 0 || s.n == 0) return;
   if (s.k == 0) {  // empty product (epilogues are refused on empty shapes by check_gemm)
     if (!args.accumulate) HG_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream()));

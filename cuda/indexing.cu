@@ -16,8 +16,8 @@ __device__ __forceinline__ int32_t row_of(float id, int64_t v) {
 // An id that names no row (possible only on the device-checked path) gives a
 // NaN row, so the loss reports it instead of a read out of bounds.
 template <class T>
-__global__ void gather_rows_kernel(const T* __restrict__ table, const float* __restrict__ ids,
-                                   int64_t n, int64_t d, int64_t v, T* __restrict__ out) {
+__global__ void gather_rows_kernel(const T* __restrict__ table, const float* __restrict__ ids, int64_t n, int64_t d,
+                                   int64_t v, T* __restrict__ out) {
   const int64_t total = n * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -84,8 +84,7 @@ __global__ void place_rows_kernel(const float* __restrict__ ids, int64_t n, int6
 constexpr int kInFlight = 8;
 template <class T>
 __global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_t* __restrict__ offsets,
-                                        const int32_t* __restrict__ positions, int64_t d,
-                                        T* __restrict__ grad_table) {
+                                        const int32_t* __restrict__ positions, int64_t d, T* __restrict__ grad_table) {
   const int64_t v = blockIdx.x;
   const int64_t col = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int32_t begin = offsets[v], end = offsets[v + 1];
@@ -124,11 +123,11 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   const int64_t blocks64 = (n * d + threads - 1) / threads;
   const int blocks = static_cast<int>(blocks64 < 65535 * 8 ? blocks64 : 65535 * 8);
   if (table.dtype() == DType::F32) {
-    gather_rows_kernel<float><<<blocks, threads, 0, stream()>>>(table.data<float>(), ids.data<float>(), n,
-                                                                d, table.size(0), out.data<float>());
+    gather_rows_kernel<float><<<blocks, threads, 0, stream()>>>(table.data<float>(), ids.data<float>(), n, d,
+                                                                table.size(0), out.data<float>());
   } else {
-    gather_rows_kernel<double><<<blocks, threads, 0, stream()>>>(table.data<double>(), ids.data<float>(),
-                                                                 n, d, table.size(0), out.data<double>());
+    gather_rows_kernel<double><<<blocks, threads, 0, stream()>>>(table.data<double>(), ids.data<float>(), n, d,
+                                                                 table.size(0), out.data<double>());
   }
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
@@ -138,11 +137,11 @@ static void launch_scatter(const Tensor& grad, const int32_t* off, const int32_t
   const int threads = 128;
   const dim3 grid(static_cast<unsigned>(v), static_cast<unsigned>((d + threads - 1) / threads));
   if (grad.dtype() == DType::F32) {
-    scatter_add_rows_kernel<float><<<grid, threads, 0, stream()>>>(grad.data<float>(), off, pos, d,
-                                                                   grad_table.data<float>());
+    scatter_add_rows_kernel<float>
+        <<<grid, threads, 0, stream()>>>(grad.data<float>(), off, pos, d, grad_table.data<float>());
   } else {
-    scatter_add_rows_kernel<double><<<grid, threads, 0, stream()>>>(grad.data<double>(), off, pos, d,
-                                                                    grad_table.data<double>());
+    scatter_add_rows_kernel<double>
+        <<<grid, threads, 0, stream()>>>(grad.data<double>(), off, pos, d, grad_table.data<double>());
   }
   HG_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
 }

@@ -225,8 +225,7 @@ struct Forward {
     static_assert(VEC > 1, "staged rows are 16-byte rows");
     auto kernel = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
     static const std::optional<StagedRoom> room = staged_room(kernel, G * R, kOp);
-    return room &&
-           launch_staged(kernel, G, R, plan_staged_pairs(*room, R, a.D * int(sizeof(T)), target_bytes()), 2);
+    return room && launch_staged(kernel, G, R, plan_staged_pairs(*room, R, a.D * int(sizeof(T)), target_bytes()), 2);
   }
   // The bytes in flight per SM the ring depth aims at.
   static constexpr int target_bytes() { return kKernel.stage_kb * 1024; }
@@ -276,8 +275,8 @@ struct Forward {
 
   template <class Kernel>
   void launch(Kernel kernel, int threads, int blocks) const {
-    kernel<<<blocks, threads, 0, stream()>>>(static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y),
-                                             a.mean, a.rstd, a.rows, a.D, a.eps);
+    kernel<<<blocks, threads, 0, stream()>>>(static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean,
+                                             a.rstd, a.rows, a.D, a.eps);
     HG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   }
 };
@@ -398,7 +397,7 @@ struct Backward {
     const dim3 reduce_block(kReduceCols, kReduceLanes);
     const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
     layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(partial_dgamma, partial_dbeta,
-                                                                               n_partials, a.D, a.dgamma, a.dbeta);
+                                                                                 n_partials, a.D, a.dgamma, a.dbeta);
     HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
   }
 
@@ -407,9 +406,9 @@ struct Backward {
   void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim,
               float* partial_dgamma, float* partial_dbeta) const {
     const cudaLaunchConfig_t config = launch_config(grid, threads, smem, cluster_dim);
-    HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x),
-                                     a.gamma, a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta,
-                                     a.rows, a.D));
+    HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.gamma,
+                                     a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows,
+                                     a.D));
     HG_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
   }
 };
@@ -563,9 +562,9 @@ void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor&
                              Tensor& mean, Tensor& rstd, const LnKernel& kernel) {
   constexpr const char* kOp = "layernorm_forward_fused";
   check_rows_d(kOp, x);
-  HG_DCHECK(y.dtype() == x.dtype() && gamma.dtype() == DType::F32 && beta.dtype() == DType::F32, kOp,
-            "dtypes: x ", dtype_name(x.dtype()), " y ", dtype_name(y.dtype()), " gamma/beta must be f32");
-  const ForwardArgs a{x.raw_data(),        gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
+  HG_DCHECK(y.dtype() == x.dtype() && gamma.dtype() == DType::F32 && beta.dtype() == DType::F32, kOp, "dtypes: x ",
+            dtype_name(x.dtype()), " y ", dtype_name(y.dtype()), " gamma/beta must be f32");
+  const ForwardArgs a{x.raw_data(),       gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
                       rstd.data<float>(), x.size(0),           int(x.size(1)),     eps};
   if (a.rows == 0 || a.D == 0) return;
   dispatch<Forward, LnPass::Forward>(x, a, {a.x, a.y, a.gamma, a.beta}, kernel);
@@ -584,9 +583,8 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
                 dgamma.dtype() == DType::F32 && dbeta.dtype() == DType::F32,
             kOp, "dtypes: x ", dtype_name(x.dtype()), " dy ", dtype_name(dy.dtype()), " dx ", dtype_name(dx.dtype()),
             "; gamma, dgamma, dbeta must be f32");
-  const BackwardArgs a{dy.raw_data(),       x.raw_data(),         gamma.data<float>(), mean.data<float>(),
-                       rstd.data<float>(), dx.raw_data(),        dgamma.data<float>(), dbeta.data<float>(),
-                       x.size(0),          int(x.size(1))};
+  const BackwardArgs a{dy.raw_data(), x.raw_data(),         gamma.data<float>(), mean.data<float>(), rstd.data<float>(),
+                       dx.raw_data(), dgamma.data<float>(), dbeta.data<float>(), x.size(0),          int(x.size(1))};
   if (a.D == 0) return;
   dispatch<Backward, LnPass::Backward>(x, a, {a.dy, a.x, a.dx, a.gamma}, kernel);
 }
@@ -605,9 +603,9 @@ bool residual_rows_fit(int64_t D, std::initializer_list<const void*> ptrs) {
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
   const ResidualForwardArgs a{{x.raw_data(), gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
-                                rstd.data<float>(), x.size(0), int(std::min<int64_t>(x.size(1), INT_MAX)), eps},
-                               r.raw_data(),
-                               h.raw_data()};
+                               rstd.data<float>(), x.size(0), int(std::min<int64_t>(x.size(1), INT_MAX)), eps},
+                              r.raw_data(),
+                              h.raw_data()};
   const std::initializer_list<const void*> ptrs = {a.x, a.r, a.h, a.y, a.gamma, a.beta};
   if (x.dtype() == DType::F32 && residual_rows_fit<float>(x.size(1), ptrs))
     return for_resident_width(a.D, ResidualForward<float, VecWidth<float>::value>{a});
@@ -616,12 +614,19 @@ bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const
   return false;
 }
 
-bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
-                                          const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
-                                          Tensor& dgamma, Tensor& dbeta) {
-  const BackwardArgs a{dy.raw_data(),      h.raw_data(),        gamma.data<float>(),  mean.data<float>(),
-                       rstd.data<float>(), dh.raw_data(),       dgamma.data<float>(), dbeta.data<float>(),
-                       h.size(0),          int(std::min<int64_t>(h.size(1), INT_MAX))};
+bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
+                                          const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
+                                          Tensor& dbeta) {
+  const BackwardArgs a{dy.raw_data(),
+                       h.raw_data(),
+                       gamma.data<float>(),
+                       mean.data<float>(),
+                       rstd.data<float>(),
+                       dh.raw_data(),
+                       dgamma.data<float>(),
+                       dbeta.data<float>(),
+                       h.size(0),
+                       int(std::min<int64_t>(h.size(1), INT_MAX))};
   const void* in = dh_in != nullptr ? dh_in->raw_data() : nullptr;
   const std::initializer_list<const void*> ptrs = {a.dy, a.x, a.dx, a.gamma, in != nullptr ? in : a.dy};
   const bool f32 = h.dtype() == DType::F32;

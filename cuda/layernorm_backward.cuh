@@ -23,7 +23,7 @@ namespace {
 // memory (CAP floats of dgamma, then CAP of dbeta); at the end the block adds
 // its R groups in group order into its partial row.
 template <class T, int VEC, int EPT, int G, int R, bool CLUSTER>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                               float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta, int64_t rows,
@@ -176,9 +176,8 @@ constexpr int kReduceCols = 32;
 constexpr int kReduceLanes = 32;
 
 __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
-    layernorm_reduce_partials_kernel(const float* __restrict__ partial_dgamma,
-                                     const float* __restrict__ partial_dbeta, int n_partials, int D,
-                                     float* __restrict__ dgamma, float* __restrict__ dbeta) {
+    layernorm_reduce_partials_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
+                                     int n_partials, int D, float* __restrict__ dgamma, float* __restrict__ dbeta) {
   __shared__ float sum_g[kReduceLanes][kReduceCols + 1];
   __shared__ float sum_b[kReduceLanes][kReduceCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;

@@ -69,10 +69,10 @@ __device__ __forceinline__ void add_chunk(const T* xr, int chunk, float shift, c
 
 // Rows of up to CAP = G * EPT elements, held in registers, read once.
 template <class T, int VEC, int EPT, int G, int R>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
-    layernorm_forward_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
-                             const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
-                             float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
+    layernorm_forward_kernel(const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
+                             T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                             int64_t rows, int D, float eps) {
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
@@ -128,8 +128,7 @@ __global__ void __launch_bounds__(G, 1)
     load_part<T, VEC, NV, G>(xr, part.len, grp.t, shift, v);
     if (row + part.row_stride < rows) prefetch_row_l2<T, G, EPT>(xr + part.row_stride * D, part.len, grp.t);
     const Moments m = moments_in_registers<VEC, NV, G>(v, part.len, grp.t, row_sums, inv_d, eps);
-    normalise_chunk<T, VEC, NV, G>(v, part.len, m, gamma + part.col0, beta + part.col0, y + row * D + part.col0,
-                                   grp.t);
+    normalise_chunk<T, VEC, NV, G>(v, part.len, m, gamma + part.col0, beta + part.col0, y + row * D + part.col0, grp.t);
     if (grp.t == 0 && part.col0 == 0) save_stats(mean_out, rstd_out, row, shift, m);
   }
   cluster_exit_barrier<true>();
@@ -178,7 +177,6 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
   }
 }
 
-
 // One-pass statistics of a held row: one group reduction of (sum d, sum d^2)
 // over d = x - shift, var = E[d^2] - E[d]^2. That difference loses about
 // log2(1 + E[d]^2 / var) bits; where E[d]^2 > kOnePassRatio var (the shift,
@@ -189,8 +187,8 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
 constexpr float kOnePassRatio = 3.0f;
 
 template <int VEC, int NV, int G, class Row, class RowSums>
-__device__ __forceinline__ Moments one_pass_moments(const Row& h, int len, int t, const RowSums& row_sums,
-                                                    float inv_d, float eps) {
+__device__ __forceinline__ Moments one_pass_moments(const Row& h, int len, int t, const RowSums& row_sums, float inv_d,
+                                                    float eps) {
   float s[2] = {0.0f, 0.0f};
   for_each_held<VEC, NV, G>(h, len, t, [&](float d) { s[0] += d, s[1] = fmaf(d, d, s[1]); });
   row_sums(s);
@@ -233,10 +231,10 @@ __device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Mome
 // SHARED_PARAMS (warp rows): gamma and beta read from the block's
 // ParamCopy of each.
 template <class T, int VEC, int EPT, int G, int R, bool PACKED, bool SHARED_PARAMS>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_forward_one_pass_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
-                                 const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
-                                 float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
+                                      const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
+                                      float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
   constexpr int NV = EPT / VEC;
   static_assert(VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   static_assert(!PACKED || std::is_same_v<T, __nv_bfloat16>, "packed rows are bf16 rows");

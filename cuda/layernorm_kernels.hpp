@@ -10,15 +10,14 @@ namespace hg::gpu {
 // x, y: (rows, D) contiguous, both F32 or both BF16 (math in float32).
 // gamma, beta: (D,) F32. mean, rstd: (rows,) F32, written for backward.
 // Runs the production table of this device's memory system.
-void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                             Tensor& y, Tensor& mean, Tensor& rstd);
+void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                             Tensor& mean, Tensor& rstd);
 
 // dy, x, dx: (rows, D), all F32 or all BF16. gamma (D,) F32; mean, rstd (rows,) F32.
 // dgamma, dbeta: (D,) F32, overwritten. Deterministic: per-block partial sums
 // reduced by a second kernel in a fixed order (no float atomics).
-void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                              const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
-                              Tensor& dbeta);
+void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                              const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
 // The same with a given kernel configuration for 16-byte aligned rows of
 // D <= 16384 (other rows run the chunked, cluster or scalar kernels, as
@@ -26,11 +25,10 @@ void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& g
 // device, e.g. with ln_production_kernel(MemorySystem::HBM3, ...). A
 // configuration not compiled for the pass, dtype and width class
 // (ln_kernel_compiled) is an hg::Error naming the ones that are.
-void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps,
-                             Tensor& y, Tensor& mean, Tensor& rstd, const LnKernel& kernel);
-void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                              const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
-                              Tensor& dbeta, const LnKernel& kernel);
+void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                             Tensor& mean, Tensor& rstd, const LnKernel& kernel);
+void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                              const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const LnKernel& kernel);
 
 // This device's memory system (by gpu::dram_peak_gbps against kHbm3eGbps):
 // the table the two production calls above run.

@@ -83,7 +83,9 @@ template <int G>
 struct GroupSums {
   const RowGroup<G>& grp;
   template <int N>
-  __device__ __forceinline__ void operator()(float (&v)[N]) const { grp.sums(v); }
+  __device__ __forceinline__ void operator()(float (&v)[N]) const {
+    grp.sums(v);
+  }
 };
 
 // A row of len elements held in v (minus shift, zeros past len); row_sums
@@ -106,15 +108,16 @@ __device__ __forceinline__ Moments moments_in_registers(const float (&v)[NV][VEC
       for (int k = 0; k < VEC; ++k) q[0] += (v[j][k] - mean) * (v[j][k] - mean);
   row_sums(q);
   const float rstd = rsqrtf(q[0] * inv_d + eps);
-  if (statistics_overflowed(rstd)) return scaled_moments<VEC, NV, G>(RegisterRow<VEC, NV>{v}, len, t, row_sums, inv_d, eps);
+  if (statistics_overflowed(rstd))
+    return scaled_moments<VEC, NV, G>(RegisterRow<VEC, NV>{v}, len, t, row_sums, inv_d, eps);
   return {mean, rstd};
 }
 
 // y = (x - shift - mean) rstd gamma + beta for the len elements of a row
 // held in v, gamma and beta read through ParamRow.
 template <class T, int VEC, int NV, int G, class Param>
-__device__ __forceinline__ void normalise_held(const float (&v)[NV][VEC], int len, const Moments& m,
-                                               const Param& gamma, const Param& beta, T* yr, int t) {
+__device__ __forceinline__ void normalise_held(const float (&v)[NV][VEC], int len, const Moments& m, const Param& gamma,
+                                               const Param& beta, T* yr, int t) {
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int i = (j * G + t) * VEC;

@@ -20,11 +20,11 @@ namespace {
 // y, mean and rstd are those layernorm_forward_kernel takes of the stored h.
 // x, r and h may alias (h = x or h = r): no __restrict__ on them.
 template <class T, int VEC, int EPT, int G, int R>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     residual_layernorm_forward_kernel(const T* x, const T* r, const float* __restrict__ gamma,
                                       const float* __restrict__ beta, T* h, T* __restrict__ y,
-                                      float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,
-                                      int D, float eps) {
+                                      float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int D,
+                                      float eps) {
   constexpr int NV = EPT / VEC;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   __shared__ GroupScratch<G, R> scratch;
@@ -101,7 +101,7 @@ struct StreamedAddIn {
 // thread writes only slots it has read. Partials as the LayerNorm backward's:
 // per group in shared memory, then one partial row per block for kernel 2.
 template <class T, int VEC, int EPT, int G, int R, template <class, int, int, int> class AddIn>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     residual_layernorm_backward_kernel(const T* __restrict__ dy, const T* dh_in, const T* __restrict__ h,
                                        const float* __restrict__ gamma, const float* __restrict__ mean,
                                        const float* __restrict__ rstd, T* dh, float* __restrict__ partial_dgamma,

@@ -118,10 +118,9 @@ __device__ __forceinline__ void spill_accumulators(float* acc, int D, int t, con
 // so that all named barriers stay matched (see layernorm_backward_kernel).
 // SHARED_GAMMA (warp rows): gamma read from a copy in shared memory.
 template <class T, int VEC, int EPT, int G, int R, int S, int MIN_BLOCKS, bool SHARED_GAMMA = false>
-__global__ void __launch_bounds__(G * R, MIN_BLOCKS)
-    layernorm_backward_staged_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                     const float* __restrict__ gamma, const float* __restrict__ mean,
-                                     const float* __restrict__ rstd, T* __restrict__ dx,
+__global__ void __launch_bounds__((G * R), MIN_BLOCKS)
+    layernorm_backward_staged_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                                      float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta,
                                      int64_t rows, int D) {
   constexpr int NV = EPT / VEC;

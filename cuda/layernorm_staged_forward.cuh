@@ -64,8 +64,7 @@ struct RowRing {
   // Every thread of the block: thread t == 0 of each group initialises its
   // barriers, the block syncs, then it issues the group's first rows
   // (first, first + stride, ...; only rows < rows).
-  __device__ __forceinline__ void start(int t, const T* x, int64_t first, int64_t stride, int64_t rows,
-                                        int D) const {
+  __device__ __forceinline__ void start(int t, const T* x, int64_t first, int64_t stride, int64_t rows, int D) const {
     if (t == 0)
       for (int s = 0; s < stages; ++s) stage_barrier_init(bars + s);
     __syncthreads();  // the barriers are initialised before anyone waits on them
@@ -87,11 +86,10 @@ constexpr int staged_min_blocks(int G, int R) { return G == 32 ? 4 : min_blocks_
 // SHARED_PARAMS (warp rows): gamma and beta read from the
 // block's ParamCopy of each.
 template <class T, int VEC, int EPT, int G, int R, bool SHARED_PARAMS = false>
-__global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
+__global__ void __launch_bounds__((G * R), staged_min_blocks(G, R))
     layernorm_forward_staged_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
-                                    const float* __restrict__ beta, T* __restrict__ y,
-                                    float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int D,
-                                    float eps, int stages) {
+                                    const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
+                                    float* __restrict__ rstd_out, int64_t rows, int D, float eps, int stages) {
   constexpr int NV = EPT / VEC;
   static_assert(VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad staged LayerNorm config");
   extern __shared__ __align__(128) unsigned char staged_rows[];  // R rings of `stages` rows

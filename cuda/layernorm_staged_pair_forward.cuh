@@ -43,7 +43,9 @@ struct StagedRow {
   const T* xs;
   int len, t;
   float shift;
-  __device__ __forceinline__ void get(int j, float (&out)[VEC]) const { staged_slot<T, VEC, G>(xs, len, j, t, shift, out); }
+  __device__ __forceinline__ void get(int j, float (&out)[VEC]) const {
+    staged_slot<T, VEC, G>(xs, len, j, t, shift, out);
+  }
 };
 
 // The staged kernel (same widths, launch bounds, rings) with two rows a
@@ -51,7 +53,7 @@ struct StagedRow {
 // waits for nothing and stores nothing, so every group of a block makes the
 // same trips, an odd share of rows included.
 template <class T, int VEC, int EPT, int G, int R>
-__global__ void __launch_bounds__(G * R, staged_min_blocks(G, R))
+__global__ void __launch_bounds__((G * R), staged_min_blocks(G, R))
     layernorm_forward_staged_pair_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                          const float* __restrict__ beta, T* __restrict__ y,
                                          float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows,

@@ -140,7 +140,7 @@ constexpr LnTable kProduction[kMemorySystems] = {
       {kInRegisters, kInRegisters, kStagedSharedParams, kInRegisters8ByteBf16,  // bf16
        kInRegisters8ByteBf16, kInRegisters8ByteBf16, kStaged8ByteBf16, kStaged8ByteBf16}}},
     // HBM3e (H200)
-    {// forward
+    {                                                                            // forward
      {{kStagedSharedParams, kStagedSharedParams, kStagedSharedParams, kOnePass,  // f32
        kOnePass, kOnePass, kOnePass, kOnePass},
       {kOnePassPackedBf16SharedParams, kOnePassPackedBf16SharedParams, kOnePassPackedBf16SharedParams,

@@ -96,8 +96,7 @@ __global__ void finish_step_scalars(const double* __restrict__ partials, int cou
 }
 
 __global__ void chunk_adamw(const TensorRef* __restrict__ tensors, const Chunk* __restrict__ chunks,
-                            const double* __restrict__ state, float beta1, float beta2, float eps,
-                            float weight_decay) {
+                            const double* __restrict__ state, float beta1, float beta2, float eps, float weight_decay) {
   if (state[kAdamWSkipped] != 0.0) return;
   const float lr = static_cast<float>(state[kAdamWLr]);
   const float scale = static_cast<float>(state[kAdamWClipScale]);
@@ -134,7 +133,8 @@ const Table& table_for(const std::vector<TensorRef>& refs) {
   static std::map<std::vector<uintptr_t>, Table> tables;
   std::vector<uintptr_t> key;
   for (const TensorRef& r : refs) {
-    for (const void* ptr : {(const void*)r.p, (const void*)r.g, (const void*)r.m, (const void*)r.v, (const void*)r.copy})
+    for (const void* ptr :
+         {(const void*)r.p, (const void*)r.g, (const void*)r.m, (const void*)r.v, (const void*)r.copy})
       key.push_back(reinterpret_cast<uintptr_t>(ptr));
     key.push_back(static_cast<uintptr_t>(r.n));
   }
@@ -160,9 +160,8 @@ void launch_sum_squares(const Table& t, double* out_state, const AdamWConfig* co
     HG_CUDA_CHECK_LAUNCH("chunk_sum_squares");
   }
   finish_step_scalars<<<1, kThreads, 0, stream()>>>(t.partials, t.chunk_count, out_state,
-                                                    config ? config->max_grad_norm : 0.0,
-                                                    config ? config->beta1 : 0.0, config ? config->beta2 : 0.0,
-                                                    config ? 1 : 0);
+                                                    config ? config->max_grad_norm : 0.0, config ? config->beta1 : 0.0,
+                                                    config ? config->beta2 : 0.0, config ? 1 : 0);
   HG_CUDA_CHECK_LAUNCH("finish_step_scalars");
 }
 

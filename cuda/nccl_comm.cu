@@ -20,7 +20,7 @@ namespace {
 struct State {
   ncclComm_t comm = nullptr;
   cudaStream_t comm_stream = nullptr;
-  cudaEvent_t fork = nullptr, done = nullptr;  // ordering only (no timing)
+  cudaEvent_t fork = nullptr, done = nullptr;               // ordering only (no timing)
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers;  // start/stop of each collective since take_timing()
   size_t used = 0;
   // Each join() since take_timing(): where the handgrad stream was, and the last collective before it.

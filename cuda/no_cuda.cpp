@@ -61,8 +61,7 @@ const char* device_name() { no_cuda("gpu::device_name"); }
 double dram_peak_gbps() { no_cuda("gpu::dram_peak_gbps"); }
 
 void sgd_step(float*, const float*, float*, int64_t, float, float, float) { no_cuda("gpu::sgd_step"); }
-void adamw_step(float*, const float*, float*, float*, int64_t, float, float, float, float, float, float,
-                float) {
+void adamw_step(float*, const float*, float*, float*, int64_t, float, float, float, float, float, float, float) {
   no_cuda("gpu::adamw_step");
 }
 double sum_of_squares(const float*, int64_t) { no_cuda("gpu::sum_of_squares"); }
@@ -119,4 +118,3 @@ void scatter_add_rows_cuda(const Tensor&, const std::vector<int32_t>&, Tensor&) 
 
 }  // namespace gpu
 }  // namespace hg
-

@@ -17,8 +17,8 @@ unsigned int grid_for(int64_t n) {
   return static_cast<unsigned int>(wanted < cap ? wanted : cap);
 }
 
-__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ v,
-                           int64_t n, float lr, float momentum, float weight_decay) {
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ v, int64_t n,
+                           float lr, float momentum, float weight_decay) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float step = g[i] + weight_decay * p[i];
     if (v != nullptr) {
@@ -30,9 +30,8 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
 }
 
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, float bias_correction1,
-                             float bias_correction2) {
+                             float* __restrict__ v, int64_t n, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, float bias_correction1, float bias_correction2) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gi = g[i];
     float pi = p[i];
@@ -59,8 +58,8 @@ void sgd_step(float* p, const float* g, float* v, int64_t n, float lr, float mom
   HG_CUDA_CHECK_LAUNCH("sgd_kernel");
 }
 
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                float eps, float weight_decay, float bias_correction1, float bias_correction2) {
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                float weight_decay, float bias_correction1, float bias_correction2) {
   if (n <= 0) return;
   adamw_kernel<<<grid_for(n), kThreads, 0, stream()>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay,
                                                        bias_correction1, bias_correction2);

@@ -12,16 +12,14 @@ namespace hg::gpu {
 
 // g' = g + weight_decay * p ; v = momentum * v + g' ; p -= lr * v.
 // v == nullptr means no momentum buffer: p -= lr * g'.
-void sgd_step(float* p, const float* g, float* v, int64_t n, float lr, float momentum,
-              float weight_decay);
+void sgd_step(float* p, const float* g, float* v, int64_t n, float lr, float momentum, float weight_decay);
 
 // Decoupled weight decay, then Adam with bias correction
 // (bias_correction{1,2} = 1 - beta{1,2}^t, computed by the caller):
 // p -= lr * wd * p ; m = b1 m + (1 - b1) g ; v = b2 v + (1 - b2) g^2 ;
 // p -= lr * (m / bc1) / (sqrt(v / bc2) + eps).
-void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-                float beta2, float eps, float weight_decay, float bias_correction1,
-                float bias_correction2);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                float weight_decay, float bias_correction1, float bias_correction2);
 
 // sum(x^2) accumulated in double, read back to the host (synchronises).
 // Deterministic: per-chunk partial sums, then one block adds them in a fixed

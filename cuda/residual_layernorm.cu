@@ -30,8 +30,8 @@ constexpr int64_t kBackwardBlocks = 256;
 // pass over centred values.
 template <class T>
 __global__ void residual_ln_forward(const T* x, const T* r, const float* __restrict__ gamma,
-                                    const float* __restrict__ beta, float eps, int64_t rows, int64_t D, T* h, T* __restrict__ y, float* __restrict__ mean_out,
-                                    float* __restrict__ rstd_out) {
+                                    const float* __restrict__ beta, float eps, int64_t rows, int64_t D, T* h,
+                                    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out) {
   __shared__ float scratch[kThreads / 32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * D;
@@ -189,8 +189,7 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta) {
-  residual_layernorm_backward_fused(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta,
-                                    ResidualLnKernel::ResidentRows);
+  residual_layernorm_backward_fused(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, ResidualLnKernel::ResidentRows);
 }
 
 }  // namespace hg::gpu

@@ -46,8 +46,8 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
 // and reads it as it stores dh elsewhere.
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
-bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h,
-                                          const Tensor& gamma, const Tensor& mean, const Tensor& rstd, Tensor& dh,
-                                          Tensor& dgamma, Tensor& dbeta);
+bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
+                                          const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
+                                          Tensor& dbeta);
 
 }  // namespace hg::gpu

@@ -116,7 +116,7 @@ void set_device(int ordinal) {
 // again at once. (Work on any other stream would break this argument.)
 namespace {
 
-constexpr size_t kSmallRound = 512;             // granularity below 1 MiB
+constexpr size_t kSmallRound = 512;  // granularity below 1 MiB
 constexpr size_t kLargeThreshold = size_t(1) << 20;
 constexpr size_t kLargeRound = size_t(2) << 20;  // 2 MiB chunks above
 
@@ -163,9 +163,9 @@ class CachingAllocator {
     if (err != cudaSuccess) {
       cudaGetLastError();
       std::ostringstream os;
-      os << "gpu::allocate: cudaMalloc of " << size << " bytes failed: " << cudaGetErrorName(err)
-         << ": " << cudaGetErrorString(err) << " (in use " << stats_.in_use << " bytes, reserved "
-         << stats_.reserved << " bytes)";
+      os << "gpu::allocate: cudaMalloc of " << size << " bytes failed: " << cudaGetErrorName(err) << ": "
+         << cudaGetErrorString(err) << " (in use " << stats_.in_use << " bytes, reserved " << stats_.reserved
+         << " bytes)";
       throw Error(os.str());
     }
     stats_.reserved += size;

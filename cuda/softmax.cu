@@ -19,19 +19,19 @@
 #include <type_traits>
 
 #include "core/error.hpp"
+#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_kernels.hpp"
 #include "cuda/vec.cuh"
-#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 
 namespace hg::gpu {
 namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kLaneTeamBlock = 128;   // threads per block in the lane-team layout
-constexpr int kMaxBlock = 1024;       // block-team and streaming layouts
+constexpr int kLaneTeamBlock = 128;  // threads per block in the lane-team layout
+constexpr int kMaxBlock = 1024;      // block-team and streaming layouts
 // Elements per thread in the block-team layout: the row lives in registers,
 // capped at 64 per thread by __launch_bounds__(1024). The scalar backward
 // (two arrays, per-element addresses) spills at 16, so it holds 8.
@@ -103,7 +103,7 @@ template <class T>
 struct ForwardArgs {
   const T* x;
   T* y;
-  const float* mask;  // null: no mask
+  const float* mask;                     // null: no mask
   int64_t rows, tk, tq, rows_per_batch;  // rows_per_batch = heads * tq
   int64_t mask_batch_stride, mask_query_stride;
   float scale;
@@ -140,8 +140,7 @@ __device__ __forceinline__ RowSpan row_span(const ForwardArgs<T>& a, int64_t row
 
 // z for the W keys starting at k0 (all < tk): scale * x + mask, -inf past `visible`.
 template <class T, int W>
-__device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int64_t k0, float scale,
-                                       float (&z)[W]) {
+__device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int64_t k0, float scale, float (&z)[W]) {
   load_vec<W, Load::ReadOnly>(x_row + k0, z);
   if (span.mask != nullptr) {
     float m[W];
@@ -477,17 +476,20 @@ struct ForwardLauncher {
   static constexpr int kLaneMaxKeys = kLaneMaxKeys_;
   ForwardArgs<T> args;
 
-  template <int TPR, int W, int N> void lanes() {
+  template <int TPR, int W, int N>
+  void lanes() {
     const int rows_per_block = kLaneTeamBlock / TPR;
     softmax_forward_lanes_kernel<T, TPR, W, N, kLean>
         <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
-  template <int W, int N> void block(unsigned threads) {
+  template <int W, int N>
+  void block(unsigned threads) {
     softmax_forward_block_kernel<T, W, N, kLean><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
   }
-  template <int W> void streaming() {
+  template <int W>
+  void streaming() {
     softmax_forward_streaming_kernel<T, W><<<grid_for(args.rows, 1), kMaxBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_streaming_kernel");
   }
@@ -498,17 +500,20 @@ struct BackwardLauncher {
   static constexpr int kLaneMaxKeys = 0;
   BackwardArgs<T> args;
 
-  template <int TPR, int W, int N> void lanes() {
+  template <int TPR, int W, int N>
+  void lanes() {
     const int rows_per_block = kLaneTeamBlock / TPR;
     softmax_backward_lanes_kernel<T, TPR, W, N>
         <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_backward_lanes_kernel");
   }
-  template <int W, int N> void block(unsigned threads) {
+  template <int W, int N>
+  void block(unsigned threads) {
     softmax_backward_block_kernel<T, W, N><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_backward_block_kernel");
   }
-  template <int W> void streaming() {
+  template <int W>
+  void streaming() {
     softmax_backward_streaming_kernel<T, W><<<grid_for(args.rows, 1), kMaxBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_backward_streaming_kernel");
   }
@@ -518,16 +523,24 @@ template <class T>
 void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   constexpr int V = VecWidth<T>::value;
   const float* mask = l.mask != nullptr ? l.mask->data<float>() : nullptr;
-  const ForwardArgs<T> args{
-      static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), mask, l.rows, l.tk, l.tq,
-      l.heads * l.tq, l.mask_batch_stride, l.mask_query_stride, static_cast<float>(l.scale), l.causal,
-      l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX};
+  const ForwardArgs<T> args{static_cast<const T*>(x.raw_data()),
+                            static_cast<T*>(y.raw_data()),
+                            mask,
+                            l.rows,
+                            l.tk,
+                            l.tq,
+                            l.heads * l.tq,
+                            l.mask_batch_stride,
+                            l.mask_query_stride,
+                            static_cast<float>(l.scale),
+                            l.causal,
+                            l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX};
   // 16-byte access needs every row start 16-byte aligned: Tk a multiple of
   // the vector width and aligned base pointers (a mask row is read V floats
   // at a time, so its strides must keep 16-byte alignment too).
-  const bool vector_ok = l.tk % V == 0 && aligned16(x.raw_data()) && aligned16(y.raw_data()) &&
-                         (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 &&
-                                              l.mask_query_stride % 4 == 0));
+  const bool vector_ok =
+      l.tk % V == 0 && aligned16(x.raw_data()) && aligned16(y.raw_data()) &&
+      (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 && l.mask_query_stride % 4 == 0));
   if (vector_ok) {
     constexpr SoftmaxForwardConfig C = kVectorForward[std::is_same_v<T, bf16>];
     ForwardLauncher<T, C.lean, C.lane_max_keys> launcher{args};
@@ -541,10 +554,9 @@ template <class T>
 void backward_typed(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx) {
   constexpr int V = VecWidth<T>::value;
   BackwardLauncher<T> launcher{BackwardArgs<T>{static_cast<const T*>(dy.raw_data()),
-                                               static_cast<const T*>(y.raw_data()),
-                                               static_cast<T*>(dx.raw_data()), rows, tk, scale}};
-  const bool vector_ok = tk % V == 0 && aligned16(dy.raw_data()) && aligned16(y.raw_data()) &&
-                         aligned16(dx.raw_data());
+                                               static_cast<const T*>(y.raw_data()), static_cast<T*>(dx.raw_data()),
+                                               rows, tk, scale}};
+  const bool vector_ok = tk % V == 0 && aligned16(dy.raw_data()) && aligned16(y.raw_data()) && aligned16(dx.raw_data());
   if (vector_ok) return dispatch<V, kBackwardBlockElems>(tk, launcher);
   dispatch<1, kBackwardScalarBlockElems>(tk, launcher);
 }
@@ -559,17 +571,17 @@ void check_storage(const char* op, const Tensor& t, const Tensor& like, int64_t 
 
 void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
   constexpr const char* op = "softmax_forward_fused";
-  HG_DCHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op,
-           "bad layout: rows ", layout.rows, " tk ", layout.tk, " tq ", layout.tq, " heads ", layout.heads);
+  HG_DCHECK(layout.rows >= 0 && layout.tk >= 1 && layout.tq >= 1 && layout.heads >= 1, op, "bad layout: rows ",
+            layout.rows, " tk ", layout.tk, " tq ", layout.tq, " heads ", layout.heads);
   HG_DCHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, op, "dtype ", dtype_name(x.dtype()),
-           " is not supported (F32 or BF16)");
+            " is not supported (F32 or BF16)");
   if (HG_DEBUG_CHECKS) {
     check_storage(op, x, x, layout.rows * layout.tk);
     check_storage(op, y, x, layout.rows * layout.tk);
   }
   if ((layout.mask != nullptr || layout.causal) && layout.rows > 0)
     HG_DCHECK(layout.rows % (layout.heads * layout.tq) == 0, op, "rows ", layout.rows,
-             " is not a multiple of heads * tq = ", layout.heads * layout.tq);
+              " is not a multiple of heads * tq = ", layout.heads * layout.tq);
   if (HG_DEBUG_CHECKS && layout.mask != nullptr) {
     layout.mask->check_device(Device::CUDA, op);
     layout.mask->check_dtype(DType::F32, op);
@@ -579,8 +591,7 @@ void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y
   forward_typed<bf16>(x, layout, y);
 }
 
-void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale,
-                            Tensor& dx) {
+void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx) {
   constexpr const char* op = "softmax_backward_fused";
   HG_DCHECK(rows >= 0 && tk >= 1, op, "bad layout: rows ", rows, " tk ", tk);
   HG_DCHECK(y.dtype() == DType::F32 || y.dtype() == DType::BF16, op, "dtype ", dtype_name(y.dtype()),

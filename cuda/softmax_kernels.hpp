@@ -14,7 +14,6 @@ namespace hg::gpu {
 void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y);
 
 // dx = scale * y * (dy - sum(dy * y)) per row; dy, y, dx all F32 or all BF16.
-void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale,
-                            Tensor& dx);
+void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx);
 
 }  // namespace hg::gpu

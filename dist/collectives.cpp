@@ -14,9 +14,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 void scale_in_place(Tensor& x, double s) {
   if (s == 1.0) return;
@@ -78,8 +76,8 @@ void Collectives::all_reduce_sum(Tensor& x, double premul, const Tensor& wire) {
   const size_t n = static_cast<size_t>(x.numel());
   if (device_ == Device::CUDA) {
     if (!gpu::nccl::initialized()) scale_locally(x, x, premul, wire);
-    else if (bf16) gpu::nccl::all_reduce_sum_bf16(x.data<float>(), &wire.data<bf16_t>()->bits, n,
-                                                  static_cast<float>(premul));
+    else if (bf16)
+      gpu::nccl::all_reduce_sum_bf16(x.data<float>(), &wire.data<bf16_t>()->bits, n, static_cast<float>(premul));
     else gpu::nccl::all_reduce_sum(x.data<float>(), n, static_cast<float>(premul));
     return;
   }
@@ -113,10 +111,12 @@ void Collectives::reduce_scatter_sum(Tensor& in, Tensor& out, double premul, con
   bf16_t* w_out = bf16 ? wire_out.data<bf16_t>() : nullptr;
   if (device_ == Device::CUDA) {
     if (!gpu::nccl::initialized()) scale_locally(in, out, premul, wire_out);  // one process: out = premul * in
-    else if (bf16) gpu::nccl::reduce_scatter_sum_bf16(in.data<float>(), &w_in->bits, &w_out->bits, out.data<float>(),
-                                                      static_cast<size_t>(n), static_cast<float>(premul));
-    else gpu::nccl::reduce_scatter_sum(in.data<float>(), out.data<float>(), static_cast<size_t>(n),
-                                       static_cast<float>(premul));
+    else if (bf16)
+      gpu::nccl::reduce_scatter_sum_bf16(in.data<float>(), &w_in->bits, &w_out->bits, out.data<float>(),
+                                         static_cast<size_t>(n), static_cast<float>(premul));
+    else
+      gpu::nccl::reduce_scatter_sum(in.data<float>(), out.data<float>(), static_cast<size_t>(n),
+                                    static_cast<float>(premul));
     return;
   }
   const auto t0 = Clock::now();

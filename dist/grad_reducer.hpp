@@ -33,8 +33,8 @@ inline constexpr DType kDefaultGradDType = DType::F32;
 
 struct ReducerOptions {
   size_t bucket_bytes = size_t(25) << 20;  // a bucket closes once it holds this many bytes of gradients
-  bool sharded = false;                   // ZeRO-1 layout and reduce-scatter
-  DType grad_dtype = kDefaultGradDType;   // F32 or BF16: the dtype of the reduction
+  bool sharded = false;                    // ZeRO-1 layout and reduce-scatter
+  DType grad_dtype = kDefaultGradDType;    // F32 or BF16: the dtype of the reduction
 };
 
 class GradReducer {

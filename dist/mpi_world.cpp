@@ -176,9 +176,9 @@ void start_all_gather(float* buffer, size_t count) {
   if (!g_mpi) return;
   const char* what = "MPI_Iallgather";
   MPI_Request r;
-  check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, as_count(count, what), MPI_FLOAT, MPI_COMM_WORLD,
-                       &r),
-        what);
+  check(
+      MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, as_count(count, what), MPI_FLOAT, MPI_COMM_WORLD, &r),
+      what);
   g_pending.push_back(r);
 }
 
@@ -198,8 +198,7 @@ void start_reduce_scatter_sum(const bf16_t* in, bf16_t* out, size_t out_count) {
   }
   const char* what = "MPI_Ireduce_scatter_block (bf16)";
   MPI_Request r;
-  check(MPI_Ireduce_scatter_block(in, out, as_count(out_count, what), MPI_UINT16_T, bf16_sum_op(), MPI_COMM_WORLD,
-                                  &r),
+  check(MPI_Ireduce_scatter_block(in, out, as_count(out_count, what), MPI_UINT16_T, bf16_sum_op(), MPI_COMM_WORLD, &r),
         what);
   g_pending.push_back(r);
 }

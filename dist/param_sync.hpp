@@ -9,7 +9,8 @@
 
 namespace hg::dist {
 
-uint64_t hash_parameters(const std::vector<Parameter*>& params);  // FNV-1a of each value's bytes, chained (synchronises)
+uint64_t hash_parameters(
+    const std::vector<Parameter*>& params);  // FNV-1a of each value's bytes, chained (synchronises)
 // Throws hg::Error "... parameters differ across ranks after step S: rank 0 hash ..., rank 1 hash ..."
 // (every rank throws: each sees every hash). Returns the common hash.
 uint64_t check_parameters_in_sync(const std::vector<Parameter*>& params, long long step);

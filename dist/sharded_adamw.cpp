@@ -24,8 +24,7 @@ ShardedAdamW::ShardedAdamW(GradReducer& reducer, Collectives& comm, std::vector<
     held += b.params.size();
   }
   for (size_t i = 0; i < model_params.size(); ++i) index_[model_params[i]] = i;
-  HG_CHECK(held == model_params.size(), op, "the reducer holds ", held, " parameters, the model ",
-           model_params.size());
+  HG_CHECK(held == model_params.size(), op, "the reducer holds ", held, " parameters, the model ", model_params.size());
   AdamWOptions inner = options;
   inner.max_grad_norm = 0;  // clipped here, by the global norm
   for (Parameter& p : parts_) inners_.push_back(std::make_unique<AdamW>(std::vector<Parameter*>{&p}, inner));
@@ -108,8 +107,8 @@ void ShardedAdamW::load_state(const std::string& path) {
         const std::string name = moment + std::to_string(index_.at(b.params[j]));
         const auto it = entries.find(name);
         HG_CHECK(it != entries.end(), kOp, path, ": state tensor '", name, "' missing from the file");
-        HG_CHECK(it->second.shape() == b.params[j]->value.shape() && it->second.dtype() == DType::F32, kOp, path,
-                 ": '", name, "' is ", dtype_name(it->second.dtype()), " of shape ", it->second.shape(),
+        HG_CHECK(it->second.shape() == b.params[j]->value.shape() && it->second.dtype() == DType::F32, kOp, path, ": '",
+                 name, "' is ", dtype_name(it->second.dtype()), " of shape ", it->second.shape(),
                  " in the file but f32 of shape ", b.params[j]->value.shape(), " here");
         const float* src = it->second.data<float>();
         std::copy(src, src + it->second.numel(), full.begin() + b.offsets[j]);

@@ -45,7 +45,7 @@ class ShardedAdamW : public Optimizer {
   Collectives& comm_;
   AdamWOptions options_;
   std::vector<Parameter> parts_;  // value: this rank's part of a value bucket; grad: the bucket's shard_grads
-  std::vector<std::unique_ptr<AdamW>> inners_;  // one per bucket, over parts_[k]: state "m.0", "v.0"
+  std::vector<std::unique_ptr<AdamW>> inners_;          // one per bucket, over parts_[k]: state "m.0", "v.0"
   std::unordered_map<const Parameter*, size_t> index_;  // model parameter -> its index in model_params
   double last_norm_ = 0;
   bool last_skipped_ = false;

@@ -1,7 +1,7 @@
 #include "dist/watchdog.hpp"
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>

@@ -22,8 +22,8 @@
 #include "core/npy.hpp"
 #include "core/tensor.hpp"
 #include "examples/common/cli.hpp"
-#include "ops/layernorm.hpp"
 #include "ops/attention.hpp"
+#include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
 
 using namespace hg;
@@ -147,7 +147,8 @@ void add_softmax_command(CLI::App& app, Command& command) {
   sub->add_option("--mask", args->mask, "additive mask (B, 1, 1, Tk) or (B, 1, Tq, Tk); <= -1e9 masks a key")
       ->check(CLI::ExistingFile);
   sub->add_flag("--causal", args->causal, "query q sees keys k <= q + (Tk - Tq)");
-  sub->add_option("--scale", args->scale, "multiplies x before the mask (default 1)")->check(cli::real_range(-1e30, 1e30));
+  sub->add_option("--scale", args->scale, "multiplies x before the mask (default 1)")
+      ->check(cli::real_range(-1e30, 1e30));
   sub->add_option("--dy", args->dy, "upstream gradient, shaped like x")->required()->check(CLI::ExistingFile);
   sub->add_option("--out", args->out, "output directory (created if missing)")->required();
   sub->add_option("--device", args->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));

@@ -40,7 +40,9 @@ int main(int argc, char** argv) {
                "layernorm_gradcheck"};
   app.add_option("--B", B, "batch size")->check(CLI::Range(int64_t{1}, kMaxElements))->capture_default_str();
   app.add_option("--T", T, "sequence length")->check(CLI::Range(int64_t{1}, kMaxElements))->capture_default_str();
-  app.add_option("--D", D, "normalised (last) dimension")->check(CLI::Range(int64_t{1}, kMaxElements))->capture_default_str();
+  app.add_option("--D", D, "normalised (last) dimension")
+      ->check(CLI::Range(int64_t{1}, kMaxElements))
+      ->capture_default_str();
   app.add_option("--seed", seed, "random seed for x, gamma, beta and w")->capture_default_str();
   // Above ~1 (the inputs' variance) eps dominates it: the gradients shrink
   // as 1/sqrt(eps) and finite differences no longer resolve them (1e8 fails).

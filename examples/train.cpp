@@ -11,13 +11,13 @@
 // Exit codes: 0 done, 1 runtime error, 2 usage error, 130/143 stopped by
 // SIGINT/SIGTERM after finishing the step and saving (examples/common/cli.hpp).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -29,14 +29,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/cpu_gemm.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/logging.hpp"
 #include "core/math_mode.hpp"
 #include "core/optim.hpp"
-#include "core/precision.hpp"
-#include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
+#include "core/precision.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor.hpp"
 #include "cuda/nccl_comm.hpp"
@@ -49,9 +49,9 @@
 #include "examples/common/plot.hpp"
 #include "examples/common/progress.hpp"
 #include "examples/common/step_log.hpp"
-#include "examples/translation_task.hpp"
 #include "examples/translation/translate_run.hpp"
 #include "examples/translation/translation_checkpoint.hpp"
+#include "examples/translation_task.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
 #include "models/training_memory.hpp"
@@ -188,15 +188,13 @@ std::vector<double> eval_logits(DecoderLM& model, const std::vector<double>& inp
   return logits.to_vector();
 }
 
-int32_t argmax_row(const double* row, int64_t v) {
-  return static_cast<int32_t>(std::max_element(row, row + v) - row);
-}
+int32_t argmax_row(const double* row, int64_t v) { return static_cast<int32_t>(std::max_element(row, row + v) - row); }
 
 // ---- translation metrics -----------------------------------------------------------
 struct TranslationScore {
-  double loss = 0, token_acc = 0;       // teacher forced, on held-out target positions
+  double loss = 0, token_acc = 0;                // teacher forced, on held-out target positions
   double greedy_token_acc = 0, exact_match = 0;  // free-running greedy decoding
-  std::vector<std::string> shown;       // a few decoded examples
+  std::vector<std::string> shown;                // a few decoded examples
 };
 
 double teacher_forced(DecoderLM& model, const TranslationTask& task, const std::vector<Example>& held_out, Device dev,
@@ -225,8 +223,8 @@ double teacher_forced(DecoderLM& model, const TranslationTask& task, const std::
 
 // Greedy decoding, batched over held-out sentences of equal length (equal
 // prompt length, so the batch moves in lockstep with no padding).
-TranslationScore evaluate_translation(DecoderLM& model, const TranslationTask& task, const std::vector<Example>& held_out,
-                                      Device dev) {
+TranslationScore evaluate_translation(DecoderLM& model, const TranslationTask& task,
+                                      const std::vector<Example>& held_out, Device dev) {
   TranslationScore score;
   score.token_acc = teacher_forced(model, task, held_out, dev, &score.loss);
   std::map<size_t, std::vector<const Example*>> by_len;
@@ -281,7 +279,10 @@ std::string sample_text(DecoderLM& model, const std::string& prompt, int n, int6
     double u = g.uniform() * s;
     int pick = 255;
     for (int j = 0; j < 256; ++j) {
-      if ((u -= p[j]) < 0) { pick = j; break; }
+      if ((u -= p[j]) < 0) {
+        pick = j;
+        break;
+      }
     }
     tokens.push_back(pick);
     out.push_back(static_cast<char>(pick));
@@ -291,7 +292,8 @@ std::string sample_text(DecoderLM& model, const std::string& prompt, int n, int6
 
 std::string printable(const std::string& s) {
   std::string out;
-  for (unsigned char c : s) out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : std::string("?");
+  for (unsigned char c : s)
+    out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : std::string("?");
   return out;
 }
 
@@ -299,15 +301,17 @@ std::string printable(const std::string& s) {
 void add_flags(CLI::App& app, Options& o) {
   using cli::at_least;
   using cli::real_range;
-  auto* data = app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
-                   ->check(CLI::ExistingFile);
+  auto* data =
+      app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
+          ->check(CLI::ExistingFile);
   app.add_option("--task", o.task, "synthetic (built-in) or translate (parallel text from --pairs)")
       ->check(CLI::IsMember({"synthetic", "translate"}))
       ->excludes(data)
       ->capture_default_str();
   app.add_option("--pairs", o.tr.pairs, "translate: source<TAB>target lines (train, and valid/test unless given)")
       ->check(CLI::ExistingFile);
-  app.add_option("--valid", o.tr.valid, "translate: validation pairs (default: cut from --pairs)")->check(CLI::ExistingFile);
+  app.add_option("--valid", o.tr.valid, "translate: validation pairs (default: cut from --pairs)")
+      ->check(CLI::ExistingFile);
   app.add_option("--test", o.tr.test, "translate: test pairs (default: cut from --pairs)")->check(CLI::ExistingFile);
   app.add_option("--valid-pairs", o.tr.valid_pairs, "translate: pairs cut from --pairs for validation (at most 10%)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
@@ -321,8 +325,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--tokenizer", o.tr.tokenizer_type, "translate: SentencePiece model type")
       ->check(CLI::IsMember({"bpe", "unigram"}))
       ->capture_default_str();
-  app.add_option("--beam", o.tr.beam, "translate: beam width for BLEU (1: greedy)")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--bleu-sentences", o.tr.bleu_sentences, "translate: valid pairs translated at each evaluation (0: all)")
+  app.add_option("--beam", o.tr.beam, "translate: beam width for BLEU (1: greedy)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--bleu-sentences", o.tr.bleu_sentences,
+                 "translate: valid pairs translated at each evaluation (0: all)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
   auto* fused = app.add_flag("--fused", "fused kernels (default)");
@@ -338,23 +345,33 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}))
       ->capture_default_str();
-  app.add_option("--d-model", o.d_model, "model width")->check(CLI::Range(int64_t{1}, int64_t{65536}))->capture_default_str();
+  app.add_option("--d-model", o.d_model, "model width")
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}))
+      ->capture_default_str();
   app.add_option("--heads", o.heads, "attention heads (must divide --d-model)")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}))
       ->capture_default_str();
-  app.add_option("--layers", o.layers, "transformer layers")->check(CLI::Range(int64_t{1}, int64_t{1024}))->capture_default_str();
+  app.add_option("--layers", o.layers, "transformer layers")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->capture_default_str();
   app.add_option("--seq-len", o.seq_len, "sequence length (--data mode; the task sets its own)")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20))
       ->capture_default_str();
-  app.add_option("--batch", o.batch, "sequences per step")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences per step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--lr", o.lr, "peak AdamW learning rate")->check(real_range(1e-12, 10))->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->check(real_range(0, 10))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
+      ->check(real_range(0, 10))
+      ->capture_default_str();
   app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(real_range(0, 1e6))->capture_default_str();
   app.add_option("--steps", o.steps, "total training steps")->check(at_least(1))->capture_default_str();
   app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(at_least(0))->capture_default_str();
   app.add_option("--dropout", o.dropout, "dropout probability")->check(real_range(0, 0.99))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(at_least(0))->capture_default_str();
-  app.add_option("--words", o.words, "task: vocabulary size of each language")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--words", o.words, "task: vocabulary size of each language")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--min-len", o.min_len, "task: shortest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--max-len", o.max_len, "task: longest sentence")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--held-out", o.held_out, "task: held-out sentences for the metrics")
@@ -373,13 +390,14 @@ void add_flags(CLI::App& app, Options& o) {
   auto* checkpoint = app.add_option(
       "--checkpoint", o.checkpoint,
       "save the model here (and the optimizer state to PATH.optim) at each evaluation, at the end and when stopped");
-  auto* resume =
-      app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")->needs(checkpoint);
+  auto* resume = app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")
+                     ->needs(checkpoint);
   app.add_flag("--extend-schedule", o.extend_schedule,
                "with --resume and a --steps other than the checkpoint's run: decay the learning rate from where it is "
                "to 10% of --lr at the new --steps (without it such a change is refused)")
       ->needs(resume);
-  app.add_option("--log-csv", o.log_csv, "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
+  app.add_option("--log-csv", o.log_csv,
+                 "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
       ->capture_default_str();
   app.add_option("--plot", o.plot, "loss curve, .png or .svg, of the whole run ('' for none)")->capture_default_str();
   cli::add_data_parallel_flags(app, o.dp);
@@ -409,7 +427,8 @@ void validate(Options& o) {
     usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
   if (o.task == "translate") {
     if (!translation::SubwordTokenizer::available())
-      usage_error("--task", o.task, ": this train was built without SentencePiece (apt-get install "
+      usage_error("--task", o.task,
+                  ": this train was built without SentencePiece (apt-get install "
                   "libsentencepiece-dev, then reconfigure)");
     if (o.tr.pairs.empty()) usage_error("--task", o.task, ": needs --pairs FILE.tsv (source<TAB>target lines)");
   } else if (!o.tr.pairs.empty() || !o.tr.valid.empty() || !o.tr.test.empty()) {
@@ -418,9 +437,9 @@ void validate(Options& o) {
     if (o.max_len < o.min_len) usage_error("--max-len", o.max_len, ": must be >= --min-len ", o.min_len);
     const int64_t distinct = distinct_sentences(o);
     if (o.held_out >= distinct)
-      usage_error("--held-out", o.held_out, ": must be < ", distinct, ", the number of distinct sentences with --words ",
-                  o.words, ", --min-len ", o.min_len, " and --max-len ", o.max_len,
-                  " (held-out sentences never appear in training)");
+      usage_error("--held-out", o.held_out, ": must be < ", distinct,
+                  ", the number of distinct sentences with --words ", o.words, ", --min-len ", o.min_len,
+                  " and --max-len ", o.max_len, " (held-out sentences never appear in training)");
   }
   if (!o.plot.empty() && !cli::plots_available()) {
     spdlog::warn("--plot {} skipped: {}", o.plot, cli::plots_unavailable_reason());
@@ -497,14 +516,20 @@ struct Data {
 };
 
 std::unique_ptr<Data> build_data(Options& o) {
-  auto d = std::unique_ptr<Data>(new Data{!o.data.empty(), TranslationTask(o.words, o.min_len, o.max_len), {}, {}, {},
-                                          Generator(static_cast<uint64_t>(o.seed) * 1000003 + 17), o.batch, 0});
+  auto d = std::unique_ptr<Data>(new Data{!o.data.empty(),
+                                          TranslationTask(o.words, o.min_len, o.max_len),
+                                          {},
+                                          {},
+                                          {},
+                                          Generator(static_cast<uint64_t>(o.seed) * 1000003 + 17),
+                                          o.batch,
+                                          0});
   if (d->lm) {
     d->text = TextData::load(o.data, o.seq_len);
   } else if (o.task == "translate") {
     // A resumed run keeps the vocabulary it was trained with (CHECKPOINT.vocab).
-    d->parallel = translation::build_parallel_task(o.tr, o.seq_len, static_cast<uint64_t>(o.seed),
-                                                   o.resume ? o.checkpoint : "");
+    d->parallel =
+        translation::build_parallel_task(o.tr, o.seq_len, static_cast<uint64_t>(o.seed), o.resume ? o.checkpoint : "");
   } else {
     Generator held_gen(99);  // the held-out set does not depend on --seed
     d->held_out = d->task.make_held_out(o.held_out, held_gen);
@@ -546,9 +571,9 @@ void check_memory_fits(const Options& o, const DecoderLMConfig& cfg, Device dev)
   const double room = static_cast<double>(available) - m.weight_bytes;
   const int64_t fits = room > 0 ? static_cast<int64_t>(room / m.per_sequence_bytes) : 0;
   const std::string flag = fits > 0 ? "--batch" : "--d-model";
-  usage_error(flag, fits > 0 ? o.batch : o.d_model, ": a training step needs about ", cli::format_bytes(m.total_bytes()), " (",
-              m.parameters, " parameters with gradients and AdamW state ", cli::format_bytes(m.weight_bytes),
-              ", activations and logits of ", o.batch, " x ", o.seq_len, " tokens ",
+  usage_error(flag, fits > 0 ? o.batch : o.d_model, ": a training step needs about ",
+              cli::format_bytes(m.total_bytes()), " (", m.parameters, " parameters with gradients and AdamW state ",
+              cli::format_bytes(m.weight_bytes), ", activations and logits of ", o.batch, " x ", o.seq_len, " tokens ",
               cli::format_bytes(m.activation_bytes()), ") but the host has ", cli::format_bytes(double(available)),
               " available (MemAvailable); ",
               fits > 0 ? "--batch " + std::to_string(fits) + " or less would fit"
@@ -571,8 +596,7 @@ int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data&
     if (opt.steps() == model_step) {
       dist::barrier("barrier before completing the interrupted save");  // every rank has read it
       if (dist::world().rank == 0)
-        HG_CHECK(std::rename((optim + ".next").c_str(), optim.c_str()) == 0, "train", "cannot rename ", optim,
-                 ".next");
+        HG_CHECK(std::rename((optim + ".next").c_str(), optim.c_str()) == 0, "train", "cannot rename ", optim, ".next");
       spdlog::warn("{}: completed a checkpoint save that was interrupted (step {})", o.checkpoint, model_step);
     } else {
       opt.load_state(optim);
@@ -612,7 +636,8 @@ cli::LrSchedule resolve_schedule(const Options& o, int64_t start) {
     return asked;
   }
   const auto jump = [&](const cli::LrSchedule& other) {
-    if (other.at(start) == saved->at(start)) return std::string("(the schedule after step ") + std::to_string(start) + " would change)";
+    if (other.at(start) == saved->at(start))
+      return std::string("(the schedule after step ") + std::to_string(start) + " would change)";
     return fmt::format("(the learning rate of step {} would jump from {:.3g} to {:.3g})", start + 1, saved->at(start),
                        other.at(start));
   };
@@ -623,14 +648,15 @@ cli::LrSchedule resolve_schedule(const Options& o, int64_t start) {
     usage_error("--warmup", o.warmup, ": the checkpoint's run used --warmup ", saved->warmup, " (", path,
                 "); resume with it ", jump(asked));
   if (o.steps == saved->steps) {
-    if (o.extend_schedule) spdlog::info("--extend-schedule: --steps {} is the checkpoint's own; nothing to extend", o.steps);
+    if (o.extend_schedule)
+      spdlog::info("--extend-schedule: --steps {} is the checkpoint's own; nothing to extend", o.steps);
     return *saved;
   }
   const cli::LrSchedule longer = saved->extended(start, o.steps);
   if (!o.extend_schedule)
     usage_error("--steps", o.steps, ": the checkpoint's schedule ends at step ", saved->steps, " (", path, ") ",
-                jump(asked), "; add --extend-schedule to go on from ", fmt::format("{:.3g}", saved->at(start)),
-                " to ", fmt::format("{:.3g}", longer.at(o.steps - 1)), " at step ", o.steps, ", or resume with --steps ",
+                jump(asked), "; add --extend-schedule to go on from ", fmt::format("{:.3g}", saved->at(start)), " to ",
+                fmt::format("{:.3g}", longer.at(o.steps - 1)), " at step ", o.steps, ", or resume with --steps ",
                 saved->steps);
   spdlog::info("--extend-schedule: learning rate {:.3g} at step {}, decaying to {:.3g} at step {}", longer.at(start),
                start + 1, longer.at(o.steps - 1), o.steps);
@@ -641,7 +667,7 @@ cli::LrSchedule resolve_schedule(const Options& o, int64_t start) {
 struct History {
   std::vector<double> steps, losses, eval_steps, eval_losses, eval_bleu;
   double tokens = 0, seconds = 0;  // this run's steps after its first
-  std::vector<double> step_ms;  // this run's steps after its first (which pays one-time costs)
+  std::vector<double> step_ms;     // this run's steps after its first (which pays one-time costs)
   double last_loss = NAN;
   int64_t start_step = 0, end_step = 0;
   int stop_signal = 0;
@@ -727,7 +753,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, TrainStep
   History h;
   h.start_step = h.end_step = start_step;
   const bool rank0 = dist::world().rank == 0;  // the one rank that logs, evaluates and writes files
-  std::optional<cli::StepLog> log;  // none for --log-csv '' (and on ranks other than 0)
+  std::optional<cli::StepLog> log;             // none for --log-csv '' (and on ranks other than 0)
   if (!o.log_csv.empty() && rank0) {
     log.emplace(o.log_csv, data.parallel ? std::string(kLogHeader) + ",valid_bleu" : kLogHeader,
                 o.resume ? start_step : -1);
@@ -846,8 +872,8 @@ void write_loss_plot(const Options& o, const History& h) {
     bleu.title = spec.title;
     bleu.x_label = "step";
     bleu.y_label = "valid BLEU";
-    bleu.series.push_back({"valid BLEU (" + std::string(o.tr.beam <= 1 ? "greedy" : "beam") + ")", h.eval_steps,
-                           h.eval_bleu, true});
+    bleu.series.push_back(
+        {"valid BLEU (" + std::string(o.tr.beam <= 1 ? "greedy" : "beam") + ")", h.eval_steps, h.eval_bleu, true});
     cli::write_plot(bleu_plot_path(o.plot), bleu);
   }
 }
@@ -879,8 +905,8 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
                 static_cast<long long>(o.steps));
   // Translation batches are padded to their longest line: tokens/s counts
   // the padded positions processed, over the timed steps.
-  const double tokens_per_s = data.parallel ? h.tokens / h.seconds
-                                            : static_cast<double>(o.batch * o.seq_len * data.world) / (median_ms * 1e-3);
+  const double tokens_per_s =
+      data.parallel ? h.tokens / h.seconds : static_cast<double>(o.batch * o.seq_len * data.world) / (median_ms * 1e-3);
   std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
               static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms, tokens_per_s);
   if (dev == Device::CUDA) std::printf("CUDA graph %s\n", h.graph_note.c_str());
@@ -905,8 +931,9 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
       for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
     }
   }
-  std::printf("log: %s%s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(), o.plot.empty() ? "" : ", plot: ",
-              o.plot.c_str(), o.plot.empty() || !data.parallel ? "" : (" + " + bleu_plot_path(o.plot)).c_str());
+  std::printf("log: %s%s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(),
+              o.plot.empty() ? "" : ", plot: ", o.plot.c_str(),
+              o.plot.empty() || !data.parallel ? "" : (" + " + bleu_plot_path(o.plot)).c_str());
   if (!o.checkpoint.empty()) std::printf("checkpoint: %s\n", o.checkpoint.c_str());
   std::fflush(stdout);
 }
@@ -961,7 +988,8 @@ int run(Options& o) {
   adam.max_grad_norm = o.clip;  // clipped inside the optimizer's step (ZeRO-1: by the global norm)
   std::unique_ptr<cli::DataParallel> dp;
   if (use_dp) dp = std::make_unique<cli::DataParallel>(*model, dev, o.dp);
-  const std::unique_ptr<Optimizer> opt = dp ? dp->make_optimizer(adam) : std::make_unique<AdamW>(model->parameters(), adam);
+  const std::unique_ptr<Optimizer> opt =
+      dp ? dp->make_optimizer(adam) : std::make_unique<AdamW>(model->parameters(), adam);
   TrainStepOptions step_options;
   step_options.ignore_index = kIgnore;
   step_options.data_parallel = dp.get();

@@ -56,8 +56,8 @@ int run(const Options& o) {
   const auto out = translation::translate_sentences(translation::model_scorer(model, dev), tokenizer, lines, o.beam,
                                                     info.config.max_seq_len, &truncated);
   for (size_t i : truncated)
-    spdlog::warn("line {}: longer than the model's context of {} pieces; only its first {} pieces were translated", i + 1,
-                 info.config.max_seq_len, info.config.max_seq_len / 2);
+    spdlog::warn("line {}: longer than the model's context of {} pieces; only its first {} pieces were translated",
+                 i + 1, info.config.max_seq_len, info.config.max_seq_len / 2);
   for (const std::string& t : out) std::printf("%s\n", t.c_str());
   std::fflush(stdout);
   return cli::kExitOk;
@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
       ->required()
       ->check(CLI::ExistingFile);
   app.add_option("--beam", o.beam, "beam width (1: greedy)")->check(CLI::Range(1, 64))->capture_default_str();
-  app.add_option("--device", o.device, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
+  app.add_option("--device", o.device, "cpu, cuda or auto")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
   auto* fused = app.add_flag("--fused", "fused kernels (default)");
   app.add_flag("--unfused", o.unfused, "kernels composed from primitive passes")->excludes(fused);
   cli::add_common_flags(app, o.common);

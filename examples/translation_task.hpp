@@ -52,7 +52,8 @@ class TranslationTask {
   Example sample(Generator& g) const {
     Example e;
     const int32_t n = min_len_ + static_cast<int32_t>(g.next_u64() % static_cast<uint64_t>(max_len_ - min_len_ + 1));
-    for (int32_t i = 0; i < n; ++i) e.source.push_back(static_cast<int32_t>(g.next_u64() % static_cast<uint64_t>(words_)));
+    for (int32_t i = 0; i < n; ++i)
+      e.source.push_back(static_cast<int32_t>(g.next_u64() % static_cast<uint64_t>(words_)));
     for (int32_t i = n - 1; i >= 0; --i) e.target.push_back(dictionary_[static_cast<size_t>(e.source[i])]);
     return e;
   }

@@ -51,8 +51,9 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
   HG_CHECK(x.ndim() == 3 && x.size(2) == d_model_, op, "x must be (B, T, ", d_model_, "), got ", x.shape());
   const int64_t b = x.size(0), t = x.size(1), h = n_heads_;
   if (key_padding_mask.defined())
-    HG_CHECK(key_padding_mask.shape() == Shape({b, 1, 1, t}), op, "key_padding_mask must be (B, 1, 1, T) = ",
-             Shape({b, 1, 1, t}), ", got ", key_padding_mask.shape(), " for x ", x.shape());
+    HG_CHECK(key_padding_mask.shape() == Shape({b, 1, 1, t}), op,
+             "key_padding_mask must be (B, 1, 1, T) = ", Shape({b, 1, 1, t}), ", got ", key_padding_mask.shape(),
+             " for x ", x.shape());
   batch_ = b;
   seq_ = t;
 
@@ -70,8 +71,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
     return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
   }
   heads_ = split_heads(packed.reshape({b, t, 3 * d_model_}), 3, h);  // (3, B, H, T, dh): q, k, v lead
-  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];  // views, (B, H, T, dh)
-  const Tensor scores = matmul(q, k, false, true);           // (B, H, T, T)
+  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];          // views, (B, H, T, dh)
+  const Tensor scores = matmul(q, k, false, true);                   // (B, H, T, T)
   SoftmaxOptions options;
   options.mask = key_padding_mask;
   options.causal = causal_;
@@ -102,7 +103,7 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
     const Tensor dctx = split_heads(dmerged.reshape({b, t, d_model_}), 1, h)[0];  // (B, H, T, dh)
     Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
     const Tensor dprobs = matmul(dctx, v, false, true);  // dP = dctx v^T
-    matmul_into(probs_, dctx, dv, true, false);           // dv = P^T dctx
+    matmul_into(probs_, dctx, dv, true, false);          // dv = P^T dctx
     const Tensor dscores = softmax_backward(dprobs, probs_, scale_);
     matmul_into(dscores, k, dq, false, false);  // dq = dS k
     matmul_into(dscores, q, dk, true, false);   // dk = dS^T q

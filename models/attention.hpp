@@ -1,9 +1,9 @@
 #pragma once
 #include <cstdint>
 
+#include <string>
 #include "core/module.hpp"
 #include "core/random.hpp"
-#include <string>
 
 #include "models/linear.hpp"
 #include "ops/attention.hpp"
@@ -27,8 +27,7 @@ const char* attention_impl_name(AttentionImpl impl);
 // Backward is written by hand through every step; docs/attention.md derives it.
 class MultiHeadAttention : public Module {
  public:
-  MultiHeadAttention(int64_t d_model, int64_t n_heads, Generator& gen, DType dtype = DType::F32,
-                     bool causal = true);
+  MultiHeadAttention(int64_t d_model, int64_t n_heads, Generator& gen, DType dtype = DType::F32, bool causal = true);
 
   // x (B, T, d). key_padding_mask: optional additive (B, 1, 1, T) (0 keeps a
   // key, a large negative or -inf drops it); undefined means no padding mask.

@@ -18,8 +18,8 @@ DecoderLM::DecoderLM(const DecoderLMConfig& c)
   register_module("embed_drop", embed_drop);
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const uint64_t drop_seed = c.seed * 7919 + 2 * static_cast<uint64_t>(i) + 2;
-    layers.push_back(std::make_unique<TransformerLayer>(c.d_model, c.n_heads, hidden, init_gen_, c.dropout,
-                                                        drop_seed, c.dtype, c.ln_eps));
+    layers.push_back(std::make_unique<TransformerLayer>(c.d_model, c.n_heads, hidden, init_gen_, c.dropout, drop_seed,
+                                                        c.dtype, c.ln_eps));
     layers.back()->attn.set_impl(c.attention);
     register_module("layers." + std::to_string(i), *layers.back());
   }
@@ -66,8 +66,7 @@ Tensor DecoderLM::backward(Tensor dlogits) {
   const char* op = "DecoderLM::backward";
   HG_CHECK(!h_shape_.empty(), op, "backward called before forward");
   const Shape logits_shape{h_shape_[0], h_shape_[1], config_.vocab_size};
-  HG_CHECK(dlogits.shape() == logits_shape, op, "dlogits ", dlogits.shape(), " must match the logits ",
-           logits_shape);
+  HG_CHECK(dlogits.shape() == logits_shape, op, "dlogits ", dlogits.shape(), " must match the logits ", logits_shape);
   const int64_t rows = h_shape_[0] * h_shape_[1];
   Tensor dx = head.backward(dlogits.reshape({rows, config_.vocab_size}));
   dlogits = Tensor();  // used up; a caller that moved it in frees (B, T, V) here, before the layers' backward
@@ -78,8 +77,7 @@ Tensor DecoderLM::backward(Tensor dlogits) {
 Tensor DecoderLM::backward_features(Tensor dfeatures) {
   const char* op = "DecoderLM::backward_features";
   HG_CHECK(!h_shape_.empty(), op, "backward called before forward");
-  HG_CHECK(dfeatures.shape() == h_shape_, op, "dfeatures ", dfeatures.shape(), " must match the features ",
-           h_shape_);
+  HG_CHECK(dfeatures.shape() == h_shape_, op, "dfeatures ", dfeatures.shape(), " must match the features ", h_shape_);
   grads_ready(head);
   Tensor dx = ln_f.backward(dfeatures);
   dfeatures = Tensor();  // used up: its memory can serve the layers' backward

@@ -23,7 +23,7 @@ struct DecoderLMConfig {
   int64_t ffn_hidden = 0;  // 0 means 4 * d_model
   double dropout = 0.0;
   double ln_eps = 1e-5;
-  uint64_t seed = 0;       // initialisation and dropout masks
+  uint64_t seed = 0;  // initialisation and dropout masks
   DType dtype = DType::F32;
   // BF16: f32 parameters, bf16 activations and GEMMs (CUDA, sm_80+ only);
   // docs/mixed_precision.md. default_precision(device) picks per device.
@@ -82,7 +82,7 @@ class DecoderLM : public Module {
 
  private:
   Tensor features_of_embedded(const Tensor& h, const Tensor& key_padding_mask);  // layers, then ln_f
-  Tensor head_logits(const Tensor& features);                                     // (B, T, d) -> (B, T, V)
+  Tensor head_logits(const Tensor& features);                                    // (B, T, d) -> (B, T, V)
   void grads_ready(Module& finished) {
     if (grads_ready_) grads_ready_(finished.parameters());
   }

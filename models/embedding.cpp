@@ -11,8 +11,7 @@ Embedding::Embedding(int64_t vocab_size, int64_t max_positions, int64_t dim, Gen
   HG_CHECK(vocab_size > 0 && max_positions > 0 && dim > 0, "Embedding", "sizes must be positive, got vocab ",
            vocab_size, " positions ", max_positions, " dim ", dim);
   register_parameter("token", token, Tensor::randn({vocab_size, dim}, gen, dtype, Device::CPU, 0.0, init_std));
-  register_parameter("position", position,
-                     Tensor::randn({max_positions, dim}, gen, dtype, Device::CPU, 0.0, init_std));
+  register_parameter("position", position, Tensor::randn({max_positions, dim}, gen, dtype, Device::CPU, 0.0, init_std));
 }
 
 Tensor Embedding::forward(const Tensor& ids) {
@@ -20,8 +19,8 @@ Tensor Embedding::forward(const Tensor& ids) {
   ids.check_defined(op);
   HG_CHECK(ids.ndim() == 2, op, "ids must be (B, T), got ", ids.shape());
   const int64_t t = ids.size(1);
-  HG_CHECK(t <= position.value.size(0), op, "sequence length ", t, " exceeds max_positions ",
-           position.value.size(0), " (ids ", ids.shape(), ")");
+  HG_CHECK(t <= position.value.size(0), op, "sequence length ", t, " exceeds max_positions ", position.value.size(0),
+           " (ids ", ids.shape(), ")");
   HG_PROFILE("embedding", ids.device());
   ids_ = ids;
   // (B, T, D) + (T, D) broadcasts the position rows over the batch.

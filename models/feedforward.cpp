@@ -6,7 +6,9 @@ namespace hg {
 
 FeedForward::FeedForward(int64_t d_model, int64_t hidden, Generator& gen, double dropout, uint64_t dropout_seed,
                          DType dtype)
-    : fc1(d_model, hidden, gen, true, dtype), fc2(hidden, d_model, gen, true, dtype), drop(dropout, dropout_seed),
+    : fc1(d_model, hidden, gen, true, dtype),
+      fc2(hidden, d_model, gen, true, dtype),
+      drop(dropout, dropout_seed),
       d_model_(d_model) {
   register_module("fc1", fc1);
   register_module("act", act);

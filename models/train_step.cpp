@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "core/indexing.hpp"
-#include "core/profiler.hpp"
 #include "core/kernel_mode.hpp"
+#include "core/profiler.hpp"
 #include "ops/classifier.hpp"
 #include "ops/cross_entropy.hpp"
 
@@ -43,10 +43,8 @@ Tensor TrainStep::on_device(const Tensor& t) const {
 void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight) {
   model_.zero_grad();
   if (options_.data_parallel) options_.data_parallel->begin_step(weight);
-  if (options_.chunked_classifier && kernel_mode() == KernelMode::Fused)
-    loss_and_backward_chunked(ids, targets);
-  else
-    loss_and_backward_composed(ids, targets);
+  if (options_.chunked_classifier && kernel_mode() == KernelMode::Fused) loss_and_backward_chunked(ids, targets);
+  else loss_and_backward_composed(ids, targets);
   if (options_.data_parallel) options_.data_parallel->end_backward();
 }
 
@@ -75,9 +73,9 @@ void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targe
     ClassifierOptions options;
     options.chunk_rows = options_.classifier_chunk_rows;
     options.targets_on_device = true;  // as above: check_batch has checked them, nothing is read back
-    ClassifierResult r = classifier_loss_and_grads(
-        h, head.weight_for(h), head.has_bias() ? head.bias_for(h) : no_bias, targets.reshape({rows}),
-        options_.ignore_index, head.weight.grad, head.bias.grad, options);
+    ClassifierResult r = classifier_loss_and_grads(h, head.weight_for(h), head.has_bias() ? head.bias_for(h) : no_bias,
+                                                   targets.reshape({rows}), options_.ignore_index, head.weight.grad,
+                                                   head.bias.grad, options);
     loss_ = r.loss;
     dfeatures = r.dh.reshape(features.shape());
   }  // the features are released here (ln_f's backward keeps its own input)
@@ -132,9 +130,8 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
       return plain_step(ids, targets, 1.0, r);
     }
     model_.embed.set_id_check(IdCheck::Host);  // plain use of the model (evaluation) checks on the host
-    graph_loss_ = loss_;  // every replay writes its loss here, whatever plain steps ran in between
-    graph_note_ =
-        "on: captured at step " + std::to_string(r.step) + " for batches of shape " + shape_str(ids.shape());
+    graph_loss_ = loss_;                       // every replay writes its loss here, whatever plain steps ran in between
+    graph_note_ = "on: captured at step " + std::to_string(r.step) + " for batches of shape " + shape_str(ids.shape());
   } else {
     {
       HG_PROFILE("upload", device_);
@@ -161,8 +158,8 @@ StepResult TrainStep::run(const Tensor& ids, const Tensor& targets, double weigh
   const char* op = "TrainStep::run";
   ids.check_defined(op);
   targets.check_defined(op);
-  HG_CHECK(ids.shape() == targets.shape() && ids.ndim() == 2, op, "ids ", ids.shape(), " and targets ",
-           targets.shape(), " must both be (B, T)");
+  HG_CHECK(ids.shape() == targets.shape() && ids.ndim() == 2, op, "ids ", ids.shape(), " and targets ", targets.shape(),
+           " must both be (B, T)");
   for (const Tensor* t : {&ids, &targets})
     HG_CHECK(t->dtype() == DType::F32 && (t->device() == Device::CPU || t->device() == device_), op,
              t == &ids ? "ids" : "targets", " are ", t->describe(), "; expected F32 on the host or on the model's ",

@@ -4,14 +4,14 @@ namespace hg {
 
 int64_t parameter_count(const DecoderLMConfig& c) {
   const int64_t d = c.d_model, v = c.vocab_size, hidden = c.ffn_hidden > 0 ? c.ffn_hidden : 4 * d;
-  const int64_t layer = 2 * (2 * d)                    // ln1, ln2: gamma and beta
-                        + (d * 3 * d + 3 * d)          // attention qkv
-                        + (d * d + d)                  // attention projection
-                        + (d * hidden + hidden)        // fc1
-                        + (hidden * d + d);            // fc2
-  return v * d + c.max_seq_len * d                     // token and position embeddings
-         + c.n_layers * layer + 2 * d                  // layers, ln_f
-         + (d * v + v);                                // head
+  const int64_t layer = 2 * (2 * d)              // ln1, ln2: gamma and beta
+                        + (d * 3 * d + 3 * d)    // attention qkv
+                        + (d * d + d)            // attention projection
+                        + (d * hidden + hidden)  // fc1
+                        + (hidden * d + d);      // fc2
+  return v * d + c.max_seq_len * d               // token and position embeddings
+         + c.n_layers * layer + 2 * d            // layers, ln_f
+         + (d * v + v);                          // head
 }
 
 TrainingMemory estimate_training_memory(const DecoderLMConfig& c, int64_t batch, int64_t seq_len) {

@@ -15,8 +15,8 @@ Tensor residual_add(const Tensor& x, const Tensor& branch) {
 
 }  // namespace
 
-TransformerLayer::TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn_hidden, Generator& gen,
-                                   double dropout, uint64_t dropout_seed, DType dtype, double ln_eps)
+TransformerLayer::TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn_hidden, Generator& gen, double dropout,
+                                   uint64_t dropout_seed, DType dtype, double ln_eps)
     : ln1(d_model, ln_eps, dtype),
       attn(d_model, n_heads, gen, dtype),
       attn_drop(dropout, dropout_seed),

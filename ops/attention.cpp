@@ -5,10 +5,10 @@
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
-#include "ops/dispatch_log.hpp"
 #include "cuda/attention_kernels.hpp"
 #include "ops/attention_unfused.hpp"
 #include "ops/cpu/attention_cpu.hpp"
+#include "ops/dispatch_log.hpp"
 
 // Validation and dispatch: CPU fused (Eigen, tiled), unfused (primitives, any
 // device), CUDA fused (cuda/attention.cu). Both the contiguous (B, H, T, dh)
@@ -50,10 +50,10 @@ void check_common(const char* op, const Tensor& x, const char* name, int64_t bat
   }
   const Tensor& m = options.mask;
   if (!m.defined()) return;
-  HG_CHECK(m.ndim() == 4 && (m.size(0) == batch || m.size(0) == 1) && m.size(1) == 1 && m.size(2) == 1 &&
-               m.size(3) == tk,
-           op, "mask shape ", m.shape(), " must be (B, 1, 1, Tk) = (", batch, ", 1, 1, ", tk, ") (B may be 1) for ",
-           name, " ", x.shape());
+  HG_CHECK(
+      m.ndim() == 4 && (m.size(0) == batch || m.size(0) == 1) && m.size(1) == 1 && m.size(2) == 1 && m.size(3) == tk,
+      op, "mask shape ", m.shape(), " must be (B, 1, 1, Tk) = (", batch, ", 1, 1, ", tk, ") (B may be 1) for ", name,
+      " ", x.shape());
   HG_CHECK(m.dtype() == math_dtype(t), op, "mask ", m.shape(), " has dtype ", dtype_name(m.dtype()), "; ", name, " ",
            x.shape(), " of dtype ", dtype_name(t), " needs a ", dtype_name(math_dtype(t)), " mask");
   HG_CHECK(m.device() == x.device(), op, "mask ", m.shape(), " is on ", device_name(m.device()), " but ", name, " ",
@@ -137,8 +137,8 @@ void fused_forward(AttentionSaved& s, const void* q, const void* k, const void* 
   }
 }
 
-void fused_backward(const Tensor& dout, const AttentionSaved& s, const void* q, const void* k, const void* v,
-                    void* dq, void* dk, void* dv) {
+void fused_backward(const Tensor& dout, const AttentionSaved& s, const void* q, const void* k, const void* v, void* dq,
+                    void* dk, void* dv) {
   const AttentionLayout l = layout_of(s);
   if (dout.is_cuda()) {
     gpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.o.raw_data(), s.softmax_stats, l, dq, dk, dv);
@@ -242,8 +242,8 @@ Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved
     HG_CHECK(dout.defined() && dout.ndim() == 3, op, "dout must be (B, T, H * dh), got ",
              dout.defined() ? dout.shape() : Shape{});
     const AttentionGrads g = attention_backward(split_heads(dout, 1, saved.heads)[0], saved);
-    Tensor dheads = Tensor::empty({3, g.dq.size(0), g.dq.size(1), g.dq.size(2), g.dq.size(3)}, g.dq.dtype(),
-                                  g.dq.device());
+    Tensor dheads =
+        Tensor::empty({3, g.dq.size(0), g.dq.size(1), g.dq.size(2), g.dq.size(3)}, g.dq.dtype(), g.dq.device());
     for (int i = 0; i < 3; ++i) dheads[i].copy_(i == 0 ? g.dq : i == 1 ? g.dk : g.dv);
     return merge_heads(dheads);
   }

@@ -17,7 +17,7 @@ namespace hg {
 // kSoftmaxMaskThreshold (-1e9, -inf included) removes its key outright; a row
 // whose every key is removed gives o_i = 0, lse_i = -inf and zero gradients.
 struct AttentionOptions {
-  Tensor mask;                  // optional key-padding mask; F32 (F64 for F64 q)
+  Tensor mask;  // optional key-padding mask; F32 (F64 for F64 q)
   bool causal = false;
   std::optional<double> scale;  // default 1 / sqrt(dh)
 };
@@ -26,8 +26,8 @@ struct AttentionOptions {
 // beside them (no Tq x Tk buffer on the fused paths).
 struct AttentionSaved {
   Tensor q, k, v, o, lse;
-  Tensor qkv;          // packed form (attention_forward_packed): the (B, T, 3 H dh) input; o is (B, T, H dh)
-  int64_t heads = 0;   // packed form: H
+  Tensor qkv;         // packed form (attention_forward_packed): the (B, T, 3 H dh) input; o is (B, T, H dh)
+  int64_t heads = 0;  // packed form: H
   Tensor mask;
   bool causal = false;
   double scale = 1.0;

@@ -20,29 +20,28 @@ void check_args(const Tensor& h, const Tensor& weight, const Tensor& bias, const
   for (const Tensor* t : {&h, &weight, &targets, &weight_grad}) t->check_defined(kOp);
   const DType dt = h.dtype();
   const bool cuda = h.is_cuda();
-  HG_CHECK(cuda ? (dt == DType::F32 || dt == DType::BF16) : (dt == DType::F32 || dt == DType::F64), kOp,
-           "h is ", h.describe(), "; allowed: F32 or F64 on the CPU, F32 or BF16 on CUDA");
+  HG_CHECK(cuda ? (dt == DType::F32 || dt == DType::BF16) : (dt == DType::F32 || dt == DType::F64), kOp, "h is ",
+           h.describe(), "; allowed: F32 or F64 on the CPU, F32 or BF16 on CUDA");
   HG_CHECK(h.ndim() == 2 && h.size(1) > 0, kOp, "h must be (rows, d) with d > 0, got ", h.shape());
   HG_CHECK(weight.ndim() == 2 && weight.size(0) > 0 && weight.size(1) == h.size(1), kOp, "weight ", weight.shape(),
            " must be (V, ", h.size(1), ") with V > 0 for h ", h.shape());
   const int64_t vocab = weight.size(0);
   check_same_dtype(kOp, h, weight);
   check_same_device(kOp, h, weight);
-  HG_CHECK(targets.shape() == Shape{h.size(0)}, kOp, "targets ", targets.shape(), " must be (", h.size(0),
-           ") for h ", h.shape());
+  HG_CHECK(targets.shape() == Shape{h.size(0)}, kOp, "targets ", targets.shape(), " must be (", h.size(0), ") for h ",
+           h.shape());
   targets.check_dtype(DType::F32, kOp);
   check_same_device(kOp, h, targets);
   const DType grad_dtype = dt == DType::F64 ? DType::F64 : DType::F32;
-  HG_CHECK(weight_grad.shape() == weight.shape() && weight_grad.dtype() == grad_dtype &&
-               weight_grad.device() == h.device(),
-           kOp, "weight_grad is ", weight_grad.describe(), "; expected the weight's shape ", weight.shape(), " in ",
-           dtype_name(grad_dtype), " on ", device_name(h.device()));
+  HG_CHECK(
+      weight_grad.shape() == weight.shape() && weight_grad.dtype() == grad_dtype && weight_grad.device() == h.device(),
+      kOp, "weight_grad is ", weight_grad.describe(), "; expected the weight's shape ", weight.shape(), " in ",
+      dtype_name(grad_dtype), " on ", device_name(h.device()));
   HG_CHECK(bias.defined() == bias_grad.defined(), kOp, "bias and bias_grad must both be given or both be left out");
   if (bias.defined()) {
     HG_CHECK(bias.shape() == Shape{vocab} && bias.dtype() == dt && bias.device() == h.device(), kOp, "bias is ",
              bias.describe(), "; expected (", vocab, ") ", dtype_name(dt), " on ", device_name(h.device()));
-    HG_CHECK(bias_grad.shape() == Shape{vocab} && bias_grad.dtype() == grad_dtype &&
-                 bias_grad.device() == h.device(),
+    HG_CHECK(bias_grad.shape() == Shape{vocab} && bias_grad.dtype() == grad_dtype && bias_grad.device() == h.device(),
              kOp, "bias_grad is ", bias_grad.describe(), "; expected (", vocab, ") ", dtype_name(grad_dtype), " on ",
              device_name(h.device()));
   }
@@ -119,9 +118,9 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
   check_args(h, weight, bias, targets, weight_grad, bias_grad, options);
   const int64_t n = h.size(0), d = h.size(1), vocab = weight.size(0);
   const Device dev = h.device();
-  const int64_t chunk = std::min(
-      std::max<int64_t>(n, 1),
-      options.chunk_rows > 0 ? options.chunk_rows : default_classifier_chunk_rows(vocab, h.dtype(), dev));
+  const int64_t chunk =
+      std::min(std::max<int64_t>(n, 1),
+               options.chunk_rows > 0 ? options.chunk_rows : default_classifier_chunk_rows(vocab, h.dtype(), dev));
   log_dispatch(kOp, dev == Device::CUDA ? "CUDA chunked" : "CPU chunked", h);
   RowPass pass(targets, vocab, ignore_index, h.dtype(), options.targets_on_device);
   ClassifierResult r;

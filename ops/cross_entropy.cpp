@@ -5,11 +5,11 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
-#include "ops/dispatch_log.hpp"
 #include "core/tensor_functions.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
 #include "ops/cpu/cross_entropy_cpu.hpp"
+#include "ops/dispatch_log.hpp"
 
 namespace hg {
 namespace {
@@ -23,7 +23,8 @@ Tensor unfused(const Tensor& x, const Tensor& targets, int64_t n_rows, int64_t v
   const Tensor log_probs = sub(z, log(sum(exp(z), -1, true)));
   const Tensor t = targets.reshape({n_rows, 1}).to(x.dtype());
   const Tensor classes = Tensor::arange(vocab, x.dtype(), x.device()).reshape({1, vocab});
-  const Tensor ignored = zip(BinaryOp::Eq, t, Tensor::full({1, 1}, static_cast<double>(ignore_index), x.dtype(), x.device()));
+  const Tensor ignored =
+      zip(BinaryOp::Eq, t, Tensor::full({1, 1}, static_cast<double>(ignore_index), x.dtype(), x.device()));
   const Tensor valid = add_scalar(neg(ignored), 1.0);
   const Tensor onehot = mul(zip(BinaryOp::Eq, t, classes), valid);
   const Tensor loss = mul_scalar(sum_all(mul(onehot, log_probs)), -inv_count);
@@ -89,8 +90,8 @@ std::vector<double> read_cross_entropy_targets(const Tensor& targets, int64_t vo
   for (size_t i = 0; i < t.size(); ++i) {
     if (t[i] == static_cast<double>(ignore_index)) continue;
     if (!(t[i] >= 0 && t[i] < static_cast<double>(vocab)) || t[i] != std::floor(t[i]))
-      fail(op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab,
-           ") nor ignore_index ", ignore_index);
+      fail(op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab, ") nor ignore_index ",
+           ignore_index);
     ++counted;
   }
   if (n_valid) *n_valid = counted;
@@ -133,8 +134,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
     log_dispatch("cross_entropy_forward", "CUDA fused (log-sum-exp, no probabilities kept)", logits);
     return lse_forward(logits, targets, ignore_index, saved);
   }
-  const Tensor x = logits.dtype() == DType::BF16 ? logits.reshape({n_rows, vocab}).to(DType::F32)
-                                                 : logits.reshape({n_rows, vocab});
+  const Tensor x =
+      logits.dtype() == DType::BF16 ? logits.reshape({n_rows, vocab}).to(DType::F32) : logits.reshape({n_rows, vocab});
   if (n_rows == 0) {
     if (saved) saved->dlogits = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
     return Tensor::zeros({}, math_dtype(logits.dtype()), logits.device());
@@ -153,8 +154,7 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_
   if (fused && logits.is_cuda() && logits.dtype() == DType::F32) {
     Tensor dlogits = Tensor::empty({n_rows, vocab}, DType::F32, Device::CUDA);
     Tensor loss = Tensor::empty({}, DType::F32, Device::CUDA);
-    gpu::cross_entropy_fused(x, targets, n_rows, vocab, ignore_index, static_cast<float>(inv_count), dlogits,
-                             loss);
+    gpu::cross_entropy_fused(x, targets, n_rows, vocab, ignore_index, static_cast<float>(inv_count), dlogits, loss);
     if (saved) saved->dlogits = dlogits.reshape(logits.shape());
     return loss;
   }
@@ -165,7 +165,8 @@ namespace {
 
 Tensor backward(const CrossEntropySaved& saved, double dloss, [[maybe_unused]] bool over_logits) {
   HG_PROFILE("cross_entropy", saved.row_stats.defined() ? saved.row_stats.device()
-                              : saved.dlogits.defined() ? saved.dlogits.device() : saved.log_probs.device());
+                              : saved.dlogits.defined() ? saved.dlogits.device()
+                                                        : saved.log_probs.device());
   const char* op = "cross_entropy_backward";
   HG_CHECK(std::isfinite(dloss), op, "upstream gradient ", dloss, " is not finite");
   if (saved.row_stats.defined()) {

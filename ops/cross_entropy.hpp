@@ -16,13 +16,13 @@ namespace hg {
 // row loss and d loss / d logits together; backward only scales that saved
 // gradient. Unfused: log-softmax and the NLL pick composed from primitives.
 struct CrossEntropySaved {
-  Tensor dlogits;    // fused paths: d loss / d logits for an upstream grad of 1, (N, V)
-  Tensor log_probs;  // unfused path: (N, V)
-  Tensor onehot;     // unfused path: (N, V), zero rows at ignored positions
-  Tensor valid;      // unfused path: (N, 1), 1 where the target counts
+  Tensor dlogits;        // fused paths: d loss / d logits for an upstream grad of 1, (N, V)
+  Tensor log_probs;      // unfused path: (N, V)
+  Tensor onehot;         // unfused path: (N, V), zero rows at ignored positions
+  Tensor valid;          // unfused path: (N, 1), 1 where the target counts
   double inv_count = 0;  // 1 / n_valid, or 0 when nothing counts
   Shape logits_shape;
-  int64_t n_valid = 0;       // -1 when counted on the device (cross_entropy_forward_on_device)
+  int64_t n_valid = 0;  // -1 when counted on the device (cross_entropy_forward_on_device)
   // CUDA, BF16 logits (or the on-device variant): no probabilities kept; the
   // backward recomputes them from the logits and two floats per row.
   Tensor logits;            // (N, V) as given

@@ -4,9 +4,9 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
-#include "ops/dispatch_log.hpp"
 #include "cuda/layernorm_kernels.hpp"
 #include "ops/cpu/layernorm_cpu.hpp"
+#include "ops/dispatch_log.hpp"
 #include "ops/layernorm_unfused.hpp"
 
 // Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
@@ -24,38 +24,37 @@ void check_x(const Tensor& x, const char* name, const char* op) {
   HG_CHECK(x.ndim() >= 1, op, name, " must have at least one dim (..., D), got shape ", x.shape());
   HG_CHECK(x.numel() > 0, op, name, " is empty, shape ", x.shape());
   const DType t = x.dtype();
-  HG_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16, op, name, " ", x.shape(),
-           " has dtype ", dtype_name(t), "; layernorm takes F32, F64, or BF16 on CUDA");
+  HG_CHECK(t == DType::F32 || t == DType::F64 || t == DType::BF16, op, name, " ", x.shape(), " has dtype ",
+           dtype_name(t), "; layernorm takes F32, F64, or BF16 on CUDA");
   HG_CHECK(t != DType::BF16 || x.is_cuda(), op, name, " ", x.shape(),
            " is BF16 on the CPU; BF16 layernorm runs only on CUDA (F32 math)");
-  HG_CHECK(!(t == DType::F64 && x.is_cuda() && kernel_mode() == KernelMode::Fused), op, name, " ",
-           x.shape(), " is F64 on CUDA; the fused CUDA kernels take F32/BF16 (use the unfused mode or the CPU for F64)");
+  HG_CHECK(!(t == DType::F64 && x.is_cuda() && kernel_mode() == KernelMode::Fused), op, name, " ", x.shape(),
+           " is F64 on CUDA; the fused CUDA kernels take F32/BF16 (use the unfused mode or the CPU for F64)");
 }
 
 // A (D,) vector in the math dtype of x, on x's device.
 void check_feature_vector(const Tensor& v, const char* name, const Tensor& x, const char* op) {
   HG_CHECK(v.defined(), op, name, " is undefined");
   const int64_t D = x.size(-1);
-  HG_CHECK(v.shape() == Shape{D}, op, name, " shape ", v.shape(), " does not match (D,) = (", D,
-           ") for x ", x.shape());
+  HG_CHECK(v.shape() == Shape{D}, op, name, " shape ", v.shape(), " does not match (D,) = (", D, ") for x ", x.shape());
   const DType want = math_dtype(x.dtype());
-  HG_CHECK(v.dtype() == want, op, name, " ", v.shape(), " has dtype ", dtype_name(v.dtype()), "; x ",
-           x.shape(), " of dtype ", dtype_name(x.dtype()), " needs ", dtype_name(want));
-  HG_CHECK(v.device() == x.device(), op, name, " ", v.shape(), " is on ", device_name(v.device()),
-           " but x ", x.shape(), " is on ", device_name(x.device()));
+  HG_CHECK(v.dtype() == want, op, name, " ", v.shape(), " has dtype ", dtype_name(v.dtype()), "; x ", x.shape(),
+           " of dtype ", dtype_name(x.dtype()), " needs ", dtype_name(want));
+  HG_CHECK(v.device() == x.device(), op, name, " ", v.shape(), " is on ", device_name(v.device()), " but x ", x.shape(),
+           " is on ", device_name(x.device()));
 }
 
 // A saved per-row statistic: (rows,) in the math dtype of x, on x's device.
 void check_row_stat(const Tensor& s, const char* name, const Tensor& x) {
   HG_CHECK(s.defined(), kBackward, "saved ", name, " is undefined (was forward called with saved?)");
   const int64_t rows = rows_of(x);
-  HG_CHECK(s.shape() == Shape{rows}, kBackward, "saved ", name, " shape ", s.shape(),
-           " does not match (rows,) = (", rows, ") for x ", x.shape());
+  HG_CHECK(s.shape() == Shape{rows}, kBackward, "saved ", name, " shape ", s.shape(), " does not match (rows,) = (",
+           rows, ") for x ", x.shape());
   const DType want = math_dtype(x.dtype());
-  HG_CHECK(s.dtype() == want, kBackward, "saved ", name, " ", s.shape(), " has dtype ",
-           dtype_name(s.dtype()), "; x of dtype ", dtype_name(x.dtype()), " needs ", dtype_name(want));
-  HG_CHECK(s.device() == x.device(), kBackward, "saved ", name, " ", s.shape(), " is on ",
-           device_name(s.device()), " but x ", x.shape(), " is on ", device_name(x.device()));
+  HG_CHECK(s.dtype() == want, kBackward, "saved ", name, " ", s.shape(), " has dtype ", dtype_name(s.dtype()),
+           "; x of dtype ", dtype_name(x.dtype()), " needs ", dtype_name(want));
+  HG_CHECK(s.device() == x.device(), kBackward, "saved ", name, " ", s.shape(), " is on ", device_name(s.device()),
+           " but x ", x.shape(), " is on ", device_name(x.device()));
 }
 
 }  // namespace
@@ -83,18 +82,18 @@ void check_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, cons
   check_x(x, "x", kBackward);
   HG_CHECK(dy.defined(), kBackward, "dy is undefined");
   HG_CHECK(dy.shape() == x.shape(), kBackward, "dy shape ", dy.shape(), " does not match x ", x.shape());
-  HG_CHECK(dy.dtype() == x.dtype(), kBackward, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()),
-           " but x ", x.shape(), " has ", dtype_name(x.dtype()));
-  HG_CHECK(dy.device() == x.device(), kBackward, "dy ", dy.shape(), " is on ", device_name(dy.device()),
-           " but x ", x.shape(), " is on ", device_name(x.device()));
+  HG_CHECK(dy.dtype() == x.dtype(), kBackward, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()), " but x ",
+           x.shape(), " has ", dtype_name(x.dtype()));
+  HG_CHECK(dy.device() == x.device(), kBackward, "dy ", dy.shape(), " is on ", device_name(dy.device()), " but x ",
+           x.shape(), " is on ", device_name(x.device()));
   check_feature_vector(gamma, "gamma", x, kBackward);
   check_row_stat(saved.mean, "mean", x);
   check_row_stat(saved.rstd, "rstd", x);
 }
 
 // The fused kernels write into y, mean, rstd (checked, allocated by the caller).
-void fused_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
-                   Tensor& mean, Tensor& rstd) {
+void fused_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& mean,
+                   Tensor& rstd) {
   const int64_t D = x.size(-1), rows = rows_of(x);
   if (x.is_cuda()) {
     Tensor y_rows = y.reshape({rows, D});
@@ -109,8 +108,8 @@ void fused_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, cons
   const int64_t D = x.size(-1), rows = rows_of(x);
   if (x.is_cuda()) {
     Tensor dx_rows = g.dx.reshape({rows, D});
-    gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean, saved.rstd,
-                                  dx_rows, g.dgamma, g.dbeta);
+    gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean, saved.rstd, dx_rows,
+                                  g.dgamma, g.dbeta);
   } else {
     cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
   }
@@ -125,8 +124,7 @@ bool dispatch_unfused(const char* op, const Tensor& x) {
 
 }  // namespace
 
-Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                         LayerNormSaved* saved) {
+Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, LayerNormSaved* saved) {
   HG_PROFILE("layernorm", x.device());
   check_forward(x, gamma, beta, eps);
   Tensor y, mean, rstd;
@@ -160,8 +158,7 @@ void layernorm_forward_into(const Tensor& x, const Tensor& gamma, const Tensor& 
   saved.rstd.copy_(rstd);
 }
 
-LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                  const LayerNormSaved& saved) {
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved) {
   HG_PROFILE("layernorm", x.device());
   check_backward(dy, x, gamma, saved);
   if (dispatch_unfused(kBackward, x)) return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);

@@ -22,11 +22,9 @@ struct LayerNormGrads {
 // Dispatches on x.device() and hg::kernel_mode(): CPU fused (Eigen), unfused
 // (primitive backend, any device), CUDA fused. eps must be finite and > 0.
 // saved may be nullptr when no backward will follow.
-Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                         LayerNormSaved* saved);
+Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, LayerNormSaved* saved);
 
-LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                  const LayerNormSaved& saved);
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved);
 
 // The same two, writing into memory the caller owns (PyTorch's, for
 // handgrad.torch): y like x; saved.mean / saved.rstd (rows,) and the grads

@@ -9,10 +9,10 @@
 namespace hg::unfused {
 
 // Returns y like x; writes mean and rstd as (rows,) in the math dtype.
-Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                         Tensor& mean, Tensor& rstd);
+Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& mean,
+                         Tensor& rstd);
 
-LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                  const Tensor& mean, const Tensor& rstd);
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                  const Tensor& rstd);
 
 }  // namespace hg::unfused

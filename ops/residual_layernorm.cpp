@@ -80,8 +80,8 @@ ResidualLayerNormOutput residual_layernorm_forward(const Tensor& x, const Tensor
   return out;
 }
 
-LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h,
-                                           const Tensor& gamma, const LayerNormSaved& saved) {
+LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h, const Tensor& gamma,
+                                           const LayerNormSaved& saved) {
   HG_CHECK(h.defined(), kBackward, "h is undefined");
   check_twin(dy, "dy", h, "h", kBackward);
   if (dh_in.defined()) check_twin(dh_in, "dh_in", h, "h", kBackward);
@@ -95,9 +95,9 @@ LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in
   check_fused_vectors(h, gamma, nullptr, kBackward);
   const int64_t D = h.size(-1), rows = h.numel() / D;
   for (const auto& [name, s] : {std::pair<const char*, const Tensor*>{"mean", &saved.mean}, {"rstd", &saved.rstd}})
-    HG_CHECK(s->defined() && s->shape() == Shape{rows} && s->dtype() == DType::F32 && s->is_cuda(), kBackward,
-             "saved ", name, " is ", s->defined() ? s->describe() : std::string("undefined"), ", expected f32 (",
-             rows, ",) on cuda (from residual_layernorm_forward with saved)");
+    HG_CHECK(s->defined() && s->shape() == Shape{rows} && s->dtype() == DType::F32 && s->is_cuda(), kBackward, "saved ",
+             name, " is ", s->defined() ? s->describe() : std::string("undefined"), ", expected f32 (", rows,
+             ",) on cuda (from residual_layernorm_forward with saved)");
   g.dx = Tensor::empty(h.shape(), h.dtype(), h.device());
   g.dgamma = Tensor::empty({D}, DType::F32, h.device());
   g.dbeta = Tensor::empty({D}, DType::F32, h.device());

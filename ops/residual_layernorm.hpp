@@ -23,7 +23,7 @@ ResidualLayerNormOutput residual_layernorm_forward(const Tensor& x, const Tensor
 // network (the residual path), or an undefined tensor when there is none.
 // Returns dx = dh_in + LN_backward(dy) (the gradient of h, hence of both x
 // and r), dgamma, dbeta; on CUDA fused mode in one pass.
-LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h,
-                                           const Tensor& gamma, const LayerNormSaved& saved);
+LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h, const Tensor& gamma,
+                                           const LayerNormSaved& saved);
 
 }  // namespace hg

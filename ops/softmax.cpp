@@ -5,9 +5,9 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
-#include "ops/dispatch_log.hpp"
 #include "cuda/softmax_kernels.hpp"
 #include "ops/cpu/softmax_cpu.hpp"
+#include "ops/dispatch_log.hpp"
 #include "ops/softmax_unfused.hpp"
 
 // Validation and dispatch: CPU fused (Eigen), unfused (primitive backend, any
@@ -46,8 +46,8 @@ void check_scale(double scale, DType dtype, const char* op) {
 void check_mask(const Tensor& mask, const Tensor& scores) {
   const Shape& s = scores.shape();
   const Shape& m = mask.shape();
-  const bool broadcasts = m.size() == 4 && (m[0] == s[0] || m[0] == 1) && m[1] == 1 &&
-                          (m[2] == 1 || m[2] == s[2]) && m[3] == s[3];
+  const bool broadcasts =
+      m.size() == 4 && (m[0] == s[0] || m[0] == 1) && m[1] == 1 && (m[2] == 1 || m[2] == s[2]) && m[3] == s[3];
   HG_CHECK(broadcasts, kAttentionOp, "mask shape ", m, " does not broadcast to scores ", s,
            " as (B, 1, 1, Tk) or (B, 1, Tq, Tk) (B may be 1)");
   const DType want = math_dtype(scores.dtype());
@@ -131,10 +131,10 @@ void check_backward(const Tensor& dy, const Tensor& y, double scale) {
   check_softmax_input(y, "y", kBackwardOp);
   check_softmax_input(dy, "dy", kBackwardOp);
   HG_CHECK(dy.shape() == y.shape(), kBackwardOp, "dy shape ", dy.shape(), " differs from y shape ", y.shape());
-  HG_CHECK(dy.dtype() == y.dtype(), kBackwardOp, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()),
-           " but y ", y.shape(), " has ", dtype_name(y.dtype()));
-  HG_CHECK(dy.device() == y.device(), kBackwardOp, "dy ", dy.shape(), " is on ", device_name(dy.device()),
-           " but y ", y.shape(), " is on ", device_name(y.device()));
+  HG_CHECK(dy.dtype() == y.dtype(), kBackwardOp, "dy ", dy.shape(), " has dtype ", dtype_name(dy.dtype()), " but y ",
+           y.shape(), " has ", dtype_name(y.dtype()));
+  HG_CHECK(dy.device() == y.device(), kBackwardOp, "dy ", dy.shape(), " is on ", device_name(dy.device()), " but y ",
+           y.shape(), " is on ", device_name(y.device()));
   check_scale(scale, y.dtype(), kBackwardOp);
 }
 

@@ -19,7 +19,7 @@ namespace hg {
 // Larger negative values (ALiBi biases, -1e4) stay ordinary additive biases.
 
 struct SoftmaxOptions {
-  Tensor mask;         // optional (undefined = none); same dtype family as scores (F32/F64)
+  Tensor mask;  // optional (undefined = none); same dtype family as scores (F32/F64)
   bool causal = false;
   double scale = 1.0;
 };

@@ -10,9 +10,7 @@
 namespace hg::unfused {
 namespace {
 
-Tensor scalar_like(double value, const Tensor& like) {
-  return Tensor::full({1}, value, like.dtype(), like.device());
-}
+Tensor scalar_like(double value, const Tensor& like) { return Tensor::full({1}, value, like.dtype(), like.device()); }
 
 // 1 where query q may see key k (k <= q + tk - tq), else 0; shape (tq, tk).
 // Built on x's device from two index vectors, once per call: k < q + (tk - tq)
@@ -76,14 +74,12 @@ Tensor backward_math(const Tensor& dy, const Tensor& y, double scale) {
 }  // namespace
 
 Tensor softmax_forward(const Tensor& x, const Tensor& mask, bool causal, double scale, Tensor* lse) {
-  if (x.dtype() == DType::BF16)
-    return forward_math(x.to(DType::F32), mask, causal, scale, lse).to(DType::BF16);
+  if (x.dtype() == DType::BF16) return forward_math(x.to(DType::F32), mask, causal, scale, lse).to(DType::BF16);
   return forward_math(x, mask, causal, scale, lse);
 }
 
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
-  if (y.dtype() == DType::BF16)
-    return backward_math(dy.to(DType::F32), y.to(DType::F32), scale).to(DType::BF16);
+  if (y.dtype() == DType::BF16) return backward_math(dy.to(DType::F32), y.to(DType::F32), scale).to(DType::BF16);
   return backward_math(dy, y, scale);
 }
 

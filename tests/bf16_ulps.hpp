@@ -29,7 +29,7 @@ namespace hg::test {
 // library's float -> bf16 conversion and free of double rounding.
 inline double round_to_bf16(double v) {
   if (!std::isfinite(v) || v == 0.0) return v;
-  const int e = std::max(std::ilogb(v), -126);         // below 2^-126 bf16 is subnormal, spacing 2^-133
+  const int e = std::max(std::ilogb(v), -126);                     // below 2^-126 bf16 is subnormal, spacing 2^-133
   return std::ldexp(std::nearbyint(std::ldexp(v, 7 - e)), e - 7);  // default rounding mode: ties to even
 }
 
@@ -118,13 +118,13 @@ inline std::vector<double> softmax_dx_slack(const std::vector<double>& dy, const
 }
 
 // The same as a Catch2 check, with the counts shown on failure.
-#define HG_CHECK_BF16(got, ref, slack)                                                       \
-  do {                                                                                       \
-    const ::hg::test::Bf16Comparison hg_bf16_ = ::hg::test::compare_bf16((got), (ref), (slack)); \
-    INFO("bf16: " << hg_bf16_.n << " elements, " << hg_bf16_.beyond << " beyond 1 ulp + slack, "   \
-                  << hg_bf16_.not_nearest << " not round(ref) (allowed " << 3 + hg_bf16_.n / 100    \
-                  << "), worst " << hg_bf16_.worst_ulps << " ulps beyond slack");                  \
-    CHECK(hg_bf16_.ok());                                                                    \
+#define HG_CHECK_BF16(got, ref, slack)                                                                          \
+  do {                                                                                                          \
+    const ::hg::test::Bf16Comparison hg_bf16_ = ::hg::test::compare_bf16((got), (ref), (slack));                \
+    INFO("bf16: " << hg_bf16_.n << " elements, " << hg_bf16_.beyond << " beyond 1 ulp + slack, "                \
+                  << hg_bf16_.not_nearest << " not round(ref) (allowed " << 3 + hg_bf16_.n / 100 << "), worst " \
+                  << hg_bf16_.worst_ulps << " ulps beyond slack");                                              \
+    CHECK(hg_bf16_.ok());                                                                                       \
   } while (0)
 
 }  // namespace hg::test

@@ -13,9 +13,9 @@ inline Matchers::StringContainsMatcher Contains(const std::string& s) { return M
 #else
 #include <catch2/catch.hpp>
 // v2 has no skip: warn visibly and leave the test case.
-#define HG_SKIP(msg)  \
-  do {                \
-    WARN(msg);        \
-    return;           \
+#define HG_SKIP(msg) \
+  do {               \
+    WARN(msg);       \
+    return;          \
   } while (0)
 #endif

@@ -62,8 +62,8 @@ inline LayerNormOutputs plain_layernorm_forward(const Tensor& x, const Tensor& g
 // copies of the stored inputs: y, mean and rstd from the plain loops above;
 // dx, dgamma and dbeta from the library's float64 CPU fused path (checked by
 // finite differences in tests/test_layernorm.cpp).
-inline LayerNormOutputs layernorm_reference(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                            const Tensor& dy, double eps) {
+inline LayerNormOutputs layernorm_reference(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& dy,
+                                            double eps) {
   KernelModeScope fused(KernelMode::Fused);
   LayerNormOutputs out = layernorm_forward_backward(x, gamma, beta, dy, eps);
   const LayerNormOutputs plain = plain_layernorm_forward(x, gamma, beta, eps);
@@ -138,7 +138,8 @@ inline void check_layernorm_rows(const LayerNormOutputs& got, const LayerNormOut
 // CPU). The float32 error slack of each element, with xhat_j = (x_j - mean)
 // rstd and the saved statistics' own error (~2^-24 (1 + |mean| rstd) in xhat):
 //   y_j  = g_j xhat_j + b_j:             (|g_j| (|xhat_j| + 1 + |mean| rstd) + |b_j|)
-//   dx_j = rstd (g_j dy_j - A - xhat_j B): rstd (|g_j dy_j| + mean|g dy| + (|xhat_j| + 1 + |mean| rstd) mean|g dy xhat|)
+//   dx_j = rstd (g_j dy_j - A - xhat_j B): rstd (|g_j dy_j| + mean|g dy| + (|xhat_j| + 1 + |mean| rstd) mean|g dy
+//   xhat|)
 // times kF32Slack. Statistics and dgamma/dbeta are float32 outputs:
 // relative error below tol_stats and tol_params, as in check_layernorm_outputs.
 struct LayerNormSlack {

@@ -76,7 +76,10 @@ struct Outputs {
 struct Flat {
   std::vector<double> q, k, v, d, m;
   explicit Flat(const Inputs& in)
-      : q(in.q.to_vector()), k(in.k.to_vector()), v(in.v.to_vector()), d(in.dout.to_vector()),
+      : q(in.q.to_vector()),
+        k(in.k.to_vector()),
+        v(in.v.to_vector()),
+        d(in.dout.to_vector()),
         m(in.mask.defined() ? in.mask.to_vector() : std::vector<double>()) {}
 };
 
@@ -88,7 +91,8 @@ struct Row {
   double lse = -kInf;
   std::vector<double> p, ds;
 };
-Row reference_row(const Problem& p, const Flat& x, int64_t bh, int64_t i, const std::vector<double>* stored_o = nullptr) {
+Row reference_row(const Problem& p, const Flat& x, int64_t bh, int64_t i,
+                  const std::vector<double>* stored_o = nullptr) {
   const int64_t bi = bh / p.h;
   const double* qi = &x.q[static_cast<size_t>((bh * p.tq + i) * p.dh)];
   const double* di = &x.d[static_cast<size_t>((bh * p.tq + i) * p.dh)];
@@ -356,10 +360,8 @@ void check_bf16_fused(const Problem& p, const Inputs& in, const std::string& wha
   // bf16) no longer matches sum p dp to the precision the near one-hot
   // rows need; flash attention shares this. Gradients are checked finite only.
   if (p.q_std > 1.0) return;
-  if (dq_check == DqCheck::DeltaFromO)
-    CHECK(err(got16.dq, reference(p, rounded, &got16.o).dq) < 2e-2);
-  else if (dq_check == DqCheck::Exact)
-    CHECK(err(got16.dq, want16.dq) < 2e-2);
+  if (dq_check == DqCheck::DeltaFromO) CHECK(err(got16.dq, reference(p, rounded, &got16.o).dq) < 2e-2);
+  else if (dq_check == DqCheck::Exact) CHECK(err(got16.dq, want16.dq) < 2e-2);
   CHECK(err(got16.dk, want16.dk) < 2e-2);
   CHECK(err(got16.dv, want16.dv) < 2e-2);
 }
@@ -389,10 +391,20 @@ TEST_CASE("attention: CUDA paths agree with the float64 reference", "[attention]
     // past (257) or reach past Tq with causal Tq < Tk (64 x 257).
     Problem tiled;
     tiled.b = 1, tiled.h = 2;
-    for (const auto& [tq, tk, causal] :
-         {std::tuple{300, 300, false}, {520, 520, true}, {130, 300, true}, {300, 130, true}, {100, 100, true},
-          {100, 77, false}, {129, 129, true}, {160, 160, true}, {96, 96, false}, {200, 72, true}, {40, 232, true},
-          {257, 255, true}, {255, 257, false}, {64, 257, true}}) {
+    for (const auto& [tq, tk, causal] : {std::tuple{300, 300, false},
+                                         {520, 520, true},
+                                         {130, 300, true},
+                                         {300, 130, true},
+                                         {100, 100, true},
+                                         {100, 77, false},
+                                         {129, 129, true},
+                                         {160, 160, true},
+                                         {96, 96, false},
+                                         {200, 72, true},
+                                         {40, 232, true},
+                                         {257, 255, true},
+                                         {255, 257, false},
+                                         {64, 257, true}}) {
       tiled.tq = tq, tiled.tk = tk, tiled.causal = causal;
       ps.push_back(tiled);
     }
@@ -586,9 +598,9 @@ TEST_CASE("attention: CUDA BF16 dh 128 backward at 128-key block edges", "[atten
     double scale;
   };
   uint64_t seed = 3400;
-  for (const Case& c : {Case{300, 300, true, false, 0.09}, Case{257, 255, true, false, 0.09},
-                        Case{130, 300, true, true, 0.09}, Case{255, 257, false, false, 0.09},
-                        Case{1, 1, false, false, 0.09}, Case{150, 150, false, false, -0.2}}) {
+  for (const Case& c :
+       {Case{300, 300, true, false, 0.09}, Case{257, 255, true, false, 0.09}, Case{130, 300, true, true, 0.09},
+        Case{255, 257, false, false, 0.09}, Case{1, 1, false, false, 0.09}, Case{150, 150, false, false, -0.2}}) {
     Problem p;
     p.b = 2, p.h = 2, p.tq = c.tq, p.tk = c.tk, p.dh = 128, p.causal = c.causal, p.mask = c.mask, p.scale = c.scale;
     const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
@@ -672,7 +684,8 @@ Tensor to_tokens(const Tensor& x) {
     for (int64_t hi = 0; hi < h; ++hi)
       for (int64_t ti = 0; ti < t; ++ti)
         for (int64_t c = 0; c < dh; ++c)
-          out[static_cast<size_t>(((bi * t + ti) * h + hi) * dh + c)] = v[static_cast<size_t>(((bi * h + hi) * t + ti) * dh + c)];
+          out[static_cast<size_t>(((bi * t + ti) * h + hi) * dh + c)] =
+              v[static_cast<size_t>(((bi * h + hi) * t + ti) * dh + c)];
   return Tensor::from_vector(out, {b, t, h * dh}, DType::F64);
 }
 Tensor to_heads(const Tensor& y, int64_t h, int64_t slot = 0, int64_t slots = 1) {
@@ -774,7 +787,8 @@ TEST_CASE("attention: packed form, bad input names what is wrong", "[attention][
   expect_error([&] { hg::attention_forward_packed(qkv, 0, none, nullptr); }, "heads must be positive");
   AttentionOptions bad_mask;
   bad_mask.mask = Tensor::zeros({2, 1, 1, 4});
-  expect_error([&] { hg::attention_forward_packed(qkv, 3, bad_mask, nullptr); }, "must be (B, 1, 1, Tk) = (2, 1, 1, 5)");
+  expect_error([&] { hg::attention_forward_packed(qkv, 3, bad_mask, nullptr); },
+               "must be (B, 1, 1, Tk) = (2, 1, 1, 5)");
   AttentionSaved packed;
   const Tensor o = hg::attention_forward_packed(qkv, 3, none, &packed);
   expect_error([&] { hg::attention_backward(Tensor::zeros({2, 3, 5, 2}), packed); }, "use attention_backward_packed");
@@ -854,7 +868,7 @@ MhaRun run_mha(hg::AttentionImpl impl, Device dev, DType dtype, int64_t d, int64
 }  // namespace
 
 TEST_CASE("attention: MultiHeadAttention's flash and softmax cores agree", "[attention][models]") {
-  const Tensor mask = Tensor::from_vector({0, 0, -kInf, 0, -1e9, 0, 0, 0, 0,   //
+  const Tensor mask = Tensor::from_vector({0, 0, -kInf, 0, -1e9, 0, 0, 0, 0,  //
                                            0, 0, 0, 0, 0, 0, 0, 0, -kInf},
                                           {2, 1, 1, 9}, DType::F64);
   for (const Tensor& m : {Tensor(), mask}) {
@@ -869,7 +883,8 @@ TEST_CASE("attention: MultiHeadAttention's flash and softmax cores agree", "[att
   expect_error([] { hg::parse_attention_impl("fast"); }, "allowed auto, flash, softmax");
 }
 
-TEST_CASE("attention: MultiHeadAttention's flash core on CUDA agrees with the softmax core", "[attention][models][cuda]") {
+TEST_CASE("attention: MultiHeadAttention's flash core on CUDA agrees with the softmax core",
+          "[attention][models][cuda]") {
   HG_REQUIRE_GPU();
   // F32 here; the BF16 flash core runs inside the bf16 model checks of test_mixed_precision.
   const MhaRun a = run_mha(hg::AttentionImpl::Flash, Device::CUDA, DType::F32, 64, 2, Tensor());
@@ -904,7 +919,8 @@ TEST_CASE("attention: large logits (scale 30, head dim 64), f32 fused gradients 
   CHECK(err(fused.dv, want.dv) < 1e-5);
 }
 
-TEST_CASE("attention: a NaN mask value makes the output NaN on every path, as a NaN score does", "[attention][hostile]") {
+TEST_CASE("attention: a NaN mask value makes the output NaN on every path, as a NaN score does",
+          "[attention][hostile]") {
   // The mask is additive: NaN + score is NaN, for every query that reads the
   // key (no causality here, so all of them), in the forward and the backward.
   Problem p;
@@ -918,12 +934,13 @@ TEST_CASE("attention: a NaN mask value makes the output NaN on every path, as a 
   for (const auto& [device, dtype] : devices)
     for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused})
       for (bool packed : {false, true}) {
-        INFO(hg::device_name(device) << " " << hg::dtype_name(dtype) << (mode == KernelMode::Fused ? " fused" : " unfused")
+        INFO(hg::device_name(device) << " " << hg::dtype_name(dtype)
+                                     << (mode == KernelMode::Fused ? " fused" : " unfused")
                                      << (packed ? " packed" : ""));
         const Outputs got = packed ? run_packed(p, in, device, dtype, mode) : run(p, in, device, dtype, mode);
         for (const Tensor* t : {&got.o, &got.dq, &got.dk, &got.dv}) {
           for (double x : (*t)[0].to_vector()) CHECK(std::isnan(x));  // batch 0: NaN everywhere
-          CHECK(hg::test::all_finite((*t)[1]));                        // batch 1: untouched
+          CHECK(hg::test::all_finite((*t)[1]));                       // batch 1: untouched
         }
       }
 }

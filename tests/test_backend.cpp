@@ -67,8 +67,7 @@ double gelu_grad_ref(double x) {
   const long double xl = x;
   const long double t = std::tanh(c * (xl + 0.044715L * xl * xl * xl));
   if (t * t == 1.0L) return static_cast<double>(0.5L * (1.0L + t));
-  return static_cast<double>(0.5L * (1.0L + t) +
-                             0.5L * xl * (1.0L - t * t) * c * (1.0L + 3.0L * 0.044715L * xl * xl));
+  return static_cast<double>(0.5L * (1.0L + t) + 0.5L * xl * (1.0L - t * t) * c * (1.0L + 3.0L * 0.044715L * xl * xl));
 }
 
 double unary_ref(UnaryOp op, double x) {
@@ -107,10 +106,10 @@ double binary_ref(BinaryOp op, double a, double b) {
   return 0;
 }
 
-const UnaryOp kUnaryOps[] = {UnaryOp::Identity, UnaryOp::Neg,      UnaryOp::Exp,  UnaryOp::Log,
-                             UnaryOp::Sqrt,     UnaryOp::Rsqrt,    UnaryOp::Reciprocal, UnaryOp::Square,
-                             UnaryOp::Abs,      UnaryOp::Relu,     UnaryOp::ReluGrad, UnaryOp::Gelu,
-                             UnaryOp::GeluGrad, UnaryOp::Tanh,     UnaryOp::Sigmoid};
+const UnaryOp kUnaryOps[] = {UnaryOp::Identity, UnaryOp::Neg,   UnaryOp::Exp,        UnaryOp::Log,
+                             UnaryOp::Sqrt,     UnaryOp::Rsqrt, UnaryOp::Reciprocal, UnaryOp::Square,
+                             UnaryOp::Abs,      UnaryOp::Relu,  UnaryOp::ReluGrad,   UnaryOp::Gelu,
+                             UnaryOp::GeluGrad, UnaryOp::Tanh,  UnaryOp::Sigmoid};
 const BinaryOp kBinaryOps[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max,
                                BinaryOp::Min, BinaryOp::Pow, BinaryOp::Eq,  BinaryOp::Gt};
 
@@ -188,21 +187,21 @@ TEST_CASE("map stays finite on hostile inputs", "[backend][map]") {
 TEST_CASE("zip broadcasts like NumPy for every binary op", "[backend][zip]") {
   hg::Generator gen(12);
   const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 5}, {3, 5}},             // same shape
-      {{2, 1, 3}, {4, 3}},          // both sides broadcast: (2, 4, 3)
-      {{7, 33}, {33}},              // rows of a, b repeated (fast path)
-      {{33}, {7, 33}},              // a repeated over b's rows
-      {{2, 3, 4}, {1, 4}},          // leading 1 on the repeated operand
-      {{3, 1}, {1, 4}},             // outer product shape
-      {{4, 5}, {}},                 // scalar b
-      {{}, {4, 5}},                 // scalar a
-      {{1}, {6}},                   // size-1 vector acts as scalar
-      {{2, 1, 3, 1}, {5, 1, 4}},    // general strided fallback, rank 4
-      {{2, 3, 4}, {2, 1, 4}},       // middle dim broadcast
-      {{1, 4}, {3, 1}},             // general, a contiguous in a row, b repeated
-      {{2, 1, 1}, {3, 1}},          // general, both repeated within a row
-      {{2, 3, 4, 4}, {2, 1, 1, 4}}, // attention-mask shape
-      {{}, {}},                     // 0-d with 0-d
+      {{3, 5}, {3, 5}},              // same shape
+      {{2, 1, 3}, {4, 3}},           // both sides broadcast: (2, 4, 3)
+      {{7, 33}, {33}},               // rows of a, b repeated (fast path)
+      {{33}, {7, 33}},               // a repeated over b's rows
+      {{2, 3, 4}, {1, 4}},           // leading 1 on the repeated operand
+      {{3, 1}, {1, 4}},              // outer product shape
+      {{4, 5}, {}},                  // scalar b
+      {{}, {4, 5}},                  // scalar a
+      {{1}, {6}},                    // size-1 vector acts as scalar
+      {{2, 1, 3, 1}, {5, 1, 4}},     // general strided fallback, rank 4
+      {{2, 3, 4}, {2, 1, 4}},        // middle dim broadcast
+      {{1, 4}, {3, 1}},              // general, a contiguous in a row, b repeated
+      {{2, 1, 1}, {3, 1}},           // general, both repeated within a row
+      {{2, 3, 4, 4}, {2, 1, 1, 4}},  // attention-mask shape
+      {{}, {}},                      // 0-d with 0-d
   };
   for (DType dt : {DType::F32, DType::F64}) {
     for (const auto& [sa, sb] : cases) {
@@ -250,8 +249,7 @@ TEST_CASE("zip rejects shapes that do not broadcast, naming both", "[backend][zi
   REQUIRE_THROWS_AS(hg::add(Tensor(), Tensor::zeros({3})), hg::Error);
   // The backend checks its out tensor too.
   Tensor wrong = Tensor::zeros({2, 4});
-  REQUIRE_THROWS_AS(hg::cpu_backend().zip(BinaryOp::Add, Tensor::zeros({2, 3}), Tensor::zeros({3}), wrong),
-                    hg::Error);
+  REQUIRE_THROWS_AS(hg::cpu_backend().zip(BinaryOp::Add, Tensor::zeros({2, 3}), Tensor::zeros({3}), wrong), hg::Error);
 }
 
 TEST_CASE("scalar map and zip functions", "[backend][zip]") {
@@ -373,9 +371,9 @@ TEST_CASE("matmul matches a triple loop: transposes, batches, shared b", "[backe
     int64_t m, k, n;
     bool shared_b;
   };
-  const std::vector<Case> cases = {{{}, 1, 1, 1, false},     {{}, 3, 5, 7, false},   {{}, 17, 33, 9, false},
-                                   {{4}, 5, 3, 6, false},    {{2, 3}, 4, 7, 5, false}, {{3}, 6, 4, 5, true},
-                                   {{2, 2}, 3, 9, 1, true},  {{}, 64, 65, 63, false}};
+  const std::vector<Case> cases = {{{}, 1, 1, 1, false},    {{}, 3, 5, 7, false},     {{}, 17, 33, 9, false},
+                                   {{4}, 5, 3, 6, false},   {{2, 3}, 4, 7, 5, false}, {{3}, 6, 4, 5, true},
+                                   {{2, 2}, 3, 9, 1, true}, {{}, 64, 65, 63, false}};
   for (DType dt : {DType::F32, DType::F64}) {
     for (const Case& c : cases) {
       for (bool ta : {false, true}) {
@@ -385,9 +383,9 @@ TEST_CASE("matmul matches a triple loop: transposes, batches, shared b", "[backe
           const Tensor out = hg::matmul(a, b, ta, tb);
           REQUIRE(out.shape() == operand(c.batch, c.m, c.n, false));
           // float32 sums of k products of unit normals: error grows like sqrt(k) ulps.
-          require_close(out.to_vector(), naive_matmul(a, b, ta, tb), dt == DType::F32 ? 1e-5 : 1e-13,
-                        hg::shape_str(a.shape()) + " x " + hg::shape_str(b.shape()) + (ta ? " ta" : "") +
-                            (tb ? " tb" : ""));
+          require_close(
+              out.to_vector(), naive_matmul(a, b, ta, tb), dt == DType::F32 ? 1e-5 : 1e-13,
+              hg::shape_str(a.shape()) + " x " + hg::shape_str(b.shape()) + (ta ? " ta" : "") + (tb ? " tb" : ""));
         }
       }
     }
@@ -426,8 +424,8 @@ TEST_CASE("matmul rejects bad shapes, naming them", "[backend][matmul]") {
   }
   REQUIRE_NOTHROW(hg::matmul(a, Tensor::zeros({5, 3}), false, true));
   REQUIRE_THROWS_AS(hg::matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 4})), hg::Error);  // batch dims
-  REQUIRE_THROWS_AS(hg::matmul(a, Tensor::zeros({2, 3, 4})), hg::Error);  // only b may be shared
-  REQUIRE_THROWS_AS(hg::matmul(Tensor::zeros({3}), Tensor::zeros({3, 4})), hg::Error);  // 1-D
+  REQUIRE_THROWS_AS(hg::matmul(a, Tensor::zeros({2, 3, 4})), hg::Error);                         // only b may be shared
+  REQUIRE_THROWS_AS(hg::matmul(Tensor::zeros({3}), Tensor::zeros({3, 4})), hg::Error);           // 1-D
   REQUIRE_THROWS_AS(hg::matmul(a, Tensor::zeros({3, 4}, DType::F64)), hg::Error);
   Tensor out = Tensor::zeros({2, 5});
   REQUIRE_THROWS_AS(hg::cpu_backend().matmul(a, Tensor::zeros({3, 4}), out, false, false), hg::Error);
@@ -472,7 +470,7 @@ TEST_CASE("transpose plan: the (A, n0, M, n1, B) factoring both backends use", "
   const hg::TransposePlan q = hg::transpose_plan(x, {4, 3, 2, 5}, 0, -2, "transpose");  // negative dim
   CHECK((q.A == 1 && q.n0 == 2 && q.M == 3 && q.n1 == 4 && q.B == 5));
   CHECK(hg::transpose_plan({2, 1, 4}, {1, 2, 4}, 0, 1, "transpose").plain_copy);  // a dim of size 1
-  CHECK(hg::transpose_plan(x, x, 2, 2, "transpose").plain_copy);                 // a dim with itself
+  CHECK(hg::transpose_plan(x, x, 2, 2, "transpose").plain_copy);                  // a dim with itself
   // out of the wrong shape, or a dim out of range: an hg::Error naming the op and the shapes
   try {
     hg::transpose_plan(x, x, 0, 1, "cuda transpose");
@@ -502,8 +500,7 @@ TEST_CASE("fill and cast, including bf16 and f16", "[backend][cast]") {
   Tensor bf = Tensor::empty({8}, DType::BF16);
   hg::cpu_backend().cast(as_f32, bf);
   const hg::bf16_t* bits = bf.data<hg::bf16_t>();
-  for (size_t i = 0; i < vs.size(); ++i)
-    REQUIRE(bits[i].bits == hg::float_to_bf16(static_cast<float>(vs[i])).bits);
+  for (size_t i = 0; i < vs.size(); ++i) REQUIRE(bits[i].bits == hg::float_to_bf16(static_cast<float>(vs[i])).bits);
   Tensor back = Tensor::empty({8}, DType::F64);
   hg::cpu_backend().cast(bf, back);
   const auto vb = back.to_vector();
@@ -596,13 +593,14 @@ TEST_CASE("gather / scatter rows are Backend operations on the CPU", "[backend][
   hg::backend_for(Device::CPU).gather_rows(table, ids_tensor, ids, out);
   REQUIRE(out.to_vector() == std::vector<double>{5, 6, 1, 2, 5, 6});
   Tensor grad_table = Tensor::ones({3, 2}, DType::F64);
-  hg::backend_for(Device::CPU).scatter_add_rows(Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, DType::F64), ids,
-                                                grad_table);
+  hg::backend_for(Device::CPU)
+      .scatter_add_rows(Tensor::from_vector({1, 2, 3, 4, 5, 6}, {3, 2}, DType::F64), ids, grad_table);
   REQUIRE(grad_table.to_vector() == std::vector<double>{4, 5, 1, 1, 7, 9});
 }
 
 TEST_CASE("without CUDA every GPU entry point throws an hg::Error naming it", "[backend][no-cuda]") {
-  if (hg::gpu::built_with_cuda()) HG_SKIP("SKIPPED: built with CUDA; this case checks cuda/no_cuda.cpp of CPU-only builds");
+  if (hg::gpu::built_with_cuda())
+    HG_SKIP("SKIPPED: built with CUDA; this case checks cuda/no_cuda.cpp of CPU-only builds");
   CHECK(hg::gpu::device_count() == 0);
   Tensor t = Tensor::zeros({2, 4});
   const Tensor v = Tensor::ones({4});
@@ -619,7 +617,10 @@ TEST_CASE("without CUDA every GPU entry point throws an hg::Error naming it", "[
       {"gpu::softmax_backward_fused", [&] { hg::gpu::softmax_backward_fused(t, t, 2, 4, 1.0f, t); }},
       {"gpu::cross_entropy_fused", [&] { hg::gpu::cross_entropy_fused(t, v, 2, 4, -100, 0.5f, t, t); }},
       {"gpu::gather_rows_cuda", [&] { hg::gpu::gather_rows_cuda(t, v, 2, t); }},
-      {"gpu::scatter_add_rows_cuda", [&] { hg::gpu::scatter_add_rows_cuda(t, {0, 1}, t); }},
+      {"gpu::scatter_add_rows_cuda",
+       [&] {
+         hg::gpu::scatter_add_rows_cuda(t, {0, 1}, t);
+       }},
   };
   for (const auto& [name, call] : calls) {
     INFO(name);

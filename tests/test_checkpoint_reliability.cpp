@@ -17,8 +17,8 @@
 
 #include "core/checkpoint.hpp"
 #include "core/module.hpp"
-#include "tests/test_util.hpp"
 #include "tests/test_files.hpp"
+#include "tests/test_util.hpp"
 
 using hg::DType;
 using hg::Module;

@@ -119,8 +119,7 @@ TEST_CASE("classifier: float64 gradients match central differences (chunks of 2 
   for (int64_t j = 0; j < 3; ++j) CHECK(r.dh.at({2, j}) == 0.0);
 }
 
-TEST_CASE("classifier: equals the unchunked composition at every chunk size, odd sizes, ignored rows",
-          "[classifier]") {
+TEST_CASE("classifier: equals the unchunked composition at every chunk size, odd sizes, ignored rows", "[classifier]") {
   // N 37 (prime: no chunk size but 1 and 37 divides it), V 101 (odd), d 16.
   const Problem p = make_problem(37, 16, 101, 4, 2);
   const Result want = composed(p);
@@ -141,7 +140,8 @@ TEST_CASE("classifier: gradients accumulate into the given ones; the loss is the
           "[classifier]") {
   const Problem p = make_problem(23, 8, 31, 5, 3);
   Generator gen(9);
-  const Tensor dw0 = Tensor::randn(p.weight.shape(), gen, DType::F64), db0 = Tensor::randn(p.bias.shape(), gen, DType::F64);
+  const Tensor dw0 = Tensor::randn(p.weight.shape(), gen, DType::F64),
+               db0 = Tensor::randn(p.bias.shape(), gen, DType::F64);
   Tensor dw = dw0.clone(), db = db0.clone();
   ClassifierOptions options;
   options.chunk_rows = 4;
@@ -185,7 +185,8 @@ TEST_CASE("classifier: bad input is refused with a message naming it", "[classif
   };
   const Tensor bad_target = Tensor::from_vector({1, 5, 0, 2}, {4});
   CHECK(contains(call(p.h, p.weight, p.bias, bad_target, dw, db), "target 5 at flat position 1"));
-  CHECK(contains(call(p.h, Tensor::zeros({5, 2}, DType::F64), p.bias, p.targets, dw, db), "weight (5, 2) must be (V, 3)"));
+  CHECK(contains(call(p.h, Tensor::zeros({5, 2}, DType::F64), p.bias, p.targets, dw, db),
+                 "weight (5, 2) must be (V, 3)"));
   CHECK(contains(call(p.h, p.weight, p.bias, p.targets.slice(0, 3), dw, db), "targets (3)"));
   CHECK(contains(call(p.h, p.weight, p.bias, p.targets, dw, none), "both be given"));
   CHECK(contains(call(p.h, p.weight, p.bias, p.targets, dw, db, -1), "chunk_rows must be >= 0"));
@@ -198,15 +199,15 @@ TEST_CASE("classifier: bad input is refused with a message naming it", "[classif
   Tensor dw_a = Tensor::zeros({5, 3}, DType::F64), dw_b = Tensor::zeros({5, 3}, DType::F64);
   Tensor db_b = Tensor::zeros({5}, DType::F64);
   const ClassifierResult a = classifier_loss_and_grads(p.h, p.weight, none, p.targets, kIgnore, dw_a, none);
-  const ClassifierResult b = classifier_loss_and_grads(p.h, p.weight, Tensor::zeros({5}, DType::F64), p.targets,
-                                                       kIgnore, dw_b, db_b);
+  const ClassifierResult b =
+      classifier_loss_and_grads(p.h, p.weight, Tensor::zeros({5}, DType::F64), p.targets, kIgnore, dw_b, db_b);
   CHECK(a.loss.item() == b.loss.item());
   CHECK(rel_error(a.dh, b.dh) == 0.0);
   CHECK(rel_error(dw_a, dw_b) == 0.0);
 }
 
 TEST_CASE("classifier: the default chunk bounds one chunk of logits", "[classifier]") {
-  CHECK(default_classifier_chunk_rows(50304, DType::F32, Device::CPU) == 333);  // 64 MiB / (50304 * 4 bytes)
+  CHECK(default_classifier_chunk_rows(50304, DType::F32, Device::CPU) == 333);     // 64 MiB / (50304 * 4 bytes)
   CHECK(default_classifier_chunk_rows(50304, DType::BF16, Device::CUDA) == 2560);  // 2668 rounded down to 128s
   CHECK(default_classifier_chunk_rows(int64_t(1) << 30, DType::F64, Device::CPU) == 1);
   CHECK(default_classifier_chunk_rows(100, DType::BF16, Device::CUDA) * 100 * 2 <= int64_t(256) << 20);
@@ -226,8 +227,8 @@ TEST_CASE("classifier: the default chunk bounds one chunk of logits", "[classifi
 // O(1) error.
 TEST_CASE("classifier on CUDA (F32, BF16) matches the float64 CPU result", "[classifier][cuda]") {
   HG_REQUIRE_GPU();
-  for (const auto& [n, d, vocab] : {std::tuple<int64_t, int64_t, int64_t>{37, 16, 101}, {300, 64, 1025},
-                                    {130, 32, 50304}}) {
+  for (const auto& [n, d, vocab] :
+       {std::tuple<int64_t, int64_t, int64_t>{37, 16, 101}, {300, 64, 1025}, {130, 32, 50304}}) {
     INFO("n " << n << " d " << d << " V " << vocab);
     Problem p = make_problem(n, d, vocab, 4, 7 + n);
     for (DType dt : {DType::F32, DType::BF16}) {

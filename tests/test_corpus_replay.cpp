@@ -14,8 +14,8 @@
 
 #include "core/checkpoint.hpp"
 #include "core/npy.hpp"
-#include "tests/test_util.hpp"
 #include "tests/test_files.hpp"
+#include "tests/test_util.hpp"
 
 namespace fs = std::filesystem;
 using hg::Tensor;

@@ -105,8 +105,8 @@ void check_against_float64(const Operands& o, float alpha, bool accumulate, cons
 }
 
 const std::vector<Problem> kProblems = {
-    {1, 1, 1, false, false, 0},    {7, 5, 3, false, false, 0},    {33, 17, 65, false, true, 3},
-    {65, 129, 31, true, false, 1}, {50, 70, 300, true, true, 5},  {130, 3, 257, false, false, 2},
+    {1, 1, 1, false, false, 0},    {7, 5, 3, false, false, 0},     {33, 17, 65, false, true, 3},
+    {65, 129, 31, true, false, 1}, {50, 70, 300, true, true, 5},   {130, 3, 257, false, false, 2},
     {2, 200, 9, true, true, 0},    {64, 128, 704, true, false, 0}, {48, 16, 1, false, true, 7},
 };
 
@@ -124,8 +124,8 @@ TEST_CASE("every CPU GEMM level matches float64 within the rounding bound", "[cp
     for (const Problem& p : kProblems)
       for (bool accumulate : {false, true})
         for (float alpha : {1.0f, -0.375f}) {
-          INFO(level << ": " << p.rows << "x" << p.cols << "x" << p.depth << " ta " << p.ta << " tb " << p.tb
-                     << " pad " << p.pad << " accumulate " << accumulate << " alpha " << alpha);
+          INFO(level << ": " << p.rows << "x" << p.cols << "x" << p.depth << " ta " << p.ta << " tb " << p.tb << " pad "
+                     << p.pad << " accumulate " << accumulate << " alpha " << alpha);
           const Operands o(p, 17);
           check_against_float64(o, alpha, accumulate, o.run(alpha, accumulate));
         }
@@ -136,8 +136,10 @@ TEST_CASE("the tiled matmul matches float64 within the rounding bound at every l
   LevelScope scope;
   // Tiled shapes (over 2^17 flops) with ragged edge tiles, every transpose
   // mode, and depths over every level's depth block.
-  const std::vector<Problem> problems = {{300, 257, 70, false, false, 0}, {96, 64, 2048, true, false, 0},
-                                         {129, 200, 64, false, true, 0},  {200, 129, 1500, true, true, 0},
+  const std::vector<Problem> problems = {{300, 257, 70, false, false, 0},
+                                         {96, 64, 2048, true, false, 0},
+                                         {129, 200, 64, false, true, 0},
+                                         {200, 129, 1500, true, true, 0},
                                          {512, 384, 128, false, true, 0}};
   for (const std::string& level : hg::cpu::gemm_levels()) {
     hg::cpu::set_gemm_level(level);

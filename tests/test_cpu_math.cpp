@@ -4,8 +4,8 @@
 // inputs: +-inf, NaN, masked scores (-inf), large negatives, subnormal results.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -62,7 +62,8 @@ double sigmoid_ref(double x) { return 1 / (1 + std::exp(-x)); }
 
 // Measured maxima (docs/cpu.md): exp 1.17 ulp, tanh 1.96, sigmoid 2.32.
 TEST_CASE("vector exp is within 1.5 ulp of exp over the float range", "[cpu_math]") {
-  const double err = max_ulp(hg::cpu_math::exp, [](double x) { return std::exp(x); }, sweep(-104.f, 88.7f));
+  const double err = max_ulp(
+      hg::cpu_math::exp, [](double x) { return std::exp(x); }, sweep(-104.f, 88.7f));
   CAPTURE(err);
   CHECK(err <= 1.5);
 }
@@ -86,7 +87,8 @@ TEST_CASE("exp_normal_range gives exp's bits on [-86, 88] and NaN for NaN", "[cp
 }
 
 TEST_CASE("vector tanh is within 3 ulp of tanh", "[cpu_math]") {
-  const double err = max_ulp(hg::cpu_math::tanh, [](double x) { return std::tanh(x); }, sweep(-20.f, 20.f));
+  const double err = max_ulp(
+      hg::cpu_math::tanh, [](double x) { return std::tanh(x); }, sweep(-20.f, 20.f));
   CAPTURE(err);
   CHECK(err <= 3.0);
 }
@@ -100,10 +102,11 @@ TEST_CASE("vector sigmoid is within 3 ulp over its non-vanishing range", "[cpu_m
 TEST_CASE("vector exp / tanh on hostile inputs", "[cpu_math][hostile]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // Masked scores (-inf), large negatives, overflow, NaN, subnormal results.
-  const std::vector<float> e = apply(hg::cpu_math::exp, {-kInf, -1e30f, -104.f, -88.f, -100.f, 89.f, 1e30f, kInf, nan, 0.f, -0.f});
+  const std::vector<float> e =
+      apply(hg::cpu_math::exp, {-kInf, -1e30f, -104.f, -88.f, -100.f, 89.f, 1e30f, kInf, nan, 0.f, -0.f});
   CHECK(e[0] == 0.f);
   CHECK(e[1] == 0.f);
-  CHECK(e[2] == 0.f);  // exp(-104) < 2^-150: rounds to 0
+  CHECK(e[2] == 0.f);                               // exp(-104) < 2^-150: rounds to 0
   CHECK(ulp_error(e[3], std::exp(-88.0)) <= 1.5);   // subnormal result, rounded once
   CHECK(ulp_error(e[4], std::exp(-100.0)) <= 1.5);  // deep subnormal
   CHECK(e[5] == kInf);

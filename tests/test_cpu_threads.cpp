@@ -74,9 +74,8 @@ TEST_CASE("parallel_for runs every task once, nests, and passes exceptions on", 
   CHECK(std::count(hits.begin(), hits.end(), 1) == tasks);
   // A task's own parallel_for runs serially on that thread, still complete.
   std::vector<int64_t> sums(8, 0);
-  hg::parallel_for(8, work, [&](int64_t t) {
-    hg::parallel_for(100, work, [&](int64_t u) { sums[static_cast<size_t>(t)] += u; });
-  });
+  hg::parallel_for(
+      8, work, [&](int64_t t) { hg::parallel_for(100, work, [&](int64_t u) { sums[static_cast<size_t>(t)] += u; }); });
   CHECK(std::count(sums.begin(), sums.end(), 4950) == 8);
   // An exception in any task reaches the caller; the pool keeps working.
   CHECK_THROWS_AS(hg::parallel_for(tasks, work,
@@ -95,23 +94,25 @@ TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
     bool ta, tb;
   };
   // Forward, weight-gradient (k long, m x n small) and batched shapes.
-  const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false}, {{2048, 64}, {2048, 96}, true, false},
-                                   {{129, 64}, {200, 64}, false, true},  {{64, 129}, {200, 64}, true, true},
+  const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false},
+                                   {{2048, 64}, {2048, 96}, true, false},
+                                   {{129, 64}, {200, 64}, false, true},
+                                   {{64, 129}, {200, 64}, true, true},
                                    {{12, 65, 33}, {12, 33, 70}, false, false}};
   const std::string saved_level = hg::cpu::gemm_level();
   for (const std::string& level : hg::cpu::gemm_levels())  // every GEMM level this CPU runs
-  for (DType dt : {DType::F32, DType::F64})
-    for (const Case& c : cases) {
-      INFO("GEMM level " << level);
-      hg::cpu::set_gemm_level(level);
-      const Tensor a = randn(c.a, 1, dt), b = randn(c.b, 2, dt);
-      check_thread_independent([&] {
-        const Tensor out = hg::matmul(a, b, c.ta, c.tb);
-        Tensor acc = out.clone();
-        hg::cpu_backend().matmul(a, b, acc, c.ta, c.tb, true);
-        return std::vector<Tensor>{out, acc};
-      });
-    }
+    for (DType dt : {DType::F32, DType::F64})
+      for (const Case& c : cases) {
+        INFO("GEMM level " << level);
+        hg::cpu::set_gemm_level(level);
+        const Tensor a = randn(c.a, 1, dt), b = randn(c.b, 2, dt);
+        check_thread_independent([&] {
+          const Tensor out = hg::matmul(a, b, c.ta, c.tb);
+          Tensor acc = out.clone();
+          hg::cpu_backend().matmul(a, b, acc, c.ta, c.tb, true);
+          return std::vector<Tensor>{out, acc};
+        });
+      }
   hg::cpu::set_gemm_level(saved_level);
 }
 
@@ -224,8 +225,8 @@ TEST_CASE("adamw_multi and sum_of_squares are bitwise the same at any thread cou
       std::vector<Tensor> out;
       for (const auto* list : {&p, &m, &v})
         for (const Tensor& t : *list) out.push_back(t.clone());
-      hg::AdamWGroup group{{out.begin(), out.begin() + 4}, g, {out.begin() + 4, out.begin() + 8},
-                           {out.begin() + 8, out.end()}, {}};
+      hg::AdamWGroup group{
+          {out.begin(), out.begin() + 4}, g, {out.begin() + 4, out.begin() + 8}, {out.begin() + 8, out.end()}, {}};
       Tensor state = Tensor::zeros({hg::kAdamWStateSize}, DType::F64);
       state.data<double>()[hg::kAdamWLr] = 1e-3;
       hg::cpu_backend().adamw_multi(group, config, state);

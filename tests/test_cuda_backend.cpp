@@ -31,9 +31,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <tuple>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -78,14 +78,13 @@ void require_close(const Tensor& got, const Tensor& want, double atol, double rt
   CHECK(worst <= 1.0);
 }
 
-const std::vector<UnaryOp> kUnaryOps = {UnaryOp::Identity, UnaryOp::Neg,      UnaryOp::Exp,   UnaryOp::Log,
-                                        UnaryOp::Sqrt,     UnaryOp::Rsqrt,    UnaryOp::Reciprocal,
-                                        UnaryOp::Square,   UnaryOp::Abs,      UnaryOp::Relu,  UnaryOp::ReluGrad,
-                                        UnaryOp::Gelu,     UnaryOp::GeluGrad, UnaryOp::Tanh,  UnaryOp::Sigmoid};
+const std::vector<UnaryOp> kUnaryOps = {UnaryOp::Identity, UnaryOp::Neg,   UnaryOp::Exp,        UnaryOp::Log,
+                                        UnaryOp::Sqrt,     UnaryOp::Rsqrt, UnaryOp::Reciprocal, UnaryOp::Square,
+                                        UnaryOp::Abs,      UnaryOp::Relu,  UnaryOp::ReluGrad,   UnaryOp::Gelu,
+                                        UnaryOp::GeluGrad, UnaryOp::Tanh,  UnaryOp::Sigmoid};
 
-const std::vector<BinaryOp> kBinaryOps = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul,
-                                          BinaryOp::Div, BinaryOp::Max, BinaryOp::Min,
-                                          BinaryOp::Pow, BinaryOp::Eq,  BinaryOp::Gt};
+const std::vector<BinaryOp> kBinaryOps = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max,
+                                          BinaryOp::Min, BinaryOp::Pow, BinaryOp::Eq,  BinaryOp::Gt};
 
 // Inputs inside each op's domain: log/sqrt/rsqrt/reciprocal get positive values.
 Tensor map_input(UnaryOp op, int64_t n, DType dtype, hg::Generator& gen) {
@@ -123,7 +122,7 @@ TEST_CASE("cuda runtime: set_stream moves the work in order; refused while captu
   for (int round = 0; round < 3; ++round) {
     y.fill_(0.0);
     hg::cuda_backend().map(UnaryOp::Exp, x, y);  // queued on the own stream
-    hg::gpu::set_stream(0);                       // the legacy default stream waits for it
+    hg::gpu::set_stream(0);                      // the legacy default stream waits for it
     CHECK(hg::gpu::current_stream() == 0);
     Tensor z = Tensor::empty(x.shape(), DType::F32, Device::CUDA);
     hg::cuda_backend().map(UnaryOp::Neg, y, z);
@@ -208,11 +207,18 @@ TEST_CASE("cuda zip matches the CPU, with and without broadcasting", "[cuda][zip
   HG_REQUIRE_GPU();
   hg::Generator gen(12);
   const std::vector<std::pair<Shape, Shape>> cases = {
-      {{4097}, {4097}},          {{65536}, {65536}},     {{5, 7}, {7}},        {{7}, {5, 7}},
-      {{5, 1}, {1, 7}},          {{2, 3, 4, 5}, {3, 1, 5}}, {{6, 4}, {}},        {{1}, {7, 3}},
-      {{2, 1, 3, 1, 4, 1, 5}, {1, 2, 1, 3, 1, 4, 1}},  // 7 dims, little to merge
+      {{4097}, {4097}},
+      {{65536}, {65536}},
+      {{5, 7}, {7}},
+      {{7}, {5, 7}},
+      {{5, 1}, {1, 7}},
+      {{2, 3, 4, 5}, {3, 1, 5}},
+      {{6, 4}, {}},
+      {{1}, {7, 3}},
+      {{2, 1, 3, 1, 4, 1, 5}, {1, 2, 1, 3, 1, 4, 1}},   // 7 dims, little to merge
       {{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 3, 300}, {300}},  // 12 dims that merge into 1
-      {{513, 33}, {513, 1}},     {{1, 6}, {6}},
+      {{513, 33}, {513, 1}},
+      {{1, 6}, {6}},
   };
   for (DType dtype : {DType::F32, DType::F64}) {
     for (BinaryOp op : kBinaryOps) {
@@ -281,8 +287,8 @@ TEST_CASE("cuda zip: in place, bad shapes and too many unmergeable dims", "[cuda
 TEST_CASE("cuda reduce matches the float64 reference over every dim", "[cuda][reduce]") {
   HG_REQUIRE_GPU();
   hg::Generator gen(14);
-  const std::vector<Shape> shapes = {{7, 1000}, {3, 4097, 5}, {65536}, {2, 3, 4, 5}, {1, 1}, {4097, 3},
-                                     {3, 1}, {1000, 1025}, {2, 2048, 1}};
+  const std::vector<Shape> shapes = {{7, 1000}, {3, 4097, 5}, {65536},      {2, 3, 4, 5}, {1, 1},
+                                     {4097, 3}, {3, 1},       {1000, 1025}, {2, 2048, 1}};
   for (DType dtype : {DType::F32, DType::F64}) {
     const double sum_tol = dtype == DType::F32 ? 1e-5 : 1e-13;
     for (const Shape& shape : shapes) {
@@ -315,7 +321,8 @@ TEST_CASE("cuda reduce matches the float64 reference over every dim", "[cuda][re
           hg::cpu_backend().reduce(op, abs64, dim, bound);
           const auto g = got.to_vector(), r = ref.to_vector(), bnd = bound.to_vector();
           double worst = 0;
-          for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - r[i]) / (sum_tol * bnd[i] + 1e-300));
+          for (size_t i = 0; i < g.size(); ++i)
+            worst = std::max(worst, std::abs(g[i] - r[i]) / (sum_tol * bnd[i] + 1e-300));
           INFO(what << ": worst error / bound = " << worst);
           CHECK(worst <= 1.0);
         }
@@ -352,10 +359,10 @@ TEST_CASE("cuda matmul matches the float64 product", "[cuda][matmul]") {
     bool ta, tb;
   };
   const std::vector<Case> cases = {
-      {{17, 33}, {33, 9}, false, false},     {{33, 17}, {33, 9}, true, false},
-      {{17, 33}, {9, 33}, false, true},      {{33, 17}, {9, 33}, true, true},
-      {{3, 5, 7}, {3, 7, 4}, false, false},  {{2, 3, 7, 5}, {2, 3, 4, 7}, true, true},
-      {{2, 3, 5, 7}, {7, 4}, false, false},  {{4, 7, 5}, {4, 7}, true, true},  // shared 2-D b
+      {{17, 33}, {33, 9}, false, false},      {{33, 17}, {33, 9}, true, false},
+      {{17, 33}, {9, 33}, false, true},       {{33, 17}, {9, 33}, true, true},
+      {{3, 5, 7}, {3, 7, 4}, false, false},   {{2, 3, 7, 5}, {2, 3, 4, 7}, true, true},
+      {{2, 3, 5, 7}, {7, 4}, false, false},   {{4, 7, 5}, {4, 7}, true, true},  // shared 2-D b
       {{64, 1000}, {1000, 96}, false, false}, {{1, 1}, {1, 1}, false, false},
       {{1, 300}, {300, 1}, false, false},     {{129, 1}, {1, 65}, false, false},
   };
@@ -376,8 +383,8 @@ TEST_CASE("cuda matmul matches the float64 product", "[cuda][matmul]") {
         hg::cpu_backend().matmul(a64, b64, ref, c.ta, c.tb, accumulate);
         Tensor got = accumulate ? to_gpu(init) : Tensor::full(os, 12345.0, dtype, Device::CUDA);
         hg::cuda_backend().matmul(to_gpu(a), to_gpu(b), got, c.ta, c.tb, accumulate);
-        INFO(hg::dtype_name(dtype) << " a " << hg::shape_str(c.a) << (c.ta ? "^T" : "") << " b "
-                                   << hg::shape_str(c.b) << (c.tb ? "^T" : "") << (accumulate ? " accumulate" : ""));
+        INFO(hg::dtype_name(dtype) << " a " << hg::shape_str(c.a) << (c.ta ? "^T" : "") << " b " << hg::shape_str(c.b)
+                                   << (c.tb ? "^T" : "") << (accumulate ? " accumulate" : ""));
         const double err = hg::test::rel_error(got.to(DType::F64), ref);
         INFO("rel error " << err);
         CHECK(err <= tol);

@@ -5,13 +5,13 @@
 // on CUDA -- twice in one process, in other orders and counts of calls, and
 // across two processes (the test re-runs its own executable in a hidden child
 // mode that writes every digest to a file).
+#include <unistd.h>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/kernel_mode.hpp"
@@ -211,7 +211,8 @@ Digest run_everything(Device dev, KernelMode mode) {
 }
 
 std::vector<std::pair<Device, KernelMode>> configs() {
-  std::vector<std::pair<Device, KernelMode>> out = {{Device::CPU, KernelMode::Fused}, {Device::CPU, KernelMode::Unfused}};
+  std::vector<std::pair<Device, KernelMode>> out = {{Device::CPU, KernelMode::Fused},
+                                                    {Device::CPU, KernelMode::Unfused}};
   if (cuda_available()) {
     out.emplace_back(Device::CUDA, KernelMode::Fused);
     out.emplace_back(Device::CUDA, KernelMode::Unfused);
@@ -328,7 +329,8 @@ TEST_CASE("determinism child: write every digest to $HG_DETERMINISM_OUT", "[.][d
   if (!out_path) return;
   std::ofstream out(out_path);
   for (const auto& [dev, mode] : configs())
-    for (const auto& [name, h] : run_everything(dev, mode)) out << config_name(dev, mode) << ' ' << name << ' ' << h << '\n';
+    for (const auto& [name, h] : run_everything(dev, mode))
+      out << config_name(dev, mode) << ' ' << name << ' ' << h << '\n';
   REQUIRE(out.good());
 }
 
@@ -336,8 +338,8 @@ TEST_CASE("determinism: a second process computes bitwise-identical results (CPU
           "[determinism][multiprocess]") {
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   const fs::path out = fs::temp_directory_path() / ("hg_determinism_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = "HG_DETERMINISM_OUT='" + out.string() + "' '" + exe.string() +
-                          "' '[determinism-child]' > '" + out.string() + ".log' 2>&1";
+  const std::string cmd = "HG_DETERMINISM_OUT='" + out.string() + "' '" + exe.string() + "' '[determinism-child]' > '" +
+                          out.string() + ".log' 2>&1";
   REQUIRE(std::system(cmd.c_str()) == 0);
 
   std::map<std::string, Digest> child;

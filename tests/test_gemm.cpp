@@ -153,7 +153,7 @@ struct Tolerance {
   double per_scale;  // times s
   double rel;        // times |ref|
   double abs;
-  double pre = 0;    // times Reference::pre (BF16 out: the product rounded before the epilogue)
+  double pre = 0;  // times Reference::pre (BF16 out: the product rounded before the epilogue)
 };
 
 // Worst violation ratio |got - want| / bound (<= 1 passes).
@@ -201,11 +201,11 @@ std::string error_of(F&& f) {
   }
   return "";
 }
-#define CHECK_THAT_ERROR(call, needle)                         \
-  do {                                                         \
-    const std::string hg_msg_ = error_of(call);                \
-    INFO("message: " << hg_msg_);                              \
-    CHECK(hg_msg_.find(needle) != std::string::npos);          \
+#define CHECK_THAT_ERROR(call, needle)                \
+  do {                                                \
+    const std::string hg_msg_ = error_of(call);       \
+    INFO("message: " << hg_msg_);                     \
+    CHECK(hg_msg_.find(needle) != std::string::npos); \
   } while (0)
 
 const GemmEpilogue kEpilogues[] = {GemmEpilogue::None,         GemmEpilogue::Bias,      GemmEpilogue::BiasGelu,
@@ -222,9 +222,8 @@ void check_all_epilogues(Device dev, DType in, DType out_dtype, int64_t m, int64
       for (const bool acc : {false, true}) {
         if (acc && e == GemmEpilogue::GeluBackward) continue;
         const Case c{m, n, k, (t & 1) != 0, (t & 2) != 0};
-        INFO("epilogue " << gemm_epilogue_name(e) << " M " << m << " N " << n << " K " << k << " ta " << c.ta
-                         << " tb " << c.tb << " accumulate " << acc << " " << dtype_name(in) << " -> "
-                         << dtype_name(out_dtype));
+        INFO("epilogue " << gemm_epilogue_name(e) << " M " << m << " N " << n << " K " << k << " ta " << c.ta << " tb "
+                         << c.tb << " accumulate " << acc << " " << dtype_name(in) << " -> " << dtype_name(out_dtype));
         const Tensor a = Tensor::randn(c.ta ? Shape{k, m} : Shape{m, k}, gen, DType::F64).to(in).to(dev);
         const Tensor b = Tensor::randn(c.tb ? Shape{n, k} : Shape{k, n}, gen, DType::F64).to(in).to(dev);
         Tensor out = Tensor::randn({m, n}, gen, DType::F64).to(out_dtype).to(dev);
@@ -446,8 +445,8 @@ TEST_CASE("CUDA gemm: cuBLASLt's GELU epilogue is the tanh form (UnaryOp::Gelu),
     max_erf = std::max(max_erf, std::abs(got[i * n] - erf_form));
   }
   const double beta = de / ee;
-  WARN("cuBLASLt GELU epilogue on [-5, 5]: max |out - gelu_tanh| " << max_tanh << ", max |out - gelu_erf| "
-                                                                    << max_erf << ", beta " << beta);
+  WARN("cuBLASLt GELU epilogue on [-5, 5]: max |out - gelu_tanh| " << max_tanh << ", max |out - gelu_erf| " << max_erf
+                                                                   << ", beta " << beta);
   CHECK(std::abs(beta) < 0.3);
 }
 

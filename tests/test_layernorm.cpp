@@ -17,8 +17,8 @@
 using namespace hg;
 using hg::test::all_finite;
 using hg::test::f64;
-using hg::test::mean_error_in_stddevs;
 using hg::test::max_abs_diff;
+using hg::test::mean_error_in_stddevs;
 using hg::test::rel_error;
 using hg::test::sampled_fd_rel_error;
 using hg::test::weighted_sum;
@@ -35,8 +35,8 @@ using Outputs = hg::test::LayerNormOutputs;
 
 // x ~ offset + N(0, stddev^2); gamma ~ 1 + N(0, 0.25), beta and dy ~ N(0, 1),
 // drawn in float64 and then rounded to `dtype` on `device`.
-Inputs random_inputs(const Shape& shape, uint64_t seed, DType dtype = DType::F64,
-                     Device device = Device::CPU, double offset = 0.0, double stddev = 1.0) {
+Inputs random_inputs(const Shape& shape, uint64_t seed, DType dtype = DType::F64, Device device = Device::CPU,
+                     double offset = 0.0, double stddev = 1.0) {
   Generator gen(seed);
   const int64_t D = shape.back();
   const DType param_dtype = hg::math_dtype(dtype);
@@ -50,9 +50,7 @@ Inputs random_inputs(const Shape& shape, uint64_t seed, DType dtype = DType::F64
 
 // The same numbers as float64 CPU tensors: the reference sees exactly the
 // (already rounded) values the low-precision path saw.
-Inputs as_f64(const Inputs& in) {
-  return {f64(in.x), f64(in.gamma), f64(in.beta), f64(in.dy)};
-}
+Inputs as_f64(const Inputs& in) { return {f64(in.x), f64(in.gamma), f64(in.beta), f64(in.dy)}; }
 
 Outputs run(const Inputs& in, double eps, KernelMode mode) {
   KernelModeScope scope(mode);
@@ -121,8 +119,7 @@ Tensor naive_fp32_forward(const Tensor& x, const Tensor& gamma, const Tensor& be
     const float mu = s / D;
     const float var = s2 / D - mu * mu;
     const float rs = 1.0f / std::sqrt(var + static_cast<float>(eps));
-    for (int64_t j = 0; j < D; ++j)
-      y[r * D + j] = g[j] * ((static_cast<float>(xs[r * D + j]) - mu) * rs) + b[j];
+    for (int64_t j = 0; j < D; ++j) y[r * D + j] = g[j] * ((static_cast<float>(xs[r * D + j]) - mu) * rs) + b[j];
   }
   return Tensor::from_vector(y, x.shape(), DType::F64);
 }
@@ -148,8 +145,8 @@ TEST_CASE("layernorm float64 forward matches plain loops, at odd, large and host
     Shape shape;
     double offset, stddev;
   };
-  const std::vector<Case> cases = {{{3, 1}, 0, 1},       {{4, 7}, 0, 1},       {{2, 3, 1000}, 0, 1},
-                                   {{3, 4097}, 0, 1},    {{2, 65537}, 0, 1},   {{5, 33}, 1e4, 1},
+  const std::vector<Case> cases = {{{3, 1}, 0, 1},         {{4, 7}, 0, 1},        {{2, 3, 1000}, 0, 1},
+                                   {{3, 4097}, 0, 1},      {{2, 65537}, 0, 1},    {{5, 33}, 1e4, 1},
                                    {{3, 4097}, 1e6, 1e-2}, {{2, 65537}, -1e4, 1}, {{4, 9}, 2.5, 0}};
   uint64_t seed = 70;
   for (const Case& c : cases) {
@@ -358,7 +355,8 @@ Inputs range_inputs(const Shape& shape, const RangeCase& c, uint64_t seed, DType
 
 }  // namespace
 
-TEST_CASE("layernorm normalises float32 rows whose squares overflow float32, and tiny rows", "[layernorm][stability][range]") {
+TEST_CASE("layernorm normalises float32 rows whose squares overflow float32, and tiny rows",
+          "[layernorm][stability][range]") {
   for (const RangeCase& c : kRangeCases)
     for (const Shape& shape : std::vector<Shape>{{7, 1000}, {6, 7}, {4, 4097}, {2, 3, 1}}) {
       const Inputs in = range_inputs(shape, c, 11, DType::F32, Device::CPU);
@@ -394,7 +392,8 @@ TEST_CASE("layernorm normalises float64 rows whose squares overflow float64", "[
   }
 }
 
-TEST_CASE("layernorm of rows holding NaN or inf gives NaN in those rows, never a finite y", "[layernorm][stability][range]") {
+TEST_CASE("layernorm of rows holding NaN or inf gives NaN in those rows, never a finite y",
+          "[layernorm][stability][range]") {
   for (DType dtype : {DType::F32, DType::F64})
     for (double bad : {std::nan(""), std::numeric_limits<double>::infinity()})
       for (int64_t D : {int64_t{7}, int64_t{1000}}) {
@@ -520,9 +519,8 @@ namespace {
 // D <= 256, 512, 1024; 128..512-thread groups up to 16384; chunked rows beyond),
 // each with 16-byte vector loads (D % 8 == 0) and with the scalar path (odd D),
 // and enough rows for many blocks and many dgamma/dbeta partials.
-const std::vector<Shape> kGpuShapes = {{5000, 1}, {4099, 3},     {1024, 384}, {8, 128, 768}, {1031, 1000},
-                                       {512, 1536}, {256, 4096}, {257, 4097}, {64, 12288},  {64, 65536},
-                                       {32, 20001}};
+const std::vector<Shape> kGpuShapes = {{5000, 1},   {4099, 3},   {1024, 384}, {8, 128, 768}, {1031, 1000}, {512, 1536},
+                                       {256, 4096}, {257, 4097}, {64, 12288}, {64, 65536},   {32, 20001}};
 }  // namespace
 
 TEST_CASE("layernorm CUDA float32 fused and unfused match the float64 path", "[layernorm][cuda]") {
@@ -606,8 +604,7 @@ TEST_CASE("layernorm CUDA is stable on offset and constant rows", "[layernorm][c
 TEST_CASE("layernorm CUDA rejects mixed devices and F64 in fused mode", "[layernorm][cuda][errors]") {
   HG_REQUIRE_GPU();
   const Inputs in = random_inputs({2, 4}, 3, DType::F32, Device::CUDA);
-  const std::string msg =
-      error_of([&] { layernorm_forward(in.x, in.gamma.to(Device::CPU), in.beta, 1e-5, nullptr); });
+  const std::string msg = error_of([&] { layernorm_forward(in.x, in.gamma.to(Device::CPU), in.beta, 1e-5, nullptr); });
   CHECK(contains(msg, "layernorm_forward"));
   CHECK(contains(msg, "gamma"));
   CHECK(error_of([&] { layernorm_forward(in.x, in.gamma, in.beta, 1e-5, nullptr); }).empty());
@@ -645,8 +642,7 @@ TEST_CASE("layernorm _into variants write what the allocating ones return, and c
     CHECK(contains(error_of([&] { layernorm_forward_into(in.x, in.gamma, in.beta, 1e-5, small, saved); }),
                    "output y is Tensor(2, 3, 7)"));
     LayerNormSaved wrong{saved.mean, Tensor::empty({6}, DType::F32)};
-    CHECK(contains(error_of([&] { layernorm_forward_into(in.x, in.gamma, in.beta, 1e-5, y, wrong); }),
-                   "output rstd"));
+    CHECK(contains(error_of([&] { layernorm_forward_into(in.x, in.gamma, in.beta, 1e-5, y, wrong); }), "output rstd"));
     g.dbeta = Tensor::zeros({9}, DType::F64);
     CHECK(contains(error_of([&] { layernorm_backward_into(in.dy, in.x, in.gamma, saved, g); }), "output dbeta"));
     CHECK(max_abs_diff(small, Tensor::zeros({2, 3, 7}, DType::F64)) == 0.0);  // nothing written on refusal

@@ -23,10 +23,10 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
+#include "cuda/layernorm_table.hpp"
 #include "ops/layernorm.hpp"
 #include "tests/layernorm_outputs.hpp"
 #include "tests/test_util.hpp"
-#include "cuda/layernorm_table.hpp"
 #ifdef HG_WITH_CUDA
 #include "cuda/layernorm_kernels.hpp"
 #endif
@@ -58,7 +58,7 @@ TEST_CASE("layernorm table: width classes, memory systems, and what each entry m
           CHECK(ln_fallback(k).rows == LnRows::InRegisters);
           CHECK(ln_fallback(k).bf16_8_byte_access == k.bf16_8_byte_access);
           if (!bf16) CHECK_FALSE(k.bf16_8_byte_access);  // an f32 row has no 8-byte bf16 slots
-          if (pass == LnPass::Backward) {  // the backward has no one-pass or two-a-step kernels
+          if (pass == LnPass::Backward) {                // the backward has no one-pass or two-a-step kernels
             CHECK(k.rows != LnRows::StagedTwoAStep);
             CHECK_FALSE(k.one_pass_stats);
             CHECK_FALSE(k.bf16_packed);
@@ -93,7 +93,7 @@ constexpr float kEps = 1e-5f;
 using Outputs = hg::test::LayerNormOutputs;
 
 struct Inputs {
-  Tensor x, gamma, beta, dy;  // on the GPU (x possibly a misaligned view)
+  Tensor x, gamma, beta, dy;          // on the GPU (x possibly a misaligned view)
   Tensor x64, gamma64, beta64, dy64;  // the same values, float64 on the CPU
 };
 
@@ -177,7 +177,7 @@ Outputs run_kernels(const Inputs& in, const Configs& configs = {}) {
   const int64_t rows = in.x.size(0), D = in.x.size(1);
   const DType dtype = in.x.dtype();
   Outputs out{poisoned({rows, D}, dtype), poisoned({rows}, DType::F32), poisoned({rows}, DType::F32),
-              poisoned({rows, D}, dtype), poisoned({D}, DType::F32),   poisoned({D}, DType::F32)};
+              poisoned({rows, D}, dtype), poisoned({D}, DType::F32),    poisoned({D}, DType::F32)};
   forward_with(in.x, in.gamma, in.beta, out.y, out.mean, out.rstd, configs.forward);
   backward_with(in.dy, in.x, in.gamma, out.mean, out.rstd, out.dx, out.dgamma, out.dbeta, configs.backward);
   return out;
@@ -240,9 +240,9 @@ void check_against_reference(const Inputs& in, bool offset_view) {
 // 65536, 7 for 100003 (odd), and exactly 8 for 131072 (the dispatcher may
 // take a larger C where more blocks stay resident); 140000 takes the
 // chunked backward (as every D past 16384 does below sm_90).
-const std::vector<int64_t> kWidths = {1,     3,     8,     100,   256,   257,    512,    513,    768,   769,
-                                      776,   1024,  1025,  1536,  2048,  2056,   3072,   4096,   4104,  8192,
-                                      8200,  12288, 16384, 16385, 16392, 40000,  65536,  100003, 131072, 140000};
+const std::vector<int64_t> kWidths = {1,    3,     8,     100,   256,   257,   512,   513,    768,    769,
+                                      776,  1024,  1025,  1536,  2048,  2056,  3072,  4096,   4104,   8192,
+                                      8200, 12288, 16384, 16385, 16392, 40000, 65536, 100003, 131072, 140000};
 
 // Rows: odd, and (below the chunked sizes) more than the persistent grid
 // holds at once on an H100, so blocks walk several rows (e.g. D = 16384:
@@ -372,8 +372,8 @@ TEST_CASE("layernorm kernels: each production table at the edges of its width cl
         const Inputs in = make_inputs(rows_for(D), D, dtype, false, seed++);
         const Configs table{gpu::ln_production_kernel(memory, gpu::LnPass::Forward, dtype, D),
                             gpu::ln_production_kernel(memory, gpu::LnPass::Backward, dtype, D)};
-        INFO(gpu::memory_system_name(memory) << " table, dtype " << dtype_name(dtype) << " D " << D << ": "
-                                             << describe(table));
+        INFO(gpu::memory_system_name(memory)
+             << " table, dtype " << dtype_name(dtype) << " D " << D << ": " << describe(table));
         const Outputs got = run_kernels(in, table);
         check_outputs(in, got, reference(in));
         const Outputs again = run_kernels(in, table);
@@ -506,12 +506,16 @@ TEST_CASE("layernorm kernels: rows holding NaN give NaN rows", "[layernorm][cuda
   for (const DType dtype : {DType::F32, DType::BF16})
     for (const int64_t D : {256, 1024, 4096, 16384, 40000, 140000}) {
       if (!width_selected(D)) continue;
-      const Inputs in = make_inputs(3, D, dtype, false, 5200, 0.0, 1.0,
-                                    [](int64_t r) { return r == 1 ? std::nan("") : 0.5; });
+      const Inputs in =
+          make_inputs(3, D, dtype, false, 5200, 0.0, 1.0, [](int64_t r) { return r == 1 ? std::nan("") : 0.5; });
       for (const Configs& k : configs_for(D, dtype, false)) {
         INFO("dtype " << dtype_name(dtype) << " D " << D << " " << describe(k));
-        Outputs out{poisoned({3, D}, dtype), Tensor::zeros({3}, DType::F32, Device::CUDA),
-                    Tensor::zeros({3}, DType::F32, Device::CUDA), {}, {}, {}};
+        Outputs out{poisoned({3, D}, dtype),
+                    Tensor::zeros({3}, DType::F32, Device::CUDA),
+                    Tensor::zeros({3}, DType::F32, Device::CUDA),
+                    {},
+                    {},
+                    {}};
         forward_with(in.x, in.gamma, in.beta, out.y, out.mean, out.rstd, k.forward);
         const std::vector<double> y = out.y.to_vector(), rstd = out.rstd.to_vector();
         CHECK(std::isnan(rstd[1]));
@@ -547,8 +551,7 @@ TEST_CASE("layernorm kernels: one-pass statistics where x[row, 0] is far from th
   for (const DType dtype : {DType::F32, DType::BF16})
     for (const int64_t D : {256, 768, 4096}) {
       if (!width_selected(D)) continue;
-      const Inputs in = make_inputs(capped(97), D, dtype, false, 41, 0.0, 1.0,
-                                    [&](int64_t r) { return kOff[r % 6]; });
+      const Inputs in = make_inputs(capped(97), D, dtype, false, 41, 0.0, 1.0, [&](int64_t r) { return kOff[r % 6]; });
       INFO("dtype " << dtype_name(dtype) << " D " << D);
       check_against_reference(in, false);
     }
@@ -614,12 +617,11 @@ TEST_CASE("layernorm kernels: staged forward configurations are bitwise their fa
       if (!width_selected(D)) continue;
       for (const gpu::LnKernel& k : staged_configs(gpu::LnPass::Forward, dtype, D))
         for (const Case c : {Case{1e4, 1.0, false}, Case{-3.0, 0.0, false}, Case{0.0, 1.0, true}}) {
-          const auto first = c.outlier_first
-                                 ? std::function<double(int64_t)>([&](int64_t r) { return kOff[r % 6]; })
-                                 : std::function<double(int64_t)>();
+          const auto first = c.outlier_first ? std::function<double(int64_t)>([&](int64_t r) { return kOff[r % 6]; })
+                                             : std::function<double(int64_t)>();
           const ForwardInputs in = forward_inputs(capped(1001), D, dtype, 61, c.offset, c.stddev, first);
-          INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " D " << D << " offset "
-                   << c.offset << " stddev " << c.stddev << (c.outlier_first ? " outlier in column 0" : ""));
+          INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " D " << D << " offset " << c.offset
+                   << " stddev " << c.stddev << (c.outlier_first ? " outlier in column 0" : ""));
           check_staged_matches(in, k);
           if (c.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
             const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, k);
@@ -702,11 +704,11 @@ TEST_CASE("layernorm kernels: staged backward configurations against their fallb
         for (const int64_t wanted_rows : {0, 1, 3, 1000, 5000})
           for (const Kind kind : {Kind{0.0, 1.0}, Kind{1e4, 1.0}, Kind{-3.0, 0.0}}) {
             if (kind.stddev != 1.0 || kind.offset != 0.0)
-              if (wanted_rows != 1000) continue;  // hostile rows at one row count
+              if (wanted_rows != 1000) continue;         // hostile rows at one row count
             if (wanted_rows * D > 24'000'000) continue;  // the float64 column scales stay a short host pass
             const int64_t rows = capped(wanted_rows);
-            INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " rows " << rows << " D "
-                     << D << " offset " << kind.offset << " stddev " << kind.stddev);
+            INFO("'" << gpu::ln_kernel_name(k) << "' dtype " << dtype_name(dtype) << " rows " << rows << " D " << D
+                     << " offset " << kind.offset << " stddev " << kind.stddev);
             Generator gen(seed++);
             const Tensor x = rows == 0 ? Tensor::zeros({0, D}, dtype, Device::CUDA)
                                        : Tensor::randn({rows, D}, gen, dtype, Device::CUDA, kind.offset, kind.stddev);
@@ -785,6 +787,7 @@ TEST_CASE("layernorm kernels: bf16 8-byte backward configurations against float6
 
 #else
 TEST_CASE("layernorm kernels: built without CUDA", "[layernorm][cuda][kernels]") {
-  HG_GPU_UNAVAILABLE("no CUDA GPU present (handgrad was built without CUDA); the fused LayerNorm kernel tests run on the device machine");
+  HG_GPU_UNAVAILABLE("no CUDA GPU present (handgrad was built without CUDA); the fused LayerNorm kernel tests run on "
+                     "the device machine");
 }
 #endif

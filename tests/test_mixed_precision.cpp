@@ -108,7 +108,8 @@ TEST_CASE("Precision: names parse both ways, bad names throw, the CPU defaults t
   CHECK(default_precision(Device::CPU) == Precision::FP32);
   CHECK(activation_dtype(Precision::BF16) == DType::BF16);
   CHECK_NOTHROW(check_precision_supported(Precision::FP32, Device::CPU, "test"));
-  CHECK(contains(thrown_message([&] { check_precision_supported(Precision::BF16, Device::CPU, "test"); }), "runs only on CUDA"));
+  CHECK(contains(thrown_message([&] { check_precision_supported(Precision::BF16, Device::CPU, "test"); }),
+                 "runs only on CUDA"));
 }
 
 TEST_CASE("bf16 arithmetic on the CPU is refused with a message naming the fix", "[precision]") {
@@ -151,8 +152,7 @@ TEST_CASE("TrainStep: one fp32 step equals the hand-written step bit for bit", "
   }
 }
 
-TEST_CASE("TrainStep: a non-finite loss stops the run naming the step; parameters stay as they were",
-          "[precision]") {
+TEST_CASE("TrainStep: a non-finite loss stops the run naming the step; parameters stay as they were", "[precision]") {
   DecoderLM model(small_config(Precision::FP32));
   AdamW opt(model.parameters(), clipped());
   TrainStep step(model, opt);
@@ -189,7 +189,8 @@ TEST_CASE("CUDA bf16 map / zip / reduce: f32 math on bf16 values, one rounding",
     REQUIRE(got_bf16.dtype() == DType::BF16);
     const auto g = got_bf16.to_vector(), w = want_f32.to_vector();
     double worst = 0;
-    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - w[i]) - std::ldexp(std::abs(w[i]), -8));
+    for (size_t i = 0; i < g.size(); ++i)
+      worst = std::max(worst, std::abs(g[i] - w[i]) - std::ldexp(std::abs(w[i]), -8));
     CHECK(worst <= floor);
   };
   for (UnaryOp op : {UnaryOp::Exp, UnaryOp::Tanh, UnaryOp::Gelu, UnaryOp::GeluGrad, UnaryOp::Square}) {

@@ -18,11 +18,11 @@
 #include "core/tensor_functions.hpp"
 #include "models/attention.hpp"
 #include "models/decoder_lm.hpp"
-#include "models/training_memory.hpp"
 #include "models/dropout.hpp"
 #include "models/embedding.hpp"
 #include "models/feedforward.hpp"
 #include "models/gelu.hpp"
+#include "models/training_memory.hpp"
 #include "models/transformer_layer.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/test_util.hpp"
@@ -178,14 +178,14 @@ TEST_CASE("Embedding: a second backward without zero_grad accumulates into both 
 TEST_CASE("Embedding: bad ids and lengths throw hg::Error", "[models]") {
   Generator g(1);
   Embedding emb(5, 4, 3, g);
-  CHECK_THROWS_AS(emb.forward(Tensor::from_vector({0, 5}, {1, 2})), Error);     // id == vocab
-  CHECK_THROWS_AS(emb.forward(Tensor::from_vector({0, -1}, {1, 2})), Error);    // negative
-  CHECK_THROWS_AS(emb.forward(Tensor::from_vector({0, 1.5}, {1, 2})), Error);   // not an integer
-  CHECK_THROWS_AS(emb.forward(Tensor::zeros({1, 5})), Error);                   // T > max_positions
-  CHECK_THROWS_AS(emb.forward(Tensor::zeros({4})), Error);                      // not (B, T)
-  CHECK_THROWS_AS(emb.backward(Tensor::zeros({1, 2, 3})), Error);               // before forward
+  CHECK_THROWS_AS(emb.forward(Tensor::from_vector({0, 5}, {1, 2})), Error);    // id == vocab
+  CHECK_THROWS_AS(emb.forward(Tensor::from_vector({0, -1}, {1, 2})), Error);   // negative
+  CHECK_THROWS_AS(emb.forward(Tensor::from_vector({0, 1.5}, {1, 2})), Error);  // not an integer
+  CHECK_THROWS_AS(emb.forward(Tensor::zeros({1, 5})), Error);                  // T > max_positions
+  CHECK_THROWS_AS(emb.forward(Tensor::zeros({4})), Error);                     // not (B, T)
+  CHECK_THROWS_AS(emb.backward(Tensor::zeros({1, 2, 3})), Error);              // before forward
   emb.forward(Tensor::zeros({1, 2}));
-  CHECK_THROWS_AS(emb.backward(Tensor::zeros({1, 3, 3})), Error);               // wrong dy shape
+  CHECK_THROWS_AS(emb.backward(Tensor::zeros({1, 3, 3})), Error);  // wrong dy shape
 }
 
 TEST_CASE("Dropout: mask statistics, same mask in backward, identity in eval", "[models]") {
@@ -267,7 +267,8 @@ TEST_CASE("Dropout: consecutive masks continue one stream, as the host loop did"
   CHECK(first != second);
 }
 
-TEST_CASE("CUDA Dropout: the device-drawn mask equals the CPU mask bit for bit (f32, bf16)", "[models][dropout][cuda]") {
+TEST_CASE("CUDA Dropout: the device-drawn mask equals the CPU mask bit for bit (f32, bf16)",
+          "[models][dropout][cuda]") {
   HG_REQUIRE_GPU();
   for (DType dt : {DType::F32, DType::BF16}) {
     INFO(dtype_name(dt));
@@ -348,9 +349,9 @@ TEST_CASE("MultiHeadAttention: causal and padding masks hide what they should", 
     for (int64_t j = 0; j < 8; ++j) CHECK(std::abs(m1.at({0, t, j}) - m2.at({0, t, j})) < 1e-6);
   CHECK(test::all_finite(m1));
 
-  CHECK_THROWS_AS(attn.forward(Tensor::zeros({1, 6, 7})), Error);                   // wrong width
-  CHECK_THROWS_AS(attn.forward(x, Tensor::zeros({1, 1, 1, 5})), Error);             // mask length
-  CHECK_THROWS_AS(MultiHeadAttention(10, 3, g), Error);                             // d % heads != 0
+  CHECK_THROWS_AS(attn.forward(Tensor::zeros({1, 6, 7})), Error);        // wrong width
+  CHECK_THROWS_AS(attn.forward(x, Tensor::zeros({1, 1, 1, 5})), Error);  // mask length
+  CHECK_THROWS_AS(MultiHeadAttention(10, 3, g), Error);                  // d % heads != 0
 }
 
 TEST_CASE("FeedForward: grads match finite differences", "[models]") {
@@ -370,7 +371,8 @@ TEST_CASE("TransformerLayer: grads match finite differences, fused and unfused",
   for (auto mode : {KernelMode::Fused, KernelMode::Unfused}) {
     KernelModeScope scope(mode);
     INFO("mode " << kernel_mode_name(mode));
-    check_module(layer, x, [&](TransformerLayer& m, const Tensor& in) { return m.forward(in, mask); }, 200);
+    check_module(
+        layer, x, [&](TransformerLayer& m, const Tensor& in) { return m.forward(in, mask); }, 200);
   }
 }
 
@@ -553,8 +555,7 @@ TEST_CASE("modules with dropout: CPU paths against the float64 gradients, masks 
   check_dropout_modules_on(Device::CPU);
 }
 
-TEST_CASE("CUDA: modules with dropout against the float64 CPU gradients, masks replayed",
-          "[cuda][models][dropout]") {
+TEST_CASE("CUDA: modules with dropout against the float64 CPU gradients, masks replayed", "[cuda][models][dropout]") {
   HG_REQUIRE_GPU();
   check_dropout_modules_on(Device::CUDA);
 }
@@ -617,8 +618,7 @@ TEST_CASE("cross_entropy: hostile inputs", "[ops][cross_entropy]") {
     CHECK_THROWS_AS(cross_entropy_forward(logits, Tensor::from_vector({0, 3}, {2}), -100, nullptr), Error);
     CHECK_THROWS_AS(cross_entropy_forward(logits, Tensor::from_vector({0, 0.5}, {2}), -100, nullptr), Error);
     CHECK_THROWS_AS(cross_entropy_forward(logits, Tensor::from_vector({0, 1, 2}, {3}), -100, nullptr), Error);
-    CHECK_THROWS_AS(cross_entropy_forward(logits, Tensor::from_vector({0, 1}, {2}, DType::F64), -100, nullptr),
-                    Error);
+    CHECK_THROWS_AS(cross_entropy_forward(logits, Tensor::from_vector({0, 1}, {2}, DType::F64), -100, nullptr), Error);
   }
   CHECK_THROWS_AS(cross_entropy_backward(CrossEntropySaved{}), Error);
 }
@@ -679,7 +679,8 @@ TEST_CASE("cross_entropy: float32 fused and unfused vs the float64 path at hosti
     INFO("vocab " << vocab);
     const Tensor logits64 = Tensor::randn({4, vocab}, g, DType::F64, Device::CPU, 1000.0, 4.0);
     const Tensor logits32 = logits64.to(DType::F32);
-    const Tensor targets = Tensor::from_vector({0, static_cast<double>(vocab - 1), -100, static_cast<double>(vocab / 3)}, {4});
+    const Tensor targets =
+        Tensor::from_vector({0, static_cast<double>(vocab - 1), -100, static_cast<double>(vocab / 3)}, {4});
     CrossEntropySaved ref_saved;
     // The float64 reference sees the same (float32-rounded) logits.
     const double ref = cross_entropy_forward(logits32.to(DType::F64), targets, -100, &ref_saved).item();
@@ -726,7 +727,7 @@ TEST_CASE("DecoderLM: two backwards without zero_grad give twice one backward's 
     Tensor ids, targets;
     fixed_batch(c, 2, 5, &ids, &targets);
     ids = ids.to(device), targets = targets.to(device);
-    StepResult once = lm_step(model, ids, targets);  // zero_grad, forward, backward
+    StepResult once = lm_step(model, ids, targets);                      // zero_grad, forward, backward
     for (auto& named : once.grads) named.second = named.second.clone();  // not the live gradient
     CrossEntropySaved saved;
     cross_entropy_forward(model.forward(ids), targets, -100, &saved);

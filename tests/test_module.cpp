@@ -6,8 +6,8 @@
 #include <iterator>
 
 #include "core/module.hpp"
-#include "tests/test_util.hpp"
 #include "tests/test_files.hpp"
+#include "tests/test_util.hpp"
 
 using hg::DType;
 using hg::Module;

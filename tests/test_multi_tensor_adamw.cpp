@@ -167,7 +167,7 @@ void check_cpu_against_reference(DType dtype, double max_norm) {
 TEST_CASE("adamw_multi on the CPU is the per-tensor AdamW bit for bit, with and without clipping", "[optim]") {
   check_cpu_against_reference<float>(DType::F32, 0.0);
   check_cpu_against_reference<double>(DType::F64, 0.0);
-  check_cpu_against_reference<float>(DType::F32, 1.0);  // the grads' norm is ~ 0.5 sqrt(35000) ~ 90: clipped
+  check_cpu_against_reference<float>(DType::F32, 1.0);   // the grads' norm is ~ 0.5 sqrt(35000) ~ 90: clipped
   check_cpu_against_reference<double>(DType::F64, 1e6);  // above the norm: scale 1
 }
 

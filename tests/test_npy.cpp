@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "core/npy.hpp"
-#include "tests/test_util.hpp"
 #include "tests/test_files.hpp"
+#include "tests/test_util.hpp"
 
 using hg::DType;
 using hg::Tensor;
@@ -72,7 +72,8 @@ TEST_CASE("npy reads headers the way NumPy writes them, v1 and v2") {
   REQUIRE(a.to_vector() == std::vector<double>{1.5, -2.0, 0.25});
   const Tensor b = hg::parse_npy(make_npy("{'shape': (1, 3), 'fortran_order': False, 'descr': '<f4'}", payload, 2));
   REQUIRE(b.shape() == hg::Shape{1, 3});
-  const Tensor c = hg::parse_npy(make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", std::string(8, '\0')));
+  const Tensor c =
+      hg::parse_npy(make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (), }", std::string(8, '\0')));
   REQUIRE(c.ndim() == 0);
   REQUIRE(c.item() == 0.0);
 }
@@ -94,9 +95,12 @@ TEST_CASE("npy rejects malformed and hostile files with hg::Error naming the fil
       {"int32", make_npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }", floats(6))},
       {"big endian", make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", floats(6))},
       {"fortran order", make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", floats(6))},
-      {"absurd shape (1 TB)", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (262144, 1048576), }", floats(6))},
-      {"overflowing product", make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }", floats(6))},
-      {"dim overflows int64", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }", floats(6))},
+      {"absurd shape (1 TB)",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (262144, 1048576), }", floats(6))},
+      {"overflowing product",
+       make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }", floats(6))},
+      {"dim overflows int64",
+       make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }", floats(6))},
       {"negative dim", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2, -3), }", floats(6))},
       {"shape too small for data", make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", floats(6))},
       {"missing shape", make_npy("{'descr': '<f4', 'fortran_order': False, }", floats(6))},

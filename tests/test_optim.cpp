@@ -8,8 +8,8 @@
 #include "tests/test_files.hpp"
 #include "tests/test_util.hpp"
 
-using hg::DType;
 using hg::Device;
+using hg::DType;
 using hg::Parameter;
 using hg::Tensor;
 
@@ -23,7 +23,6 @@ Parameter make_param(const std::vector<double>& value, const std::vector<double>
 void set_grad(Parameter& p, const std::vector<double>& grad) {
   p.grad.copy_(Tensor::from_vector(grad, p.grad.shape(), DType::F64));
 }
-
 
 // Step k's gradient for parameter j: any fixed, non-trivial sequence will do.
 std::vector<double> grad_at(int k, int j, int64_t n) {
@@ -249,7 +248,8 @@ TEST_CASE("CUDA optimizers and clipping match the CPU float32 path", "[cuda]") {
     hg::AdamW adamw({&p}, {0.01, 0.9, 0.999, 1e-8, 0.1});
     for (const Tensor& gr : grads) {
       p.grad.copy_(gr);
-      if (adam) adamw.step(); else sgd.step();
+      if (adam) adamw.step();
+      else sgd.step();
     }
     return p.value.to(Device::CPU);
   };

@@ -13,8 +13,8 @@
 namespace {
 
 using hg::BinaryOp;
-using hg::DType;
 using hg::Device;
+using hg::DType;
 using hg::ReduceOp;
 using hg::Shape;
 using hg::Tensor;
@@ -47,12 +47,12 @@ Tensor away_from_zero(const Shape& s, hg::Generator& gen) {
 TEST_CASE("map_backward for every differentiable unary op", "[grad][map]") {
   hg::Generator gen(21);
   const Shape s = {3, 7};
-  const UnaryOp ops[] = {UnaryOp::Identity, UnaryOp::Neg,    UnaryOp::Exp,  UnaryOp::Log,  UnaryOp::Sqrt,
+  const UnaryOp ops[] = {UnaryOp::Identity, UnaryOp::Neg,        UnaryOp::Exp,    UnaryOp::Log, UnaryOp::Sqrt,
                          UnaryOp::Rsqrt,    UnaryOp::Reciprocal, UnaryOp::Square, UnaryOp::Abs, UnaryOp::Relu,
-                         UnaryOp::Gelu,     UnaryOp::Tanh,   UnaryOp::Sigmoid};
+                         UnaryOp::Gelu,     UnaryOp::Tanh,       UnaryOp::Sigmoid};
   for (UnaryOp op : ops) {
-    const bool positive = op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt ||
-                          op == UnaryOp::Reciprocal;
+    const bool positive =
+        op == UnaryOp::Log || op == UnaryOp::Sqrt || op == UnaryOp::Rsqrt || op == UnaryOp::Reciprocal;
     Tensor x = positive ? Tensor::rand(s, gen, DType::F64, Device::CPU, 0.3, 3.0) : away_from_zero(s, gen);
     const Tensor w = randn64(s, gen);
     const Tensor out = hg::map(op, x);
@@ -99,9 +99,9 @@ TEST_CASE("sum_to_shape inverts broadcasting", "[grad][broadcast]") {
 
 TEST_CASE("add/sub/mul/div backward with broadcasting", "[grad][zip]") {
   hg::Generator gen(23);
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 4}, {3, 4}}, {{2, 3, 4}, {4}}, {{4}, {2, 3, 4}}, {{2, 1, 4}, {3, 1}},
-      {{3, 4}, {}},     {{}, {3, 4}},     {{5, 1}, {1, 6}}, {{2, 3, 4}, {2, 1, 4}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{{3, 4}, {3, 4}},    {{2, 3, 4}, {4}},      {{4}, {2, 3, 4}},
+                                                      {{2, 1, 4}, {3, 1}}, {{3, 4}, {}},          {{}, {3, 4}},
+                                                      {{5, 1}, {1, 6}},    {{2, 3, 4}, {2, 1, 4}}};
   const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div};
   for (const auto& [sa, sb] : cases) {
     for (BinaryOp op : ops) {
@@ -161,9 +161,8 @@ TEST_CASE("matmul_backward: all transpose combinations, batches, shared b", "[gr
     int64_t m, k, n;
     bool shared_b;
   };
-  const std::vector<Case> cases = {
-      {{}, 3, 4, 5, false}, {{2}, 3, 4, 2, false}, {{2, 2}, 2, 3, 3, false}, {{3}, 2, 4, 3, true}, {{2, 2}, 3, 2, 1, true},
-      {{}, 1, 1, 1, false}};
+  const std::vector<Case> cases = {{{}, 3, 4, 5, false}, {{2}, 3, 4, 2, false},   {{2, 2}, 2, 3, 3, false},
+                                   {{3}, 2, 4, 3, true}, {{2, 2}, 3, 2, 1, true}, {{}, 1, 1, 1, false}};
   auto operand = [](const Shape& batch, int64_t rows, int64_t cols, bool t) {
     Shape s = batch;
     s.push_back(t ? cols : rows);
@@ -177,8 +176,8 @@ TEST_CASE("matmul_backward: all transpose combinations, batches, shared b", "[gr
         Tensor b = randn64(operand(c.shared_b ? Shape{} : c.batch, c.k, c.n, tb), gen);
         const Tensor w = randn64(operand(c.batch, c.m, c.n, false), gen);
         const auto [da, db] = hg::matmul_backward(w, a, b, ta, tb);
-        const std::string what = hg::shape_str(a.shape()) + " x " + hg::shape_str(b.shape()) + (ta ? " ta" : "") +
-                                 (tb ? " tb" : "");
+        const std::string what =
+            hg::shape_str(a.shape()) + " x " + hg::shape_str(b.shape()) + (ta ? " ta" : "") + (tb ? " tb" : "");
         auto f = [&] { return hg::matmul(a, b, ta, tb); };
         check_grad(f, a, w, da, what + " da");
         check_grad(f, b, w, db, what + " db");

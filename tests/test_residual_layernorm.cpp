@@ -112,7 +112,7 @@ enum class Kernel { ResidentRows, OneBlockPerRow };
 #endif
 
 struct PathOptions {
-  bool offset_view = false;  // x one element off: unaligned rows
+  bool offset_view = false;   // x one element off: unaligned rows
   bool residual_grad = true;  // false: the backward without dh_in
   // CUDA fused: the kernels called directly with this choice; unset: the op.
   std::optional<Kernel> kernel;
@@ -132,8 +132,13 @@ PathOutputs run_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, con
   const int64_t rows = x.size(0), D = x.size(1);
   const auto rows_f32 = [&] { return Tensor::empty({rows}, DType::F32, Device::CUDA); };
   const auto cols_f32 = [&] { return Tensor::empty({D}, DType::F32, Device::CUDA); };
-  PathOutputs o{Tensor::empty({rows, D}, x.dtype(), Device::CUDA), Tensor::empty({rows, D}, x.dtype(), Device::CUDA),
-                rows_f32(), rows_f32(), Tensor::empty({rows, D}, x.dtype(), Device::CUDA), cols_f32(), cols_f32()};
+  PathOutputs o{Tensor::empty({rows, D}, x.dtype(), Device::CUDA),
+                Tensor::empty({rows, D}, x.dtype(), Device::CUDA),
+                rows_f32(),
+                rows_f32(),
+                Tensor::empty({rows, D}, x.dtype(), Device::CUDA),
+                cols_f32(),
+                cols_f32()};
   gpu::residual_layernorm_forward_fused(x, r, gamma, beta, float(kEps), o.h, o.y, o.mean, o.rstd, kernel);
   gpu::residual_layernorm_backward_fused(dy, dh_in.defined() ? &dh_in : nullptr, o.h, gamma, o.mean, o.rstd, o.dh,
                                          o.dgamma, o.dbeta, kernel);
@@ -145,8 +150,8 @@ PathOutputs run_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, con
 // float64 on the same stored h.
 PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, int64_t D, Rows kind,
                        PathOptions opt = {}) {
-  INFO(device_name(dev) << " " << dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows " << rows << " D "
-                        << D << " kind " << int(kind) << (opt.offset_view ? " offset view" : "")
+  INFO(device_name(dev) << " " << dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows " << rows << " D " << D
+                        << " kind " << int(kind) << (opt.offset_view ? " offset view" : "")
                         << (opt.residual_grad ? "" : " no dh_in")
                         << (opt.kernel ? std::string(" ") + kernel_name(*opt.kernel) : std::string()));
   const Inputs in = make_inputs(rows, D, kind, 7 * D + rows + int(kind));
@@ -321,10 +326,12 @@ TEST_CASE("residual_layernorm CUDA resident forward is LayerNorm's two-pass forw
         const Tensor x = in.x.to(dtype).to(Device::CUDA), r = in.r.to(dtype).to(Device::CUDA);
         const Tensor gamma = in.gamma.to(DType::F32).to(Device::CUDA), beta = in.beta.to(DType::F32).to(Device::CUDA);
         Tensor h = Tensor::empty({rows, D}, dtype, Device::CUDA), y = Tensor::empty({rows, D}, dtype, Device::CUDA);
-        Tensor mean = Tensor::empty({rows}, DType::F32, Device::CUDA), rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
+        Tensor mean = Tensor::empty({rows}, DType::F32, Device::CUDA),
+               rstd = Tensor::empty({rows}, DType::F32, Device::CUDA);
         REQUIRE(gpu::residual_layernorm_forward_resident(x, r, gamma, beta, float(kEps), h, y, mean, rstd));
         Tensor y_ln = Tensor::empty({rows, D}, dtype, Device::CUDA);
-        Tensor mean_ln = Tensor::empty({rows}, DType::F32, Device::CUDA), rstd_ln = Tensor::empty({rows}, DType::F32, Device::CUDA);
+        Tensor mean_ln = Tensor::empty({rows}, DType::F32, Device::CUDA),
+               rstd_ln = Tensor::empty({rows}, DType::F32, Device::CUDA);
         gpu::layernorm_forward_fused(h, gamma, beta, float(kEps), y_ln, mean_ln, rstd_ln, gpu::ln::kInRegisters);
         CHECK(same_bytes(y, y_ln));
         CHECK(same_bytes(mean, mean_ln));
@@ -374,8 +381,7 @@ TEST_CASE("residual_layernorm CUDA kernels in place: h = x, h = r, dh = dh_in", 
 #endif
 }
 
-TEST_CASE("residual_layernorm CUDA backward is deterministic (no float atomics)",
-          "[residual_layernorm][cuda]") {
+TEST_CASE("residual_layernorm CUDA backward is deterministic (no float atomics)", "[residual_layernorm][cuda]") {
   HG_REQUIRE_GPU();
 #ifdef HG_WITH_CUDA
   for (const Kernel kernel : kKernels)

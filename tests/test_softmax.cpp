@@ -38,7 +38,7 @@ Tensor naive_softmax(const Tensor& x, const Tensor& mask, bool causal, double sc
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / (heads * tq), q = r % tq;
     bool row_nan = false;
-    std::vector<double> z;   // visible keys only
+    std::vector<double> z;  // visible keys only
     std::vector<int64_t> keys;
     for (int64_t k = 0; k < tk; ++k) {
       const double v = scale * xs[r * tk + k];
@@ -173,8 +173,8 @@ struct PathRun {
 };
 
 // attention == false runs the plain softmax_forward (x of any rank).
-PathRun run_path(const Path& p, const Tensor& x64, const Tensor& mask64, bool causal, double scale,
-                 const Tensor& dy64, bool attention = true) {
+PathRun run_path(const Path& p, const Tensor& x64, const Tensor& mask64, bool causal, double scale, const Tensor& dy64,
+                 bool attention = true) {
   hg::KernelModeScope mode(p.mode);
   const Tensor x = to_path(x64, p), dy = to_path(dy64, p);
   hg::SoftmaxOptions options;
@@ -223,8 +223,8 @@ void check_path_agrees(const Path& p, const Config& c, uint64_t seed) {
   const Tensor mask = make_mask(c, gen);
   INFO(p.name << ": " << describe(c));
   const PathRun run = run_path(p, x, mask, c.causal, c.scale, dy);
-  const Tensor y_ref = naive_softmax(run.x_seen, mask.defined() ? hg::test::f64(mask.to(math_dtype(p.dtype))) : mask,
-                                     c.causal, c.scale);
+  const Tensor y_ref =
+      naive_softmax(run.x_seen, mask.defined() ? hg::test::f64(mask.to(math_dtype(p.dtype))) : mask, c.causal, c.scale);
   REQUIRE(hg::test::all_finite(run.y));
   REQUIRE(hg::test::all_finite(run.dx));
   const double tolerance = tolerance_for(p, c.tk);
@@ -269,10 +269,11 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 TEST_CASE("softmax float64 fused matches the naive reference", "[softmax]") {
   hg::Generator gen(11);
-  const std::vector<Config> configs = {
-      {2, 3, 4, 7, MaskForm::KeyPadding, false, 0.5}, {2, 1, 3, 6, MaskForm::Full, true, 1.5},
-      {1, 2, 3, 8, MaskForm::None, true, 1.0},        {1, 1, 6, 4, MaskForm::None, true, 1.0},  // Tq > Tk
-      {3, 2, 2, 5, MaskForm::SharedKeyPadding, false, -0.5}};
+  const std::vector<Config> configs = {{2, 3, 4, 7, MaskForm::KeyPadding, false, 0.5},
+                                       {2, 1, 3, 6, MaskForm::Full, true, 1.5},
+                                       {1, 2, 3, 8, MaskForm::None, true, 1.0},
+                                       {1, 1, 6, 4, MaskForm::None, true, 1.0},  // Tq > Tk
+                                       {3, 2, 2, 5, MaskForm::SharedKeyPadding, false, -0.5}};
   for (const Config& c : configs) {
     INFO(describe(c));
     const Tensor x = Tensor::randn({c.b, c.h, c.tq, c.tk}, gen, DType::F64, Device::CPU, 0.0, 2.0);
@@ -395,7 +396,8 @@ TEST_CASE("softmax bf16 bound: float32 results rounded to nearest pass, truncate
       const std::vector<double> y_slack = hg::test::softmax_y_slack(y_ref);
       const std::vector<double> dx_slack =
           hg::test::softmax_dx_slack(hg::test::f64(dy).to_vector(), hg::test::f64(y_bf16).to_vector(), c.tk, c.scale);
-      const hg::test::Bf16Comparison y_nearest = hg::test::compare_bf16(hg::test::f64(y_bf16).to_vector(), y_ref, y_slack);
+      const hg::test::Bf16Comparison y_nearest =
+          hg::test::compare_bf16(hg::test::f64(y_bf16).to_vector(), y_ref, y_slack);
       const hg::test::Bf16Comparison dx_nearest =
           hg::test::compare_bf16(hg::test::f64(dx32.to(DType::BF16)).to_vector(), dx_ref, dx_slack);
       const std::vector<double> y_trunc = hg::test::truncate_to_bf16(y32.to_vector());
@@ -435,7 +437,7 @@ TEST_CASE("softmax CUDA streaming rows (Tk > 16384) agree with float64", "[softm
   const int64_t tk = 20001;
   const std::vector<Config> configs = {
       {1, 2, 2, tk, MaskForm::KeyPadding, false, 0.125},
-      {2, 1, 3, tk, MaskForm::Full, true, 0.7},        // causal with Tq < Tk: visible prefix ~Tk
+      {2, 1, 3, tk, MaskForm::Full, true, 0.7},  // causal with Tq < Tk: visible prefix ~Tk
       {1, 1, 2, tk, MaskForm::SharedKeyPadding, true, 1.0},
       {1, 1, 3, tk, MaskForm::None, true, 2.0},
       {1, 2, 2, tk - 1, MaskForm::KeyPadding, true, 0.125},  // even Tk: the vector (W > 1) streaming path
@@ -470,8 +472,8 @@ TEST_CASE("softmax logits of +-1e4 give exact answers", "[softmax][hostile]") {
                                         -1e4, -1e4, -1e4, -1e4,    //
                                         -1e4, -9999, -1e4, -1e4},  //
                                        {4, 4}, DType::F64);
-  const Tensor expected = Tensor::from_vector({1, 0, 0, 0,  //
-                                               0.5, 0.5, 0, 0,  //
+  const Tensor expected = Tensor::from_vector({1, 0, 0, 0,              //
+                                               0.5, 0.5, 0, 0,          //
                                                0.25, 0.25, 0.25, 0.25,  //
                                                1 / (3 + e), e / (3 + e), 1 / (3 + e), 1 / (3 + e)},
                                               {4, 4}, DType::F64);
@@ -543,7 +545,7 @@ TEST_CASE("softmax fully masked rows give zeros and zero gradient", "[softmax][h
           CHECK(run.y.at({0, 0, q, k}) == 0.0);
           CHECK(run.dx.at({0, 0, q, k}) == 0.0);
         }
-      CHECK(run.y.at({0, 0, 2, 0}) == 1.0);  // query 2 sees exactly key 0
+      CHECK(run.y.at({0, 0, 2, 0}) == 1.0);   // query 2 sees exactly key 0
       CHECK(run.dx.at({0, 0, 2, 0}) == 0.0);  // and a one-hot row has zero gradient
     }
     {
@@ -639,10 +641,8 @@ TEST_CASE("softmax NaN at a masked key: propagates; at a causally hidden key: pa
     const PathRun run = run_path(p, x, mask, /*causal=*/true, 1.0, dy);
     for (int64_t k = 0; k < 4; ++k) {
       CHECK(std::isnan(run.y.at({0, 0, 1, k})));
-      if (p.mode == KernelMode::Fused)
-        CHECK(std::isfinite(run.y.at({0, 0, 0, k})));
-      else
-        CHECK(std::isnan(run.y.at({0, 0, 0, k})));
+      if (p.mode == KernelMode::Fused) CHECK(std::isfinite(run.y.at({0, 0, 0, k})));
+      else CHECK(std::isnan(run.y.at({0, 0, 0, k})));
     }
     if (p.mode == KernelMode::Fused)
       check_y(p, run.y.reshape({2, 4}).slice(0, 1),
@@ -679,7 +679,8 @@ TEST_CASE("softmax bad inputs throw hg::Error naming op and shapes", "[softmax][
   const auto attention = [&](const Tensor& s, const Tensor& mask, double scale = 1.0) {
     return [=] { hg::attention_softmax_forward(s, hg::SoftmaxOptions{mask, false, scale}); };
   };
-  for (const Shape& bad : std::vector<Shape>{{2, 1, 1, 6}, {2, 3, 4, 5}, {3, 1, 1, 5}, {2, 1, 2, 5}, {5}, {2, 1, 4, 5, 1}}) {
+  for (const Shape& bad :
+       std::vector<Shape>{{2, 1, 1, 6}, {2, 3, 4, 5}, {3, 1, 1, 5}, {2, 1, 2, 5}, {5}, {2, 1, 4, 5, 1}}) {
     INFO(hg::shape_str(bad));
     const std::string msg = error_of(attention(scores, Tensor::zeros(bad)));
     CHECK(contains(msg, "attention_softmax_forward"));
@@ -738,8 +739,8 @@ TEST_CASE("softmax bad devices throw hg::Error", "[softmax][errors][cuda]") {
   CHECK(contains(msg, "(2, 3, 4, 5)"));
   // bf16 scores take an F32 mask, not a bf16 one.
   msg = error_of([&] {
-    hg::attention_softmax_forward(scores.to(DType::BF16),
-                                  hg::SoftmaxOptions{Tensor::zeros({2, 1, 1, 5}, DType::BF16, Device::CUDA), false, 1.0});
+    hg::attention_softmax_forward(
+        scores.to(DType::BF16), hg::SoftmaxOptions{Tensor::zeros({2, 1, 1, 5}, DType::BF16, Device::CUDA), false, 1.0});
   });
   CHECK(contains(msg, "mask"));
   msg = error_of([&] { hg::softmax_backward(Tensor::zeros({2, 3}), Tensor::zeros({2, 3}, DType::F32, Device::CUDA)); });
@@ -747,8 +748,7 @@ TEST_CASE("softmax bad devices throw hg::Error", "[softmax][errors][cuda]") {
   CHECK(contains(msg, "(2, 3)"));
 }
 
-TEST_CASE("softmax _into variants write what the allocating ones return, and check their outputs",
-          "[softmax][into]") {
+TEST_CASE("softmax _into variants write what the allocating ones return, and check their outputs", "[softmax][into]") {
   hg::Generator gen(21);
   const Tensor scores = Tensor::randn({2, 2, 3, 5}, gen, DType::F64);
   const Tensor dy = Tensor::randn({2, 2, 3, 5}, gen, DType::F64);

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "core/tensor.hpp"
+#include "cuda/softmax_kernels.hpp"
 #include "ops/softmax.hpp"
 #include "tests/bf16_ulps.hpp"
 #include "tests/test_util.hpp"
-#include "cuda/softmax_kernels.hpp"
 
 namespace {
 
@@ -127,7 +127,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   Case c{};
   Tensor mask64;
   switch (variant) {
-    case Variant::Plain:  // softmax_forward's layout: rows of tk, no mask
+    case Variant::Plain:       // softmax_forward's layout: rows of tk, no mask
     case Variant::HugeLogits:  // the same with logits of about 1e30
       c = {1, 1, 1, tk, nullptr, 0, 0, false, 1.0};
       c.b = 5;
@@ -231,9 +231,8 @@ TEST_CASE("fused softmax kernels agree with float64 at every layout boundary", "
   // Around each switch: f32 16-byte lanes 8/16/32 x 1/2/4/8 up to 1024, bf16
   // up to 1024 (N <= 4), scalar lanes up to 256, block team up to 16384
   // (scalar backward 8192), then streaming. Odd values force the scalar path.
-  const std::vector<int64_t> tks = {1,   3,    8,    31,   32,   33,   64,   96,   128,   129,   200,   256,
-                                    264, 512,  520,  1000, 1024, 1032, 4096, 4097, 8200,  16384, 16385, 16392,
-                                    40000};
+  const std::vector<int64_t> tks = {1,   3,   8,    31,   32,   33,   64,   96,   128,   129,   200,   256,  264,
+                                    512, 520, 1000, 1024, 1032, 4096, 4097, 8200, 16384, 16385, 16392, 40000};
   uint64_t seed = 7000;
   for (const int64_t tk : tks)
     for (const DType dtype : {DType::F32, DType::BF16})

@@ -10,12 +10,13 @@
 #include "core/tensor.hpp"
 #include "tests/test_util.hpp"
 
-using hg::DType;
 using hg::Device;
+using hg::DType;
 using hg::Tensor;
 
 namespace {
-template <class F> std::string error_message(F&& f) {
+template <class F>
+std::string error_message(F&& f) {
   try {
     f();
   } catch (const hg::Error& e) {
@@ -140,16 +141,16 @@ TEST_CASE("to(dtype) converts, bf16 rounds to nearest even") {
   const Tensor a = Tensor::from_vector({0.1, -2.5, 1e30}, {3});
   const Tensor d = a.to(DType::F64);
   REQUIRE(d.dtype() == DType::F64);
-  REQUIRE(d.at({0}) == static_cast<double>(0.1f));  // exactly the float value, widened
+  REQUIRE(d.at({0}) == static_cast<double>(0.1f));   // exactly the float value, widened
   REQUIRE(a.to(DType::F32).shares_storage_with(a));  // no-op cast returns the same tensor
 
   // bf16 keeps 8 significant bits: ulp(1) = 2^-7.
   const double h = std::ldexp(1.0, -8);
-  const std::vector<double> in = {1.0 + h,             // tie -> even (1.0)
-                                  1.0 + 3 * h,         // tie -> even (1 + 2^-6)
+  const std::vector<double> in = {1.0 + h,                         // tie -> even (1.0)
+                                  1.0 + 3 * h,                     // tie -> even (1 + 2^-6)
                                   1.0 + h + std::ldexp(1.0, -20),  // above the tie -> up
-                                  -(1.0 + h),          // ties are symmetric in sign
-                                  3.4e38,              // above bf16 max + half ulp (3.396e38) -> inf
+                                  -(1.0 + h),                      // ties are symmetric in sign
+                                  3.4e38,                          // above bf16 max + half ulp (3.396e38) -> inf
                                   1.0};
   const std::vector<double> expected = {1.0, 1.0 + 4 * h, 1.0 + 2 * h, -1.0, INFINITY, 1.0};
   const Tensor b = Tensor::from_vector(in, {6}).to(DType::BF16);
@@ -313,7 +314,8 @@ TEST_CASE("init_logging accepts level names and rejects others") {
   ::unsetenv("HG_LOG_LEVEL");
 }
 
-TEST_CASE("host allocator: CPU blocks are cached and reused; a much smaller request does not pin one", "[tensor][allocator]") {
+TEST_CASE("host allocator: CPU blocks are cached and reused; a much smaller request does not pin one",
+          "[tensor][allocator]") {
   if (!hg::host::caching_enabled()) {
     WARN("SKIPPED: host block cache is off in sanitizer builds (AddressSanitizer must see every free)");
     return;

@@ -219,8 +219,7 @@ TEST_CASE("TrainStep: StepResult::step and the non-finite message continue the o
   CHECK(opt.steps() == 3);
 }
 
-TEST_CASE("TrainStep: profiling scopes of the step (optimizer, and the classifier or cross_entropy)",
-          "[train_step]") {
+TEST_CASE("TrainStep: profiling scopes of the step (optimizer, and the classifier or cross_entropy)", "[train_step]") {
   // Fused mode runs the chunked classifier (its GEMMs and row pass one
   // kind); without it the head is a Linear and the loss cross_entropy.
   for (bool chunked : {true, false}) {

@@ -91,7 +91,8 @@ inline Tensor f64(const Tensor& t) { return t.to(Device::CPU).to(DType::F64); }
 
 // The message of the exception `f` throws, or "" when it returns normally
 // (one spelling for Catch2 v2 and v3, which differ in their matchers).
-template <class F> std::string thrown_message(F&& f) {
+template <class F>
+std::string thrown_message(F&& f) {
   try {
     f();
   } catch (const std::exception& e) {
@@ -143,9 +144,8 @@ inline bool cuda_paths_run(const std::string& what) {
 
 // First line of every GPU test case. HG_REQUIRE_CUDA's value is checked on
 // every machine, so a bad value is refused where a GPU is present too.
-#define HG_REQUIRE_GPU()                                                                   \
-  do {                                                                                     \
-    (void)::hg::test::cuda_required();                                                     \
-    if (!::hg::cuda_available())                                                           \
-      HG_GPU_UNAVAILABLE("no CUDA GPU present; this GPU test runs on the device machine"); \
+#define HG_REQUIRE_GPU()                                                                                              \
+  do {                                                                                                                \
+    (void)::hg::test::cuda_required();                                                                                \
+    if (!::hg::cuda_available()) HG_GPU_UNAVAILABLE("no CUDA GPU present; this GPU test runs on the device machine"); \
   } while (0)

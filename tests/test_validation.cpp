@@ -28,8 +28,8 @@ using namespace hg;
 namespace {
 
 struct Row {
-  std::string op;      // the op or module, as the table lists it
-  std::string input;   // the bad input tried
+  std::string op;     // the op or module, as the table lists it
+  std::string input;  // the bad input tried
   std::function<void()> call;
   std::vector<std::string> needles;  // must all appear in the message (op name first)
 };
@@ -85,6 +85,8 @@ DecoderLMConfig tiny() {
 
 TEST_CASE("validation: primitives (map, zip, reduce, matmul, their backwards)", "[validation]") {
   const Tensor a = f32({2, 3}), b = f32({4, 5});
+  // One row a line: a table to read across.
+  // clang-format off
   const std::vector<Row> rows = {
       {"map (exp, ...)", "undefined tensor", [] { exp(Tensor()); }, {"exp:", "undefined"}},
       {"map (exp, ...)", "wrong dtype (bf16)", [&] { exp(a.to(DType::BF16)); }, {"exp:", "(2, 3)", "bf16"}},
@@ -106,6 +108,7 @@ TEST_CASE("validation: primitives (map, zip, reduce, matmul, their backwards)", 
       {"matmul_backward", "dout shape wrong", [&] { matmul_backward(f32({2, 5}), a, f32({3, 2})); }, {"matmul_backward", "(2, 5)", "(2, 3)", "(3, 2)"}},
       {"transpose", "dim out of range", [&] { transpose(a, 0, 3); }, {"transpose", "dim 3"}},
   };
+  // clang-format on
   emit(check_rows(rows, "test_validation.cpp: primitives"));
 }
 
@@ -122,6 +125,7 @@ TEST_CASE("validation: layernorm, softmax, attention softmax, cross-entropy", "[
   SoftmaxOptions inf_scale;
   inf_scale.scale = INFINITY;
   const Tensor scores = f32({2, 3, 5, 7});
+  // clang-format off
   const std::vector<Row> rows = {
       {"layernorm_forward", "gamma shape != (D,) (mismatched D)", [&] { layernorm_forward(x, f32({5}), bt, 1e-5, nullptr); }, {"layernorm_forward", "(5)", "(4, 6)"}},
       {"layernorm_forward", "beta rank 2", [&] { layernorm_forward(x, g, f32({1, 6}), 1e-5, nullptr); }, {"layernorm_forward", "(1, 6)"}},
@@ -154,6 +158,7 @@ TEST_CASE("validation: layernorm, softmax, attention softmax, cross-entropy", "[
       {"cross_entropy_forward", "targets dtype f64", [] { cross_entropy_forward(f32({2, 9}), Tensor::zeros({2}, DType::F64), -100, nullptr); }, {"cross_entropy_forward", "f64"}},
       {"cross_entropy_backward", "nothing saved", [] { cross_entropy_backward(CrossEntropySaved{}); }, {"cross_entropy_backward", "saved"}},
   };
+  // clang-format on
   emit(check_rows(rows, "test_validation.cpp: ops"));
 }
 
@@ -164,6 +169,7 @@ TEST_CASE("validation: modules (Linear, Embedding, LayerNorm, MultiHeadAttention
   hg::LayerNorm ln(6);
   MultiHeadAttention mha(8, 2, gen);
   DecoderLM lm(tiny());
+  // clang-format off
   const std::vector<Row> rows = {
       {"Linear", "x last dim != in_features (mismatched D)", [&] { lin.forward(f32({2, 5})); }, {"Linear::forward", "(2, 5)", "4"}},
       {"Linear", "0-d x (wrong rank)", [&] { lin.forward(f32({})); }, {"Linear::forward", "()"}},
@@ -191,6 +197,7 @@ TEST_CASE("validation: modules (Linear, Embedding, LayerNorm, MultiHeadAttention
       {"DecoderLM", "backward before forward", [&] { DecoderLM fresh(tiny()); fresh.backward(f32({1, 2, 7})); }, {"DecoderLM", "before forward"}},
       {"DecoderLM", "d_model not divisible by heads", [] { DecoderLMConfig c = tiny(); c.n_heads = 3; DecoderLM bad(c); }, {"MultiHeadAttention", "8", "3"}},
   };
+  // clang-format on
   emit(check_rows(rows, "test_validation.cpp: modules"));
 }
 
@@ -199,6 +206,7 @@ TEST_CASE("validation: files (npy, checkpoint)", "[validation]") {
   std::string huge = good_npy;
   huge.replace(huge.find("(2, 3)"), 6, "(9999999999, 999)");
   const std::string good_ckpt = serialize_checkpoint({{"w", f32({2, 3})}});
+  // clang-format off
   const std::vector<Row> rows = {
       {"npy", "truncated data", [&] { parse_npy(good_npy.substr(0, good_npy.size() - 1), "t.npy"); }, {"load_npy", "t.npy", "(2, 3)"}},
       {"npy", "header claims a huge shape", [&] { parse_npy(huge, "h.npy"); }, {"load_npy", "h.npy", "(9999999999, 999)"}},
@@ -208,7 +216,10 @@ TEST_CASE("validation: files (npy, checkpoint)", "[validation]") {
       {"checkpoint", "flipped byte (checksum)", [&] { std::string s = good_ckpt; s[20] ^= 1; parse_checkpoint(s, "c.ckpt"); }, {"Module::load", "c.ckpt", "checksum"}},
       {"checkpoint", "truncated", [&] { parse_checkpoint(good_ckpt.substr(0, 30), "c.ckpt"); }, {"Module::load", "c.ckpt"}},
   };
-  emit(check_rows(rows, "test_validation.cpp: files (more in test_npy.cpp, test_checkpoint_reliability.cpp, test_corpus_replay.cpp)"));
+  // clang-format on
+  emit(check_rows(
+      rows,
+      "test_validation.cpp: files (more in test_npy.cpp, test_checkpoint_reliability.cpp, test_corpus_replay.cpp)"));
 }
 
 TEST_CASE("validation: views are contiguous by design and ops honour their offset", "[validation]") {
@@ -241,6 +252,7 @@ TEST_CASE("validation: mixed devices (CPU tensor with a CUDA tensor)", "[validat
   Linear lin(3, 2, gen);  // CPU parameters
   SoftmaxOptions cpu_mask;
   cpu_mask.mask = f32({1, 1, 1, 3});
+  // clang-format off
   const std::vector<Row> rows = {
       {"zip (add, ...)", "mixed devices", [&] { add(c, d); }, {"add:", "(2, 3)", "cpu", "cuda"}},
       {"matmul", "mixed devices", [&] { matmul(c, f32({3, 2}).to(Device::CUDA)); }, {"matmul", "(2, 3)", "(3, 2)"}},
@@ -250,5 +262,6 @@ TEST_CASE("validation: mixed devices (CPU tensor with a CUDA tensor)", "[validat
       {"cross_entropy_forward", "targets on another device", [&] { cross_entropy_forward(d, Tensor::zeros({2}), -100, nullptr); }, {"cross_entropy_forward"}},
       {"Linear", "CUDA x into a CPU layer", [&] { lin.forward(d); }, {"(2, 3)"}},
   };
+  // clang-format on
   emit(check_rows(rows, "test_validation.cpp: mixed devices (GPU)"));
 }

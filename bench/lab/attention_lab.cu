@@ -13,9 +13,9 @@
 #include <cstdlib>
 #include <functional>
 #include <random>
-#include <utility>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bench/lab/attention_lab_kernels.cuh"
@@ -26,7 +26,6 @@ namespace {
 using hg::gpu::attn::Args;
 using hg::gpu::attn::DqOrder;
 using bf16 = __nv_bfloat16;
-
 
 int g_ring = 0;  // --ring: slots of the BF16 one-kernel backward's dq ring (0: twice the heads resident blocks span)
 
@@ -90,7 +89,7 @@ template <int DH, int V>
 struct ForwardTiling {
   static constexpr int kSub = DH == 128 && V < 8 ? 32 : 64;
   static constexpr int kKeys = V >= 1 && V < 8 && DH == 128 ? 2 * kSub : kSub;
-  static constexpr b::Rescale kRescale = V >= 7               ? b::Rescale::Lazy
+  static constexpr b::Rescale kRescale = V >= 7             ? b::Rescale::Lazy
                                          : V >= 2 && V <= 5 ? b::Rescale::SkipUnchanged
                                                             : b::Rescale::Always;
   static constexpr bool kLean = V >= 6;
@@ -232,7 +231,8 @@ void f32_backward_kernels(const Args& a, int64_t bh) {
     const DqOrder order = dq_order(a, bh, T::kBwdRows, kCols, kShared ? 4 : T::kBwdTy / 2, 0, DH);
     if constexpr (kSplit && DH == 128) {
       const size_t smem = T::kDkdvSmem + (kShared ? 4 * kCols * (DH + 4) : 0);
-      launch_kernel(nullptr, f::backward_split_kernel<DH, kShared>, grid_of(a.tk, T::kBwdRows, bh), 256, smem, a, order);
+      launch_kernel(nullptr, f::backward_split_kernel<DH, kShared>, grid_of(a.tk, T::kBwdRows, bh), 256, smem, a,
+                    order);
       return;
     }
     launch_kernel(nullptr, f::backward_dkdv_kernel<DH, T::kBwdTy, T::kBwdRm, kPrefetch, true>,
@@ -274,8 +274,10 @@ struct Config {
 
 template <int DH>
 void run_config(const Config& c, const Args& a, int64_t bh) {
-  if (c.bf16 && !c.backward) return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
-  if (c.bf16) return with_index<kBf16BackwardVariants>(c.variant, [&](auto v) { bf16_backward<DH, decltype(v)::value>(a, bh); });
+  if (c.bf16 && !c.backward)
+    return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
+  if (c.bf16)
+    return with_index<kBf16BackwardVariants>(c.variant, [&](auto v) { bf16_backward<DH, decltype(v)::value>(a, bh); });
   if (!c.backward) return f32_forward<DH>(a, bh);
   f32_backward<DH>(c.variant, a, bh);
 }
@@ -437,13 +439,14 @@ double check(const Config& c, int dh, bool causal) {
   return e;
 }
 
-
 bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2) {
-  const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
-                                 : (backward ? kBf16BackwardVariants : kBf16ForwardVariants);
+  const int count =
+      !bf16_inputs ? (backward ? kF32BackwardVariants : 1) : (backward ? kBf16BackwardVariants : kBf16ForwardVariants);
   const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
                                       : (backward ? kBf16BackwardProduction
-                                                  : kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2]);
+                                                  : kBf16ForwardProduction[dh == 32   ? 0
+                                                                           : dh == 64 ? 1
+                                                                                      : 2]);
   const double bound = bf16_inputs ? (backward ? 2e-2 : 8e-3) : (backward ? 2e-5 : 2e-6);
   std::printf("%s %s dh %d%s (error vs float64 at 2 heads x T 300; bound %.0e)\n", bf16_inputs ? "bf16" : "f32",
               backward ? "backward" : "forward", dh, o.causal ? " causal" : "", bound);
@@ -581,7 +584,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  std::printf("attention_lab on %s (sm_%d%d, L2 %d MiB); * = production\n", prop.name, prop.major, prop.minor, l2 >> 20);
+  std::printf("attention_lab on %s (sm_%d%d, L2 %d MiB); * = production\n", prop.name, prop.major, prop.minor,
+              l2 >> 20);
   bool ok = true;
   for (const bool bf16_inputs : {true, false}) {
     if (bf16_inputs ? !o.bf16 : !o.f32) continue;

@@ -30,7 +30,7 @@ __device__ __forceinline__ void add_release(int* p, int v) {
 
 struct DqOrder {
   int* counters;                // [heads_total][flush_tiles] warp arrivals; zero at launch
-  unsigned long long* ticket;  // next work item; zero at launch
+  unsigned long long* ticket;   // next work item; zero at launch
   float* slots;                 // [ring][Tq][dh] fp32, or null (F32: dq accumulates in place)
   int ring;                     // slots (heads_total without slots: no head waits for another)
   int key_tiles, key_rows;      // key tiles per head and keys per tile
@@ -143,11 +143,10 @@ __device__ __forceinline__ float quad_max(float x) {
 // matrix start 16 bytes apart modulo 128, so no bank conflicts.
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // acc[mt][n] and acc[mt][n + 1] += a[mt] B for every m tile, B the two
@@ -265,7 +264,8 @@ __device__ __forceinline__ void mma_nk_tile(float (&acc)[2][N / 8][4], unsigned 
 // bf16 A operands, M a row-major [K][N] shared tile read with ldmatrix.trans
 // (`tile` = its address + lane_rc).
 template <int MT, int K, int N, int S>
-__device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const float (&p)[MT][K / 8][4], unsigned tile) {
+__device__ __forceinline__ void mma_acc_tile(float (&acc)[MT][N / 8][4], const float (&p)[MT][K / 8][4],
+                                             unsigned tile) {
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     uint32_t pa[MT][4];
@@ -387,9 +387,7 @@ constexpr int kRowsBf16 = 128;  // query rows per forward / dq block
 
 // The block's tile index along the query axis: causal blocks with the most
 // keys (the last queries) start first, so the short ones fill the tail.
-__device__ __forceinline__ int heavy_first(const Args& a) {
-  return a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-}
+__device__ __forceinline__ int heavy_first(const Args& a) { return a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x; }
 
 // Whether key tile [n0, n0 + KB) needs the per-element logit2 for queries
 // [q0, q_end): the mask, the end of Tk, a causal diagonal or a scale <= 0.
@@ -516,8 +514,8 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
             for (int nb = 0; nb < KS / 8; ++nb)
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                s[mt][nb][e] = logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1),
-                                      s[mt][nb][e]);
+                s[mt][nb][e] =
+                    logit2(a, mask_row, q0 + 16 * mt + g + 8 * (e >> 1), n0 + nb * 8 + 2 * t + (e & 1), s[mt][nb][e]);
           }
 #pragma unroll
           for (int nb = 0; nb < KS / 8; ++nb)
@@ -680,16 +678,15 @@ __device__ __forceinline__ void each_acc_pair(int row0, int rows, Fn&& fn) {
 // fp32 slot, or, from the tile's last contributor, written to its dq rows
 // (`dq_head`, q's strides) in bf16. Every load is issued before any store.
 template <int DH, int MQ, int NB>
-__device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (&dq)[MQ][NB][4], bf16* dq_head,
-                              int bh, int kt, int f, int row0, int col0) {
+__device__ void flush_dq_bf16(const Args& a, const attn::DqOrder& order, float (&dq)[MQ][NB][4], bf16* dq_head, int bh,
+                              int kt, int f, int row0, int col0) {
   const int t = threadIdx.x % 4;
   const int last = order.last_contributor(a, f);
   order.wait_turn(bh, kt, f, last);
   float* slot = order.slots + int64_t(bh % order.ring) * a.tq * DH + col0 + 2 * t;
   auto each = [&](auto&& fn) {  // fn(x, y, row, col - col0) for this lane's pairs in rows below Tq
-    each_acc_pair<MQ, NB>(row0, a.tq, [&](int mq, int nb, int h, int row) {
-      fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb);
-    });
+    each_acc_pair<MQ, NB>(
+        row0, a.tq, [&](int mq, int nb, int h, int row) { fn(dq[mq][nb][2 * h], dq[mq][nb][2 * h + 1], row, 8 * nb); });
   };
   if (kt > 0) {
     each([&](float& x, float& y, int row, int col) {
@@ -821,10 +818,10 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
   using Split = FusedDqSplit<DH, QS, NW>;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
-  bf16* vs = ks + kKeys * S;                 // [kKeys][S]
+  bf16* ks = reinterpret_cast<bf16*>(smem);                                  // [kKeys][S]
+  bf16* vs = ks + kKeys * S;                                                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
-  bf16* dst = reinterpret_cast<bf16*>(stages + 2 * kStage);  // kFusedDq: [DSB][kKeys][SD], ds^T
+  bf16* dst = reinterpret_cast<bf16*>(stages + 2 * kStage);                  // kFusedDq: [DSB][kKeys][SD], ds^T
   const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   int bh = blockIdx.y, kt = blockIdx.x;
   if constexpr (kFusedDq) {
@@ -852,7 +849,8 @@ __global__ void __launch_bounds__(32 * NW) backward_dkdv_bf16_kernel(Args a, att
     stage_rows_by<NT, kKeys, DH>(ks, S, static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
     stage_rows_by<NT, kKeys, DH>(vs, S, static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
   }
-  if (tiles > 0) stage(m_of(0), 0); else async_commit();
+  if (tiles > 0) stage(m_of(0), 0);
+  else async_commit();
   const unsigned kv_at = smem_addr(ks) + at<S>(warp * 16 * MT, 0) + lane_rc<S>(), v_off = at<S>(kKeys, 0);
   const unsigned nk_lane = lane_nk<S>(), rc_lane = lane_rc<S>();
   uint32_t ka[MT][kKVRegs ? DH / 16 : 1][4], va[MT][kKVRegs ? DH / 16 : 1][4];
@@ -969,8 +967,8 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   constexpr int kMT2 = 4, kDims2 = 32;              // phase 2: m16 tiles of keys, dims per warp
   static_assert(DH == 4 * kDims2 && kKeys == 2 * 16 * kMT2 && QB == 64, "the warp grids of the two phases");
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* ks = reinterpret_cast<bf16*>(smem);  // [kKeys][S]
-  bf16* vs = ks + kKeys * S;                 // [kKeys][S]
+  bf16* ks = reinterpret_cast<bf16*>(smem);                                  // [kKeys][S]
+  bf16* vs = ks + kKeys * S;                                                 // [kKeys][S]
   unsigned char* stages = reinterpret_cast<unsigned char*>(vs + kKeys * S);  // [2][q, do [QB][S]; stats; delta]
   bf16* pt = reinterpret_cast<bf16*>(stages + 2 * kStage);                   // p^T [kKeys][SP]
   bf16* dst = pt + kKeys * SP;                                               // ds^T [kKeys][SP]
@@ -992,7 +990,8 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
   };
   stage_tile_async<kKeys, DH, S, NT>(smem_addr(ks), static_cast<const bf16*>(a.k) + koff, a.kv_row, k_block, a.tk);
   stage_tile_async<kKeys, DH, S, NT>(smem_addr(vs), static_cast<const bf16*>(a.v) + koff, a.kv_row, k_block, a.tk);
-  if (tiles > 0) stage(0); else async_commit();
+  if (tiles > 0) stage(0);
+  else async_commit();
   const unsigned rc_lane = lane_rc<S>(), nk_lane = lane_nk<S>();
   const unsigned k_at = smem_addr(ks) + at<S>(keys1, 0) + rc_lane, v_at = k_at + at<S>(kKeys, 0);
   const unsigned pt_at = smem_addr(pt) + at<SP>(keys2, 0) + lane_rc<SP>(), dst_at = pt_at + at<SP>(kKeys, 0);
@@ -1036,7 +1035,7 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
     run_sub_tile<true>(phase1, exact_tile(a, mask_row, m0 + queries1, k_block + keys1, 32), mask_row == nullptr);
     // p^T, ds^T of this half's keys complete (named barrier 1 + half: its 4 warps)
     asm volatile("bar.sync %0, 128;\n" ::"r"(1 + half) : "memory");
-    mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);   // dv += p^T do
+    mma_smem_tile<kMT2, QB, kDims2, SP, S>(dv, pt_at, dos + at<S>(0, dims2) + rc_lane);  // dv += p^T do
     mma_smem_tile<kMT2, QB, kDims2, SP, S>(dk, dst_at, qs + at<S>(0, dims2) + rc_lane);  // dk += ds^T q
   }
   if (tiles == 0) async_wait<0>();  // no tile waited for the k, v copies
@@ -1289,8 +1288,7 @@ __device__ __forceinline__ void stage(float* tile, const float* src, int64_t ld,
     const bool in = r0 + r < rows;
     const float* from = src + (in ? int64_t(r0 + r) * ld + c : 0);
     const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(tile + r * (DH + 4) + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(from), "r"(in ? 16 : 0) : "memory");
   }
 }
 
@@ -1667,8 +1665,8 @@ __global__ void __launch_bounds__(16 * TY) backward_dq_kernel(Args a) {
 // 0 .. kt - 1; the tile's last contributor scales the sum. Every load is
 // issued before any store.
 template <int DH, int TY, int RM>
-__device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM][DH / 16], float* dq_head,
-                             int64_t bh, int kt, int f, int m0) {
+__device__ void flush_dq_f32(const Args& a, const DqOrder& order, float (&dq)[RM][DH / 16], float* dq_head, int64_t bh,
+                             int kt, int f, int m0) {
   const int last = order.last_contributor(a, f);
   order.wait_turn(bh, kt, f, last);
   if (kt > 0) {
@@ -1932,13 +1930,13 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
   float bias[RM];
 #pragma unroll
   for (int i = 0; i < RM; ++i) bias[i] = key_bias(a, mask_row, k_block + row_of<TY, 2>(i));
-  float acc[RM][N] = {};  // dv (half 0) or dk (half 1)
+  float acc[RM][N] = {};                                      // dv (half 0) or dk (half 1)
   float* dq_head = static_cast<float*>(a.dq) + a.q_base(bh);  // dq has q's strides
-  [[maybe_unused]] float* dqs = delta_s + kCols;                // kSharedDq: [64][DH + 4], dq = ds k of the tile before
+  [[maybe_unused]] float* dqs = delta_s + kCols;              // kSharedDq: [64][DH + 4], dq = ds k of the tile before
   for (int m_up = m_first; m_up < a.tq; m_up += kCols) {
     const int m0 = m_first + m_last - m_up;
     async_wait<0>();
-    __syncthreads();  // this tile's loads are in; every thread is done with the previous dss
+    __syncthreads();      // this tile's loads are in; every thread is done with the previous dss
     float x[RM][4] = {};  // s^T, then p (half 0); dp^T, then ds (half 1): keys x queries
     if (!dk_half) {
       tile_dots<DH, TY, RM, 2>(x, ks, qs);
@@ -1949,7 +1947,8 @@ __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder ord
           x[i][c] = prob(logit2(a, x[i][c], bias[i], m0 + col_of(c), k_block + row_of<TY, 2>(i)), stat_s[col_of(c)]);
       store_t<TY, RM, 2>(ps, PS, x);
     } else {
-      if (kSharedDq && m_up > m_first) flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m0 / kCols + 1, m0 + kCols);
+      if (kSharedDq && m_up > m_first)
+        flush_dq_shared_f32<DH>(a, order, dqs, dq_head, bh, kt, m0 / kCols + 1, m0 + kCols);
       tile_dots<DH, TY, RM, 2>(x, vs, dos);
     }
     __syncthreads();  // p is in ps

@@ -34,14 +34,14 @@
 namespace lab {
 using namespace hg::gpu;
 
-#define LAB_CHECK(call)                                                                              \
-  do {                                                                                               \
-    const cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "layernorm_lab: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), \
-                   __FILE__, __LINE__);                                                              \
-      std::exit(2);                                                                                  \
-    }                                                                                                \
+#define LAB_CHECK(call)                                                                                       \
+  do {                                                                                                        \
+    const cudaError_t e_ = (call);                                                                            \
+    if (e_ != cudaSuccess) {                                                                                  \
+      std::fprintf(stderr, "layernorm_lab: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, \
+                   __LINE__);                                                                                 \
+      std::exit(2);                                                                                           \
+    }                                                                                                         \
   } while (0)
 
 int attribute(cudaDeviceAttr what) {
@@ -72,7 +72,7 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* p, int bytes, int t
 // The one-pass forward (layernorm_forward_one_pass_kernel) with the group's
 // next row asked of L2 by bulk prefetches, at every block size.
 template <class T, int VEC, int EPT, int G, int R, bool PACKED>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     forward_one_pass_prefetch_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                      const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                      float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     HeldRow<T, VEC, NV, G, PACKED> h;
     h.load(xr, D, grp.t);
     if (row + row_stride < rows)
-      bulk_prefetch_l2<G, G * EPT * int(sizeof(T))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
+      bulk_prefetch_l2<G, (G * EPT * int(sizeof(T)))>(xr + row_stride * D, D * int(sizeof(T)), grp.t);
     const Moments m = one_pass_moments<VEC, NV, G>(h, D, grp.t, GroupSums<G>{grp}, inv_d, eps);
     normalise_ffma<T, VEC, NV, G>(h, D, m, gamma_of, beta_of, y + row * D, grp.t);
     if (grp.t == 0) save_stats(mean_out, rstd_out, row, h.shift, m);
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
 // LEAN loads (read-only path, bf16 widened by masks) and, BULK_PREFETCH, the
 // next row's x and dy asked of L2 by bulk prefetches at every block size.
 template <class T, int VEC, int EPT, int G, int R, bool LEAN, bool BULK_PREFETCH>
-__global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     backward_lean_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
                          const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                          float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta, int64_t rows, int D) {
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(G * R, min_blocks_for(G * R))
     load_part<T, VEC, NV, G, LEAN>(dy + start, row_len, t, 0.0f, g_dy);
     if (row + row_stride < rows) {
       if constexpr (BULK_PREFETCH) {
-        bulk_prefetch_l2<G, CAP * int(sizeof(T))>(x + start + row_stride * D, D * int(sizeof(T)), t);
-        bulk_prefetch_l2<G, CAP * int(sizeof(T))>(dy + start + row_stride * D, D * int(sizeof(T)), t);
+        bulk_prefetch_l2<G, (CAP * int(sizeof(T)))>(x + start + row_stride * D, D * int(sizeof(T)), t);
+        bulk_prefetch_l2<G, (CAP * int(sizeof(T)))>(dy + start + row_stride * D, D * int(sizeof(T)), t);
       } else if (prefetch_next_row(G * R)) {
         prefetch_row_l2<T, G, EPT>(x + start + row_stride * D, D, t);
         prefetch_row_l2<T, G, EPT>(dy + start + row_stride * D, D, t);
@@ -169,23 +169,96 @@ Config bwd(const char* name) { return Config{name, Pass::Backward}; }
 std::vector<Config> all_configs() {
   std::vector<Config> c;
   c.push_back(fwd("in registers"));
-  { Config k = fwd("one-pass"); k.one_pass = true; c.push_back(k); }
-  { Config k = fwd("one-pass, bf16 packed"); k.one_pass = k.packed = true; c.push_back(k); }
-  { Config k = fwd("one-pass, bf16 packed, params in smem"); k.one_pass = k.packed = k.shared_params = true; c.push_back(k); }
-  { Config k = fwd("staged"); k.rows = Rows::Staged; c.push_back(k); }
-  { Config k = fwd("staged, params in smem, 2 stages"); k.rows = Rows::Staged; k.shared_params = k.fewest_stages = true; c.push_back(k); }
-  { Config k = fwd("staged two a step"); k.rows = Rows::StagedTwoAStep; c.push_back(k); }
-  { Config k = fwd("one-pass, bulk prefetch"); k.one_pass = k.bulk_prefetch = true; k.production = false; c.push_back(k); }
-  { Config k = fwd("one-pass, bf16 packed, bulk prefetch"); k.one_pass = k.packed = k.bulk_prefetch = true; k.production = false; c.push_back(k); }
+  {
+    Config k = fwd("one-pass");
+    k.one_pass = true;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("one-pass, bf16 packed");
+    k.one_pass = k.packed = true;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("one-pass, bf16 packed, params in smem");
+    k.one_pass = k.packed = k.shared_params = true;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("staged");
+    k.rows = Rows::Staged;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("staged, params in smem, 2 stages");
+    k.rows = Rows::Staged;
+    k.shared_params = k.fewest_stages = true;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("staged two a step");
+    k.rows = Rows::StagedTwoAStep;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("one-pass, bulk prefetch");
+    k.one_pass = k.bulk_prefetch = true;
+    k.production = false;
+    c.push_back(k);
+  }
+  {
+    Config k = fwd("one-pass, bf16 packed, bulk prefetch");
+    k.one_pass = k.packed = k.bulk_prefetch = true;
+    k.production = false;
+    c.push_back(k);
+  }
   c.push_back(bwd("in registers"));
-  { Config k = bwd("in registers, bf16 8-byte"); k.narrow = true; c.push_back(k); }
-  { Config k = bwd("staged"); k.rows = Rows::Staged; c.push_back(k); }
-  { Config k = bwd("staged, bf16 8-byte"); k.rows = Rows::Staged; k.narrow = true; c.push_back(k); }
-  { Config k = bwd("staged, gamma in smem"); k.rows = Rows::Staged; k.shared_params = true; c.push_back(k); }
-  { Config k = bwd("lean"); k.lean = true; k.production = false; c.push_back(k); }
-  { Config k = bwd("lean, bulk prefetch"); k.lean = k.bulk_prefetch = true; k.production = false; c.push_back(k); }
-  { Config k = bwd("lean, wide blocks"); k.lean = k.wide = true; k.production = false; c.push_back(k); }
-  { Config k = bwd("lean, bulk prefetch, wide blocks"); k.lean = k.bulk_prefetch = k.wide = true; k.production = false; c.push_back(k); }
+  {
+    Config k = bwd("in registers, bf16 8-byte");
+    k.narrow = true;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("staged");
+    k.rows = Rows::Staged;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("staged, bf16 8-byte");
+    k.rows = Rows::Staged;
+    k.narrow = true;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("staged, gamma in smem");
+    k.rows = Rows::Staged;
+    k.shared_params = true;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("lean");
+    k.lean = true;
+    k.production = false;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("lean, bulk prefetch");
+    k.lean = k.bulk_prefetch = true;
+    k.production = false;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("lean, wide blocks");
+    k.lean = k.wide = true;
+    k.production = false;
+    c.push_back(k);
+  }
+  {
+    Config k = bwd("lean, bulk prefetch, wide blocks");
+    k.lean = k.bulk_prefetch = k.wide = true;
+    k.production = false;
+    c.push_back(k);
+  }
   return c;
 }
 
@@ -225,8 +298,8 @@ StagedRoom staged_room(Kernel k, int threads) {
   room.smem_per_block = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   room.reserved_per_block = attribute(cudaDevAttrReservedSharedMemoryPerBlock);
   room.static_smem = static_cast<int>(attr.sharedSizeBytes);
-  LAB_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 room.smem_per_block - room.static_smem));
+  LAB_CHECK(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, room.smem_per_block - room.static_smem));
   room.blocks_per_sm = occupancy(k, threads, 0);
   return room;
 }
@@ -255,7 +328,8 @@ struct Launch {
     }
     if (c.rows == Rows::StagedTwoAStep) {
       auto kern = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
-      return run_staged(kern, G, R, plan_staged_pairs(staged_room(kern, G * R), R, k.D * int(sizeof(T)), stage_kb * 1024));
+      return run_staged(kern, G, R,
+                        plan_staged_pairs(staged_room(kern, G * R), R, k.D * int(sizeof(T)), stage_kb * 1024));
     }
     if (!c.one_pass) return plain(layernorm_forward_kernel<T, VEC, EPT, G, R>, G, R);
     if constexpr (kBf16) {
@@ -291,7 +365,7 @@ struct Launch {
     int& n = per_sm[reinterpret_cast<void*>(kern)];
     if (n == 0) n = occupancy(kern, G * R, 0);
     kern<<<persistent_grid(k.rows, R, n, k.sms), G * R>>>(static_cast<const T*>(b.x), b.gamma, b.beta,
-                                                         static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps);
+                                                          static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps);
     return true;
   }
   template <class Kernel>
@@ -310,8 +384,9 @@ struct Launch {
       using S = StagedShape<EPT, G, R>;
       constexpr bool kWarp = G == 32;
       if (c.shared_params && !kWarp) return false;
-      auto kern = c.shared_params ? layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, kWarp>
-                                  : layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, false>;
+      auto kern = c.shared_params
+                      ? layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, kWarp>
+                      : layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, false>;
       const size_t smem = staged_smem_bytes(k.D, sizeof(T), S::kGroups, S::kDepth);
       cudaFuncAttributes attr{};
       LAB_CHECK(cudaFuncGetAttributes(&attr, kern));
@@ -537,8 +612,8 @@ long parse_int(const std::string& flag, const std::string& text, long lo, long h
   char* end = nullptr;
   const long v = std::strtol(text.c_str(), &end, 10);
   if (text.empty() || *end != '\0' || v < lo || v > hi)
-    bad_flag(flag + " must be a whole number in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" +
-             text + "'");
+    bad_flag(flag + " must be a whole number in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got '" + text +
+             "'");
   return v;
 }
 
@@ -659,7 +734,8 @@ int run(const Options& o) {
         LAB_CHECK(cudaMemcpy(b.dy, dy.bytes.data(), mat, cudaMemcpyHostToDevice));
       }
       float *g, *bt, *dg, *db, *partials;
-      LAB_CHECK(cudaMalloc(&partials, size_t(2) * max_partials * D * 4));  // one for every set: kernel 2 reads them at once
+      LAB_CHECK(
+          cudaMalloc(&partials, size_t(2) * max_partials * D * 4));  // one for every set: kernel 2 reads them at once
       LAB_CHECK(cudaMalloc(&g, D * 4));
       LAB_CHECK(cudaMalloc(&bt, D * 4));
       LAB_CHECK(cudaMalloc(&dg, D * 4));
@@ -698,8 +774,9 @@ int run(const Options& o) {
         if (is_fwd) {
           err = rel_error(read_back(bufs[0].y, n, bf16), ref.y);
         } else {
-          err = std::max({rel_error(read_back(bufs[0].dx, n, bf16), ref.dx), rel_error(read_back(dg, D, false), ref.dgamma),
-                          rel_error(read_back(db, D, false), ref.dbeta)});
+          err =
+              std::max({rel_error(read_back(bufs[0].dx, n, bf16), ref.dx),
+                        rel_error(read_back(dg, D, false), ref.dgamma), rel_error(read_back(db, D, false), ref.dbeta)});
         }
         if (is_fwd) launch(base, bf16, k, bufs[0], o.stage_kb);  // restore the statistics for the backward
         const double bound = bf16 ? 1e-2 : 1e-4;
@@ -709,8 +786,8 @@ int run(const Options& o) {
                     100.0 * gbps / copy_gbps, err, c.production ? "" : "  (lab)",
                     err > bound ? "  OVER THE BOUND" : "");
         if (err > bound) failed = true;
-        const std::string key = std::string(bf16 ? "bf16" : "f32 ") + " " + (is_fwd ? "fwd" : "bwd") + " D " +
-                                kClassNames[width_class(D)];
+        const std::string key =
+            std::string(bf16 ? "bf16" : "f32 ") + " " + (is_fwd ? "fwd" : "bwd") + " D " + kClassNames[width_class(D)];
         Winner& w = winners[key];
         if (err <= bound && gbps > w.gbps) w = {c.name, gbps};
       }

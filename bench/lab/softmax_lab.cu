@@ -30,7 +30,6 @@ using bf16 = __nv_bfloat16;
 using hg::gpu::Load;
 using hg::gpu::Store;
 
-
 // ---- candidates ---------------------------------------------------------------
 
 struct Config {
@@ -249,15 +248,14 @@ struct Options {
 }
 
 void print_help() {
-  std::printf(
-      "softmax_lab: candidate fused softmax forward kernels, checked against float64 and timed.\n"
-      "  --sizes BxHxT[,...]  scores (B, H, T, T); T a multiple of 8, at most 16384\n"
-      "                       (default 16x12x256,8x12x512,4x16x1024,2x16x2048)\n"
-      "  --dtypes f32,bf16    dtypes to run (default both)\n"
-      "  --iters N            timed samples per case (default 30); --warmup N (default 5)\n"
-      "  --causal             causal rows (keys past the diagonal masked)\n"
-      "  --help               this text\n"
-      "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
+  std::printf("softmax_lab: candidate fused softmax forward kernels, checked against float64 and timed.\n"
+              "  --sizes BxHxT[,...]  scores (B, H, T, T); T a multiple of 8, at most 16384\n"
+              "                       (default 16x12x256,8x12x512,4x16x1024,2x16x2048)\n"
+              "  --dtypes f32,bf16    dtypes to run (default both)\n"
+              "  --iters N            timed samples per case (default 30); --warmup N (default 5)\n"
+              "  --causal             causal rows (keys past the diagonal masked)\n"
+              "  --help               this text\n"
+              "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
 }
 
 int64_t parse_int(const std::string& s, const char* flag, int64_t lo, int64_t hi) {
@@ -352,7 +350,6 @@ double check_rows(const std::vector<T>& x, const std::vector<T>& y, int64_t rows
   return worst;
 }
 
-
 template <class T>
 bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) {
   const int64_t rows = B * H * Tn, tk = Tn, n = rows * tk;
@@ -372,12 +369,13 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
   }
   CHECK_CUDA(cudaMemcpy(host_x.data(), x[0], bytes, cudaMemcpyDeviceToHost));
   // The copy yardstick: reading and writing the same bytes as a forward.
-  const double copy_ms = std::min(
-      lab::median_ms(o.warmup, o.iters, sets, [&](int s) { CHECK_CUDA(cudaMemcpyAsync(y[s], x[s], bytes, cudaMemcpyDeviceToDevice)); }),
-      lab::median_ms(o.warmup, o.iters, sets, [&](int s) {
-        copy_kernel<<<1024, 512>>>(reinterpret_cast<const uint4*>(x[s]), reinterpret_cast<uint4*>(y[s]),
-                                   int64_t(bytes / 16));
-      }));
+  const double copy_ms =
+      std::min(lab::median_ms(o.warmup, o.iters, sets,
+                              [&](int s) { CHECK_CUDA(cudaMemcpyAsync(y[s], x[s], bytes, cudaMemcpyDeviceToDevice)); }),
+               lab::median_ms(o.warmup, o.iters, sets, [&](int s) {
+                 copy_kernel<<<1024, 512>>>(reinterpret_cast<const uint4*>(x[s]), reinterpret_cast<uint4*>(y[s]),
+                                            int64_t(bytes / 16));
+               }));
   const double moved = 2.0 * double(bytes);
   const double bound = std::is_same_v<T, float> ? 1e-5 : 1.0 / 128;  // f32 rounding; one bf16 ulp
   std::printf("%-5s (%lld, %lld, %lld)%s: best copy %.0f GB/s\n", std::is_same_v<T, float> ? "f32" : "bf16",

@@ -103,8 +103,6 @@ PackedGemm<T> packed() {
 
 }  // namespace
 
-GemmKernels HG_GEMM_LEVEL_FN() {
-  return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()};
-}
+GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
 
 }  // namespace hg::cpu::isa

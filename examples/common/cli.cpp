@@ -118,8 +118,7 @@ void check_writable(const std::string& path, const std::string& flag) {
   // not honour: only creating the file shows that it can be written. It is
   // removed at once (the program writes it later, as a whole).
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd < 0)
-    usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
+  if (fd < 0) usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
   ::close(fd);
   ::unlink(path.c_str());
 }

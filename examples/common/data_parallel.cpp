@@ -113,8 +113,7 @@ std::string DataParallel::describe() const {
   std::string s = std::to_string(w.size) + " rank(s)";
   if (comm_.device() == Device::CUDA)
     s += gpu::nccl::initialized() ? ", NCCL " + gpu::nccl::version() : ", no NCCL (one process)";
-  else
-    s += dist::built_with_mpi() && w.distributed() ? ", " + dist::mpi_version() : ", no MPI (one process)";
+  else s += dist::built_with_mpi() && w.distributed() ? ", " + dist::mpi_version() : ", no MPI (one process)";
   s += ", " + std::to_string(reducer_->buckets().size()) + " gradient bucket(s) of <= " +
        std::to_string(flags_.bucket_mb).substr(0, std::to_string(flags_.bucket_mb).find('.') + 3) + " MiB";
   s += ", reduced in " + flags_.grad_dtype;

@@ -21,12 +21,12 @@
 namespace hg::cli {
 
 struct DataParallelFlags {
-  bool force = false;        // --ddp: the data-parallel path even with one rank
-  double bucket_mb = 25;     // --bucket-mb
+  bool force = false;                                            // --ddp: the data-parallel path even with one rank
+  double bucket_mb = 25;                                         // --bucket-mb
   std::string grad_dtype = dtype_flag(dist::kDefaultGradDType);  // --grad-dtype fp32|bf16: the reduction's dtype
-  int zero = 0;              // --zero 0|1
-  double comm_timeout = 300;  // --comm-timeout seconds (0: none)
-  bool check_sync = false;   // --check-sync: parameter hash across ranks after every step
+  int zero = 0;                                                  // --zero 0|1
+  double comm_timeout = 300;                                     // --comm-timeout seconds (0: none)
+  bool check_sync = false;  // --check-sync: parameter hash across ranks after every step
 
   static std::string dtype_flag(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
 };

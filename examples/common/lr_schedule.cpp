@@ -64,8 +64,8 @@ std::optional<LrSchedule> load_schedule(const std::string& checkpoint) {
   s.from_lr = v[4];
   HG_CHECK(std::isfinite(s.lr) && s.lr > 0 && s.warmup >= 0 && s.steps >= 1 && s.from >= -1 && s.from <= s.steps &&
                std::isfinite(s.from_lr),
-           kOp, path, ": values out of range (lr ", s.lr, ", warmup ", s.warmup, ", steps ", s.steps, ", from ",
-           s.from, ")");
+           kOp, path, ": values out of range (lr ", s.lr, ", warmup ", s.warmup, ", steps ", s.steps, ", from ", s.from,
+           ")");
   return s;
 }
 

@@ -21,7 +21,9 @@ std::string plots_unavailable_reason() {
   return "this build has no plotting: cairo was not found at configure time (apt-get install libcairo2-dev, "
          "then re-run cmake)";
 }
-void write_plot(const std::string& path, const PlotSpec&) { fail("write_plot", path, ": ", plots_unavailable_reason()); }
+void write_plot(const std::string& path, const PlotSpec&) {
+  fail("write_plot", path, ": ", plots_unavailable_reason());
+}
 #else
 
 bool plots_available() { return true; }
@@ -47,7 +49,7 @@ constexpr std::array<std::array<double, 3>, 10> kColours = {{{0.12, 0.47, 0.71},
 // One axis: data range -> pixels, with ticks.
 struct Axis {
   bool log = false;
-  double lo = 0, hi = 1;  // in data units (log: positive)
+  double lo = 0, hi = 1;    // in data units (log: positive)
   double from = 0, to = 1;  // pixel positions of lo and hi
 
   double t(double v) const { return log ? std::log10(v) : v; }
@@ -59,8 +61,8 @@ struct Axis {
   std::vector<double> ticks() const {
     if (log) {
       const int first = int(std::floor(std::log10(lo))), last = int(std::ceil(std::log10(hi)));
-      for (const std::vector<double>& mantissas : {std::vector<double>{1}, std::vector<double>{1, 2, 5},
-                                                   std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
+      for (const std::vector<double>& mantissas :
+           {std::vector<double>{1}, std::vector<double>{1, 2, 5}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9}}) {
         std::vector<double> out;
         for (int e = first; e <= last; ++e)
           for (double m : mantissas) {
@@ -75,7 +77,10 @@ struct Axis {
     const double mag = std::pow(10.0, std::floor(std::log10(raw)));
     double step = mag;
     for (double m : {1.0, 2.0, 5.0, 10.0})
-      if (raw <= m * mag) { step = m * mag; break; }
+      if (raw <= m * mag) {
+        step = m * mag;
+        break;
+      }
     for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
       out.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
     return out;
@@ -127,7 +132,8 @@ void draw(cairo_t* cr, const PlotSpec& spec) {
   Axis xa, ya;
   xa.log = spec.log_x, ya.log = spec.log_y;
   std::vector<double> xs, ys;
-  for (const PlotSeries& s : spec.series) xs.insert(xs.end(), s.x.begin(), s.x.end()), ys.insert(ys.end(), s.y.begin(), s.y.end());
+  for (const PlotSeries& s : spec.series)
+    xs.insert(xs.end(), s.x.begin(), s.x.end()), ys.insert(ys.end(), s.y.begin(), s.y.end());
   fit(xa, xs);
   fit(ya, ys);
   xa.from = kLeft, xa.to = kWidth - kRight;
@@ -167,8 +173,12 @@ void draw(cairo_t* cr, const PlotSpec& spec) {
     cairo_set_line_width(cr, 1.8);
     bool pen_down = false;
     for (size_t k = 0; k < std::min(s.x.size(), s.y.size()); ++k) {
-      const bool ok = std::isfinite(s.x[k]) && std::isfinite(s.y[k]) && (!xa.log || s.x[k] > 0) && (!ya.log || s.y[k] > 0);
-      if (!ok) { pen_down = false; continue; }
+      const bool ok =
+          std::isfinite(s.x[k]) && std::isfinite(s.y[k]) && (!xa.log || s.x[k] > 0) && (!ya.log || s.y[k] > 0);
+      if (!ok) {
+        pen_down = false;
+        continue;
+      }
       if (pen_down) cairo_line_to(cr, xa.px(s.x[k]), ya.px(s.y[k]));
       else cairo_move_to(cr, xa.px(s.x[k]), ya.px(s.y[k]));
       pen_down = true;
@@ -217,7 +227,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 void write_plot(const std::string& path, const PlotSpec& spec) {
   const bool svg = ends_with(path, ".svg");
-  HG_CHECK(svg || ends_with(path, ".png"), "write_plot", path, ": unknown plot format (the name must end in .png or .svg)");
+  HG_CHECK(svg || ends_with(path, ".png"), "write_plot", path,
+           ": unknown plot format (the name must end in .png or .svg)");
   cairo_surface_t* surface = svg ? cairo_svg_surface_create(path.c_str(), kWidth, kHeight)
                                  : cairo_image_surface_create(CAIRO_FORMAT_RGB24, int(kWidth), int(kHeight));
   cairo_t* cr = cairo_create(surface);

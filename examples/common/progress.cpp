@@ -37,9 +37,10 @@ std::string Progress::line(int64_t done, const std::string& detail) const {
   const double rate = elapsed > 0 ? rate_count_ / elapsed : 0;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s %lld/%lld (%3.0f%%)  elapsed %s  ETA %s  %.0f %s/s%s%s", what_.c_str(),
-                static_cast<long long>(done), static_cast<long long>(total_), total_ > 0 ? 100.0 * double(done) / double(total_) : 100.0,
-                format_duration(elapsed).c_str(), format_duration(elapsed * fraction_left).c_str(), rate,
-                rate_unit_.c_str(), detail.empty() ? "" : "  ", detail.c_str());
+                static_cast<long long>(done), static_cast<long long>(total_),
+                total_ > 0 ? 100.0 * double(done) / double(total_) : 100.0, format_duration(elapsed).c_str(),
+                format_duration(elapsed * fraction_left).c_str(), rate, rate_unit_.c_str(), detail.empty() ? "" : "  ",
+                detail.c_str());
   return buf;
 }
 

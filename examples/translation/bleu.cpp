@@ -13,14 +13,16 @@ namespace hg::translation {
 namespace {
 
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
 }
 
 using Counts = std::map<std::vector<std::string>, long>;
 
 Counts ngrams(const std::vector<std::string>& tokens, size_t n) {
   Counts c;
-  for (size_t i = 0; i + n <= tokens.size(); ++i) ++c[std::vector<std::string>(tokens.begin() + i, tokens.begin() + i + n)];
+  for (size_t i = 0; i + n <= tokens.size(); ++i)
+    ++c[std::vector<std::string>(tokens.begin() + i, tokens.begin() + i + n)];
   return c;
 }
 

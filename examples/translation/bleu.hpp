@@ -16,7 +16,7 @@ namespace hg::translation {
 std::vector<std::string> tokenize_13a(const std::string& line);
 
 struct BleuScore {
-  double bleu = 0;                  // 0..100
+  double bleu = 0;                    // 0..100
   std::array<double, 4> precision{};  // p_1..p_4 in percent
   double brevity_penalty = 0;
   long hyp_len = 0, ref_len = 0;

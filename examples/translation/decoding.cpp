@@ -42,7 +42,8 @@ NextTokenScorer model_scorer(DecoderLM& model, Device device) {
     const int64_t v = logits.size(-1);
     // Only each row's last position comes back to the host (bf16 logits are
     // widened first: gather_rows takes f32/f64 tables).
-    const Tensor rows = logits.dtype() == DType::BF16 ? logits.reshape({-1, v}).to(DType::F32) : logits.reshape({-1, v});
+    const Tensor rows =
+        logits.dtype() == DType::BF16 ? logits.reshape({-1, v}).to(DType::F32) : logits.reshape({-1, v});
     const std::vector<double> last =
         gather_rows(rows, Tensor::from_vector(last_rows, {b}, DType::F32, device)).to_vector();
     std::vector<std::vector<double>> out;
@@ -124,7 +125,8 @@ std::vector<Tokens> beam_decode(const NextTokenScorer& score, const std::vector<
                           [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
         for (size_t j = 0; j < k; ++j) cands.push_back({h, ids[j], alive[s][h].logp + lp[ids[j]]});
       }
-      std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.logp > b.logp; });
+      std::stable_sort(cands.begin(), cands.end(),
+                       [](const Candidate& a, const Candidate& b) { return a.logp > b.logp; });
       std::vector<Hypothesis> next;
       for (size_t rank = 0; rank < cands.size() && static_cast<int>(next.size()) < beam; ++rank) {
         const Candidate& c = cands[rank];
@@ -136,8 +138,7 @@ std::vector<Tokens> beam_decode(const NextTokenScorer& score, const std::vector<
         hyp.generated.push_back(c.token);
         if (static_cast<int64_t>(prompts[s].size() + hyp.generated.size()) >= max_line)
           finished[s].push_back(std::move(hyp));  // the line is full: it ends here
-        else
-          next.push_back(std::move(hyp));
+        else next.push_back(std::move(hyp));
       }
       alive[s] = static_cast<int>(finished[s].size()) >= beam ? std::vector<Hypothesis>{} : std::move(next);
     }

@@ -55,7 +55,8 @@ ParallelCorpus read_parallel_tsv(const std::string& path) {
 
 CorpusSplits split_corpus(std::vector<SentencePair> pairs, int64_t valid, int64_t test, uint64_t seed) {
   const int64_t n = static_cast<int64_t>(pairs.size());
-  HG_CHECK(n >= 3, "translate", "a corpus of ", n, " pairs cannot be split into train, valid and test: need at least 3");
+  HG_CHECK(n >= 3, "translate", "a corpus of ", n,
+           " pairs cannot be split into train, valid and test: need at least 3");
   valid = std::clamp<int64_t>(valid, 1, std::max<int64_t>(1, n / 10));
   test = std::clamp<int64_t>(test, 1, std::max<int64_t>(1, n / 10));
   Generator g(seed);

@@ -63,7 +63,8 @@ Batch ParallelTask::train_batch(int64_t batch, Generator& g) const {
 Batch ParallelTask::make_batch(const std::vector<const EncodedPair*>& pairs) const {
   Batch b;
   b.batch = static_cast<int64_t>(pairs.size());
-  for (const EncodedPair* p : pairs) b.seq = std::max<int64_t>(b.seq, static_cast<int64_t>(p->source.size() + p->target.size() + 2));
+  for (const EncodedPair* p : pairs)
+    b.seq = std::max<int64_t>(b.seq, static_cast<int64_t>(p->source.size() + p->target.size() + 2));
   b.inputs.assign(static_cast<size_t>(b.batch * b.seq), SubwordTokenizer::kPad);
   b.targets.assign(static_cast<size_t>(b.batch * b.seq), static_cast<double>(kIgnore));
   for (size_t i = 0; i < pairs.size(); ++i) {

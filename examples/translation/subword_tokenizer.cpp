@@ -38,8 +38,8 @@ SubwordTokenizer SubwordTokenizer::train(const std::vector<std::string>& sentenc
   VectorIterator it(sentences);
   std::string bytes;
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &bytes);
-  HG_CHECK(status.ok(), "SubwordTokenizer", "SentencePiece training (", model_type, ", vocab ", vocab_size,
-           ", ", sentences.size(), " sentences) failed: ", status.ToString());
+  HG_CHECK(status.ok(), "SubwordTokenizer", "SentencePiece training (", model_type, ", vocab ", vocab_size, ", ",
+           sentences.size(), " sentences) failed: ", status.ToString());
   return from_bytes(bytes);
 }
 

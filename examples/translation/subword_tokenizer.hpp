@@ -24,7 +24,8 @@ class SubwordTokenizer {
 
   // Trains a "bpe" or "unigram" model on `sentences`. vocab_size is an upper
   // bound: a small corpus may give fewer pieces (hard_vocab_limit off).
-  static SubwordTokenizer train(const std::vector<std::string>& sentences, int vocab_size, const std::string& model_type);
+  static SubwordTokenizer train(const std::vector<std::string>& sentences, int vocab_size,
+                                const std::string& model_type);
   // Loads a serialized model (from model_bytes() of a trained one).
   static SubwordTokenizer from_bytes(const std::string& model_bytes);
 

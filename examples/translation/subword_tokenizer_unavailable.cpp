@@ -14,7 +14,7 @@ namespace hg::translation {
 namespace {
 [[noreturn]] void unavailable() {
   fail("SubwordTokenizer", "handgrad was built without SentencePiece: apt-get install libsentencepiece-dev "
-       "(scripts/install_deps.sh), then reconfigure");
+                           "(scripts/install_deps.sh), then reconfigure");
 }
 }  // namespace
 

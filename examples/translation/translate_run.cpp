@@ -46,8 +46,8 @@ std::vector<SentencePair> read_pairs(const std::string& path) {
   ParallelCorpus c = read_parallel_tsv(path);
   check_mostly_pairs(path, c);
   if (c.malformed > 0) {
-    spdlog::warn("{}: {} malformed line{} skipped (a line must be source<TAB>target, both non-empty):", path, c.malformed,
-                 c.malformed == 1 ? "" : "s");
+    spdlog::warn("{}: {} malformed line{} skipped (a line must be source<TAB>target, both non-empty):", path,
+                 c.malformed, c.malformed == 1 ? "" : "s");
     for (const std::string& note : c.malformed_notes) spdlog::warn("  {}", note);
     if (c.malformed > static_cast<int64_t>(c.malformed_notes.size()))
       spdlog::warn("  ... and {} more", c.malformed - static_cast<int64_t>(c.malformed_notes.size()));
@@ -61,7 +61,8 @@ std::unique_ptr<ParallelTask> build_parallel_task(const TranslateOptions& o, int
                                                   const std::string& vocab_from) {
   CorpusSplits splits;
   if (o.valid.empty() || o.test.empty()) {
-    splits = split_corpus(read_pairs(o.pairs), o.valid.empty() ? o.valid_pairs : 0, o.test.empty() ? o.test_pairs : 0, seed);
+    splits =
+        split_corpus(read_pairs(o.pairs), o.valid.empty() ? o.valid_pairs : 0, o.test.empty() ? o.test_pairs : 0, seed);
     // A split given as a file replaces the one cut from --pairs; cut pairs go back to train.
     if (!o.valid.empty()) splits.train.insert(splits.train.end(), splits.valid.begin(), splits.valid.end());
     if (!o.test.empty()) splits.train.insert(splits.train.end(), splits.test.begin(), splits.test.end());

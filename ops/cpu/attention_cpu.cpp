@@ -60,9 +60,11 @@ struct Head {
   const T* mask_row;  // nullptr: no mask
 
   Head(const AttentionLayout& layout, int64_t index)
-      : l(layout), bh(index), mask_row(layout.mask == nullptr ? nullptr
-                                                              : static_cast<const T*>(layout.mask) +
-                                                                    (index / layout.heads) * layout.mask_batch_stride) {}
+      : l(layout),
+        bh(index),
+        mask_row(layout.mask == nullptr
+                     ? nullptr
+                     : static_cast<const T*>(layout.mask) + (index / layout.heads) * layout.mask_batch_stride) {}
 
   // z = scale * q k^T + mask for queries [i0, i0 + rows); removed keys get -inf.
   void logits(const ConstMap<T>& q, const ConstMap<T>& k, int64_t i0, int64_t rows, Mat<T>& z) const {
@@ -131,7 +133,8 @@ void forward(const void* q, const void* k, const void* v, const AttentionLayout&
 }
 
 template <class T>
-void backward(const void* dout, const void* q, const void* k, const void* v, const AttentionLayout& l, void* dq, void* dk, void* dv) {
+void backward(const void* dout, const void* q, const void* k, const void* v, const AttentionLayout& l, void* dq,
+              void* dk, void* dv) {
   const int64_t dh = l.head_dim, h = l.heads;
   const T scale = static_cast<T>(l.scale);
   for_heads(l, [&](int64_t bh) {
@@ -174,8 +177,8 @@ void backward(const void* dout, const void* q, const void* k, const void* v, con
 
 }  // namespace
 
-void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
-                       void* o, Tensor& lse) {
+void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout, void* o,
+                       Tensor& lse) {
   if (dtype == DType::F64) return forward<double>(q, k, v, layout, o, lse);
   forward<float>(q, k, v, layout, o, lse);
 }

@@ -10,8 +10,8 @@ namespace hg::cpu {
 // through the layout's strides (q and dq: layout.q; k, v, dk, dv: layout.kv;
 // o and dout: layout.o), as in cuda/attention_kernels.hpp. lse (B, H, Tq)
 // is contiguous, in the operands' dtype.
-void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
-                       void* o, Tensor& lse);
+void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout, void* o,
+                       Tensor& lse);
 
 // dq, dk, dv from dout; the probabilities are recomputed per tile exactly as
 // the forward computed them (max and sum of the row, not the stored lse).

@@ -99,8 +99,7 @@ void cross_entropy_rows(const Tensor& logits, const double* targets, int64_t ign
                         Tensor& dlogits, double* row_loss) {
   if (logits.dtype() == DType::F32)
     fused_rows<float>(logits, targets, ignore_index, inv_count, dlogits, row_loss, row_f32);
-  else
-    fused_rows<double>(logits, targets, ignore_index, inv_count, dlogits, row_loss, row_f64);
+  else fused_rows<double>(logits, targets, ignore_index, inv_count, dlogits, row_loss, row_f64);
 }
 
 double cross_entropy_forward(const Tensor& logits, const std::vector<double>& targets, int64_t vocab,

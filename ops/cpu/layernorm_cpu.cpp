@@ -42,18 +42,22 @@ RowStats scaled_row_stats(const T* x, int64_t D, double eps) {
   // var + eps = 2^2e (sq / D + eps 2^-2e); eps 2^-2e may underflow to 0 only
   // where it is negligible next to the variance that overflowed.
   const double rs = 1.0 / std::sqrt(sq / static_cast<double>(D) + std::ldexp(eps, -2 * e));
-  if (!std::isfinite(largest)) return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
+  if (!std::isfinite(largest))
+    return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
   return {std::ldexp(mu, e), std::ldexp(rs, -e)};
 }
 
 // ---------------------------------------------------------------- float64
 // Rows are Eigen maps over the flat buffers, statistics in double.
-template <class T> using RowArray = Eigen::Array<T, Eigen::Dynamic, 1>;
-template <class T> using ConstRow = Eigen::Map<const RowArray<T>>;
-template <class T> using Row = Eigen::Map<RowArray<T>>;
+template <class T>
+using RowArray = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using ConstRow = Eigen::Map<const RowArray<T>>;
+template <class T>
+using Row = Eigen::Map<RowArray<T>>;
 
-void forward_rows_f64(const double* x, const double* g, const double* b, double eps, int64_t r0, int64_t r1,
-                      int64_t D, double* y, double* mean, double* rstd) {
+void forward_rows_f64(const double* x, const double* g, const double* b, double eps, int64_t r0, int64_t r1, int64_t D,
+                      double* y, double* mean, double* rstd) {
   for (int64_t r = r0; r < r1; ++r) {
     const ConstRow<double> xr(x + r * D, D);
     // Two sweeps, mean then the centred sum of squares: never E[x^2] - E[x]^2,
@@ -71,8 +75,8 @@ void forward_rows_f64(const double* x, const double* g, const double* b, double 
   }
 }
 
-void backward_row_f64(const double* dy, const double* x, const double* g, double mean, double rs, int64_t D,
-                      double* dx, double* acc_g, double* acc_b) {
+void backward_row_f64(const double* dy, const double* x, const double* g, double mean, double rs, int64_t D, double* dx,
+                      double* acc_g, double* acc_b) {
   const ConstRow<double> dyr(dy, D), xr(x, D);
   const RowArray<double> gdy = ConstRow<double>(g, D) * dyr;
   const double inv_d = 1.0 / static_cast<double>(D);
@@ -99,18 +103,21 @@ using simd::store_n;
 
 // stream: y's full, 16-byte aligned vectors go out with streaming stores
 // (core/streaming_stores.hpp); the same values either way.
-HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float* b, double eps, int64_t r0,
-                                     int64_t r1, int64_t D, float* y, float* mean, float* rstd, bool stream) {
+HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float* b, double eps, int64_t r0, int64_t r1,
+                                     int64_t D, float* y, float* mean, float* rstd, bool stream) {
   const double inv_d = 1.0 / static_cast<double>(D);
   float sum = simd::sum(D, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return load_n(x + r0 * D + i, k); });
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     const float shift = static_cast<float>(sum * inv_d);
     float s12[2];
-    simd::sums(D, [&](int64_t i, int64_t k, Floats(&t)[2]) HG_SIMD_LAMBDA {
-      const Floats c = load_n(xr + i, k) - shift;
-      t[0] = c, t[1] = c * c;
-    }, s12);
+    simd::sums(
+        D,
+        [&](int64_t i, int64_t k, Floats(&t)[2]) HG_SIMD_LAMBDA {
+          const Floats c = load_n(xr + i, k) - shift;
+          t[0] = c, t[1] = c * c;
+        },
+        s12);
     const double s1 = s12[0], s2 = s12[1];
     double mu = shift + s1 * inv_d;
     const double var = std::max(0.0, s2 * inv_d - (s1 * inv_d) * (s1 * inv_d));
@@ -128,13 +135,16 @@ HG_SIMD_CLONES void forward_rows_f32(const float* x, const float* g, const float
     const float* next = r + 1 < r1 ? xr + D : xr;
     const float* ahead = r + 2 < r1 ? xr + 2 * D : xr;
     float next_sum[1];
-    simd::sums(D, [&](int64_t i, int64_t k, Floats(&t)[1]) HG_SIMD_LAMBDA {
-      simd::prefetch(ahead + i);
-      const Floats out = ((load_n(xr + i, k) - hi) - lo) * rs_f * load_n(g + i, k) + load_n(b + i, k);
-      if (stream_row && k == kLanes) simd::store_streaming(yr + i, out);
-      else store_n(yr + i, out, k);
-      t[0] = load_n(next + i, k);
-    }, next_sum);
+    simd::sums(
+        D,
+        [&](int64_t i, int64_t k, Floats(&t)[1]) HG_SIMD_LAMBDA {
+          simd::prefetch(ahead + i);
+          const Floats out = ((load_n(xr + i, k) - hi) - lo) * rs_f * load_n(g + i, k) + load_n(b + i, k);
+          if (stream_row && k == kLanes) simd::store_streaming(yr + i, out);
+          else store_n(yr + i, out, k);
+          t[0] = load_n(next + i, k);
+        },
+        next_sum);
     sum = next_sum[0];
     mean[r] = hi;
     rstd[r] = rs_f;
@@ -167,8 +177,8 @@ HG_SIMD_INLINE void add_to_f64(double* p, Floats v, int64_t k, bool first) {
 constexpr int64_t kFlushRows = 16;
 
 HG_SIMD_CLONES void backward_rows_f32(const float* dy, const float* x, const float* g, const float* mean,
-                                      const float* rstd, int64_t r0, int64_t r1, int64_t D, float* dx,
-                                      float* acc, double* part_g, double* part_b) {
+                                      const float* rstd, int64_t r0, int64_t r1, int64_t D, float* dx, float* acc,
+                                      double* part_g, double* part_b) {
   const double inv_d = 1.0 / static_cast<double>(D);
   float* acc_g = acc;
   float* acc_b = acc + D;
@@ -183,10 +193,13 @@ HG_SIMD_CLONES void backward_rows_f32(const float* dy, const float* x, const flo
     // the same amount. The true xhat has mean zero, so that shift is the mean
     // c of the xhat computed here; it is removed below.
     float s[3];
-    simd::sums(D, [&](int64_t i, int64_t k, Floats(&t)[3]) HG_SIMD_LAMBDA {
-      const Floats xh = xhat(i, k), gd = gdy(i, k);
-      t[0] = xh, t[1] = gd, t[2] = gd * xh;
-    }, s);
+    simd::sums(
+        D,
+        [&](int64_t i, int64_t k, Floats(&t)[3]) HG_SIMD_LAMBDA {
+          const Floats xh = xhat(i, k), gd = gdy(i, k);
+          t[0] = xh, t[1] = gd, t[2] = gd * xh;
+        },
+        s);
     const double c = s[0] * inv_d;
     const double mean_gdy = s[1] * inv_d;
     const double mean_gdy_xhat = s[2] * inv_d - c * mean_gdy;
@@ -281,8 +294,8 @@ void backward_threaded(int64_t rows, int64_t D, T* dgamma, T* dbeta, const Block
 
 }  // namespace
 
-void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                       int64_t rows, int64_t D, Tensor& y, Tensor& mean, Tensor& rstd) {
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, int64_t rows, int64_t D,
+                       Tensor& y, Tensor& mean, Tensor& rstd) {
   switch (x.dtype()) {
     case DType::F32: {
       const bool stream = use_streaming_stores(rows * D * static_cast<int64_t>(sizeof(float)));
@@ -293,18 +306,15 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
     }
     case DType::F64:
       return forward_threaded(rows, D, [&](int64_t r0, int64_t r1) {
-        forward_rows_f64(x.data<double>(), gamma.data<double>(), beta.data<double>(), eps, r0, r1, D,
-                         y.data<double>(), mean.data<double>(), rstd.data<double>());
+        forward_rows_f64(x.data<double>(), gamma.data<double>(), beta.data<double>(), eps, r0, r1, D, y.data<double>(),
+                         mean.data<double>(), rstd.data<double>());
       });
-    default:
-      fail("layernorm_forward (cpu)", "dtype ", dtype_name(x.dtype()),
-           " is not supported on the CPU (F32/F64)");
+    default: fail("layernorm_forward (cpu)", "dtype ", dtype_name(x.dtype()), " is not supported on the CPU (F32/F64)");
   }
 }
 
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                        const Tensor& rstd, int64_t rows, int64_t D, Tensor& dx, Tensor& dgamma,
-                        Tensor& dbeta) {
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        int64_t rows, int64_t D, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   switch (x.dtype()) {
     case DType::F32:
       return backward_threaded<float>(rows, D, dgamma.data<float>(), dbeta.data<float>(),
@@ -317,14 +327,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
     case DType::F64:
       return backward_threaded<double>(rows, D, dgamma.data<double>(), dbeta.data<double>(),
                                        [&](int64_t r0, int64_t r1, double* part_g, double* part_b) {
-                                         backward_rows_f64(dy.data<double>(), x.data<double>(),
-                                                           gamma.data<double>(), mean.data<double>(),
-                                                           rstd.data<double>(), r0, r1, D, dx.data<double>(),
-                                                           part_g, part_b);
+                                         backward_rows_f64(dy.data<double>(), x.data<double>(), gamma.data<double>(),
+                                                           mean.data<double>(), rstd.data<double>(), r0, r1, D,
+                                                           dx.data<double>(), part_g, part_b);
                                        });
     default:
-      fail("layernorm_backward (cpu)", "dtype ", dtype_name(x.dtype()),
-           " is not supported on the CPU (F32/F64)");
+      fail("layernorm_backward (cpu)", "dtype ", dtype_name(x.dtype()), " is not supported on the CPU (F32/F64)");
   }
 }
 

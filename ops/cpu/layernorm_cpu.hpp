@@ -12,14 +12,13 @@ namespace hg::cpu {
 // Per row: mean, then the centred sums (float32: corrected two-pass in
 // float32, docs/cpu.md; float64: two sweeps), then y. Writes y, mean (rows,)
 // and rstd (rows,).
-void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
-                       int64_t rows, int64_t D, Tensor& y, Tensor& mean, Tensor& rstd);
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, int64_t rows, int64_t D,
+                       Tensor& y, Tensor& mean, Tensor& rstd);
 
 // Per row: one sweep for the sums of g*dy and g*dy*xhat, one sweep for dx.
 // dgamma and dbeta are summed in fixed row blocks, then the blocks in order:
 // the same bits at any thread count.
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                        const Tensor& rstd, int64_t rows, int64_t D, Tensor& dx, Tensor& dgamma,
-                        Tensor& dbeta);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        int64_t rows, int64_t D, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
 }  // namespace hg::cpu

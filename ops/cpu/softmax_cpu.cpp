@@ -13,9 +13,12 @@
 namespace hg::cpu {
 namespace {
 
-template <class T> using RowArray = Eigen::Array<T, Eigen::Dynamic, 1>;
-template <class T> using ConstRow = Eigen::Map<const RowArray<T>>;
-template <class T> using Row = Eigen::Map<RowArray<T>>;
+template <class T>
+using RowArray = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T>
+using ConstRow = Eigen::Map<const RowArray<T>>;
+template <class T>
+using Row = Eigen::Map<RowArray<T>>;
 
 // Keys [0, n) are visible to query q under the causal rule k <= q + (tk - tq).
 // n can be 0 when tq > tk: the first queries then see nothing.
@@ -30,7 +33,8 @@ int64_t causally_visible_keys(const SoftmaxRows& l, int64_t q) {
 // weighs exactly 0. A key dropped this way weighs < 4e-35 (float) next to a
 // row sum >= 1 (the max key gives exactly 1): far below one rounding of the
 // sum. NaN passes through (max(NaN, f) is NaN here).
-template <class T> constexpr T kExpFloor = sizeof(T) == 4 ? T(-80) : T(-700);
+template <class T>
+constexpr T kExpFloor = sizeof(T) == 4 ? T(-80) : T(-700);
 
 // Rows per task: about 16K elements, whole rows.
 template <class Body>
@@ -99,8 +103,8 @@ HG_SIMD_INLINE bool row_in_registers(int64_t last, const Scores& scores, const W
   return true;
 }
 
-HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const SoftmaxRows& l, int64_t r0,
-                                     int64_t r1, float* ys) {
+HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const SoftmaxRows& l, int64_t r0, int64_t r1,
+                                     float* ys) {
   constexpr float inf = std::numeric_limits<float>::infinity();
   const float scale = static_cast<float>(l.scale), threshold = static_cast<float>(kSoftmaxMaskThreshold);
   const float drop_at = 2 * std::exp(kExpFloor<float>);
@@ -190,11 +194,15 @@ HG_SIMD_CLONES void backward_rows_f32(const float* dys, const float* ys, int64_t
       return k == kLanes ? f(simd::load(dy + i), simd::load(y + i))
                          : f(simd::load_partial(dy + i, k, 0.f), simd::load_partial(y + i, k, 0.f));
     };
-    const float dot = simd::sum(tk, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA { return both(i, k, [](Floats d, Floats v) HG_SIMD_LAMBDA { return d * v; }); });
+    const float dot = simd::sum(tk, [&](int64_t i, int64_t k) HG_SIMD_LAMBDA {
+      return both(i, k, [](Floats d, Floats v) HG_SIMD_LAMBDA { return d * v; });
+    });
     float* dx = dxs + r * tk;
     int64_t i = 0;
     for (; i + kLanes <= tk; i += kLanes) simd::store(dx + i, s * simd::load(y + i) * (simd::load(dy + i) - dot));
-    if (i < tk) simd::store_partial(dx + i, both(i, tk - i, [&](Floats d, Floats v) HG_SIMD_LAMBDA { return s * v * (d - dot); }), tk - i);
+    if (i < tk)
+      simd::store_partial(dx + i, both(i, tk - i, [&](Floats d, Floats v) HG_SIMD_LAMBDA { return s * v * (d - dot); }),
+                          tk - i);
   }
 }
 

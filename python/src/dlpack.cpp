@@ -27,7 +27,7 @@ constexpr intptr_t kNoSync = -1;
 // ---- export -------------------------------------------------------------------
 
 struct ExportContext {
-  Tensor tensor;                 // keeps the bytes alive while the consumer holds them
+  Tensor tensor;  // keeps the bytes alive while the consumer holds them
   std::vector<int64_t> shape;
   intptr_t consumer_stream = kNoSync;
 };
@@ -101,7 +101,8 @@ intptr_t consumer_stream(const Tensor& t, const py::object& stream) {
   HG_CHECK(py::isinstance<py::int_>(stream), kExport, "stream must be an int or None, got ",
            py::str(py::type::of(stream)).cast<std::string>());
   const intptr_t s = stream.cast<intptr_t>();
-  HG_CHECK(s != 0, kExport, "stream 0 is ambiguous for CUDA in DLPack; pass 1 (legacy default), "
+  HG_CHECK(s != 0, kExport,
+           "stream 0 is ambiguous for CUDA in DLPack; pass 1 (legacy default), "
            "2 (per-thread default), -1 (no synchronisation) or a stream handle");
   return s;
 }
@@ -145,7 +146,8 @@ DType import_dtype(const dlpack::DataType& d) {
   if (d.lanes == 1 && d.code == dlpack::kFloat && d.bits == 64) return DType::F64;
   if (d.lanes == 1 && d.code == dlpack::kFloat && d.bits == 16) return DType::F16;
   if (d.lanes == 1 && d.code == dlpack::kBfloat && d.bits == 16) return DType::BF16;
-  fail(kImport, "dtype ", describe_dl_dtype(d), " is not supported; handgrad tensors hold float32, float64, "
+  fail(kImport, "dtype ", describe_dl_dtype(d),
+       " is not supported; handgrad tensors hold float32, float64, "
        "bfloat16 or float16 (cast first, e.g. torch's t.float())");
 }
 
@@ -157,7 +159,8 @@ Device import_device(const dlpack::Device& dev) {
              " but handgrad runs on device ", cuda_current_device());
     return Device::CUDA;
   }
-  fail(kImport, "DLPack device type ", dev.device_type, " is not supported; handgrad takes CPU (1) and CUDA (2) memory");
+  fail(kImport, "DLPack device type ", dev.device_type,
+       " is not supported; handgrad takes CPU (1) and CUDA (2) memory");
 }
 
 Shape import_shape(const dlpack::Tensor& dl) {
@@ -182,8 +185,8 @@ Tensor wrap_managed(Managed* managed, intptr_t release_stream) {
   const Device device = import_device(dl.device);
   const Shape shape = import_shape(dl);
   void* data = static_cast<char*>(dl.data) + dl.byte_offset;
-  HG_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, kImport,
-           "the data is not aligned to its ", dtype_size(dtype), "-byte elements: pass a copy");
+  HG_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, kImport, "the data is not aligned to its ",
+           dtype_size(dtype), "-byte elements: pass a copy");
   return Tensor::from_blob(data, shape, dtype, device, [managed, device, release_stream] {
     // The producer may reuse the memory on its stream: order that after handgrad's queued work.
     try {
@@ -228,13 +231,15 @@ Tensor dlpack_import(const py::object& obj, const py::object& stream_arg) {
   }
   HG_CHECK(py::hasattr(obj, "__dlpack__") && py::hasattr(obj, "__dlpack_device__"), kImport,
            "expected an object with __dlpack__ and __dlpack_device__ (a torch.Tensor, NumPy array, ...) or a "
-           "DLPack capsule, got ", py::str(py::type::of(obj)).cast<std::string>());
+           "DLPack capsule, got ",
+           py::str(py::type::of(obj)).cast<std::string>());
   const auto dev = obj.attr("__dlpack_device__")().cast<std::pair<int, int>>();
   // A CUDA producer makes its data ready on handgrad's stream (an event wait, no host block).
   // No max_version: every producer (NumPy, PyTorch 1.10+, ...) answers with an unversioned capsule.
   // DLPack names the legacy default stream 1 (0 is ambiguous there).
   py::object hg_stream = py::none();
-  if (dev.first == dlpack::kCUDA) hg_stream = py::int_(handgrad_stream() == 0 ? kLegacyDefaultStream : handgrad_stream());
+  if (dev.first == dlpack::kCUDA)
+    hg_stream = py::int_(handgrad_stream() == 0 ? kLegacyDefaultStream : handgrad_stream());
   return import_capsule(obj.attr("__dlpack__")(py::arg("stream") = hg_stream).cast<py::capsule>(), stream);
 }
 
@@ -257,16 +262,21 @@ void bind_dlpack(py::module_& m) {
         "first. When handgrad drops the memory, `stream` waits for handgrad's queued work, so the\n"
         "producer may reuse it there at once.");
   m.def("cuda_stream", &handgrad_stream, "handgrad's current CUDA stream handle as an int (0 without CUDA).");
-  m.def("set_cuda_stream", [](const py::object& handle) {
-    if (handle.is_none()) return gpu::use_own_stream();
-    HG_CHECK(py::isinstance<py::int_>(handle), "set_cuda_stream", "expected a cudaStream_t as an int "
-             "(e.g. torch.cuda.current_stream().cuda_stream) or None, got ", py::str(py::type::of(handle)).cast<std::string>());
-    gpu::set_stream(handle.cast<intptr_t>());
-  }, py::arg("handle"),
-        "Runs handgrad's CUDA work on `handle` (a cudaStream_t as an int; 0 is the legacy default\n"
-        "stream) from now on; None: back to handgrad's own stream. The new stream first waits for\n"
-        "everything queued on the old one. With handgrad on the consumer's or producer's stream,\n"
-        "DLPack crossings need no events. handgrad.torch sets it to PyTorch's current stream.");
+  m.def(
+      "set_cuda_stream",
+      [](const py::object& handle) {
+        if (handle.is_none()) return gpu::use_own_stream();
+        HG_CHECK(py::isinstance<py::int_>(handle), "set_cuda_stream",
+                 "expected a cudaStream_t as an int "
+                 "(e.g. torch.cuda.current_stream().cuda_stream) or None, got ",
+                 py::str(py::type::of(handle)).cast<std::string>());
+        gpu::set_stream(handle.cast<intptr_t>());
+      },
+      py::arg("handle"),
+      "Runs handgrad's CUDA work on `handle` (a cudaStream_t as an int; 0 is the legacy default\n"
+      "stream) from now on; None: back to handgrad's own stream. The new stream first waits for\n"
+      "everything queued on the old one. With handgrad on the consumer's or producer's stream,\n"
+      "DLPack crossings need no events. handgrad.torch sets it to PyTorch's current stream.");
 }
 
 }  // namespace hg::python

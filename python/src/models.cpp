@@ -24,7 +24,8 @@ void bind_models(py::module_& m) {
       .def("named_parameters", &Module::named_parameters, py::return_value_policy::reference_internal)
       .def("num_parameters", &Module::num_parameters)
       .def("zero_grad", &Module::zero_grad)
-      .def("to", [](Module& mod, const std::string& device) { mod.to(parse_device(device)); }, py::arg("device"))
+      .def(
+          "to", [](Module& mod, const std::string& device) { mod.to(parse_device(device)); }, py::arg("device"))
       .def("train", &Module::train, py::arg("on") = true)
       .def("eval", &Module::eval)
       .def("save", &Module::save, py::arg("path"), py::arg("step") = -1)
@@ -49,12 +50,15 @@ void bind_models(py::module_& m) {
            py::kw_only(), py::arg("vocab_size") = 256, py::arg("max_seq_len") = 128, py::arg("d_model") = 128,
            py::arg("n_heads") = 4, py::arg("n_layers") = 2, py::arg("ffn_hidden") = 0, py::arg("dropout") = 0.0,
            py::arg("ln_eps") = 1e-5, py::arg("seed") = 0, py::arg("dtype") = "float32")
-      .def("forward", [](DecoderLM& lm, const py::object& ids, const py::object& mask) {
-        Tensor t = as_ids(ids, "DecoderLM.forward");
-        if (!py::isinstance<Tensor>(ids)) t = t.to(lm.embed.token.value.device());  // NumPy ids: to the model
-        return lm.forward(t, mask.is_none() ? Tensor() : mask.cast<Tensor>());
-      }, py::arg("ids"), py::arg("key_padding_mask") = py::none(),
-         "ids (B, T) token ids (integers: a NumPy array or list, or a float32 Tensor) -> logits (B, T, V).")
+      .def(
+          "forward",
+          [](DecoderLM& lm, const py::object& ids, const py::object& mask) {
+            Tensor t = as_ids(ids, "DecoderLM.forward");
+            if (!py::isinstance<Tensor>(ids)) t = t.to(lm.embed.token.value.device());  // NumPy ids: to the model
+            return lm.forward(t, mask.is_none() ? Tensor() : mask.cast<Tensor>());
+          },
+          py::arg("ids"), py::arg("key_padding_mask") = py::none(),
+          "ids (B, T) token ids (integers: a NumPy array or list, or a float32 Tensor) -> logits (B, T, V).")
       .def("backward", &DecoderLM::backward, py::arg("dlogits"),
            "Accumulates every parameter gradient; returns d loss / d embedding output.");
 
@@ -85,12 +89,12 @@ void bind_models(py::module_& m) {
            py::keep_alive<1, 2>(),  // the optimizer points at the module's parameters
            "max_grad_norm > 0 clips the global gradient norm inside step() (0: no clipping).");
 
-  py::class_<SGD, Optimizer>(m, "SGD")
-      .def(py::init([](Module& module, double lr, double momentum, double weight_decay) {
-             return new SGD(module.parameters(), SGDOptions{lr, momentum, weight_decay});
-           }),
-           py::arg("module"), py::kw_only(), py::arg("lr") = 1e-2, py::arg("momentum") = 0.0,
-           py::arg("weight_decay") = 0.0, py::keep_alive<1, 2>());
+  py::class_<SGD, Optimizer>(m, "SGD").def(
+      py::init([](Module& module, double lr, double momentum, double weight_decay) {
+        return new SGD(module.parameters(), SGDOptions{lr, momentum, weight_decay});
+      }),
+      py::arg("module"), py::kw_only(), py::arg("lr") = 1e-2, py::arg("momentum") = 0.0, py::arg("weight_decay") = 0.0,
+      py::keep_alive<1, 2>());
 
   py::register_exception<NonFiniteError>(m, "NonFiniteError", m.attr("Error"));
   py::class_<StepResult>(m, "StepResult", "What TrainStep.run measured: step, loss, grad_norm.")
@@ -112,19 +116,21 @@ void bind_models(py::module_& m) {
            }),
            py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("ignore_index") = -100,
            py::arg("use_graph") = true, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
-      .def("run",
-           [](TrainStep& step, const py::object& ids, const py::object& targets) {
-             return step.run(as_ids(ids, "TrainStep.run"), as_ids(targets, "TrainStep.run"));
-           },
-           py::arg("ids"), py::arg("targets"),
-           "ids, targets (B, T): integers (a NumPy array or list) or float32 Tensors on the host or the model's "
-           "device -> StepResult. Raises NonFiniteError "
-           "(parameters unchanged) when the loss or gradient norm is not finite.")
+      .def(
+          "run",
+          [](TrainStep& step, const py::object& ids, const py::object& targets) {
+            return step.run(as_ids(ids, "TrainStep.run"), as_ids(targets, "TrainStep.run"));
+          },
+          py::arg("ids"), py::arg("targets"),
+          "ids, targets (B, T): integers (a NumPy array or list) or float32 Tensors on the host or the model's "
+          "device -> StepResult. Raises NonFiniteError "
+          "(parameters unchanged) when the loss or gradient norm is not finite.")
       .def_property_readonly("graph_active", &TrainStep::graph_active)
       .def_property_readonly("graph_note", &TrainStep::graph_note);
 
-  m.def("clip_grad_norm", [](Module& module, double max_norm) { return clip_grad_norm(module.parameters(), max_norm); },
-        py::arg("module"), py::arg("max_norm"), "Clips the global L2 grad norm; returns the norm before clipping.");
+  m.def(
+      "clip_grad_norm", [](Module& module, double max_norm) { return clip_grad_norm(module.parameters(), max_norm); },
+      py::arg("module"), py::arg("max_norm"), "Clips the global L2 grad norm; returns the norm before clipping.");
 }
 
 }  // namespace hg::python

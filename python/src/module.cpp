@@ -6,8 +6,8 @@
 PYBIND11_MODULE(_C, m) {
   namespace py = pybind11;
   m.doc() = "handgrad: hand-written forward and backward ops on the CPU (Eigen) and CUDA";
-  py::register_exception<hg::Error>(m, "Error", py::make_tuple(py::handle(PyExc_ValueError),
-                                                               py::handle(PyExc_RuntimeError)));
+  py::register_exception<hg::Error>(m, "Error",
+                                    py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError)));
   hg::python::bind_tensor(m);
   hg::python::bind_dlpack(m);
   hg::python::bind_ops(m);

@@ -60,7 +60,8 @@ const char* numpy_typestr(const Tensor& t, const char* op) {
 }
 
 void check_host(const Tensor& t, const char* op) {
-  HG_CHECK(!t.is_cuda(), op, t.describe(), " lives on the GPU; NumPy sees host memory only: use t.to('cpu') "
+  HG_CHECK(!t.is_cuda(), op, t.describe(),
+           " lives on the GPU; NumPy sees host memory only: use t.to('cpu') "
            "(a copy) or DLPack (handgrad.from_dlpack / torch.from_dlpack) for zero-copy GPU exchange");
 }
 
@@ -182,54 +183,79 @@ void bind_tensor(py::module_& m) {
       .def("numel", &Tensor::numel)
       .def("data_ptr", [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw_data()); })
       .def("__repr__", &tensor_repr)
-      .def("numpy", [](py::object self) { return to_numpy(self.cast<const Tensor&>(), self); },
-           "A NumPy array viewing this tensor's host memory (no copy).")
-      .def_property_readonly("__array_interface__", [](const Tensor& t) {
-        check_host(t, "__array_interface__");
-        py::dict d;
-        d["shape"] = shape_tuple(t.shape());
-        d["typestr"] = numpy_typestr(t, "__array_interface__");
-        d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(t.raw_data()), false);
-        d["version"] = 3;
-        return d;
-      })
-      .def("to", [](const Tensor& t, const std::string& where) {
-        if (where == "cpu" || where == "cuda" || where == "cuda:0") return t.to(parse_device(where));
-        return t.to(parse_dtype(where));
-      }, py::arg("device_or_dtype"), "A copy on another device or in another dtype (self if nothing changes).")
+      .def(
+          "numpy", [](py::object self) { return to_numpy(self.cast<const Tensor&>(), self); },
+          "A NumPy array viewing this tensor's host memory (no copy).")
+      .def_property_readonly("__array_interface__",
+                             [](const Tensor& t) {
+                               check_host(t, "__array_interface__");
+                               py::dict d;
+                               d["shape"] = shape_tuple(t.shape());
+                               d["typestr"] = numpy_typestr(t, "__array_interface__");
+                               d["data"] = py::make_tuple(reinterpret_cast<uintptr_t>(t.raw_data()), false);
+                               d["version"] = 3;
+                               return d;
+                             })
+      .def(
+          "to",
+          [](const Tensor& t, const std::string& where) {
+            if (where == "cpu" || where == "cuda" || where == "cuda:0") return t.to(parse_device(where));
+            return t.to(parse_dtype(where));
+          },
+          py::arg("device_or_dtype"), "A copy on another device or in another dtype (self if nothing changes).")
       .def("clone", &Tensor::clone)
-      .def("copy_", [](Tensor& t, const Tensor& src) -> Tensor& { t.copy_(src); return t; })
+      .def("copy_",
+           [](Tensor& t, const Tensor& src) -> Tensor& {
+             t.copy_(src);
+             return t;
+           })
       .def("fill_", [](Tensor& t, double v) -> Tensor& { return t.fill_(v); })
-      .def("reshape", [](const Tensor& t, const py::args& args) {
-        return t.reshape(args.size() == 1 ? to_shape(args[0]) : args.cast<Shape>());
-      })
+      .def("reshape",
+           [](const Tensor& t, const py::args& args) {
+             return t.reshape(args.size() == 1 ? to_shape(args[0]) : args.cast<Shape>());
+           })
       .def("item", &Tensor::item)
       .def("tolist_flat", &Tensor::to_vector, "All elements as floats, row-major.");
 
   m.def("from_numpy", &from_numpy, py::arg("array"),
         "Wraps a C-contiguous, writable float32/float64/float16 NumPy array without copying.");
-  m.def("zeros", [](const py::object& s, const std::string& dt, const std::string& dev) {
-    return Tensor::zeros(to_shape(s), parse_dtype(dt), parse_device(dev));
-  }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
-  m.def("ones", [](const py::object& s, const std::string& dt, const std::string& dev) {
-    return Tensor::ones(to_shape(s), parse_dtype(dt), parse_device(dev));
-  }, py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
-  m.def("full", [](const py::object& s, double v, const std::string& dt, const std::string& dev) {
-    return Tensor::full(to_shape(s), v, parse_dtype(dt), parse_device(dev));
-  }, py::arg("shape"), py::arg("value"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
-  m.def("randn", [](const py::object& s, Generator& gen, const std::string& dt, const std::string& dev) {
-    return Tensor::randn(to_shape(s), gen, parse_dtype(dt), parse_device(dev));
-  }, py::arg("shape"), py::arg("generator"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  m.def(
+      "zeros",
+      [](const py::object& s, const std::string& dt, const std::string& dev) {
+        return Tensor::zeros(to_shape(s), parse_dtype(dt), parse_device(dev));
+      },
+      py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  m.def(
+      "ones",
+      [](const py::object& s, const std::string& dt, const std::string& dev) {
+        return Tensor::ones(to_shape(s), parse_dtype(dt), parse_device(dev));
+      },
+      py::arg("shape"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  m.def(
+      "full",
+      [](const py::object& s, double v, const std::string& dt, const std::string& dev) {
+        return Tensor::full(to_shape(s), v, parse_dtype(dt), parse_device(dev));
+      },
+      py::arg("shape"), py::arg("value"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
+  m.def(
+      "randn",
+      [](const py::object& s, Generator& gen, const std::string& dt, const std::string& dev) {
+        return Tensor::randn(to_shape(s), gen, parse_dtype(dt), parse_device(dev));
+      },
+      py::arg("shape"), py::arg("generator"), py::arg("dtype") = "float32", py::arg("device") = "cpu");
   m.def("cuda_available", &cuda_available, "True when built with CUDA and a GPU is visible.");
-  m.def("cuda_memory_stats", [] {
-    const gpu::MemoryStats s = gpu::memory_stats();
-    py::dict d;
-    d["in_use"] = s.in_use;
-    d["peak_in_use"] = s.peak_in_use;
-    d["reserved"] = s.reserved;
-    d["device_mallocs"] = s.device_mallocs;
-    return d;
-  }, "handgrad's CUDA caching allocator, in bytes (PyTorch's allocator does not see these blocks).");
+  m.def(
+      "cuda_memory_stats",
+      [] {
+        const gpu::MemoryStats s = gpu::memory_stats();
+        py::dict d;
+        d["in_use"] = s.in_use;
+        d["peak_in_use"] = s.peak_in_use;
+        d["reserved"] = s.reserved;
+        d["device_mallocs"] = s.device_mallocs;
+        return d;
+      },
+      "handgrad's CUDA caching allocator, in bytes (PyTorch's allocator does not see these blocks).");
   m.def("cuda_reset_peak_memory", &gpu::reset_peak_memory);
 }
 

@@ -77,8 +77,10 @@ tb::OwnedTensor hand_over(const Tensor& t, intptr_t stream) {
   tb::OwnedTensor out;
   out.data = t.raw_data();
   out.numel = t.numel();
-  out.dtype = t.dtype() == DType::F32 ? tb::kFloat32 : t.dtype() == DType::F64 ? tb::kFloat64
-              : t.dtype() == DType::BF16 ? tb::kBFloat16 : tb::kFloat16;
+  out.dtype = t.dtype() == DType::F32    ? tb::kFloat32
+              : t.dtype() == DType::F64  ? tb::kFloat64
+              : t.dtype() == DType::BF16 ? tb::kBFloat16
+                                         : tb::kFloat16;
   out.owner = new HandedOver{t, stream};
   return out;
 }
@@ -106,9 +108,8 @@ tb::Status layernorm_forward(const tb::TensorFacts& x_, const tb::TensorFacts& w
 }
 
 tb::Status layernorm_backward(const tb::TensorFacts& dy_, const tb::TensorFacts& x_, const tb::TensorFacts& w_,
-                              const tb::TensorFacts& mean_, const tb::TensorFacts& rstd_,
-                              const tb::TensorFacts& dx_, const tb::TensorFacts& dw_, const tb::TensorFacts& db_,
-                              intptr_t stream) {
+                              const tb::TensorFacts& mean_, const tb::TensorFacts& rstd_, const tb::TensorFacts& dx_,
+                              const tb::TensorFacts& dw_, const tb::TensorFacts& db_, intptr_t stream) {
   return guarded([&] {
     const char* op = "handgrad.torch.layer_norm backward";
     const Tensor dy = view(dy_, op, "dy"), x = view(x_, op, "x"), w = view(w_, op, "weight");
@@ -144,8 +145,8 @@ tb::Status softmax_backward(const tb::TensorFacts& dy_, const tb::TensorFacts& y
   });
 }
 
-tb::Status cross_entropy_forward(const tb::TensorFacts& logits_, const tb::TensorFacts& targets_,
-                                 int64_t ignore_index, intptr_t stream, tb::OwnedTensor* loss, void** saved) {
+tb::Status cross_entropy_forward(const tb::TensorFacts& logits_, const tb::TensorFacts& targets_, int64_t ignore_index,
+                                 intptr_t stream, tb::OwnedTensor* loss, void** saved) {
   return guarded([&] {
     const char* op = "handgrad.torch.cross_entropy";
     const Tensor logits = view(logits_, op, "logits"), targets = view(targets_, op, "target");
@@ -169,15 +170,12 @@ tb::Status cross_entropy_backward(const void* saved, const tb::TensorFacts& logi
 
 void free_cross_entropy_saved(void* saved) { delete static_cast<CrossEntropySaved*>(saved); }
 
-const tb::Api kApi = {tb::kVersion,          sizeof(tb::Api),       &layernorm_forward,
-                      &layernorm_backward,   &softmax_forward,      &softmax_backward,
-                      &cross_entropy_forward, &cross_entropy_backward, &free_cross_entropy_saved,
-                      &release};
+const tb::Api kApi = {
+    tb::kVersion,      sizeof(tb::Api),        &layernorm_forward,      &layernorm_backward,       &softmax_forward,
+    &softmax_backward, &cross_entropy_forward, &cross_entropy_backward, &free_cross_entropy_saved, &release};
 
 }  // namespace
 
-void bind_torch_bridge(py::module_& m) {
-  m.attr("_torch_bridge") = py::capsule(&kApi, tb::kCapsuleName);
-}
+void bind_torch_bridge(py::module_& m) { m.attr("_torch_bridge") = py::capsule(&kApi, tb::kCapsuleName); }
 
 }  // namespace hg::python

@@ -65,8 +65,7 @@ struct Api {
   uint32_t version;
   uint32_t size;  // sizeof(Api)
   Status (*layernorm_forward)(const TensorFacts& x, const TensorFacts& weight, const TensorFacts& bias, double eps,
-                              const TensorFacts& y, const TensorFacts& mean, const TensorFacts& rstd,
-                              intptr_t stream);
+                              const TensorFacts& y, const TensorFacts& mean, const TensorFacts& rstd, intptr_t stream);
   Status (*layernorm_backward)(const TensorFacts& dy, const TensorFacts& x, const TensorFacts& weight,
                                const TensorFacts& mean, const TensorFacts& rstd, const TensorFacts& dx,
                                const TensorFacts& dweight, const TensorFacts& dbias, intptr_t stream);

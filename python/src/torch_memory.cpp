@@ -19,16 +19,15 @@ void fail_torch_device(const char* op, const char* name, const std::string& devi
 void check_torch_cuda_device(long index, const char* op, const char* name) {
   static const bool has_cuda = cuda_available();  // a driver call; the answer cannot change
   HG_CHECK(has_cuda, op, name, " is a CUDA tensor, but handgrad was built without CUDA or sees no GPU");
-  HG_CHECK(index == cuda_current_device(), op, name, " is on cuda:", index, " but handgrad runs on cuda:",
-           cuda_current_device());
+  HG_CHECK(index == cuda_current_device(), op, name, " is on cuda:", index,
+           " but handgrad runs on cuda:", cuda_current_device());
 }
 
 void check_torch_contiguous(bool contiguous, const Shape& shape, const char* op, const char* name) {
   HG_CHECK(contiguous, op, name, " of shape ", shape, " is not contiguous; pass t.contiguous()");
 }
 
-Tensor torch_memory_view(void* data, const Shape& shape, DType dtype, Device device, const char* op,
-                         const char* name) {
+Tensor torch_memory_view(void* data, const Shape& shape, DType dtype, Device device, const char* op, const char* name) {
   const auto ptr = reinterpret_cast<uintptr_t>(data);
   HG_CHECK(ptr != 0 || shape_numel(shape) == 0, op, name, " of shape ", shape, " has no data");
   HG_CHECK(ptr % dtype_size(dtype) == 0, op, name, " is not aligned to its ", dtype_size(dtype), "-byte elements");

@@ -15,7 +15,7 @@ namespace hg::python {
 inline constexpr DType kTorchDTypes[4] = {DType::F32, DType::F64, DType::BF16, DType::F16};
 
 // Each check throws hg::Error naming `op` and the argument `name`.
-[[noreturn]] void fail_torch_dtype(const char* op, const char* name, const std::string& dtype);  // "torch.int64"
+[[noreturn]] void fail_torch_dtype(const char* op, const char* name, const std::string& dtype);    // "torch.int64"
 [[noreturn]] void fail_torch_device(const char* op, const char* name, const std::string& device);  // "meta"
 // A CUDA tensor on device `index`: handgrad must have CUDA and run on that device.
 void check_torch_cuda_device(long index, const char* op, const char* name);
@@ -23,8 +23,7 @@ void check_torch_contiguous(bool contiguous, const Shape& shape, const char* op,
 
 // The view of checked memory (data present unless empty, aligned to its elements).
 // Not owned: the caller keeps the torch tensor alive past every use (docs/python.md, "Lifetimes").
-Tensor torch_memory_view(void* data, const Shape& shape, DType dtype, Device device, const char* op,
-                         const char* name);
+Tensor torch_memory_view(void* data, const Shape& shape, DType dtype, Device device, const char* op, const char* name);
 
 // CUDA: handgrad's work moves onto `stream`, PyTorch's current stream (a
 // no-op when it is there already), so the views need no events. Nothing for CPU tensors.

@@ -5,12 +5,12 @@
 // cross-entropy's saved state); cross-entropy's loss and gradient still come
 // back by DLPack. Internal (names start with _torch_): the autograd.Functions
 // in python/handgrad/torch.py call them.
+#include "torch_ops.hpp"
 #include "bindings.hpp"
 #include "core/error.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/layernorm.hpp"
 #include "ops/softmax.hpp"
-#include "torch_ops.hpp"
 #include "torch_view.hpp"
 
 namespace hg::python {

@@ -18,7 +18,7 @@ namespace {
 // released by a C++ static destructor after the interpreter has gone.
 struct TorchObjects {
   PyTypeObject* tensor_type = nullptr;
-  PyObject* dtypes[4] = {};  // torch.float32, float64, bfloat16, float16: kTorchDTypes' order
+  PyObject* dtypes[4] = {};                // torch.float32, float64, bfloat16, float16: kTorchDTypes' order
   PyObject* current_raw_stream = nullptr;  // torch._C._cuda_getCurrentRawStream or None
   PyObject* s_dtype = PyUnicode_InternFromString("dtype");
   PyObject* s_shape = PyUnicode_InternFromString("shape");
@@ -103,15 +103,18 @@ void follow_torch_stream(const Tensor& t) {
 }
 
 void bind_torch_view(py::module_& m) {
-  m.def("_register_torch", [](py::handle tensor_type, py::tuple dtypes, py::handle current_raw_stream) {
-    HG_CHECK(PyType_Check(tensor_type.ptr()) && dtypes.size() == 4, "_register_torch",
-             "expects (torch.Tensor, (float32, float64, bfloat16, float16), _cuda_getCurrentRawStream or None)");
-    auto* torch = torch_objects != nullptr ? torch_objects : new TorchObjects;
-    torch->tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.inc_ref().ptr());
-    for (int i = 0; i < 4; ++i) torch->dtypes[i] = py::object(dtypes[i]).release().ptr();
-    torch->current_raw_stream = current_raw_stream.inc_ref().ptr();
-    torch_objects = torch;
-  }, "Called once by handgrad.torch at import (internal).");
+  m.def(
+      "_register_torch",
+      [](py::handle tensor_type, py::tuple dtypes, py::handle current_raw_stream) {
+        HG_CHECK(PyType_Check(tensor_type.ptr()) && dtypes.size() == 4, "_register_torch",
+                 "expects (torch.Tensor, (float32, float64, bfloat16, float16), _cuda_getCurrentRawStream or None)");
+        auto* torch = torch_objects != nullptr ? torch_objects : new TorchObjects;
+        torch->tensor_type = reinterpret_cast<PyTypeObject*>(tensor_type.inc_ref().ptr());
+        for (int i = 0; i < 4; ++i) torch->dtypes[i] = py::object(dtypes[i]).release().ptr();
+        torch->current_raw_stream = current_raw_stream.inc_ref().ptr();
+        torch_objects = torch;
+      },
+      "Called once by handgrad.torch at import (internal).");
 }
 
 }  // namespace hg::python

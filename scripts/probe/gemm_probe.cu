@@ -24,8 +24,22 @@
 #include <random>
 #include <vector>
 
-#define CK(x) do { auto e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); exit(1);} } while (0)
-#define LK(x) do { auto s_ = (x); if (s_ != CUBLAS_STATUS_SUCCESS) { printf("cuBLASLt status %d at %d\n", int(s_), __LINE__); exit(1);} } while (0)
+#define CK(x)                                                      \
+  do {                                                             \
+    auto e_ = (x);                                                 \
+    if (e_ != cudaSuccess) {                                       \
+      printf("CUDA %s at %d\n", cudaGetErrorString(e_), __LINE__); \
+      exit(1);                                                     \
+    }                                                              \
+  } while (0)
+#define LK(x)                                                  \
+  do {                                                         \
+    auto s_ = (x);                                             \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                         \
+      printf("cuBLASLt status %d at %d\n", int(s_), __LINE__); \
+      exit(1);                                                 \
+    }                                                          \
+  } while (0)
 
 static cublasLtHandle_t H;
 static void* WS;
@@ -44,7 +58,11 @@ static double gelu_grad(double x) {
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * a * x * x);
 }
 
-struct Case { int m, n, k; bool ta, tb, acc; Epi e; };
+struct Case {
+  int m, n, k;
+  bool ta, tb, acc;
+  Epi e;
+};
 
 static void layout(cublasLtMatrixLayout_t* l, cudaDataType_t t, int rows, int cols, int ld) {
   LK(cublasLtMatrixLayoutCreate(l, t, rows, cols, ld));
@@ -55,11 +73,26 @@ static void run_case(const Case& c, std::mt19937_64& rng, uint32_t red_mask) {
   const int m = c.m, n = c.n, k = c.k;
   std::vector<__nv_bfloat16> a(m * k), b(k * n), out(m * n), bias(n), aux(m * n);
   std::vector<double> av(m * k), bv(k * n), ov(m * n), biasv(n), auxv(m * n);
-  for (int i = 0; i < m * k; ++i) { a[i] = __float2bfloat16_rn(float(nd(rng))); av[i] = __bfloat162float(a[i]); }
-  for (int i = 0; i < k * n; ++i) { b[i] = __float2bfloat16_rn(float(nd(rng))); bv[i] = __bfloat162float(b[i]); }
-  for (int i = 0; i < m * n; ++i) { out[i] = __float2bfloat16_rn(float(nd(rng))); ov[i] = __bfloat162float(out[i]); }
-  for (int i = 0; i < n; ++i) { bias[i] = __float2bfloat16_rn(float(nd(rng))); biasv[i] = __bfloat162float(bias[i]); }
-  for (int i = 0; i < m * n; ++i) { aux[i] = __float2bfloat16_rn(float(nd2(rng))); auxv[i] = __bfloat162float(aux[i]); }
+  for (int i = 0; i < m * k; ++i) {
+    a[i] = __float2bfloat16_rn(float(nd(rng)));
+    av[i] = __bfloat162float(a[i]);
+  }
+  for (int i = 0; i < k * n; ++i) {
+    b[i] = __float2bfloat16_rn(float(nd(rng)));
+    bv[i] = __bfloat162float(b[i]);
+  }
+  for (int i = 0; i < m * n; ++i) {
+    out[i] = __float2bfloat16_rn(float(nd(rng)));
+    ov[i] = __bfloat162float(out[i]);
+  }
+  for (int i = 0; i < n; ++i) {
+    bias[i] = __float2bfloat16_rn(float(nd(rng)));
+    biasv[i] = __bfloat162float(bias[i]);
+  }
+  for (int i = 0; i < m * n; ++i) {
+    aux[i] = __float2bfloat16_rn(float(nd2(rng)));
+    auxv[i] = __bfloat162float(aux[i]);
+  }
   // reference product (row-major out (m, n) = op(a) op(b); a stored (k, m) when ta)
   std::vector<double> prod(m * n), s(m * n);
   for (int i = 0; i < m; ++i)
@@ -67,13 +100,18 @@ static void run_case(const Case& c, std::mt19937_64& rng, uint32_t red_mask) {
       double sum = 0, sc = 0;
       for (int p = 0; p < k; ++p) {
         const double x = c.ta ? av[p * m + i] : av[i * k + p], y = c.tb ? bv[j * k + p] : bv[p * n + j];
-        sum += x * y; sc += std::abs(x * y);
+        sum += x * y;
+        sc += std::abs(x * y);
       }
-      prod[i * n + j] = sum; s[i * n + j] = sc;
+      prod[i * n + j] = sum;
+      s[i * n + j] = sc;
     }
   __nv_bfloat16 *da, *db, *dout, *dbias, *daux;
-  CK(cudaMalloc(&da, a.size() * 2)); CK(cudaMalloc(&db, b.size() * 2)); CK(cudaMalloc(&dout, out.size() * 2));
-  CK(cudaMalloc(&dbias, bias.size() * 2)); CK(cudaMalloc(&daux, aux.size() * 2));
+  CK(cudaMalloc(&da, a.size() * 2));
+  CK(cudaMalloc(&db, b.size() * 2));
+  CK(cudaMalloc(&dout, out.size() * 2));
+  CK(cudaMalloc(&dbias, bias.size() * 2));
+  CK(cudaMalloc(&daux, aux.size() * 2));
   CK(cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(db, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dbias, bias.data(), bias.size() * 2, cudaMemcpyHostToDevice));
@@ -99,14 +137,17 @@ static void run_case(const Case& c, std::mt19937_64& rng, uint32_t red_mask) {
     LK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &daux, sizeof daux));
   }
   cublasLtMatrixLayout_t la, lb, ld_;
-  if (c.tb) layout(&la, CUDA_R_16BF, k, n, k); else layout(&la, CUDA_R_16BF, n, k, n);
-  if (c.ta) layout(&lb, CUDA_R_16BF, m, k, m); else layout(&lb, CUDA_R_16BF, k, m, k);
+  if (c.tb) layout(&la, CUDA_R_16BF, k, n, k);
+  else layout(&la, CUDA_R_16BF, n, k, n);
+  if (c.ta) layout(&lb, CUDA_R_16BF, m, k, m);
+  else layout(&lb, CUDA_R_16BF, k, m, k);
   layout(&ld_, CUDA_R_16BF, n, m, n);
   cublasLtMatmulPreference_t pref;
   LK(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t ws = kWS;
   LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red_mask, sizeof red_mask));
+  LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red_mask,
+                                          sizeof red_mask));
   cublasLtMatmulHeuristicResult_t res[8];
   int found = 0;
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(H, d, la, lb, ld_, ld_, pref, 8, res, &found);
@@ -118,12 +159,16 @@ static void run_case(const Case& c, std::mt19937_64& rng, uint32_t red_mask) {
     CK(cudaMemcpy(daux, aux.data(), aux.size() * 2, cudaMemcpyHostToDevice));
     const float alpha = 1, beta = float(beta_v);
     st = cublasLtMatmul(H, d, &alpha, db, la, da, lb, &beta, dout, ld_, dout, ld_, &res[r].algo, WS, kWS, 0);
-    if (st != CUBLAS_STATUS_SUCCESS) { printf("  algo %d: run status %d\n", r, int(st)); continue; }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      printf("  algo %d: run status %d\n", r, int(st));
+      continue;
+    }
     CK(cudaDeviceSynchronize());
     std::vector<__nv_bfloat16> got(m * n), gaux(m * n);
     CK(cudaMemcpy(got.data(), dout, got.size() * 2, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(gaux.data(), daux, gaux.size() * 2, cudaMemcpyDeviceToHost));
-    int id = 0, tile = 0, splitk = 0, stages = 0; uint32_t red = 0;
+    int id = 0, tile = 0, splitk = 0, stages = 0;
+    uint32_t red = 0;
     size_t w;
     cublasLtMatmulAlgoConfigGetAttribute(&res[r].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
     cublasLtMatmulAlgoConfigGetAttribute(&res[r].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
@@ -138,13 +183,21 @@ static void run_case(const Case& c, std::mt19937_64& rng, uint32_t red_mask) {
       double ref, single, prod1st, chain, bound_s = s[i] + (c.acc ? std::abs(ov[i]) : 0);
       const double pre = prod[i] + beta_v * ov[i];
       if (c.e == NONE) {
-        ref = pre; single = rbd(ref); prod1st = rbd(rbd(prod[i]) + beta_v * ov[i]); chain = prod1st;
+        ref = pre;
+        single = rbd(ref);
+        prod1st = rbd(rbd(prod[i]) + beta_v * ov[i]);
+        chain = prod1st;
       } else if (c.e == BIAS) {
-        ref = pre + biasv[j]; single = rbd(ref); prod1st = rbd(rbd(prod[i]) + beta_v * ov[i] + biasv[j]);
-        chain = rbd(rbd(rbd(prod[i]) + beta_v * ov[i]) + biasv[j]); bound_s += std::abs(biasv[j]);
+        ref = pre + biasv[j];
+        single = rbd(ref);
+        prod1st = rbd(rbd(prod[i]) + beta_v * ov[i] + biasv[j]);
+        chain = rbd(rbd(rbd(prod[i]) + beta_v * ov[i]) + biasv[j]);
+        bound_s += std::abs(biasv[j]);
       } else if (c.e == BIASGELU) {
         const double x = pre + biasv[j];
-        ref = gelu(x); single = rbd(gelu(x)); prod1st = rbd(gelu(rbd(prod[i]) + beta_v * ov[i] + biasv[j]));
+        ref = gelu(x);
+        single = rbd(gelu(x));
+        prod1st = rbd(gelu(rbd(prod[i]) + beta_v * ov[i] + biasv[j]));
         chain = rbd(gelu(rbd(rbd(rbd(prod[i]) + beta_v * ov[i]) + biasv[j])));
         bound_s += std::abs(biasv[j]);
         const double ga = __bfloat162float(gaux[i]);
@@ -153,24 +206,36 @@ static void run_case(const Case& c, std::mt19937_64& rng, uint32_t red_mask) {
         worst_aux = std::max(worst_aux, std::abs(ga - x) / bnd);
       } else {
         const double gg = gelu_grad(auxv[i]);
-        ref = prod[i] * gg; single = rbd(ref); prod1st = rbd(rbd(prod[i]) * gg); chain = rbd(rbd(prod[i]) * rbd(gg));
+        ref = prod[i] * gg;
+        single = rbd(ref);
+        prod1st = rbd(rbd(prod[i]) * gg);
+        chain = rbd(rbd(prod[i]) * rbd(gg));
       }
-      eq_single += g == single; eq_prod1st += g == prod1st; eq_chain += g == chain;
+      eq_single += g == single;
+      eq_prod1st += g == prod1st;
+      eq_chain += g == chain;
       const double bnd = 1.13e-5 * bound_s + std::ldexp(1.0, -8) * std::abs(ref) + 1e-6 +
                          (c.e >= BIASGELU ? 2e-3 * std::abs(ref) : 0);  // generous tanh slack
       worst = std::max(worst, std::abs(g - ref) / bnd);
     }
-    printf("  algo %d: id %3d tile %3d stages %3d splitK %2d red %u | ==single %5.1f%% ==prod1st %5.1f%% ==chain %5.1f%% "
-           "| worst/bound %.2f",
-           r, id, tile, stages, splitk, red, 100.0 * eq_single / (m * n), 100.0 * eq_prod1st / (m * n),
-           100.0 * eq_chain / (m * n), worst);
+    printf(
+        "  algo %d: id %3d tile %3d stages %3d splitK %2d red %u | ==single %5.1f%% ==prod1st %5.1f%% ==chain %5.1f%% "
+        "| worst/bound %.2f",
+        r, id, tile, stages, splitk, red, 100.0 * eq_single / (m * n), 100.0 * eq_prod1st / (m * n),
+        100.0 * eq_chain / (m * n), worst);
     if (c.e == BIASGELU) printf(" | aux ==single %5.1f%% worst %.2f", 100.0 * eq_aux_single / (m * n), worst_aux);
     printf("\n");
   }
   cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld_);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld_);
   cublasLtMatmulDescDestroy(d);
-  cudaFree(da); cudaFree(db); cudaFree(dout); cudaFree(dbias); cudaFree(daux);
+  cudaFree(da);
+  cudaFree(db);
+  cudaFree(dout);
+  cudaFree(dbias);
+  cudaFree(daux);
 }
 
 // Part 2: does an algorithm exist? (no run). in: operand type; dt: D type;
@@ -195,8 +260,10 @@ static void support(const char* what, int m, int n, int k, bool ta, bool tb, cub
     LK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &vec, sizeof vec));
   }
   cublasLtMatrixLayout_t la, lb, ldl;
-  if (tb) layout(&la, CUDA_R_16BF, k, n, k); else layout(&la, CUDA_R_16BF, n, k, n);
-  if (ta) layout(&lb, CUDA_R_16BF, m, k, m); else layout(&lb, CUDA_R_16BF, k, m, k);
+  if (tb) layout(&la, CUDA_R_16BF, k, n, k);
+  else layout(&la, CUDA_R_16BF, n, k, n);
+  if (ta) layout(&lb, CUDA_R_16BF, m, k, m);
+  else layout(&lb, CUDA_R_16BF, k, m, k);
   layout(&ldl, dt, n, m, n);
   cublasLtMatmulPreference_t pref;
   LK(cublasLtMatmulPreferenceCreate(&pref));
@@ -206,9 +273,15 @@ static void support(const char* what, int m, int n, int k, bool ta, bool tb, cub
   int found = 0;
   cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(H, d, la, lb, ldl, ldl, pref, 4, res, &found);
   printf("  %-44s M %5d N %5d K %5d ta %d tb %d D %s vec %s: %d algos (status %d)\n", what, m, n, k, ta, tb,
-         dt == CUDA_R_32F ? "f32 " : "bf16", vt < 0 ? "-   " : vt == CUDA_R_32F ? "f32 " : "bf16", found, int(st));
+         dt == CUDA_R_32F ? "f32 " : "bf16",
+         vt < 0             ? "-   "
+         : vt == CUDA_R_32F ? "f32 "
+                            : "bf16",
+         found, int(st));
   cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ldl);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ldl);
   cublasLtMatmulDescDestroy(d);
 }
 
@@ -235,7 +308,8 @@ int main() {
   for (int d : {512, 768}) {
     for (int nout : {3 * d, d, 4 * d}) {
       support("fwd Bias  x W^T", rows, nout, d, false, true, CUBLASLT_EPILOGUE_BIAS, CUDA_R_16BF, CUDA_R_16BF);
-      support("fwd Bias  x W^T (f32 bias)", rows, nout, d, false, true, CUBLASLT_EPILOGUE_BIAS, CUDA_R_16BF, CUDA_R_32F);
+      support("fwd Bias  x W^T (f32 bias)", rows, nout, d, false, true, CUBLASLT_EPILOGUE_BIAS, CUDA_R_16BF,
+              CUDA_R_32F);
       support("dW BGRADB dy^T x, f32 D", nout, d, rows, true, false, CUBLASLT_EPILOGUE_BGRADB, CUDA_R_32F, CUDA_R_32F);
       support("dW BGRADB dy^T x, f32 D, bf16 bgrad", nout, d, rows, true, false, CUBLASLT_EPILOGUE_BGRADB, CUDA_R_32F,
               CUDA_R_16BF);

@@ -23,7 +23,7 @@ void check_one(const std::string& bytes) {
   }
   size_t total = 0;
   for (const auto& r : records) total += r.value.nbytes();
-  if (total > bytes.size()) std::abort();  // allocation not bounded by the input
+  if (total > bytes.size()) std::abort();                        // allocation not bounded by the input
   if (hg::serialize_checkpoint(records) != bytes) std::abort();  // the format is canonical
 }
 

@@ -4,13 +4,13 @@
 // two ranks against the uninterrupted run, and the bf16 reduction against
 // the fp32 one. CPU through MPI; the [cuda] cases through NCCL, one GPU per
 // rank, where the host has a GPU for every rank.
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <unistd.h>
 
 #include "core/cuda_runtime.hpp"
 #include "core/optim.hpp"
@@ -35,7 +35,7 @@ constexpr int64_t kRows = 16, kSeq = 9, kVocab = 37;
 // without MPI_Finalize as failed). A rank whose case failed leaves its peer
 // in a collective: the watchdog stops both after a minute.
 const dist::World& ranks() {
-  static const dist::World& w = [] () -> const dist::World& {
+  static const dist::World& w = []() -> const dist::World& {
     const dist::World& world = dist::init_world();
     dist::set_comm_timeout(60);
     std::atexit(dist::finalize_world);

@@ -46,15 +46,15 @@ std::vector<std::string> sides(const std::vector<SentencePair>& pairs) {
 TEST_CASE("13a tokenization splits punctuation as sacrebleu does") {
   using V = std::vector<std::string>;
   CHECK(tokenize_13a("Hello, world!") == V{"Hello", ",", "world", "!"});
-  CHECK(tokenize_13a("3.14, yes.") == V{"3.14", ",", "yes", "."});          // '.' inside a number stays
+  CHECK(tokenize_13a("3.14, yes.") == V{"3.14", ",", "yes", "."});  // '.' inside a number stays
   CHECK(tokenize_13a("1,000 items") == V{"1,000", "items"});
-  CHECK(tokenize_13a("pages 10-20") == V{"pages", "10", "-", "20"});        // '-' after a digit splits
-  CHECK(tokenize_13a("well-known") == V{"well-known"});                     // ... elsewhere not
+  CHECK(tokenize_13a("pages 10-20") == V{"pages", "10", "-", "20"});  // '-' after a digit splits
+  CHECK(tokenize_13a("well-known") == V{"well-known"});               // ... elsewhere not
   CHECK(tokenize_13a("&quot;a&quot; (b)") == V{"\"", "a", "\"", "(", "b", ")"});
   CHECK(tokenize_13a("don't") == V{"don't"});
-  CHECK(tokenize_13a("a_b{c}~d[e]^f`g|h@i/j=k") ==
-        V{"a", "_", "b", "{", "c", "}", "~", "d", "[", "e", "]", "^", "f", "`", "g", "|", "h", "@", "i", "/", "j", "=", "k"});
-  CHECK(tokenize_13a("Größe: »%s«") == V{"Größe", ":", "»", "%", "s«"});   // non-ASCII is not punctuation to 13a
+  CHECK(tokenize_13a("a_b{c}~d[e]^f`g|h@i/j=k") == V{"a", "_", "b", "{", "c", "}", "~", "d", "[", "e", "]", "^",
+                                                     "f", "`", "g", "|", "h", "@", "i", "/", "j", "=", "k"});
+  CHECK(tokenize_13a("Größe: »%s«") == V{"Größe", ":", "»", "%", "s«"});  // non-ASCII is not punctuation to 13a
   CHECK(tokenize_13a("   ").empty());
 }
 
@@ -96,14 +96,13 @@ TEST_CASE("corpus BLEU matches hand-computed values") {
 }
 
 TEST_CASE("TSV parsing counts and reports malformed lines") {
-  const std::string text =
-      "Open\tÖffnen\n"
-      "no tab here\n"
-      "\tempty source\n"
-      "empty target\t  \n"
-      "\n"
-      "two\ttabs\there\n"
-      "Close\tSchließen\r\n";
+  const std::string text = "Open\tÖffnen\n"
+                           "no tab here\n"
+                           "\tempty source\n"
+                           "empty target\t  \n"
+                           "\n"
+                           "two\ttabs\there\n"
+                           "Close\tSchließen\r\n";
   const ParallelCorpus c = parse_parallel_tsv(text, "toy.tsv");
   REQUIRE(c.pairs.size() == 2);
   CHECK(c.pairs[1].source == "Close");
@@ -134,7 +133,8 @@ TEST_CASE("corpus splits are disjoint, fixed by the seed") {
 TEST_CASE("the subword tokenizer round-trips text and survives storage") {
   const SubwordTokenizer t = SubwordTokenizer::train(sides(toy_pairs()), 60, "bpe");
   CHECK(t.vocab_size() <= 60);
-  for (const std::string& s : {std::string("öffne die Datei"), std::string("close the window"), std::string("Ordner")}) {
+  for (const std::string& s :
+       {std::string("öffne die Datei"), std::string("close the window"), std::string("Ordner")}) {
     const std::vector<int32_t> ids = t.encode(s);
     REQUIRE(!ids.empty());
     for (int32_t id : ids) CHECK(id > SubwordTokenizer::kSep);
@@ -182,7 +182,8 @@ TEST_CASE("beam search: beam 1 is greedy; a wider beam finds a likelier line") {
   const NextTokenScorer s = model_scorer(model, Device::CPU);
   CHECK(beam_decode(s, mixed, 1, 12, 3) == greedy_decode(s, mixed, 12, 3));
   // Batching does not change a line's result.
-  for (size_t i = 0; i < mixed.size(); ++i) CHECK(greedy_decode(s, {mixed[i]}, 12, 3)[0] == greedy_decode(s, mixed, 12, 3)[i]);
+  for (size_t i = 0; i < mixed.size(); ++i)
+    CHECK(greedy_decode(s, {mixed[i]}, 12, 3)[0] == greedy_decode(s, mixed, 12, 3)[i]);
 }
 
 TEST_CASE("tiny end to end: train on a dozen pairs, save, reload, translate") {
@@ -210,7 +211,8 @@ TEST_CASE("tiny end to end: train on a dozen pairs, save, reload, translate") {
     model.zero_grad();
     const Tensor logits = model.forward(Tensor::from_vector(b.inputs, {b.batch, b.seq}));
     CrossEntropySaved saved;
-    loss = cross_entropy_forward(logits, Tensor::from_vector(b.targets, {b.batch, b.seq}), examples::kIgnore, &saved).item();
+    loss = cross_entropy_forward(logits, Tensor::from_vector(b.targets, {b.batch, b.seq}), examples::kIgnore, &saved)
+               .item();
     model.backward(cross_entropy_backward(saved));
     opt.step();
   }

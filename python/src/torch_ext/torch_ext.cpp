@@ -32,8 +32,8 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using OptionalTensor = c10::optional<Tensor>;
 
-const tb::Api* bridge = nullptr;      // handgrad._C's table, set at import
-PyObject* handgrad_error = nullptr;   // handgrad.Error, held for the life of the process
+const tb::Api* bridge = nullptr;     // handgrad._C's table, set at import
+PyObject* handgrad_error = nullptr;  // handgrad.Error, held for the life of the process
 
 // Raised as handgrad.Error: by this module's functions, and by PyTorch when it
 // rethrows a backward's exception in the caller's thread (it asks python_type()).
@@ -143,8 +143,8 @@ Tensor adopt(const tb::OwnedTensor& owned, at::IntArrayRef shape, const Tensor& 
   }
   // From here the deleter owns the memory (from_blob's own checks concern the device, and the
   // memory was just allocated on `like`'s).
-  return at::from_blob(owned.data, shape, [owner](void*) { bridge->release(owner); },
-                       like.options().dtype(scalar_type(owned.dtype)));
+  return at::from_blob(
+      owned.data, shape, [owner](void*) { bridge->release(owner); }, like.options().dtype(scalar_type(owned.dtype)));
 }
 
 Tensor as_dtype(const Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
@@ -183,9 +183,8 @@ struct LayerNormFunction : torch::autograd::Function<LayerNormFunction> {
     const Tensor dy = as_dtype(grads[0], x.scalar_type()).contiguous();
     Tensor dx = at::empty_like(x), dw = at::empty_like(w), db = at::empty_like(w);
     const int64_t rows[1] = {stats.size(1)};
-    check(bridge->layernorm_backward(*Facts(dy), *Facts(x), *Facts(w), *Facts(stats, 0, rows),
-                                     *Facts(stats, 1, rows), *Facts(dx), *Facts(dw), *Facts(db),
-                                     current_stream(x)));
+    check(bridge->layernorm_backward(*Facts(dy), *Facts(x), *Facts(w), *Facts(stats, 0, rows), *Facts(stats, 1, rows),
+                                     *Facts(dx), *Facts(dw), *Facts(db), current_stream(x)));
     const int64_t given = ctx->saved_data["given"].toInt();
     return {dx, given & 1 ? dw : Tensor(), given & 2 ? db : Tensor(), Tensor()};
   }
@@ -260,7 +259,8 @@ struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& given_logits, const Tensor& given_target,
                         int64_t ignore_index) {
     if (c10::isFloatingType(given_target.scalar_type()))
-      throw HandgradError("cross_entropy: target must hold integer class ids, got " + python_str(given_target, "dtype"));
+      throw HandgradError("cross_entropy: target must hold integer class ids, got " +
+                          python_str(given_target, "dtype"));
     if (given_logits.dim() > 0 && given_logits.size(-1) > (int64_t{1} << 24))
       throw HandgradError("cross_entropy: vocabulary " + std::to_string(given_logits.size(-1)) +
                           " exceeds 2^24, the largest whose ids float32 holds exactly");
@@ -268,7 +268,8 @@ struct CrossEntropyFunction : torch::autograd::Function<CrossEntropyFunction> {
     // the logits become float32 first, as torch.autocast does for cross_entropy.
     const at::ScalarType t = given_logits.scalar_type();
     Tensor logits = given_logits;
-    if (t != at::kFloat && t != at::kDouble && !(logits.is_cuda() && t == at::kBFloat16)) logits = logits.to(at::kFloat);
+    if (t != at::kFloat && t != at::kDouble && !(logits.is_cuda() && t == at::kBFloat16))
+      logits = logits.to(at::kFloat);
     logits = logits.contiguous();
     // handgrad keeps class ids as float32 (a small copy). On CUDA they are checked and counted
     // on the device (no host wait): a bad one makes the loss NaN.
@@ -305,10 +306,10 @@ const tb::Api* find_bridge(const py::module_& c) {
   auto* api = static_cast<const tb::Api*>(PyCapsule_GetPointer(capsule.ptr(), tb::kCapsuleName));
   if (api == nullptr) throw py::error_already_set();
   if (api->version != tb::kVersion || api->size != sizeof(tb::Api))
-    throw py::import_error("handgrad._torch_ext: handgrad._C publishes bridge version " +
-                           std::to_string(api->version) + " (" + std::to_string(api->size) +
-                           " bytes), this extension was built for version " + std::to_string(tb::kVersion) + " (" +
-                           std::to_string(sizeof(tb::Api)) + " bytes): rebuild both");
+    throw py::import_error("handgrad._torch_ext: handgrad._C publishes bridge version " + std::to_string(api->version) +
+                           " (" + std::to_string(api->size) + " bytes), this extension was built for version " +
+                           std::to_string(tb::kVersion) + " (" + std::to_string(sizeof(tb::Api)) +
+                           " bytes): rebuild both");
   return api;
 }
 
@@ -327,35 +328,48 @@ PYBIND11_MODULE(_torch_ext, m) {
     }
   });
 
-  m.def("layer_norm", [](const Tensor& x, const OptionalTensor& weight, const OptionalTensor& bias, double eps) {
-    return LayerNormFunction::apply(x, weight, bias, eps);
-  }, py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps") = 1e-5,
-     "LayerNorm over the last dim (F.layer_norm with normalized_shape (D,)).");
-  m.def("attention_softmax", [](const Tensor& scores, const OptionalTensor& mask, bool causal, double scale) {
-    return SoftmaxFunction::apply(scores, mask, causal, scale);
-  }, py::arg("scores"), py::arg("mask") = py::none(), py::arg("causal") = false, py::arg("scale") = 1.0,
-     "softmax(scale * scores + mask) over the last dim, optionally causal; the mask gets no gradient.");
-  m.def("softmax", [](const Tensor& x, int64_t dim) {
-    if (dim != -1 && dim != x.dim() - 1)
-      throw py::value_error("handgrad.torch.softmax runs over the last dim only, got dim=" + std::to_string(dim) +
-                            " for " + std::to_string(x.dim()) + "-d input");
-    return SoftmaxFunction::apply(x, OptionalTensor(), false, 1.0);
-  }, py::arg("x"), py::arg("dim") = -1, "torch.softmax over the last dim.");
-  m.def("cross_entropy", [](const Tensor& logits, const Tensor& target, const py::object& ignore_index,
-                            const py::object& reduction, double label_smoothing, const py::object& weight) {
-    if (!py::str("mean").equal(reduction))
-      throw py::value_error("handgrad.torch.cross_entropy supports reduction='mean' only, got " +
-                            py::repr(reduction).cast<std::string>());
-    // The same refusals, in the same words, as handgrad/torch.py's Python Function.
-    if (label_smoothing != 0.0)
-      throw py::value_error("handgrad.torch.cross_entropy: label_smoothing=" +
-                            py::repr(py::float_(label_smoothing)).cast<std::string>() +
-                            " is not supported (only 0.0); use torch.nn.functional.cross_entropy for label smoothing");
-    if (!weight.is_none())
-      throw py::value_error("handgrad.torch.cross_entropy: class weights (weight=...) are not supported");
-    return CrossEntropyFunction::apply(logits, target, py::int_(ignore_index).cast<int64_t>());
-  }, py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100, py::arg("reduction") = "mean",
-     py::arg("label_smoothing") = 0.0, py::arg("weight") = py::none(),
-     "Mean cross-entropy of logits (..., V) against integer targets (...); reduction 'mean' only; label_smoothing\n"
-     "other than 0 and class weights are refused.");
+  m.def(
+      "layer_norm",
+      [](const Tensor& x, const OptionalTensor& weight, const OptionalTensor& bias, double eps) {
+        return LayerNormFunction::apply(x, weight, bias, eps);
+      },
+      py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("eps") = 1e-5,
+      "LayerNorm over the last dim (F.layer_norm with normalized_shape (D,)).");
+  m.def(
+      "attention_softmax",
+      [](const Tensor& scores, const OptionalTensor& mask, bool causal, double scale) {
+        return SoftmaxFunction::apply(scores, mask, causal, scale);
+      },
+      py::arg("scores"), py::arg("mask") = py::none(), py::arg("causal") = false, py::arg("scale") = 1.0,
+      "softmax(scale * scores + mask) over the last dim, optionally causal; the mask gets no gradient.");
+  m.def(
+      "softmax",
+      [](const Tensor& x, int64_t dim) {
+        if (dim != -1 && dim != x.dim() - 1)
+          throw py::value_error("handgrad.torch.softmax runs over the last dim only, got dim=" + std::to_string(dim) +
+                                " for " + std::to_string(x.dim()) + "-d input");
+        return SoftmaxFunction::apply(x, OptionalTensor(), false, 1.0);
+      },
+      py::arg("x"), py::arg("dim") = -1, "torch.softmax over the last dim.");
+  m.def(
+      "cross_entropy",
+      [](const Tensor& logits, const Tensor& target, const py::object& ignore_index, const py::object& reduction,
+         double label_smoothing, const py::object& weight) {
+        if (!py::str("mean").equal(reduction))
+          throw py::value_error("handgrad.torch.cross_entropy supports reduction='mean' only, got " +
+                                py::repr(reduction).cast<std::string>());
+        // The same refusals, in the same words, as handgrad/torch.py's Python Function.
+        if (label_smoothing != 0.0)
+          throw py::value_error(
+              "handgrad.torch.cross_entropy: label_smoothing=" +
+              py::repr(py::float_(label_smoothing)).cast<std::string>() +
+              " is not supported (only 0.0); use torch.nn.functional.cross_entropy for label smoothing");
+        if (!weight.is_none())
+          throw py::value_error("handgrad.torch.cross_entropy: class weights (weight=...) are not supported");
+        return CrossEntropyFunction::apply(logits, target, py::int_(ignore_index).cast<int64_t>());
+      },
+      py::arg("logits"), py::arg("target"), py::arg("ignore_index") = -100, py::arg("reduction") = "mean",
+      py::arg("label_smoothing") = 0.0, py::arg("weight") = py::none(),
+      "Mean cross-entropy of logits (..., V) against integer targets (...); reduction 'mean' only; label_smoothing\n"
+      "other than 0 and class weights are refused.");
 }
