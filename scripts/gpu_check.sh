@@ -41,8 +41,21 @@ if has tests; then
   # Each test program once, in parallel, its whole output kept; the summary
   # line of each shows how many assertions ran (GPU cases included).
   mkdir -p "$out/tests"
-  if [[ -n ${HG_TEST_PROGS:-} ]]; then printf 'build-gpu/tests/%s\n' $HG_TEST_PROGS; else ls build-gpu/tests/test_*; fi | xargs -P 6 -I{} bash -c 't={}; n=$(basename $t); timeout ${HG_TEST_TIMEOUT:-900} $t > '"$out"'/tests/$n.log 2>&1 && echo "$n: PASS" || echo "$n: FAIL rc=$?"' \
+  # test_dist_ranks tests two ranks at once: it runs under mpirun below, not alone.
+  if [[ -n ${HG_TEST_PROGS:-} ]]; then printf 'build-gpu/tests/%s\n' $HG_TEST_PROGS; else ls build-gpu/tests/test_*; fi |
+    grep -v '/test_dist_ranks$' | xargs -P 6 -I{} bash -c 't={}; n=$(basename $t); timeout ${HG_TEST_TIMEOUT:-900} $t > '"$out"'/tests/$n.log 2>&1 && echo "$n: PASS" || echo "$n: FAIL rc=$?"' \
     | sort > "$out/test_status.txt"
+  if [[ -x build-gpu/tests/test_dist_ranks ]]; then
+    root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
+    if (($(nvidia-smi -L | wc -l) >= 2)) && command -v mpirun >/dev/null; then
+      # NVLink multicast stays off (NCCL_NVLS_ENABLE=0) on the shared multi-GPU hosts.
+      NCCL_NVLS_ENABLE=0 timeout "$HG_TEST_TIMEOUT" mpirun -np 2 "${root[@]}" -x NCCL_NVLS_ENABLE -x HG_REQUIRE_CUDA \
+        build-gpu/tests/test_dist_ranks > "$out/tests/test_dist_ranks.log" 2>&1 \
+        && echo "test_dist_ranks: PASS (2 ranks, 2 GPUs)" || echo "test_dist_ranks: FAIL rc=$? (2 ranks, 2 GPUs)"
+    else
+      echo "test_dist_ranks: SKIPPED (needs 2 GPUs and mpirun; CTest runs its CPU cases on 2 ranks)"
+    fi >> "$out/test_status.txt"
+  fi
   for f in "$out"/tests/*.log; do
     echo "$(basename "$f" .log): $(grep -E '^(All tests passed|test cases:)' "$f" | tail -1) $(grep -c 'SKIPPED' "$f") skipped"
   done > "$out/test_summary.txt"
