@@ -21,7 +21,7 @@
 namespace hg::cli {
 
 struct DataParallelFlags {
-  bool force = false;                                            // --ddp: the data-parallel path even with one rank
+  bool force = false;     // --ddp: the data-parallel path even with one rank
   double bucket_mb = 50;  // --bucket-mb: 50 scaled best on 2 x H200 (bench 1.920x, gpt2s 1.890x; 25: 1.906x, 1.860x)
   std::string grad_dtype = dtype_flag(dist::kDefaultGradDType);  // --grad-dtype fp32|bf16: the reduction's dtype
   int zero = 0;                                                  // --zero 0|1
