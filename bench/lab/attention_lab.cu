@@ -578,6 +578,7 @@ Options parse(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line as it is measured, also into a file
   const Options o = parse(argc, argv);
   int device = 0, l2 = 0;
   cudaDeviceProp prop{};

@@ -808,6 +808,7 @@ int run(const Options& o) {
 }  // namespace lab
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line as it is measured, also into a file
   const lab::Options o = lab::parse(argc, argv);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -412,6 +412,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each table line as it is measured, also into a file
   const Options o = parse(argc, argv);
   int device = 0, l2 = 0;
   cudaDeviceProp prop{};
