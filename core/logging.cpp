@@ -11,6 +11,7 @@
 #include <spdlog/sinks/base_sink.h>
 
 #include "core/error.hpp"
+#include "core/mpi_launcher.hpp"
 
 namespace hg {
 namespace {
@@ -30,11 +31,7 @@ spdlog::level::level_enum parse_level(const std::string& name, const std::string
 // stdout is a pseudo-terminal of the launcher even when mpirun's own output
 // goes to a file, so a process started by an MPI launcher (Open MPI, MPICH /
 // Hydra, PMIx) never counts as one: no carriage returns or ESC[K in a log.
-bool stdout_is_terminal() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
-    if (std::getenv(var) != nullptr) return false;
-  return isatty(fileno(stdout)) != 0;
-}
+bool stdout_is_terminal() { return !launched_by_mpi() && isatty(fileno(stdout)) != 0; }
 
 // Routes info and below to stdout, warnings and errors to stderr, and keeps
 // the status line (if any) below the messages.

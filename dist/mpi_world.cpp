@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/mpi_launcher.hpp"
 #include "dist/watchdog.hpp"
 #include "dist/world.hpp"
 
@@ -19,13 +20,6 @@ World g_world;
 bool g_started = false;
 bool g_mpi = false;  // MPI initialised: only when an MPI launcher started this process
 
-// MPI_Init outside mpirun (a "singleton") costs about a second: a program
-// started directly runs as rank 0 of 1 without MPI.
-bool launched_by_mpi() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
-    if (std::getenv(var)) return true;
-  return false;
-}
 std::vector<MPI_Request> g_pending;
 
 void check(int rc, const char* what) {
@@ -73,6 +67,8 @@ std::string mpi_version() {
 const World& init_world() {
   if (g_started) return g_world;
   g_started = true;
+  // MPI_Init outside mpirun (a "singleton") costs about a second: a program
+  // started directly runs as rank 0 of 1 without MPI.
   if (!launched_by_mpi()) return g_world;
   g_mpi = true;
   int inited = 0;

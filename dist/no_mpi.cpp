@@ -8,20 +8,13 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/mpi_launcher.hpp"
 #include "dist/world.hpp"
 
 namespace hg::dist {
 namespace {
 World g_world;
 
-// The rank count an MPI launcher announced in the environment (1 when none).
-int launched_ranks() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* v = std::getenv(var);
-    if (v && std::atoi(v) > 1) return std::atoi(v);
-  }
-  return 1;
-}
 }  // namespace
 
 bool built_with_mpi() { return false; }
