@@ -1,9 +1,10 @@
 #pragma once
-// What every bench/lab program shares: the CUDA error check and the timing
-// loop. CUDA runtime only.
+// What every bench/lab program shares: the CUDA error check, the timing loop
+// and the copy kernel of the bandwidth yardstick. CUDA runtime only.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -18,6 +19,14 @@
   } while (0)
 
 namespace lab {
+
+// dst = src, 16 bytes per thread per step: the kernel side of the copy
+// yardstick (beside cudaMemcpyAsync) that memory-bound candidates are
+// measured against.
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
 
 // Median milliseconds of `iters` samples of fn(set) on the default stream,
 // timed by CUDA events after `warmup` untimed ones; the input set rotates

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/lab/lab_util.cuh"
 #include "cuda/layernorm_backward.cuh"
 #include "cuda/layernorm_forward.cuh"
 #include "cuda/layernorm_staged_backward.cuh"
@@ -34,20 +35,10 @@
 namespace lab {
 using namespace hg::gpu;
 
-#define LAB_CHECK(call)                                                                                       \
-  do {                                                                                                        \
-    const cudaError_t e_ = (call);                                                                            \
-    if (e_ != cudaSuccess) {                                                                                  \
-      std::fprintf(stderr, "layernorm_lab: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, \
-                   __LINE__);                                                                                 \
-      std::exit(2);                                                                                           \
-    }                                                                                                         \
-  } while (0)
-
 int attribute(cudaDeviceAttr what) {
   int device = 0, v = 0;
-  LAB_CHECK(cudaGetDevice(&device));
-  LAB_CHECK(cudaDeviceGetAttribute(&v, what, device));
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&v, what, device));
   return v;
 }
 
@@ -283,22 +274,22 @@ int persistent_grid(int64_t rows, int rows_per_block, int per_sm, int sms) {
 
 template <class Kernel>
 int occupancy(Kernel k, int threads, size_t smem) {
-  if (smem > 48 * 1024) LAB_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (smem > 48 * 1024) CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int n = 0;
-  LAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem));
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem));
   return n;
 }
 
 template <class Kernel>
 StagedRoom staged_room(Kernel k, int threads) {
   cudaFuncAttributes attr{};
-  LAB_CHECK(cudaFuncGetAttributes(&attr, k));
+  CHECK_CUDA(cudaFuncGetAttributes(&attr, k));
   StagedRoom room{};
   room.smem_per_sm = attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   room.smem_per_block = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   room.reserved_per_block = attribute(cudaDevAttrReservedSharedMemoryPerBlock);
   room.static_smem = static_cast<int>(attr.sharedSizeBytes);
-  LAB_CHECK(
+  CHECK_CUDA(
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, room.smem_per_block - room.static_smem));
   room.blocks_per_sm = occupancy(k, threads, 0);
   return room;
@@ -389,7 +380,7 @@ struct Launch {
                       : layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, false>;
       const size_t smem = staged_smem_bytes(k.D, sizeof(T), S::kGroups, S::kDepth);
       cudaFuncAttributes attr{};
-      LAB_CHECK(cudaFuncGetAttributes(&attr, kern));
+      CHECK_CUDA(cudaFuncGetAttributes(&attr, kern));
       if (smem + attr.sharedSizeBytes > size_t(attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return false;
       const int n = occupancy(kern, S::kThreads, smem);
       if (n < 1) return false;
@@ -490,7 +481,7 @@ HostMatrix make_matrix(int64_t n, bool bf16, std::mt19937& rng, float offset) {
 }
 std::vector<double> read_back(const void* dev, int64_t n, bool bf16) {
   std::vector<unsigned char> raw(n * (bf16 ? 2 : 4));
-  LAB_CHECK(cudaMemcpy(raw.data(), dev, raw.size(), cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(raw.data(), dev, raw.size(), cudaMemcpyDeviceToHost));
   std::vector<double> out(n);
   for (int64_t i = 0; i < n; ++i) {
     if (bf16) {
@@ -546,36 +537,6 @@ Reference reference(const std::vector<float>& x, const std::vector<float>& dy, c
     }
   }
   return r;
-}
-
-__global__ void copy_kernel(const float4* __restrict__ src, float4* __restrict__ dst, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = src[i];
-}
-
-// ---- timing -------------------------------------------------------------------------
-
-// Median milliseconds of fn(set) over `iters` launches after `warmup`,
-// rotating through `sets` buffer sets (together larger than L2).
-double median_ms(int sets, int warmup, int iters, const std::function<void(int)>& fn) {
-  for (int i = 0; i < warmup; ++i) fn(i % sets);
-  LAB_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  LAB_CHECK(cudaEventCreate(&a));
-  LAB_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    LAB_CHECK(cudaEventRecord(a));
-    fn(i % sets);
-    LAB_CHECK(cudaEventRecord(b));
-    LAB_CHECK(cudaEventSynchronize(b));
-    LAB_CHECK(cudaEventElapsedTime(&ms[i], a, b));
-  }
-  LAB_CHECK(cudaGetLastError());
-  LAB_CHECK(cudaEventDestroy(a));
-  LAB_CHECK(cudaEventDestroy(b));
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
 }
 
 // ---- command line -------------------------------------------------------------------
@@ -641,10 +602,12 @@ Options parse(int argc, char** argv) {
       o.lab_only = true;
       continue;
     }
-    if (i + 1 >= argc) bad_flag(flag + " needs a value");
-    const std::string v = argv[++i];
+    const auto value = [&] {
+      if (i + 1 >= argc) bad_flag(flag + " needs a value");
+      return std::string(argv[++i]);
+    };
     if (flag == "--sizes") {
-      for (const std::string& item : split(v)) {
+      for (const std::string& item : split(value())) {
         const size_t x = item.find('x');
         if (x == std::string::npos) bad_flag("--sizes items are ROWSxD, got '" + item + "'");
         o.sizes.push_back({parse_int("--sizes rows", item.substr(0, x), 1, 1L << 30),
@@ -652,26 +615,26 @@ Options parse(int argc, char** argv) {
       }
     } else if (flag == "--dtypes") {
       o.f32 = o.bf16 = false;
-      for (const std::string& d : split(v)) {
+      for (const std::string& d : split(value())) {
         if (d == "f32") o.f32 = true;
         else if (d == "bf16") o.bf16 = true;
         else bad_flag("--dtypes takes f32 and bf16, got '" + d + "'");
       }
     } else if (flag == "--passes") {
       o.fwd = o.bwd = false;
-      for (const std::string& p : split(v)) {
+      for (const std::string& p : split(value())) {
         if (p == "fwd") o.fwd = true;
         else if (p == "bwd") o.bwd = true;
         else bad_flag("--passes takes fwd and bwd, got '" + p + "'");
       }
     } else if (flag == "--configs") {
-      o.configs = v;
+      o.configs = value();
     } else if (flag == "--iters") {
-      o.iters = static_cast<int>(parse_int(flag, v, 1, 100000));
+      o.iters = static_cast<int>(parse_int(flag, value(), 1, 100000));
     } else if (flag == "--warmup") {
-      o.warmup = static_cast<int>(parse_int(flag, v, 0, 100000));
+      o.warmup = static_cast<int>(parse_int(flag, value(), 0, 100000));
     } else if (flag == "--stage-kb") {
-      o.stage_kb = static_cast<int>(parse_int(flag, v, 0, 1024));
+      o.stage_kb = static_cast<int>(parse_int(flag, value(), 0, 1024));
     } else {
       bad_flag("unknown flag '" + flag + "'");
     }
@@ -696,7 +659,7 @@ struct Winner {
 
 int run(const Options& o) {
   cudaDeviceProp prop{};
-  LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int sms = prop.multiProcessorCount;
   const double l2 = prop.l2CacheSize;
   std::printf("GPU: %s, %d SMs, L2 %.0f MB, sm_%d%d\n", prop.name, sms, l2 / 1e6, prop.major, prop.minor);
@@ -724,32 +687,32 @@ int run(const Options& o) {
       const Reference ref = reference(x.value, dy.value, gamma, beta, rows, D, 1e-5);
       std::vector<Buffers> bufs(sets);
       for (Buffers& b : bufs) {
-        LAB_CHECK(cudaMalloc(&b.x, mat));
-        LAB_CHECK(cudaMalloc(&b.dy, mat));
-        LAB_CHECK(cudaMalloc(&b.y, mat));
-        LAB_CHECK(cudaMalloc(&b.dx, mat));
-        LAB_CHECK(cudaMalloc(&b.mean, rows * 4));
-        LAB_CHECK(cudaMalloc(&b.rstd, rows * 4));
-        LAB_CHECK(cudaMemcpy(b.x, x.bytes.data(), mat, cudaMemcpyHostToDevice));
-        LAB_CHECK(cudaMemcpy(b.dy, dy.bytes.data(), mat, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMalloc(&b.x, mat));
+        CHECK_CUDA(cudaMalloc(&b.dy, mat));
+        CHECK_CUDA(cudaMalloc(&b.y, mat));
+        CHECK_CUDA(cudaMalloc(&b.dx, mat));
+        CHECK_CUDA(cudaMalloc(&b.mean, rows * 4));
+        CHECK_CUDA(cudaMalloc(&b.rstd, rows * 4));
+        CHECK_CUDA(cudaMemcpy(b.x, x.bytes.data(), mat, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(b.dy, dy.bytes.data(), mat, cudaMemcpyHostToDevice));
       }
       float *g, *bt, *dg, *db, *partials;
-      LAB_CHECK(
+      CHECK_CUDA(
           cudaMalloc(&partials, size_t(2) * max_partials * D * 4));  // one for every set: kernel 2 reads them at once
-      LAB_CHECK(cudaMalloc(&g, D * 4));
-      LAB_CHECK(cudaMalloc(&bt, D * 4));
-      LAB_CHECK(cudaMalloc(&dg, D * 4));
-      LAB_CHECK(cudaMalloc(&db, D * 4));
-      LAB_CHECK(cudaMemcpy(g, gamma.data(), D * 4, cudaMemcpyHostToDevice));
-      LAB_CHECK(cudaMemcpy(bt, beta.data(), D * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&g, D * 4));
+      CHECK_CUDA(cudaMalloc(&bt, D * 4));
+      CHECK_CUDA(cudaMalloc(&dg, D * 4));
+      CHECK_CUDA(cudaMalloc(&db, D * 4));
+      CHECK_CUDA(cudaMemcpy(g, gamma.data(), D * 4, cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMemcpy(bt, beta.data(), D * 4, cudaMemcpyHostToDevice));
       for (Buffers& b : bufs) b.gamma = g, b.beta = bt, b.dgamma = dg, b.dbeta = db, b.partials = partials;
       const Case k{rows, D, 1e-5f, sms, max_partials};
       // The copy yardstick: the best of cudaMemcpyAsync and a float4 kernel on x's bytes.
-      const double memcpy_ms = median_ms(sets, o.warmup, o.iters, [&](int s) {
-        LAB_CHECK(cudaMemcpyAsync(bufs[s].y, bufs[s].x, mat, cudaMemcpyDeviceToDevice));
+      const double memcpy_ms = median_ms(o.warmup, o.iters, sets, [&](int s) {
+        CHECK_CUDA(cudaMemcpyAsync(bufs[s].y, bufs[s].x, mat, cudaMemcpyDeviceToDevice));
       });
-      const double kernel_ms = median_ms(sets, o.warmup, o.iters, [&](int s) {
-        copy_kernel<<<sms * 8, 512>>>(static_cast<const float4*>(bufs[s].x), static_cast<float4*>(bufs[s].y),
+      const double kernel_ms = median_ms(o.warmup, o.iters, sets, [&](int s) {
+        copy_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(bufs[s].x), static_cast<uint4*>(bufs[s].y),
                                       int64_t(mat / 16));
       });
       const double copy_gbps = 2.0 * mat / (std::min(memcpy_ms, kernel_ms) * 1e6);
@@ -768,8 +731,8 @@ int run(const Options& o) {
         if (c.bulk_prefetch && prop.major < 9) continue;
         // Check on set 0 (the backward on the statistics the forward above stored).
         if (!launch(c, bf16, k, bufs[0], o.stage_kb)) continue;
-        LAB_CHECK(cudaDeviceSynchronize());
-        LAB_CHECK(cudaGetLastError());
+        CHECK_CUDA(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaGetLastError());
         double err;
         if (is_fwd) {
           err = rel_error(read_back(bufs[0].y, n, bf16), ref.y);
@@ -780,7 +743,7 @@ int run(const Options& o) {
         }
         if (is_fwd) launch(base, bf16, k, bufs[0], o.stage_kb);  // restore the statistics for the backward
         const double bound = bf16 ? 1e-2 : 1e-4;
-        const double ms = median_ms(sets, o.warmup, o.iters, [&](int s) { launch(c, bf16, k, bufs[s], o.stage_kb); });
+        const double ms = median_ms(o.warmup, o.iters, sets, [&](int s) { launch(c, bf16, k, bufs[s], o.stage_kb); });
         const double gbps = (is_fwd ? 2.0 : 3.0) * mat / (ms * 1e6);
         std::printf("  %-4s %-42s %9.0f %6.1f%% %10.2e%s%s\n", is_fwd ? "fwd" : "bwd", c.name, gbps,
                     100.0 * gbps / copy_gbps, err, c.production ? "" : "  (lab)",
@@ -793,8 +756,8 @@ int run(const Options& o) {
       }
       for (Buffers& b : bufs)
         for (void* p : {b.x, b.dy, b.y, b.dx, static_cast<void*>(b.mean), static_cast<void*>(b.rstd)})
-          LAB_CHECK(cudaFree(p));
-      for (float* p : {g, bt, dg, db, partials}) LAB_CHECK(cudaFree(p));
+          CHECK_CUDA(cudaFree(p));
+      for (float* p : {g, bt, dg, db, partials}) CHECK_CUDA(cudaFree(p));
     }
   std::printf("\nWinners on %s (a table entry is cuda/layernorm_table.hpp):\n", prop.name);
   for (const auto& [key, w] : winners) std::printf("  %-24s %-42s %9.0f GB/s\n", key.c_str(), w.name.c_str(), w.gbps);

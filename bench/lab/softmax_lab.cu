@@ -228,10 +228,6 @@ void launch_config(const Config& c, const Args<T>& a, cudaStream_t s) {
 }
 
 // The copy yardstick: a 16-byte grid-stride copy kernel (cudaMemcpyAsync is the other).
-__global__ void copy_kernel(const uint4* __restrict__ from, uint4* __restrict__ to, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    to[i] = from[i];
-}
 
 // ---- host ----------------------------------------------------------------------
 
@@ -373,8 +369,8 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
       std::min(lab::median_ms(o.warmup, o.iters, sets,
                               [&](int s) { CHECK_CUDA(cudaMemcpyAsync(y[s], x[s], bytes, cudaMemcpyDeviceToDevice)); }),
                lab::median_ms(o.warmup, o.iters, sets, [&](int s) {
-                 copy_kernel<<<1024, 512>>>(reinterpret_cast<const uint4*>(x[s]), reinterpret_cast<uint4*>(y[s]),
-                                            int64_t(bytes / 16));
+                 lab::copy_kernel<<<1024, 512>>>(reinterpret_cast<const uint4*>(x[s]), reinterpret_cast<uint4*>(y[s]),
+                                                 int64_t(bytes / 16));
                }));
   const double moved = 2.0 * double(bytes);
   const double bound = std::is_same_v<T, float> ? 1e-5 : 1.0 / 128;  // f32 rounding; one bf16 ulp
