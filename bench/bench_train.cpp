@@ -64,10 +64,12 @@ double bf16_peak_tflops(const std::string& gpu_name) {
 }
 
 Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl attention, bool use_graph,
-           bool chunked_classifier, int64_t chunk_rows, const Size& s, int warmup, int iters, int profile_steps) {
+           bool chunked_classifier, int64_t chunk_rows, bool recompute_gelu, const Size& s, int warmup, int iters,
+           int profile_steps) {
   KernelModeScope scope(mode);
   DecoderLMConfig c = bench::decoder_config(s, precision);
   c.attention = attention;
+  c.recompute_gelu = recompute_gelu;
   DecoderLM model(c);
   model.to(dev);
   AdamWOptions adamw;
@@ -137,6 +139,9 @@ int main(int argc, char** argv) {
   app.add_flag("--tf32", tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
+  bool recompute_gelu = false;
+  app.add_flag("--recompute-gelu", recompute_gelu,
+               "fused mode: each MLP recomputes gelu(pre) in its backward instead of keeping it (less memory)");
   app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   app.add_option("--classifier", classifier,
                  "fused mode's head and loss: chunked (the chunked classifier, no (B*T, V) logits) or composed "
@@ -220,7 +225,7 @@ int main(int argc, char** argv) {
       std::map<KernelMode, Result> results;
       for (KernelMode mode : modes)
         results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph, classifier == "chunked",
-                            classifier_chunk_rows, s, warmup, iters, profile_steps);
+                            classifier_chunk_rows, recompute_gelu, s, warmup, iters, profile_steps);
       const double tokens = static_cast<double>(s.batch * s.seq);
       for (KernelMode mode : modes) {
         const Result& r = results[mode];

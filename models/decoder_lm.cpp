@@ -21,6 +21,7 @@ DecoderLM::DecoderLM(const DecoderLMConfig& c)
     layers.push_back(std::make_unique<TransformerLayer>(c.d_model, c.n_heads, hidden, init_gen_, c.dropout, drop_seed,
                                                         c.dtype, c.ln_eps));
     layers.back()->attn.set_impl(c.attention);
+    layers.back()->ffn.set_recompute_gelu(c.recompute_gelu);
     register_module("layers." + std::to_string(i), *layers.back());
   }
   register_module("ln_f", ln_f);

@@ -30,6 +30,10 @@ struct DecoderLMConfig {
   Precision precision = Precision::FP32;
   // Fused-mode attention core (models/attention.hpp): Auto = flash on CUDA.
   AttentionImpl attention = AttentionImpl::Auto;
+  // Fused mode: each MLP recomputes gelu(pre) in its backward instead of
+  // keeping it (models/feedforward.hpp): less activation memory, one more
+  // elementwise pass per layer.
+  bool recompute_gelu = false;
 };
 
 // A GPT-style decoder-only language model:

@@ -1,6 +1,7 @@
 #include "models/feedforward.hpp"
 
 #include "core/kernel_mode.hpp"
+#include "core/tensor_functions.hpp"
 
 namespace hg {
 
@@ -21,14 +22,14 @@ Tensor FeedForward::forward(const Tensor& x) {
            ", got ", x.shape());
   x_shape_ = x.shape();
   const Tensor rows = x.reshape({-1, d_model_});
-  Tensor hidden;
   if (kernel_mode() == KernelMode::Fused && fc1.gelu_fusable()) {
-    hidden = fc1.forward_gelu(rows, pre_);
-  } else {
-    pre_ = Tensor();
-    hidden = act.forward(fc1.forward(rows));
+    Tensor hidden = fc1.forward_gelu(rows, pre_);
+    Tensor out = fc2.forward(hidden);
+    if (recompute_gelu_) fc2.forget_input();  // the last reference to hidden: freed here
+    return drop.forward(out).reshape(x_shape_);
   }
-  return drop.forward(fc2.forward(hidden)).reshape(x_shape_);
+  pre_ = Tensor();
+  return drop.forward(fc2.forward(act.forward(fc1.forward(rows)))).reshape(x_shape_);
 }
 
 Tensor FeedForward::backward(const Tensor& dy) {
@@ -37,6 +38,7 @@ Tensor FeedForward::backward(const Tensor& dy) {
   const Tensor dout = drop.backward(dy.reshape({-1, d_model_}));
   if (pre_.defined()) {
     Tensor db1;
+    if (recompute_gelu_) fc2.restore_input(gelu(pre_));
     const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_, db1);
     pre_ = Tensor();  // used up: its memory can serve fc1's backward
     return fc1.backward_with_bias_grad(dpre, db1).reshape(x_shape_);

@@ -1,6 +1,7 @@
 #include "models/linear.hpp"
 
 #include <cmath>
+#include <utility>
 
 #include "core/backend.hpp"
 #include "core/kernel_mode.hpp"
@@ -42,6 +43,8 @@ Tensor Linear::forward(const Tensor& x) {
            " should end in in_features=", in_, " (weight ", weight.value.shape(), ")");
   check_input("Linear::forward", x, weight.value);
   x_ = x;
+  x_shape_ = x.shape();
+  x_dtype_ = x.dtype();
   // Every leading dim folds into rows, so one 2-D GEMM does the whole batch.
   Shape y_shape = x.shape();
   y_shape.back() = out_;
@@ -68,6 +71,8 @@ Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
            "), got ", x.defined() ? x.shape() : Shape{});
   check_input("Linear::forward_gelu", x, weight.value);
   x_ = x;
+  x_shape_ = x.shape();
+  x_dtype_ = x.dtype();
   pre = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
   Tensor y = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
   GemmArgs args;
@@ -77,6 +82,15 @@ Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
   args.aux = &pre;
   backend_for(x.device()).gemm(x, weight_for(x), y, args);
   return y;
+}
+
+void Linear::forget_input() { x_ = Tensor(); }
+
+void Linear::restore_input(Tensor x) {
+  HG_CHECK(x.defined() && x.shape() == x_shape_ && x.dtype() == x_dtype_, "Linear::restore_input",
+           "the recomputed input must be ", dtype_name(x_dtype_), " ", x_shape_, " as in the forward, got ",
+           x.defined() ? dtype_name(x.dtype()) : "undefined", " ", x.defined() ? x.shape() : Shape{});
+  x_ = std::move(x);
 }
 
 Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, nullptr, nullptr, nullptr); }
@@ -92,7 +106,7 @@ Tensor Linear::backward_with_bias_grad(const Tensor& dy, const Tensor& db) {
 
 Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum) {
   HG_PROFILE("linear", dy.device());
-  HG_CHECK(x_.defined(), "Linear::backward", "called before forward");
+  HG_CHECK(x_.defined(), "Linear::backward", "called before forward (or after forget_input without restore_input)");
   HG_CHECK(dy.defined(), "Linear::backward", "dy is an undefined tensor");
   Shape y_shape = x_.shape();
   y_shape.back() = out_;
@@ -102,7 +116,7 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
            " but the forward input was ", dtype_name(x_.dtype()));
   check_input("Linear::backward", dy, weight.value);
   const Tensor dy2 = dy.reshape({-1, out_});
-  const Tensor x2 = x_.reshape({-1, in_});
+  Tensor x2 = x_.reshape({-1, in_});
   Backend& be = backend_for(dy.device());
   // dW += dy^T x, in f32 for f32 weights whatever the activations' dtype.
   GemmArgs dw;
@@ -124,6 +138,11 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
     if (db.dtype() != bias.grad.dtype()) db = db.to(bias.grad.dtype());
     be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
   }
+  // The forward input is used up: its memory can serve dx (stream order
+  // keeps the dW GEMM's reads ahead of any reuse).
+  const Shape x_shape = x_.shape();
+  x2 = Tensor();
+  x_ = Tensor();
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
   GemmArgs dx_args;
   if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
@@ -135,8 +154,6 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
     dx_args.bias_grad = dpre_sum;
   }
   be.gemm(dy2, weight_for(dy), dx, dx_args);
-  const Shape x_shape = x_.shape();
-  x_ = Tensor();  // the forward input is used up: its memory can serve the rest of the backward
   return dx.reshape(x_shape);
 }
 

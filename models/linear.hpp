@@ -39,6 +39,10 @@ class Linear : public Module {
   // producing Linear's bias gradient) land in dpre_sum ((in_features,), in
   // dy's dtype: bf16 for bf16 dy; backward_with_bias_grad widens it).
   Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum);
+  // Activation recomputation: drop the saved forward input, and give the
+  // backward a recomputed one (the shape and dtype of the forward's).
+  void forget_input();
+  void restore_input(Tensor x);
   // backward() for a layer whose bias gradient db (f32) is already summed.
   Tensor backward_with_bias_grad(const Tensor& dy, const Tensor& db);
 
@@ -53,6 +57,8 @@ class Linear : public Module {
   int64_t in_, out_;
   bool has_bias_;
   Tensor x_;  // the last forward input
+  Shape x_shape_;
+  DType x_dtype_ = DType::F32;
 
   Tensor backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum);
 };
