@@ -160,6 +160,19 @@ __global__ void map_kernel_vec4(const float4* x, float4* y, int64_t n4) {
   }
 }
 
+// bf16: eight values per 16-byte load and store (the scalar kernel's 2-byte
+// accesses reach about half the copy rate on the H200).
+template <UnaryOp OP>
+__global__ void map_kernel_bf16x8(const uint4* x, uint4* y, int64_t n8) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    uint4 v = x[i];
+    auto* h = reinterpret_cast<__nv_bfloat16*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) h[j] = narrow<__nv_bfloat16>(apply_unary<OP>(widen(h[j])));
+    y[i] = v;
+  }
+}
+
 bool vec4_ok(const void* p, const void* q, int64_t n) {
   return n % 4 == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
 }
@@ -176,6 +189,14 @@ void launch_map(const Tensor& x, Tensor& out) {
         map_kernel_vec4<OP><<<grid_for(n / 4), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const float4*>(xs),
                                                                              reinterpret_cast<float4*>(ys), n / 4);
         HG_CUDA_CHECK_LAUNCH("map_kernel_vec4");
+        return;
+      }
+    }
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (n % 8 == 0 && reinterpret_cast<uintptr_t>(xs) % 16 == 0 && reinterpret_cast<uintptr_t>(ys) % 16 == 0) {
+        map_kernel_bf16x8<OP><<<grid_for(n / 8), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const uint4*>(xs),
+                                                                               reinterpret_cast<uint4*>(ys), n / 8);
+        HG_CUDA_CHECK_LAUNCH("map_kernel_bf16x8");
         return;
       }
     }

@@ -189,6 +189,36 @@ TEST_CASE("cuda map matches the float64 CPU map for every op, size and alignment
   }
 }
 
+// bf16: f32 math on the widened value, one rounding at the store. Against
+// the float64 map of the same bf16 values rounded to bf16: at most one bf16
+// ulp apart (2^-7 relative covers an ulp anywhere in a binade) beyond the f32
+// math's own absolute error. The 16-byte
+// path (8 values, aligned, n % 8 == 0) must give the scalar path's bits.
+TEST_CASE("cuda map bf16: every op within one ulp of float64, vector and scalar paths bitwise equal", "[cuda][map]") {
+  HG_REQUIRE_GPU();
+  hg::Generator gen(13);
+  for (UnaryOp op : kUnaryOps) {
+    for (int64_t n : {1, 7, 8, 1000, 4096, 4104, 65536}) {
+      const Tensor x = map_input(op, n, DType::F64, gen).to(DType::BF16);
+      const Tensor want = map_reference(op, x).to(DType::BF16);
+      Tensor vec = Tensor::empty({n}, DType::BF16, Device::CUDA);
+      hg::cuda_backend().map(op, to_gpu(x), vec);
+      const std::string what = std::string(hg::unary_op_name(op)) + " bf16 n=" + std::to_string(n);
+      // atol: the f32 math's own absolute error (GELU's tails cancel 1 + tanh).
+      require_close(vec, want, map_tolerance(op, DType::F32).first, 1.0 / 128, what);
+      // The same values one element in: misaligned, so the scalar kernel.
+      Tensor shifted = Tensor::zeros({n + 1}, DType::BF16, Device::CUDA);
+      Tensor tail = shifted.slice(1, n + 1);
+      tail.copy_(to_gpu(x));
+      Tensor scalar = Tensor::empty({n + 1}, DType::BF16, Device::CUDA);
+      Tensor scalar_tail = scalar.slice(1, n + 1);
+      hg::cuda_backend().map(op, tail, scalar_tail);
+      INFO(what);
+      CHECK(hg::test::same_bytes(vec.to(Device::CPU), scalar_tail.to(Device::CPU)));
+    }
+  }
+}
+
 TEST_CASE("cuda map: hostile values stay finite where the answer is finite", "[cuda][map]") {
   HG_REQUIRE_GPU();
   const Tensor x = Tensor::from_vector({-1e30, -100.0, -20.0, -6.0, 0.0, 6.0, 20.0, 100.0, 1e30}, {9});
