@@ -400,36 +400,30 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     return;
   }
 
-  cublasLtEpilogue_t fused = CUBLASLT_EPILOGUE_DEFAULT, unfused = CUBLASLT_EPILOGUE_DEFAULT;
-  const Tensor* vec = args.bias ? args.bias : args.bias_grad;
+  // Bias gradients are never cuBLASLt's epilogue: on the H200 (bench/lab/gemm.md)
+  // DGELU_BGRAD took 3.3-5x the plain GEMM's time and BGRADA/B 14-67% more,
+  // where the GEMM without them plus one column-sum pass (strided_sum, fixed
+  // order) reads the gradient once more at copy speed.
+  cublasLtEpilogue_t fused = CUBLASLT_EPILOGUE_DEFAULT;
   switch (e) {
-    case GemmEpilogue::None: break;
+    case GemmEpilogue::None:
+    case GemmEpilogue::BiasGradA:
+    case GemmEpilogue::BiasGradB: break;
     case GemmEpilogue::Bias: fused = CUBLASLT_EPILOGUE_BIAS; break;
     case GemmEpilogue::BiasGelu: fused = CUBLASLT_EPILOGUE_GELU_AUX_BIAS; break;
-    case GemmEpilogue::GeluBackward:
-      fused = args.bias_grad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-      unfused = CUBLASLT_EPILOGUE_DGELU;
-      break;
-    case GemmEpilogue::BiasGradA: fused = CUBLASLT_EPILOGUE_BGRADB; break;  // our a is cuBLASLt's B
-    case GemmEpilogue::BiasGradB: fused = CUBLASLT_EPILOGUE_BGRADA; break;
+    case GemmEpilogue::GeluBackward: fused = CUBLASLT_EPILOGUE_DGELU; break;
   }
-  if (try_run(Call{a, b, out, args, s, fused, vec})) return;
+  const Call call{a, b, out, args, s, fused, args.bias};
+  if (!try_run(call)) {
+    if (e == GemmEpilogue::None || e == GemmEpilogue::BiasGradA || e == GemmEpilogue::BiasGradB) no_algorithm(call);
+    composed_epilogue(Call{a, b, out, args, s, CUBLASLT_EPILOGUE_DEFAULT, nullptr});
+    return;
+  }
   const int64_t m = s.m, n = s.n, k = s.k;
   const bool ta = args.transpose_a, tb = args.transpose_b;
-  if (e == GemmEpilogue::BiasGradA || e == GemmEpilogue::BiasGradB) {
-    // The bias gradient on its own: the plain GEMM, then one sum kernel.
-    note_fallback(Call{a, b, out, args, s, fused, vec}, "summing the bias gradient in a separate kernel");
-    if (!try_run(Call{a, b, out, args, s, unfused, nullptr})) no_algorithm(Call{a, b, out, args, s, unfused, nullptr});
-    if (e == GemmEpilogue::BiasGradA) strided_sum(a, *args.bias_grad, m, k, ta ? 1 : k, ta ? m : 1);
-    else strided_sum(b, *args.bias_grad, n, k, tb ? k : 1, tb ? 1 : n);
-    return;
-  }
-  if (e == GemmEpilogue::GeluBackward && args.bias_grad && try_run(Call{a, b, out, args, s, unfused, nullptr})) {
-    note_fallback(Call{a, b, out, args, s, fused, vec}, "DGELU fused, the bias gradient summed in a separate kernel");
-    strided_sum(out, *args.bias_grad, n, m, 1, n);  // DGELU fused, the bias gradient summed after
-    return;
-  }
-  composed_epilogue(Call{a, b, out, args, s, CUBLASLT_EPILOGUE_DEFAULT, nullptr});
+  if (e == GemmEpilogue::BiasGradA) strided_sum(a, *args.bias_grad, m, k, ta ? 1 : k, ta ? m : 1);
+  if (e == GemmEpilogue::BiasGradB) strided_sum(b, *args.bias_grad, n, k, tb ? k : 1, tb ? 1 : n);
+  if (e == GemmEpilogue::GeluBackward && args.bias_grad) strided_sum(out, *args.bias_grad, n, m, 1, n);
 }
 
 }  // namespace hg::gpu
