@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -31,6 +32,7 @@
 #include "bench/lab/gemm_lab_cases.cuh"
 #include "bench/lab/gemm_lab_check.cuh"
 #include "bench/lab/gemm_lab_lt.cuh"
+#include "bench/lab/gemm_lab_report.cuh"
 #include "bench/lab/lab_flags.hpp"
 #include "bench/lab/lab_util.cuh"
 
@@ -41,6 +43,7 @@ using namespace gemm_lab;
 struct Options {
   bool gpt2s = true, bench = true, quick = false, verbose = false;
   int iters = 20, warmup = 3, count = 16;
+  int search = 0;  // configurations screened beyond the heuristic's (0: none)
   bool iters_given = false;
   double peak = 989;  // dense bf16 TFLOP/s of an H100 / H200 SXM
   std::vector<int> knobs;
@@ -86,7 +89,7 @@ void fill_inputs(const Case& c, const Set& s, int variant) {
   fill(static_cast<bf16*>(s.a), c.m * c.k, kFillA, variant);
   fill(static_cast<bf16*>(s.b), c.k * c.n, kFillB, variant);
   if (c.epi == Epi::Bias || c.epi == Epi::BiasGelu) fill(static_cast<bf16*>(s.vec), c.n, kFillBias, variant);
-  if (c.epi == Epi::DGeluBGrad) fill(static_cast<bf16*>(s.aux), c.m * c.n, kFillAux, variant);
+  if (c.epi == Epi::DGeluBGrad || c.epi == Epi::DGelu) fill(static_cast<bf16*>(s.aux), c.m * c.n, kFillAux, variant);
   if (c.accumulate()) fill(static_cast<float*>(s.out), c.m * c.n, kFillC, variant);
 }
 
@@ -253,194 +256,83 @@ void check_all(const Lab& lab, const Case& c, const Plan& plan, std::vector<Cand
 // ---- timing ----------------------------------------------------------------------
 
 // Median ms of one call; calls of a small GEMM are grouped so that a sample
-// lasts tens of microseconds, each call on the next input set.
+// lasts tens of microseconds, each call on the next input set. 0 when a call fails.
+double time_one(const Lab& lab, const Case& c, const Plan& plan, const Candidate& cand, const std::vector<Set>& sets,
+                int warmup, int iters) {
+  const int reps = int(std::clamp(std::ceil(3e10 / c.flops()), 1.0, 16.0));
+  size_t turn = 0;
+  bool failed = false;
+  const double ms = lab::median_ms(warmup, iters, 1, [&](int) {
+    for (int r = 0; r < reps; ++r)
+      failed |= run(lab.handle, plan, c, cand, sets[turn++ % sets.size()], lab.workspace) != CUBLAS_STATUS_SUCCESS;
+  });
+  return failed ? 0 : ms / reps;
+}
+
 void time_all(const Lab& lab, const Options& o, const Case& c, const Plan& plan, std::vector<Candidate>& cands,
               const std::vector<Set>& sets) {
-  const int reps = int(std::clamp(std::ceil(3e10 / c.flops()), 1.0, 16.0));
   for (Candidate& cand : cands) {
     if (!cand.ran) continue;
-    size_t turn = 0;
-    cand.ms =
-        lab::median_ms(o.warmup, o.iters, 1,
-                       [&](int) {
-                         for (int r = 0; r < reps; ++r)
-                           CHECK_CUBLAS(run(lab.handle, plan, c, cand, sets[turn++ % sets.size()], lab.workspace));
-                       }) /
-        reps;
+    cand.ms = time_one(lab, c, plan, cand, sets, o.warmup, o.iters);
+    if (cand.ms == 0) {
+      std::fprintf(stderr, "gemm_lab: %s ran once, then failed\n", cand.label.c_str());
+      std::exit(1);
+    }
   }
+}
+
+// --search: every configuration cuBLASLt accepts (enumerate_configs), at
+// most o.search of them (evenly spaced in the enumeration) timed briefly;
+// the o.count fastest join the candidates, to be checked and timed as they are.
+void add_searched(const Lab& lab, const Options& o, const Case& c, const Plan& plan, std::vector<Candidate>& cands,
+                  const std::vector<Set>& sets) {
+  std::vector<Candidate> found;
+  for (const Candidate& f : enumerate_configs(lab.handle, plan, c)) {
+    bool seen = false;
+    for (const Candidate& known : cands) seen |= std::memcmp(&known.algo, &f.algo, sizeof f.algo) == 0;
+    if (!seen) found.push_back(f);
+  }
+  const size_t total = found.size(), screened = std::min(total, size_t(o.search));
+  std::vector<Candidate> timed;
+  for (size_t i = 0; i < screened; ++i) {
+    Candidate cand = found[i * total / screened];
+    cand.ms = time_one(lab, c, plan, cand, sets, 1, 3);
+    if (cand.ms > 0) timed.push_back(cand);
+  }
+  std::sort(timed.begin(), timed.end(), [](const Candidate& a, const Candidate& b) { return a.ms < b.ms; });
+  if (timed.size() > size_t(o.count)) timed.resize(size_t(o.count));
+  for (size_t i = 0; i < timed.size(); ++i) {
+    timed[i].label = "search#" + std::to_string(i + 1);
+    timed[i].rank = int(i) + 1;
+    timed[i].ms = 0;
+    cands.push_back(timed[i]);
+  }
+  if (o.verbose)
+    std::printf("    search: %zu configurations accepted, %zu screened, %zu kept\n", total, screened, timed.size());
 }
 
 // ---- one case --------------------------------------------------------------------
 
-struct Result {
-  int offered = 0, ran = 0, passed = 0, failed = 0;  // failed: an allowed (fp32-partial) candidate off its bound
-  double first_ms = 0;                               // lt#1, what gemm_lt runs (0: none ran)
-  bool first_ok = false;
-  double best_ms = 0;  // fastest allowed candidate that passed, any knob (0: none)
-  std::string best_label;
-  double best_lt_ms = 0;        // the same among lt's own list
-  double bf16_partials_ms = 0;  // fastest candidate with bf16 split-K sums (outside gemm_lt's mask)
-};
-
-Result summarize(const std::vector<Candidate>& cands) {
-  Result r;
-  r.offered = int(cands.size());
-  for (const Candidate& cand : cands) {
-    if (!cand.ran) continue;
-    ++r.ran;
-    const bool lt = kKnobs[cand.knob].name == std::string("lt");
-    if (lt && cand.rank == 1) r.first_ms = cand.ms, r.first_ok = cand.checked_ok;
-    if (!cand.fp32_partials) {
-      if (r.bf16_partials_ms == 0 || cand.ms < r.bf16_partials_ms) r.bf16_partials_ms = cand.ms;
-      continue;
-    }
-    if (!cand.checked_ok) {
-      ++r.failed;
-      continue;
-    }
-    ++r.passed;
-    if (r.best_ms == 0 || cand.ms < r.best_ms) r.best_ms = cand.ms, r.best_label = cand.label;
-    if (lt && (r.best_lt_ms == 0 || cand.ms < r.best_lt_ms)) r.best_lt_ms = cand.ms;
-  }
-  return r;
-}
-
-void print_candidate(const Options& o, const Case& c, const Candidate& cand, const Result& r) {
-  const bool bad = cand.ran && cand.fp32_partials && !cand.checked_ok;
-  if (!o.verbose && !bad) return;
-  const char mark = cand.label == r.best_label ? '+' : (cand.label == "lt#1" ? '*' : ' ');
-  if (!cand.ran) {
-    std::printf("    %c %-10s %s  not runnable\n", mark, cand.label.c_str(), cand.config.c_str());
-    return;
-  }
-  std::printf("    %c %-10s %s %9.1f us %6.1f TF/s  err/bound %.2f  off #1: %llu %s\n", mark, cand.label.c_str(),
-              cand.config.c_str(), cand.ms * 1e3, c.flops() / cand.ms / 1e9, cand.worst,
-              (unsigned long long)cand.disagree,
-              cand.checked_ok ? "ok" : (cand.fp32_partials ? "FAILED" : "off (bf16 split-K sums, excluded)"));
-}
-
+// The candidates of one case: offered (and searched) on timing data, run on
+// the check data, then timed; one line per candidate with --verbose.
 Result measure(const Lab& lab, const Options& o, const Case& c) {
   const int nsets = int(std::clamp<int64_t>(2 * int64_t(lab.l2) / int64_t(set_bytes(c)) + 1, 1, 16));
   std::vector<Set> sets;
   for (int i = 0; i < nsets; ++i) sets.push_back(alloc_set(c));
   Plan plan = make_plan(c);
-  fill_inputs(c, sets[0], 0);
+  for (int i = 0; i < nsets; ++i) fill_inputs(c, sets[size_t(i)], i + 1);
   set_pointers(plan, c, sets[0]);
   std::vector<Candidate> cands = candidates(lab.handle, plan, c, o.knobs, o.count);
+  if (o.search > 0) add_searched(lab, o, c, plan, cands, sets);
+  fill_inputs(c, sets[0], 0);  // the check data, then the timing data again
   check_all(lab, c, plan, cands, sets[0]);
-  for (int i = 0; i < nsets; ++i) fill_inputs(c, sets[size_t(i)], i + 1);
+  fill_inputs(c, sets[0], 1);
   time_all(lab, o, c, plan, cands, sets);
   const Result r = summarize(cands);
-  for (const Candidate& cand : cands) print_candidate(o, c, cand, r);
+  for (const Candidate& cand : cands) print_candidate(o.verbose, c, cand, r);
   destroy(plan);
   for (Set& s : sets) free_set(s);
   return r;
-}
-
-// ---- report ----------------------------------------------------------------------
-
-double tflops(const Case& c, double ms) { return ms > 0 ? c.flops() / ms / 1e9 : 0; }
-double overhead(double ms, double plain_ms) { return ms > 0 && plain_ms > 0 ? 100 * (ms / plain_ms - 1) : NAN; }
-
-void print_header(const Options& o) {
-  std::printf("TF = TFLOP/s (2 M N K / median), %% of %.0f peak; #1 = lt#1 (gemm_lt's choice); best = fastest "
-              "candidate with fp32 split-K sums that passed both checks; 'vs plain' = time over the plain GEMM's "
-              "of the same shape\n",
-              o.peak);
-  std::printf("%-9s %-4s %-5s %-13s %6s %6s %6s | %-15s | %-27s | %-22s | %s\n", "model", "layer", "pass", "epilogue",
-              "M", "N", "K", "#1 TF (%peak)", "best TF (%peak) label gain", "vs plain: #1    best", "ok/ran");
-}
-
-void print_case(const Options& o, const Case& c, const Result& r, const Result* plain, const char* again) {
-  std::printf("%-9s %-4s %-5s %-13s %6lld %6lld %6lld | ", c.model.c_str(), c.layer.c_str(), pass_name(c.pass),
-              epi_name(c.epi), (long long)c.m, (long long)c.n, (long long)c.k);
-  if (r.ran == 0) {
-    std::printf("no algorithm runs (gemm_lt falls back)\n");
-    return;
-  }
-  std::printf("%6.1f (%4.1f%%)%s | ", tflops(c, r.first_ms), 100 * tflops(c, r.first_ms) / o.peak,
-              r.first_ok ? " " : "!");
-  std::printf("%6.1f (%4.1f%%) %-8s %+5.1f%% | ", tflops(c, r.best_ms), 100 * tflops(c, r.best_ms) / o.peak,
-              r.best_label.c_str(), overhead(r.first_ms, r.best_ms));
-  if (plain)
-    std::printf("%+6.1f%% %+6.1f%% | ", overhead(r.first_ms, plain->first_ms), overhead(r.best_ms, plain->best_ms));
-  else std::printf("%22s | ", "");
-  std::printf("%d/%d%s%s\n", r.passed, r.ran, r.failed ? " FAILED" : "", again);
-}
-
-// Per model: the step's GEMM time with lt#1, with the fastest candidate, and
-// with the fastest of lt's own list.
-void print_step_totals(const std::vector<Case>& cases, const std::vector<Result>& results) {
-  std::map<std::string, std::array<double, 3>> totals;
-  std::vector<std::string> order;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    if (cases[i].per_step == 0) continue;
-    if (!totals.count(cases[i].model)) order.push_back(cases[i].model);
-    auto& t = totals[cases[i].model];
-    const Result& r = results[i];
-    t[0] += cases[i].per_step * r.first_ms;
-    t[1] += cases[i].per_step * (r.best_ms > 0 ? r.best_ms : r.first_ms);
-    t[2] += cases[i].per_step * (r.best_lt_ms > 0 ? r.best_lt_ms : r.first_ms);
-  }
-  std::printf("GEMM time of one training step (each form x its calls; the head's last chunk as a fraction):\n");
-  for (const std::string& m : order) {
-    const auto& t = totals[m];
-    std::printf("  %-9s lt#1 %8.3f ms | fastest %8.3f ms (%+5.1f%% time) | fastest of lt's list %8.3f ms (%+5.1f%%)\n",
-                m.c_str(), t[0], t[1], 100 * (t[1] / t[0] - 1), t[2], 100 * (t[2] / t[0] - 1));
-  }
-}
-
-void print_summary(const std::vector<Case>& cases, const std::vector<Result>& results,
-                   const std::map<std::string, size_t>& first_of) {
-  std::printf("\nsummary\n");
-  int forms = 0, within_first = 0, within_best = 0;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    if (c.epi == Epi::None || first_of.at(c.key()) != i) continue;
-    Case plain_case = c;
-    plain_case.epi = Epi::None;
-    const Result& r = results[i];
-    const Result& p = results[first_of.at(plain_case.key())];
-    const double of = overhead(r.first_ms, p.first_ms), ob = overhead(r.best_ms, p.best_ms);
-    ++forms;
-    within_first += of <= 5;
-    within_best += ob <= 5;
-    if (!(ob <= 5))
-      std::printf("  over 5%%: %-9s %-4s %-5s %-13s best %+6.1f%% (#1 %+6.1f%%) over the plain GEMM\n", c.model.c_str(),
-                  c.layer.c_str(), pass_name(c.pass), epi_name(c.epi), ob, of);
-  }
-  std::printf("epilogue forms within 5%% of the plain GEMM of their shape: lt#1 vs lt#1 %d of %d; fastest vs "
-              "fastest %d of %d\n",
-              within_first, forms, within_best, forms);
-  double log_sum = 0, largest = 0;
-  int plain = 0, bf16_faster = 0;
-  std::string largest_at;
-  double bf16_gain = 0;
-  std::map<std::string, int> best_knob;
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& c = cases[i];
-    const Result& r = results[i];
-    if (first_of.at(c.key()) != i || r.best_ms == 0 || r.first_ms == 0) continue;
-    ++best_knob[r.best_label.substr(0, r.best_label.find('#'))];
-    if (r.bf16_partials_ms > 0 && r.bf16_partials_ms < r.best_ms) {
-      ++bf16_faster;
-      bf16_gain = std::max(bf16_gain, 100 * (r.best_ms / r.bf16_partials_ms - 1));
-    }
-    if (c.epi != Epi::None) continue;
-    const double gain = r.first_ms / r.best_ms;
-    ++plain;
-    log_sum += std::log(gain);
-    if (gain - 1 > largest) largest = gain - 1, largest_at = c.model + " " + c.layer + " " + pass_name(c.pass);
-  }
-  if (plain)
-    std::printf("plain GEMMs (%d shapes): fastest over lt#1 %+.1f%% TFLOP/s (geometric mean), largest %+.1f%% (%s)\n",
-                plain, 100 * (std::exp(log_sum / plain) - 1), 100 * largest, largest_at.c_str());
-  print_step_totals(cases, results);
-  std::printf("where the fastest came from (shapes):");
-  for (const auto& [knob, n] : best_knob) std::printf(" %s %d", knob.c_str(), n);
-  std::printf("\nbf16 split-K sums (outside gemm_lt's mask) faster than the fastest allowed: %d shapes, by up to "
-              "%.1f%%\n",
-              bf16_faster, bf16_gain);
 }
 
 // ---- flags -----------------------------------------------------------------------
@@ -454,12 +346,17 @@ void print_help() {
               "  --knobs LIST              preferences to ask under (lt always; default all): ");
   for (int k = 0; k < kKnobCount; ++k) std::printf("%s%s", k ? "," : "", kKnobs[k].name);
   std::printf("\n");
-  for (const Knob& k : kKnobs) std::printf("                              %-8s %s\n", k.name, k.what);
-  std::printf("  --peak TFLOPS             dense bf16 peak for the %% columns (default 989: H100 / H200 SXM)\n"
-              "  --verbose                 one line per candidate (+ fastest, * lt#1)\n"
-              "  --help                    this text\n"
-              "Exit status: 0 all checks passed, 1 a candidate gemm_lt may run failed a check or a CUDA error, 2 bad "
-              "flags.\n");
+  for (int k = 0; k < kKnobCount; ++k)
+    std::printf("                              %-8s %s\n", kKnobs[k].name, kKnobs[k].what);
+  std::printf(
+      "  --search N                also screen up to N configurations enumerated from cuBLASLt's algorithm\n"
+      "                            ids, tiles, stages, cluster shapes and swizzles (no split-K), 3 samples each;\n"
+      "                            the --candidates fastest are checked and timed as 'search#i' (default 0: off)\n"
+      "  --peak TFLOPS             dense bf16 peak for the %% columns (default 989: H100 / H200 SXM)\n"
+      "  --verbose                 one line per candidate (+ fastest, * lt#1)\n"
+      "  --help                    this text\n"
+      "Exit status: 0 all checks passed, 1 a candidate gemm_lt may run failed a check or a CUDA error, 2 bad "
+      "flags.\n");
 }
 
 std::vector<int> parse_knobs(const lab::Flags& f, const std::string& list) {
@@ -498,6 +395,8 @@ Options parse(int argc, char** argv) {
       o.warmup = int(f.number(0, 100000));
     } else if (f.is("--candidates")) {
       o.count = int(f.number(1, 64));
+    } else if (f.is("--search")) {
+      o.search = int(f.number(0, 1000000));
     } else if (f.is("--knobs")) {
       o.knobs = parse_knobs(f, f.value());
     } else if (f.is("--peak")) {
@@ -538,7 +437,7 @@ int main(int argc, char** argv) {
               prop.name, prop.major, prop.minor, lab.l2 >> 20, cublasLtGetVersion(), o.count, o.knobs.size(), o.iters);
   std::vector<Case> cases;
   for (const Model& md : models(o.gpt2s, o.bench, o.quick)) add_model(cases, md);
-  print_header(o);
+  print_header(o.peak);
   std::vector<Result> results(cases.size());
   std::map<std::string, size_t> first_of;  // a shape measured once, reused by equal cases
   bool ok = true;
@@ -552,7 +451,7 @@ int main(int argc, char** argv) {
     Case plain_case = c;
     plain_case.epi = Epi::None;
     const Result* plain = c.epi != Epi::None ? &results[first_of.at(plain_case.key())] : nullptr;
-    print_case(o, c, results[i], plain, again ? " (measured above)" : "");
+    print_case(o.peak, c, results[i], plain, again ? " (measured above)" : "");
   }
   print_summary(cases, results, first_of);
   std::printf(ok ? "all checks passed\n" : "CHECK FAILED: a candidate gemm_lt may run exceeded its bound\n");

@@ -16,6 +16,7 @@ enum class Epi {
   Bias,        // BIAS: out = product + bias[n]
   BiasGelu,    // GELU_AUX_BIAS: aux = product + bias[n], out = gelu(aux)
   DGeluBGrad,  // DGELU_BGRAD: out = product * gelu'(aux), vec[n] = sum_m out
+  DGelu,       // DGELU: the same without the bias gradient (a yardstick: its cost alone)
   BGradB,      // BGRADB (Backend's BiasGradA): vec[m] = sum_k op(a)[m, k]
 };
 
@@ -25,6 +26,7 @@ inline const char* epi_name(Epi e) {
     case Epi::Bias: return "bias";
     case Epi::BiasGelu: return "gelu_aux_bias";
     case Epi::DGeluBGrad: return "dgelu_bgrad";
+    case Epi::DGelu: return "dgelu";
     case Epi::BGradB: return "bgradb";
   }
   return "?";
@@ -61,7 +63,8 @@ struct LinearEpis {
 
 // A Linear (in -> out features) on `rows` rows, run `count` times a step:
 // each pass with its epilogue, preceded by the plain GEMM of that shape when
-// the pass has one.
+// the pass has one (and DGELU_BGRAD by DGELU alone, which tells the fused
+// bias gradient's cost from the GELU derivative's).
 //   forward y = x W^T:          a = x (rows, in), b = W (out, in) transposed
 //   dgrad   dx = dy W:          a = dy (rows, out), b = W (out, in)
 //   wgrad   dW += dy^T x (f32): a = dy (rows, out) transposed, b = x (rows, in)
@@ -69,6 +72,7 @@ inline void add_linear(std::vector<Case>& cases, const std::string& model, const
                        int64_t in, int64_t out, LinearEpis epis, double count) {
   auto add = [&](Pass p, Epi e, int64_t m, int64_t n, int64_t k, bool ta, bool tb, bool f32) {
     if (e != Epi::None) cases.push_back({model, layer, p, Epi::None, m, n, k, ta, tb, f32, 0.0});
+    if (e == Epi::DGeluBGrad) cases.push_back({model, layer, p, Epi::DGelu, m, n, k, ta, tb, f32, 0.0});
     cases.push_back({model, layer, p, e, m, n, k, ta, tb, f32, count});
   };
   add(Pass::Forward, epis.forward, rows, out, in, false, true, false);

@@ -114,7 +114,8 @@ inline Expect expect(const Case& c, double p, double s, int64_t m, int64_t n) {
       const double out = gelu(pre);
       return {out, kBf16 * std::abs(out) + kGeluSlope * pre_bound + 0.5 * kTanh * std::abs(pre), pre, pre_bound};
     }
-    case Epi::DGeluBGrad: {
+    case Epi::DGeluBGrad:
+    case Epi::DGelu: {
       const double pre = input_value(kFillAux, 0, m * c.n + n), g = gelu_grad(pre), out = p * g;
       return {out, kBf16 * std::abs(out) + std::abs(g) * (kBf16 * std::abs(p) + kAcc * s) +
                        std::abs(p) * gelu_grad_tanh_error(pre)};

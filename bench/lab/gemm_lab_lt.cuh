@@ -41,8 +41,11 @@ constexpr Knob kKnobs[] = {
     {"nosplit", 32 * kMiB, false, CUBLASLT_REDUCTION_SCHEME_NONE, "no split-K reduction"},
     {"anyred", 32 * kMiB, false, CUBLASLT_REDUCTION_SCHEME_MASK,
      "every reduction scheme (bf16 split-K sums for bf16 out: outside gemm_lt's mask)"},
+    {"search", 32 * kMiB, true, 0, "configurations enumerated by --search, the fastest screened ones"},
 };
-constexpr int kKnobCount = sizeof(kKnobs) / sizeof(kKnobs[0]);
+constexpr int kKnobCount =
+    sizeof(kKnobs) / sizeof(kKnobs[0]) - 1;  // the last is --search's, not asked of the heuristic
+constexpr int kSearchKnob = kKnobCount;
 constexpr size_t kMaxWorkspace = 128 * kMiB;
 
 // The device buffers of one input set (row-major, Backend::gemm's names).
@@ -54,8 +57,8 @@ struct Set {
   void* vec = nullptr;  // the bias (read) or bias gradient (written)
 };
 
-inline bool has_aux(Epi e) { return e == Epi::BiasGelu || e == Epi::DGeluBGrad; }
-inline bool has_vec(Epi e) { return e != Epi::None; }
+inline bool has_aux(Epi e) { return e == Epi::BiasGelu || e == Epi::DGeluBGrad || e == Epi::DGelu; }
+inline bool has_vec(Epi e) { return e != Epi::None && e != Epi::DGelu; }
 inline bool vec_is_output(Epi e) { return e == Epi::DGeluBGrad || e == Epi::BGradB; }
 // The bias gradient of a weight gradient has dW's dtype (fp32); every other vector is bf16.
 inline bool vec_f32(Epi e) { return e == Epi::BGradB; }
@@ -66,6 +69,7 @@ inline cublasLtEpilogue_t lt_epilogue(Epi e) {
     case Epi::Bias: return CUBLASLT_EPILOGUE_BIAS;
     case Epi::BiasGelu: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case Epi::DGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epi::DGelu: return CUBLASLT_EPILOGUE_DGELU;
     case Epi::BGradB: return CUBLASLT_EPILOGUE_BGRADB;  // our a is cuBLASLt's B
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -203,6 +207,69 @@ inline std::vector<Candidate> candidates(cublasLtHandle_t handle, const Plan& p,
     }
   }
   return out;
+}
+
+// ---- exhaustive search ------------------------------------------------------------
+
+inline std::vector<uint32_t> cap_list(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0)
+    return {0};  // not offered: the attribute's default
+  std::vector<uint32_t> ids(bytes / sizeof(uint32_t));
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, ids.data(), bytes, &bytes) != CUBLAS_STATUS_SUCCESS) return {0};
+  return ids;
+}
+
+// Sets a configuration attribute in the width cuBLASLt stores it (uint16 or uint32).
+inline bool set_algo_attr(cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr, uint32_t v) {
+  size_t size = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &size) != CUBLAS_STATUS_SUCCESS || size > 8)
+    return false;
+  uint64_t wide = v;  // little-endian: the low bytes are the narrow value
+  return cublasLtMatmulAlgoConfigSetAttribute(&algo, attr, &wide, size) == CUBLAS_STATUS_SUCCESS;
+}
+
+// Every configuration cuBLASLt accepts for the case beyond its heuristic's
+// short list: algorithm ids x tile x stages x cluster shape (auto, and the
+// ones up to 4x4) x CTA swizzle, without split-K, each validated by
+// cublasLtMatmulAlgoCheck within gemm_lt's 32 MiB workspace.
+inline std::vector<Candidate> enumerate_configs(cublasLtHandle_t handle, const Plan& p, const Case& c) {
+  const cudaDataType_t in = CUDA_R_16BF, out = c.f32_out ? CUDA_R_32F : CUDA_R_16BF;
+  int ids[128], n_ids = 0;
+  if (cublasLtMatmulAlgoGetIds(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, out, out, 128, ids, &n_ids) !=
+      CUBLAS_STATUS_SUCCESS)
+    return {};
+  std::vector<Candidate> found;
+  for (int i = 0; i < n_ids; ++i) {
+    cublasLtMatmulAlgo_t base{};
+    if (cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, out, out, ids[i], &base) !=
+        CUBLAS_STATUS_SUCCESS)
+      continue;
+    const uint32_t swizzle = cap_list(base, CUBLASLT_ALGO_CAP_CTA_SWIZZLING_SUPPORT)[0];
+    for (uint32_t tile : cap_list(base, CUBLASLT_ALGO_CAP_TILE_IDS))
+      for (uint32_t stages : cap_list(base, CUBLASLT_ALGO_CAP_STAGES_IDS))
+        for (uint32_t cluster : {0u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u})
+          for (uint32_t swz = 0; swz <= swizzle; ++swz) {
+            cublasLtMatmulAlgo_t algo = base;
+            const bool set = set_algo_attr(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, tile) &&
+                             set_algo_attr(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, stages) &&
+                             set_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, swz) &&
+                             (cluster == 0 || set_algo_attr(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cluster));
+            cublasLtMatmulHeuristicResult_t r{};
+            if (!set ||
+                cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.d, p.d, &algo, &r) != CUBLAS_STATUS_SUCCESS ||
+                r.workspaceSize > kKnobs[0].workspace)
+              continue;
+            Candidate cand;
+            cand.algo = algo;
+            cand.workspace = r.workspaceSize;
+            cand.waves = r.wavesCount;
+            cand.knob = kSearchKnob;
+            cand.config = describe(algo, cand.workspace, cand.waves);
+            found.push_back(cand);
+          }
+  }
+  return found;
 }
 
 // The bias / aux pointers live on the descriptor: set before the heuristic
