@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/lab/attention_lab_kernels.cuh"
+#include "bench/lab/lab_flags.hpp"
 #include "bench/lab/lab_util.cuh"
 
 namespace {
@@ -488,37 +489,11 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
   return ok;
 }
 
-[[noreturn]] void usage_error(const std::string& what) {
-  std::fprintf(stderr, "attention_lab: %s (see --help)\n", what.c_str());
-  std::exit(2);
-}
-
-std::vector<int64_t> parse_list(const std::string& s, const char* flag, int64_t lo, int64_t hi) {
-  std::vector<int64_t> out;
-  size_t at = 0;
-  while (true) {
-    const size_t next = s.find(',', at);
-    const std::string item = s.substr(at, next - at);
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < lo || v > hi)
-      usage_error(std::string(flag) + ": '" + item + "' is not a whole number in " + std::to_string(lo) + ".." +
-                  std::to_string(hi));
-    out.push_back(v);
-    if (next == std::string::npos) return out;
-    at = next + 1;
-  }
-}
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "--help" || f == "-h") {
+  lab::Flags f("attention_lab", argc, argv);
+  while (f.next()) {
+    if (f.is("--help") || f.is("-h")) {
       std::printf(
           "attention_lab: fused attention kernel candidates, checked against float64 and timed.\n"
           "  --dtypes bf16,f32      (default both)\n"
@@ -532,44 +507,38 @@ Options parse(int argc, char** argv) {
           "  --iters N, --warmup N  timed and untimed samples (default 10, 3)\n"
           "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
       std::exit(0);
-    } else if (f == "--dtypes" || f == "--directions") {
-      const std::string v = value();
-      const bool dtypes = f == "--dtypes";
+    } else if (f.is("--dtypes") || f.is("--directions")) {
+      const bool dtypes = f.is("--dtypes");
       const char* a = dtypes ? "bf16" : "fwd";
       const char* b2 = dtypes ? "f32" : "bwd";
       bool first = false, second = false;
-      size_t at = 0;
-      while (true) {
-        const size_t next = v.find(',', at);
-        const std::string item = v.substr(at, next - at);
+      for (const std::string& item : lab::split(f.value())) {
         if (item == a) first = true;
         else if (item == b2) second = true;
-        else usage_error(f + ": unknown value '" + item + "' (allowed: " + a + ", " + b2 + ")");
-        if (next == std::string::npos) break;
-        at = next + 1;
+        else f.fail(f.flag() + ": unknown value '" + item + "' (allowed: " + a + ", " + b2 + ")");
       }
       (dtypes ? o.bf16 : o.forward) = first;
       (dtypes ? o.f32 : o.backward) = second;
-    } else if (f == "--dh") {
+    } else if (f.is("--dh")) {
       o.dhs.clear();
-      for (const int64_t d : parse_list(value(), "--dh", 32, 128)) {
-        if (d != 32 && d != 64 && d != 128) usage_error("--dh: " + std::to_string(d) + " (allowed: 32, 64, 128)");
+      for (const int64_t d : f.numbers(32, 128)) {
+        if (d != 32 && d != 64 && d != 128) f.fail("--dh: " + std::to_string(d) + " (allowed: 32, 64, 128)");
         o.dhs.push_back(int(d));
       }
-    } else if (f == "--seq") {
-      o.seqs = parse_list(value(), "--seq", 1, 1 << 17);
-    } else if (f == "--batch-heads") {
-      o.batch_heads = parse_list(value(), "--batch-heads", 1, 65535)[0];
-    } else if (f == "--ring") {
-      g_ring = int(parse_list(value(), "--ring", 1, 1 << 20)[0]);
-    } else if (f == "--iters") {
-      o.iters = int(parse_list(value(), "--iters", 1, 100000)[0]);
-    } else if (f == "--warmup") {
-      o.warmup = int(parse_list(value(), "--warmup", 0, 100000)[0]);
-    } else if (f == "--causal") {
+    } else if (f.is("--seq")) {
+      o.seqs = f.numbers(1, 1 << 17);
+    } else if (f.is("--batch-heads")) {
+      o.batch_heads = f.number(1, 65535);
+    } else if (f.is("--ring")) {
+      g_ring = int(f.number(1, 1 << 20));
+    } else if (f.is("--iters")) {
+      o.iters = int(f.number(1, 100000));
+    } else if (f.is("--warmup")) {
+      o.warmup = int(f.number(0, 100000));
+    } else if (f.is("--causal")) {
       o.causal = true;
     } else {
-      usage_error("unknown flag '" + f + "'");
+      f.unknown();
     }
   }
   return o;

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/lab/lab_flags.hpp"
 #include "bench/lab/lab_util.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/vec.cuh"
@@ -238,11 +239,6 @@ struct Options {
   bool causal = false;
 };
 
-[[noreturn]] void usage_error(const std::string& what) {
-  std::fprintf(stderr, "softmax_lab: %s (see --help)\n", what.c_str());
-  std::exit(2);
-}
-
 void print_help() {
   std::printf("softmax_lab: candidate fused softmax forward kernels, checked against float64 and timed.\n"
               "  --sizes BxHxT[,...]  scores (B, H, T, T); T a multiple of 8, at most 16384\n"
@@ -254,61 +250,37 @@ void print_help() {
               "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
 }
 
-int64_t parse_int(const std::string& s, const char* flag, int64_t lo, int64_t hi) {
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi)
-    usage_error(std::string(flag) + ": '" + s + "' is not a whole number in " + std::to_string(lo) + ".." +
-                std::to_string(hi));
-  return v;
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (true) {
-    const size_t next = s.find(sep, at);
-    out.push_back(s.substr(at, next - at));
-    if (next == std::string::npos) return out;
-    at = next + 1;
-  }
-}
-
 Options parse(int argc, char** argv) {
   Options o;
   std::string sizes = "16x12x256,8x12x512,4x16x1024,2x16x2048";
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(f + " needs a value");
-      return argv[++i];
-    };
-    if (f == "--help" || f == "-h") {
+  lab::Flags f("softmax_lab", argc, argv);
+  while (f.next()) {
+    if (f.is("--help") || f.is("-h")) {
       print_help();
       std::exit(0);
-    } else if (f == "--sizes") {
-      sizes = value();
-    } else if (f == "--dtypes") {
-      o.dtypes = split(value(), ',');
+    } else if (f.is("--sizes")) {
+      sizes = f.value();
+    } else if (f.is("--dtypes")) {
+      o.dtypes = lab::split(f.value());
       for (const std::string& d : o.dtypes)
-        if (d != "f32" && d != "bf16") usage_error("--dtypes: unknown dtype '" + d + "' (allowed: f32, bf16)");
-    } else if (f == "--iters") {
-      o.iters = int(parse_int(value(), "--iters", 1, 100000));
-    } else if (f == "--warmup") {
-      o.warmup = int(parse_int(value(), "--warmup", 0, 100000));
-    } else if (f == "--causal") {
+        if (d != "f32" && d != "bf16") f.fail("--dtypes: unknown dtype '" + d + "' (allowed: f32, bf16)");
+    } else if (f.is("--iters")) {
+      o.iters = int(f.number(1, 100000));
+    } else if (f.is("--warmup")) {
+      o.warmup = int(f.number(0, 100000));
+    } else if (f.is("--causal")) {
       o.causal = true;
     } else {
-      usage_error("unknown flag '" + f + "'");
+      f.unknown();
     }
   }
-  for (const std::string& s : split(sizes, ',')) {
-    const std::vector<std::string> p = split(s, 'x');
-    if (p.size() != 3) usage_error("--sizes: '" + s + "' is not BxHxT");
-    o.b.push_back(parse_int(p[0], "--sizes B", 1, 1 << 16));
-    o.h.push_back(parse_int(p[1], "--sizes H", 1, 1 << 16));
-    o.t.push_back(parse_int(p[2], "--sizes T", 8, 16384));
-    if (o.t.back() % 8 != 0) usage_error("--sizes: T " + p[2] + " is not a multiple of 8 (16-byte rows)");
+  for (const std::string& s : lab::split(sizes)) {
+    const std::vector<std::string> p = lab::split(s, 'x');
+    if (p.size() != 3) f.fail("--sizes: '" + s + "' is not BxHxT");
+    o.b.push_back(f.parse(p[0], "--sizes B", 1, 1 << 16));
+    o.h.push_back(f.parse(p[1], "--sizes H", 1, 1 << 16));
+    o.t.push_back(f.parse(p[2], "--sizes T", 8, 16384));
+    if (o.t.back() % 8 != 0) f.fail("--sizes: T " + p[2] + " is not a multiple of 8 (16-byte rows)");
   }
   return o;
 }
