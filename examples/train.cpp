@@ -80,6 +80,8 @@ struct Options {
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
   double lr = 3e-3, dropout = 0.0, weight_decay = 0.01, clip = 1.0;
   int64_t steps = 1200, warmup = 60, seed = 0;
+  std::string lr_schedule = "cosine";  // after the warm-up: cosine, linear, constant
+  int64_t grad_accum = 1;              // micro-batches of --batch per optimizer step
   int words = 24, min_len = 4, max_len = 10, held_out = 500;
   int64_t eval_every = 200, print_every = 0;
   int64_t profile_steps = 0;  // steps timed per op kind (from the run's 11th), 0: none
@@ -91,7 +93,7 @@ struct Options {
   cli::CommonFlags common;
 };
 
-// Linear warm-up, then cosine decay to 10% of the peak (examples/common/lr_schedule.hpp).
+// Linear warm-up, then --lr-schedule (examples/common/lr_schedule.hpp).
 double learning_rate(const Options& o, int64_t step) { return o.schedule.at(step); }
 
 std::vector<double> to_double(const std::vector<int32_t>& v) { return std::vector<double>(v.begin(), v.end()); }
@@ -367,6 +369,15 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--clip", o.clip, "gradient-norm clip (0: none)")->check(real_range(0, 1e6))->capture_default_str();
   app.add_option("--steps", o.steps, "total training steps")->check(at_least(1))->capture_default_str();
   app.add_option("--warmup", o.warmup, "linear warm-up steps")->check(at_least(0))->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "after the warm-up: cosine or linear decay to 10% of --lr at --steps, or constant --lr")
+      ->check(CLI::IsMember(cli::lr_kind_names()))
+      ->capture_default_str();
+  app.add_option("--grad-accum", o.grad_accum,
+                 "micro-batches of --batch per optimizer step, their gradients accumulated (a step trains on "
+                 "grad-accum x --batch sequences; activations of one micro-batch at a time)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--dropout", o.dropout, "dropout probability")->check(real_range(0, 0.99))->capture_default_str();
   app.add_option("--seed", o.seed, "seed for init, data and dropout")->check(at_least(0))->capture_default_str();
   app.add_option("--words", o.words, "task: vocabulary size of each language")
@@ -393,8 +404,8 @@ void add_flags(CLI::App& app, Options& o) {
   auto* resume = app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")
                      ->needs(checkpoint);
   app.add_flag("--extend-schedule", o.extend_schedule,
-               "with --resume and a --steps other than the checkpoint's run: decay the learning rate from where it is "
-               "to 10% of --lr at the new --steps (without it such a change is refused)")
+               "with --resume and a --steps other than the checkpoint's run: continue the learning rate from where it "
+               "is, decaying to 10% of --lr at the new --steps (constant: flat; without it such a change is refused)")
       ->needs(resume);
   app.add_option("--log-csv", o.log_csv,
                  "per-step CSV log (flushed every step; a resumed run continues it; '' for none)")
@@ -423,6 +434,9 @@ int64_t distinct_sentences(const Options& o) {
 }
 
 void validate(Options& o) {
+  if (o.batch * o.grad_accum > (int64_t{1} << 20))
+    usage_error("--grad-accum", o.grad_accum, ": --batch ", o.batch, " x --grad-accum ", o.grad_accum, " = ",
+                o.batch * o.grad_accum, " sequences per step; at most 1048576 (lower --grad-accum or --batch)");
   if (o.d_model % o.heads != 0)
     usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
   if (o.task == "translate") {
@@ -522,7 +536,7 @@ std::unique_ptr<Data> build_data(Options& o) {
                                           {},
                                           {},
                                           Generator(static_cast<uint64_t>(o.seed) * 1000003 + 17),
-                                          o.batch,
+                                          o.batch * o.grad_accum,
                                           0});
   if (d->lm) {
     d->text = TextData::load(o.data, o.seq_len);
@@ -625,7 +639,7 @@ int64_t maybe_resume(const Options& o, int64_t model_step, Optimizer& opt, Data&
 // --extend-schedule says how to continue. start: the first step to run.
 cli::LrSchedule resolve_schedule(const Options& o, int64_t start) {
   cli::LrSchedule asked;
-  asked.lr = o.lr, asked.warmup = o.warmup, asked.steps = o.steps;
+  asked.lr = o.lr, asked.warmup = o.warmup, asked.steps = o.steps, asked.kind = cli::parse_lr_kind(o.lr_schedule);
   if (!o.resume) return asked;
   const std::string path = cli::schedule_path(o.checkpoint);
   const std::optional<cli::LrSchedule> saved = cli::load_schedule(o.checkpoint);
@@ -644,6 +658,9 @@ cli::LrSchedule resolve_schedule(const Options& o, int64_t start) {
   if (o.lr != saved->lr)
     usage_error("--lr", o.lr, ": the checkpoint's run used --lr ", saved->lr, " (", path, "); resume with it ",
                 jump(asked));
+  if (asked.kind != saved->kind)
+    usage_error("--lr-schedule", o.lr_schedule, ": the checkpoint's run used --lr-schedule ",
+                cli::lr_kind_name(saved->kind), " (", path, "); resume with it ", jump(asked));
   if (o.warmup != saved->warmup)
     usage_error("--warmup", o.warmup, ": the checkpoint's run used --warmup ", saved->warmup, " (", path,
                 "); resume with it ", jump(asked));
@@ -906,7 +923,8 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
   // Translation batches are padded to their longest line: tokens/s counts
   // the padded positions processed, over the timed steps.
   const double tokens_per_s =
-      data.parallel ? h.tokens / h.seconds : static_cast<double>(o.batch * o.seq_len * data.world) / (median_ms * 1e-3);
+      data.parallel ? h.tokens / h.seconds
+                    : static_cast<double>(o.batch * o.grad_accum * o.seq_len * data.world) / (median_ms * 1e-3);
   std::printf("steps %lld, wall %.1f s, %.2f ms/step (median of steps 2..N), %.0f tokens/s\n",
               static_cast<long long>(h.end_step - h.start_step), wall_s, median_ms, tokens_per_s);
   if (dev == Device::CUDA) std::printf("CUDA graph %s\n", h.graph_note.c_str());
@@ -994,6 +1012,7 @@ int run(Options& o) {
   step_options.ignore_index = kIgnore;
   step_options.data_parallel = dp.get();
   step_options.use_graph = !o.no_graph;
+  step_options.grad_accum = o.grad_accum;
   TrainStep step(*model, *opt, step_options);
   const int64_t start_step = maybe_resume(o, model_step, *opt, *data);
   o.schedule = resolve_schedule(o, start_step);
@@ -1009,10 +1028,11 @@ int run(Options& o) {
                o.batch);
   spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
   if (dev == Device::CPU) spdlog::info("cpu: {} thread(s), GEMM level {}", num_threads(), cpu::gemm_level());
+  if (o.grad_accum > 1) spdlog::info("gradient accumulation: {} micro-batches of {} per step", o.grad_accum, o.batch);
   if (o.resume) spdlog::info("resumed from {} (+ .optim) at step {}", o.checkpoint, start_step);
   if (dp)
-    spdlog::info("data parallel: {}; global batch {} = {} x {}", dp->describe(), o.batch * world.size, world.size,
-                 o.batch);
+    spdlog::info("data parallel: {}; global batch {} = {} x {}", dp->describe(), o.batch * o.grad_accum * world.size,
+                 world.size, o.batch * o.grad_accum);
   if (dev == Device::CUDA) spdlog::info("CUDA graph {}", step.graph_note());
 
   const auto run_start = std::chrono::steady_clock::now();

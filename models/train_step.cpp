@@ -5,6 +5,7 @@
 #include "core/indexing.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
+#include "core/tensor_functions.hpp"
 #include "ops/classifier.hpp"
 #include "ops/cross_entropy.hpp"
 
@@ -15,6 +16,8 @@ TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions op
   HG_CHECK(options.warmup_steps >= 1, "TrainStep", "warmup_steps must be >= 1, got ", options.warmup_steps);
   HG_CHECK(options.classifier_chunk_rows >= 0, "TrainStep", "classifier_chunk_rows must be >= 0 (0: the default), got ",
            options.classifier_chunk_rows);
+  HG_CHECK(options.grad_accum >= 1, "TrainStep", "grad_accum must be >= 1 (1: no accumulation), got ",
+           options.grad_accum);
   const std::vector<Parameter*> params = model.parameters();
   HG_CHECK(!params.empty(), "TrainStep", "the model has no parameters");
   device_ = params.front()->value.device();
@@ -27,6 +30,10 @@ TrainStep::TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions op
     graph_note_ = "off: dropout's mask stream advances each step (a launch argument)";
   } else if (options.data_parallel) {
     graph_note_ = "off: data parallel (gradient buckets are launched from the host during the backward)";
+  } else if (options.grad_accum > 1) {
+    // Plain steps: each micro-batch's share of the targets, counted on the
+    // host for every batch, scales its loss gradient as a launch argument.
+    graph_note_ = "off: gradient accumulation (each micro-batch's loss weight is set from the host every step)";
   } else if (!optimizer.capturable()) {
     graph_note_ = "off: the optimizer cannot be captured (it keeps per-step scalars on the host)";
   } else {
@@ -40,15 +47,27 @@ Tensor TrainStep::on_device(const Tensor& t) const {
   return t.to(device_);
 }
 
-void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight) {
+void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight,
+                                  const std::vector<double>& shares) {
   model_.zero_grad();
-  if (options_.data_parallel) options_.data_parallel->begin_step(weight);
-  if (options_.chunked_classifier && kernel_mode() == KernelMode::Fused) loss_and_backward_chunked(ids, targets);
-  else loss_and_backward_composed(ids, targets);
+  const int64_t n = static_cast<int64_t>(shares.size()), rows = ids.size(0) / n;
+  const bool chunked = options_.chunked_classifier && kernel_mode() == KernelMode::Fused;
+  Tensor loss;  // grad_accum > 1: the sum of share * micro-batch loss, kept on the device
+  for (int64_t m = 0; m < n; ++m) {
+    // The data-parallel reduction runs during the last backward, once a step:
+    // the gradients it reads then hold every micro-batch's share.
+    if (m == n - 1 && options_.data_parallel) options_.data_parallel->begin_step(weight);
+    const Tensor ids_m = n == 1 ? ids : ids.slice(m * rows, (m + 1) * rows);
+    const Tensor targets_m = n == 1 ? targets : targets.slice(m * rows, (m + 1) * rows);
+    if (chunked) loss_and_backward_chunked(ids_m, targets_m, shares[m]);
+    else loss_and_backward_composed(ids_m, targets_m, shares[m]);
+    if (n > 1) loss = m == 0 ? mul_scalar(loss_, shares[m]) : add(loss, mul_scalar(loss_, shares[m]));
+  }
+  if (n > 1) loss_ = loss;
   if (options_.data_parallel) options_.data_parallel->end_backward();
 }
 
-void TrainStep::loss_and_backward_composed(const Tensor& ids, const Tensor& targets) {
+void TrainStep::loss_and_backward_composed(const Tensor& ids, const Tensor& targets, double dloss) {
   Tensor dlogits;
   {
     const Tensor logits = model_.forward(ids);
@@ -57,12 +76,12 @@ void TrainStep::loss_and_backward_composed(const Tensor& ids, const Tensor& targ
     // and captured steps alike, so both run the same arithmetic; check_batch
     // has checked the targets on the host.
     loss_ = cross_entropy_forward_on_device(logits, targets, options_.ignore_index, &saved);
-    dlogits = cross_entropy_backward_over_logits(saved);  // the logits are not needed again
+    dlogits = cross_entropy_backward_over_logits(saved, dloss);  // the logits are not needed again
   }  // the loss's saved state is released here, dlogits once the head's backward has run
   model_.backward(std::move(dlogits));
 }
 
-void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targets) {
+void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targets, double dloss) {
   Tensor dfeatures;
   {
     const Tensor features = model_.forward_features(ids);
@@ -73,6 +92,7 @@ void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targe
     ClassifierOptions options;
     options.chunk_rows = options_.classifier_chunk_rows;
     options.targets_on_device = true;  // as above: check_batch has checked them, nothing is read back
+    options.dloss = dloss;
     ClassifierResult r = classifier_loss_and_grads(h, head.weight_for(h), head.has_bias() ? head.bias_for(h) : no_bias,
                                                    targets.reshape({rows}), options_.ignore_index, head.weight.grad,
                                                    head.bias.grad, options);
@@ -96,8 +116,8 @@ StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_
 }
 
 StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, double weight, StepResult r) {
-  check_batch(ids, targets);
-  enqueue_gradients(on_device(ids), on_device(targets), weight);
+  const std::vector<double> shares = check_batch(ids, targets);
+  enqueue_gradients(on_device(ids), on_device(targets), weight, shares);
   // Checked before the update, so a non-finite loss never reaches the parameters.
   if (!std::isfinite(loss_.item())) return finish(r, /*stepped=*/false, false);
   {
@@ -119,7 +139,7 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
     model_.embed.set_id_check(IdCheck::Device);
     try {
       graph_.begin_capture();
-      enqueue_gradients(ids_in_, targets_in_, 1.0);
+      enqueue_gradients(ids_in_, targets_in_, 1.0, {1.0});  // no accumulation: one micro-batch
       optimizer_.step();
       graph_.end_capture();
     } catch (const std::exception& e) {
@@ -147,11 +167,25 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
   return finish(r, /*stepped=*/true, /*update_applied_if_loss_bad=*/true);
 }
 
-void TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {
+std::vector<double> TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {
   const char* op = "TrainStep::run";
   const int64_t vocab = model_.config().vocab_size;
   read_indices(ids, vocab, op);
-  read_cross_entropy_targets(targets, vocab, options_.ignore_index, op);
+  const std::vector<double> t = read_cross_entropy_targets(targets, vocab, options_.ignore_index, op);
+  const int64_t n = options_.grad_accum;
+  if (n == 1) return {1.0};
+  // Micro-batch m holds the flat positions [m * per, (m + 1) * per).
+  const size_t per = t.size() / static_cast<size_t>(n);
+  std::vector<double> shares(static_cast<size_t>(n), 0.0);
+  double all = 0;
+  for (size_t i = 0; i < t.size(); ++i)
+    if (t[i] != static_cast<double>(options_.ignore_index)) {
+      shares[i / per] += 1;
+      all += 1;
+    }
+  // No target counts anywhere: every loss and gradient is 0, whatever the shares.
+  for (double& s : shares) s = all > 0 ? s / all : 1.0 / static_cast<double>(n);
+  return shares;
 }
 
 StepResult TrainStep::run(const Tensor& ids, const Tensor& targets, double weight) {
@@ -160,6 +194,9 @@ StepResult TrainStep::run(const Tensor& ids, const Tensor& targets, double weigh
   targets.check_defined(op);
   HG_CHECK(ids.shape() == targets.shape() && ids.ndim() == 2, op, "ids ", ids.shape(), " and targets ", targets.shape(),
            " must both be (B, T)");
+  HG_CHECK(ids.size(0) % options_.grad_accum == 0, op, "a batch of ", ids.size(0), " rows does not split into ",
+           options_.grad_accum, " micro-batches of equal size (grad_accum ", options_.grad_accum,
+           "): B must be a multiple of it");
   for (const Tensor* t : {&ids, &targets})
     HG_CHECK(t->dtype() == DType::F32 && (t->device() == Device::CPU || t->device() == device_), op,
              t == &ids ? "ids" : "targets", " are ", t->describe(), "; expected F32 on the host or on the model's ",

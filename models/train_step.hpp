@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
@@ -17,8 +18,11 @@ namespace hg {
 class DataParallelHook {
  public:
   virtual ~DataParallelHook() = default;
-  // Before the forward. weight: this rank's share of the global batch's loss
-  // terms (tokens_r / tokens_all), by which its gradients enter the reduction.
+  // Before the forward (with gradient accumulation: of the step's last
+  // micro-batch, so the gradients are reduced once a step, when they hold
+  // every micro-batch's share). weight: this rank's share of the global
+  // batch's loss terms (tokens_r / tokens_all), by which its gradients enter
+  // the reduction.
   virtual void begin_step(double weight) = 0;
   // After the backward: the gradients are reduced (or queued to be, in the
   // device's stream order) and the optimizer may read them.
@@ -36,12 +40,21 @@ struct TrainStepOptions {
   // the head's backward, as DecoderLM::forward / backward compose them.
   bool chunked_classifier = true;
   int64_t classifier_chunk_rows = 0;  // rows per chunk; 0: default_classifier_chunk_rows
+  // Gradient accumulation: run() splits its batch of B rows into grad_accum
+  // micro-batches of B / grad_accum rows, runs forward and backward on each
+  // in turn (one micro-batch's activations live at a time), the gradients
+  // adding up, then clips and updates once. Each micro-batch's loss enters
+  // with its share of the step's counted targets (tokens_m / tokens_all, as
+  // data parallelism weighs ranks), so the step is the one step over all B
+  // rows up to rounding. 1: no accumulation.
+  int64_t grad_accum = 1;
 };
 
 // What one step measured, read back after the step has run.
 struct StepResult {
   int64_t step = 0;      // the optimizer's step count after this step (1-based; a resumed optimizer continues its own)
-  double loss = 0;       // mean cross-entropy of this process's batch (data parallel: the caller sums the ranks')
+  double loss = 0;       // mean cross-entropy of this process's batch, every micro-batch (data parallel: the caller
+                         // sums the ranks')
   double grad_norm = 0;  // global L2 norm of the gradients before clipping; NaN where not measured (SGD)
 };
 
@@ -55,7 +68,9 @@ class NonFiniteError : public Error {
 
 // One training step of a DecoderLM in the model's precision
 // (docs/mixed_precision.md): zero grads -> [data parallel: begin_step] ->
-// forward -> cross-entropy -> backward -> [end_backward] -> optimizer step.
+// forward -> cross-entropy -> backward -> [end_backward] -> optimizer step;
+// with grad_accum N, forward to backward runs N times, begin_step before the
+// last of them.
 // In fused kernel mode the head, the loss and their gradients are the
 // chunked classifier's (TrainStepOptions::chunked_classifier, docs/classifier.md).
 // Gradient clipping is the optimizer's (AdamWOptions::max_grad_norm, inside
@@ -72,8 +87,11 @@ class NonFiniteError : public Error {
 // (the captured embedding and loss check nothing on the host). Capture is
 // attempted only on CUDA, for a capturable optimizer (AdamW), without
 // dropout (each mask's stream position is a launch argument, so a replay
-// would repeat the captured masks) and without a data-parallel hook (the
-// gradient buckets are launched from the host as the backward is queued);
+// would repeat the captured masks), without a data-parallel hook (the
+// gradient buckets are launched from the host as the backward is queued)
+// and without gradient accumulation (each micro-batch's share of the step's
+// targets is counted on the host and is a launch argument of its loss
+// gradient: a replay would reuse the captured batch's shares);
 // if the captured work still synchronizes, the capture is dropped and the
 // steps stay plain. graph_note() says which. While the profiler is on
 // (core/profiler.hpp) steps run plain, so each op is timed. Plain and
@@ -85,7 +103,8 @@ class TrainStep {
   TrainStep(DecoderLM& model, Optimizer& optimizer, TrainStepOptions options = {});
 
   // weight: this rank's share of the global batch's loss terms, handed to
-  // the data-parallel hook (ignored without one).
+  // the data-parallel hook (ignored without one). With grad_accum N, B must
+  // be a multiple of N.
   StepResult run(const Tensor& ids, const Tensor& targets, double weight = 1.0);
 
   Precision precision() const { return precision_; }
@@ -93,17 +112,20 @@ class TrainStep {
   const std::string& graph_note() const { return graph_note_; }
 
  private:
-  // Queues forward, loss and backward (between the hook's two calls); the loss lands in loss_.
-  void enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight);
-  // Loss and backward of the two forms; the loss lands in loss_.
-  void loss_and_backward_composed(const Tensor& ids, const Tensor& targets);
-  void loss_and_backward_chunked(const Tensor& ids, const Tensor& targets);
+  // Queues forward, loss and backward of each micro-batch (the hook's two
+  // calls around the last); shares: each micro-batch's share of the step's
+  // counted targets. The loss (their shares' sum) lands in loss_.
+  void enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight, const std::vector<double>& shares);
+  // Loss and backward of the two forms, the gradients those of dloss * loss; the loss lands in loss_.
+  void loss_and_backward_composed(const Tensor& ids, const Tensor& targets, double dloss);
+  void loss_and_backward_chunked(const Tensor& ids, const Tensor& targets, double dloss);
   StepResult plain_step(const Tensor& ids, const Tensor& targets, double weight, StepResult r);
   StepResult graph_step(const Tensor& ids, const Tensor& targets, StepResult r);
   // Reads the loss and norm back; throws NonFiniteError when either is not finite.
   StepResult finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const;
-  // ids and targets checked on the host (the step itself checks them only on the device).
-  void check_batch(const Tensor& ids, const Tensor& targets) const;
+  // ids and targets checked on the host (the step itself checks them only on
+  // the device). Returns each micro-batch's share of the counted targets.
+  std::vector<double> check_batch(const Tensor& ids, const Tensor& targets) const;
   // A host batch copied to the model's device (the same tensor when already there).
   Tensor on_device(const Tensor& t) const;
 

@@ -1,10 +1,12 @@
 #include "ops/classifier.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/profiler.hpp"
+#include "core/tensor_functions.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
 #include "ops/cpu/cross_entropy_cpu.hpp"
 #include "ops/cross_entropy.hpp"
@@ -46,14 +48,16 @@ void check_args(const Tensor& h, const Tensor& weight, const Tensor& bias, const
              device_name(h.device()));
   }
   HG_CHECK(options.chunk_rows >= 0, kOp, "chunk_rows must be >= 0 (0: the default), got ", options.chunk_rows);
+  HG_CHECK(std::isfinite(options.dloss), kOp, "dloss ", options.dloss, " is not finite");
 }
 
 // The row pass of one device: the count before the first chunk, each
 // chunk's rows (gradient written over its logits), the loss after the last.
 class RowPass {
  public:
-  RowPass(const Tensor& targets, int64_t vocab, int64_t ignore_index, DType dtype, bool targets_on_device)
-      : targets_(targets), ignore_index_(ignore_index), dtype_(dtype) {
+  // dloss scales the gradient rows only (the loss keeps 1 / n).
+  RowPass(const Tensor& targets, int64_t vocab, int64_t ignore_index, DType dtype, bool targets_on_device, double dloss)
+      : targets_(targets), ignore_index_(ignore_index), dtype_(dtype), dloss_(dloss) {
     if (!targets.is_cuda() || !targets_on_device) {
       int64_t n_valid = 0;
       host_targets_ = read_cross_entropy_targets(targets, vocab, ignore_index, kOp, &n_valid);
@@ -64,6 +68,8 @@ class RowPass {
       inv_count_device_ = Tensor::empty({1}, DType::F32, Device::CUDA);
       row_loss_device_ = Tensor::empty({targets.numel()}, DType::F32, Device::CUDA);
       gpu::cross_entropy_count_targets(targets, ignore_index, inv_count_device_);
+      // dloss 1 launches nothing more (the form a captured step runs).
+      grad_scale_device_ = dloss == 1.0 ? inv_count_device_ : mul_scalar(inv_count_device_, dloss);
     } else {
       row_loss_.assign(host_targets_.size(), 0.0);
     }
@@ -73,10 +79,10 @@ class RowPass {
     const int64_t n = logits.size(0);
     if (logits.is_cuda()) {
       Tensor row_loss = row_loss_device_.slice(first, first + n);
-      gpu::cross_entropy_lse_rows_grad(logits, targets_.slice(first, first + n), ignore_index_, inv_count_device_,
+      gpu::cross_entropy_lse_rows_grad(logits, targets_.slice(first, first + n), ignore_index_, grad_scale_device_,
                                        row_loss);
     } else {
-      cpu::cross_entropy_rows(logits, host_targets_.data() + first, ignore_index_, inv_count_, logits,
+      cpu::cross_entropy_rows(logits, host_targets_.data() + first, ignore_index_, inv_count_ * dloss_, logits,
                               row_loss_.data() + first);
     }
   }
@@ -96,9 +102,10 @@ class RowPass {
   Tensor targets_;
   int64_t ignore_index_;
   DType dtype_;
+  double dloss_;
   std::vector<double> host_targets_, row_loss_;
   double inv_count_ = 0;
-  Tensor inv_count_device_, row_loss_device_;
+  Tensor inv_count_device_, grad_scale_device_, row_loss_device_;
 };
 
 }  // namespace
@@ -122,7 +129,7 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
       std::min(std::max<int64_t>(n, 1),
                options.chunk_rows > 0 ? options.chunk_rows : default_classifier_chunk_rows(vocab, h.dtype(), dev));
   log_dispatch(kOp, dev == Device::CUDA ? "CUDA chunked" : "CPU chunked", h);
-  RowPass pass(targets, vocab, ignore_index, h.dtype(), options.targets_on_device);
+  RowPass pass(targets, vocab, ignore_index, h.dtype(), options.targets_on_device, options.dloss);
   ClassifierResult r;
   r.dh = Tensor::empty({n, d}, h.dtype(), dev);
   Backend& be = backend_for(dev);

@@ -29,6 +29,10 @@ struct ClassifierOptions {
   // CUDA the count is made on the device and a target that is neither a class
   // nor ignore_index makes the loss NaN; the CPU always checks on the host.
   bool targets_on_device = false;
+  // Upstream gradient of the loss: dh, weight_grad and bias_grad are those
+  // of dloss * loss (a micro-batch's share of an accumulated step, as
+  // cross_entropy_backward's dloss); the returned loss is not scaled.
+  double dloss = 1.0;
 };
 
 struct ClassifierResult {

@@ -54,13 +54,15 @@ struct Result {
 };
 
 // The op, on `dev` in `dtype`, its gradients accumulated into zeros.
-Result fused(const Problem& p, DType dtype, Device dev, int64_t chunk_rows, bool targets_on_device = false) {
+Result fused(const Problem& p, DType dtype, Device dev, int64_t chunk_rows, bool targets_on_device = false,
+             double dloss = 1.0) {
   const DType grad_dtype = dtype == DType::F64 ? DType::F64 : DType::F32;
   const Tensor h = p.h.to(dtype).to(dev), w = p.weight.to(dtype).to(dev), b = p.bias.to(dtype).to(dev);
   Tensor dw = Tensor::zeros(p.weight.shape(), grad_dtype, dev), db = Tensor::zeros(p.bias.shape(), grad_dtype, dev);
   ClassifierOptions options;
   options.chunk_rows = chunk_rows;
   options.targets_on_device = targets_on_device;
+  options.dloss = dloss;
   const ClassifierResult r = classifier_loss_and_grads(h, w, b, p.targets.to(dev), kIgnore, dw, db, options);
   REQUIRE(r.dh.dtype() == dtype);
   REQUIRE(r.dh.shape() == p.h.shape());
@@ -152,6 +154,43 @@ TEST_CASE("classifier: gradients accumulate into the given ones; the loss is the
   // The row losses are summed in row order whatever the chunks: the same bits
   // as long as each row's logits are (float64 GEMM rows of one chunk or another).
   CHECK(std::abs(fused(p, DType::F64, Device::CPU, 1).loss - fused(p, DType::F64, Device::CPU, 23).loss) <= 1e-15);
+}
+
+namespace {
+
+// dloss = 0.25 scales every gradient exactly (a power of two commutes with
+// each rounding, of the row pass and of the GEMMs) and leaves the loss alone;
+// dloss = 0.3 scales them up to one more rounding; dloss = 0 zeroes them.
+void check_dloss(const Problem& p, DType dt, Device dev, bool on_device, double tol_03) {
+  const Result one = fused(p, dt, dev, 7, on_device);
+  const Result quarter = fused(p, dt, dev, 7, on_device, 0.25);
+  CHECK(quarter.loss == one.loss);
+  CHECK(rel_error(quarter.dh, mul_scalar(one.dh, 0.25)) == 0.0);
+  CHECK(rel_error(quarter.dw, mul_scalar(one.dw, 0.25)) == 0.0);
+  CHECK(rel_error(quarter.db, mul_scalar(one.db, 0.25)) == 0.0);
+  const Result r03 = fused(p, dt, dev, 7, on_device, 0.3);
+  CHECK(r03.loss == one.loss);
+  CHECK(rel_error(r03.dh, mul_scalar(one.dh, 0.3)) <= tol_03);
+  CHECK(rel_error(r03.dw, mul_scalar(one.dw, 0.3)) <= tol_03);
+  CHECK(rel_error(r03.db, mul_scalar(one.db, 0.3)) <= tol_03);
+  const Result zero = fused(p, dt, dev, 7, on_device, 0.0);
+  CHECK(zero.loss == one.loss);
+  for (const Tensor* g : {&zero.dh, &zero.dw, &zero.db})
+    for (double v : g->to_vector()) CHECK(v == 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("classifier: dloss scales every gradient and not the loss; a non-finite dloss is refused", "[classifier]") {
+  const Problem p = make_problem(23, 8, 31, 5, 12);
+  check_dloss(p, DType::F64, Device::CPU, false, 1e-15);
+  check_dloss(p, DType::F32, Device::CPU, false, 1e-6);  // 0.3 / n rounded to float once more
+  Tensor dw = Tensor::zeros(p.weight.shape(), DType::F64), db = Tensor::zeros(p.bias.shape(), DType::F64);
+  ClassifierOptions options;
+  options.dloss = std::nan("");
+  CHECK(contains(
+      thrown_message([&] { classifier_loss_and_grads(p.h, p.weight, p.bias, p.targets, kIgnore, dw, db, options); }),
+      "dloss nan is not finite"));
 }
 
 TEST_CASE("classifier: every row ignored gives loss 0 and zero gradients; no rows at all too", "[classifier]") {
@@ -265,6 +304,13 @@ TEST_CASE("classifier on CUDA: all ignored gives zeros; a bad on-device target g
   nan_h.h.set({2, 0}, std::numeric_limits<double>::quiet_NaN());
   CHECK(std::isnan(fused(nan_h, DType::BF16, Device::CUDA, 3, true).loss));
   const Problem p = make_problem(50, 16, 77, 3, 11);
+  // dloss (gradient accumulation's micro-batch share) as on the CPU; bf16
+  // dlogits round 0.3 / n's products once more (2^-9 relative).
+  for (bool on_device : {false, true}) {
+    INFO("dloss, targets on device " << on_device);
+    check_dloss(p, DType::F32, Device::CUDA, on_device, 1e-6);
+    check_dloss(p, DType::BF16, Device::CUDA, on_device, 1e-2);
+  }
   const Result a = fused(p, DType::BF16, Device::CUDA, 16), b = fused(p, DType::BF16, Device::CUDA, 16);
   CHECK(a.loss == b.loss);
   CHECK(rel_error(a.dw, b.dw) == 0.0);

@@ -21,10 +21,12 @@
 #include "models/train_step.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/catch.hpp"
+#include "tests/reducer_hook.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
 using hg::test::contains;
+using hg::test::ReducerHook;
 
 namespace {
 
@@ -184,20 +186,13 @@ void bf16_reduction_rounds_once(Device dev) {
   }
 }
 
-// The reducer as TrainStep's data-parallel hook, as examples/common/data_parallel.cpp wires it.
-struct ReducerHook : DataParallelHook {
-  dist::GradReducer& reducer;
-  explicit ReducerHook(dist::GradReducer& r) : reducer(r) {}
-  void begin_step(double weight) override { reducer.begin_step(weight); }
-  void end_backward() override { reducer.finish(); }
-};
-
 // One rank through TrainStep: AdamW with the reducer as the hook (clipping
 // in effect), and ZeRO-1 (a non-AdamW optimizer), each equal bit for bit to
 // TrainStep's plain AdamW step. ZeRO-1 runs unclipped: it sums the squares
 // over its bucket shards, in another order than AdamW over the parameters,
 // so its norm (and a clip scale made from it) may differ in the last bit.
-void train_step_with_reducer_matches_plain(Device dev, bool sharded) {
+// grad_accum 5: micro-batches of one row each, the reduction once a step.
+void train_step_with_reducer_matches_plain(Device dev, bool sharded, int64_t grad_accum = 1) {
   dist::init_world();
   auto plain = tiny_model(dev), ddp = tiny_model(dev);
   AdamWOptions o;
@@ -214,9 +209,10 @@ void train_step_with_reducer_matches_plain(Device dev, bool sharded) {
   if (sharded) opt_ddp = std::make_unique<dist::ShardedAdamW>(reducer, comm, ddp->parameters(), o);
   else opt_ddp = std::make_unique<AdamW>(ddp->parameters(), o);
   ReducerHook hook(reducer);
-  TrainStepOptions with_hook;
+  TrainStepOptions with_hook, alone;
   with_hook.data_parallel = &hook;
-  TrainStep step_plain(*plain, opt_plain), step_ddp(*ddp, *opt_ddp, with_hook);
+  with_hook.grad_accum = alone.grad_accum = grad_accum;
+  TrainStep step_plain(*plain, opt_plain, alone), step_ddp(*ddp, *opt_ddp, with_hook);
   REQUIRE(contains(step_ddp.graph_note(), "off"));
   for (uint64_t s = 0; s < 4; ++s) {
     const Batch b = batch(dev, s);
@@ -229,7 +225,7 @@ void train_step_with_reducer_matches_plain(Device dev, bool sharded) {
       REQUIRE(rp.grad_norm == rd.grad_norm);
     }
   }
-  REQUIRE(reducer.steps() == 4);
+  REQUIRE(reducer.steps() == 4);  // one reduction a step, whatever grad_accum
   require_bitwise(*plain, *ddp, false);
   ddp->set_grads_ready_hook(nullptr);
 }
@@ -241,10 +237,17 @@ TEST_CASE("TrainStep with the reducer as its hook, one rank = TrainStep alone, b
   train_step_with_reducer_matches_plain(Device::CPU, true);
 }
 
+TEST_CASE("TrainStep with the reducer and gradient accumulation: one reduction a step, = TrainStep alone (CPU)") {
+  train_step_with_reducer_matches_plain(Device::CPU, false, 5);
+  train_step_with_reducer_matches_plain(Device::CPU, true, 5);
+}
+
 TEST_CASE("[cuda] TrainStep with the reducer as its hook, one rank = TrainStep alone, bitwise (AdamW and ZeRO-1)") {
   HG_REQUIRE_GPU();
   train_step_with_reducer_matches_plain(Device::CUDA, false);
   train_step_with_reducer_matches_plain(Device::CUDA, true);
+  train_step_with_reducer_matches_plain(Device::CUDA, false, 5);
+  train_step_with_reducer_matches_plain(Device::CUDA, true, 5);
 }
 
 TEST_CASE("GradReducer: gradients become aligned views of buckets filled in backward order") {

@@ -6,6 +6,7 @@
 // the reducer of dist/ as the hook: test_dist.cpp.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -402,4 +403,225 @@ TEST_CASE("CUDA TrainStep: the chunked classifier gives the composed step's loss
   CHECK(params <= 1e-3);
   CHECK(chunked_vs_composed(Device::CUDA, Precision::BF16, 0, &params) <= 1e-3);
   CHECK(params <= 1e-3);
+}
+
+namespace {
+
+// B rows whose leading positions are ignored in uneven numbers (the
+// synthetic task masks each sentence's source), so micro-batches of 2 rows
+// count 0, 9, 19 and 7 of their 24 targets: weighting each micro-batch's
+// mean loss equally, or by 1 / grad_accum twice, cannot pass for the step
+// over the whole batch.
+Batch uneven_batch(uint64_t seed, Device dev, int64_t b = 8, int64_t t = 12) {
+  Batch batch = make_batch(seed, Device::CPU, b, t);
+  std::vector<double> targets = batch.targets.to_vector();
+  const int64_t ignored[] = {12, 12, 6, 9, 1, 4, 7, 10};
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t p = 0; p < t; ++p) {
+      double& v = targets[static_cast<size_t>(r * t + p)];
+      if (p < ignored[r % 8]) v = -100;
+      else if (v == -100) v = static_cast<double>((r + p) % 40);  // make_batch's own ignored positions count here
+    }
+  }
+  return {batch.ids.to(dev), Tensor::from_vector(targets, {b, t}, DType::F32, dev)};
+}
+
+double grads_rel_diff(DecoderLM& a, DecoderLM& b) {
+  double diff = 0, norm = 0;
+  const auto ga = snapshot(a, true), gb = snapshot(b, true);
+  for (size_t i = 0; i < ga.size(); ++i)
+    for (size_t k = 0; k < ga[i].size(); ++k) {
+      diff += (ga[i][k] - gb[i][k]) * (ga[i][k] - gb[i][k]);
+      norm += gb[i][k] * gb[i][k];
+    }
+  return std::sqrt(diff / norm);
+}
+
+struct AccumDiff {
+  double grads = 0;      // step 1 (same parameters): relative L2 distance of every gradient
+  double grad_norm = 0;  // step 1: relative difference of the pre-clip norms
+  double loss = 0;       // largest relative loss difference over the steps
+  double params = 0;     // relative distance of the parameters after the steps (meaningful with SGD, below)
+  bool clipped = false;  // some step's norm exceeded the clip (so clipping ran on both)
+};
+
+// grad_accum micro-batches of 8 / grad_accum rows against one step over the
+// 8 rows, 5 steps, both TrainSteps in `options` (use_graph too), AdamW
+// clipping at 1.0 or SGD with momentum (sgd). Dropout 0 (tiny_config).
+// AdamW's parameters are not comparable at rounding level: the key bias's
+// gradient is zero in exact arithmetic (a constant added to every score of
+// a query), so it is rounding noise (~1e-9), which AdamW's m / sqrt(v) turns
+// into steps of up to lr in either direction; SGD's update is linear in the
+// gradient and keeps the parameters within rounding.
+AccumDiff accumulated_vs_whole(Device dev, Precision precision, int64_t grad_accum, TrainStepOptions options,
+                               bool sgd = false, std::string* accum_graph_note = nullptr) {
+  DecoderLMConfig c = tiny_config();
+  c.precision = precision;
+  DecoderLM a(c), b(c);
+  a.to(dev);
+  b.to(dev);
+  std::unique_ptr<Optimizer> oa, ob;
+  if (sgd) {
+    oa = std::make_unique<SGD>(a.parameters(), SGDOptions{0.05, 0.9, 0.01});
+    ob = std::make_unique<SGD>(b.parameters(), SGDOptions{0.05, 0.9, 0.01});
+  } else {
+    oa = std::make_unique<AdamW>(a.parameters(), adamw(1.0));
+    ob = std::make_unique<AdamW>(b.parameters(), adamw(1.0));
+  }
+  TrainStepOptions accum = options;
+  accum.grad_accum = grad_accum;
+  TrainStep sa(a, *oa, accum), sb(b, *ob, options);
+  AccumDiff d;
+  for (uint64_t s = 0; s < 5; ++s) {
+    const Batch batch = uneven_batch(120 + s, dev);
+    const StepResult ra = sa.run(batch.ids, batch.targets), rb = sb.run(batch.ids, batch.targets);
+    REQUIRE(ra.step == rb.step);
+    if (s == 0) {
+      d.grads = grads_rel_diff(a, b);
+      d.grad_norm = sgd ? 0 : std::abs(ra.grad_norm - rb.grad_norm) / rb.grad_norm;
+    }
+    d.clipped = d.clipped || rb.grad_norm > 1.0;
+    d.loss = std::max(d.loss, std::abs(ra.loss - rb.loss) / std::abs(rb.loss));
+  }
+  d.params = params_rel_diff(a, b);
+  if (accum_graph_note) *accum_graph_note = sa.graph_note();
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("TrainStep gradient accumulation: 4 micro-batches of 2 = one batch of 8 (CPU, fp32, ignored targets)",
+          "[train_step][grad_accum]") {
+  // Each micro-batch's loss gradient is scaled by its share of the step's
+  // counted targets, so every target's term weighs 1 / (all counted) as in
+  // the whole batch; what differs is float32 rounding: the GEMMs sum 2 rows
+  // at a time instead of 8 (dW, the classifier's dW) and the shares'
+  // products round once more, ~1e-7 relative per gradient. AdamW divides by
+  // sqrt(v), which moves the key bias (gradient zero up to rounding) by up to
+  // lr either way, so the parameters are compared after SGD steps; the
+  // losses of both optimizers stay within 1e-5 (measured: 4e-7). The planted
+  // bugs seen to fail: each micro-batch weighted 1 / grad_accum (relative
+  // gradient error 0.49 with 2 micro-batches) and the shares divided by
+  // grad_accum again (0.5 with 2, 0.75 with 4).
+  struct Form {
+    const char* name;
+    bool chunked;
+    KernelMode mode;
+  };
+  for (const Form& f :
+       {Form{"chunked classifier", true, KernelMode::Fused}, Form{"head + cross-entropy", false, KernelMode::Fused},
+        Form{"unfused", true, KernelMode::Unfused}}) {
+    INFO(f.name);
+    KernelModeScope mode(f.mode);
+    TrainStepOptions options;
+    options.chunked_classifier = f.chunked;
+    for (int64_t n : {2, 4, 8}) {
+      INFO("grad_accum " << n);
+      const AccumDiff d = accumulated_vs_whole(Device::CPU, Precision::FP32, n, options);
+      CHECK(d.grads <= 1e-6);
+      CHECK(d.grad_norm <= 1e-6);
+      CHECK(d.loss <= 1e-5);
+      CHECK(d.clipped);
+      const AccumDiff sgd = accumulated_vs_whole(Device::CPU, Precision::FP32, n, options, true);
+      CHECK(sgd.loss <= 1e-5);
+      CHECK(sgd.params <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("TrainStep gradient accumulation: the data-parallel hook is called once a step, around the last micro-batch",
+          "[train_step][grad_accum]") {
+  DecoderLM a(tiny_config()), b(tiny_config());
+  AdamW opt_a(a.parameters(), adamw(1.0)), opt_b(b.parameters(), adamw(1.0));
+  RecordingHook hook(a, opt_a);
+  TrainStepOptions with_hook, plain;
+  with_hook.data_parallel = &hook;
+  with_hook.grad_accum = plain.grad_accum = 4;
+  TrainStep sa(a, opt_a, with_hook), sb(b, opt_b, plain);
+  const std::vector<double> weights = {1.0, 0.25};
+  for (size_t s = 0; s < weights.size(); ++s) {
+    const Batch batch = uneven_batch(130 + s, Device::CPU);
+    const StepResult ra = sa.run(batch.ids, batch.targets, weights[s]);
+    const StepResult rb = sb.run(batch.ids, batch.targets);
+    CHECK(ra.loss == rb.loss);  // a hook that reduces nothing changes nothing
+    CHECK(ra.grad_norm == rb.grad_norm);
+  }
+  CHECK(params_equal(a, b));
+  CHECK(hook.calls == std::vector<std::string>{"begin 0", "end 0", "begin 1", "end 1"});
+  CHECK(hook.weights == weights);
+  CHECK(!hook.grads_zero_at_begin);  // the earlier micro-batches' gradients are in when the reduction begins
+  CHECK(hook.no_update_at_end);
+}
+
+TEST_CASE("TrainStep gradient accumulation: the loss is the mean over every counted target; all ignored gives 0",
+          "[train_step][grad_accum]") {
+  DecoderLM m(tiny_config());
+  SGD opt(m.parameters(), SGDOptions{0.0, 0.0, 0.0});  // lr 0: the parameters stay, each step sees the same model
+  TrainStepOptions accum;
+  accum.grad_accum = 4;
+  TrainStep step(m, opt, accum);
+  const Batch batch = uneven_batch(140, Device::CPU);
+  // The mean over the 8 rows' counted targets, from the composed loss of the whole batch.
+  const double want = cross_entropy_forward(m.forward(batch.ids), batch.targets, -100, nullptr).item();
+  CHECK(std::abs(step.run(batch.ids, batch.targets).loss - want) <= 1e-6 * want);
+  const Tensor none = Tensor::full({8, 12}, -100.0, DType::F32);
+  const StepResult r = step.run(batch.ids, none);
+  CHECK(r.loss == 0.0);
+  for (const auto& g : snapshot(m, true))
+    for (double v : g) REQUIRE(v == 0.0);
+}
+
+TEST_CASE("TrainStep gradient accumulation: bad grad_accum and batches that do not split are refused",
+          "[train_step][grad_accum]") {
+  DecoderLM m(tiny_config());
+  AdamW opt(m.parameters(), adamw(1.0));
+  for (int64_t bad : {0, -1}) {
+    TrainStepOptions o;
+    o.grad_accum = bad;
+    CHECK(contains(thrown_message([&] { TrainStep s(m, opt, o); }),
+                   "grad_accum must be >= 1 (1: no accumulation), got " + std::to_string(bad)));
+  }
+  TrainStepOptions o;
+  o.grad_accum = 2;
+  TrainStep step(m, opt, o);
+  const Batch three = make_batch(150);  // 3 rows
+  CHECK(contains(thrown_message([&] { step.run(three.ids, three.targets); }),
+                 "a batch of 3 rows does not split into 2 micro-batches of equal size"));
+  o.grad_accum = 16;
+  TrainStep more(m, opt, o);
+  const Batch eight = uneven_batch(151, Device::CPU);  // fewer rows than micro-batches
+  CHECK(contains(thrown_message([&] { more.run(eight.ids, eight.targets); }), "a batch of 8 rows does not split"));
+  CHECK(opt.steps() == 0);
+}
+
+TEST_CASE("CUDA TrainStep gradient accumulation = the whole batch (fp32, bf16; the whole batch's graph replayed)",
+          "[train_step][grad_accum][cuda]") {
+  HG_REQUIRE_GPU();
+  // fp32: as on the CPU (cuBLASLt's exact-FP32 GEMMs). The step over the
+  // whole batch is captured and replayed (use_graph, no accumulation); the
+  // accumulated one runs plain and says why.
+  TrainStepOptions options;
+  std::string note;
+  const AccumDiff f32 = accumulated_vs_whole(Device::CUDA, Precision::FP32, 4, options, false, &note);
+  CHECK(contains(note, "off: gradient accumulation"));
+  CHECK(f32.grads <= 1e-6);
+  CHECK(f32.grad_norm <= 1e-6);
+  CHECK(f32.loss <= 1e-5);
+  CHECK(f32.clipped);
+  const AccumDiff f32_sgd = accumulated_vs_whole(Device::CUDA, Precision::FP32, 4, options, true);
+  CHECK(f32_sgd.loss <= 1e-5);
+  CHECK(f32_sgd.params <= 1e-5);
+  // bf16 activations: a GEMM of 2 rows may pick another algorithm than one
+  // of 8 and round a logit or activation one bf16 ulp apart (2^-8
+  // relative), as the chunked classifier's chunks do: 1e-3 relative, SGD
+  // (AdamW's first update is lr * sign(g) and can flip on a gradient that
+  // is zero up to rounding). The gradients stay f32 and add in f32.
+  for (bool chunked : {true, false}) {
+    INFO("chunked classifier " << chunked);
+    options.chunked_classifier = chunked;
+    const AccumDiff bf16 = accumulated_vs_whole(Device::CUDA, Precision::BF16, 4, options, true);
+    CHECK(bf16.grads <= 1e-2);
+    CHECK(bf16.loss <= 1e-3);
+    CHECK(bf16.params <= 1e-3);
+  }
 }

@@ -5,14 +5,26 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace hg::cli {
 
-// Linear warm-up to `lr` over `warmup` steps, then cosine decay to 10% of
-// `lr` at `steps`. An extended schedule (a resumed run given more steps)
-// decays from the rate `from_lr` it had reached at step `from` to the same
-// floor at the new `steps`, so the rate never jumps at the resume.
+// What follows the warm-up (--lr-schedule): cosine or linear decay to
+// 10% of lr at `steps`, or constant at lr.
+enum class LrKind { Cosine, Linear, Constant };
+
+// A kind's name ("cosine", "linear", "constant"), every name in that order,
+// and the kind of a name (hg::Error naming the allowed ones otherwise).
+const char* lr_kind_name(LrKind kind);
+std::vector<std::string> lr_kind_names();
+LrKind parse_lr_kind(const std::string& name);
+
+// Linear warm-up to `lr` over `warmup` steps, then `kind`. An extended
+// schedule (a resumed run given more steps) goes on from the rate `from_lr`
+// it had reached at step `from`, in the same kind (decaying to the same
+// floor at the new `steps`, or flat), so the rate never jumps at the resume.
 struct LrSchedule {
+  LrKind kind = LrKind::Cosine;
   double lr = 0;
   int64_t warmup = 0, steps = 0;
   int64_t from = -1;  // -1: not extended
@@ -27,6 +39,7 @@ std::string schedule_path(const std::string& checkpoint);
 // Atomic (temporary file, fsync, rename) and checksummed, like the checkpoint.
 void save_schedule(const std::string& checkpoint, const LrSchedule& s);
 // Empty when the checkpoint has no schedule file (written by an older train).
+// A file without the kind (also an older train's) is a cosine schedule.
 std::optional<LrSchedule> load_schedule(const std::string& checkpoint);
 
 }  // namespace hg::cli

@@ -108,14 +108,18 @@ void bind_models(py::module_& m) {
   py::class_<TrainStep>(m, "TrainStep",
                         "One training step as one call: zero_grad, forward, cross-entropy, backward, the optimizer "
                         "(clipping is AdamW's max_grad_norm), a CUDA graph replayed where the step can be captured.")
-      .def(py::init([](DecoderLM& model, Optimizer& optimizer, int64_t ignore_index, bool use_graph) {
-             TrainStepOptions o;
-             o.ignore_index = ignore_index;
-             o.use_graph = use_graph;
-             return new TrainStep(model, optimizer, o);
-           }),
+      .def(py::init(
+               [](DecoderLM& model, Optimizer& optimizer, int64_t ignore_index, bool use_graph, int64_t grad_accum) {
+                 TrainStepOptions o;
+                 o.ignore_index = ignore_index;
+                 o.use_graph = use_graph;
+                 o.grad_accum = grad_accum;
+                 return new TrainStep(model, optimizer, o);
+               }),
            py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("ignore_index") = -100,
-           py::arg("use_graph") = true, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+           py::arg("use_graph") = true, py::arg("grad_accum") = 1, py::keep_alive<1, 2>(), py::keep_alive<1, 3>(),
+           "grad_accum N: run() splits its batch into N micro-batches, accumulates their gradients (each weighted "
+           "by its share of the counted targets) and steps the optimizer once.")
       .def(
           "run",
           [](TrainStep& step, const py::object& ids, const py::object& targets) {

@@ -74,6 +74,27 @@ class Training(unittest.TestCase):
         np.testing.assert_array_equal(bias, before)  # parameters unchanged
         self.assertEqual(opt.steps, 1)
 
+    def test_grad_accum_is_the_whole_batch(self):
+        """grad_accum=4: micro-batches of 2 rows, one optimizer step, the losses of the batch of 8."""
+        a, b = self.make(), self.make()
+        opt_a = hg.AdamW(a, lr=3e-3, max_grad_norm=1.0)
+        opt_b = hg.AdamW(b, lr=3e-3, max_grad_norm=1.0)
+        accum, whole = hg.TrainStep(a, opt_a, grad_accum=4), hg.TrainStep(b, opt_b)
+        rng = np.random.default_rng(5)
+        for _ in range(3):
+            ids, targets = batch(rng, 8, 8, 16)
+            t = targets.numpy().copy()
+            t[:3, :5] = -100  # uneven counted targets across the micro-batches
+            targets = hg.tensor(t)
+            ra, rb = accum.run(ids, targets), whole.run(ids, targets)
+            self.assertAlmostEqual(ra.loss, rb.loss, delta=1e-5 * rb.loss)
+            self.assertAlmostEqual(ra.grad_norm, rb.grad_norm, delta=1e-5 * rb.grad_norm)
+        self.assertEqual(opt_a.steps, 3)
+        with self.assertRaises(hg.Error):
+            accum.run(*batch(rng, 6, 8, 16))  # 6 rows do not split into 4 micro-batches
+        with self.assertRaises(hg.Error):
+            hg.TrainStep(a, opt_a, grad_accum=0)
+
     def test_save_load_round_trip(self):
         a, b = self.make(), hg.DecoderLM(vocab_size=16, max_seq_len=8, d_model=32, n_heads=2, n_layers=1, seed=1)
         ids, _ = batch(np.random.default_rng(1), 2, 8, 16)

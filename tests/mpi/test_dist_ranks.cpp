@@ -21,11 +21,14 @@
 #include "dist/watchdog.hpp"
 #include "dist/world.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/train_step.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/catch.hpp"
+#include "tests/reducer_hook.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
+using hg::test::ReducerHook;
 
 namespace {
 
@@ -139,9 +142,28 @@ double grad_norm(DecoderLM& m) {
   return std::sqrt(sumsq);
 }
 
+// The pre-clip norm and every gradient of `ddp` within a relative 1e-5 of
+// `whole`'s (the sums run in another order: not bitwise).
+void require_same_gradients(DecoderLM& whole, DecoderLM& ddp, uint64_t seed) {
+  const double expected = grad_norm(whole), got = grad_norm(ddp);
+  INFO("rank " << ranks().rank << ", batch " << seed << ": pre-clip gradient norm " << got << ", one process "
+               << expected);
+  REQUIRE(std::abs(got - expected) <= 1e-5 * expected);
+  const auto pw = whole.named_parameters(), pd = ddp.named_parameters();
+  for (size_t i = 0; i < pw.size(); ++i) {
+    INFO(pw[i].first);
+    const std::vector<double> g = pw[i].second->grad.to_vector(), h = pd[i].second->grad.to_vector();
+    double scale = 0, diff = 0;
+    for (size_t j = 0; j < g.size(); ++j) {
+      scale = std::max(scale, std::abs(g[j]));
+      diff = std::max(diff, std::abs(g[j] - h[j]));
+    }
+    REQUIRE(diff <= 1e-5 * scale);
+  }
+}
+
 // Each rank's batch-8 gradient, weighed by its tokens and reduced, is the
-// gradient of one process over the batch of 16: the pre-clip norm and every
-// gradient within a relative 1e-5 (the sums run in another order: not bitwise).
+// gradient of one process over the batch of 16.
 void reduced_gradient_matches_whole_batch(Device dev) {
   auto whole = tiny_model(dev), ddp = tiny_model(dev);
   dist::Collectives comm(dev);
@@ -156,18 +178,53 @@ void reduced_gradient_matches_whole_batch(Device dev) {
     reducer.begin_step(mine.weight);
     forward_backward(*ddp, mine);
     reducer.finish();
-    const double expected = grad_norm(*whole), got = grad_norm(*ddp);
-    INFO("rank " << ranks().rank << ", batch " << seed << ": pre-clip gradient norm " << got << ", one process "
-                 << expected);
-    REQUIRE(std::abs(got - expected) <= 1e-5 * expected);
-    const auto pw = whole->named_parameters(), pd = ddp->named_parameters();
-    for (size_t i = 0; i < pw.size(); ++i) {
-      INFO(pw[i].first);
-      const std::vector<double> g = pw[i].second->grad.to_vector(), h = pd[i].second->grad.to_vector();
+    require_same_gradients(*whole, *ddp, seed);
+  }
+  ddp->set_grads_ready_hook(nullptr);
+}
+
+// Each rank's 8 rows as 2 micro-batches of 4 through TrainStep (gradient
+// accumulation; each micro-batch weighed by its share of the rank's tokens,
+// the rank's sum by its share of the global batch's, reduced once after the
+// second micro-batch): the gradient of one process over the 16 rows.
+void accumulated_and_reduced_matches_whole_batch(Device dev, bool sharded) {
+  auto whole = tiny_model(dev), ddp = tiny_model(dev);
+  dist::Collectives comm(dev);
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 4096;
+  ro.sharded = sharded;
+  dist::GradReducer reducer(comm, backward_order(*ddp), ro);
+  ddp->set_grads_ready_hook([&](const std::vector<Parameter*>& ps) { reducer.grads_ready(ps); });
+  ReducerHook hook(reducer);
+  // lr 0: the parameters stay, so each batch's gradients are compared at the same point.
+  SGD opt(ddp->parameters(), SGDOptions{0.0, 0.0, 0.0});
+  TrainStepOptions o;
+  o.data_parallel = &hook;
+  o.grad_accum = 2;
+  TrainStep step(*ddp, opt, o);
+  for (uint64_t seed : {1, 2}) {
+    const GlobalBatch b = global_batch(seed);
+    forward_backward(*whole, shard(b, 0, kRows, dev));
+    const Shard mine = my_shard(b, dev);
+    step.run(mine.ids, mine.targets, mine.weight);
+    if (!sharded) require_same_gradients(*whole, *ddp, seed);
+  }
+  REQUIRE(reducer.steps() == 2);  // once a step, not once a micro-batch
+  if (sharded) {                  // rank r holds the reduced part r of each bucket: compare those parts
+    const std::vector<Parameter*> mine = ddp->parameters(), theirs = whole->parameters();
+    for (const dist::GradReducer::Bucket& bk : reducer.buckets()) {
+      const std::vector<double> got = bk.shard_grads.to_vector();
+      std::vector<double> want(static_cast<size_t>(bk.grads.numel()), 0.0);  // the padding stays 0
+      for (size_t j = 0; j < bk.params.size(); ++j) {
+        const auto k = std::find(mine.begin(), mine.end(), bk.params[j]) - mine.begin();
+        const std::vector<double> g = theirs[static_cast<size_t>(k)]->grad.to_vector();
+        std::copy(g.begin(), g.end(), want.begin() + bk.offsets[j]);
+      }
+      const size_t from = static_cast<size_t>(ranks().rank) * got.size();
       double scale = 0, diff = 0;
-      for (size_t j = 0; j < g.size(); ++j) {
-        scale = std::max(scale, std::abs(g[j]));
-        diff = std::max(diff, std::abs(g[j] - h[j]));
+      for (size_t e = 0; e < got.size(); ++e) {
+        scale = std::max(scale, std::abs(want[from + e]));
+        diff = std::max(diff, std::abs(want[from + e] - got[e]));
       }
       REQUIRE(diff <= 1e-5 * scale);
     }
@@ -354,6 +411,12 @@ TEST_CASE("2 ranks x batch 8 = 1 process x batch 16: pre-clip gradient norm and 
   reduced_gradient_matches_whole_batch(Device::CPU);
 }
 
+TEST_CASE("2 ranks x 2 micro-batches of 4 = 1 process x batch 16: gradients, one reduction a step (CPU, MPI)") {
+  HG_REQUIRE_TWO_RANKS();
+  accumulated_and_reduced_matches_whole_batch(Device::CPU, false);
+  accumulated_and_reduced_matches_whole_batch(Device::CPU, true);
+}
+
 TEST_CASE("ZeRO-1 on 2 ranks, checkpointed and resumed on 2 ranks = uninterrupted (CPU, MPI)") {
   HG_REQUIRE_TWO_RANKS();
   zero1_resume_on_two_ranks(Device::CPU);
@@ -364,6 +427,14 @@ TEST_CASE("[cuda] 2 ranks x batch 8 = 1 process x batch 16: pre-clip gradient no
   HG_REQUIRE_TWO_RANKS();
   if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
   reduced_gradient_matches_whole_batch(Device::CUDA);
+}
+
+TEST_CASE("[cuda] 2 ranks x 2 micro-batches of 4 = 1 process x batch 16: gradients, one reduction a step (NCCL)") {
+  HG_REQUIRE_GPU();
+  HG_REQUIRE_TWO_RANKS();
+  if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
+  accumulated_and_reduced_matches_whole_batch(Device::CUDA, false);
+  accumulated_and_reduced_matches_whole_batch(Device::CUDA, true);
 }
 
 TEST_CASE("[cuda] ZeRO-1 on 2 ranks, checkpointed and resumed on 2 ranks = uninterrupted (NCCL)") {
