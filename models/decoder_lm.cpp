@@ -65,13 +65,13 @@ Tensor DecoderLM::head_logits(const Tensor& features) {
       .reshape({features.size(0), features.size(1), config_.vocab_size});
 }
 
-DType DecoderLM::activation_dtype_now() {
+DType DecoderLM::kv_cache_dtype() {
   return config_.precision == Precision::BF16 ? DType::BF16 : embed.token.value.dtype();
 }
 
 KvCache DecoderLM::make_kv_cache(int64_t batch) {
   return KvCache(config_.n_layers, batch, config_.n_heads, config_.d_model / config_.n_heads, config_.max_seq_len,
-                 activation_dtype_now(), embed.token.value.device());
+                 kv_cache_dtype(), embed.token.value.device());
 }
 
 Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLogits which) {
@@ -81,8 +81,7 @@ Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLog
   const int64_t b = ids_in.size(0), t = ids_in.size(1), d = config_.d_model;
   const Device dev = embed.token.value.device();
   HG_CHECK(cache.layers() == config_.n_layers && cache.batch() == b && cache.heads() == config_.n_heads &&
-               cache.head_dim() == d / config_.n_heads && cache.dtype() == activation_dtype_now() &&
-               cache.device() == dev,
+               cache.head_dim() == d / config_.n_heads && cache.dtype() == kv_cache_dtype() && cache.device() == dev,
            op, "the cache (", cache.layers(), " layers, batch ", cache.batch(), ", ", cache.heads(), " heads of ",
            cache.head_dim(), ", ", dtype_name(cache.dtype()), " on ", device_name(cache.device()),
            ") does not fit this model and ids ", ids_in.shape(), ": make it with make_kv_cache(", b, ")");

@@ -100,7 +100,8 @@ class DecoderLM : public Module {
  private:
   Tensor features_of_embedded(const Tensor& h, const Tensor& key_padding_mask);  // layers, then ln_f
   Tensor head_logits(const Tensor& features);                                    // (B, T, d) -> (B, T, V)
-  DType activation_dtype_now();  // what the layers run in: bf16 under bf16 precision, else the weights' dtype
+  // What the layers run in and the cache holds: bf16 under bf16 precision, else the weights' dtype.
+  DType kv_cache_dtype();
   void grads_ready(Module& finished) {
     if (grads_ready_) grads_ready_(finished.parameters());
   }
