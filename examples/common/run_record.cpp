@@ -4,8 +4,12 @@
 #include <utility>
 #include <vector>
 
+#include <fstream>
+
 #include "core/checkpoint.hpp"
 #include "core/error.hpp"
+#include "core/logging.hpp"
+#include "examples/common/flag_json.hpp"
 
 namespace hg::cli {
 
@@ -101,6 +105,34 @@ RunRecord load_run_record(const std::string& checkpoint) {
   if (flags == j.end() || !flags->is_object()) fail(kOp, path, ": missing key 'flags' (an object)");
   r.flags = *flags;
   return r;
+}
+
+std::optional<RunRecord> take_run_record(CLI::App& app, const std::string& checkpoint,
+                                         const std::set<std::string>& per_invocation,
+                                         const std::set<std::string>& changeable) {
+  const std::string path = run_record_path(checkpoint);
+  if (!std::ifstream(path)) {
+    spdlog::warn("{} does not exist (the checkpoint was written by an older train): the configuration comes from "
+                 "the flags",
+                 path);
+    return std::nullopt;
+  }
+  RunRecord r = load_run_record(checkpoint);
+  take_recorded_flags(app, r.flags, per_invocation, changeable, path);
+  return r;
+}
+
+void check_run_record(const RunRecord& recorded, const RunRecord& rebuilt, const std::string& checkpoint) {
+  const auto text = [](const RunRecord& r) {
+    const DecoderLMConfig& m = r.model;
+    return fmt::format("task {}, tokenizer {}, model vocab {} seq {} d_model {} heads {} layers {} ffn {} ln_eps {:g} "
+                       "dropout {:g}",
+                       r.task, r.tokenizer, m.vocab_size, m.max_seq_len, m.d_model, m.n_heads, m.n_layers, m.ffn_hidden,
+                       m.ln_eps, m.dropout);
+  };
+  if (text(recorded) != text(rebuilt))
+    fail(kOp, run_record_path(checkpoint), ": records ", text(recorded), ", but its flags give ", text(rebuilt),
+         " (the file was edited or damaged)");
 }
 
 }  // namespace hg::cli

@@ -10,8 +10,11 @@
 //    "model": {"vocab_size": 2048, "max_seq_len": 128, "d_model": 128, "n_heads": 4,
 //              "n_layers": 4, "ffn_hidden": 0, "ln_eps": 1e-05, "dropout": 0.0},
 //    "flags": {"d-model": 128, "data": "/tmp/pystdlib.txt", "steps": 1000, ...}}
+#include <optional>
+#include <set>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "models/decoder_lm.hpp"
@@ -31,5 +34,16 @@ void save_run_record(const std::string& checkpoint, const RunRecord& r);
 // Throws hg::Error naming the file when it is missing, not JSON, of another
 // format or version, or lacks a key or holds a value out of range.
 RunRecord load_run_record(const std::string& checkpoint);
+
+// A resumed or evaluated run: the record beside `checkpoint` taken back into
+// `app`'s flags (flag_json.hpp's take_recorded_flags: a flag given against it
+// is a UsageError naming both values). None, with a warning, for a checkpoint
+// written before records existed.
+std::optional<RunRecord> take_run_record(CLI::App& app, const std::string& checkpoint,
+                                         const std::set<std::string>& per_invocation,
+                                         const std::set<std::string>& changeable);
+// hg::Error naming the record when its task, tokenizer or model differ from
+// `rebuilt` (what its flags gave): the file was edited or damaged.
+void check_run_record(const RunRecord& recorded, const RunRecord& rebuilt, const std::string& checkpoint);
 
 }  // namespace hg::cli

@@ -3,6 +3,7 @@
 // refused with a message naming the file and what is wrong.
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -142,5 +143,39 @@ TEST_CASE("run record: missing, damaged and foreign files are refused, naming th
   RunRecord bad = sample_record();
   bad.tokenizer = "synthetic";
   CHECK_THROWS_WITH(save_run_record(ck, bad), Contains("task 'data' with tokenizer 'synthetic'"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("run record: taken back into the flags of a resumed run, checked against what they rebuild") {
+  const auto dir = hg::test::make_temp_dir("run_record_take");
+  const std::string ck = (dir / "lm").string();
+  int64_t d_model = 64;
+  std::string device = "auto";
+  CLI::App app;
+  app.add_option("--d-model", d_model);
+  app.add_option("--device", device);
+  app.parse(std::vector<std::string>{});
+  CHECK_FALSE(hg::cli::take_run_record(app, ck, {"device"}, {}).has_value());  // none yet: an older checkpoint
+
+  RunRecord r = sample_record();
+  r.flags = {{"d-model", 96}, {"device", "cpu"}};
+  save_run_record(ck, r);
+  const auto taken = hg::cli::take_run_record(app, ck, {"device"}, {});
+  REQUIRE(taken.has_value());
+  CHECK(d_model == 96);     // from the record
+  CHECK(device == "auto");  // per invocation: not taken
+  CHECK(taken->model.d_model == 96);
+
+  hg::cli::check_run_record(r, r, ck);
+  RunRecord other = r;
+  other.model.n_layers = 4;
+  CHECK_THROWS_WITH(hg::cli::check_run_record(r, other, ck),
+                    Catch::Contains(ck + ".json: records task data, tokenizer bpe, model vocab 2048 seq 128 d_model 96 "
+                                         "heads 4 layers 3") &&
+                        Catch::Contains("but its flags give task data, tokenizer bpe, model vocab 2048 seq 128 "
+                                        "d_model 96 heads 4 layers 4"));
+  other = r;
+  other.tokenizer = "bytes";
+  CHECK_THROWS_WITH(hg::cli::check_run_record(r, other, ck), Catch::Contains("edited or damaged"));
   std::filesystem::remove_all(dir);
 }
