@@ -8,7 +8,10 @@
 #      two continuations; a prompt longer than the context is cut, with a
 #      note; bad flags exit 2.
 #
-#   generate_roundtrip.sh PATH/TO/train PATH/TO/generate PATH/TO/text
+#   3. with "bpe" as the fourth argument (a build with SentencePiece), the
+#      same with a bpe vocabulary (CK.tokenizer): the text comes back whole.
+#
+#   generate_roundtrip.sh PATH/TO/train PATH/TO/generate PATH/TO/text [bpe]
 set -uo pipefail
 train=$(realpath "$1")
 generate=$(realpath "$2")
@@ -55,4 +58,14 @@ check "a prompt longer than the context: exit 0 and a note" \
 check "an empty prompt is a usage error" bash -c "test $? -eq 2 && grep -q 'encodes to no tokens' empty.err"
 "${gen[@]}" --temperature -1 > /dev/null 2> bad.err
 check "a negative temperature is a usage error" bash -c "test $? -eq 2 && grep -q -- '--temperature' bad.err"
+if [[ ${4:-} == bpe ]]; then
+  "$train" --data "$text" --device cpu --d-model 32 --heads 2 --layers 1 --seq-len 32 --batch 8 --steps 20 --seed 1 \
+    --threads 1 --tokenizer bpe --vocab-size 400 --checkpoint bpe --log-csv '' --plot '' > bpe_train.out 2>&1
+  check "train --tokenizer bpe writes CK.tokenizer" test $? -eq 0 -a -s bpe.tokenizer
+  "$generate" --checkpoint bpe --device cpu --threads 1 --prompt "Open the file" --max-new-tokens 12 --seed 2 \
+    > bpe.txt 2> bpe.err
+  check "generate with a bpe vocabulary exits 0 and says so" \
+    bash -c "test $? -eq 0 && grep -q 'bpe tokenizer of [0-9]* ids' bpe.err"
+  check "the prompt comes back whole" test "$(head -c 13 bpe.txt)" == "Open the file"
+fi
 exit $((failures > 0))
