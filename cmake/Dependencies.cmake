@@ -1,5 +1,6 @@
-# Resolves Eigen, spdlog (+fmt), CLI11 and Catch2 (v2 or v3) into the targets
-# hg::eigen, hg::spdlog, hg::cli11 and hg::catch2 (the last with a main()).
+# Resolves Eigen, spdlog (+fmt), CLI11, nlohmann-json and Catch2 (v2 or v3)
+# into the targets hg::eigen, hg::spdlog, hg::cli11, hg::json and hg::catch2
+# (the last with a main()).
 
 set(_hg_bundle "${HG_DEPS_DIR}/include")
 
@@ -41,6 +42,18 @@ else()
   message(FATAL_ERROR "CLI11 not found: run scripts/install_deps.sh")
 endif()
 add_library(hg::cli11 ALIAS hg_cli11)
+
+# nlohmann-json (header-only): the programs' run records and --config files
+find_package(nlohmann_json 3 QUIET)
+add_library(hg_json INTERFACE)
+if(TARGET nlohmann_json::nlohmann_json)
+  target_link_libraries(hg_json INTERFACE nlohmann_json::nlohmann_json)
+elseif(EXISTS "${_hg_bundle}/nlohmann/json.hpp")
+  target_include_directories(hg_json SYSTEM INTERFACE "${_hg_bundle}")
+else()
+  message(FATAL_ERROR "nlohmann-json not found: run scripts/install_deps.sh")
+endif()
+add_library(hg::json ALIAS hg_json)
 
 # Catch2: v3 (Ubuntu 24.04) provides Catch2WithMain; v2 (Debian 12) does not,
 # so tests/catch_main.cpp supplies the main there.

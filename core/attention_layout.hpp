@@ -19,6 +19,11 @@ struct HeadStrides {
   // starting H dh and 2 H dh elements in), or the (B, T, H, dh) input of the
   // output projection (width H dh).
   static HeadStrides packed(int64_t t, int64_t dh, int64_t width) { return {t * width, dh, width}; }
+  // A time-major (T, B, H, dh) tensor: the key/value cache of models/kv_cache.hpp,
+  // whose first n positions are one contiguous block.
+  static HeadStrides time_major(int64_t batch, int64_t heads, int64_t dh) {
+    return {heads * dh, dh, batch * heads * dh};
+  }
 };
 
 // How the fused attention kernels (CPU and CUDA) see one validated call:

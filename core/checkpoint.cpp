@@ -152,8 +152,6 @@ std::vector<CheckpointRecord> parse_checkpoint(const std::string& bytes, const s
 
 // ---- files ----
 
-namespace {
-
 void write_file_durably(const std::string& path, const std::string& bytes, const char* op) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -194,8 +192,6 @@ std::string read_whole_file(const std::string& path, const char* op) {
   if (f.gcount() != size) fail(op, "short read of '", path, "'");
   return bytes;
 }
-
-}  // namespace
 
 void write_checkpoint_file(const std::string& path, const std::vector<CheckpointRecord>& records, const char* op) {
   write_file_durably(path, serialize_checkpoint(records), op);

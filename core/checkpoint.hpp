@@ -36,6 +36,12 @@ std::vector<CheckpointRecord> parse_checkpoint(const std::string& bytes, const s
 void write_checkpoint_file(const std::string& path, const std::vector<CheckpointRecord>& records, const char* op);
 std::map<std::string, Tensor> read_checkpoint_file(const std::string& path, const char* op);
 
+// The two halves of the above on raw bytes, for the files stored beside a
+// checkpoint: written to path + ".tmp", fsynced, renamed over `path`; read
+// whole from a regular file. Failures throw hg::Error naming `op` and the file.
+void write_file_durably(const std::string& path, const std::string& bytes, const char* op);
+std::string read_whole_file(const std::string& path, const char* op);
+
 // FNV-1a 64 over n bytes: the checksum stored in the last 8 bytes of a file.
 uint64_t checkpoint_checksum(const char* data, size_t n);
 

@@ -21,7 +21,9 @@ TransposePlan transpose_plan(const Shape& x, const Shape& out, int dim0, int dim
   for (int i = d1 + 1; i < ndim; ++i) p.B *= x[i];
   p.n0 = x[d0];
   p.n1 = x[d1];
-  p.plain_copy = d0 == d1 || p.n0 == 1 || p.n1 == 1;
+  // The memory order stays when at most one of n0, M, n1 exceeds 1: (1, M, n1) -> (n1, M, 1) moves
+  // every element unless M or n1 is 1.
+  p.plain_copy = d0 == d1 || (p.n0 == 1 && p.n1 == 1) || ((p.n0 == 1 || p.n1 == 1) && p.M == 1);
   return p;
 }
 

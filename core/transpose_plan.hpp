@@ -8,8 +8,9 @@ namespace hg {
 // How every backend swaps two dims of a contiguous tensor. The shape is read
 // as (A, n0, M, n1, B): A the dims before the first swapped one, M those
 // between, B those after. Element (a, i, m, j, b) of x goes to (a, j, m, i, b)
-// of out. When a swapped dim has size 1 (or both dims are one), memory order
-// does not change and the transpose is a plain copy.
+// of out. When at most one of n0, M, n1 exceeds 1 (a swapped dim of size 1
+// next to the other, both of size 1, or a dim with itself), memory order does
+// not change and the transpose is a plain copy.
 struct TransposePlan {
   int64_t A = 1, n0 = 1, M = 1, n1 = 1, B = 1;
   bool plain_copy = false;

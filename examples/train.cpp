@@ -1,7 +1,7 @@
 // train: trains a handgrad DecoderLM, the project's main job.
 //
 //   train                      built-in synthetic translation task (no download)
-//   train --data FILE          byte-level language model on any text file
+//   train --data FILE          language model on any text file (--tokenizer bytes|bpe)
 //   train --task translate --pairs FILE.tsv
 //                              translation of parallel text (subword vocabulary, BLEU;
 //                              docs/translation.md)
@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -44,11 +45,14 @@
 #include "dist/world.hpp"
 #include "examples/common/cli.hpp"
 #include "examples/common/data_parallel.hpp"
+#include "examples/common/flag_json.hpp"
 #include "examples/common/host_memory.hpp"
 #include "examples/common/lr_schedule.hpp"
 #include "examples/common/plot.hpp"
 #include "examples/common/progress.hpp"
+#include "examples/common/run_record.hpp"
 #include "examples/common/step_log.hpp"
+#include "examples/common/text_corpus.hpp"
 #include "examples/translation/translate_run.hpp"
 #include "examples/translation/translation_checkpoint.hpp"
 #include "examples/translation_task.hpp"
@@ -70,6 +74,9 @@ constexpr const char* kLogHeader = "step,loss,lr,ms,tokens_per_s,eval_loss,eval_
 
 struct Options {
   std::string data, task = "synthetic";
+  std::string tokenizer;  // "": the task's own (validate resolves it)
+  int vocab_size = 0;     // 0: the tokenizer's default (validate resolves it)
+  bool eval_only = false;
   translation::TranslateOptions tr;
   bool unfused = false;
   std::string precision = "auto";  // auto, fp32, bf16
@@ -89,6 +96,7 @@ struct Options {
   std::string checkpoint, log_csv = "train_log.csv", plot = "train_loss.png";
   bool resume = false, extend_schedule = false;
   cli::LrSchedule schedule;  // from --lr/--warmup/--steps, or the checkpoint's (resolve_schedule)
+  cli::RunRecord record;     // written beside every checkpoint (run_record)
   cli::DataParallelFlags dp;
   cli::CommonFlags common;
 };
@@ -137,35 +145,19 @@ void maybe_inject_fault(int64_t step, DecoderLM& model) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// ---- byte-level language model data -----------------------------------------
-struct TextData {
-  std::string train, val;
-  static TextData load(const std::string& path, int64_t seq) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail("train", "cannot open --data file '", path, "'");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string text = ss.str();
-    const int64_t need = 2 * (seq + 1);
-    if (static_cast<int64_t>(text.size()) < need)
-      fail("train", "--data file '", path, "' has ", text.size(), " bytes; seq-len ", seq, " needs at least ", need);
-    // Last 10% (at least one window) held out for validation.
-    const size_t val_size = std::max<size_t>(static_cast<size_t>(seq + 1), text.size() / 10);
-    return {text.substr(0, text.size() - val_size), text.substr(text.size() - val_size)};
-  }
-};
-
-Batch text_batch(const std::string& text, int64_t b, int64_t seq, Generator& g, bool stoppable) {
+// ---- language model data (--data) -------------------------------------------
+// Windows of seq + 1 tokens drawn uniformly from `tokens` (examples/common/text_corpus.hpp).
+Batch text_batch(const std::vector<int32_t>& tokens, int64_t b, int64_t seq, Generator& g, bool stoppable) {
   Batch out;
   out.batch = b;
   out.seq = seq;
-  const uint64_t starts = text.size() - static_cast<uint64_t>(seq);  // windows of seq + 1 bytes
+  const uint64_t starts = tokens.size() - static_cast<uint64_t>(seq);  // windows of seq + 1 tokens
   for (int64_t i = 0; i < b; ++i) {
     if (stoppable && i % 4096 == 0) stop_if_signalled();
     const size_t s = g.next_u64() % starts;
     for (int64_t p = 0; p < seq; ++p) {
-      out.inputs.push_back(static_cast<unsigned char>(text[s + p]));
-      out.targets.push_back(static_cast<unsigned char>(text[s + p + 1]));
+      out.inputs.push_back(tokens[s + p]);
+      out.targets.push_back(tokens[s + p + 1]);
     }
   }
   return out;
@@ -263,40 +255,37 @@ TranslationScore evaluate_translation(DecoderLM& model, const TranslationTask& t
   return score;
 }
 
-// ---- byte LM sample ---------------------------------------------------------------------
-std::string sample_text(DecoderLM& model, const std::string& prompt, int n, int64_t max_seq, Device dev, Generator& g,
-                        double temperature = 0.8) {
-  std::vector<int32_t> tokens;
-  for (unsigned char c : prompt) tokens.push_back(c);
-  std::string out;
-  for (int i = 0; i < n; ++i) {
+// ---- language model sample ----------------------------------------------------------
+// Continues `prompt` token by token (temperature sampling) until the
+// continuation decodes to at least `bytes` bytes or has that many tokens.
+std::string sample_text(DecoderLM& model, const cli::TextTokenizer& tokenizer, const std::string& prompt, int bytes,
+                        int64_t max_seq, Device dev, Generator& g, double temperature = 0.8) {
+  std::vector<int32_t> tokens = tokenizer.encode(prompt);
+  const int64_t v = tokenizer.vocab_size();
+  std::vector<int32_t> out;
+  std::string text;
+  while (static_cast<int>(text.size()) < bytes && static_cast<int>(out.size()) < bytes) {
     const int64_t t = std::min<int64_t>(max_seq, static_cast<int64_t>(tokens.size()));
     const std::vector<int32_t> ctx(tokens.end() - t, tokens.end());
     const std::vector<double> logits = eval_logits(model, to_double(ctx), 1, t, dev);
-    const double* row = &logits[(t - 1) * 256];
-    const double m = *std::max_element(row, row + 256);
-    std::vector<double> p(256);
+    const double* row = &logits[(t - 1) * v];
+    const double m = *std::max_element(row, row + v);
+    std::vector<double> p(static_cast<size_t>(v));
     double s = 0;
-    for (int j = 0; j < 256; ++j) s += p[j] = std::exp((row[j] - m) / temperature);
+    for (int64_t j = 0; j < v; ++j) s += p[j] = std::exp((row[j] - m) / temperature);
     double u = g.uniform() * s;
-    int pick = 255;
-    for (int j = 0; j < 256; ++j) {
+    int32_t pick = static_cast<int32_t>(v - 1);
+    for (int64_t j = 0; j < v; ++j) {
       if ((u -= p[j]) < 0) {
-        pick = j;
+        pick = static_cast<int32_t>(j);
         break;
       }
     }
     tokens.push_back(pick);
-    out.push_back(static_cast<char>(pick));
+    out.push_back(pick);
+    text = tokenizer.decode(out);
   }
-  return out;
-}
-
-std::string printable(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s)
-    out += (c == '\n' || c == '\t' || (c >= 32 && c < 127)) ? std::string(1, c) : std::string("?");
-  return out;
+  return text;
 }
 
 // ---- 1. flags --------------------------------------------------------------------------
@@ -304,7 +293,7 @@ void add_flags(CLI::App& app, Options& o) {
   using cli::at_least;
   using cli::real_range;
   auto* data =
-      app.add_option("--data", o.data, "train a byte-level LM on this text file instead of the translation task")
+      app.add_option("--data", o.data, "train a language model on this text file instead of the translation task")
           ->check(CLI::ExistingFile);
   app.add_option("--task", o.task, "synthetic (built-in) or translate (parallel text from --pairs)")
       ->check(CLI::IsMember({"synthetic", "translate"}))
@@ -321,12 +310,13 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--test-pairs", o.tr.test_pairs, "translate: pairs cut from --pairs for the test (at most 10%)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->capture_default_str();
-  app.add_option("--vocab-size", o.tr.vocab_size, "translate: subword vocabulary size (an upper bound)")
-      ->check(CLI::Range(16, 1000000))
-      ->capture_default_str();
-  app.add_option("--tokenizer", o.tr.tokenizer_type, "translate: SentencePiece model type")
-      ->check(CLI::IsMember({"bpe", "unigram"}))
-      ->capture_default_str();
+  app.add_option("--tokenizer", o.tokenizer,
+                 "--data: bytes (default; 256 ids) or bpe (SentencePiece, trained on the training part); "
+                 "translate: bpe (default) or unigram")
+      ->check(CLI::IsMember({"bytes", "bpe", "unigram"}));
+  app.add_option("--vocab-size", o.vocab_size,
+                 "subword vocabulary size, an upper bound (--tokenizer bpe: default 2048; translate: default 8000)")
+      ->check(CLI::Range(16, 1000000));
   app.add_option("--beam", o.tr.beam, "translate: beam width for BLEU (1: greedy)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
@@ -401,8 +391,15 @@ void add_flags(CLI::App& app, Options& o) {
   auto* checkpoint = app.add_option(
       "--checkpoint", o.checkpoint,
       "save the model here (and the optimizer state to PATH.optim) at each evaluation, at the end and when stopped");
-  auto* resume = app.add_flag("--resume", o.resume, "load --checkpoint and PATH.optim and continue from the saved step")
+  auto* resume = app.add_flag("--resume", o.resume,
+                              "load --checkpoint and PATH.optim and continue from the saved step, with the flags "
+                              "recorded in PATH.json")
                      ->needs(checkpoint);
+  app.add_flag("--eval-only", o.eval_only,
+               "load --checkpoint (and the flags recorded in PATH.json), print its held-out metrics and exit; trains "
+               "nothing and writes no file")
+      ->needs(checkpoint)
+      ->excludes(resume);
   app.add_flag("--extend-schedule", o.extend_schedule,
                "with --resume and a --steps other than the checkpoint's run: continue the learning rate from where it "
                "is, decaying to 10% of --lr at the new --steps (constant: flat; without it such a change is refused)")
@@ -413,6 +410,7 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--plot", o.plot, "loss curve, .png or .svg, of the whole run ('' for none)")->capture_default_str();
   cli::add_data_parallel_flags(app, o.dp);
   cli::add_common_flags(app, o.common);
+  cli::add_json_config(app);
 }
 
 // ---- 2. validate: everything that can be checked before any work ------------------------
@@ -431,6 +429,42 @@ int64_t distinct_sentences(const Options& o) {
     total += count;
   }
   return total;
+}
+
+// --tokenizer and --vocab-size: what each task takes, and their defaults.
+void resolve_tokenizer(Options& o) {
+  const bool data = !o.data.empty();
+  if (!data && o.task != "translate") {
+    if (!o.tokenizer.empty())
+      usage_error("--tokenizer", o.tokenizer,
+                  ": the synthetic task has its own vocabulary; --tokenizer goes with --data (bytes, bpe) or "
+                  "--task translate (bpe, unigram)");
+    if (o.vocab_size != 0)
+      usage_error("--vocab-size", o.vocab_size,
+                  ": the synthetic task has its own vocabulary (--words sets it); --vocab-size goes with "
+                  "--tokenizer bpe or --task translate");
+    return;
+  }
+  if (o.tokenizer.empty()) o.tokenizer = data ? "bytes" : "bpe";
+  if (data && o.tokenizer == "unigram") usage_error("--tokenizer", o.tokenizer, ": --data takes bytes or bpe");
+  if (!data && o.tokenizer == "bytes")
+    usage_error("--tokenizer", o.tokenizer, ": --task translate takes bpe or unigram (a subword vocabulary)");
+  if (o.tokenizer == "bytes") {
+    if (o.vocab_size != 0)
+      usage_error("--vocab-size", o.vocab_size,
+                  ": the bytes tokenizer has 256 ids; --vocab-size goes with --tokenizer bpe");
+    return;
+  }
+  if (!cli::SubwordTokenizer::available())
+    usage_error("--tokenizer", o.tokenizer,
+                ": this train was built without SentencePiece (apt-get install libsentencepiece-dev, then "
+                "reconfigure)");
+  if (o.vocab_size == 0) o.vocab_size = data ? 2048 : 8000;
+  if (data && o.vocab_size < cli::TextTokenizer::kMinBpeVocab)
+    usage_error("--vocab-size", o.vocab_size, ": --tokenizer bpe needs at least ", cli::TextTokenizer::kMinBpeVocab,
+                " (5 special ids, '\\n' and the 256 byte pieces come first)");
+  o.tr.tokenizer_type = o.tokenizer;
+  o.tr.vocab_size = o.vocab_size;
 }
 
 void validate(Options& o) {
@@ -455,6 +489,12 @@ void validate(Options& o) {
                   ", the number of distinct sentences with --words ", o.words, ", --min-len ", o.min_len,
                   " and --max-len ", o.max_len, " (held-out sentences never appear in training)");
   }
+  resolve_tokenizer(o);
+  if (o.eval_only) {  // writes nothing: no output path to check
+    if (!std::ifstream(o.checkpoint))
+      usage_error("--checkpoint", o.checkpoint, ": --eval-only needs an existing checkpoint, and there is none");
+    return;
+  }
   if (!o.plot.empty() && !cli::plots_available()) {
     spdlog::warn("--plot {} skipped: {}", o.plot, cli::plots_unavailable_reason());
     o.plot.clear();
@@ -472,6 +512,8 @@ void validate(Options& o) {
     cli::check_writable(o.checkpoint, "--checkpoint");
     cli::check_writable(o.checkpoint + ".optim", "--checkpoint");
     cli::check_writable(cli::schedule_path(o.checkpoint), "--checkpoint");
+    cli::check_writable(cli::run_record_path(o.checkpoint), "--checkpoint");
+    if (o.tokenizer == "bpe" && !o.data.empty()) cli::check_writable(cli::tokenizer_path(o.checkpoint), "--checkpoint");
     if (o.resume && !std::ifstream(o.checkpoint))
       usage_error("--checkpoint", o.checkpoint, ": --resume needs an existing checkpoint, and there is none");
   }
@@ -482,7 +524,8 @@ struct Data {
   bool lm = false;
   TranslationTask task;
   std::unique_ptr<translation::ParallelTask> parallel;  // --task translate
-  TextData text;
+  cli::TextCorpus text;                                 // --data: token ids of both parts
+  cli::TextTokenizer tokenizer;                         // --data
   std::vector<Example> held_out;
   Generator gen;
   int64_t batch = 0, seq_len = 0;  // batch: per rank
@@ -529,21 +572,42 @@ struct Data {
   }
 };
 
+// The tokenizer of a new --data run: bpe trained on the training part only.
+cli::TextTokenizer train_bpe_or_bytes(const Options& o, const cli::TextSplit& split) {
+  if (o.tokenizer == "bpe") {
+    const int64_t bad = cli::invalid_utf8_bytes(split.train) + cli::invalid_utf8_bytes(split.held_out);
+    if (bad > 0)
+      spdlog::warn("--data {}: {} byte(s) are not UTF-8; --tokenizer bpe reads each as U+FFFD (bytes keeps them)",
+                   o.data, bad);
+  }
+  try {
+    return cli::train_tokenizer(o.tokenizer, split, o.vocab_size);
+  } catch (const Error& e) {
+    // SentencePiece needs a piece for every character it keeps, beside the fixed ones.
+    if (std::string(e.what()).find("required_chars") != std::string::npos)
+      usage_error("--vocab-size", o.vocab_size, ": too small for the characters of ", o.data, ": ", e.what());
+    throw;
+  }
+}
+
 std::unique_ptr<Data> build_data(Options& o) {
   auto d = std::unique_ptr<Data>(new Data{!o.data.empty(),
                                           TranslationTask(o.words, o.min_len, o.max_len),
                                           {},
                                           {},
                                           {},
+                                          {},
                                           Generator(static_cast<uint64_t>(o.seed) * 1000003 + 17),
                                           o.batch * o.grad_accum,
                                           0});
+  const bool from_checkpoint = o.resume || o.eval_only;  // the vocabulary it was trained with
   if (d->lm) {
-    d->text = TextData::load(o.data, o.seq_len);
+    const cli::TextSplit split = cli::split_text_file(o.data, o.seq_len);
+    d->tokenizer = from_checkpoint ? cli::TextTokenizer::load(o.checkpoint, o.tokenizer) : train_bpe_or_bytes(o, split);
+    d->text = cli::tokenize_split(split, d->tokenizer, o.seq_len, o.data);
   } else if (o.task == "translate") {
-    // A resumed run keeps the vocabulary it was trained with (CHECKPOINT.vocab).
-    d->parallel =
-        translation::build_parallel_task(o.tr, o.seq_len, static_cast<uint64_t>(o.seed), o.resume ? o.checkpoint : "");
+    d->parallel = translation::build_parallel_task(o.tr, o.seq_len, static_cast<uint64_t>(o.seed),
+                                                   from_checkpoint ? o.checkpoint : "");
   } else {
     Generator held_gen(99);  // the held-out set does not depend on --seed
     d->held_out = d->task.make_held_out(o.held_out, held_gen);
@@ -559,7 +623,7 @@ std::unique_ptr<Data> build_data(Options& o) {
 // ---- 4. model --------------------------------------------------------------------------------
 DecoderLMConfig model_config(const Options& o, const Data& data, Precision precision) {
   DecoderLMConfig cfg;
-  cfg.vocab_size = data.lm ? 256 : data.task.vocab_size();
+  cfg.vocab_size = data.lm ? data.tokenizer.vocab_size() : data.task.vocab_size();
   if (data.parallel) cfg.vocab_size = data.parallel->vocab_size();
   cfg.max_seq_len = o.seq_len;
   cfg.d_model = o.d_model;
@@ -695,6 +759,8 @@ struct History {
   std::string graph_note;  // whether the steps replayed a CUDA graph (TrainStep::graph_note)
 };
 
+constexpr int kLmEvalBatches = 4;  // --data: batches of the held-out part per evaluation
+
 struct EvalPoint {
   double loss = 0, token_acc = 0, bleu = NAN;
 };
@@ -702,18 +768,26 @@ struct EvalPoint {
 EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device dev) {
   EvalPoint p;
   if (data.lm) {
+    // The same 4 batches of windows from the held-out part at every evaluation.
     Generator val_gen(4242);
     double sum = 0;
-    for (int k = 0; k < 4; ++k) {
-      const Batch b = text_batch(data.text.val, o.batch, o.seq_len, val_gen, false);
+    int64_t correct = 0, total = 0;
+    for (int k = 0; k < kLmEvalBatches; ++k) {
+      const Batch b = text_batch(data.text.held_out, o.batch, o.seq_len, val_gen, false);
       model.eval();
       const Tensor logits = model.forward(Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, dev));
       model.train();
       sum += cross_entropy_forward(logits, Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, dev), kIgnore,
                                    nullptr)
                  .item();
+      const std::vector<double> host = logits.to_vector();
+      const int64_t v = logits.shape().back();
+      for (int64_t i = 0; i < b.batch * b.seq; ++i)
+        correct += argmax_row(&host[static_cast<size_t>(i * v)], v) == static_cast<int32_t>(b.targets[i]);
+      total += b.batch * b.seq;
     }
-    p.loss = sum / 4;
+    p.loss = sum / kLmEvalBatches;
+    p.token_acc = static_cast<double>(correct) / static_cast<double>(total);
   } else if (data.parallel) {
     const translation::TranslateEval e = translation::evaluate_valid(model, *data.parallel, o.tr, dev);
     p.loss = e.loss;
@@ -760,6 +834,7 @@ void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt, const c
   if (!writer) return;
   model.save(o.checkpoint + ".next", opt.steps());
   if (!(dp && dp->sharded())) opt.save_state(optim + ".next");
+  cli::save_run_record(o.checkpoint, o.record);  // the flags and shape that rebuild the model
   for (const std::string& path : {o.checkpoint, optim})
     HG_CHECK(std::rename((path + ".next").c_str(), path.c_str()) == 0, "train", "cannot rename ", path, ".next to ",
              path, ": ", std::strerror(errno));
@@ -842,12 +917,12 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, TrainStep
       const EvalPoint p = evaluate(model, data, o, dev);
       char acc[64] = "";
       if (data.parallel) std::snprintf(acc, sizeof acc, ", valid BLEU %.2f", p.bleu);
-      else if (!data.lm) std::snprintf(acc, sizeof acc, ", token accuracy %.2f%%", 100 * p.token_acc);
+      else std::snprintf(acc, sizeof acc, ", token accuracy %.2f%%", 100 * p.token_acc);
       spdlog::info("  eval @ step {}: held-out loss {:.4f}{}", step + 1, p.loss, acc);
       h.eval_steps.push_back(double(step + 1));
       h.eval_losses.push_back(p.loss);
       h.eval_bleu.push_back(p.bleu);
-      row += ',' + fmt_g(p.loss) + ',' + (data.lm || data.parallel ? std::string() : fmt_g(p.token_acc));
+      row += ',' + fmt_g(p.loss) + ',' + (data.parallel ? std::string() : fmt_g(p.token_acc));
       if (data.parallel) row += ',' + fmt_g(p.bleu, 4);
     } else {
       row += data.parallel ? ",,," : ",,";
@@ -877,7 +952,7 @@ void write_loss_plot(const Options& o, const History& h) {
   cli::PlotSpec spec;
   spec.title = o.task == "translate" ? "train: translation of " + o.tr.pairs
                : o.data.empty()      ? "train: synthetic translation"
-                                     : "train: byte-level LM on " + o.data;
+                                     : "train: language model on " + o.data + " (" + o.tokenizer + " tokens)";
   spec.x_label = "step";
   spec.y_label = "cross-entropy loss";
   spec.log_y = true;
@@ -912,6 +987,25 @@ void print_profile(const History& h) {
               h.profiled_ms / n - in_ops, h.profiled_ms / n);
 }
 
+// The held-out metrics, for the summary and for --eval-only.
+void print_held_out(const Options& o, DecoderLM& model, Data& data, Device dev) {
+  if (data.lm) {
+    const EvalPoint p = evaluate(model, data, o, dev);
+    std::printf("held-out (last 10%% of %s, %d batches of %lld x %lld %s tokens): loss %.4f, token accuracy %.2f%%\n",
+                o.data.c_str(), kLmEvalBatches, static_cast<long long>(o.batch), static_cast<long long>(o.seq_len),
+                data.tokenizer.kind(), p.loss, 100 * p.token_acc);
+  } else if (data.parallel) {
+    translation::report_test(model, *data.parallel, o.tr, dev);
+  } else {
+    const TranslationScore s = evaluate_translation(model, data.task, data.held_out, dev);
+    std::printf("held-out (%zu unseen sentences): loss %.4f, token accuracy %.2f%% (teacher forced)\n",
+                data.held_out.size(), s.loss, 100 * s.token_acc);
+    std::printf("greedy decoding: token accuracy %.2f%%, exact match %.2f%%\n", 100 * s.greedy_token_acc,
+                100 * s.exact_match);
+    for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
+  }
+}
+
 void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, History& h, double wall_s) {
   // Median: robust to the odd slow step on a shared machine.
   std::sort(h.step_ms.begin(), h.step_ms.end());
@@ -933,20 +1027,14 @@ void print_summary(const Options& o, DecoderLM& model, Data& data, Device dev, H
   if (dev == Device::CUDA)
     std::printf("peak GPU memory %.1f MiB\n", static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20));
   if (h.stop_signal == 0) {
+    print_held_out(o, model, data, dev);
     if (data.lm) {
       Generator sample_gen(static_cast<uint64_t>(o.seed) + 5);
-      const std::string prompt = data.text.val.substr(0, std::min<size_t>(32, data.text.val.size()));
-      std::printf("sample (prompt in [brackets], temperature 0.8):\n[%s]%s\n", printable(prompt).c_str(),
-                  printable(sample_text(model, prompt, o.sample_bytes, o.seq_len, dev, sample_gen)).c_str());
-    } else if (data.parallel) {
-      translation::report_test(model, *data.parallel, o.tr, dev);
-    } else {
-      const TranslationScore s = evaluate_translation(model, data.task, data.held_out, dev);
-      std::printf("held-out (%zu unseen sentences): loss %.4f, token accuracy %.2f%% (teacher forced)\n",
-                  data.held_out.size(), s.loss, 100 * s.token_acc);
-      std::printf("greedy decoding: token accuracy %.2f%%, exact match %.2f%%\n", 100 * s.greedy_token_acc,
-                  100 * s.exact_match);
-      for (const std::string& line : s.shown) std::printf("  %s\n", line.c_str());
+      const std::string& prompt = data.text.prompt;
+      std::printf(
+          "sample (prompt in [brackets], temperature 0.8):\n[%s]%s\n", cli::printable_text(prompt).c_str(),
+          cli::printable_text(sample_text(model, data.tokenizer, prompt, o.sample_bytes, o.seq_len, dev, sample_gen))
+              .c_str());
     }
   }
   std::printf("log: %s%s%s%s\n", o.log_csv.empty() ? "none" : o.log_csv.c_str(),
@@ -971,11 +1059,70 @@ void print_comm_summary(cli::DataParallel& dp, const History& h) {
   std::fflush(stdout);
 }
 
-int run(Options& o) {
+// What runs, on what: the first lines of every run.
+void print_header(const Options& o, const Data& data, DecoderLM& model, Device dev, Precision precision) {
+  std::string what = "synthetic translation (" + data.task.describe() + ")";
+  if (data.lm)
+    what = fmt::format("language model on {} ({} tokenizer, {} ids; {} training and {} held-out tokens)", o.data,
+                       data.tokenizer.kind(), data.tokenizer.vocab_size(), data.text.train.size(),
+                       data.text.held_out.size());
+  if (data.parallel) what = "translation of " + o.tr.pairs + " (" + data.parallel->describe() + ")";
+  spdlog::info("handgrad train: {}", what);
+  spdlog::info("device {}{}{}, kernels {}, {} parameters (d_model {}, heads {}, layers {}, seq {}, batch {})",
+               device_name(dev), dev == Device::CUDA ? " " : "", dev == Device::CUDA ? gpu::device_name() : "",
+               kernel_mode_name(kernel_mode()), model.num_parameters(), o.d_model, o.heads, o.layers, o.seq_len,
+               o.batch);
+  spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
+  if (dev == Device::CPU) spdlog::info("cpu: {} thread(s), GEMM level {}", num_threads(), cpu::gemm_level());
+  if (o.grad_accum > 1) spdlog::info("gradient accumulation: {} micro-batches of {} per step", o.grad_accum, o.batch);
+}
+
+// ---- 8. the run record (CHECKPOINT.json) and --eval-only ---------------------------------------
+// Flags that say how and where this invocation runs: never taken from a record.
+const std::set<std::string> kPerInvocation{"checkpoint",    "resume",     "eval-only", "extend-schedule", "device",
+                                           "precision",     "tf32",       "no-graph",  "fused",           "unfused",
+                                           "attention",     "threads",    "log-level", "quiet",           "print-every",
+                                           "profile-steps", "ddp",        "zero",      "grad-dtype",      "bucket-mb",
+                                           "comm-timeout",  "check-sync", "beam",      "bleu-sentences"};
+// Taken from the record when not given, but free to change: resolve_schedule
+// checks the schedule's three against CHECKPOINT.schedule, and --batch is per
+// rank (a checkpoint resumes on another number of ranks with the global batch
+// kept: mpirun -np 2 --batch 8, then one process with --batch 16).
+const std::set<std::string> kChangeable{"lr", "warmup", "steps", "batch", "log-csv", "plot", "eval-every"};
+
+cli::RunRecord make_run_record(CLI::App& app, const Options& o, const DecoderLMConfig& cfg) {
+  cli::RunRecord r;
+  r.flags = cli::flag_values(app);
+  r.task = o.data.empty() ? o.task : "data";
+  r.tokenizer = o.data.empty() ? o.task : o.tokenizer;
+  r.model = cfg;
+  return r;
+}
+
+// --eval-only: the held-out metrics of the checkpoint; nothing is written.
+int eval_only(const Options& o, DecoderLM& model, Data& data, Device dev, int64_t step) {
+  if (dist::world().size > 1)
+    usage_error("--eval-only", "", "runs in one process (not under mpirun: nothing is trained to share)");
+  spdlog::info("eval-only: {} at step {} (trains nothing, writes no file)", o.checkpoint, step);
+  if (data.parallel) {
+    const EvalPoint p = evaluate(model, data, o, dev);
+    std::printf("valid: loss %.4f, BLEU %.2f (%s)\n", p.loss, p.bleu, o.tr.beam <= 1 ? "greedy" : "beam");
+  }
+  print_held_out(o, model, data, dev);
+  std::fflush(stdout);
+  return cli::kExitOk;
+}
+
+int run(Options& o, CLI::App& app) {
   // From here on SIGINT / SIGTERM stop the run at the next check: between
   // steps, or inside the loops that build batches and replay the data.
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
+  // --resume, --eval-only: the configuration recorded beside the checkpoint.
+  const std::optional<cli::RunRecord> recorded =
+      (o.resume || o.eval_only) && std::ifstream(o.checkpoint)  // else validate says why
+          ? cli::take_run_record(app, o.checkpoint, kPerInvocation, kChangeable)
+          : std::nullopt;
   validate(o);
   const Device dev = cli::resolve_device(o.device);
   set_kernel_mode(o.unfused ? KernelMode::Unfused : KernelMode::Fused);
@@ -993,13 +1140,19 @@ int run(Options& o) {
 
   const std::unique_ptr<Data> data = build_data(o);
   const DecoderLMConfig cfg = model_config(o, *data, precision);
-  check_memory_fits(o, cfg, dev);
+  if (recorded) cli::check_run_record(*recorded, make_run_record(app, o, cfg), o.checkpoint);
+  if (!o.eval_only) check_memory_fits(o, cfg, dev);
   const auto model = std::make_unique<DecoderLM>(cfg);
-  const int64_t model_step = o.resume ? model->load(o.checkpoint) : -1;
-  // The vocabulary and model shape, once: a resumed run reuses the file.
-  if (data->parallel && !o.checkpoint.empty() && !o.resume && world.rank == 0)
-    translation::save_translation_info(o.checkpoint, {data->parallel->tokenizer().model_bytes(), model->config()});
+  const int64_t model_step = o.resume || o.eval_only ? model->load(o.checkpoint) : -1;
+  // The vocabulary (and shape), once: a resumed run reuses the file.
+  if (!o.checkpoint.empty() && !o.resume && !o.eval_only && world.rank == 0) {
+    if (data->parallel)
+      translation::save_translation_info(o.checkpoint, {data->parallel->tokenizer().model_bytes(), model->config()});
+    if (data->lm) data->tokenizer.save(o.checkpoint);
+  }
   model->to(dev);
+  print_header(o, *data, *model, dev, precision);
+  if (o.eval_only) return eval_only(o, *model, *data, dev, model_step);
   AdamWOptions adam;
   adam.lr = o.lr;
   adam.weight_decay = o.weight_decay;
@@ -1017,18 +1170,9 @@ int run(Options& o) {
   const int64_t start_step = maybe_resume(o, model_step, *opt, *data);
   o.schedule = resolve_schedule(o, start_step);
   if (!o.checkpoint.empty() && world.rank == 0) cli::save_schedule(o.checkpoint, o.schedule);
+  o.record = make_run_record(app, o, cfg);
   if (dp) dp->check_sync(start_step);  // same seed or same checkpoint: identical on every rank
 
-  std::string what = data->lm ? "byte-level LM on " + o.data : "synthetic translation (" + data->task.describe() + ")";
-  if (data->parallel) what = "translation of " + o.tr.pairs + " (" + data->parallel->describe() + ")";
-  spdlog::info("handgrad train: {}", what);
-  spdlog::info("device {}{}{}, kernels {}, {} parameters (d_model {}, heads {}, layers {}, seq {}, batch {})",
-               device_name(dev), dev == Device::CUDA ? " " : "", dev == Device::CUDA ? gpu::device_name() : "",
-               kernel_mode_name(kernel_mode()), model->num_parameters(), o.d_model, o.heads, o.layers, o.seq_len,
-               o.batch);
-  spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
-  if (dev == Device::CPU) spdlog::info("cpu: {} thread(s), GEMM level {}", num_threads(), cpu::gemm_level());
-  if (o.grad_accum > 1) spdlog::info("gradient accumulation: {} micro-batches of {} per step", o.grad_accum, o.batch);
   if (o.resume) spdlog::info("resumed from {} (+ .optim) at step {}", o.checkpoint, start_step);
   if (dp)
     spdlog::info("data parallel: {}; global batch {} = {} x {}", dp->describe(), o.batch * o.grad_accum * world.size,
@@ -1064,7 +1208,7 @@ int main(int argc, char** argv) {
   add_flags(app, o);
   const int code = cli::run_program(app, o.common, argc, argv, [&] {
     try {
-      return run(o);
+      return run(o, app);
     } catch (const Stopped& s) {  // before the first step: nothing to save
       spdlog::warn("stopped by {} before training started", s.signal == SIGINT ? "SIGINT" : "SIGTERM");
       return 128 + s.signal;

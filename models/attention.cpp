@@ -71,15 +71,45 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
     return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
   }
   heads_ = split_heads(packed.reshape({b, t, 3 * d_model_}), 3, h);  // (3, B, H, T, dh): q, k, v lead
-  const Tensor q = heads_[0], k = heads_[1], v = heads_[2];          // views, (B, H, T, dh)
-  const Tensor scores = matmul(q, k, false, true);                   // (B, H, T, T)
+  const Tensor ctx = softmax_core(heads_[0], heads_[1], heads_[2], key_padding_mask, &probs_);  // (B, H, T, dh)
+  return proj.forward(merge_heads(ctx).reshape({b * t, d_model_})).reshape({b, t, d_model_});
+}
+
+Tensor MultiHeadAttention::softmax_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                                        Tensor* probs) const {
+  const Tensor scores = matmul(q, k, false, true);  // (B, H, Tq, Tk)
   SoftmaxOptions options;
-  options.mask = key_padding_mask;
+  options.mask = mask;
   options.causal = causal_;
   options.scale = scale_;
-  probs_ = attention_softmax_forward(scores, options);
-  const Tensor ctx = matmul(probs_, v);  // (B, H, T, dh)
-  return proj.forward(merge_heads(ctx).reshape({b * t, d_model_})).reshape({b, t, d_model_});
+  const Tensor p = attention_softmax_forward(scores, options);
+  if (probs != nullptr) *probs = p;
+  return matmul(p, v);
+}
+
+Tensor MultiHeadAttention::forward_cached(const Tensor& x, KvCache& cache, int64_t layer) {
+  const char* op = "MultiHeadAttention::forward_cached";
+  x.check_defined(op);
+  HG_CHECK(x.ndim() == 3 && x.size(2) == d_model_, op, "x must be (B, T, ", d_model_, "), got ", x.shape());
+  HG_CHECK(causal_, op, "a key/value cache serves causal attention only");
+  const int64_t b = x.size(0), t = x.size(1), h = n_heads_, dh = head_dim_;
+  const Tensor packed = qkv.apply(x.reshape({b * t, d_model_})).reshape({b, t, 3 * d_model_});
+  // (B, T, 3, d) -> (3, T, B, d): q, k, v lead, each time-major as the cache stores them.
+  const Tensor slots = transpose(packed.reshape({b, t, 3, d_model_}), 0, 2);
+  cache.write(layer, slots[1].reshape({t, b, h, dh}), slots[2].reshape({t, b, h, dh}));
+  const int64_t tk = cache.length() + t;
+  const LayerKv& kv = cache.layer(layer);
+  Tensor merged;  // (B, T, d)
+  if (used_flash(x)) {
+    AttentionOptions options;
+    options.causal = true;
+    options.scale = scale_;
+    merged = attention_forward_kv_cache(packed, h, kv.k, kv.v, tk, options);
+  } else {
+    const Tensor q = transpose(slots[0].reshape({t, b * h, dh}), 0, 1).reshape({b, h, t, dh});
+    merged = merge_heads(softmax_core(q, kv_cache_heads(kv.k, tk), kv_cache_heads(kv.v, tk), Tensor(), nullptr));
+  }
+  return proj.apply(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
 }
 
 Tensor MultiHeadAttention::backward(const Tensor& dy) {

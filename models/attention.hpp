@@ -5,6 +5,7 @@
 #include "core/module.hpp"
 #include "core/random.hpp"
 
+#include "models/kv_cache.hpp"
 #include "models/linear.hpp"
 #include "ops/attention.hpp"
 
@@ -34,6 +35,13 @@ class MultiHeadAttention : public Module {
   Tensor forward(const Tensor& x, const Tensor& key_padding_mask = Tensor());
   Tensor backward(const Tensor& dy);  // dy (B, T, d) -> dx (B, T, d)
 
+  // Inference with a key/value cache (causal attention only): x (B, T, d)
+  // holds the new tokens, at positions cache.length() .. + T - 1. Their keys
+  // and values are written to the cache's layer `layer`, and each token
+  // attends to every cached position up to its own. The same implementation
+  // as forward (flash, or the softmax path); nothing is kept for a backward.
+  Tensor forward_cached(const Tensor& x, KvCache& cache, int64_t layer);
+
   int64_t heads() const { return n_heads_; }
   void set_impl(AttentionImpl impl) { impl_ = impl; }
   AttentionImpl impl() const { return impl_; }
@@ -47,6 +55,9 @@ class MultiHeadAttention : public Module {
   double scale_;
   AttentionImpl impl_ = AttentionImpl::Auto;
   bool used_flash(const Tensor& x) const;
+  // The softmax path's core on (B, H, Tq, dh) q and (B, H, Tk, dh) k, v:
+  // P = softmax(scale q k^T + mask, causal), returns P v; P into *probs when given.
+  Tensor softmax_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, Tensor* probs) const;
   // Saved by forward: the softmax path's (3, B, H, T, dh) head-split
   // projections and P, or the flash path's attention state (the packed
   // (B, T, 3, H, dh) projection itself, its output and O(T) statistics).

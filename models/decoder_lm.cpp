@@ -1,7 +1,10 @@
 #include "models/decoder_lm.hpp"
 
+#include <algorithm>
 #include <string>
 #include <utility>
+
+#include "core/tensor_functions.hpp"
 
 namespace hg {
 
@@ -61,6 +64,41 @@ Tensor DecoderLM::head_logits(const Tensor& features) {
   const int64_t rows = features.size(0) * features.size(1);
   return head.forward(features.reshape({rows, config_.d_model}))
       .reshape({features.size(0), features.size(1), config_.vocab_size});
+}
+
+DType DecoderLM::kv_cache_dtype() {
+  return config_.precision == Precision::BF16 ? DType::BF16 : embed.token.value.dtype();
+}
+
+KvCache DecoderLM::make_kv_cache(int64_t batch) {
+  return KvCache(config_.n_layers, batch, config_.n_heads, config_.d_model / config_.n_heads, config_.max_seq_len,
+                 kv_cache_dtype(), embed.token.value.device());
+}
+
+Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLogits which) {
+  const char* op = "DecoderLM::forward_cached";
+  ids_in.check_defined(op);
+  HG_CHECK(ids_in.ndim() == 2 && ids_in.size(1) >= 1, op, "ids must be (B, T) with T >= 1, got ", ids_in.shape());
+  const int64_t b = ids_in.size(0), t = ids_in.size(1), d = config_.d_model;
+  const Device dev = embed.token.value.device();
+  HG_CHECK(cache.layers() == config_.n_layers && cache.batch() == b && cache.heads() == config_.n_heads &&
+               cache.head_dim() == d / config_.n_heads && cache.dtype() == kv_cache_dtype() && cache.device() == dev,
+           op, "the cache (", cache.layers(), " layers, batch ", cache.batch(), ", ", cache.heads(), " heads of ",
+           cache.head_dim(), ", ", dtype_name(cache.dtype()), " on ", device_name(cache.device()),
+           ") does not fit this model and ids ", ids_in.shape(), ": make it with make_kv_cache(", b, ")");
+  const int64_t start = cache.length();
+  HG_CHECK(start + t <= std::min(cache.capacity(), config_.max_seq_len), op, t, " new tokens after the ", start,
+           " cached ones pass the context of ", std::min(cache.capacity(), config_.max_seq_len),
+           " positions: crop the context to its last tokens, reset the cache and prefill again (generate() does)");
+  check_precision_supported(config_.precision, dev, op);
+  Tensor x = embed.apply(ids_in.to(dev), start);
+  if (config_.precision == Precision::BF16) x = x.to(DType::BF16);
+  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, cache, static_cast<int64_t>(i));
+  cache.advance(t);
+  Tensor features = ln_f.apply(x);  // (B, T, d)
+  if (which == CachedLogits::Last && t > 1) features = transpose(features, 0, 1)[t - 1].reshape({b, 1, d});
+  const int64_t rows = features.size(0) * features.size(1);
+  return head.apply(features.reshape({rows, d})).reshape({b, features.size(1), config_.vocab_size});
 }
 
 Tensor DecoderLM::backward(Tensor dlogits) {

@@ -8,6 +8,7 @@
 #include "core/random.hpp"
 #include "models/dropout.hpp"
 #include "models/embedding.hpp"
+#include "models/kv_cache.hpp"
 #include "models/layernorm.hpp"
 #include "models/linear.hpp"
 #include "models/transformer_layer.hpp"
@@ -73,6 +74,22 @@ class DecoderLM : public Module {
   // Pass dfeatures with std::move: it is dropped after ln_f's backward.
   Tensor backward_features(Tensor dfeatures);
 
+  // Inference with a key/value cache (models/kv_cache.hpp, docs/generation.md).
+  // ids (B, T) are the next T tokens of each sequence, at positions
+  // cache.length() .. cache.length() + T - 1: the prompt for a prefill, then
+  // one token a step. Their keys and values join the cache and its length
+  // grows by T. Returns logits (B, T, V), or with CachedLogits::Last only the
+  // last position's, (B, 1, V), so a long prefill runs the head on one row.
+  // The logits equal forward() (in eval mode) on the whole sequence so far,
+  // to rounding. Dropout is off and nothing is kept for a backward. A
+  // position past max_seq_len is an error: generate() (models/generation.hpp)
+  // crops the context and prefills again, as nanoGPT does.
+  enum class CachedLogits { All, Last };
+  Tensor forward_cached(const Tensor& ids, KvCache& cache, CachedLogits which = CachedLogits::All);
+  // An empty cache for `batch` sequences of up to max_seq_len tokens, on the
+  // model's device in its activation dtype (bf16 under bf16 precision).
+  KvCache make_kv_cache(int64_t batch);
+
   const DecoderLMConfig& config() const { return config_; }
   // Called by backward() after the head, ln_f, each layer (last first) and
   // the embedding with that module's parameters: their gradients are final.
@@ -87,6 +104,8 @@ class DecoderLM : public Module {
  private:
   Tensor features_of_embedded(const Tensor& h, const Tensor& key_padding_mask);  // layers, then ln_f
   Tensor head_logits(const Tensor& features);                                    // (B, T, d) -> (B, T, V)
+  // What the layers run in and the cache holds: bf16 under bf16 precision, else the weights' dtype.
+  DType kv_cache_dtype();
   void grads_ready(Module& finished) {
     if (grads_ready_) grads_ready_(finished.parameters());
   }

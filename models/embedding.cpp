@@ -1,5 +1,7 @@
 #include "models/embedding.hpp"
 
+#include <string>
+
 #include "core/indexing.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
@@ -15,16 +17,23 @@ Embedding::Embedding(int64_t vocab_size, int64_t max_positions, int64_t dim, Gen
 }
 
 Tensor Embedding::forward(const Tensor& ids) {
+  Tensor out = apply(ids, 0);
+  ids_ = ids;
+  return out;
+}
+
+Tensor Embedding::apply(const Tensor& ids, int64_t start) {
   const char* op = "Embedding::forward";
   ids.check_defined(op);
   HG_CHECK(ids.ndim() == 2, op, "ids must be (B, T), got ", ids.shape());
   const int64_t t = ids.size(1);
-  HG_CHECK(t <= position.value.size(0), op, "sequence length ", t, " exceeds max_positions ", position.value.size(0),
-           " (ids ", ids.shape(), ")");
+  HG_CHECK(start >= 0, op, "start position must be >= 0, got ", start);
+  HG_CHECK(start + t <= position.value.size(0), op, "sequence length ", t, start > 0 ? " after position " : "",
+           start > 0 ? std::to_string(start) : "", " exceeds max_positions ", position.value.size(0), " (ids ",
+           ids.shape(), ")");
   HG_PROFILE("embedding", ids.device());
-  ids_ = ids;
   // (B, T, D) + (T, D) broadcasts the position rows over the batch.
-  return add(gather_rows(token.value, ids, id_check_), position.value.slice(0, t));
+  return add(gather_rows(token.value, ids, id_check_), position.value.slice(start, start + t));
 }
 
 void Embedding::backward(const Tensor& dy) {

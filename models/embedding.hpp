@@ -16,6 +16,9 @@ class Embedding : public Module {
             double init_std = 0.02);
 
   Tensor forward(const Tensor& ids);  // (B, T) -> (B, T, dim)
+  // For inference: positions start..start+T-1 (a key/value cache's next
+  // positions), nothing kept for a backward. forward() is apply(ids, 0).
+  Tensor apply(const Tensor& ids, int64_t start);
   // Accumulates into both tables; ids are not differentiable, so nothing is returned.
   void backward(const Tensor& dy);
 

@@ -32,6 +32,20 @@ Tensor FeedForward::forward(const Tensor& x) {
   return drop.forward(fc2.forward(act.forward(fc1.forward(rows)))).reshape(x_shape_);
 }
 
+Tensor FeedForward::apply(const Tensor& x) {
+  HG_CHECK(x.ndim() >= 1 && x.size(-1) == d_model_, "FeedForward::apply", "x must end in d_model ", d_model_, ", got ",
+           x.shape());
+  const Tensor rows = x.reshape({-1, d_model_});
+  Tensor hidden;
+  if (kernel_mode() == KernelMode::Fused && fc1.gelu_fusable()) {
+    Tensor pre;  // the epilogue writes it; inference does not need it
+    hidden = fc1.apply_gelu(rows, pre);
+  } else {
+    hidden = act.apply(fc1.apply(rows));
+  }
+  return fc2.apply(hidden).reshape(x.shape());
+}
+
 Tensor FeedForward::backward(const Tensor& dy) {
   HG_CHECK(dy.shape() == x_shape_, "FeedForward::backward", "dy ", dy.shape(), " must match the forward input ",
            x_shape_);

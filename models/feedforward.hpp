@@ -28,6 +28,7 @@ class FeedForward : public Module {
               DType dtype = DType::F32);
 
   Tensor forward(const Tensor& x);  // (..., d) -> (..., d)
+  Tensor apply(const Tensor& x);    // the forward for inference (dropout off): nothing kept for a backward
   Tensor backward(const Tensor& dy);
 
   void set_recompute_gelu(bool on) { recompute_gelu_ = on; }

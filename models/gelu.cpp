@@ -13,6 +13,11 @@ Tensor GELU::forward(const Tensor& x) {
   return y_;
 }
 
+Tensor GELU::apply(const Tensor& x) {
+  HG_PROFILE("gelu", x.device());
+  return gelu(x);
+}
+
 Tensor GELU::backward(const Tensor& dy) {
   HG_CHECK(x_.defined(), "GELU::backward", "backward called before forward");
   HG_PROFILE("gelu", dy.device());

@@ -8,6 +8,7 @@ namespace hg {
 class GELU : public Module {
  public:
   Tensor forward(const Tensor& x);
+  Tensor apply(const Tensor& x);  // for inference: nothing kept
   Tensor backward(const Tensor& dy);
 
  private:

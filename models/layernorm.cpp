@@ -21,6 +21,11 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return y;
 }
 
+Tensor LayerNorm::apply(const Tensor& x) {
+  HG_PROFILE("layernorm", x.device());
+  return layernorm_forward(x, gamma.value, beta.value, eps_, nullptr);
+}
+
 Tensor LayerNorm::backward(const Tensor& dy) {
   HG_PROFILE("layernorm", dy.device());  // the op and the grad accumulation
   HG_CHECK(x_.defined(), "LayerNorm::backward", "backward called before forward");
@@ -35,6 +40,11 @@ ResidualLayerNormOutput LayerNorm::forward_residual(const Tensor& x, const Tenso
   ResidualLayerNormOutput out = residual_layernorm_forward(x, r, gamma.value, beta.value, eps_, &saved_);
   x_ = out.h;
   return out;
+}
+
+ResidualLayerNormOutput LayerNorm::apply_residual(const Tensor& x, const Tensor& r) {
+  HG_PROFILE("layernorm", x.device());
+  return residual_layernorm_forward(x, r, gamma.value, beta.value, eps_, nullptr);
 }
 
 Tensor LayerNorm::backward_residual(const Tensor& dy, const Tensor& dh_in) {

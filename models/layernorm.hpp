@@ -16,11 +16,13 @@ class LayerNorm : public Module {
   explicit LayerNorm(int64_t dim, double eps = 1e-5, DType dtype = DType::F32);
 
   Tensor forward(const Tensor& x);    // (..., dim) -> (..., dim)
+  Tensor apply(const Tensor& x);      // the forward for inference: nothing kept for a backward
   Tensor backward(const Tensor& dy);  // dy like the last x -> dx
 
   // The residual seam in one pass (ops/residual_layernorm.hpp): h = x + r
   // and y = LN(h); h is this module's input for backward.
   ResidualLayerNormOutput forward_residual(const Tensor& x, const Tensor& r);
+  ResidualLayerNormOutput apply_residual(const Tensor& x, const Tensor& r);  // for inference
   // The gradient of h: dh_in (the residual path; may be undefined) plus the
   // LayerNorm backward of dy, in one pass; accumulates dgamma / dbeta.
   Tensor backward_residual(const Tensor& dy, const Tensor& dh_in);

@@ -37,14 +37,17 @@ const Tensor& Linear::weight_for(const Tensor& x) { return mixed(x, weight.value
 const Tensor& Linear::bias_for(const Tensor& x) { return mixed(x, bias.value) ? bf16_copy(bias) : bias.value; }
 
 Tensor Linear::forward(const Tensor& x) {
+  Tensor y = apply(x);
+  save_input(x);
+  return y;
+}
+
+Tensor Linear::apply(const Tensor& x) {
   HG_PROFILE("linear", x.device());
   HG_CHECK(x.defined(), "Linear::forward", "x is an undefined tensor");
   HG_CHECK(x.ndim() >= 1 && x.shape().back() == in_, "Linear::forward", "x shape ", x.shape(),
            " should end in in_features=", in_, " (weight ", weight.value.shape(), ")");
   check_input("Linear::forward", x, weight.value);
-  x_ = x;
-  x_shape_ = x.shape();
-  x_dtype_ = x.dtype();
   // Every leading dim folds into rows, so one 2-D GEMM does the whole batch.
   Shape y_shape = x.shape();
   y_shape.back() = out_;
@@ -65,14 +68,17 @@ Tensor Linear::forward(const Tensor& x) {
 }
 
 Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
+  Tensor y = apply_gelu(x, pre);
+  save_input(x);
+  return y;
+}
+
+Tensor Linear::apply_gelu(const Tensor& x, Tensor& pre) {
   HG_PROFILE("linear", x.device());
   HG_CHECK(gelu_fusable(), "Linear::forward_gelu", "needs a bias and out_features % 8 == 0, got out_features ", out_);
   HG_CHECK(x.defined() && x.ndim() == 2 && x.size(1) == in_, "Linear::forward_gelu", "x must be (rows, ", in_,
            "), got ", x.defined() ? x.shape() : Shape{});
   check_input("Linear::forward_gelu", x, weight.value);
-  x_ = x;
-  x_shape_ = x.shape();
-  x_dtype_ = x.dtype();
   pre = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
   Tensor y = Tensor::empty({x.size(0), out_}, x.dtype(), x.device());
   GemmArgs args;
@@ -82,6 +88,12 @@ Tensor Linear::forward_gelu(const Tensor& x, Tensor& pre) {
   args.aux = &pre;
   backend_for(x.device()).gemm(x, weight_for(x), y, args);
   return y;
+}
+
+void Linear::save_input(const Tensor& x) {
+  x_ = x;
+  x_shape_ = x.shape();
+  x_dtype_ = x.dtype();
 }
 
 void Linear::forget_input() { x_ = Tensor(); }

@@ -20,6 +20,8 @@ class Linear : public Module {
 
   // Caches x (shares its storage, no copy) for backward.
   Tensor forward(const Tensor& x);
+  // The same product for inference: nothing is kept for a backward.
+  Tensor apply(const Tensor& x);
   // Adds dL/dW and dL/db into the parameter grads and returns dL/dx.
   Tensor backward(const Tensor& dy);
 
@@ -34,6 +36,7 @@ class Linear : public Module {
   // is written to `pre` for the backward.
   bool gelu_fusable() const { return has_bias_ && out_ % 8 == 0; }
   Tensor forward_gelu(const Tensor& x, Tensor& pre);
+  Tensor apply_gelu(const Tensor& x, Tensor& pre);  // forward_gelu for inference: x is not kept
   // For the Linear that consumes gelu(pre): its dW and db as backward(), and
   // d pre = (dy W) * gelu'(pre) from one GEMM, whose column sums (the
   // producing Linear's bias gradient) land in dpre_sum ((in_features,), in
@@ -60,6 +63,7 @@ class Linear : public Module {
   Shape x_shape_;
   DType x_dtype_ = DType::F32;
 
+  void save_input(const Tensor& x);
   Tensor backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum);
 };
 

@@ -36,6 +36,12 @@ Tensor TransformerLayer::forward(const Tensor& x, const Tensor& key_padding_mask
   return residual_add(seam.h, ffn.forward(seam.y));
 }
 
+Tensor TransformerLayer::forward_cached(const Tensor& x, KvCache& cache, int64_t layer) {
+  const Tensor a = attn.forward_cached(ln1.apply(x), cache, layer);
+  const ResidualLayerNormOutput seam = ln2.apply_residual(x, a);
+  return residual_add(seam.h, ffn.apply(seam.y));
+}
+
 Tensor TransformerLayer::backward(const Tensor& dy) {
   // dh = dy (the residual path) + LN2's backward of the FFN's input gradient, in one pass.
   const Tensor dh = ln2.backward_residual(ffn.backward(dy), dy);

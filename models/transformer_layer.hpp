@@ -23,6 +23,9 @@ class TransformerLayer : public Module {
 
   Tensor forward(const Tensor& x, const Tensor& key_padding_mask = Tensor());  // (B, T, d)
   Tensor backward(const Tensor& dy);
+  // Inference with a key/value cache: the new tokens x (B, T, d), this
+  // layer's keys and values in cache layer `layer`; dropout off, nothing kept.
+  Tensor forward_cached(const Tensor& x, KvCache& cache, int64_t layer);
 
   LayerNorm ln1;
   MultiHeadAttention attn;

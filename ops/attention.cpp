@@ -21,6 +21,7 @@ constexpr const char* kForwardOp = "attention_forward";
 constexpr const char* kBackwardOp = "attention_backward";
 constexpr const char* kPackedForwardOp = "attention_forward_packed";
 constexpr const char* kPackedBackwardOp = "attention_backward_packed";
+constexpr const char* kCachedForwardOp = "attention_forward_kv_cache";
 
 void check_operand(const Tensor& t, const char* name, const char* op) {
   HG_CHECK(t.defined(), op, name, " is undefined");
@@ -74,14 +75,40 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Atten
   check_common(kForwardOp, q, "q", q.size(0), k.size(2), q.size(3), options);
 }
 
-void check_packed(const Tensor& qkv, int64_t heads, const AttentionOptions& options) {
-  const char* op = kPackedForwardOp;
+// The packed qkv's own shape (B, T, 3 * heads * dh), for the packed and the cached forms.
+void check_packed_shape(const char* op, const Tensor& qkv, int64_t heads) {
   HG_CHECK(qkv.defined(), op, "qkv is undefined");
   HG_CHECK(heads > 0, op, "heads must be positive, got ", heads);
   HG_CHECK(qkv.ndim() == 3 && qkv.size(2) % (3 * heads) == 0, op, "qkv must be (B, T, 3 * heads * dh) with heads ",
            heads, ", got shape ", qkv.shape());
   HG_CHECK(qkv.numel() > 0, op, "qkv is empty, shape ", qkv.shape());
-  check_common(op, qkv, "qkv", qkv.size(0), qkv.size(1), qkv.size(2) / (3 * heads), options);
+}
+
+void check_packed(const Tensor& qkv, int64_t heads, const AttentionOptions& options) {
+  check_packed_shape(kPackedForwardOp, qkv, heads);
+  check_common(kPackedForwardOp, qkv, "qkv", qkv.size(0), qkv.size(1), qkv.size(2) / (3 * heads), options);
+}
+
+// A time-major cache (capacity, B, H, dh) that the new tokens' qkv can attend over its first tk positions.
+void check_cache(const Tensor& qkv, int64_t heads, const Tensor& cache, const char* name, int64_t tk) {
+  const char* op = kCachedForwardOp;
+  const int64_t b = qkv.size(0), tq = qkv.size(1), dh = qkv.size(2) / (3 * heads);
+  HG_CHECK(cache.defined(), op, name, " is undefined");
+  HG_CHECK(cache.ndim() == 4 && cache.size(1) == b && cache.size(2) == heads && cache.size(3) == dh, op, name, " ",
+           cache.shape(), " must be (capacity, B, H, dh) = (capacity, ", b, ", ", heads, ", ", dh, ") for qkv ",
+           qkv.shape(), " with ", heads, " heads");
+  HG_CHECK(tk >= tq && tk <= cache.size(0), op, "tk ", tk, " must lie in [Tq, capacity] = [", tq, ", ", cache.size(0),
+           "]: the cache must hold the new tokens (qkv ", qkv.shape(), ", ", name, " ", cache.shape(), ")");
+  check_same_dtype(op, qkv, cache);
+  check_same_device(op, qkv, cache);
+}
+
+// The mask, causality and scale of a layout whose sizes are set.
+void set_options(AttentionLayout& l, const Tensor& mask, bool causal, double scale) {
+  l.mask = mask.defined() ? mask.raw_data() : nullptr;
+  l.mask_batch_stride = mask.defined() && mask.size(0) > 1 ? l.tk : 0;
+  l.causal = causal;
+  l.scale = scale;
 }
 
 AttentionLayout layout_of(const AttentionSaved& s) {
@@ -103,17 +130,18 @@ AttentionLayout layout_of(const AttentionSaved& s) {
     l.q = l.o = HeadStrides::contiguous(l.heads, l.tq, l.head_dim);
     l.kv = HeadStrides::contiguous(l.heads, l.tk, l.head_dim);
   }
-  l.mask = s.mask.defined() ? s.mask.raw_data() : nullptr;
-  l.mask_batch_stride = s.mask.defined() && s.mask.size(0) > 1 ? l.tk : 0;
-  l.causal = s.causal;
-  l.scale = s.scale;
+  set_options(l, s.mask, s.causal, s.scale);
   return l;
+}
+
+double scale_of(const AttentionOptions& options, int64_t dh) {
+  return options.scale.value_or(1.0 / std::sqrt(static_cast<double>(dh)));
 }
 
 void save_options(AttentionSaved& s, const AttentionOptions& options, int64_t dh) {
   s.mask = options.mask;
   s.causal = options.causal;
-  s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(dh)));
+  s.scale = scale_of(options, dh);
 }
 
 // `elements` past t's first element (the k and v slices of a packed qkv).
@@ -232,6 +260,52 @@ Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const Attentio
   fused_forward(s, qkv.raw_data(), at(qkv, width), at(qkv, 2 * width), qkv.device());
   Tensor o = s.o;
   if (saved != nullptr) *saved = std::move(s);
+  return o;
+}
+
+Tensor kv_cache_heads(const Tensor& cache, int64_t length) {
+  HG_CHECK(cache.defined() && cache.ndim() == 4 && length >= 1 && length <= cache.size(0), "kv_cache_heads",
+           "needs a (capacity, B, H, dh) cache and a length in [1, capacity], got ",
+           cache.defined() ? cache.shape() : Shape{}, " and ", length);
+  const int64_t b = cache.size(1), h = cache.size(2), dh = cache.size(3);
+  return transpose(cache.slice(0, length).reshape({length, b * h, dh}), 0, 1).reshape({b, h, length, dh});
+}
+
+Tensor attention_forward_kv_cache(const Tensor& qkv, int64_t heads, const Tensor& k_cache, const Tensor& v_cache,
+                                  int64_t tk, const AttentionOptions& options) {
+  const char* op = kCachedForwardOp;
+  HG_CHECK(heads > 0, op, "heads must be positive, got ", heads);
+  check_packed_shape(op, qkv, heads);
+  check_cache(qkv, heads, k_cache, "k_cache", tk);
+  check_cache(qkv, heads, v_cache, "v_cache", tk);
+  const int64_t b = qkv.size(0), tq = qkv.size(1), width = qkv.size(2) / 3, dh = width / heads;
+  check_common(op, qkv, "qkv", b, tk, dh, options);
+  if (kernel_mode() == KernelMode::Unfused) {
+    const Tensor q = split_heads(qkv, 3, heads)[0];
+    return merge_heads(
+        attention_forward(q, kv_cache_heads(k_cache, tk), kv_cache_heads(v_cache, tk), options, nullptr));
+  }
+  HG_PROFILE("attention", qkv.device());
+  log_dispatch(op, dispatch_path(qkv, false), qkv);
+  AttentionLayout l;
+  l.batch = b;
+  l.heads = heads;
+  l.tq = tq;
+  l.tk = tk;
+  l.head_dim = dh;
+  l.q = HeadStrides::packed(tq, dh, 3 * width);
+  l.kv = HeadStrides::time_major(b, heads, dh);
+  l.o = HeadStrides::packed(tq, dh, width);
+  set_options(l, options.mask, options.causal, scale_of(options, dh));
+  const DType t = qkv.dtype();
+  Tensor o = Tensor::empty({b, tq, width}, t, qkv.device());
+  Tensor lse = Tensor::empty({b, heads, tq}, math_dtype(t), qkv.device());
+  if (qkv.is_cuda()) {
+    Tensor stats = Tensor::empty({b, heads, tq, 2}, DType::F32, qkv.device());
+    gpu::attention_forward(t, qkv.raw_data(), k_cache.raw_data(), v_cache.raw_data(), l, o.raw_data(), lse, stats);
+  } else {
+    cpu::attention_forward(t, qkv.raw_data(), k_cache.raw_data(), v_cache.raw_data(), l, o.raw_data(), lse);
+  }
   return o;
 }
 

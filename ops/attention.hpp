@@ -61,6 +61,25 @@ Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const Attentio
 // output gradient, dq, dk, dv written straight into their slices.
 Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved);
 
+// Inference over a key/value cache (models/kv_cache.hpp), no saved state and
+// no backward. qkv (B, Tq, 3 * H * dh) is the new tokens' QKV projection
+// output: their queries are read in place (its k and v are not read; the
+// caller has already written them to the cache). k_cache and v_cache are
+// time-major, (capacity, B, H, dh), and the first `tk` positions are the
+// keys and values (tk >= Tq: the new tokens are the last Tq of them). With
+// options.causal, key j is hidden from query i when j > i + (tk - Tq), so a
+// prefill (tk = Tq) is the ordinary causal attention and one decoded token
+// sees every cached key. The mask, if any, is (B|1, 1, 1, tk). Returns
+// (B, Tq, H * dh), the output projection's input, as the packed form does.
+// The fused paths (CPU, CUDA) read the cache in place through strides; the
+// unfused mode copies the prefix to (B, H, tk, dh) and runs the unfused op.
+Tensor attention_forward_kv_cache(const Tensor& qkv, int64_t heads, const Tensor& k_cache, const Tensor& v_cache,
+                                  int64_t tk, const AttentionOptions& options);
+
+// The first `length` positions of a time-major (capacity, B, H, dh) cache as
+// a contiguous (B, H, length, dh) copy: the operand form of the unfused paths.
+Tensor kv_cache_heads(const Tensor& cache, int64_t length);
+
 // The head split and merge that the packed form avoids, as transpose copies
 // (the unfused packed form and MultiHeadAttention's softmax path use them).
 // split_heads: x (B, T, S * heads * dh), S slots of heads side by side per

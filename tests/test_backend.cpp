@@ -433,32 +433,33 @@ TEST_CASE("matmul rejects bad shapes, naming them", "[backend][matmul]") {
 
 TEST_CASE("transpose swaps any two dims", "[backend][transpose]") {
   hg::Generator gen(16);
-  const Shape s = {2, 3, 4, 5};
-  for (DType dt : {DType::F32, DType::F64}) {
-    const Tensor x = Tensor::randn(s, gen, dt);
-    const auto vx = x.to_vector();
-    for (int d0 = 0; d0 < 4; ++d0)
-      for (int d1 = 0; d1 < 4; ++d1) {
-        const Tensor y = hg::transpose(x, d0 - 4, d1);  // negative dims too
-        Shape ys = s;
-        std::swap(ys[d0], ys[d1]);
-        REQUIRE(y.shape() == ys);
-        const auto vy = y.to_vector();
-        bool all_equal = true;
-        for (int64_t i = 0; i < x.numel(); ++i) {
-          int64_t idx[4], rest = i;
-          for (int d = 3; d >= 0; --d) {
-            idx[d] = rest % s[d];
-            rest /= s[d];
+  // Dims of size 1 too: swapped across a larger dim they still move the elements.
+  for (const Shape& s : {Shape{2, 3, 4, 5}, Shape{1, 3, 4, 5}, Shape{2, 1, 4, 1}, Shape{1, 3, 1, 5}})
+    for (DType dt : {DType::F32, DType::F64}) {
+      const Tensor x = Tensor::randn(s, gen, dt);
+      const auto vx = x.to_vector();
+      for (int d0 = 0; d0 < 4; ++d0)
+        for (int d1 = 0; d1 < 4; ++d1) {
+          const Tensor y = hg::transpose(x, d0 - 4, d1);  // negative dims too
+          Shape ys = s;
+          std::swap(ys[d0], ys[d1]);
+          REQUIRE(y.shape() == ys);
+          const auto vy = y.to_vector();
+          bool all_equal = true;
+          for (int64_t i = 0; i < x.numel(); ++i) {
+            int64_t idx[4], rest = i;
+            for (int d = 3; d >= 0; --d) {
+              idx[d] = rest % s[d];
+              rest /= s[d];
+            }
+            std::swap(idx[d0], idx[d1]);
+            const int64_t j = ((idx[0] * ys[1] + idx[1]) * ys[2] + idx[2]) * ys[3] + idx[3];
+            all_equal = all_equal && vy[j] == vx[i];
           }
-          std::swap(idx[d0], idx[d1]);
-          const int64_t j = ((idx[0] * ys[1] + idx[1]) * ys[2] + idx[2]) * ys[3] + idx[3];
-          all_equal = all_equal && vy[j] == vx[i];
+          INFO("shape " << hg::shape_str(s) << ", dims " << d0 << " " << d1);
+          REQUIRE(all_equal);
         }
-        INFO("dims " << d0 << " " << d1);
-        REQUIRE(all_equal);
-      }
-  }
+    }
   REQUIRE_THROWS_AS(hg::transpose(Tensor::zeros({2, 3}), 0, 2), hg::Error);
 }
 
@@ -470,7 +471,11 @@ TEST_CASE("transpose plan: the (A, n0, M, n1, B) factoring both backends use", "
   const hg::TransposePlan q = hg::transpose_plan(x, {4, 3, 2, 5}, 0, -2, "transpose");  // negative dim
   CHECK((q.A == 1 && q.n0 == 2 && q.M == 3 && q.n1 == 4 && q.B == 5));
   CHECK(hg::transpose_plan({2, 1, 4}, {1, 2, 4}, 0, 1, "transpose").plain_copy);  // a dim of size 1
-  CHECK(hg::transpose_plan(x, x, 2, 2, "transpose").plain_copy);                  // a dim with itself
+  CHECK(hg::transpose_plan({1, 3, 1}, {1, 3, 1}, 0, 2, "transpose").plain_copy);  // both of size 1
+  // A dim of size 1 swapped across others moves the elements: (1, 3, 4) -> (4, 3, 1) is a real transpose.
+  CHECK_FALSE(hg::transpose_plan({1, 3, 4}, {4, 3, 1}, 0, 2, "transpose").plain_copy);
+  CHECK_FALSE(hg::transpose_plan({2, 5, 1}, {1, 5, 2}, 0, 2, "transpose").plain_copy);
+  CHECK(hg::transpose_plan(x, x, 2, 2, "transpose").plain_copy);  // a dim with itself
   // out of the wrong shape, or a dim out of range: an hg::Error naming the op and the shapes
   try {
     hg::transpose_plan(x, x, 0, 1, "cuda transpose");

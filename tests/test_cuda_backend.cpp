@@ -476,7 +476,8 @@ TEST_CASE("cuda transpose agrees with the CPU", "[cuda][transpose]") {
   HG_REQUIRE_GPU();
   hg::Generator gen(17);
   const std::vector<std::tuple<Shape, int, int>> cases = {
-      {{33, 65}, 0, 1}, {{2, 17, 4, 8}, 1, 2}, {{3, 5, 7, 2}, 0, 3}, {{4, 1, 6}, 0, 1}, {{2, 3, 4}, -1, -2}};
+      {{33, 65}, 0, 1},    {{2, 17, 4, 8}, 1, 2}, {{3, 5, 7, 2}, 0, 3}, {{4, 1, 6}, 0, 1},
+      {{2, 3, 4}, -1, -2}, {{1, 3, 4, 8}, 0, 2},  {{3, 5, 1}, 0, 2}};
   for (DType dtype : {DType::F32, DType::F64, DType::BF16}) {
     for (const auto& [shape, d0, d1] : cases) {
       const Tensor x = Tensor::randn(shape, gen, dtype);

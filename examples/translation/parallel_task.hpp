@@ -9,13 +9,15 @@
 #include <vector>
 
 #include "core/random.hpp"
+#include "examples/common/subword_tokenizer.hpp"
 #include "examples/translation/bleu.hpp"
 #include "examples/translation/decoding.hpp"
 #include "examples/translation/parallel_corpus.hpp"
-#include "examples/translation/subword_tokenizer.hpp"
 #include "examples/translation_task.hpp"  // Batch, kIgnore
 
 namespace hg::translation {
+
+using cli::SubwordTokenizer;
 
 struct EncodedPair {
   Tokens source, target;

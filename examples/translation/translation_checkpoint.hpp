@@ -6,7 +6,7 @@
 // a resumed run keeps the vocabulary it started with.
 #include <string>
 
-#include "examples/translation/subword_tokenizer.hpp"
+#include "examples/common/subword_tokenizer.hpp"
 #include "models/decoder_lm.hpp"
 
 namespace hg::translation {

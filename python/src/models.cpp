@@ -2,14 +2,19 @@
 // logits = model.forward(ids); loss, s = cross_entropy_forward(...);
 // model.zero_grad(); model.backward(cross_entropy_backward(s)); opt.step();
 // or as one call, the library's step (models/train_step.hpp, CUDA graph
-// included): TrainStep(model, opt).run(ids, targets).
+// included): TrainStep(model, opt).run(ids, targets). Text generation with
+// a key/value cache: model.generate(ids, max_new_tokens, temperature=...).
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "bindings.hpp"
 #include "core/optim.hpp"
 #include "models/decoder_lm.hpp"
+#include "models/generation.hpp"
 #include "models/train_step.hpp"
 
 namespace hg::python {
@@ -60,7 +65,34 @@ void bind_models(py::module_& m) {
           py::arg("ids"), py::arg("key_padding_mask") = py::none(),
           "ids (B, T) token ids (integers: a NumPy array or list, or a float32 Tensor) -> logits (B, T, V).")
       .def("backward", &DecoderLM::backward, py::arg("dlogits"),
-           "Accumulates every parameter gradient; returns d loss / d embedding output.");
+           "Accumulates every parameter gradient; returns d loss / d embedding output.")
+      .def(
+          "generate",
+          [](DecoderLM& lm, const py::object& ids, int64_t max_new_tokens, double temperature, int64_t top_k,
+             double top_p, uint64_t seed, bool kv_cache) {
+            Tensor prompt = as_ids(ids, "DecoderLM.generate");
+            const bool one = prompt.ndim() == 1;  // a single prompt (T,): the answer is (T + n,) too
+            if (one) prompt = prompt.reshape({1, prompt.numel()});
+            GenerateOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.sampling.temperature = temperature;
+            o.sampling.top_k = top_k;
+            o.sampling.top_p = top_p;
+            o.seed = seed;
+            o.kv_cache = kv_cache;
+            const Tensor out = generate(lm, prompt, o);
+            py::array_t<int64_t> a(one ? std::vector<py::ssize_t>{out.size(1)}
+                                       : std::vector<py::ssize_t>{out.size(0), out.size(1)});
+            const std::vector<double> v = out.to_vector();
+            std::copy(v.begin(), v.end(), a.mutable_data());
+            return a;
+          },
+          py::arg("ids"), py::arg("max_new_tokens"), py::kw_only(), py::arg("temperature") = 1.0, py::arg("top_k") = 0,
+          py::arg("top_p") = 1.0, py::arg("seed") = 0, py::arg("kv_cache") = true,
+          "Continues the prompts ids (B, T), or one prompt (T,), by max_new_tokens tokens; returns the ids, prompt "
+          "first, as an int64 NumPy array. temperature 0: greedy; top_k 0 and top_p 1: no cut; same seed, same "
+          "tokens. kv_cache=False recomputes the whole context each token (the same tokens, slower). "
+          "docs/generation.md.");
 
   py::class_<Optimizer>(m, "Optimizer")
       .def("step", &Optimizer::step)

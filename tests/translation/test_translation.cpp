@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "core/optim.hpp"
+#include "examples/common/subword_tokenizer.hpp"
 #include "examples/translation/bleu.hpp"
 #include "examples/translation/decoding.hpp"
 #include "examples/translation/parallel_corpus.hpp"
 #include "examples/translation/parallel_task.hpp"
-#include "examples/translation/subword_tokenizer.hpp"
 #include "examples/translation/translation_checkpoint.hpp"
 #include "models/decoder_lm.hpp"
 #include "ops/cross_entropy.hpp"

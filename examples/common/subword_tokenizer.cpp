@@ -1,11 +1,13 @@
-#include "examples/translation/subword_tokenizer.hpp"
+#include "examples/common/subword_tokenizer.hpp"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <unordered_map>
+
 #include "core/error.hpp"
 
-namespace hg::translation {
+namespace hg::cli {
 
 namespace {
 
@@ -27,14 +29,32 @@ class VectorIterator : public sentencepiece::SentenceIterator {
 bool SubwordTokenizer::available() { return true; }
 
 SubwordTokenizer SubwordTokenizer::train(const std::vector<std::string>& sentences, int vocab_size,
-                                         const std::string& model_type) {
+                                         const std::string& model_type, bool exact_text) {
   HG_CHECK(model_type == "bpe" || model_type == "unigram", "SubwordTokenizer", "model type '", model_type,
            "': must be bpe or unigram");
   HG_CHECK(!sentences.empty(), "SubwordTokenizer", "no sentences to train on");
-  const std::string args = "--model_type=" + model_type + " --vocab_size=" + std::to_string(vocab_size) +
-                           " --hard_vocab_limit=false --character_coverage=1.0 --pad_id=0 --unk_id=1 --bos_id=2"
-                           " --eos_id=3 --user_defined_symbols=<sep> --num_threads=1 --minloglevel=2"
-                           " --max_sentence_length=100000";
+  // A map, not an argument string: '\n' is one of the values.
+  std::unordered_map<std::string, std::string> args{{"model_type", model_type},
+                                                    {"vocab_size", std::to_string(vocab_size)},
+                                                    {"hard_vocab_limit", "false"},
+                                                    {"character_coverage", "1.0"},
+                                                    {"pad_id", "0"},
+                                                    {"unk_id", "1"},
+                                                    {"bos_id", "2"},
+                                                    {"eos_id", "3"},
+                                                    {"user_defined_symbols", "<sep>"},
+                                                    {"num_threads", "1"},
+                                                    {"minloglevel", "2"},
+                                                    {"max_sentence_length", "100000"}};
+  if (exact_text) {
+    args["normalization_rule_name"] = "identity";
+    args["remove_extra_whitespaces"] = "false";
+    args["add_dummy_prefix"] = "false";
+    args["allow_whitespace_only_pieces"] = "true";
+    args["byte_fallback"] = "true";             // a byte never seen in training is still encoded exactly
+    args["character_coverage"] = "0.9995";      // rare characters are left to the byte pieces
+    args["user_defined_symbols"] = "<sep>,\n";  // the training lines hold no '\n'; text does
+  }
   VectorIterator it(sentences);
   std::string bytes;
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &bytes);
@@ -79,4 +99,9 @@ std::string SubwordTokenizer::decode(const std::vector<int32_t>& ids) const {
 
 int64_t SubwordTokenizer::vocab_size() const { return sp_->GetPieceSize(); }
 
-}  // namespace hg::translation
+std::string SubwordTokenizer::piece(int32_t id) const {
+  HG_CHECK(id >= 0 && id < vocab_size(), "SubwordTokenizer", "id ", id, " is not in 0..", vocab_size() - 1);
+  return sp_->IdToPiece(id);
+}
+
+}  // namespace hg::cli
