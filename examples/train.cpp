@@ -765,29 +765,44 @@ struct EvalPoint {
   double loss = 0, token_acc = 0, bleu = NAN;
 };
 
+// --data: loss and next-token accuracy on the same kLmEvalBatches batches of
+// windows from the held-out part at every evaluation. The logits come to the
+// host (for the argmax) a few sequences at a time, at most 2^24 values.
+EvalPoint evaluate_lm(DecoderLM& model, const Data& data, const Options& o, Device dev) {
+  Generator val_gen(4242);
+  const int64_t v = model.config().vocab_size;
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(o.batch, (int64_t{1} << 24) / (o.seq_len * v)));
+  double loss_sum = 0;
+  int64_t correct = 0, total = 0;
+  for (int k = 0; k < kLmEvalBatches; ++k) {
+    const Batch b = text_batch(data.text.held_out, o.batch, o.seq_len, val_gen, false);
+    for (int64_t r = 0; r < b.batch; r += rows) {
+      const int64_t n = std::min(rows, b.batch - r), from = r * b.seq, to = (r + n) * b.seq;
+      const std::vector<double> inputs(b.inputs.begin() + from, b.inputs.begin() + to),
+          targets(b.targets.begin() + from, b.targets.begin() + to);
+      model.eval();
+      const Tensor logits = model.forward(Tensor::from_vector(inputs, {n, b.seq}, DType::F32, dev));
+      model.train();
+      const double mean =
+          cross_entropy_forward(logits, Tensor::from_vector(targets, {n, b.seq}, DType::F32, dev), kIgnore, nullptr)
+              .item();
+      loss_sum += mean * static_cast<double>(n * b.seq);
+      const std::vector<double> host = logits.to_vector();
+      for (int64_t i = 0; i < n * b.seq; ++i)
+        correct += argmax_row(&host[static_cast<size_t>(i * v)], v) == static_cast<int32_t>(targets[i]);
+      total += n * b.seq;
+    }
+  }
+  EvalPoint p;
+  p.loss = loss_sum / static_cast<double>(total);
+  p.token_acc = static_cast<double>(correct) / static_cast<double>(total);
+  return p;
+}
+
 EvalPoint evaluate(DecoderLM& model, const Data& data, const Options& o, Device dev) {
   EvalPoint p;
   if (data.lm) {
-    // The same 4 batches of windows from the held-out part at every evaluation.
-    Generator val_gen(4242);
-    double sum = 0;
-    int64_t correct = 0, total = 0;
-    for (int k = 0; k < kLmEvalBatches; ++k) {
-      const Batch b = text_batch(data.text.held_out, o.batch, o.seq_len, val_gen, false);
-      model.eval();
-      const Tensor logits = model.forward(Tensor::from_vector(b.inputs, {b.batch, b.seq}, DType::F32, dev));
-      model.train();
-      sum += cross_entropy_forward(logits, Tensor::from_vector(b.targets, {b.batch, b.seq}, DType::F32, dev), kIgnore,
-                                   nullptr)
-                 .item();
-      const std::vector<double> host = logits.to_vector();
-      const int64_t v = logits.shape().back();
-      for (int64_t i = 0; i < b.batch * b.seq; ++i)
-        correct += argmax_row(&host[static_cast<size_t>(i * v)], v) == static_cast<int32_t>(b.targets[i]);
-      total += b.batch * b.seq;
-    }
-    p.loss = sum / kLmEvalBatches;
-    p.token_acc = static_cast<double>(correct) / static_cast<double>(total);
+    p = evaluate_lm(model, data, o, dev);
   } else if (data.parallel) {
     const translation::TranslateEval e = translation::evaluate_valid(model, *data.parallel, o.tr, dev);
     p.loss = e.loss;
@@ -1087,8 +1102,10 @@ const std::set<std::string> kPerInvocation{"checkpoint",    "resume",     "eval-
 // Taken from the record when not given, but free to change: resolve_schedule
 // checks the schedule's three against CHECKPOINT.schedule, and --batch is per
 // rank (a checkpoint resumes on another number of ranks with the global batch
-// kept: mpirun -np 2 --batch 8, then one process with --batch 16).
-const std::set<std::string> kChangeable{"lr", "warmup", "steps", "batch", "log-csv", "plot", "eval-every"};
+// kept: mpirun -np 2 --batch 8, then one process with --batch 16), as
+// --grad-accum splits the same batch into micro-batches.
+const std::set<std::string> kChangeable{"lr",         "warmup",  "steps", "batch",
+                                        "grad-accum", "log-csv", "plot",  "eval-every"};
 
 cli::RunRecord make_run_record(CLI::App& app, const Options& o, const DecoderLMConfig& cfg) {
   cli::RunRecord r;

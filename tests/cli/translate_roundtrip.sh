@@ -4,7 +4,8 @@
 #   1. a run with --checkpoint writes CK, CK.optim and CK.vocab, logs valid
 #      BLEU in the CSV, reports the malformed line and prints test BLEU;
 #   2. --resume continues from CK.vocab's vocabulary (no new one is trained)
-#      to the same losses as an uninterrupted run;
+#      to the same losses as an uninterrupted run; --eval-only reports valid
+#      and test BLEU from the checkpoint and its CK.json alone, writing nothing;
 #   3. translate reads stdin and prints one line per input line, greedy and
 #      beam, and beam 1 prints what greedy prints; a line longer than the
 #      model's context is cut, with a warning.
@@ -41,6 +42,13 @@ check "resumed run exits 0" test $? -eq 0
 check "resume trains no new vocabulary" bash -c "! grep -q 'trained a bpe vocabulary' resume.out"
 check "CK.vocab unchanged by the resume" test "$vocab_before" == "$(md5sum < ck.vocab)"
 check "resumed losses equal the uninterrupted run's" test "$(cut -d, -f1,2 full.csv)" == "$(cut -d, -f1,2 part.csv)"
+before=$(md5sum ck ck.* part.csv)
+"$train" --eval-only --checkpoint ck > evalonly.out 2>&1
+check "--eval-only (flags from ck.json) exits 0" test $? -eq 0
+check "--eval-only: valid loss and BLEU, test BLEU" \
+  bash -c "grep -qE '^valid: loss [0-9.]+, BLEU [0-9.]+ \(greedy\)' evalonly.out && grep -qE '^test BLEU [0-9.]+' evalonly.out"
+check "--eval-only: trains no vocabulary, changes no file" \
+  bash -c "! grep -q 'trained a' evalonly.out && test \"\$1\" == \"\$(md5sum ck ck.* part.csv)\"" _ "$before"
 
 # --valid/--test given as files: nothing is cut from --pairs (the corpus has 40 valid pairs).
 head -5 "$pairs" > valid.tsv

@@ -86,6 +86,11 @@ TEST_CASE("bpe tokenizer: exact on seen and unseen text, shorter than bytes, sav
   CHECK(t.vocab_size() > TextTokenizer::kMinBpeVocab);
   const std::vector<int32_t> ids = t.encode(text);
   CHECK(t.decode(ids) == text);
+  // Deterministic: every rank of a data-parallel run trains its own copy.
+  const TextTokenizer again = TextTokenizer::train_bpe(text, 400);
+  REQUIRE(again.vocab_size() == t.vocab_size());
+  for (int32_t id = 0; id < t.vocab_size(); ++id) CHECK(again.decode({id}) == t.decode({id}));
+  CHECK(again.encode(text) == ids);
   CHECK(ids.size() * 3 < text.size());  // merges learned: well under one id per byte
   for (int32_t id : ids) {
     CHECK(id > SubwordTokenizer::kSep);  // no <unk> or other special id in exact text
