@@ -5,7 +5,8 @@
 #      while --batch 2 alone is far from them.
 #   2. The lr column of each --lr-schedule at the steps that define it.
 #   3. The kind travels with the checkpoint: a resume with another kind is
-#      refused; --extend-schedule continues linear and constant without a jump.
+#      refused; without the flag the run record's kind continues; --extend-schedule continues
+#      linear and constant without a jump.
 #
 #   train_controls.sh PATH/TO/train
 set -uo pipefail
@@ -59,16 +60,16 @@ check "--lr-schedule constant: 1e-3 at steps 6..20" \
 check "--lr-schedule foo: exit 2" [ $? == 2 ]
 check "--lr-schedule foo: names the allowed kinds" grep -q -- "--lr-schedule: foo not in {cosine,linear,constant}" bad.out
 
-# ---- 3. resume: the kind is the checkpoint's; extension continues it
+# ---- 3. resume: the kind is the checkpoint's (its run record); extension continues it
 for kind in linear constant; do
   "$train" "${sched[@]}" --steps 10 --lr-schedule $kind --checkpoint $kind.ck --log-csv r$kind.csv > /dev/null 2>&1
-  "$train" "${sched[@]}" --steps 20 --checkpoint $kind.ck --log-csv r$kind.csv --resume --extend-schedule > other.out 2>&1
-  check "$kind checkpoint resumed with the default cosine: exit 2" [ $? == 2 ]
-  check "$kind checkpoint resumed with the default cosine: names the saved kind" \
+  "$train" "${sched[@]}" --steps 20 --lr-schedule cosine --checkpoint $kind.ck --log-csv r$kind.csv --resume \
+    --extend-schedule > other.out 2>&1
+  check "$kind checkpoint resumed with --lr-schedule cosine: exit 2" [ $? == 2 ]
+  check "$kind checkpoint resumed with --lr-schedule cosine: names the saved kind" \
     grep -q -- "--lr-schedule cosine: the checkpoint's run used --lr-schedule $kind" other.out
-  "$train" "${sched[@]}" --steps 20 --lr-schedule $kind --checkpoint $kind.ck --log-csv r$kind.csv --resume \
-    --extend-schedule > ext.out 2>&1
-  check "$kind: --extend-schedule exits 0" [ $? == 0 ]
+  "$train" "${sched[@]}" --steps 20 --checkpoint $kind.ck --log-csv r$kind.csv --resume --extend-schedule > ext.out 2>&1
+  check "$kind: --extend-schedule without --lr-schedule (the record's kind) exits 0" [ $? == 0 ]
 done
 # The 10-step linear run ended at its floor (1e-4 at step index 10): the
 # extension holds it there instead of jumping back up to the 20-step rate.
