@@ -5,7 +5,7 @@ of the pre-LN decoder LM of shared/anchors/torch_cpu.py (same Block and LM),
 in float32 on the CPU, at each thread count asked for.
 
   python3 bench/torch_cpu_step.py [--config small,medium] [--threads 1,all]
-      [--warmup 3] [--reps 20] [--json PATH]
+      [--warmup 3] [--reps 20] [--json PATH] [--profile N]
 
 configs (the same as bench_train's --cpu-model presets; vocabulary 256):
   small  = d_model 128, 4 heads, 2 layers, seq 64, batch 8
@@ -14,7 +14,9 @@ configs (the same as bench_train's --cpu-model presets; vocabulary 256):
 threads) point runs `warmup` untimed steps, then `reps` timed steps; the
 median and the minimum (wall ms) are printed and written as JSON to --json,
 default $OUT/torch_cpu_step.json (or ./torch_cpu_step.json without $OUT).
-Two batches rotate, drawn before timing, as bench_train does."""
+Two batches rotate, drawn before timing, as bench_train does. --profile N:
+after timing, N more steps under torch.profiler, and its table of operators
+by self CPU time (per step), to set beside bench_train's per-op-kind breakdown."""
 import argparse
 import json
 import math
@@ -57,7 +59,7 @@ class LM(nn.Module):
         return s.head(s.lnf(x))
 
 
-def measure(name, threads, warmup, reps):
+def measure(name, threads, warmup, reps, profile_steps):
     c = CONFIGS[name]
     V, d, h, L, T, B = c["V"], c["d"], c["h"], c["L"], c["T"], c["B"]
     torch.set_num_threads(threads); torch.manual_seed(0)
@@ -75,6 +77,11 @@ def measure(name, threads, warmup, reps):
     ms = []
     for i in range(reps):
         t0 = time.perf_counter(); step(i); ms.append((time.perf_counter() - t0) * 1e3)
+    if profile_steps > 0:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for i in range(profile_steps): step(i)
+        print(f"torch.profiler, {name}, {threads} thread(s), {profile_steps} steps (times are totals):")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     return dict(op="train_step_cpu", config=name, model=f"d{d} h{h} L{L} T{T} B{B} V{V}", threads=threads,
                 median_ms=statistics.median(ms), min_ms=min(ms), tok_s=B * T / statistics.median(ms) * 1e3,
                 reps=reps, torch=torch.__version__)
@@ -86,6 +93,7 @@ def main():
     ap.add_argument("--threads", default="1,all", help='comma list of thread counts; "all" = every core')
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--profile", type=int, default=0, help="steps under torch.profiler (0: none)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "torch_cpu_step.json"))
     a = ap.parse_args()
     configs = a.config.split(",")
@@ -96,11 +104,11 @@ def main():
         if t == "all": threads.append(os.cpu_count())
         elif t.isdigit() and int(t) >= 1: threads.append(int(t))
         else: ap.error(f"--threads {t}: a count >= 1 or all")
-    if a.warmup < 0 or a.reps < 1: ap.error("--warmup must be >= 0 and --reps >= 1")
+    if a.warmup < 0 or a.reps < 1 or a.profile < 0: ap.error("--warmup and --profile must be >= 0, --reps >= 1")
     res = []
     for name in configs:
         for t in threads:
-            r = measure(name, t, a.warmup, a.reps)
+            r = measure(name, t, a.warmup, a.reps, a.profile)
             res.append(r)
             print(f"torch {r['torch']} cpu step {name:6s} ({r['model']}) threads {t:3d}: "
                   f"median {r['median_ms']:8.2f} ms (min {r['min_ms']:8.2f})  {r['tok_s']:9.0f} tokens/s", flush=True)

@@ -16,6 +16,8 @@
 #     cpu         the CPU backend on this machine's cores: test_cpu_gemm / test_cpu_threads,
 #                 bench_cpu_kernels and bench_train --device cpu at 1 and all threads, the main
 #                 job (train --device cpu) at 1, 2 and all threads | torch_cpu.py
+#     cpu-step    the CPU training step, bench_train --device cpu --cpu-model small and medium at 1 and
+#                 all threads, each point right beside bench/torch_cpu_step.py's (same model)
 #
 # HG_ANCHORS: folder of the PyTorch scripts (default ../shared/anchors, else .anchors).
 # HG_TORCH_VARIANTS: torch_train_step.py variants (default: the eager ones; add compile-* when time allows).
@@ -26,7 +28,8 @@ mkdir -p "$out"
 anchors="${HG_ANCHORS:-../shared/anchors}"
 [[ -d $anchors ]] || anchors=.anchors
 variants="${HG_TORCH_VARIANTS:-eager-fp32,eager-fp32-sdpa,eager-bf16-sdpa}"
-b=build-gpu/bench
+build="${HG_BUILD:-build-gpu}"  # HG_BUILD: another build folder (a CPU-only one for the cpu-step stage)
+b=$build/bench
 status=0
 run() {  # log name, command...
   local name=$1; shift
@@ -98,7 +101,21 @@ for stage in "$@"; do
           build-gpu/examples/train --device cpu --threads $t --log-csv '' --plot ''"
       done
       torch_ref torch_cpu torch_cpu.py ;;
-    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms residual accuracy python cpu)" >&2
+    cpu-step)
+      n=$(nproc)
+      { lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400; uptime; } | tee "$out/cpu.txt"
+      cmake --build "$build" -j"$n" --target bench_train > "$out/cpu_step_build.log" 2>&1 ||
+        { echo "cpu-step build FAILED"; status=1; }
+      for m in small medium; do
+        for t in 1 "$n"; do  # handgrad, then PyTorch, per point: the machine drifts between minutes
+          run "bench_train_cpu_${m}_t$t" $b/bench_train --device cpu --kernels fused --cpu-model "$m" --threads "$t" \
+            --iters 20 --profile-steps 3 --csv "$out/bench_train_cpu_${m}_t$t.csv" \
+            --breakdown-csv "$out/bench_train_cpu_${m}_t${t}_kinds.csv"
+          run "torch_cpu_step_${m}_t$t" python3 bench/torch_cpu_step.py --config "$m" --threads "$t" \
+            --json "$out/torch_cpu_step_${m}_t$t.json"
+        done
+      done ;;
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms residual accuracy python cpu cpu-step)" >&2
        exit 2 ;;
   esac
 done
