@@ -36,9 +36,10 @@ void gemm(const GemmBlock<double>& g);
 // op(B)'s columns are packed once per depth block (of depth_block() rows of
 // the k dim) instead of once per tile, and each tile multiplies its panels.
 // The k-order of an element depends on the product's shape and the tile
-// holding it, never on which thread packs or multiplies (core/cpu_backend.cpp
+// holding it, never on which thread packs or multiplies (core/cpu_matmul.cpp
 // runs the phases). g.rows/cols/depth are the whole product's; a packed block
-// of `rows` (`cols`) takes rows * kc (cols * kc) elements, 64-byte aligned.
+// of `rows` (`cols`) takes round_up(rows, row_multiple) * kc
+// (round_up(cols, col_multiple) * kc) elements, 64-byte aligned.
 template <class T>
 struct PackedGemm {
   int64_t (*depth_block)(int64_t rows, int64_t cols, int64_t depth);
@@ -49,6 +50,7 @@ struct PackedGemm {
   // C tile += alpha * (packed rows) * (packed cols); g.accumulate is not read.
   void (*multiply)(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
                    const T* packed_rows, const T* packed_cols);
+  int64_t row_multiple = 1, col_multiple = 1;  // the packers pad rows (columns) to a multiple of these
 };
 
 // The current level's (HG_GEMM_LEVEL, set_gemm_level).
@@ -56,7 +58,9 @@ const PackedGemm<float>& packed_gemm_f32();
 const PackedGemm<double>& packed_gemm_f64();
 
 // Levels this build and this CPU can run, slowest first: "baseline" (the
-// build's own flags), then "x86-64-v3" and "x86-64-v4" where supported.
+// build's own flags), then "x86-64-v3-hg", "x86-64-v3", "x86-64-v4-hg" and
+// "x86-64-v4" where supported ("-hg": float32 through handgrad's kernel,
+// core/isa/sgemm_kernel.hpp, in place of Eigen's).
 std::vector<std::string> gemm_levels();
 // The level in use: HG_GEMM_LEVEL when set (one of gemm_levels()), else the
 // last of gemm_levels().

@@ -118,8 +118,9 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
   const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
   const int64_t blocks = pieces(g.depth, kc_max);
   // Each panel (tile, depth block) starts 64-byte aligned.
-  const int64_t align = 64 / sizeof(T), row_panel = (t.rows * kc_max + align - 1) / align * align,
-                col_panel = (t.cols * kc_max + align - 1) / align * align;
+  auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  const int64_t align = 64 / sizeof(T), row_panel = round_up(round_up(t.rows, p.row_multiple) * kc_max, align),
+                col_panel = round_up(round_up(t.cols, p.col_multiple) * kc_max, align);
   thread_local Scratch row_scratch, col_scratch;
   T* rows_buf = static_cast<T*>(row_scratch.get(sizeof(T) * blocks * t.row_tiles * row_panel));
   T* cols_buf = static_cast<T*>(col_scratch.get(sizeof(T) * blocks * t.col_tiles * col_panel));

@@ -1,9 +1,10 @@
-// The CPU GEMM's run-time levels (core/cpu_gemm.hpp): every level Eigen was
-// compiled for (baseline, x86-64-v3, x86-64-v4) that this CPU runs is checked
+// The CPU GEMM's run-time levels (core/cpu_gemm.hpp): every level compiled
+// (baseline, x86-64-v3[-hg], x86-64-v4[-hg]) that this CPU runs is checked
 // against a float64 triple loop within the worst-case rounding bound, on odd
 // sizes, every transpose mode, strided blocks, alpha and accumulation; the
 // levels are shown to be really distinct code; bad level names are refused.
-// The backend's tiled matmul over packed panels gets the same float64 check.
+// The backend's tiled matmul over packed panels gets the same float64 check,
+// and so does handgrad's own kernel in both its shapes, on any CPU.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -12,12 +13,14 @@
 #include "core/cpu_gemm.hpp"
 #include "core/cpu_matmul.hpp"
 #include "core/error.hpp"
+#include "core/isa/sgemm_kernel.hpp"
 #include "core/random.hpp"
 #include "tests/catch.hpp"
 
 namespace {
 
 using hg::cpu::GemmBlock;
+using hg::cpu::PackedGemm;
 
 // Restores the level a test changed.
 struct LevelScope {
@@ -104,6 +107,39 @@ void check_against_float64(const Operands& o, float alpha, bool accumulate, cons
   CHECK(bad == 0);
 }
 
+// handgrad's float32 kernel shape `Kernel` (core/isa/sgemm_kernel.hpp),
+// compiled here at the test's own level: C cut into 2 x 2 tiles at odd
+// offsets, each tile packed and multiplied per depth block, as
+// core/cpu_matmul.cpp drives it.
+template <class Kernel>
+std::vector<float> run_kernel_tiles(const Operands& o, float alpha, bool accumulate) {
+  const PackedGemm<float> k = Kernel::table();
+  std::vector<float> c = o.c0;
+  GemmBlock<float> g;
+  g.rows = o.p.rows, g.cols = o.p.cols, g.depth = o.p.depth;
+  g.a = o.a.data(), g.lda = o.lda, g.transpose_a = o.p.ta;
+  g.b = o.b.data(), g.ldb = o.ldb, g.transpose_b = o.p.tb;
+  g.c = c.data(), g.ldc = o.ldc, g.alpha = alpha;
+  if (!accumulate)
+    for (int64_t r = 0; r < g.rows; ++r) std::fill(c.begin() + r * g.ldc, c.begin() + r * g.ldc + g.cols, 0.f);
+  const int64_t kc_max = k.depth_block(g.rows, g.cols, g.depth), r_split = g.rows / 2 + 1, c_split = g.cols / 3 + 1;
+  std::vector<float> rows(static_cast<size_t>((g.rows + k.row_multiple) * kc_max)),
+      cols(static_cast<size_t>((g.cols + k.col_multiple) * kc_max));
+  for (int64_t r0 : {int64_t(0), r_split})
+    for (int64_t c0 : {int64_t(0), c_split}) {
+      const int64_t nr = std::min(g.rows, r0 == 0 ? r_split : g.rows) - r0;
+      const int64_t nc = std::min(g.cols, c0 == 0 ? c_split : g.cols) - c0;
+      if (nr <= 0 || nc <= 0) continue;
+      for (int64_t k0 = 0; k0 < g.depth; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, g.depth - k0);
+        k.pack_rows(g, k0, kc, r0, nr, rows.data());
+        k.pack_cols(g, k0, kc, c0, nc, cols.data());
+        k.multiply(g, kc, r0, nr, c0, nc, rows.data(), cols.data());
+      }
+    }
+  return c;
+}
+
 const std::vector<Problem> kProblems = {
     {1, 1, 1, false, false, 0},    {7, 5, 3, false, false, 0},     {33, 17, 65, false, true, 3},
     {65, 129, 31, true, false, 1}, {50, 70, 300, true, true, 5},   {130, 3, 257, false, false, 2},
@@ -130,6 +166,22 @@ TEST_CASE("every CPU GEMM level matches float64 within the rounding bound", "[cp
           check_against_float64(o, alpha, accumulate, o.run(alpha, accumulate));
         }
   }
+}
+
+TEST_CASE("handgrad's float32 kernel, AVX-512 and AVX2 shapes, matches float64 on any CPU", "[cpu_gemm]") {
+  // The shapes the x86-64-v4-hg and -v3-hg levels run (W = 16, MR = 8; W = 8,
+  // MR = 6), here in plain vector code: packing, edges and tile offsets are
+  // checked on every CPU, also one without AVX-512. Depth 300 and 704 span
+  // several depth blocks.
+  for (const Problem& p : kProblems)
+    for (bool accumulate : {false, true})
+      for (float alpha : {1.0f, -0.375f}) {
+        INFO(p.rows << "x" << p.cols << "x" << p.depth << " ta " << p.ta << " tb " << p.tb << " pad " << p.pad
+                    << " accumulate " << accumulate << " alpha " << alpha);
+        const Operands o(p, 29);
+        check_against_float64(o, alpha, accumulate, run_kernel_tiles<hg::cpu::isa::Sgemm<16, 8>>(o, alpha, accumulate));
+        check_against_float64(o, alpha, accumulate, run_kernel_tiles<hg::cpu::isa::Sgemm<8, 6>>(o, alpha, accumulate));
+      }
 }
 
 TEST_CASE("the tiled matmul matches float64 within the rounding bound at every level", "[cpu_gemm]") {

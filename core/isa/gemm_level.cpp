@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "core/isa/gemm_level.hpp"
+#include "core/isa/sgemm_kernel.hpp"
 
 #ifndef HG_GEMM_LEVEL_FN
 #error "compile with -DHG_GEMM_LEVEL_FN=gemm_<level> -DHG_GEMM_LEVEL_NAME=\"<level>\" (core/CMakeLists.txt)"
@@ -103,6 +104,21 @@ PackedGemm<T> packed() {
 
 }  // namespace
 
+// Eigen's kernels; at the FMA levels also handgrad's own float32 kernel
+// (core/isa/sgemm_kernel.hpp) as the level "<level>-hg", whose whole products
+// go through the same packed pieces (f32 = nullptr, core/cpu_gemm.cpp).
 GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__)
+using OwnSgemm = Sgemm<16, 8>;
+#else
+using OwnSgemm = Sgemm<8, 6>;
+#endif
+#define HG_GEMM_CAT2(a, b) a##b
+#define HG_GEMM_CAT(a, b) HG_GEMM_CAT2(a, b)
+GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _hg)() {
+  return {HG_GEMM_LEVEL_NAME "-hg", nullptr, run_f64, OwnSgemm::table(), packed<double>()};
+}
+#endif
 
 }  // namespace hg::cpu::isa

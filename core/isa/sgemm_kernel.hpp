@@ -1,0 +1,159 @@
+#pragma once
+// handgrad's own float32 GEMM for the FMA levels (core/isa/gemm_level.cpp
+// builds it for x86-64-v3 with W = 8, for x86-64-v4 with W = 16): the
+// PackedGemm pieces of core/cpu_gemm.hpp, a register-blocked micro-kernel
+// over packed panels, as BLIS and oneDNN do. Eigen 3.4's kernel keeps 12 of
+// AVX-512's 32 vector registers as accumulators (48 x 4 blocks); this one
+// holds an MR x 2W block of C, MR = 8 on AVX-512 (16 accumulators) and 6 on
+// AVX2 (12 of its 16 registers).
+//
+// Everything here has internal linkage: each level's object keeps its own
+// copy (the CTest gemm_level_symbols checks). W and MR are template
+// parameters, so tests/test_cpu_gemm.cpp also builds the AVX-512 shape at
+// the test's own level and checks it against float64 on any CPU.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu_gemm.hpp"
+
+#if defined(__AVX512F__) || defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+namespace hg::cpu::isa {
+namespace {
+
+// Panels: op(A)'s rows in micro-panels of MR rows, k-major (the MR values of
+// one k side by side), zero-padded to MR rows; op(B)'s columns in
+// micro-panels of NR = 2W columns, k-major, zero-padded to NR columns. A
+// packed block of `rows` x kc takes round_up(rows, MR) * kc floats.
+template <int W, int MR>
+struct Sgemm {
+  typedef float Vec __attribute__((vector_size(W * sizeof(float))));
+  static constexpr int NR = 2 * W;
+  // The depth block: a B micro-panel (kc x NR) stays in L1 while the A
+  // micro-panels stream past it (16 KiB at W = 16, 8 KiB at W = 8).
+  static constexpr int64_t kDepthBlock = W == 16 ? 128 : 256;
+
+  static Vec load(const float* p) {
+    Vec v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  static void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+  static Vec splat(float x) {  // one broadcast (Vec{} + x would add 0 first)
+    float lanes[W];
+    for (float& l : lanes) l = x;
+    return load(lanes);
+  }
+  // acc + a * b, one rounding where the level has FMA.
+  static Vec fma(Vec a, Vec b, Vec acc) {
+#if defined(__AVX512F__)
+    if constexpr (W == 16) return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
+#endif
+#if defined(__FMA__)
+    if constexpr (W == 8) return (Vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
+#endif
+    return acc + a * b;
+  }
+
+  static int64_t depth_block(int64_t, int64_t, int64_t) { return kDepthBlock; }
+
+  // op(A) rows [r0, r0 + rows) x depth [k0, k0 + kc).
+  static void pack_rows(const GemmBlock<float>& g, int64_t k0, int64_t kc, int64_t r0, int64_t rows, float* packed) {
+    for (int64_t p = 0; p < rows; p += MR, packed += MR * kc) {
+      const int n = static_cast<int>(std::min<int64_t>(MR, rows - p));
+      if (g.transpose_a) {  // A is depth x rows: MR neighbours per k
+        for (int64_t k = 0; k < kc; ++k) {
+          const float* src = g.a + (k0 + k) * g.lda + r0 + p;
+          float* dst = packed + k * MR;
+          for (int i = 0; i < MR; ++i) dst[i] = i < n ? src[i] : 0.f;
+        }
+      } else {  // A is rows x depth: transposed, row by row
+        for (int i = 0; i < MR; ++i) {
+          const float* src = g.a + (r0 + p + i) * g.lda + k0;
+          for (int64_t k = 0; k < kc; ++k) packed[k * MR + i] = i < n ? src[k] : 0.f;
+        }
+      }
+    }
+  }
+
+  // op(B) depth [k0, k0 + kc) x columns [c0, c0 + cols).
+  static void pack_cols(const GemmBlock<float>& g, int64_t k0, int64_t kc, int64_t c0, int64_t cols, float* packed) {
+    for (int64_t p = 0; p < cols; p += NR, packed += NR * kc) {
+      const int n = static_cast<int>(std::min<int64_t>(NR, cols - p));
+      if (!g.transpose_b) {  // B is depth x cols: NR neighbours per k
+        for (int64_t k = 0; k < kc; ++k) {
+          const float* src = g.b + (k0 + k) * g.ldb + c0 + p;
+          float* dst = packed + k * NR;
+          if (n == NR) std::memcpy(dst, src, sizeof(float) * NR);
+          else
+            for (int j = 0; j < NR; ++j) dst[j] = j < n ? src[j] : 0.f;
+        }
+      } else {  // B is cols x depth: transposed, column by column
+        for (int j = 0; j < NR; ++j) {
+          const float* src = g.b + (c0 + p + j) * g.ldb + k0;
+          for (int64_t k = 0; k < kc; ++k) packed[k * NR + j] = j < n ? src[k] : 0.f;
+        }
+      }
+    }
+  }
+
+  // C[0..rows) x [0..cols) += alpha * (A micro-panel) (B micro-panel).
+  static void kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int rows, int cols,
+                     float alpha) {
+    for (int i = 0; i < rows; ++i) __builtin_prefetch(c + i * ldc, 1, 3);  // C is read after the loop
+    Vec acc[MR][2] = {};
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
+      const Vec b0 = load(b), b1 = load(b + W);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const Vec ai = splat(a[i]);
+        acc[i][0] = fma(ai, b0, acc[i][0]);
+        acc[i][1] = fma(ai, b1, acc[i][1]);
+      }
+    }
+    const Vec va = splat(alpha);
+    if (rows == MR && cols == NR) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        store(c + i * ldc, fma(va, acc[i][0], load(c + i * ldc)));
+        store(c + i * ldc + W, fma(va, acc[i][1], load(c + i * ldc + W)));
+      }
+      return;
+    }
+    edge(acc, va, c, ldc, rows, cols);
+  }
+
+  // An edge block: the same arithmetic on a copy of the valid part.
+  __attribute__((noinline)) static void edge(const Vec (&acc)[MR][2], Vec va, float* c, int64_t ldc, int rows,
+                                             int cols) {
+    float t[MR][NR] = {};
+    for (int i = 0; i < rows; ++i) std::memcpy(t[i], c + i * ldc, sizeof(float) * cols);
+    for (int i = 0; i < MR; ++i) {
+      store(t[i], fma(va, acc[i][0], load(t[i])));
+      store(t[i] + W, fma(va, acc[i][1], load(t[i] + W)));
+    }
+    for (int i = 0; i < rows; ++i) std::memcpy(c + i * ldc, t[i], sizeof(float) * cols);
+  }
+
+  // C tile [r0, r0 + rows) x [c0, c0 + cols) += alpha * panels: each B
+  // micro-panel meets every A micro-panel while it is in L1.
+  static void multiply(const GemmBlock<float>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
+                       const float* packed_rows, const float* packed_cols) {
+    for (int64_t q = 0; q < cols; q += NR) {
+      const float* b = packed_cols + q * kc;
+      const int nc = static_cast<int>(std::min<int64_t>(NR, cols - q));
+      for (int64_t p = 0; p < rows; p += MR)
+        kernel(kc, packed_rows + p * kc, b, g.c + (r0 + p) * g.ldc + c0 + q, g.ldc,
+               static_cast<int>(std::min<int64_t>(MR, rows - p)), nc, g.alpha);
+    }
+  }
+
+  static PackedGemm<float> table() { return {depth_block, pack_rows, pack_cols, multiply, MR, NR}; }
+};
+
+}  // namespace
+}  // namespace hg::cpu::isa
