@@ -35,14 +35,14 @@ using isa::GemmKernels;
 }
 
 // HG_GEMM_PER_LEVEL: core/CMakeLists.txt built the x86-64-v3 and -v4 objects.
-// Each FMA level comes twice, handgrad's float32 kernel ("-hg") before Eigen's:
-// the last is the default.
+// Each FMA level comes twice, its other float32 kernel ("-hg", "-eigen")
+// first: the last is the default.
 std::vector<GemmKernels> available() {
   std::vector<GemmKernels> levels{isa::gemm_baseline()};
 #if defined(HG_GEMM_PER_LEVEL)
   __builtin_cpu_init();
   if (cpu_runs_v3()) levels.insert(levels.end(), {isa::gemm_x86_64_v3_hg(), isa::gemm_x86_64_v3()});
-  if (cpu_runs_v4()) levels.insert(levels.end(), {isa::gemm_x86_64_v4_hg(), isa::gemm_x86_64_v4()});
+  if (cpu_runs_v4()) levels.insert(levels.end(), {isa::gemm_x86_64_v4_eigen(), isa::gemm_x86_64_v4()});
 #endif
   return levels;
 }
@@ -78,9 +78,13 @@ std::atomic<const GemmKernels*>& current() {
 // One whole product through a level's packed pieces, on the calling thread:
 // per depth block, all of op(A) and op(B) packed, then one multiply.
 void packed_whole(const PackedGemm<float>& p, const GemmBlock<float>& g) {
-  if (!g.accumulate)
-    for (int64_t r = 0; r < g.rows; ++r) std::fill(g.c + r * g.ldc, g.c + r * g.ldc + g.cols, 0.f);
   if (g.rows == 0 || g.cols == 0) return;
+  if (g.depth == 0) {  // no product: C = [C +] bias
+    for (int64_t r = 0; r < g.rows; ++r)
+      for (int64_t j = 0; j < g.cols; ++j)
+        g.c[r * g.ldc + j] = (g.accumulate ? g.c[r * g.ldc + j] : 0.f) + (g.bias ? g.bias[j] : 0.f);
+    return;
+  }
   const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
   auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
   thread_local std::vector<float> rows, cols;
@@ -90,7 +94,7 @@ void packed_whole(const PackedGemm<float>& p, const GemmBlock<float>& g) {
     const int64_t kc = std::min(kc_max, g.depth - k0);
     p.pack_rows(g, k0, kc, 0, g.rows, rows.data());
     p.pack_cols(g, k0, kc, 0, g.cols, cols.data());
-    p.multiply(g, kc, 0, g.rows, 0, g.cols, rows.data(), cols.data());
+    p.multiply(g, kc, 0, g.rows, 0, g.cols, rows.data(), cols.data(), k0 == 0, k0 + kc == g.depth);
   }
 }
 

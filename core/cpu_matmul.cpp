@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/cpu_gemm.hpp"
+#include "core/error.hpp"
 #include "core/parallel.hpp"
 
 namespace hg::cpu {
@@ -113,7 +114,7 @@ class PanelStates {
 // block. Which tile holds an element and the depth blocks depend on the shape
 // alone, so its k-order does too.
 template <class T>
-void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
+void packed_product(const GemmBlock<T>& g, const Tiles& t, const MatmulEpilogue<T>* epilogue) {
   const PackedGemm<T>& p = packed_gemm<T>();
   const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
   const int64_t blocks = pieces(g.depth, kc_max);
@@ -128,8 +129,6 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
   parallel_for(t.row_tiles * t.col_tiles, g.rows * g.cols * g.depth, [&](int64_t task) {
     const int64_t i = task / t.col_tiles, j = task % t.col_tiles, r0 = i * t.rows, c0 = j * t.cols;
     const int64_t rows = std::min(t.rows, g.rows - r0), cols = std::min(t.cols, g.cols - c0);
-    if (!accumulate)
-      for (int64_t r = r0; r < r0 + rows; ++r) std::memset(g.c + r * g.ldc + c0, 0, sizeof(T) * cols);
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * kc_max, kc = std::min(kc_max, g.depth - k0);
       thread_local Scratch own_rows, own_cols;
@@ -139,28 +138,41 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
       const T* col_panel_at = col_states.get(kb * t.col_tiles + j, cols_buf + (kb * t.col_tiles + j) * col_panel,
                                              static_cast<T*>(own_cols.get(sizeof(T) * col_panel)),
                                              [&](T* to) { p.pack_cols(g, k0, kc, c0, cols, to); });
-      p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at);
+      p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at, kb == 0, kb == blocks - 1);
     }
+    if (epilogue && epilogue->finish) epilogue->finish(r0, rows, c0, cols);
   });
 }
 
 }  // namespace
 
 template <class T>
-void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
+void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate,
+            const MatmulEpilogue<T>* epilogue) {
+  HG_CHECK(epilogue == nullptr || s.batch == 1, "cpu::matmul", "an epilogue needs one product, got a batch of ",
+           s.batch);
   const Tiles t = tiles_for(s);
   if (t.row_tiles * t.col_tiles > 1) {
-    for (int64_t i = 0; i < s.batch; ++i) packed_product(entry_block(a, b, c, s, i, ta, tb), t, accumulate);
+    for (int64_t i = 0; i < s.batch; ++i) {
+      GemmBlock<T> g = entry_block(a, b, c, s, i, ta, tb);
+      g.accumulate = accumulate;
+      g.bias = epilogue ? epilogue->bias : nullptr;
+      packed_product(g, t, epilogue);
+    }
     return;
   }
   parallel_for(s.batch, s.batch * s.m * s.n * s.k, [&](int64_t i) {
     GemmBlock<T> g = entry_block(a, b, c, s, i, ta, tb);
     g.accumulate = accumulate;
+    g.bias = epilogue ? epilogue->bias : nullptr;
     gemm(g);
+    if (epilogue && epilogue->finish) epilogue->finish(0, s.m, 0, s.n);
   });
 }
 
-template void matmul(const float*, const float*, float*, const MatmulShape&, bool, bool, bool);
-template void matmul(const double*, const double*, double*, const MatmulShape&, bool, bool, bool);
+template void matmul(const float*, const float*, float*, const MatmulShape&, bool, bool, bool,
+                     const MatmulEpilogue<float>*);
+template void matmul(const double*, const double*, double*, const MatmulShape&, bool, bool, bool,
+                     const MatmulEpilogue<double>*);
 
 }  // namespace hg::cpu

@@ -24,6 +24,13 @@ using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class T>
 using ConstMap = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
 
+// C tile rows += g.bias (after the product, as a separate addition).
+template <class T>
+void add_bias(const GemmBlock<T>& g, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+  for (int64_t r = r0; r < r0 + rows; ++r)
+    for (int64_t j = c0; j < c0 + cols; ++j) g.c[r * g.ldc + j] += g.bias[j];
+}
+
 template <class T>
 void run(const GemmBlock<T>& g) {
   const ConstMap<T> A(g.a, g.transpose_a ? g.depth : g.rows, g.transpose_a ? g.rows : g.depth,
@@ -37,6 +44,7 @@ void run(const GemmBlock<T>& g) {
   else if (!g.transpose_a) C.noalias() += g.alpha * A * B.transpose();
   else if (!g.transpose_b) C.noalias() += g.alpha * A.transpose() * B;
   else C.noalias() += g.alpha * A.transpose() * B.transpose();
+  if (g.bias != nullptr) add_bias(g, 0, g.rows, 0, g.cols);
 }
 
 void run_f32(const GemmBlock<float>& g) { run(g); }
@@ -92,9 +100,13 @@ void pack_cols(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t c0, int64_
 
 template <class T>
 void multiply(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
-              const T* packed_rows, const T* packed_cols) {
+              const T* packed_rows, const T* packed_cols, bool first, bool last) {
+  if (first && !g.accumulate)
+    for (int64_t r = r0; r < r0 + rows; ++r)
+      for (int64_t j = c0; j < c0 + cols; ++j) g.c[r * g.ldc + j] = T(0);
   ei::gebp_kernel<T, T, Index, ResMapper<T>, Traits<T>::mr, Traits<T>::nr, false, false> gebp;
   gebp(ResMapper<T>(g.c, g.ldc).getSubMapper(c0, r0), packed_cols, packed_rows, cols, kc, rows, g.alpha);
+  if (last && g.bias != nullptr) add_bias(g, r0, rows, c0, cols);
 }
 
 template <class T>
@@ -104,21 +116,28 @@ PackedGemm<T> packed() {
 
 }  // namespace
 
-// Eigen's kernels; at the FMA levels also handgrad's own float32 kernel
-// (core/isa/sgemm_kernel.hpp) as the level "<level>-hg", whose whole products
-// go through the same packed pieces (f32 = nullptr, core/cpu_gemm.cpp).
-GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#if defined(__AVX512F__)
-using OwnSgemm = Sgemm<16, 8>;
-#else
-using OwnSgemm = Sgemm<8, 6>;
-#endif
+// float32 at the FMA levels comes in two kernels, Eigen's and handgrad's own
+// (core/isa/sgemm_kernel.hpp, whose whole products go through its packed
+// pieces: f32 = nullptr, core/cpu_gemm.cpp). At x86-64-v4 the level is
+// handgrad's and "x86-64-v4-eigen" Eigen's; at x86-64-v3 the level is
+// Eigen's and "x86-64-v3-hg" handgrad's (docs/cpu.md says why). float64,
+// and float32 without FMA: Eigen's.
 #define HG_GEMM_CAT2(a, b) a##b
 #define HG_GEMM_CAT(a, b) HG_GEMM_CAT2(a, b)
-GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _hg)() {
-  return {HG_GEMM_LEVEL_NAME "-hg", nullptr, run_f64, OwnSgemm::table(), packed<double>()};
+#if defined(__AVX512F__)
+GemmKernels HG_GEMM_LEVEL_FN() {
+  return {HG_GEMM_LEVEL_NAME, nullptr, run_f64, Sgemm<16, 8>::table(), packed<double>()};
 }
+GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _eigen)() {
+  return {HG_GEMM_LEVEL_NAME "-eigen", run_f32, run_f64, packed<float>(), packed<double>()};
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
+GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _hg)() {
+  return {HG_GEMM_LEVEL_NAME "-hg", nullptr, run_f64, Sgemm<8, 6>::table(), packed<double>()};
+}
+#else
+GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
 #endif
 
 }  // namespace hg::cpu::isa

@@ -100,10 +100,11 @@ struct Sgemm {
     }
   }
 
-  // C[0..rows) x [0..cols) += alpha * (A micro-panel) (B micro-panel).
-  static void kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int rows, int cols,
-                     float alpha) {
-    for (int i = 0; i < rows; ++i) __builtin_prefetch(c + i * ldc, 1, 3);  // C is read after the loop
+  // C[0..rows) x [0..cols) = alpha * (A micro-panel) (B micro-panel)
+  // [+ C unless `overwrite`] [+ bias[0..cols) when bias is set].
+  static void kernel(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, int rows, int cols, float alpha,
+                     bool overwrite, const float* bias) {
+    for (int i = 0; i < rows; ++i) __builtin_prefetch(c + i * ldc, 1, 3);  // C is written after the loop
     Vec acc[MR][2] = {};
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
@@ -115,40 +116,49 @@ struct Sgemm {
         acc[i][1] = fma(ai, b1, acc[i][1]);
       }
     }
-    const Vec va = splat(alpha);
     if (rows == MR && cols == NR) {
-#pragma GCC unroll 16
-      for (int i = 0; i < MR; ++i) {
-        store(c + i * ldc, fma(va, acc[i][0], load(c + i * ldc)));
-        store(c + i * ldc + W, fma(va, acc[i][1], load(c + i * ldc + W)));
-      }
+      finish(acc, alpha, overwrite, bias, c, ldc);
       return;
     }
-    edge(acc, va, c, ldc, rows, cols);
+    edge(acc, alpha, overwrite, bias, c, ldc, rows, cols);
   }
 
   // An edge block: the same arithmetic on a copy of the valid part.
-  __attribute__((noinline)) static void edge(const Vec (&acc)[MR][2], Vec va, float* c, int64_t ldc, int rows,
-                                             int cols) {
-    float t[MR][NR] = {};
+  __attribute__((noinline)) static void edge(const Vec (&acc)[MR][2], float alpha, bool overwrite, const float* bias,
+                                             float* c, int64_t ldc, int rows, int cols) {
+    float t[MR][NR] = {}, bias_copy[NR] = {};
     for (int i = 0; i < rows; ++i) std::memcpy(t[i], c + i * ldc, sizeof(float) * cols);
-    for (int i = 0; i < MR; ++i) {
-      store(t[i], fma(va, acc[i][0], load(t[i])));
-      store(t[i] + W, fma(va, acc[i][1], load(t[i] + W)));
-    }
+    if (bias) std::memcpy(bias_copy, bias, sizeof(float) * cols);
+    finish(acc, alpha, overwrite, bias ? bias_copy : nullptr, t[0], NR);
     for (int i = 0; i < rows; ++i) std::memcpy(c + i * ldc, t[i], sizeof(float) * cols);
   }
 
-  // C tile [r0, r0 + rows) x [c0, c0 + cols) += alpha * panels: each B
+  // The MR x NR block at c: alpha acc [+ c] [+ bias], one FMA then one addition.
+  static void finish(const Vec (&acc)[MR][2], float alpha, bool overwrite, const float* bias, float* c, int64_t ldc) {
+    const Vec va = splat(alpha), zero = {};
+    const Vec bias0 = bias ? load(bias) : zero, bias1 = bias ? load(bias + W) : zero;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      Vec c0 = fma(va, acc[i][0], overwrite ? zero : load(c + i * ldc));
+      Vec c1 = fma(va, acc[i][1], overwrite ? zero : load(c + i * ldc + W));
+      if (bias) c0 += bias0, c1 += bias1;
+      store(c + i * ldc, c0);
+      store(c + i * ldc + W, c1);
+    }
+  }
+
+  // C tile [r0, r0 + rows) x [c0, c0 + cols) (+)= alpha * panels: each B
   // micro-panel meets every A micro-panel while it is in L1.
   static void multiply(const GemmBlock<float>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
-                       const float* packed_rows, const float* packed_cols) {
+                       const float* packed_rows, const float* packed_cols, bool first, bool last) {
+    const bool overwrite = first && !g.accumulate;
     for (int64_t q = 0; q < cols; q += NR) {
       const float* b = packed_cols + q * kc;
+      const float* bias = last && g.bias ? g.bias + c0 + q : nullptr;
       const int nc = static_cast<int>(std::min<int64_t>(NR, cols - q));
       for (int64_t p = 0; p < rows; p += MR)
         kernel(kc, packed_rows + p * kc, b, g.c + (r0 + p) * g.ldc + c0 + q, g.ldc,
-               static_cast<int>(std::min<int64_t>(MR, rows - p)), nc, g.alpha);
+               static_cast<int>(std::min<int64_t>(MR, rows - p)), nc, g.alpha, overwrite, bias);
     }
   }
 
