@@ -6,6 +6,7 @@ in float32 on the CPU, at each thread count asked for.
 
   python3 bench/torch_cpu_step.py [--config small,medium] [--threads 1,all]
       [--warmup 3] [--reps 20] [--json PATH] [--profile N]
+  python3 bench/torch_cpu_step.py --summary OUT_FOLDER OTHER_LEVEL   (scripts/gpu_compare.sh cpu-step's table)
 
 configs (the same as bench_train's --cpu-model presets; vocabulary 256):
   small  = d_model 128, 4 heads, 2 layers, seq 64, batch 8
@@ -87,7 +88,30 @@ def measure(name, threads, warmup, reps, profile_steps):
                 reps=reps, torch=torch.__version__)
 
 
+def summary(folder, other):
+    """The table of scripts/gpu_compare.sh cpu-step: per model and thread count,
+    the median over rounds of each side's median step, and handgrad / PyTorch."""
+    import csv, glob
+    def med(xs): return statistics.median(xs) if xs else float("nan")
+    print(f"{'model':7s} {'threads':>7s} {'handgrad ms':>12s} {other + ' ms':>22s} {'PyTorch ms':>11s} {'ratio':>6s}")
+    for m in CONFIGS:
+        for path in sorted(glob.glob(os.path.join(folder, f"torch_cpu_step_{m}_t*_r1.json")),
+                           key=lambda q: int(q.split("_t")[-1].split("_")[0])):
+            t = path.split("_t")[-1].split("_")[0]
+            def hg(level):
+                return med([float(row["median_ms"]) for f in glob.glob(os.path.join(folder, f"bt_{m}_t{t}_{level}_r*.csv"))
+                            for row in csv.DictReader(open(f))])
+            pt = med([json.load(open(f))[0]["median_ms"]
+                      for f in glob.glob(os.path.join(folder, f"torch_cpu_step_{m}_t{t}_r*.json"))])
+            h = hg("default")
+            print(f"{m:7s} {t:>7s} {h:12.2f} {hg(other):22.2f} {pt:11.2f} {h / pt:6.2f}")
+    print("ratio = handgrad (default kernel) / PyTorch: below 1, handgrad is faster")
+
+
 def main():
+    import sys
+    if len(sys.argv) == 4 and sys.argv[1] == "--summary":
+        return summary(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="small,medium", help="comma list of: " + ", ".join(CONFIGS))
     ap.add_argument("--threads", default="1,all", help='comma list of thread counts; "all" = every core')
