@@ -60,6 +60,45 @@ struct Sgemm {
 
   static int64_t depth_block(int64_t, int64_t, int64_t) { return kDepthBlock; }
 
+  // Rows [0, 8) of 8 floats at src + i * ld (rows >= n read as zeros) written
+  // as 8 columns: dst + j * stride receives column j. Three rounds of
+  // shuffles, as the classic 8 x 8 AVX transpose (the packers' transposes).
+  typedef float V8 __attribute__((vector_size(8 * sizeof(float))));
+  static void transpose8(const float* src, int64_t ld, int n, float* dst, int64_t stride) {
+    V8 r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i) {
+      r[i] = V8{};
+      if (i < n) std::memcpy(&r[i], src + i * ld, sizeof(V8));
+    }
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+      t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4)
+      for (int h = 0; h < 2; ++h) {
+        u[i + 2 * h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 2 * h + 1] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+      }
+    for (int j = 0; j < 4; ++j) {
+      const V8 lo = __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+      const V8 hi = __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+      std::memcpy(dst + j * stride, &lo, sizeof(V8));
+      std::memcpy(dst + (j + 4) * stride, &hi, sizeof(V8));
+    }
+  }
+
+  // packed[k * width + i] = src[i * ld + k] for i < width (0 for i >= n), k < kc:
+  // `width` rows of a row-major block turned k-major.
+  template <int width>
+  static void transpose_block(const float* src, int64_t ld, int n, int64_t kc, float* packed) {
+    int64_t k = 0;
+    if constexpr (width % 8 == 0)
+      for (; k + 8 <= kc; k += 8)
+        for (int i0 = 0; i0 < width; i0 += 8) transpose8(src + i0 * ld + k, ld, n - i0, packed + k * width + i0, width);
+    for (; k < kc; ++k)
+      for (int i = 0; i < width; ++i) packed[k * width + i] = i < n ? src[i * ld + k] : 0.f;
+  }
+
   // op(A) rows [r0, r0 + rows) x depth [k0, k0 + kc).
   static void pack_rows(const GemmBlock<float>& g, int64_t k0, int64_t kc, int64_t r0, int64_t rows, float* packed) {
     for (int64_t p = 0; p < rows; p += MR, packed += MR * kc) {
@@ -70,11 +109,8 @@ struct Sgemm {
           float* dst = packed + k * MR;
           for (int i = 0; i < MR; ++i) dst[i] = i < n ? src[i] : 0.f;
         }
-      } else {  // A is rows x depth: transposed, row by row
-        for (int i = 0; i < MR; ++i) {
-          const float* src = g.a + (r0 + p + i) * g.lda + k0;
-          for (int64_t k = 0; k < kc; ++k) packed[k * MR + i] = i < n ? src[k] : 0.f;
-        }
+      } else {  // A is rows x depth: transposed
+        transpose_block<MR>(g.a + (r0 + p) * g.lda + k0, g.lda, n, kc, packed);
       }
     }
   }
@@ -91,11 +127,8 @@ struct Sgemm {
           else
             for (int j = 0; j < NR; ++j) dst[j] = j < n ? src[j] : 0.f;
         }
-      } else {  // B is cols x depth: transposed, column by column
-        for (int j = 0; j < NR; ++j) {
-          const float* src = g.b + (c0 + p + j) * g.ldb + k0;
-          for (int64_t k = 0; k < kc; ++k) packed[k * NR + j] = j < n ? src[k] : 0.f;
-        }
+      } else {  // B is cols x depth: transposed
+        transpose_block<NR>(g.b + (c0 + p) * g.ldb + k0, g.ldb, n, kc, packed);
       }
     }
   }
