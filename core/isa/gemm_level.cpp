@@ -24,11 +24,17 @@ using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class T>
 using ConstMap = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
 
+// The C tile [r0, r0 + rows) x [c0, c0 + cols) as an Eigen map (vectorised).
+template <class T>
+Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>> tile(const GemmBlock<T>& g, int64_t r0, int64_t rows, int64_t c0,
+                                                 int64_t cols) {
+  return {g.c + r0 * g.ldc + c0, rows, cols, Eigen::OuterStride<>(g.ldc)};
+}
+
 // C tile rows += g.bias (after the product, as a separate addition).
 template <class T>
 void add_bias(const GemmBlock<T>& g, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
-  for (int64_t r = r0; r < r0 + rows; ++r)
-    for (int64_t j = c0; j < c0 + cols; ++j) g.c[r * g.ldc + j] += g.bias[j];
+  tile(g, r0, rows, c0, cols).rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(g.bias + c0, cols);
 }
 
 template <class T>
@@ -101,9 +107,7 @@ void pack_cols(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t c0, int64_
 template <class T>
 void multiply(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
               const T* packed_rows, const T* packed_cols, bool first, bool last) {
-  if (first && !g.accumulate)
-    for (int64_t r = r0; r < r0 + rows; ++r)
-      for (int64_t j = c0; j < c0 + cols; ++j) g.c[r * g.ldc + j] = T(0);
+  if (first && !g.accumulate) tile(g, r0, rows, c0, cols).setZero();
   ei::gebp_kernel<T, T, Index, ResMapper<T>, Traits<T>::mr, Traits<T>::nr, false, false> gebp;
   gebp(ResMapper<T>(g.c, g.ldc).getSubMapper(c0, r0), packed_cols, packed_rows, cols, kc, rows, g.alpha);
   if (last && g.bias != nullptr) add_bias(g, r0, rows, c0, cols);
