@@ -16,7 +16,8 @@
 #     cpu         the CPU backend on this machine's cores: test_cpu_gemm / test_cpu_threads,
 #                 bench_cpu_kernels and bench_train --device cpu at 1 and all threads, the main
 #                 job (train --device cpu) at 1, 2 and all threads | torch_cpu.py
-#     cpu-step    the CPU training step: test_cpu_gemm / test_cpu_threads / test_gemm, then bench_train
+#     cpu-step    the CPU training step: test_cpu_gemm / test_cpu_threads / test_gemm, bench_cpu_gemm
+#                 (the step's Linear GEMMs at every GEMM level), then bench_train
 #                 --device cpu --cpu-model small and medium at 1 and all threads, with the level's
 #                 default float32 GEMM kernel and its other one (HG_GEMM_LEVEL), in three rounds
 #                 interleaved with bench/torch_cpu_step.py (same model)
@@ -106,12 +107,15 @@ for stage in "$@"; do
     cpu-step)
       n=$(nproc)
       { lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400; uptime; } | tee "$out/cpu.txt"
-      cmake --build "$build" -j"$n" --target bench_train test_cpu_gemm test_cpu_threads test_gemm \
+      cmake --build "$build" -j"$n" --target bench_train bench_cpu_gemm test_cpu_gemm test_cpu_threads test_gemm \
         > "$out/cpu_step_build.log" 2>&1 || { echo "cpu-step build FAILED"; status=1; }
       run cpu_step_tests bash -c "$build/tests/test_cpu_gemm && $build/tests/test_cpu_threads && $build/tests/test_gemm"
       # The other float32 GEMM kernel of this CPU's level, for the same-binary comparison.
       other=x86-64-v3-hg
       grep -qw avx512f /proc/cpuinfo && other=x86-64-v4-eigen
+      for m in small medium; do  # the step's Linear GEMMs alone, every level's kernels
+        HG_TAIL=40 run "bench_cpu_gemm_$m" $b/bench_cpu_gemm --cpu-model "$m" --threads "1,$n"
+      done
       for m in small medium; do
         for t in 1 "$n"; do
           # Three rounds, each handgrad (default kernel, then the other), then PyTorch:
