@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "bench/bench_util.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/cpu_matmul.hpp"
 #include "core/parallel.hpp"
@@ -38,26 +39,6 @@ void linear_products(const std::string& layer, int64_t tokens, int64_t in, int64
   to.push_back({layer + " dW", out, in, tokens, true, false});
 }
 
-struct Timing {
-  double wall_ms, cpu_ms;
-};
-
-template <class F>
-Timing median_call(int iters, const F& f) {
-  f();
-  std::vector<double> wall, cpu;
-  for (int i = 0; i < iters; ++i) {
-    const auto w0 = std::chrono::steady_clock::now();
-    const std::clock_t c0 = std::clock();
-    f();
-    cpu.push_back(static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC * 1e3);
-    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count());
-  }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,7 +54,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "thread counts, comma-separated")->delimiter(',')->check(CLI::Range(1, 1024));
   app.add_option("--levels", levels, "GEMM levels, comma-separated (default: every level this CPU runs)")
       ->delimiter(',');
-  app.add_option("--iters", iters, "timed calls per product (median)")->capture_default_str()->check(CLI::Range(1, 1000));
+  app.add_option("--iters", iters, "timed calls per product (median)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   cli::CommonFlags common;
   cli::add_common_flags(app, common, /*threads_flag=*/false);  // --threads is this program's own list
   return cli::run_program(app, common, argc, argv, [&] {
@@ -81,11 +64,14 @@ int main(int argc, char** argv) {
     if (levels.empty()) levels = runs;
     for (const std::string& l : levels)
       if (std::find(runs.begin(), runs.end(), l) == runs.end())
-        cli::usage_error("--levels", l, ": not a GEMM level of this build and CPU (allowed: ", [&] {
-          std::string s;
-          for (const std::string& r : runs) s += (s.empty() ? "" : ", ") + r;
-          return s;
-        }(), ")");
+        cli::usage_error(
+            "--levels", l, ": not a GEMM level of this build and CPU (allowed: ",
+            [&] {
+              std::string s;
+              for (const std::string& r : runs) s += (s.empty() ? "" : ", ") + r;
+              return s;
+            }(),
+            ")");
     const int64_t d = model == "small" ? 128 : 256, tokens = model == "small" ? 512 : 2048;
     std::vector<Product> products;
     linear_products("qkv", tokens, d, 3 * d, products);
@@ -114,8 +100,8 @@ int main(int argc, char** argv) {
         std::printf("%-10s %5lldx%5lldx%5lld", p.name.c_str(), (long long)p.m, (long long)p.n, (long long)p.k);
         for (size_t i = 0; i < levels.size(); ++i) {
           cpu::set_gemm_level(levels[i]);
-          const Timing t =
-              median_call(iters, [&] { cpu::matmul(a.data(), b.data(), c.data(), s, p.ta, p.tb, false); });
+          const bench::WallCpu t =
+              bench::median_wall_cpu(iters, [&] { cpu::matmul(a.data(), b.data(), c.data(), s, p.ta, p.tb, false); });
           wall[i] += t.wall_ms, cpu[i] += t.cpu_ms;
           std::printf(" %10.1f (%9.1f)", f / (t.wall_ms * 1e6), f / (std::max(t.cpu_ms, 1e-3) * 1e6));
         }
