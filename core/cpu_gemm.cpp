@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "core/aligned_scratch.hpp"
 #include "core/error.hpp"
 #include "core/isa/gemm_level.hpp"
 
@@ -87,14 +88,14 @@ void packed_whole(const PackedGemm<float>& p, const GemmBlock<float>& g) {
   }
   const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
   auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
-  thread_local std::vector<float> rows, cols;
-  rows.resize(static_cast<size_t>(round_up(g.rows, p.row_multiple) * kc_max));
-  cols.resize(static_cast<size_t>(round_up(g.cols, p.col_multiple) * kc_max));
+  thread_local AlignedScratch row_scratch, col_scratch;
+  float* rows = static_cast<float*>(row_scratch.get(sizeof(float) * round_up(g.rows, p.row_multiple) * kc_max));
+  float* cols = static_cast<float*>(col_scratch.get(sizeof(float) * round_up(g.cols, p.col_multiple) * kc_max));
   for (int64_t k0 = 0; k0 < g.depth; k0 += kc_max) {
     const int64_t kc = std::min(kc_max, g.depth - k0);
-    p.pack_rows(g, k0, kc, 0, g.rows, rows.data());
-    p.pack_cols(g, k0, kc, 0, g.cols, cols.data());
-    p.multiply(g, kc, 0, g.rows, 0, g.cols, rows.data(), cols.data(), k0 == 0, k0 + kc == g.depth);
+    p.pack_rows(g, k0, kc, 0, g.rows, rows);
+    p.pack_cols(g, k0, kc, 0, g.cols, cols);
+    p.multiply(g, kc, 0, g.rows, 0, g.cols, rows, cols, k0 == 0, k0 + kc == g.depth);
   }
 }
 

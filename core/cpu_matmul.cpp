@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 
+#include "core/aligned_scratch.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/error.hpp"
 #include "core/parallel.hpp"
@@ -52,21 +52,6 @@ GemmBlock<T> entry_block(const T* a, const T* b, T* c, const MatmulShape& s, int
   g.ldc = s.n;
   return g;
 }
-
-// The calling thread's packing buffers (workers use them only inside its
-// call), 64-byte aligned: Eigen loads the packed panels with aligned loads.
-struct Scratch {
-  std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
-  size_t bytes = 0;
-  void* get(size_t n) {
-    if (n > bytes) {
-      bytes = (n + 4095) / 4096 * 4096;
-      p.reset(static_cast<char*>(std::aligned_alloc(64, bytes)));
-      if (!p) throw std::bad_alloc();
-    }
-    return p.get();
-  }
-};
 
 template <class T>
 const PackedGemm<T>& packed_gemm();
@@ -122,7 +107,9 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, const MatmulEpilogue<
   auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
   const int64_t align = 64 / sizeof(T), row_panel = round_up(round_up(t.rows, p.row_multiple) * kc_max, align),
                 col_panel = round_up(round_up(t.cols, p.col_multiple) * kc_max, align);
-  thread_local Scratch row_scratch, col_scratch;
+  // The calling thread's buffers (workers use them only inside its call),
+  // 64-byte aligned: the kernels load the packed panels with aligned loads.
+  thread_local AlignedScratch row_scratch, col_scratch;
   T* rows_buf = static_cast<T*>(row_scratch.get(sizeof(T) * blocks * t.row_tiles * row_panel));
   T* cols_buf = static_cast<T*>(col_scratch.get(sizeof(T) * blocks * t.col_tiles * col_panel));
   PanelStates row_states(blocks * t.row_tiles), col_states(blocks * t.col_tiles);
@@ -131,7 +118,7 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, const MatmulEpilogue<
     const int64_t rows = std::min(t.rows, g.rows - r0), cols = std::min(t.cols, g.cols - c0);
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * kc_max, kc = std::min(kc_max, g.depth - k0);
-      thread_local Scratch own_rows, own_cols;
+      thread_local AlignedScratch own_rows, own_cols;
       const T* row_panel_at = row_states.get(kb * t.row_tiles + i, rows_buf + (kb * t.row_tiles + i) * row_panel,
                                              static_cast<T*>(own_rows.get(sizeof(T) * row_panel)),
                                              [&](T* to) { p.pack_rows(g, k0, kc, r0, rows, to); });
