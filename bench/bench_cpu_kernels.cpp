@@ -16,6 +16,7 @@
 
 #include "examples/common/cli.hpp"
 
+#include "bench/bench_util.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/parallel.hpp"
 #include "core/random.hpp"
@@ -27,26 +28,7 @@ using namespace hg;
 
 namespace {
 
-struct Sample {
-  double wall_ms, cpu_ms;
-};
-
-Sample median_call(int iters, const std::function<void()>& f) {
-  f();
-  std::vector<double> wall, cpu;
-  for (int i = 0; i < iters; ++i) {
-    const auto w0 = std::chrono::steady_clock::now();
-    const std::clock_t c0 = std::clock();
-    f();
-    cpu.push_back(static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC * 1e3);
-    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count());
-  }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
-}
-
-void report(const char* name, double bytes, const Sample& s) {
+void report(const char* name, double bytes, const bench::WallCpu& s) {
   std::printf("%-34s wall %8.2f ms (%6.1f GB/s)   cpu %8.2f ms\n", name, s.wall_ms, bytes / (s.wall_ms * 1e6),
               s.cpu_ms);
 }
@@ -79,9 +61,9 @@ int main(int argc, char** argv) {
         const double bytes = static_cast<double>(M * N * 4);
         const std::string size = std::to_string(M) + "x" + std::to_string(N);
         report(("layernorm fwd " + size).c_str(), 2 * bytes,
-               median_call(iters, [&] { layernorm_forward(x, gamma, beta, 1e-5, &saved); }));
+               bench::median_wall_cpu(iters, [&] { layernorm_forward(x, gamma, beta, 1e-5, &saved); }));
         report(("layernorm bwd " + size).c_str(), 3 * bytes,
-               median_call(iters, [&] { layernorm_backward(dy, x, gamma, saved); }));
+               bench::median_wall_cpu(iters, [&] { layernorm_backward(dy, x, gamma, saved); }));
       }
       for (auto [B, H, T] : std::vector<std::array<int64_t, 3>>{{8, 8, 128}, {8, 12, 512}}) {
         const Tensor s = Tensor::randn({B, H, T, T}, g), dy = Tensor::randn({B, H, T, T}, g);
@@ -92,13 +74,14 @@ int main(int argc, char** argv) {
         const double bytes = static_cast<double>(B * H * T * T * 4);
         const std::string size = "(" + std::to_string(B) + "," + std::to_string(H) + "," + std::to_string(T) + ")";
         report(("masked softmax fwd " + size).c_str(), 2 * bytes,
-               median_call(iters, [&] { y = attention_softmax_forward(s, o); }));
-        report(("softmax bwd " + size).c_str(), 3 * bytes, median_call(iters, [&] { softmax_backward(dy, y, 0.125); }));
+               bench::median_wall_cpu(iters, [&] { y = attention_softmax_forward(s, o); }));
+        report(("softmax bwd " + size).c_str(), 3 * bytes,
+               bench::median_wall_cpu(iters, [&] { softmax_backward(dy, y, 0.125); }));
       }
       const Tensor h = Tensor::randn({2048, 256}, g);
-      report("gelu fwd 2048x256", 2.0 * 2048 * 256 * 4, median_call(iters, [&] { gelu(h); }));
+      report("gelu fwd 2048x256", 2.0 * 2048 * 256 * 4, bench::median_wall_cpu(iters, [&] { gelu(h); }));
       const Tensor a = Tensor::randn({2048, 64}, g), w = Tensor::randn({256, 64}, g);
-      const Sample mm = median_call(iters, [&] { matmul(a, w, false, true); });
+      const bench::WallCpu mm = bench::median_wall_cpu(iters, [&] { matmul(a, w, false, true); });
       std::printf("%-34s wall %8.2f ms (%6.1f GFLOP/s) cpu %8.2f ms\n", "matmul 2048x64 * (256x64)^T", mm.wall_ms,
                   2.0 * 2048 * 64 * 256 / (mm.wall_ms * 1e6), mm.cpu_ms);
     }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -30,6 +31,11 @@ using namespace hg;
 namespace {
 
 using Size = bench::ModelSize;
+
+// --cpu-model presets, the same models as bench/torch_cpu_step.py --config
+// (d_model, heads, layers, seq, batch, vocab; the vocabulary comes from --vocab).
+const std::map<std::string, Size> kCpuModels = {{"small", {128, 4, 2, 64, 8, 256}},
+                                                {"medium", {256, 4, 4, 128, 16, 256}}};
 
 struct Result {
   bench::Timing timing;
@@ -123,7 +129,8 @@ int main(int argc, char** argv) {
                "bench_train"};
   std::string devices = "auto", precision_name_arg = "auto", kernels = "both", attention = "auto";
   Size gpu{512, 8, 6, 256, 32, 256};
-  Size cpu{128, 4, 2, 64, 8, 256};
+  Size cpu = kCpuModels.at("small");
+  std::string cpu_model = "small";
   int warmup = 3, iters = 10, profile_steps = 3;
   bool tf32 = false, no_graph = false;
   std::string classifier = "chunked";
@@ -159,11 +166,16 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", gpu.seq, "CUDA sequence length")->capture_default_str()->check(positive);
   app.add_option("--batch", gpu.batch, "CUDA batch")->capture_default_str()->check(positive);
   app.add_option("--vocab", gpu.vocab, "vocabulary (both devices)")->capture_default_str()->check(positive);
-  app.add_option("--cpu-d-model", cpu.d_model, "CPU model width")->capture_default_str()->check(positive);
-  app.add_option("--cpu-heads", cpu.heads, "CPU heads")->capture_default_str()->check(positive);
-  app.add_option("--cpu-layers", cpu.layers, "CPU layers")->capture_default_str()->check(positive);
-  app.add_option("--cpu-seq-len", cpu.seq, "CPU sequence length")->capture_default_str()->check(positive);
-  app.add_option("--cpu-batch", cpu.batch, "CPU batch")->capture_default_str()->check(positive);
+  app.add_option("--cpu-model", cpu_model,
+                 "CPU model preset (bench/torch_cpu_step.py --config has the same): small = d_model 128, heads 4, "
+                 "layers 2, seq 64, batch 8; medium = 256, 4, 4, 128, 16; a --cpu-* size flag overrides its field")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"small", "medium"}));
+  app.add_option("--cpu-d-model", cpu.d_model, "CPU model width (default: the --cpu-model preset's)")->check(positive);
+  app.add_option("--cpu-heads", cpu.heads, "CPU heads (default: the --cpu-model preset's)")->check(positive);
+  app.add_option("--cpu-layers", cpu.layers, "CPU layers (default: the --cpu-model preset's)")->check(positive);
+  app.add_option("--cpu-seq-len", cpu.seq, "CPU sequence length (default: the --cpu-model preset's)")->check(positive);
+  app.add_option("--cpu-batch", cpu.batch, "CPU batch (default: the --cpu-model preset's)")->check(positive);
   app.add_option("--warmup", warmup, "untimed steps (>= 0)")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("--iters", iters, "timed steps, median reported (>= 1)")
       ->capture_default_str()
@@ -178,6 +190,15 @@ int main(int argc, char** argv) {
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
+    // The preset fills every CPU size field that no --cpu-* flag set.
+    const Size& preset = kCpuModels.at(cpu_model);
+    const std::pair<const char*, int64_t Size::*> fields[] = {{"--cpu-d-model", &Size::d_model},
+                                                              {"--cpu-heads", &Size::heads},
+                                                              {"--cpu-layers", &Size::layers},
+                                                              {"--cpu-seq-len", &Size::seq},
+                                                              {"--cpu-batch", &Size::batch}};
+    for (const auto& [flag, field] : fields)
+      if (app.count(flag) == 0) cpu.*field = preset.*field;
     cpu.vocab = gpu.vocab;
     std::vector<Device> devs;
     if (devices != "cuda") devs.push_back(Device::CPU);

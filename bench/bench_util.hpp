@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -29,6 +30,25 @@ inline Timing summarize(std::vector<double> ms) {
   HG_CHECK(!ms.empty(), "bench", "no timed samples (iterations must be >= 1)");
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front()};
+}
+
+// Wall and process CPU time of a CPU call (every thread's CPU time counts):
+// medians of `iters` calls after one warm-up call. CPU time is the number to
+// read on a shared machine, where other jobs stretch wall time.
+struct WallCpu {
+  double wall_ms, cpu_ms;
+};
+inline WallCpu median_wall_cpu(int iters, const std::function<void()>& f) {
+  f();
+  std::vector<double> wall, cpu;
+  for (int i = 0; i < iters; ++i) {
+    const auto w0 = std::chrono::steady_clock::now();
+    const std::clock_t c0 = std::clock();
+    f();
+    cpu.push_back(static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC * 1e3);
+    wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count());
+  }
+  return {summarize(wall).median_ms, summarize(cpu).median_ms};
 }
 
 // Calls run(i % n_inputs) `warmup` times, then times `iters` calls one by one.

@@ -543,13 +543,60 @@ class CpuBackend final : public Backend {
     fail("transpose", "unsupported element size for dtype ", dtype_name(x.dtype()));
   }
 
+  // Bias, BiasGelu and GeluBackward in float32 (2-D, contiguous): applied to
+  // each tile of C as the tiled matmul finishes it (core/cpu_matmul.hpp), in
+  // cache, instead of as passes of their own over C. Each element gets the
+  // same operations in the same order as the composed epilogues below.
+  static void gemm_f32_tiles(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) {
+    const GemmEpilogue e = args.epilogue;
+    const MatmulShape s = matmul_shape(a.shape(), b.shape(), args.transpose_a, args.transpose_b, "gemm");
+    float* c = out.data<float>();
+    const int64_t n = s.n;
+    cpu::MatmulEpilogue<float> tile;
+    if (e == GemmEpilogue::Bias || e == GemmEpilogue::BiasGelu) tile.bias = args.bias->data<float>();
+    if (e == GemmEpilogue::BiasGelu) {  // aux = product + bias; out = gelu(aux)
+      float* aux = args.aux->data<float>();
+      tile.finish = [=](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+        for (int64_t r = r0; r < r0 + rows; ++r) {
+          std::memcpy(aux + r * n + c0, c + r * n + c0, sizeof(float) * cols);
+          cpu_math::gelu(aux + r * n + c0, c + r * n + c0, cols);
+        }
+      };
+    }
+    if (e == GemmEpilogue::GeluBackward) {  // out = product * gelu'(aux)
+      const float* aux = args.aux->data<float>();
+      tile.finish = [=](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+        constexpr int64_t kPiece = 256;
+        float grad[kPiece];
+        for (int64_t r = r0; r < r0 + rows; ++r)
+          for (int64_t j0 = c0; j0 < c0 + cols; j0 += kPiece) {
+            const int64_t len = std::min(kPiece, c0 + cols - j0);
+            cpu_math::gelu_grad(aux + r * n + j0, grad, len);
+            float* row = c + r * n + j0;
+            for (int64_t j = 0; j < len; ++j) row[j] *= grad[j];
+          }
+      };
+    }
+    cpu::matmul(a.data<float>(), b.data<float>(), c, s, args.transpose_a, args.transpose_b, args.accumulate, &tile);
+  }
+
   // The epilogues composed from this backend's own passes: the reference the
-  // cuBLASLt epilogues are tested against (tests/test_gemm.cpp).
+  // cuBLASLt epilogues are tested against (tests/test_gemm.cpp), and the
+  // float64 path.
   void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args) override {
     const char* name = "gemm";
     check_gemm(a, b, out, args, name);
     check_cpu_float(a, name, "a");  // F32 / F64 only on the CPU (so out, bias, aux match it)
     const GemmEpilogue e = args.epilogue;
+    if (a.dtype() == DType::F32 &&
+        (e == GemmEpilogue::Bias || e == GemmEpilogue::BiasGelu || e == GemmEpilogue::GeluBackward)) {
+      gemm_f32_tiles(a, b, out, args);
+      if (e == GemmEpilogue::GeluBackward && args.bias_grad) {
+        Tensor sums = args.bias_grad->reshape({1, out.size(1)});
+        reduce(ReduceOp::Sum, out, 0, sums);
+      }
+      return;
+    }
     if (e == GemmEpilogue::GeluBackward) {
       Tensor product = Tensor::empty(out.shape(), out.dtype());
       matmul(a, b, product, args.transpose_a, args.transpose_b, false);

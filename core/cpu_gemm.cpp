@@ -1,8 +1,11 @@
 #include "core/cpu_gemm.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <vector>
 
+#include "core/aligned_scratch.hpp"
 #include "core/error.hpp"
 #include "core/isa/gemm_level.hpp"
 
@@ -33,12 +36,14 @@ using isa::GemmKernels;
 }
 
 // HG_GEMM_PER_LEVEL: core/CMakeLists.txt built the x86-64-v3 and -v4 objects.
+// Each FMA level comes twice, its other float32 kernel ("-hg", "-eigen")
+// first: the last is the default.
 std::vector<GemmKernels> available() {
   std::vector<GemmKernels> levels{isa::gemm_baseline()};
 #if defined(HG_GEMM_PER_LEVEL)
   __builtin_cpu_init();
-  if (cpu_runs_v3()) levels.push_back(isa::gemm_x86_64_v3());
-  if (cpu_runs_v4()) levels.push_back(isa::gemm_x86_64_v4());
+  if (cpu_runs_v3()) levels.insert(levels.end(), {isa::gemm_x86_64_v3_hg(), isa::gemm_x86_64_v3()});
+  if (cpu_runs_v4()) levels.insert(levels.end(), {isa::gemm_x86_64_v4_eigen(), isa::gemm_x86_64_v4()});
 #endif
   return levels;
 }
@@ -71,9 +76,36 @@ std::atomic<const GemmKernels*>& current() {
   return k;
 }
 
+// One whole product through a level's packed pieces, on the calling thread:
+// per depth block, all of op(A) and op(B) packed, then one multiply.
+void packed_whole(const PackedGemm<float>& p, const GemmBlock<float>& g) {
+  if (g.rows == 0 || g.cols == 0) return;
+  if (g.depth == 0) {  // no product: C = [C +] bias
+    for (int64_t r = 0; r < g.rows; ++r)
+      for (int64_t j = 0; j < g.cols; ++j)
+        g.c[r * g.ldc + j] = (g.accumulate ? g.c[r * g.ldc + j] : 0.f) + (g.bias ? g.bias[j] : 0.f);
+    return;
+  }
+  const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
+  auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  thread_local AlignedScratch row_scratch, col_scratch;
+  float* rows = static_cast<float*>(row_scratch.get(sizeof(float) * round_up(g.rows, p.row_multiple) * kc_max));
+  float* cols = static_cast<float*>(col_scratch.get(sizeof(float) * round_up(g.cols, p.col_multiple) * kc_max));
+  for (int64_t k0 = 0; k0 < g.depth; k0 += kc_max) {
+    const int64_t kc = std::min(kc_max, g.depth - k0);
+    p.pack_rows(g, k0, kc, 0, g.rows, rows);
+    p.pack_cols(g, k0, kc, 0, g.cols, cols);
+    p.multiply(g, kc, 0, g.rows, 0, g.cols, rows, cols, k0 == 0, k0 + kc == g.depth);
+  }
+}
+
 }  // namespace
 
-void gemm(const GemmBlock<float>& g) { current().load(std::memory_order_relaxed)->f32(g); }
+void gemm(const GemmBlock<float>& g) {
+  const GemmKernels* k = current().load(std::memory_order_relaxed);
+  if (k->f32 != nullptr) k->f32(g);
+  else packed_whole(k->packed_f32, g);
+}
 void gemm(const GemmBlock<double>& g) { current().load(std::memory_order_relaxed)->f64(g); }
 
 const PackedGemm<float>& packed_gemm_f32() { return current().load(std::memory_order_relaxed)->packed_f32; }

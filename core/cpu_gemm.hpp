@@ -27,6 +27,7 @@ struct GemmBlock {
   int64_t ldc = 0;
   T alpha = 1;
   bool accumulate = false;
+  const T* bias = nullptr;  // cols values added to every row of C after the product
 };
 
 void gemm(const GemmBlock<float>& g);
@@ -36,9 +37,10 @@ void gemm(const GemmBlock<double>& g);
 // op(B)'s columns are packed once per depth block (of depth_block() rows of
 // the k dim) instead of once per tile, and each tile multiplies its panels.
 // The k-order of an element depends on the product's shape and the tile
-// holding it, never on which thread packs or multiplies (core/cpu_backend.cpp
+// holding it, never on which thread packs or multiplies (core/cpu_matmul.cpp
 // runs the phases). g.rows/cols/depth are the whole product's; a packed block
-// of `rows` (`cols`) takes rows * kc (cols * kc) elements, 64-byte aligned.
+// of `rows` (`cols`) takes round_up(rows, row_multiple) * kc
+// (round_up(cols, col_multiple) * kc) elements, 64-byte aligned.
 template <class T>
 struct PackedGemm {
   int64_t (*depth_block)(int64_t rows, int64_t cols, int64_t depth);
@@ -46,9 +48,12 @@ struct PackedGemm {
   void (*pack_rows)(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t r0, int64_t rows, T* packed);
   // op(B) depth [k0, k0 + kc) x columns [c0, c0 + cols) into `packed`.
   void (*pack_cols)(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t c0, int64_t cols, T* packed);
-  // C tile += alpha * (packed rows) * (packed cols); g.accumulate is not read.
+  // C tile += alpha * (packed rows) * (packed cols). `first`: the tile's
+  // first depth block, where C is overwritten unless g.accumulate; `last`:
+  // its last, after which g.bias (when set) is added to the tile's rows.
   void (*multiply)(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
-                   const T* packed_rows, const T* packed_cols);
+                   const T* packed_rows, const T* packed_cols, bool first, bool last);
+  int64_t row_multiple = 1, col_multiple = 1;  // the packers pad rows (columns) to a multiple of these
 };
 
 // The current level's (HG_GEMM_LEVEL, set_gemm_level).
@@ -56,7 +61,10 @@ const PackedGemm<float>& packed_gemm_f32();
 const PackedGemm<double>& packed_gemm_f64();
 
 // Levels this build and this CPU can run, slowest first: "baseline" (the
-// build's own flags), then "x86-64-v3" and "x86-64-v4" where supported.
+// build's own flags), then "x86-64-v3-hg", "x86-64-v3", "x86-64-v4-eigen"
+// and "x86-64-v4" where supported. float32 runs Eigen's kernel at
+// "x86-64-v3" and "x86-64-v4-eigen", handgrad's (core/isa/sgemm_kernel.hpp)
+// at "x86-64-v3-hg" and "x86-64-v4".
 std::vector<std::string> gemm_levels();
 // The level in use: HG_GEMM_LEVEL when set (one of gemm_levels()), else the
 // last of gemm_levels().

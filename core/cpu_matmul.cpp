@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 
+#include "core/aligned_scratch.hpp"
 #include "core/cpu_gemm.hpp"
+#include "core/error.hpp"
 #include "core/parallel.hpp"
 
 namespace hg::cpu {
@@ -51,21 +51,6 @@ GemmBlock<T> entry_block(const T* a, const T* b, T* c, const MatmulShape& s, int
   g.ldc = s.n;
   return g;
 }
-
-// The calling thread's packing buffers (workers use them only inside its
-// call), 64-byte aligned: Eigen loads the packed panels with aligned loads.
-struct Scratch {
-  std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
-  size_t bytes = 0;
-  void* get(size_t n) {
-    if (n > bytes) {
-      bytes = (n + 4095) / 4096 * 4096;
-      p.reset(static_cast<char*>(std::aligned_alloc(64, bytes)));
-      if (!p) throw std::bad_alloc();
-    }
-    return p.get();
-  }
-};
 
 template <class T>
 const PackedGemm<T>& packed_gemm();
@@ -113,53 +98,67 @@ class PanelStates {
 // block. Which tile holds an element and the depth blocks depend on the shape
 // alone, so its k-order does too.
 template <class T>
-void packed_product(const GemmBlock<T>& g, const Tiles& t, bool accumulate) {
+void packed_product(const GemmBlock<T>& g, const Tiles& t, const MatmulEpilogue<T>* epilogue) {
   const PackedGemm<T>& p = packed_gemm<T>();
   const int64_t kc_max = std::min(g.depth, p.depth_block(g.rows, g.cols, g.depth));
   const int64_t blocks = pieces(g.depth, kc_max);
   // Each panel (tile, depth block) starts 64-byte aligned.
-  const int64_t align = 64 / sizeof(T), row_panel = (t.rows * kc_max + align - 1) / align * align,
-                col_panel = (t.cols * kc_max + align - 1) / align * align;
-  thread_local Scratch row_scratch, col_scratch;
+  auto round_up = [](int64_t n, int64_t m) { return (n + m - 1) / m * m; };
+  const int64_t align = 64 / sizeof(T), row_panel = round_up(round_up(t.rows, p.row_multiple) * kc_max, align),
+                col_panel = round_up(round_up(t.cols, p.col_multiple) * kc_max, align);
+  // The calling thread's buffers (workers use them only inside its call),
+  // 64-byte aligned: the kernels load the packed panels with aligned loads.
+  thread_local AlignedScratch row_scratch, col_scratch;
   T* rows_buf = static_cast<T*>(row_scratch.get(sizeof(T) * blocks * t.row_tiles * row_panel));
   T* cols_buf = static_cast<T*>(col_scratch.get(sizeof(T) * blocks * t.col_tiles * col_panel));
   PanelStates row_states(blocks * t.row_tiles), col_states(blocks * t.col_tiles);
   parallel_for(t.row_tiles * t.col_tiles, g.rows * g.cols * g.depth, [&](int64_t task) {
     const int64_t i = task / t.col_tiles, j = task % t.col_tiles, r0 = i * t.rows, c0 = j * t.cols;
     const int64_t rows = std::min(t.rows, g.rows - r0), cols = std::min(t.cols, g.cols - c0);
-    if (!accumulate)
-      for (int64_t r = r0; r < r0 + rows; ++r) std::memset(g.c + r * g.ldc + c0, 0, sizeof(T) * cols);
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t k0 = kb * kc_max, kc = std::min(kc_max, g.depth - k0);
-      thread_local Scratch own_rows, own_cols;
+      thread_local AlignedScratch own_rows, own_cols;
       const T* row_panel_at = row_states.get(kb * t.row_tiles + i, rows_buf + (kb * t.row_tiles + i) * row_panel,
                                              static_cast<T*>(own_rows.get(sizeof(T) * row_panel)),
                                              [&](T* to) { p.pack_rows(g, k0, kc, r0, rows, to); });
       const T* col_panel_at = col_states.get(kb * t.col_tiles + j, cols_buf + (kb * t.col_tiles + j) * col_panel,
                                              static_cast<T*>(own_cols.get(sizeof(T) * col_panel)),
                                              [&](T* to) { p.pack_cols(g, k0, kc, c0, cols, to); });
-      p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at);
+      p.multiply(g, kc, r0, rows, c0, cols, row_panel_at, col_panel_at, kb == 0, kb == blocks - 1);
     }
+    if (epilogue && epilogue->finish) epilogue->finish(r0, rows, c0, cols);
   });
 }
 
 }  // namespace
 
 template <class T>
-void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate) {
+void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate,
+            const MatmulEpilogue<T>* epilogue) {
+  HG_CHECK(epilogue == nullptr || s.batch == 1, "cpu::matmul", "an epilogue needs one product, got a batch of ",
+           s.batch);
   const Tiles t = tiles_for(s);
   if (t.row_tiles * t.col_tiles > 1) {
-    for (int64_t i = 0; i < s.batch; ++i) packed_product(entry_block(a, b, c, s, i, ta, tb), t, accumulate);
+    for (int64_t i = 0; i < s.batch; ++i) {
+      GemmBlock<T> g = entry_block(a, b, c, s, i, ta, tb);
+      g.accumulate = accumulate;
+      g.bias = epilogue ? epilogue->bias : nullptr;
+      packed_product(g, t, epilogue);
+    }
     return;
   }
   parallel_for(s.batch, s.batch * s.m * s.n * s.k, [&](int64_t i) {
     GemmBlock<T> g = entry_block(a, b, c, s, i, ta, tb);
     g.accumulate = accumulate;
+    g.bias = epilogue ? epilogue->bias : nullptr;
     gemm(g);
+    if (epilogue && epilogue->finish) epilogue->finish(0, s.m, 0, s.n);
   });
 }
 
-template void matmul(const float*, const float*, float*, const MatmulShape&, bool, bool, bool);
-template void matmul(const double*, const double*, double*, const MatmulShape&, bool, bool, bool);
+template void matmul(const float*, const float*, float*, const MatmulShape&, bool, bool, bool,
+                     const MatmulEpilogue<float>*);
+template void matmul(const double*, const double*, double*, const MatmulShape&, bool, bool, bool,
+                     const MatmulEpilogue<double>*);
 
 }  // namespace hg::cpu

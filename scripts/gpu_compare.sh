@@ -16,6 +16,11 @@
 #     cpu         the CPU backend on this machine's cores: test_cpu_gemm / test_cpu_threads,
 #                 bench_cpu_kernels and bench_train --device cpu at 1 and all threads, the main
 #                 job (train --device cpu) at 1, 2 and all threads | torch_cpu.py
+#     cpu-step    the CPU training step: test_cpu_gemm / test_cpu_threads / test_gemm, bench_cpu_gemm
+#                 (the step's Linear GEMMs at every GEMM level), then bench_train
+#                 --device cpu --cpu-model small and medium at 1 and all threads, with the level's
+#                 default float32 GEMM kernel and its other one (HG_GEMM_LEVEL), in three rounds
+#                 interleaved with bench/torch_cpu_step.py (same model)
 #
 # HG_ANCHORS: folder of the PyTorch scripts (default ../shared/anchors, else .anchors).
 # HG_TORCH_VARIANTS: torch_train_step.py variants (default: the eager ones; add compile-* when time allows).
@@ -26,7 +31,8 @@ mkdir -p "$out"
 anchors="${HG_ANCHORS:-../shared/anchors}"
 [[ -d $anchors ]] || anchors=.anchors
 variants="${HG_TORCH_VARIANTS:-eager-fp32,eager-fp32-sdpa,eager-bf16-sdpa}"
-b=build-gpu/bench
+build="${HG_BUILD:-build-gpu}"  # HG_BUILD: another build folder (a CPU-only one for the cpu-step stage)
+b=$build/bench
 status=0
 run() {  # log name, command...
   local name=$1; shift
@@ -98,7 +104,37 @@ for stage in "$@"; do
           build-gpu/examples/train --device cpu --threads $t --log-csv '' --plot ''"
       done
       torch_ref torch_cpu torch_cpu.py ;;
-    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms residual accuracy python cpu)" >&2
+    cpu-step)
+      n=$(nproc)
+      { lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400; uptime; } | tee "$out/cpu.txt"
+      cmake --build "$build" -j"$n" --target bench_train bench_cpu_gemm test_cpu_gemm test_cpu_threads test_gemm \
+        > "$out/cpu_step_build.log" 2>&1 || { echo "cpu-step build FAILED"; status=1; }
+      run cpu_step_tests bash -c "$build/tests/test_cpu_gemm && $build/tests/test_cpu_threads && $build/tests/test_gemm"
+      # The other float32 GEMM kernel of this CPU's level, for the same-binary comparison.
+      other=x86-64-v3-hg
+      grep -qw avx512f /proc/cpuinfo && other=x86-64-v4-eigen
+      for m in small medium; do  # the step's Linear GEMMs alone, every level's kernels
+        HG_TAIL=40 run "bench_cpu_gemm_$m" $b/bench_cpu_gemm --cpu-model "$m" --threads "1,$n"
+      done
+      for m in small medium; do
+        for t in 1 "$n"; do
+          # Three rounds, each handgrad (default kernel, then the other), then PyTorch:
+          # the machine drifts between minutes, so the rounds are interleaved.
+          for r in 1 2 3; do
+            for level in default "$other"; do
+              p=0; [[ $r == 1 && $level == default ]] && p=3  # one per-op-kind breakdown per point
+              HG_TAIL=$((p ? 20 : 3)) run "bench_train_cpu_${m}_t${t}_${level}_r$r" \
+                env HG_GEMM_LEVEL="${level#default}" $b/bench_train --device cpu --kernels fused --cpu-model "$m" \
+                --threads "$t" --iters 20 --profile-steps "$p" --csv "$out/bt_${m}_t${t}_${level}_r$r.csv" \
+                --breakdown-csv /dev/null
+            done
+            HG_TAIL=2 run "torch_cpu_step_${m}_t${t}_r$r" python3 bench/torch_cpu_step.py --config "$m" --threads "$t" \
+              --json "$out/torch_cpu_step_${m}_t${t}_r$r.json"
+          done
+        done
+      done
+      python3 bench/torch_cpu_step.py --summary "$out" "$other" | tee "$out/cpu_step_summary.txt" ;;
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms residual accuracy python cpu cpu-step)" >&2
        exit 2 ;;
   esac
 done

@@ -1,9 +1,10 @@
-// The CPU GEMM's run-time levels (core/cpu_gemm.hpp): every level Eigen was
-// compiled for (baseline, x86-64-v3, x86-64-v4) that this CPU runs is checked
+// The CPU GEMM's run-time levels (core/cpu_gemm.hpp): every level compiled
+// (baseline, x86-64-v3[-hg], x86-64-v4[-hg]) that this CPU runs is checked
 // against a float64 triple loop within the worst-case rounding bound, on odd
 // sizes, every transpose mode, strided blocks, alpha and accumulation; the
 // levels are shown to be really distinct code; bad level names are refused.
-// The backend's tiled matmul over packed panels gets the same float64 check.
+// The backend's tiled matmul over packed panels gets the same float64 check,
+// and so does handgrad's own kernel in both its shapes, on any CPU.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -12,12 +13,14 @@
 #include "core/cpu_gemm.hpp"
 #include "core/cpu_matmul.hpp"
 #include "core/error.hpp"
+#include "core/isa/sgemm_kernel.hpp"
 #include "core/random.hpp"
 #include "tests/catch.hpp"
 
 namespace {
 
 using hg::cpu::GemmBlock;
+using hg::cpu::PackedGemm;
 
 // Restores the level a test changed.
 struct LevelScope {
@@ -76,13 +79,14 @@ struct Operands {
   }
 };
 
-// Every element within gamma_(k+2) * (|alpha| sum |a||b| + |c0|) of the
-// float64 result: the worst-case bound of any summation order, FMA or not
-// (k products and k-1 additions, one product with alpha, one addition of c0).
-// The padding between rows must be left alone.
-void check_against_float64(const Operands& o, float alpha, bool accumulate, const std::vector<float>& c) {
+// Every element within gamma_(k+3) * (|alpha| sum |a||b| + |c0| + |bias|)
+// of the float64 result: the worst-case bound of any summation order, FMA or
+// not (k products and k-1 additions, one product with alpha, one addition of
+// c0, one of the bias). The padding between rows must be left alone.
+void check_against_float64(const Operands& o, float alpha, bool accumulate, const std::vector<float>& c,
+                           const float* bias = nullptr) {
   const double u = std::ldexp(1.0, -24);
-  const double gamma = (o.p.depth + 2) * u / (1 - (o.p.depth + 2) * u);
+  const double gamma = (o.p.depth + 3) * u / (1 - (o.p.depth + 3) * u);
   int64_t bad = 0;
   for (int64_t i = 0; i < o.p.rows; ++i)
     for (int64_t j = 0; j < o.ldc; ++j) {
@@ -99,9 +103,41 @@ void check_against_float64(const Operands& o, float alpha, bool accumulate, cons
       exact *= alpha;
       size *= std::abs(alpha);
       if (accumulate) exact += before, size += std::abs(before);
+      if (bias) exact += bias[j], size += std::abs(bias[j]);
       bad += !(std::abs(got - exact) <= gamma * size);
     }
   CHECK(bad == 0);
+}
+
+// handgrad's float32 kernel shape `Kernel` (core/isa/sgemm_kernel.hpp),
+// compiled here at the test's own level: C cut into 2 x 2 tiles at odd
+// offsets, each tile packed and multiplied per depth block, as
+// core/cpu_matmul.cpp drives it.
+template <class Kernel>
+std::vector<float> run_kernel_tiles(const Operands& o, float alpha, bool accumulate, const float* bias) {
+  const PackedGemm<float> k = Kernel::table();
+  std::vector<float> c = o.c0;
+  GemmBlock<float> g;
+  g.rows = o.p.rows, g.cols = o.p.cols, g.depth = o.p.depth;
+  g.a = o.a.data(), g.lda = o.lda, g.transpose_a = o.p.ta;
+  g.b = o.b.data(), g.ldb = o.ldb, g.transpose_b = o.p.tb;
+  g.c = c.data(), g.ldc = o.ldc, g.alpha = alpha, g.accumulate = accumulate, g.bias = bias;
+  const int64_t kc_max = k.depth_block(g.rows, g.cols, g.depth), r_split = g.rows / 2 + 1, c_split = g.cols / 3 + 1;
+  std::vector<float> rows(static_cast<size_t>((g.rows + k.row_multiple) * kc_max)),
+      cols(static_cast<size_t>((g.cols + k.col_multiple) * kc_max));
+  for (int64_t r0 : {int64_t(0), r_split})
+    for (int64_t c0 : {int64_t(0), c_split}) {
+      const int64_t nr = std::min(g.rows, r0 == 0 ? r_split : g.rows) - r0;
+      const int64_t nc = std::min(g.cols, c0 == 0 ? c_split : g.cols) - c0;
+      if (nr <= 0 || nc <= 0) continue;
+      for (int64_t k0 = 0; k0 < g.depth; k0 += kc_max) {
+        const int64_t kc = std::min(kc_max, g.depth - k0);
+        k.pack_rows(g, k0, kc, r0, nr, rows.data());
+        k.pack_cols(g, k0, kc, c0, nc, cols.data());
+        k.multiply(g, kc, r0, nr, c0, nc, rows.data(), cols.data(), k0 == 0, k0 + kc == g.depth);
+      }
+    }
+  return c;
 }
 
 const std::vector<Problem> kProblems = {
@@ -130,6 +166,30 @@ TEST_CASE("every CPU GEMM level matches float64 within the rounding bound", "[cp
           check_against_float64(o, alpha, accumulate, o.run(alpha, accumulate));
         }
   }
+}
+
+TEST_CASE("handgrad's float32 kernel, AVX-512 and AVX2 shapes, matches float64 on any CPU", "[cpu_gemm]") {
+  // The shapes the x86-64-v4 and x86-64-v3-hg levels run (W = 16, MR = 8; W = 8,
+  // MR = 6), here in plain vector code: packing, edges and tile offsets are
+  // checked on every CPU, also one without AVX-512. Depth 300 and 704 span
+  // several depth blocks.
+  for (const Problem& p : kProblems)
+    for (bool accumulate : {false, true})
+      for (float alpha : {1.0f, -0.375f}) {
+        INFO(p.rows << "x" << p.cols << "x" << p.depth << " ta " << p.ta << " tb " << p.tb << " pad " << p.pad
+                    << " accumulate " << accumulate << " alpha " << alpha);
+        const Operands o(p, 29);
+        const std::vector<float> bias = random_floats(static_cast<size_t>(p.cols), 31);
+        using Avx512 = hg::cpu::isa::Sgemm<16, 8>;
+        using Avx2 = hg::cpu::isa::Sgemm<8, 6>;
+        check_against_float64(o, alpha, accumulate, run_kernel_tiles<Avx512>(o, alpha, accumulate, nullptr));
+        check_against_float64(o, alpha, accumulate, run_kernel_tiles<Avx2>(o, alpha, accumulate, nullptr));
+        // With a bias added after the last depth block.
+        check_against_float64(o, alpha, accumulate, run_kernel_tiles<Avx512>(o, alpha, accumulate, bias.data()),
+                              bias.data());
+        check_against_float64(o, alpha, accumulate, run_kernel_tiles<Avx2>(o, alpha, accumulate, bias.data()),
+                              bias.data());
+      }
 }
 
 TEST_CASE("the tiled matmul matches float64 within the rounding bound at every level", "[cpu_gemm]") {

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/cpu_gemm.hpp"
 #include "core/math_mode.hpp"
 #include "core/matmul_shape.hpp"
 #include "tests/test_util.hpp"
@@ -267,6 +268,20 @@ TEST_CASE("gemm on the CPU: every epilogue, transpose and accumulate vs float64 
     check_all_epilogues(Device::CPU, DType::F64, DType::F64, m, n, k, {1e-12, 0, 1e-300});
     check_all_epilogues(Device::CPU, DType::F32, DType::F32, m, n, k, {1e-5, 0, 1e-6});
   }
+}
+
+TEST_CASE("gemm on the CPU, tiled: the float32 epilogues run per tile at every GEMM level", "[gemm]") {
+  // Over the tiling threshold, with ragged edge tiles and several depth
+  // blocks: the float32 Bias, BiasGelu and GeluBackward run on each tile of
+  // C as it is finished (core/cpu_matmul.hpp), at every level's kernel.
+  const std::string saved = cpu::gemm_level();
+  for (const std::string& level : cpu::gemm_levels()) {
+    INFO("GEMM level " << level);
+    cpu::set_gemm_level(level);
+    check_all_epilogues(Device::CPU, DType::F32, DType::F32, 130, 97, 300, {1e-5, 0, 1e-6});
+  }
+  cpu::set_gemm_level(saved);
+  check_all_epilogues(Device::CPU, DType::F64, DType::F64, 130, 97, 300, {1e-12, 0, 1e-300});
 }
 
 TEST_CASE("gemm rejects what it cannot do with a clear message", "[gemm]") {

@@ -10,6 +10,7 @@
 #include <Eigen/Core>
 
 #include "core/isa/gemm_level.hpp"
+#include "core/isa/sgemm_kernel.hpp"
 
 #ifndef HG_GEMM_LEVEL_FN
 #error "compile with -DHG_GEMM_LEVEL_FN=gemm_<level> -DHG_GEMM_LEVEL_NAME=\"<level>\" (core/CMakeLists.txt)"
@@ -22,6 +23,19 @@ template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class T>
 using ConstMap = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
+
+// The C tile [r0, r0 + rows) x [c0, c0 + cols) as an Eigen map (vectorised).
+template <class T>
+Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>> tile(const GemmBlock<T>& g, int64_t r0, int64_t rows, int64_t c0,
+                                                 int64_t cols) {
+  return {g.c + r0 * g.ldc + c0, rows, cols, Eigen::OuterStride<>(g.ldc)};
+}
+
+// C tile rows += g.bias (after the product, as a separate addition).
+template <class T>
+void add_bias(const GemmBlock<T>& g, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+  tile(g, r0, rows, c0, cols).rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(g.bias + c0, cols);
+}
 
 template <class T>
 void run(const GemmBlock<T>& g) {
@@ -36,6 +50,7 @@ void run(const GemmBlock<T>& g) {
   else if (!g.transpose_a) C.noalias() += g.alpha * A * B.transpose();
   else if (!g.transpose_b) C.noalias() += g.alpha * A.transpose() * B;
   else C.noalias() += g.alpha * A.transpose() * B.transpose();
+  if (g.bias != nullptr) add_bias(g, 0, g.rows, 0, g.cols);
 }
 
 void run_f32(const GemmBlock<float>& g) { run(g); }
@@ -91,9 +106,11 @@ void pack_cols(const GemmBlock<T>& g, int64_t k0, int64_t kc, int64_t c0, int64_
 
 template <class T>
 void multiply(const GemmBlock<T>& g, int64_t kc, int64_t r0, int64_t rows, int64_t c0, int64_t cols,
-              const T* packed_rows, const T* packed_cols) {
+              const T* packed_rows, const T* packed_cols, bool first, bool last) {
+  if (first && !g.accumulate) tile(g, r0, rows, c0, cols).setZero();
   ei::gebp_kernel<T, T, Index, ResMapper<T>, Traits<T>::mr, Traits<T>::nr, false, false> gebp;
   gebp(ResMapper<T>(g.c, g.ldc).getSubMapper(c0, r0), packed_cols, packed_rows, cols, kc, rows, g.alpha);
+  if (last && g.bias != nullptr) add_bias(g, r0, rows, c0, cols);
 }
 
 template <class T>
@@ -103,6 +120,28 @@ PackedGemm<T> packed() {
 
 }  // namespace
 
+// float32 at the FMA levels comes in two kernels, Eigen's and handgrad's own
+// (core/isa/sgemm_kernel.hpp, whose whole products go through its packed
+// pieces: f32 = nullptr, core/cpu_gemm.cpp). At x86-64-v4 the level is
+// handgrad's and "x86-64-v4-eigen" Eigen's; at x86-64-v3 the level is
+// Eigen's and "x86-64-v3-hg" handgrad's (docs/cpu.md says why). float64,
+// and float32 without FMA: Eigen's.
+#define HG_GEMM_CAT2(a, b) a##b
+#define HG_GEMM_CAT(a, b) HG_GEMM_CAT2(a, b)
+#if defined(__AVX512F__)
+GemmKernels HG_GEMM_LEVEL_FN() {
+  return {HG_GEMM_LEVEL_NAME, nullptr, run_f64, Sgemm<16, 8>::table(), packed<double>()};
+}
+GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _eigen)() {
+  return {HG_GEMM_LEVEL_NAME "-eigen", run_f32, run_f64, packed<float>(), packed<double>()};
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
+GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _hg)() {
+  return {HG_GEMM_LEVEL_NAME "-hg", nullptr, run_f64, Sgemm<8, 6>::table(), packed<double>()};
+}
+#else
+GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
+#endif
 
 }  // namespace hg::cpu::isa
