@@ -36,14 +36,14 @@ using isa::GemmKernels;
 }
 
 // HG_GEMM_PER_LEVEL: core/CMakeLists.txt built the x86-64-v3 and -v4 objects.
-// Each FMA level comes twice, its other float32 kernel ("-hg", "-eigen")
-// first: the last is the default.
+// Each FMA level comes twice, handgrad's float32 kernel ("-hg") first:
+// the last is the default.
 std::vector<GemmKernels> available() {
   std::vector<GemmKernels> levels{isa::gemm_baseline()};
 #if defined(HG_GEMM_PER_LEVEL)
   __builtin_cpu_init();
   if (cpu_runs_v3()) levels.insert(levels.end(), {isa::gemm_x86_64_v3_hg(), isa::gemm_x86_64_v3()});
-  if (cpu_runs_v4()) levels.insert(levels.end(), {isa::gemm_x86_64_v4_eigen(), isa::gemm_x86_64_v4()});
+  if (cpu_runs_v4()) levels.insert(levels.end(), {isa::gemm_x86_64_v4_hg(), isa::gemm_x86_64_v4()});
 #endif
   return levels;
 }

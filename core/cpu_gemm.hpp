@@ -61,10 +61,10 @@ const PackedGemm<float>& packed_gemm_f32();
 const PackedGemm<double>& packed_gemm_f64();
 
 // Levels this build and this CPU can run, slowest first: "baseline" (the
-// build's own flags), then "x86-64-v3-hg", "x86-64-v3", "x86-64-v4-eigen"
+// build's own flags), then "x86-64-v3-hg", "x86-64-v3", "x86-64-v4-hg"
 // and "x86-64-v4" where supported. float32 runs Eigen's kernel at
-// "x86-64-v3" and "x86-64-v4-eigen", handgrad's (core/isa/sgemm_kernel.hpp)
-// at "x86-64-v3-hg" and "x86-64-v4".
+// "x86-64-v3" and "x86-64-v4", handgrad's (core/isa/sgemm_kernel.hpp) at
+// "x86-64-v3-hg" and "x86-64-v4-hg".
 std::vector<std::string> gemm_levels();
 // The level in use: HG_GEMM_LEVEL when set (one of gemm_levels()), else the
 // last of gemm_levels().

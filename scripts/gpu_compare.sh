@@ -112,7 +112,7 @@ for stage in "$@"; do
       run cpu_step_tests bash -c "$build/tests/test_cpu_gemm && $build/tests/test_cpu_threads && $build/tests/test_gemm"
       # The other float32 GEMM kernel of this CPU's level, for the same-binary comparison.
       other=x86-64-v3-hg
-      grep -qw avx512f /proc/cpuinfo && other=x86-64-v4-eigen
+      grep -qw avx512f /proc/cpuinfo && other=x86-64-v4-hg
       for m in small medium; do  # the step's Linear GEMMs alone, every level's kernels
         HG_TAIL=40 run "bench_cpu_gemm_$m" $b/bench_cpu_gemm --cpu-model "$m" --threads "1,$n"
       done

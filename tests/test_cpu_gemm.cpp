@@ -169,7 +169,7 @@ TEST_CASE("every CPU GEMM level matches float64 within the rounding bound", "[cp
 }
 
 TEST_CASE("handgrad's float32 kernel, AVX-512 and AVX2 shapes, matches float64 on any CPU", "[cpu_gemm]") {
-  // The shapes the x86-64-v4 and x86-64-v3-hg levels run (W = 16, MR = 8; W = 8,
+  // The shapes the x86-64-v4-hg and x86-64-v3-hg levels run (W = 16, MR = 8; W = 8,
   // MR = 6), here in plain vector code: packing, edges and tile offsets are
   // checked on every CPU, also one without AVX-512. Depth 300 and 704 span
   // several depth blocks.

@@ -122,18 +122,16 @@ PackedGemm<T> packed() {
 
 // float32 at the FMA levels comes in two kernels, Eigen's and handgrad's own
 // (core/isa/sgemm_kernel.hpp, whose whole products go through its packed
-// pieces: f32 = nullptr, core/cpu_gemm.cpp). At x86-64-v4 the level is
-// handgrad's and "x86-64-v4-eigen" Eigen's; at x86-64-v3 the level is
-// Eigen's and "x86-64-v3-hg" handgrad's (docs/cpu.md says why). float64,
-// and float32 without FMA: Eigen's.
+// pieces: f32 = nullptr, core/cpu_gemm.cpp). Each FMA level runs Eigen's,
+// and "<level>-hg" handgrad's: on the Xeon of an H200 machine (AVX-512) and
+// on an AVX2 VM handgrad's was not faster (docs/cpu.md). float64, and
+// float32 without FMA: Eigen's.
 #define HG_GEMM_CAT2(a, b) a##b
 #define HG_GEMM_CAT(a, b) HG_GEMM_CAT2(a, b)
 #if defined(__AVX512F__)
-GemmKernels HG_GEMM_LEVEL_FN() {
-  return {HG_GEMM_LEVEL_NAME, nullptr, run_f64, Sgemm<16, 8>::table(), packed<double>()};
-}
-GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _eigen)() {
-  return {HG_GEMM_LEVEL_NAME "-eigen", run_f32, run_f64, packed<float>(), packed<double>()};
+GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }
+GemmKernels HG_GEMM_CAT(HG_GEMM_LEVEL_FN, _hg)() {
+  return {HG_GEMM_LEVEL_NAME "-hg", nullptr, run_f64, Sgemm<16, 8>::table(), packed<double>()};
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 GemmKernels HG_GEMM_LEVEL_FN() { return {HG_GEMM_LEVEL_NAME, run_f32, run_f64, packed<float>(), packed<double>()}; }

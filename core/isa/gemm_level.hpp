@@ -17,9 +17,8 @@ struct GemmKernels {
 GemmKernels gemm_baseline();
 GemmKernels gemm_x86_64_v3();
 GemmKernels gemm_x86_64_v4();
-// The other float32 kernel of each FMA level: handgrad's at x86-64-v3
-// ("x86-64-v3-hg"), Eigen's at x86-64-v4 ("x86-64-v4-eigen").
+// handgrad's float32 kernel at each FMA level ("x86-64-v3-hg", "x86-64-v4-hg").
 GemmKernels gemm_x86_64_v3_hg();
-GemmKernels gemm_x86_64_v4_eigen();
+GemmKernels gemm_x86_64_v4_hg();
 
 }  // namespace hg::cpu::isa
