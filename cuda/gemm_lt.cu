@@ -1,6 +1,5 @@
 // Backend::gemm through cuBLASLt: cached plans, one workspace, the epilogue
-// mapping, and a deterministic bias-gradient sum for the combinations
-// cuBLASLt cannot fuse. Row-major <-> column-major: docs/gemm.md.
+// mapping, and the deterministic bias-gradient sum that runs after the GEMM. Row-major <-> column-major: docs/gemm.md.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -59,7 +58,7 @@ int alignment_of(const void* p) {
   return 2;
 }
 
-// ---- bias gradients cuBLASLt cannot fuse: out[i] = sum_j x[i*si + j*sj] ----
+// ---- bias gradients, summed after the GEMM: out[i] = sum_j x[i*si + j*sj] ----
 
 // One warp per output (row sums, sj == 1: the lanes read adjacent terms);
 // lanes take j = lane, lane + 32, ... and combine in a fixed shuffle tree, so

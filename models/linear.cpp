@@ -137,7 +137,7 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
   Tensor db = db_given != nullptr ? *db_given : Tensor();
   if (has_bias_ && !db.defined() && kernel_mode() == KernelMode::Fused) {
     db = Tensor::empty({out_}, bias.grad.dtype(), dy.device());
-    dw.epilogue = GemmEpilogue::BiasGradA;  // db = sum over rows of dy, from the same pass
+    dw.epilogue = GemmEpilogue::BiasGradA;  // db = sum over rows of dy, in the same backend call
     dw.bias_grad = &db;
   }
   be.gemm(dy2, x2, weight.grad, dw);
@@ -152,7 +152,6 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
   }
   // The forward input is used up: its memory can serve dx (stream order
   // keeps the dW GEMM's reads ahead of any reuse).
-  const Shape x_shape = x_.shape();
   x2 = Tensor();
   x_ = Tensor();
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
@@ -160,13 +159,13 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
   if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
     dx_args.epilogue = GemmEpilogue::GeluBackward;
     dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
-    // In dx's dtype: cuBLASLt fuses the column sums into the GEMM only as D's
-    // dtype (bf16 for bf16 activations); the caller widens it into the f32 grad.
+    // In dx's dtype (bf16 for bf16 activations), the column sums of the
+    // rounded dx; the caller widens it into the f32 grad.
     *dpre_sum = Tensor::empty({in_}, dy.dtype(), dy.device());
     dx_args.bias_grad = dpre_sum;
   }
   be.gemm(dy2, weight_for(dy), dx, dx_args);
-  return dx.reshape(x_shape);
+  return dx.reshape(x_shape_);
 }
 
 }  // namespace hg
