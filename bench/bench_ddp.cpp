@@ -9,9 +9,10 @@
 // collectives, the part exposed after the backward, and the share hidden
 // behind it. docs/distributed.md.
 //
-// --bucket-mb and --grad-dtype take lists (--bucket-mb 10,25,50 --grad-dtype
-// fp32,bf16): each combination is measured on a fresh model, and rank 0
-// prints a table of all of them at the end.
+// --bucket-mb, --grad-dtype and --sparse-embedding-grad take lists
+// (--bucket-mb 10,25,50 --grad-dtype fp32,bf16 --sparse-embedding-grad
+// off,on): each combination is measured on a fresh model, and rank 0 prints a
+// table of all of them at the end.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -74,12 +75,12 @@ int main(int argc, char** argv) {
     if (w.rank == 0)
       csv = std::make_unique<bench::Csv>(csv_path, "config,device,precision,ranks,zero,bucket_mb,grad_dtype,alone_ms,"
                                                    "ddp_ms,slowest_ms,tokens_per_s,scaling,comm_ms,exposed_ms,"
-                                                   "hidden_share");
+                                                   "hidden_share,sparse_embedding");
     std::string table;
     for (const cli::DataParallelFlags& run : sweep.combinations(dpf)) {
       DecoderLM model(bench::decoder_config(s, precision));
       model.to(dev);
-      cli::DataParallel dp(model, dev, run);
+      cli::DataParallel dp(model, dev, run, cli::StepRows{s.batch * s.seq, 1});
       AdamWOptions adamw;
       adamw.max_grad_norm = 1.0;
       const std::unique_ptr<Optimizer> opt = dp.make_optimizer(adamw);
@@ -132,17 +133,18 @@ int main(int argc, char** argv) {
                   "(%.1f collectives/step)\n",
                   busy, exposed, 100 * hidden, double(cs.collectives) / iters);
       csv->row(config, device_name(dev), precision_name(precision), w.size, run.zero, run.bucket_mb, run.grad_dtype,
-               m[1], m[0], slowest, w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed, hidden);
-      char line[160];
-      std::snprintf(line, sizeof line, "%9g  %-5s  %8zu  %8.2f  %10.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%\n", run.bucket_mb,
-                    run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest, w.size * m[1] / slowest, busy, exposed,
-                    100 * hidden);
+               m[1], m[0], slowest, w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed, hidden,
+               dp.sparse_embedding() ? "on" : "off");
+      char line[176];
+      std::snprintf(line, sizeof line, "%9g  %-5s  %8zu  %8.2f  %10.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%  %s\n",
+                    run.bucket_mb, run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest, w.size * m[1] / slowest,
+                    busy, exposed, 100 * hidden, dp.sparse_embedding() ? "on" : "off");
       table += line;
     }
     if (w.rank != 0) return cli::kExitOk;
     std::printf("== bench_ddp %s summary, %d rank(s), zero %d (ms per step) ==\n", config.c_str(), w.size, dpf.zero);
-    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s\n", "bucket_mb", "dtype", "buckets", "alone", "slowest",
-                "scaling", "comm", "exposed", "hidden");
+    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s  %s\n", "bucket_mb", "dtype", "buckets", "alone",
+                "slowest", "scaling", "comm", "exposed", "hidden", "sparse_emb");
     std::printf("%s", table.c_str());
     return cli::kExitOk;
   });

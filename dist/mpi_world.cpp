@@ -149,6 +149,28 @@ std::vector<float> gather_to(int root, const float* data, size_t count, const ch
   return out;
 }
 
+std::vector<int32_t> all_gather_v(const std::vector<int32_t>& mine, std::vector<size_t>& counts, const char* what) {
+  if (!g_mpi) {
+    counts = {mine.size()};
+    return mine;
+  }
+  Watch w(what);
+  const int n = as_count(mine.size(), what);
+  std::vector<int> each(static_cast<size_t>(g_world.size)), at(static_cast<size_t>(g_world.size));
+  check(MPI_Allgather(&n, 1, MPI_INT, each.data(), 1, MPI_INT, MPI_COMM_WORLD), what);
+  size_t total = 0;
+  for (size_t r = 0; r < each.size(); ++r) {
+    at[r] = as_count(total, what);
+    total += static_cast<size_t>(each[r]);
+  }
+  as_count(total, what);
+  std::vector<int32_t> out(total);
+  check(MPI_Allgatherv(mine.data(), n, MPI_INT32_T, out.data(), each.data(), at.data(), MPI_INT32_T, MPI_COMM_WORLD),
+        what);
+  counts.assign(each.begin(), each.end());
+  return out;
+}
+
 void start_all_reduce_sum(float* data, size_t count) {
   if (!g_mpi) return;
   const char* what = "MPI_Iallreduce";

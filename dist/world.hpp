@@ -45,6 +45,9 @@ void broadcast(void* data, size_t bytes, int root, const char* what);
 std::vector<uint64_t> all_gather(uint64_t value, const char* what);
 // Gathers `count` floats of every rank, in rank order, to root (elsewhere: empty).
 std::vector<float> gather_to(int root, const float* data, size_t count, const char* what);
+// Every rank's values, concatenated in rank order; the ranks may hand in
+// different counts, and counts[r] is rank r's.
+std::vector<int32_t> all_gather_v(const std::vector<int32_t>& mine, std::vector<size_t>& counts, const char* what);
 
 // Nonblocking CPU collectives on float buffers that stay alive and untouched
 // until wait_all(): started at once, driven forward by progress() (MPI moves

@@ -1094,11 +1094,12 @@ void print_header(const Options& o, const Data& data, DecoderLM& model, Device d
 
 // ---- 8. the run record (CHECKPOINT.json) and --eval-only ---------------------------------------
 // Flags that say how and where this invocation runs: never taken from a record.
-const std::set<std::string> kPerInvocation{"checkpoint",    "resume",     "eval-only", "extend-schedule", "device",
-                                           "precision",     "tf32",       "no-graph",  "fused",           "unfused",
-                                           "attention",     "threads",    "log-level", "quiet",           "print-every",
-                                           "profile-steps", "ddp",        "zero",      "grad-dtype",      "bucket-mb",
-                                           "comm-timeout",  "check-sync", "beam",      "bleu-sentences"};
+const std::set<std::string> kPerInvocation{
+    "checkpoint",    "resume",     "eval-only", "extend-schedule", "device",
+    "precision",     "tf32",       "no-graph",  "fused",           "unfused",
+    "attention",     "threads",    "log-level", "quiet",           "print-every",
+    "profile-steps", "ddp",        "zero",      "grad-dtype",      "bucket-mb",
+    "comm-timeout",  "check-sync", "beam",      "bleu-sentences",  "sparse-embedding-grad"};
 // Taken from the record when not given, but free to change: resolve_schedule
 // checks the schedule's three against CHECKPOINT.schedule, and --batch is per
 // rank (a checkpoint resumes on another number of ranks with the global batch
@@ -1175,7 +1176,9 @@ int run(Options& o, CLI::App& app) {
   adam.weight_decay = o.weight_decay;
   adam.max_grad_norm = o.clip;  // clipped inside the optimizer's step (ZeRO-1: by the global norm)
   std::unique_ptr<cli::DataParallel> dp;
-  if (use_dp) dp = std::make_unique<cli::DataParallel>(*model, dev, o.dp);
+  if (use_dp)
+    dp = std::make_unique<cli::DataParallel>(*model, dev, o.dp,
+                                             cli::StepRows{o.batch * o.grad_accum * o.seq_len, o.grad_accum});
   const std::unique_ptr<Optimizer> opt =
       dp ? dp->make_optimizer(adam) : std::make_unique<AdamW>(model->parameters(), adam);
   TrainStepOptions step_options;

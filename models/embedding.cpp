@@ -42,7 +42,7 @@ void Embedding::backward(const Tensor& dy) {
   const int64_t b = ids_.size(0), t = ids_.size(1), d = token.value.size(1);
   HG_CHECK(dy.shape() == Shape({b, t, d}), op, "dy ", dy.shape(), " must be (B, T, D) = ", Shape({b, t, d}));
   HG_PROFILE("embedding", dy.device());
-  scatter_add_rows(dy, ids_, token.grad, id_check_);
+  if (!token_rows_sink_ || !token_rows_sink_(ids_, dy)) scatter_add_rows(dy, ids_, token.grad, id_check_);
   // Position t's gradient is the sum over the batch; its rows [0, T) of the table.
   Tensor dpos = sum(dy, 0);
   Tensor pos_grad_rows = position.grad.slice(0, t);

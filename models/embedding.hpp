@@ -1,5 +1,7 @@
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <utility>
 
 #include "core/indexing.hpp"
 #include "core/module.hpp"
@@ -30,9 +32,17 @@ class Embedding : public Module {
   // on the host before copying it in).
   void set_id_check(IdCheck check) { id_check_ = check; }
 
+  // Data parallelism may reduce the token table's gradient by its rows
+  // (dist/sparse_rows.hpp): backward() first offers (ids, dy) to the sink;
+  // when it returns true it has taken them and the rows are not scattered
+  // into token.grad here. Null (the default): always scattered here.
+  using TokenRowsSink = std::function<bool(const Tensor& ids, const Tensor& dy)>;
+  void set_token_rows_sink(TokenRowsSink sink) { token_rows_sink_ = std::move(sink); }
+
  private:
   Tensor ids_;  // saved by forward
   IdCheck id_check_ = IdCheck::Host;
+  TokenRowsSink token_rows_sink_;
 };
 
 }  // namespace hg

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "core/cuda_runtime.hpp"
 #include "core/logging.hpp"
@@ -32,6 +33,20 @@ void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSw
     app.add_option("--bucket-mb", f.bucket_mb, bucket_help)->check(CLI::Range(0.001, 4096.0))->capture_default_str();
     app.add_option("--grad-dtype", f.grad_dtype, dtype_help)->check(dtypes)->capture_default_str();
   }
+  const char* sparse_help = "data parallel: reduce the token embedding's gradient by all-gathering the rows of the "
+                            "batch's ids instead of all-reducing the table; auto: when that moves fewer bytes "
+                            "(not with --zero 1 or --grad-accum > 1, which stay dense); docs/distributed.md";
+  const auto sparse_choices = CLI::IsMember({"auto", "on", "off"});
+  if (sweep)
+    app.add_option("--sparse-embedding-grad", sweep->sparse_embedding_grad,
+                   std::string(sparse_help) + "; a list (on,off) measures each")
+        ->check(sparse_choices)
+        ->delimiter(',')
+        ->capture_default_str();
+  else
+    app.add_option("--sparse-embedding-grad", f.sparse_embedding_grad, sparse_help)
+        ->check(sparse_choices)
+        ->capture_default_str();
   app.add_option("--zero", f.zero, "data parallel: 1 shards the AdamW moments across ranks (ZeRO-1), 0 does not")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -45,13 +60,15 @@ void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSw
 
 std::vector<DataParallelFlags> DataParallelSweep::combinations(const DataParallelFlags& base) const {
   std::vector<DataParallelFlags> all;
-  for (const std::string& dtype : grad_dtype)
-    for (double mb : bucket_mb) {
-      DataParallelFlags f = base;
-      f.bucket_mb = mb;
-      f.grad_dtype = dtype;
-      all.push_back(f);
-    }
+  for (const std::string& sparse : sparse_embedding_grad)
+    for (const std::string& dtype : grad_dtype)
+      for (double mb : bucket_mb) {
+        DataParallelFlags f = base;
+        f.bucket_mb = mb;
+        f.grad_dtype = dtype;
+        f.sparse_embedding_grad = sparse;
+        all.push_back(f);
+      }
   return all;
 }
 
@@ -68,7 +85,31 @@ const dist::World& start_world(Device device, const DataParallelFlags& f) {
   return w;
 }
 
-DataParallel::DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f)
+namespace {
+
+// --sparse-embedding-grad resolved: whether the token table's gradient is reduced by rows.
+bool sparse_rows_wanted(const DecoderLM& model, const DataParallelFlags& f, StepRows rows, DType grad_dtype) {
+  const dist::SparseRows mode = dist::parse_sparse_rows(f.sparse_embedding_grad);
+  if (mode == dist::SparseRows::Off) return false;
+  const char* flag = "--sparse-embedding-grad";
+  // ZeRO-1 shards every gradient bucket with the optimizer; accumulation
+  // would have to keep every micro-batch's rows (the reducer learns of a step
+  // only at its last micro-batch): both reduce the table densely.
+  if (mode == dist::SparseRows::On && f.zero == 1)
+    usage_error(flag, "on: not with --zero 1 (ZeRO-1 reduce-scatters the table's gradient with the other buckets); "
+                      "use auto or off");
+  if (mode == dist::SparseRows::On && rows.grad_accum > 1)
+    usage_error(flag, "on: not with --grad-accum ", rows.grad_accum,
+                " (the rows of every micro-batch would have to be kept until the step's last); use auto or off");
+  if (mode == dist::SparseRows::On) return true;
+  const DecoderLMConfig& c = model.config();
+  return f.zero == 0 && rows.grad_accum == 1 && dist::world().distributed() &&
+         dist::sparse_rows_pay(rows.tokens, dist::world().size, c.vocab_size, c.d_model, grad_dtype);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f, StepRows rows)
     : model_(model), flags_(f), comm_(device) {
   dist::ReducerOptions o;
   o.bucket_bytes = static_cast<size_t>(std::max(4.0, f.bucket_mb * 1024 * 1024));
@@ -77,11 +118,26 @@ DataParallel::DataParallel(DecoderLM& model, Device device, const DataParallelFl
   // The backward finalises gradients in reverse registration order (head first).
   std::vector<Parameter*> order = model.parameters();
   std::reverse(order.begin(), order.end());
+  Parameter* table = &model.embed.token;
+  if (sparse_rows_wanted(model, f, rows, o.grad_dtype)) {
+    order.erase(std::find(order.begin(), order.end(), table));
+    sparse_ = std::make_unique<dist::SparseRowsReducer>(comm_, table);
+    model.embed.set_token_rows_sink([this](const Tensor& ids, const Tensor& dy) { return sparse_->take(ids, dy); });
+  }
   reducer_ = std::make_unique<dist::GradReducer>(comm_, order, o);
-  model.set_grads_ready_hook([this](const std::vector<Parameter*>& ps) { reducer_->grads_ready(ps); });
+  model.set_grads_ready_hook([this, table](const std::vector<Parameter*>& ps) {
+    if (!sparse_ || std::find(ps.begin(), ps.end(), table) == ps.end()) return reducer_->grads_ready(ps);
+    std::vector<Parameter*> dense;
+    std::copy_if(ps.begin(), ps.end(), std::back_inserter(dense), [table](Parameter* p) { return p != table; });
+    reducer_->grads_ready(dense);
+    if (in_step_) sparse_->start();
+  });
 }
 
-DataParallel::~DataParallel() { model_.set_grads_ready_hook(nullptr); }
+DataParallel::~DataParallel() {
+  model_.set_grads_ready_hook(nullptr);
+  model_.embed.set_token_rows_sink(nullptr);
+}
 
 std::unique_ptr<Optimizer> DataParallel::make_optimizer(const AdamWOptions& options) {
   if (sharded()) return std::make_unique<dist::ShardedAdamW>(*reducer_, comm_, model_.parameters(), options);
@@ -91,10 +147,14 @@ std::unique_ptr<Optimizer> DataParallel::make_optimizer(const AdamWOptions& opti
 void DataParallel::begin_step(double weight) {
   weight_ = weight;
   reducer_->begin_step(weight);
+  if (sparse_) sparse_->begin_step(weight);
+  in_step_ = true;
 }
 
 void DataParallel::end_backward() {
   reducer_->finish();
+  if (sparse_) sparse_->finish();
+  in_step_ = false;
   if (comm_.device() != Device::CUDA) return;
   const dist::Watch watch("the step's gradient collectives");
   gpu::synchronize();
@@ -117,6 +177,7 @@ std::string DataParallel::describe() const {
   s += ", " + std::to_string(reducer_->buckets().size()) + " gradient bucket(s) of <= " +
        std::to_string(flags_.bucket_mb).substr(0, std::to_string(flags_.bucket_mb).find('.') + 3) + " MiB";
   s += ", reduced in " + flags_.grad_dtype;
+  if (sparse_) s += ", token-embedding gradient by rows (all-gather of the batch's rows, fp32)";
   if (sharded()) s += ", ZeRO-1 (AdamW moments sharded)";
   return s;
 }

@@ -14,6 +14,7 @@
 #include "core/optim.hpp"
 #include "dist/collectives.hpp"
 #include "dist/grad_reducer.hpp"
+#include "dist/sparse_rows.hpp"
 #include "dist/world.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
@@ -27,6 +28,8 @@ struct DataParallelFlags {
   int zero = 0;                                                  // --zero 0|1
   double comm_timeout = 300;                                     // --comm-timeout seconds (0: none)
   bool check_sync = false;  // --check-sync: parameter hash across ranks after every step
+  // --sparse-embedding-grad auto|on|off: the token table's gradient reduced by its rows (dist/sparse_rows.hpp)
+  std::string sparse_embedding_grad = "auto";
 
   static std::string dtype_flag(DType t) { return t == DType::BF16 ? "bf16" : "fp32"; }
 };
@@ -35,10 +38,11 @@ struct DataParallelFlags {
 struct DataParallelSweep {
   std::vector<double> bucket_mb{25};
   std::vector<std::string> grad_dtype{DataParallelFlags::dtype_flag(dist::kDefaultGradDType)};
+  std::vector<std::string> sparse_embedding_grad{"auto"};
   // Every combination, the bucket size varying fastest; the other fields from `base`.
   std::vector<DataParallelFlags> combinations(const DataParallelFlags& base) const;
 };
-// With `sweep`, --bucket-mb and --grad-dtype fill its lists instead of f's single values.
+// With `sweep`, --bucket-mb, --grad-dtype and --sparse-embedding-grad fill its lists instead of f's single values.
 void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSweep* sweep = nullptr);
 
 // Starts the world (MPI when launched by mpirun) and, on CUDA, makes GPU
@@ -46,16 +50,26 @@ void add_data_parallel_flags(CLI::App& app, DataParallelFlags& f, DataParallelSw
 // error when this host has more ranks than GPUs.
 const dist::World& start_world(Device device, const DataParallelFlags& f);
 
+// What --sparse-embedding-grad auto weighs: the token ids one rank's step
+// scatters (batch x sequence length x micro-batches; 0: unknown, so auto
+// stays dense) and the micro-batches per step (accumulation reduces densely).
+struct StepRows {
+  int64_t tokens = 0;
+  int64_t grad_accum = 1;
+};
+
 class DataParallel : public DataParallelHook {
  public:
   // After model.to(device) (the gradients become views of the buckets).
-  DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f);
+  // A usage error when --sparse-embedding-grad on cannot be honoured.
+  DataParallel(DecoderLM& model, Device device, const DataParallelFlags& f, StepRows rows = {});
   ~DataParallel() override;
 
   // AdamW over the model, or with --zero 1 the sharded one; both clip by
   // options.max_grad_norm inside their step (ZeRO-1 by the global norm).
   std::unique_ptr<Optimizer> make_optimizer(const AdamWOptions& options);
   bool sharded() const { return flags_.zero == 1; }
+  bool sparse_embedding() const { return sparse_ != nullptr; }  // the token table's gradient reduced by rows
 
   // weight: this rank's share of the global batch's loss terms (tokens_r / tokens_all).
   void begin_step(double weight) override;
@@ -77,7 +91,9 @@ class DataParallel : public DataParallelHook {
   DataParallelFlags flags_;
   dist::Collectives comm_;
   std::unique_ptr<dist::GradReducer> reducer_;
+  std::unique_ptr<dist::SparseRowsReducer> sparse_;  // null: the token table is in the dense buckets
   double weight_ = 1;
+  bool in_step_ = false;  // between begin_step and end_backward
 };
 
 }  // namespace hg::cli

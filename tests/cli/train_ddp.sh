@@ -6,6 +6,8 @@
 #      curve of one process with --batch 16, each step within a relative 1e-5
 #      (the guarantee of docs/distributed.md; measured ~1e-7), and a second
 #      2-rank run repeats the first bit for bit.
+#   1b. --sparse-embedding-grad on (the token embedding's gradient gathered by
+#      rows, docs/distributed.md) gives the same curve within the same bound.
 #   2. --zero 1 (sharded AdamW) gives the same curve within the same bound; its
 #      checkpoint (unsharded format) resumes in ONE process, continuing the curve.
 #   3. A rank killed mid-run (HG_FAULT=kill) stops the job (no hang), and the
@@ -46,6 +48,10 @@ close() {  # a.csv b.csv bound
 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --bucket-mb 0.01 --check-sync --log-csv two.csv > two.out 2>&1
 check "2 ranks reduced 3 buckets per step, hashes equal after every step" grep -q "3.0 collectives/step" two.out
 check "2 ranks x batch 8 = 1 process x batch 16 (relative 1e-5)" close one.csv two.csv 1e-5
+"${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --bucket-mb 0.01 --check-sync --sparse-embedding-grad on \
+  --log-csv sparse.csv > sparse.out 2>&1
+check "--sparse-embedding-grad on: 3 buckets and the rows' all-gather per step" grep -q "4.0 collectives/step" sparse.out
+check "... 2 ranks x batch 8 = 1 process x batch 16 (relative 1e-5)" close one.csv sparse.csv 1e-5
 "${launch[@]}" "$train" "${tiny[@]}" --steps 8 --batch 8 --bucket-mb 0.01 --log-csv again.csv >/dev/null 2>&1
 check "2-rank runs repeat bit for bit" cmp -s <(losses two.csv) <(losses again.csv)
 check "communication time reported" grep -q "communication: .* ms/step in MPI calls" two.out
@@ -94,6 +100,6 @@ check "a hung rank: the job stops (exit $rc)" test "$rc" -ne 0
 check "... with the timeout message" grep -q "did not complete within 4 s at step 5; another rank has died or hangs" h.out
 check "... all within 60 s" test $(($(date +%s) - start)) -lt 60
 if ((failures > 0)); then
-  for f in two.out z.out p.out s.out k.out h.out; do echo "--- $f"; cat $f; done
+  for f in two.out sparse.out z.out p.out s.out k.out h.out; do echo "--- $f"; cat $f; done
 fi
 exit $((failures > 0))

@@ -24,28 +24,18 @@
 #include "models/train_step.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/catch.hpp"
+#include "tests/mpi/ranks.hpp"
 #include "tests/reducer_hook.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
+using hg::test::cuda_ranks_available;
+using hg::test::ranks;
 using hg::test::ReducerHook;
 
 namespace {
 
 constexpr int64_t kRows = 16, kSeq = 9, kVocab = 37;
-
-// MPI once per process, finalised at exit (mpirun counts a rank that exits
-// without MPI_Finalize as failed). A rank whose case failed leaves its peer
-// in a collective: the watchdog stops both after a minute.
-const dist::World& ranks() {
-  static const dist::World& w = []() -> const dist::World& {
-    const dist::World& world = dist::init_world();
-    dist::set_comm_timeout(60);
-    std::atexit(dist::finalize_world);
-    return world;
-  }();
-  return w;
-}
 
 // Started as one process (a test runner that runs every program alone), the
 // cases skip visibly; under mpirun they need exactly 2 ranks.
@@ -55,14 +45,6 @@ const dist::World& ranks() {
     INFO("run under mpirun -np 2 (CTest test_dist_ranks does)");                                \
     REQUIRE(ranks().size == 2);                                                                 \
   } while (0)
-
-// CUDA cases: one GPU per rank, NCCL between them.
-bool cuda_ranks_available() {
-  if (!gpu::nccl::built_with_nccl()) return false;
-  if (gpu::device_count() < ranks().local_size) return false;
-  gpu::set_device(ranks().local_rank);
-  return true;
-}
 
 std::unique_ptr<DecoderLM> tiny_model(Device dev, uint64_t seed = 11) {
   DecoderLMConfig c;
