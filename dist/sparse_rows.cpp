@@ -22,7 +22,8 @@ const char* sparse_rows_name(SparseRows mode) {
 
 bool sparse_rows_pay(int64_t rows, int64_t world, int64_t vocab, int64_t width, DType grad_dtype) {
   const double gathered = static_cast<double>(rows) * static_cast<double>(world) * static_cast<double>(width + 1) * 4;
-  const double dense = static_cast<double>(vocab) * static_cast<double>(width) * static_cast<double>(dtype_size(grad_dtype));
+  const double dense =
+      static_cast<double>(vocab) * static_cast<double>(width) * static_cast<double>(dtype_size(grad_dtype));
   return rows > 0 && gathered < dense;
 }
 
@@ -73,8 +74,7 @@ void SparseRowsReducer::start() {
   // Each rank's ids padded to slot_rows_ with id 0, whose rows are zero: adding them changes nothing.
   ids_.assign(static_cast<size_t>(world_size * slot_rows_), 0);
   for (int64_t r = 0, from = 0; r < world_size; from += static_cast<int64_t>(counts[r++]))
-    std::copy(all.begin() + from, all.begin() + from + static_cast<int64_t>(counts[r]),
-              ids_.begin() + r * slot_rows_);
+    std::copy(all.begin() + from, all.begin() + from + static_cast<int64_t>(counts[r]), ids_.begin() + r * slot_rows_);
   if (slot_rows_ == 0) return;
   const int64_t total = world_size * slot_rows_ * d;
   if (!rows_.defined() || rows_.numel() != total) rows_ = Tensor::zeros({total}, DType::F32, comm_.device());

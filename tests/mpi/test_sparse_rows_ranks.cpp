@@ -102,8 +102,8 @@ void sparse_rows_match_dense(Device dev) {
   }
   size_t nonzero = 0;
   for (size_t e = 0; e < abs_terms.size(); ++e) {
-    INFO("rank " << ranks().rank << ", row " << e / kWidth << ", column " << e % kWidth << ": sparse "
-                 << got.sparse[e] << ", dense " << got.dense[e]);
+    INFO("rank " << ranks().rank << ", row " << e / kWidth << ", column " << e % kWidth << ": sparse " << got.sparse[e]
+                 << ", dense " << got.dense[e]);
     REQUIRE(std::abs(got.sparse[e] - got.dense[e]) <= 1e-6 * abs_terms[e]);
     nonzero += got.sparse[e] != 0;
   }
@@ -150,8 +150,8 @@ Shard shard(uint64_t seed, int64_t from, int64_t to, Device dev) {
     targets.push_back(i < kRows * kSeq / 3 && i % 4 == 0 ? -100.0 : static_cast<double>(g.next_u64() % kLmVocab));
   }
   const auto counted = [&](int64_t a, int64_t z) {
-    return static_cast<double>(std::count_if(targets.begin() + a * kSeq, targets.begin() + z * kSeq,
-                                             [](double t) { return t != -100; }));
+    return static_cast<double>(
+        std::count_if(targets.begin() + a * kSeq, targets.begin() + z * kSeq, [](double t) { return t != -100; }));
   };
   const auto cut = [&](const std::vector<double>& v) {
     return Tensor::from_vector(std::vector<double>(v.begin() + from * kSeq, v.begin() + to * kSeq), {to - from, kSeq},
