@@ -16,10 +16,6 @@ SparseRows parse_sparse_rows(const std::string& text) {
   fail("--sparse-embedding-grad", "'", text, "' is not one of auto, on, off");
 }
 
-const char* sparse_rows_name(SparseRows mode) {
-  return mode == SparseRows::On ? "on" : mode == SparseRows::Off ? "off" : "auto";
-}
-
 bool sparse_rows_pay(int64_t rows, int64_t world, int64_t vocab, int64_t width, DType grad_dtype) {
   const double gathered = static_cast<double>(rows) * static_cast<double>(world) * static_cast<double>(width + 1) * 4;
   const double dense =

@@ -23,7 +23,6 @@ namespace hg::dist {
 // --sparse-embedding-grad: auto (rows where they move fewer bytes), on, off.
 enum class SparseRows { Auto, On, Off };
 SparseRows parse_sparse_rows(const std::string& text);  // hg::Error naming the choices otherwise
-const char* sparse_rows_name(SparseRows mode);
 
 // Whether gathering `rows` rows of `width` F32 values from each of `world`
 // ranks moves fewer bytes than all-reducing the (vocab, width) table in
@@ -49,8 +48,6 @@ class SparseRowsReducer {
   // After the collectives' wait (Collectives::wait, which this calls too):
   // scatter-adds every rank's rows into the table's gradient.
   void finish();
-
-  int64_t rows_last_step() const { return static_cast<int64_t>(ids_.size()); }  // every rank's, padding included
 
  private:
   Collectives& comm_;
