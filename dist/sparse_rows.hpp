@@ -1,6 +1,6 @@
 #pragma once
 // Data-parallel reduction of an embedding table's gradient by its rows
-// (docs/distributed.md, "Sparse embedding gradient").
+// (docs/distributed.md, "Sparse token-embedding gradient").
 //
 // A token embedding's gradient is non-zero only in the rows of the ids of
 // the batch, and it is final only at the very end of the backward, where a
@@ -45,8 +45,9 @@ class SparseRowsReducer {
   // Once every row of the step was taken (the table's gradient is final):
   // gathers the ids (blocking, on the host) and starts the rows' all-gather.
   void start();
-  // After the collectives' wait (Collectives::wait, which this calls too):
-  // scatter-adds every rank's rows into the table's gradient.
+  // Waits for the collectives (Collectives::wait; starts first when start()
+  // was not called), then scatter-adds every rank's rows into the table's
+  // gradient, which must be zero (the embedding scattered nothing into it).
   void finish();
 
  private:
