@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/lab/attention_lab_kernels.cuh"
+#include "bench/lab/attention_lab_wgmma.cuh"
 #include "bench/lab/lab_flags.hpp"
 #include "bench/lab/lab_util.cuh"
 
@@ -120,6 +121,12 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
+// Forward variants 9, 10: the wgmma candidates of attention_lab_wgmma.cuh
+// (sm_90a, dh 64 and 128): 9 128-key tiles in 2 stages with the producer /
+// consumer register split, 10 64-key tiles at dh 128 (128 at dh 64) in 2
+// stages without it.
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 2;
+bool is_wgmma(bool bf16, bool backward, int v) { return bf16 && !backward && v >= kWgmmaForwardFirst; }
 
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
 constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {
@@ -133,6 +140,20 @@ void bf16_forward(const Args& a, int64_t bh) {
   using T = ForwardTiling<DH, V>;
   launch_kernel(nullptr, b::forward_bf16_kernel<DH, T::kKeys, T::kSub, DH <= 64, T::kRescale, T::kLean>,
                 grid_of(a.tq, b::kRowsBf16, bh), 128, forward_smem(DH, T::kKeys), a);
+}
+
+template <int DH>
+void wgmma_forward(int v, const Args& a, int64_t bh) {
+  namespace w = hg::gpu::lab_wgmma;
+  if constexpr (DH == 64 || DH == 128) {
+    constexpr int kKeys = DH == 128 ? 64 : 128;  // variant 10's tile
+    const cudaError_t e =
+        v == kWgmmaForwardFirst ? w::forward<DH, 128, 2, true>(a, bh) : w::forward<DH, kKeys, 2, false>(a, bh);
+    CHECK_CUDA(e);
+  } else {
+    std::fprintf(stderr, "wgmma forward: dh %d not built (64, 128)\n", DH);
+    std::exit(1);
+  }
 }
 
 template <int DH, int V>
@@ -275,6 +296,7 @@ struct Config {
 
 template <int DH>
 void run_config(const Config& c, const Args& a, int64_t bh) {
+  if (is_wgmma(c.bf16, c.backward, c.variant)) return wgmma_forward<DH>(c.variant, a, bh);
   if (c.bf16 && !c.backward)
     return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
   if (c.bf16)
@@ -409,10 +431,39 @@ struct Options {
   int64_t batch_heads = 32;
   bool bf16 = true, f32 = true, forward = true, backward = true, causal = false;
   int iters = 10, warmup = 3;
+  std::vector<std::string> variants;  // --variants: numbers, "wgmma", "production"; empty: all
+  bool self_test = false;
 };
 
+bool g_sm90 = false;  // the device runs sm_90a code (the wgmma candidates)
+
+// The float64 log-sum-exp of every query row (natural log, scaled logits).
+std::vector<double> reference_lse(int64_t heads, int64_t t, int dh, bool causal, double scale,
+                                  const std::vector<double>& q, const std::vector<double>& k) {
+  std::vector<double> lse(size_t(heads * t)), s(t);
+  for (int64_t h = 0; h < heads; ++h) {
+    const size_t base = size_t(h * t * dh);
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t keys = causal ? i + 1 : t;
+      double m = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < keys; ++j) {
+        double d = 0;
+        for (int c = 0; c < dh; ++c) d += q[base + i * dh + c] * k[base + j * dh + c];
+        s[j] = d * scale, m = std::max(m, s[j]);
+      }
+      for (int64_t j = 0; j < keys; ++j) sum += std::exp(s[j] - m);
+      lse[size_t(h * t + i)] = m + std::log(sum);
+    }
+  }
+  return lse;
+}
+
 // The error of configuration c on a small problem (two heads, T 300: edges
-// of every tile size) against float64; max over o or dq, dk, dv.
+// of every tile size) against float64; max over o or dq, dk, dv. A wgmma
+// forward also has its lse checked (absolute error 1e-3) and the production
+// backward run from its o and stats (gradient bound): INFINITY when either
+// fails. Its two heads are addressed as a batch of 2 with one head each (the
+// TMA maps' batch coordinate).
 double check(const Config& c, int dh, bool causal) {
   const int64_t heads = 2, t = 300;
   const size_t n = size_t(heads * t * dh), elt = c.bf16 ? 2 : 4;
@@ -421,7 +472,9 @@ double check(const Config& c, int dh, bool causal) {
   const double scale = 1.0 / std::sqrt(double(dh));
   const std::vector<double> q = upload(b.q, n, c.bf16, gen), k = upload(b.k, n, c.bf16, gen),
                             v = upload(b.v, n, c.bf16, gen), dout = upload(b.dout, n, c.bf16, gen);
-  const Args a = args_of(b, heads, t, dh, causal, scale);
+  Args a = args_of(b, heads, t, dh, causal, scale);
+  const bool wgmma = is_wgmma(c.bf16, c.backward, c.variant);
+  if (wgmma) a.heads = 1, a.q_batch = a.kv_batch = a.o_batch = t * dh;
   // The backward reads the forward's o and stats: the production forward's.
   const Config fwd{c.bf16, false, c.bf16 ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
   run(c.backward ? fwd : c, dh, a, heads);
@@ -436,24 +489,130 @@ double check(const Config& c, int dh, bool causal) {
   if (c.backward)
     e = std::max({rel_err(download(b.dq, n, c.bf16), dq), rel_err(download(b.dk, n, c.bf16), dk),
                   rel_err(download(b.dv, n, c.bf16), dv)});
+  if (wgmma) {
+    std::vector<float> lse(size_t(heads * t));
+    CHECK_CUDA(cudaMemcpy(lse.data(), b.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<double> want = reference_lse(heads, t, dh, causal, scale, q, k);
+    double lse_err = 0;
+    for (size_t i = 0; i < lse.size(); ++i)
+      lse_err = std::isfinite(lse[i]) ? std::max(lse_err, std::abs(lse[i] - want[i])) : INFINITY;
+    CHECK_CUDA(cudaMemset(b.dq, 0xff, n * elt));
+    run(Config{true, true, kBf16BackwardProduction}, dh, a, heads);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const double grad_err = std::max({rel_err(download(b.dq, n, true), dq), rel_err(download(b.dk, n, true), dk),
+                                      rel_err(download(b.dv, n, true), dv)});
+    const bool ok = lse_err <= 1e-3 && grad_err <= 2e-2;
+    std::printf("    variant %2d check: o rel err %.2e, lse max abs err %.2e (bound 1e-03), production backward from "
+                "its o and stats: rel err %.2e (bound 2e-02) %s\n",
+                c.variant, e, lse_err, grad_err, ok ? "ok" : "FAILED");
+    if (!ok) e = INFINITY;
+  }
   release(b);
   return e;
 }
 
+// The wgmma building blocks on one tile (attention_lab_wgmma.cuh's
+// self_test_kernel) against float64: prints one line per stage.
+template <int DH, int KB>
+bool self_test_one() {
+  namespace w = hg::gpu::lab_wgmma;
+  std::mt19937_64 gen(11 + DH + KB);
+  void *q, *k, *v, *p;
+  float *tile, *s, *o;
+  for (void** x : {&q, &k, &v}) CHECK_CUDA(cudaMalloc(x, size_t(KB) * DH * 2));
+  CHECK_CUDA(cudaMalloc(&p, size_t(64) * KB * 2));
+  CHECK_CUDA(cudaMalloc(&tile, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMalloc(&s, size_t(64) * KB * 4));
+  CHECK_CUDA(cudaMalloc(&o, size_t(64) * DH * 4));
+  const std::vector<double> hq = upload(q, size_t(64) * DH, true, gen), hk = upload(k, size_t(KB) * DH, true, gen),
+                            hv = upload(v, size_t(KB) * DH, true, gen), hp = upload(p, size_t(64) * KB, true, gen);
+  CUtensorMap qmap, kmap, vmap;
+  if (!w::make_map(&qmap, q, DH, 64, 1, 1, DH, 64 * DH, 64 * DH, 64) ||
+      !w::make_map(&kmap, k, DH, KB, 1, 1, DH, KB * DH, KB * DH, KB) ||
+      !w::make_map(&vmap, v, DH, KB, 1, 1, DH, KB * DH, KB * DH, KB)) {
+    std::printf("  self-test dh %d keys %d: FAILED to encode the TMA maps (cuTensorMapEncodeTiled)\n", DH, KB);
+    return false;
+  }
+  const size_t smem = size_t(64 + 2 * KB) * DH * 2 + 8 + 1024;
+  const auto kernel = w::self_test_kernel<DH, KB>;
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CHECK_CUDA(cudaMemset(tile, 0xff, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMemset(s, 0xff, size_t(64) * KB * 4));
+  CHECK_CUDA(cudaMemset(o, 0xff, size_t(64) * DH * 4));
+  kernel<<<1, 128, smem>>>(qmap, kmap, vmap, static_cast<const bf16*>(p), tile, s, o);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> want_s(size_t(64) * KB, 0.0), want_o(size_t(64) * DH, 0.0);
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < KB; ++j)
+      for (int d = 0; d < DH; ++d) want_s[i * KB + j] += hq[i * DH + d] * hk[j * DH + d];
+    for (int d = 0; d < DH; ++d)
+      for (int j = 0; j < KB; ++j) want_o[i * DH + d] += hp[i * KB + j] * hv[j * DH + d];
+  }
+  auto floats = [](const float* src, size_t count) {
+    std::vector<float> h(count);
+    CHECK_CUDA(cudaMemcpy(h.data(), src, count * 4, cudaMemcpyDeviceToHost));
+    return std::vector<double>(h.begin(), h.end());
+  };
+  const double e_tile = rel_err(floats(tile, size_t(64) * DH), hq), e_s = rel_err(floats(s, size_t(64) * KB), want_s),
+               e_o = rel_err(floats(o, size_t(64) * DH), want_o);
+  const bool ok = e_tile == 0 && e_s <= 1e-5 && e_o <= 1e-5;
+  std::printf(
+      "  self-test dh %d keys %d: TMA box + 128B swizzle read-back rel err %.1e %s; s = q k^T (wgmma ss, K-major) "
+      "%.1e %s; o = p v (wgmma rs, MN-major v) %.1e %s\n",
+      DH, KB, e_tile, e_tile == 0 ? "ok" : "FAILED", e_s, e_s <= 1e-5 ? "ok" : "FAILED", e_o,
+      e_o <= 1e-5 ? "ok" : "FAILED");
+  for (void* x : {q, k, v, p}) CHECK_CUDA(cudaFree(x));
+  for (float* x : {tile, s, o}) CHECK_CUDA(cudaFree(x));
+  return ok;
+}
+
+// Every tile shape the wgmma variants use.
+bool self_test(int dh) {
+  std::printf("wgmma self-test (one warpgroup, one tile; errors vs float64, bound 1e-05; the read-back exact):\n");
+  bool ok = true;
+  if (dh == 0 || dh == 64) ok &= self_test_one<64, 128>() & self_test_one<64, 64>();
+  if (dh == 0 || dh == 128) ok &= self_test_one<128, 128>() & self_test_one<128, 64>();
+  return ok;
+}
+
+// Whether variant v of a case is selected by --variants.
+bool selected(const Options& o, bool bf16_inputs, bool backward, int v, int production) {
+  if (is_wgmma(bf16_inputs, backward, v) && !g_sm90) return false;
+  if (o.variants.empty()) return true;
+  for (const std::string& item : o.variants) {
+    if (item == "wgmma"        ? is_wgmma(bf16_inputs, backward, v)
+        : item == "production" ? v == production
+                               : item == std::to_string(v))
+      return true;
+  }
+  return false;
+}
+
 bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2) {
-  const int count =
-      !bf16_inputs ? (backward ? kF32BackwardVariants : 1) : (backward ? kBf16BackwardVariants : kBf16ForwardVariants);
+  const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
+                    : backward   ? kBf16BackwardVariants
+                                 : kBf16ForwardVariants + (dh >= 64 ? kWgmmaForwardVariants : 0);
   const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
                                       : (backward ? kBf16BackwardProduction
                                                   : kBf16ForwardProduction[dh == 32   ? 0
                                                                            : dh == 64 ? 1
                                                                                       : 2]);
+  std::vector<int> ids;
+  for (int v = 0; v < count; ++v)
+    if (selected(o, bf16_inputs, backward, v, production)) ids.push_back(v);
+  if (ids.empty()) return true;
   const double bound = bf16_inputs ? (backward ? 2e-2 : 8e-3) : (backward ? 2e-5 : 2e-6);
   std::printf("%s %s dh %d%s (error vs float64 at 2 heads x T 300; bound %.0e)\n", bf16_inputs ? "bf16" : "f32",
               backward ? "backward" : "forward", dh, o.causal ? " causal" : "", bound);
+  static bool tested[2] = {false, false};
   bool ok = true;
   std::vector<double> errors(count);
-  for (int v = 0; v < count; ++v) {
+  for (const int v : ids) {
+    if (is_wgmma(bf16_inputs, backward, v) && !tested[dh == 128]) {
+      tested[dh == 128] = true;
+      ok &= self_test(dh);
+    }
     errors[v] = check(Config{bf16_inputs, backward, v}, dh, o.causal);
     ok &= errors[v] <= bound;
   }
@@ -475,13 +634,14 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     std::printf("  B*H %lld, T %lld:\n", (long long)heads, (long long)t);
     int best = -1;
     double best_ms = 0;
-    for (int v = 0; v < count; ++v) {
+    for (const int v : ids) {
       const Config c{bf16_inputs, backward, v};
       const double ms = lab::median_ms(o.warmup, o.iters, sets, [&](int s) { run(c, dh, args[s], heads); });
       const bool pass = errors[v] <= bound;
       if (pass && (best < 0 || ms < best_ms)) best = v, best_ms = ms;
-      std::printf("    %c variant %2d %9.3f ms %7.1f TFLOP/s  rel err %.2e %s\n", v == production ? '*' : ' ', v, ms,
-                  flops / ms / 1e9, errors[v], pass ? "ok" : "FAILED");
+      std::printf("    %c variant %2d %9.3f ms %7.1f TFLOP/s  rel err %.2e %s%s\n", v == production ? '*' : ' ', v, ms,
+                  flops / ms / 1e9, errors[v], pass ? "ok" : "FAILED",
+                  is_wgmma(bf16_inputs, backward, v) ? "  (wgmma)" : "");
     }
     if (best >= 0) std::printf("    winner: variant %d%s\n", best, best == production ? " (production)" : "");
     for (Buffers& bb : bufs) release(bb);
@@ -502,6 +662,9 @@ Options parse(int argc, char** argv) {
           "  --seq 1024,4096        sequence lengths timed (Tq = Tk; default 1024,4096)\n"
           "  --batch-heads N        B * H timed (default 32)\n"
           "  --causal               causal attention\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a forward candidates 9, 10),\n"
+          "                         'production' (default: all)\n"
+          "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"
           "  --iters N, --warmup N  timed and untimed samples (default 10, 3)\n"
@@ -529,6 +692,13 @@ Options parse(int argc, char** argv) {
       o.seqs = f.numbers(1, 1 << 17);
     } else if (f.is("--batch-heads")) {
       o.batch_heads = f.number(1, 65535);
+    } else if (f.is("--variants")) {
+      for (const std::string& item : lab::split(f.value())) {
+        if (item != "wgmma" && item != "production") f.parse(item, "--variants", 0, 63);
+        o.variants.push_back(item);
+      }
+    } else if (f.is("--self-test")) {
+      o.self_test = true;
     } else if (f.is("--ring")) {
       g_ring = int(f.number(1, 1 << 20));
     } else if (f.is("--iters")) {
@@ -556,6 +726,13 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
   std::printf("attention_lab on %s (sm_%d%d, L2 %d MiB); * = production\n", prop.name, prop.major, prop.minor,
               l2 >> 20);
+  g_sm90 = prop.major == 9 && prop.minor == 0;
+  if (!g_sm90) std::printf("(not sm_90: the wgmma forward candidates are skipped)\n");
+  if (o.self_test) {
+    const bool ok = g_sm90 && self_test(0);
+    std::printf(ok ? "self-test passed\n" : "SELF-TEST FAILED\n");
+    return ok ? 0 : 1;
+  }
   bool ok = true;
   for (const bool bf16_inputs : {true, false}) {
     if (bf16_inputs ? !o.bf16 : !o.f32) continue;
