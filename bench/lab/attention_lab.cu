@@ -121,11 +121,11 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
-// Forward variants 9, 10: the wgmma candidates of attention_lab_wgmma.cuh
-// (sm_90a, dh 64 and 128): 9 128-key tiles in 2 stages with the producer /
-// consumer register split, 10 64-key tiles at dh 128 (128 at dh 64) in 2
-// stages without it.
-constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 2;
+// Forward variants 9, 10, 11: the wgmma candidates of
+// attention_lab_wgmma.cuh (sm_90a, dh 64 and 128): 9 128-key tiles in 2
+// stages, 10 64-key tiles in 2 stages, 11 64-key tiles in 3 stages with the
+// next tile's q k^T beside this tile's p v.
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 3;
 bool is_wgmma(bool bf16, bool backward, int v) { return bf16 && !backward && v >= kWgmmaForwardFirst; }
 
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
@@ -146,9 +146,10 @@ template <int DH>
 void wgmma_forward(int v, const Args& a, int64_t bh) {
   namespace w = hg::gpu::lab_wgmma;
   if constexpr (DH == 64 || DH == 128) {
-    constexpr int kKeys = DH == 128 ? 64 : 128;  // variant 10's tile
-    const cudaError_t e =
-        v == kWgmmaForwardFirst ? w::forward<DH, 128, 2, true>(a, bh) : w::forward<DH, kKeys, 2, false>(a, bh);
+    const int which = v - kWgmmaForwardFirst;
+    const cudaError_t e = which == 0   ? w::forward<DH, 128, 2, false>(a, bh)
+                          : which == 1 ? w::forward<DH, 64, 2, false>(a, bh)
+                                       : w::forward<DH, 64, 3, true>(a, bh);
     CHECK_CUDA(e);
   } else {
     std::fprintf(stderr, "wgmma forward: dh %d not built (64, 128)\n", DH);
@@ -429,6 +430,7 @@ struct Options {
   std::vector<int> dhs = {32, 64, 128};
   std::vector<int64_t> seqs = {1024, 4096};
   int64_t batch_heads = 32;
+  int64_t tokens = 0, width = 2048;  // --tokens: B * H = tokens / T * width / dh instead of batch_heads
   bool bf16 = true, f32 = true, forward = true, backward = true, causal = false;
   int iters = 10, warmup = 3;
   std::vector<std::string> variants;  // --variants: numbers, "wgmma", "production"; empty: all
@@ -617,7 +619,8 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     ok &= errors[v] <= bound;
   }
   for (const int64_t t : o.seqs) {
-    const int64_t heads = o.batch_heads;
+    const int64_t heads =
+        o.tokens > 0 ? std::max<int64_t>(1, o.tokens / t) * std::max(1, int(o.width / dh)) : o.batch_heads;
     const size_t n = size_t(heads * t * dh), elt = bf16_inputs ? 2 : 4;
     const int sets = int(std::clamp<int64_t>(2 * int64_t(l2) / int64_t(8 * n * elt) + 1, 1, 8));
     std::vector<Buffers> bufs;
@@ -661,8 +664,10 @@ Options parse(int argc, char** argv) {
           "  --dh 32,64,128         head dims (default all three)\n"
           "  --seq 1024,4096        sequence lengths timed (Tq = Tk; default 1024,4096)\n"
           "  --batch-heads N        B * H timed (default 32)\n"
+          "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
+          "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
-          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a forward candidates 9, 10),\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a forward candidates 9-11),\n"
           "                         'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
@@ -692,6 +697,10 @@ Options parse(int argc, char** argv) {
       o.seqs = f.numbers(1, 1 << 17);
     } else if (f.is("--batch-heads")) {
       o.batch_heads = f.number(1, 65535);
+    } else if (f.is("--tokens")) {
+      o.tokens = f.number(1, int64_t(1) << 30);
+    } else if (f.is("--width")) {
+      o.width = f.number(32, 1 << 20);
     } else if (f.is("--variants")) {
       for (const std::string& item : lab::split(f.value())) {
         if (item != "wgmma" && item != "production") f.parse(item, "--variants", 0, 63);

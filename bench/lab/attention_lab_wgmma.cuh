@@ -107,20 +107,14 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N>  // until at most N committed groups are pending
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
 // Keeps the compiler from reading an accumulator before wgmma_wait_all or
 // reusing an A register while a wgmma may still read it.
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
-
-template <int N>
-__device__ __forceinline__ void registers_down() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void registers_up() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
-}
 
 // Shared memory matrix descriptors (PTX ISA "Matrix Descriptor Format";
 // CUTLASS's GmmaDescriptor): bits 0-13 start address >> 4, 16-29 leading
@@ -231,11 +225,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 
 // ---- the forward kernel ----------------------------------------------------------------
 
-// kRegSplit: the producer gives registers back (setmaxnreg 24) and the
-// consumers take 240, FlashAttention-3's split; the launcher then asks for
-// enough shared memory that one block fills an SM (the consumers' increase
-// waits for registers another block would hold).
-template <int DH, int KB, int ST, bool kRegSplit>
+// kOverlap: the next tile's q k^T runs beside this tile's p v.
+// FlashAttention-3 also moves registers from the producer to the consumers
+// (setmaxnreg); not here: ptxas (CUDA 13.0) still allocates the consumers'
+// code within the launch bound's 168 registers, so it would gain nothing.
+template <int DH, int KB, int ST, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, Args a) {
@@ -261,7 +255,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {  // producer
-    if constexpr (kRegSplit) registers_down<24>();
     if (threadIdx.x == 0 && tiles > 0) {
       const int head = int(bh % a.heads), batch = int(bh / a.heads);
       stage_expect(q_full, P::kQBytes);
@@ -280,12 +273,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  if constexpr (kRegSplit) registers_up<240>();
 
   // Consumer warpgroup cw: queries row0 .. row0 + 63; this thread's rows
   // row0 + 16 w + g and + 8 (acc_row), its columns 2 t + acc_col.
   const int cw = wg - 1, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int row0 = q_block + 64 * cw, my_row = row0 + 16 * w + g;
+  // Causal: the tiles past this warpgroup's last visible key (the first
+  // warpgroup stops short of the block's last) are only waited for and
+  // released, so that the stage protocol stays the same for both.
+  const int my_end = a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
+  const int my_tiles = (my_end + KB - 1) / KB;
   const float c = a.scale_log2;
   float o[DH / 2];
 #pragma unroll
@@ -293,11 +290,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // running base-2 max and this thread's partial sums
   if (tiles > 0) barrier_wait(q_full, 0);
   const uint32_t q_at = base + 64 * cw * kSwizzleBytes;  // this warpgroup's rows in every q box
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int s = tile % ST, n0 = tile * KB;
-    barrier_wait(full + s, uint32_t((tile / ST) & 1));
-    const uint32_t k_at = kv_at + s * P::kStageBytes, v_at = k_at + P::kTileBytes;
-    float sc[KB / 2];
+  auto k_of = [&](int tile) { return kv_at + (tile % ST) * P::kStageBytes; };
+
+  // s = q k^T of a tile, issued and committed (one wgmma group).
+  auto issue_s = [&](float(&sc)[KB / 2], int tile) {
+    const uint32_t k_at = k_of(tile);
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < DH / 16; ++kc) {
@@ -306,12 +303,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                desc_k_major(k_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
     }
     wgmma_commit();
-    wgmma_wait_all();
+  };
+  // o += p v of a tile, issued and committed.
+  auto issue_pv = [&](uint32_t(&pa)[KB / 16][4], int tile) {
+    const uint32_t v_at = k_of(tile) + P::kTileBytes;
+    wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
-
-    // Keys past Tk and causally hidden keys: -inf (only on the tiles that
-    // reach them; a row past Tq is never written).
+    for (int kk = 0; kk < KB / 16; ++kk)
+      wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
+    wgmma_commit();
+  };
+  // The online softmax of tile `tile`'s scores: removed keys to -inf, m and
+  // l moved, p written as A fragments; alpha: what o must be multiplied by
+  // before this p v is added.
+  auto softmax = [&](float(&sc)[KB / 2], int tile, uint32_t(&pa)[KB / 16][4], float(&alpha)[2]) {
+    const int n0 = tile * KB;
+    // Keys past Tk and causally hidden keys (only on the tiles that reach
+    // them; a row past Tq is never written).
     if (n0 + KB > a.tk || (a.causal && n0 + KB - 1 > row0 + a.tk - a.tq)) {
 #pragma unroll
       for (int i = 0; i < KB / 2; ++i) {
@@ -319,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (col >= a.tk || (a.causal && col > row + a.tk - a.tq)) sc[i] = -INFINITY;
       }
     }
-    // Online softmax on the raw scores: c > 0 keeps the order, so the row
-    // max is taken before scaling and p = exp2(s c - m) is one fma.
+    // On the raw scores: c > 0 keeps the order, so the row max is taken
+    // before scaling and p = exp2(s c - m) is one fma.
     float neg_base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -329,13 +337,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 2 * h; i < KB / 2; i += 4) mx = fmaxf(mx, fmaxf(sc[i], sc[i + 1]));
       const float m_new = fmaxf(m[h], lab_bf16::quad_max(mx) * c);
       const float base2 = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-      const float alpha = lab_bf16::exp2_ftz(m[h] - base2);
-      l[h] *= alpha;
-#pragma unroll
-      for (int i = 2 * h; i < DH / 2; i += 4) o[i] *= alpha, o[i + 1] *= alpha;
+      alpha[h] = lab_bf16::exp2_ftz(m[h] - base2);
+      l[h] *= alpha[h];
       m[h] = m_new, neg_base[h] = -base2;
     }
-    uint32_t pa[KB / 16][4];
 #pragma unroll
     for (int i = 0; i < KB / 2; i += 2) {
       const int h = (i >> 1) & 1;
@@ -344,21 +349,83 @@ __global__ void __launch_bounds__(kThreads, 1)
       l[h] += p0 + p1;
       pa[i / 8][(i % 8) / 2] = lab_bf16::pack(p0, p1);
     }
-    wgmma_fence();
+  };
+  auto rescale = [&](const float(&alpha)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk)
-      wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
-    wgmma_commit();
-    wgmma_wait_all();
+    for (int i = 0; i < DH / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+  };
+  auto pv_done = [&](uint32_t(&pa)[KB / 16][4]) {
 #pragma unroll
     for (int i = 0; i < DH / 2; ++i) fence_operand(o[i]);
 #pragma unroll
     for (int kk = 0; kk < KB / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) fence_operand(pa[kk][r]);
-    barrier_arrive(empty + s);  // this thread's reads of stage s are done
-  }
+  };
 
+  float sc[KB / 2], alpha[2];
+  uint32_t pa[KB / 16][4];
+  if constexpr (!kOverlap) {
+    for (int tile = 0; tile < my_tiles; ++tile) {
+      barrier_wait(full + tile % ST, uint32_t((tile / ST) & 1));
+      issue_s(sc, tile);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
+      softmax(sc, tile, pa, alpha);
+      rescale(alpha);
+      issue_pv(pa, tile);
+      wgmma_wait<0>();
+      pv_done(pa);
+      barrier_arrive(empty + tile % ST);  // this thread's reads of the stage are done
+    }
+  } else if (my_tiles > 0) {
+    // FlashAttention-3's overlap inside a warpgroup: the next tile's q k^T
+    // and this tile's p v are in flight together, and the next softmax runs
+    // while p v still does (o is rescaled once p v is done).
+    barrier_wait(full, 0);
+    issue_s(sc, 0);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
+    softmax(sc, 0, pa, alpha);
+    // One tile with the next one's q k^T beside its p v: two groups in
+    // flight, so that the compiler sees which one wgmma_wait<1> retires. p
+    // alternates between two register sets (a copy would write registers a
+    // running wgmma reads); the last tile is peeled off.
+    uint32_t pb[KB / 16][4];
+    auto step = [&](uint32_t(&cur)[KB / 16][4], uint32_t(&nxt)[KB / 16][4], int tile) {
+      barrier_wait(full + (tile + 1) % ST, uint32_t(((tile + 1) / ST) & 1));
+      issue_s(sc, tile + 1);
+      issue_pv(cur, tile);
+      wgmma_wait<1>();  // q k^T done (groups complete in order), p v may still run
+#pragma unroll
+      for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
+      softmax(sc, tile + 1, nxt, alpha);
+      wgmma_wait<0>();
+      pv_done(cur);
+      barrier_arrive(empty + tile % ST);
+      rescale(alpha);
+    };
+    auto last = [&](uint32_t(&cur)[KB / 16][4], int tile) {
+      issue_pv(cur, tile);
+      wgmma_wait<0>();
+      pv_done(cur);
+      barrier_arrive(empty + tile % ST);
+    };
+    int tile = 0;
+    for (; tile + 2 < my_tiles; tile += 2) step(pa, pb, tile), step(pb, pa, tile + 1);
+    if (tile + 1 < my_tiles) {
+      step(pa, pb, tile);
+      last(pb, tile + 1);
+    } else {
+      last(pa, tile);
+    }
+  }
+  for (int tile = my_tiles; tile < tiles; ++tile) {  // causal tiles this warpgroup sees none of
+    barrier_wait(full + tile % ST, uint32_t((tile / ST) & 1));
+    barrier_arrive(empty + tile % ST);
+  }
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -427,7 +494,7 @@ __global__ void __launch_bounds__(128)
     wgmma_ss(sc, desc_k_major(base + (kc / 4) * 64 * kSwizzleBytes + (kc % 4) * 32),
              desc_k_major(k_at + (kc / 4) * KB * kSwizzleBytes + (kc % 4) * 32), kc > 0);
   wgmma_commit();
-  wgmma_wait_all();
+  wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < KB / 2; ++i) {
     fence_operand(sc[i]);
@@ -448,7 +515,7 @@ __global__ void __launch_bounds__(128)
   for (int kk = 0; kk < KB / 16; ++kk)
     wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), kk > 0);
   wgmma_commit();
-  wgmma_wait_all();
+  wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < DH / 2; ++i) {
     fence_operand(o[i]);
@@ -494,7 +561,7 @@ inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int head
 // The forward over bh = batch * heads heads of a. cudaErrorInvalidValue
 // for what the kernel does not do (a mask, scale <= 0, strides or addresses
 // the maps refuse); otherwise the launch's error.
-template <int DH, int KB, int ST, bool kRegSplit>
+template <int DH, int KB, int ST, bool kOverlap>
 cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
@@ -503,9 +570,8 @@ cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
       !make_map(&kmap, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB) ||
       !make_map(&vmap, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB))
     return cudaErrorInvalidValue;
-  const auto kernel = forward_kernel<DH, KB, ST, kRegSplit>;
-  // kRegSplit: more than half an SM's shared memory, so one block per SM.
-  const size_t smem = kRegSplit ? std::max<size_t>(Plan<DH, KB, ST>::kSmem, 120 * 1024) : Plan<DH, KB, ST>::kSmem;
+  const auto kernel = forward_kernel<DH, KB, ST, kOverlap>;
+  const size_t smem = Plan<DH, KB, ST>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
   const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(bh));
