@@ -121,11 +121,13 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
-// Forward variants 9, 10, 11: the wgmma candidates of
-// attention_lab_wgmma.cuh (sm_90a, dh 64 and 128): 9 128-key tiles in 2
-// stages, 10 64-key tiles in 2 stages, 11 64-key tiles in 3 stages with the
-// next tile's q k^T beside this tile's p v.
-constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 3;
+// Forward variants 9-12: the wgmma candidates of attention_lab_wgmma.cuh
+// (sm_90a, dh 64 and 128), 128 queries per block (two consumer warpgroups)
+// unless said: 9 128-key tiles in 2 stages, 10 64-key tiles in 2 stages, 11
+// 64-key tiles in 3 stages with the next tile's q k^T beside this tile's p
+// v, 12 192 queries per block (three consumer warpgroups) with 11's tiles at
+// dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread).
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 4;
 bool is_wgmma(bool bf16, bool backward, int v) { return bf16 && !backward && v >= kWgmmaForwardFirst; }
 
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
@@ -149,7 +151,9 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
     const int which = v - kWgmmaForwardFirst;
     const cudaError_t e = which == 0   ? w::forward<DH, 128, 2, false>(a, bh)
                           : which == 1 ? w::forward<DH, 64, 2, false>(a, bh)
-                                       : w::forward<DH, 64, 3, true>(a, bh);
+                          : which == 2 ? w::forward<DH, 64, 3, true>(a, bh)
+                                       : w::forward < DH,
+                      64, DH == 64 ? 3 : 2, DH == 64, 3 > (a, bh);
     CHECK_CUDA(e);
   } else {
     std::fprintf(stderr, "wgmma forward: dh %d not built (64, 128)\n", DH);
@@ -667,7 +671,7 @@ Options parse(int argc, char** argv) {
           "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
-          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a forward candidates 9-11),\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a forward candidates 9-12),\n"
           "                         'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"

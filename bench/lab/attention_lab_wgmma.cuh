@@ -1,17 +1,20 @@
 #pragma once
 // BF16 flash attention forward on Hopper's own instructions (sm_90a): the
-// lab candidate beside the mma.sync kernels of attention_lab_kernels.cuh.
-// FlashAttention-3's plan without its software pipelining:
-//   - a block of 128 queries: three warpgroups, the first a producer (one
-//     thread issues TMA copies), the other two consumers of 64 queries each;
+// lab candidates beside the mma.sync kernels of attention_lab_kernels.cuh.
+// FlashAttention-3's plan:
+//   - a block of 64 NC queries: NC consumer warpgroups of 64 queries each
+//     (wgmma's M) and a producer warpgroup (one thread issues TMA copies);
 //   - q (once) and k, v tiles of KB keys land by TMA (cp.async.bulk.tensor,
 //     128-byte swizzle, zeros past the ends of the tensor) in a ring of ST
 //     stages; each stage has a "full" mbarrier (the bytes arrived) and an
-//     "empty" one (all 256 consumer threads are done with it);
+//     "empty" one (all consumer threads are done with it);
 //   - s = q k^T by wgmma with both operands in shared memory, the online
 //     softmax in registers (exp2 with scale * log2(e) folded into one fma),
 //     then o += p v by wgmma with p from registers and v from shared memory
-//     through its transposed (MN-major) descriptor.
+//     through its transposed (MN-major) descriptor; kOverlap runs the next
+//     tile's q k^T beside this tile's p v (FlashAttention-3's overlap
+//     inside a warpgroup; its ping-pong between warpgroups is left to the
+//     scheduler).
 // Outputs as forward_bf16_kernel writes them: o, the row log-sum-exp and the
 // row stats {base-2 max, 1 / sum} the production backward rebuilds p from.
 // No key-padding mask, scale > 0 (the launcher refuses the rest).
@@ -21,8 +24,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 
 #include "bench/lab/attention_lab_kernels.cuh"
 #include "cuda/attention_args.cuh"
@@ -39,10 +42,11 @@ namespace hg::gpu::lab_wgmma {
 using attn::Args;
 using bf16 = __nv_bfloat16;
 
-constexpr int kConsumers = 2;                     // consumer warpgroups
-constexpr int kRows = 64 * kConsumers;            // queries per block (64 per consumer: wgmma's M)
-constexpr int kThreads = 128 * (kConsumers + 1);  // + the producer warpgroup
-constexpr int kSwizzleBytes = 128;                // one row of a TMA box: 64 bf16
+// A block: NC consumer warpgroups of 64 queries each (wgmma's M) and the
+// producer warpgroup.
+constexpr int rows_of(int nc) { return 64 * nc; }
+constexpr int threads_of(int nc) { return 128 * (nc + 1); }
+constexpr int kSwizzleBytes = 128;  // one row of a TMA box: 64 bf16
 constexpr int kBoxCols = kSwizzleBytes / 2;
 
 // Shared memory of one block (byte offsets from a 1024-byte aligned base:
@@ -50,8 +54,9 @@ constexpr int kBoxCols = kSwizzleBytes / 2;
 // wgmma apply it to address bits 4-6 xor 7-9, so every box starts on a
 // 1024-byte boundary). A [rows][DH] tile is DH / 64 boxes of [rows][64],
 // one after the other.
-template <int DH, int KB, int ST>
+template <int DH, int KB, int ST, int NC>
 struct Plan {
+  static constexpr int kRows = rows_of(NC);
   static constexpr int kQBytes = kRows * DH * 2;
   static constexpr int kTileBytes = KB * DH * 2;  // k or v of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
@@ -229,13 +234,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 // FlashAttention-3 also moves registers from the producer to the consumers
 // (setmaxnreg); not here: ptxas (CUDA 13.0) still allocates the consumers'
 // code within the launch bound's 168 registers, so it would gain nothing.
-template <int DH, int KB, int ST, bool kOverlap>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int DH, int KB, int ST, bool kOverlap, int NC>
+__global__ void __launch_bounds__(threads_of(NC), 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, Args a) {
   static_assert(DH % 64 == 0 && KB % 16 == 0 && (KB == 64 || KB == 128) && (DH == 64 || DH == 128) && ST >= 2);
 #if HG_LAB_WGMMA
-  using P = Plan<DH, KB, ST>;
+  using P = Plan<DH, KB, ST, NC>;
+  constexpr int kRows = P::kRows;
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;
   uint64_t* bars = reinterpret_cast<uint64_t*>(raw + (base - shared_address(raw)) + P::kBarOffset);
@@ -249,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
   if (threadIdx.x == 0) {
     barrier_init(q_full, 1);
-    for (int s = 0; s < ST; ++s) barrier_init(full + s, 1), barrier_init(empty + s, 128 * kConsumers);
+    for (int s = 0; s < ST; ++s) barrier_init(full + s, 1), barrier_init(empty + s, 128 * NC);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -548,34 +554,44 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride,
                      int64_t head_stride, int64_t batch_stride, int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
+  if (encode == nullptr) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled: not found through cudaGetDriverEntryPointByVersion\n");
+    return false;
+  }
   const cuuint64_t dims[4] = {cuuint64_t(dh), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
   const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
   const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(box_rows), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(p), dims, strides, box, unit,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(p), dims, strides, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    std::fprintf(stderr,
+                 "cuTensorMapEncodeTiled: error %d (dh %d, rows %d, heads %d, batch %lld, element strides %lld, "
+                 "%lld, %lld, box rows %d)\n",
+                 int(r), dh, rows, heads, (long long)batch, (long long)row_stride, (long long)head_stride,
+                 (long long)batch_stride, box_rows);
+  return r == CUDA_SUCCESS;
 }
 
 // The forward over bh = batch * heads heads of a. cudaErrorInvalidValue
 // for what the kernel does not do (a mask, scale <= 0, strides or addresses
 // the maps refuse); otherwise the launch's error.
-template <int DH, int KB, int ST, bool kOverlap>
+template <int DH, int KB, int ST, bool kOverlap, int NC = 2>
 cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
   CUtensorMap qmap, kmap, vmap;
-  if (!make_map(&qmap, a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kRows) ||
+  if (!make_map(&qmap, a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, rows_of(NC)) ||
       !make_map(&kmap, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB) ||
       !make_map(&vmap, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB))
     return cudaErrorInvalidValue;
-  const auto kernel = forward_kernel<DH, KB, ST, kOverlap>;
-  const size_t smem = Plan<DH, KB, ST>::kSmem;
+  const auto kernel = forward_kernel<DH, KB, ST, kOverlap, NC>;
+  const size_t smem = Plan<DH, KB, ST, NC>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(bh));
-  kernel<<<grid, kThreads, smem, stream>>>(qmap, kmap, vmap, a);
+  const dim3 grid(unsigned((a.tq + rows_of(NC) - 1) / rows_of(NC)), unsigned(bh));
+  kernel<<<grid, threads_of(NC), smem, stream>>>(qmap, kmap, vmap, a);
   return cudaGetLastError();
 }
 
