@@ -42,10 +42,15 @@ namespace hg::gpu::lab_wgmma {
 using attn::Args;
 using bf16 = __nv_bfloat16;
 
-// A block: NC consumer warpgroups of 64 queries each (wgmma's M) and the
-// producer warpgroup.
+// A block: NC consumer warpgroups of 64 queries each (wgmma's M), then one
+// producer warp (the rest of FlashAttention-3's producer warpgroup would
+// idle). Registers: at most 168 a thread at NC 2 (each of an SM's four
+// sub-partitions holds 16384, three of the block's nine warps), 128 at NC 3.
+// FlashAttention-3 gives its consumers 240 by setmaxnreg; ptxas of CUDA
+// 13.0 still allocated this code within the launch bound with it (the
+// overlap at 128-key tiles, dh 128, needs 211 and spills), so it is not used.
 constexpr int rows_of(int nc) { return 64 * nc; }
-constexpr int threads_of(int nc) { return 128 * (nc + 1); }
+constexpr int threads_of(int nc) { return 128 * nc + 32; }
 constexpr int kSwizzleBytes = 128;  // one row of a TMA box: 64 bf16
 constexpr int kBoxCols = kSwizzleBytes / 2;
 
@@ -231,9 +236,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
 // ---- the forward kernel ----------------------------------------------------------------
 
 // kOverlap: the next tile's q k^T runs beside this tile's p v.
-// FlashAttention-3 also moves registers from the producer to the consumers
-// (setmaxnreg); not here: ptxas (CUDA 13.0) still allocates the consumers'
-// code within the launch bound's 168 registers, so it would gain nothing.
 template <int DH, int KB, int ST, bool kOverlap, int NC>
 __global__ void __launch_bounds__(threads_of(NC), 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
@@ -248,7 +250,6 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
   const uint32_t kv_at = base + P::kQBytes;  // stage s: k at kv_at + s * kStageBytes, v kTileBytes on
 
-  const int wg = threadIdx.x / 128;
   const int64_t bh = blockIdx.y;
   const int q_block = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows;  // long causal blocks first
   const int key_end = a.key_end(min(q_block + kRows, a.tq));
@@ -260,8 +261,8 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   }
   __syncthreads();
 
-  if (wg == 0) {  // producer
-    if (threadIdx.x == 0 && tiles > 0) {
+  if (threadIdx.x >= 128 * NC) {  // the producer warp; one thread issues every copy
+    if (threadIdx.x == 128 * NC && tiles > 0) {
       const int head = int(bh % a.heads), batch = int(bh / a.heads);
       stage_expect(q_full, P::kQBytes);
       for (int c = 0; c < DH / kBoxCols; ++c)
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 
   // Consumer warpgroup cw: queries row0 .. row0 + 63; this thread's rows
   // row0 + 16 w + g and + 8 (acc_row), its columns 2 t + acc_col.
-  const int cw = wg - 1, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int row0 = q_block + 64 * cw, my_row = row0 + 16 * w + g;
   // Causal: the tiles past this warpgroup's last visible key (the first
   // warpgroup stops short of the block's last) are only waited for and
