@@ -20,6 +20,7 @@
 
 #include "bench/lab/attention_lab_kernels.cuh"
 #include "bench/lab/attention_lab_wgmma.cuh"
+#include "bench/lab/attention_lab_wgmma_bwd.cuh"
 #include "bench/lab/lab_flags.hpp"
 #include "bench/lab/lab_util.cuh"
 
@@ -128,7 +129,10 @@ constexpr int kBf16BackwardProduction = 10;
 // v, 12 192 queries per block (three consumer warpgroups) with 11's tiles at
 // dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread).
 constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 4;
-bool is_wgmma(bool bf16, bool backward, int v) { return bf16 && !backward && v >= kWgmmaForwardFirst; }
+constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 1;
+bool is_wgmma(bool bf16, bool backward, int v) {
+  return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
+}
 
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
 constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {
@@ -148,15 +152,37 @@ template <int DH>
 void wgmma_forward(int v, const Args& a, int64_t bh) {
   namespace w = hg::gpu::lab_wgmma;
   if constexpr (DH == 64 || DH == 128) {
-    const int which = v - kWgmmaForwardFirst;
-    const cudaError_t e = which == 0   ? w::forward<DH, 128, 2, false>(a, bh)
-                          : which == 1 ? w::forward<DH, 64, 2, false>(a, bh)
-                          : which == 2 ? w::forward<DH, 64, 3, true>(a, bh)
-                                       : w::forward < DH,
-                      64, DH == 64 ? 3 : 2, DH == 64, 3 > (a, bh);
+    constexpr bool kOverlap12 = DH == 64;  // variant 12: 11's tiles at dh 64, 10's at dh 128
+    constexpr int kStages12 = kOverlap12 ? 3 : 2;
+    cudaError_t e = cudaSuccess;
+    switch (v - kWgmmaForwardFirst) {
+      case 0: e = w::forward<DH, 128, 2, false>(a, bh); break;
+      case 1: e = w::forward<DH, 64, 2, false>(a, bh); break;
+      case 2: e = w::forward<DH, 64, 3, true>(a, bh); break;
+      default: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;
+    }
     CHECK_CUDA(e);
   } else {
     std::fprintf(stderr, "wgmma forward: dh %d not built (64, 128)\n", DH);
+    std::exit(1);
+  }
+}
+
+// Backward variant 11: the wgmma kernels of attention_lab_wgmma_bwd.cuh
+// after the 16-byte delta kernel: dk/dv on 32-query tiles (two consumer
+// warpgroups, one at dh 128: the dk and dv accumulators take 128 registers
+// a thread), dq on 64-key tiles (two consumer warpgroups).
+template <int DH>
+void wgmma_backward(const Args& a, int64_t bh) {
+  namespace w = hg::gpu::lab_wgmma;
+  if constexpr (DH == 64 || DH == 128) {
+    const int64_t rows = bh * a.tq;
+    b::delta_bf16_kernel<DH><<<unsigned((rows * (DH / 8) + 127) / 128), 128>>>(a, rows);
+    CHECK_CUDA(cudaGetLastError());
+    constexpr int kDkdvConsumers = DH == 128 ? 1 : 2;
+    CHECK_CUDA((w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh)));
+  } else {
+    std::fprintf(stderr, "wgmma backward: dh %d not built (64, 128)\n", DH);
     std::exit(1);
   }
 }
@@ -301,7 +327,8 @@ struct Config {
 
 template <int DH>
 void run_config(const Config& c, const Args& a, int64_t bh) {
-  if (is_wgmma(c.bf16, c.backward, c.variant)) return wgmma_forward<DH>(c.variant, a, bh);
+  if (is_wgmma(c.bf16, c.backward, c.variant))
+    return c.backward ? wgmma_backward<DH>(a, bh) : wgmma_forward<DH>(c.variant, a, bh);
   if (c.bf16 && !c.backward)
     return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
   if (c.bf16)
@@ -468,8 +495,8 @@ std::vector<double> reference_lse(int64_t heads, int64_t t, int dh, bool causal,
 // of every tile size) against float64; max over o or dq, dk, dv. A wgmma
 // forward also has its lse checked (absolute error 1e-3) and the production
 // backward run from its o and stats (gradient bound): INFINITY when either
-// fails. Its two heads are addressed as a batch of 2 with one head each (the
-// TMA maps' batch coordinate).
+// fails. A wgmma candidate's two heads are addressed as a batch of 2 with
+// one head each (the TMA maps' batch coordinate).
 double check(const Config& c, int dh, bool causal) {
   const int64_t heads = 2, t = 300;
   const size_t n = size_t(heads * t * dh), elt = c.bf16 ? 2 : 4;
@@ -479,8 +506,8 @@ double check(const Config& c, int dh, bool causal) {
   const std::vector<double> q = upload(b.q, n, c.bf16, gen), k = upload(b.k, n, c.bf16, gen),
                             v = upload(b.v, n, c.bf16, gen), dout = upload(b.dout, n, c.bf16, gen);
   Args a = args_of(b, heads, t, dh, causal, scale);
-  const bool wgmma = is_wgmma(c.bf16, c.backward, c.variant);
-  if (wgmma) a.heads = 1, a.q_batch = a.kv_batch = a.o_batch = t * dh;
+  if (is_wgmma(c.bf16, c.backward, c.variant)) a.heads = 1, a.q_batch = a.kv_batch = a.o_batch = t * dh;
+  const bool wgmma = is_wgmma(c.bf16, c.backward, c.variant) && !c.backward;
   // The backward reads the forward's o and stats: the production forward's.
   const Config fwd{c.bf16, false, c.bf16 ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
   run(c.backward ? fwd : c, dh, a, heads);
@@ -597,7 +624,7 @@ bool selected(const Options& o, bool bf16_inputs, bool backward, int v, int prod
 
 bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2) {
   const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
-                    : backward   ? kBf16BackwardVariants
+                    : backward   ? kBf16BackwardVariants + (dh >= 64 ? kWgmmaBackwardVariants : 0)
                                  : kBf16ForwardVariants + (dh >= 64 ? kWgmmaForwardVariants : 0);
   const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
                                       : (backward ? kBf16BackwardProduction
@@ -671,8 +698,8 @@ Options parse(int argc, char** argv) {
           "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
-          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a forward candidates 9-12),\n"
-          "                         'production' (default: all)\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-12,\n"
+          "                         backward 11), 'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"

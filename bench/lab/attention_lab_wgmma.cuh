@@ -102,6 +102,27 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// The first 1024-byte boundary in the dynamic shared memory `raw` (a
+// shared-space address), and a pointer to shared address `at` (>= raw's).
+__device__ __forceinline__ uint32_t aligned_base(const unsigned char* raw) {
+  return (shared_address(raw) + 1023u) & ~1023u;
+}
+__device__ __forceinline__ uint64_t* barriers_of(unsigned char* raw, uint32_t at) {
+  return reinterpret_cast<uint64_t*>(raw + (at - shared_address(raw)));
+}
+
+// The block's barriers: bars[0] for the copy staged once (one arrival: the
+// producer's expect_tx), then st "full" ones (the same) and st "empty" ones
+// (every consumer thread arrives). The whole block calls it.
+__device__ __forceinline__ void init_barriers(uint64_t* bars, int st, int consumers) {
+  if (threadIdx.x == 0) {
+    barrier_init(bars, 1);
+    for (int s = 0; s < st; ++s) barrier_init(bars + 1 + s, 1), barrier_init(bars + 1 + st + s, 128 * consumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // One TMA box of a 4-D map at coordinates {c0 (column), c1 (row), c2 (head),
 // c3 (batch)} into shared `dst`, counted against `bar`'s expected bytes
 // (a box past the tensor's end still counts its full size: the hardware
@@ -163,8 +184,17 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t lbo) {
 __device__ __forceinline__ int acc_row(int i) { return 8 * ((i >> 1) & 1); }      // + 16 w + g
 __device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }  // + 2 t
 
-// D[64 x 64] (+)= A[64 x 16] * B[16 x 64]: A, B from shared memory (K-major
-// descriptors). accumulate == 0 overwrites D.
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], N = 32, 64, 128: A, B from shared
+// memory (K-major descriptors). accumulate == 0 overwrites D.
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -192,8 +222,6 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4],
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
-// D[64 x 128] (+)= A[64 x 16] * B[16 x 128]: A, B from shared memory (K-major
-// descriptors). accumulate == 0 overwrites D.
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
@@ -245,8 +273,8 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   using P = Plan<DH, KB, ST, NC>;
   constexpr int kRows = P::kRows;
   extern __shared__ __align__(1024) unsigned char raw[];
-  const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(raw + (base - shared_address(raw)) + P::kBarOffset);
+  const uint32_t base = aligned_base(raw);
+  uint64_t* bars = barriers_of(raw, base + P::kBarOffset);
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
   const uint32_t kv_at = base + P::kQBytes;  // stage s: k at kv_at + s * kStageBytes, v kTileBytes on
 
@@ -254,12 +282,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   const int q_block = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows;  // long causal blocks first
   const int key_end = a.key_end(min(q_block + kRows, a.tq));
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
-  if (threadIdx.x == 0) {
-    barrier_init(q_full, 1);
-    for (int s = 0; s < ST; ++s) barrier_init(full + s, 1), barrier_init(empty + s, 128 * NC);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
+  init_barriers(bars, ST, NC);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warp; one thread issues every copy
     if (threadIdx.x == 128 * NC && tiles > 0) {
@@ -469,7 +492,7 @@ __global__ void __launch_bounds__(128)
                      float* out_o) {
 #if HG_LAB_WGMMA
   extern __shared__ __align__(1024) unsigned char raw[];
-  const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;
+  const uint32_t base = aligned_base(raw);
   unsigned char* smem = raw + (base - shared_address(raw));
   const uint32_t k_at = base + 64 * DH * 2, v_at = k_at + KB * DH * 2;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 64 * DH * 2 + 2 * KB * DH * 2);
