@@ -310,8 +310,9 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   const int row0 = q_block + 64 * cw, my_row = row0 + 16 * w + g;
   // Causal: the tiles past this warpgroup's last visible key (the first
   // warpgroup stops short of the block's last) are only waited for and
-  // released, so that the stage protocol stays the same for both.
-  const int my_end = a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
+  // released, so that the stage protocol stays the same for all; so are
+  // all tiles of a warpgroup whose rows all lie past Tq.
+  const int my_end = row0 >= a.tq ? 0 : a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
   const int my_tiles = (my_end + KB - 1) / KB;
   const float c = a.scale_log2;
   float o[DH / 2];

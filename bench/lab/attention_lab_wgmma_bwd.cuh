@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   init_barriers(bars, ST, NC);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warp; one thread issues every copy
-    if (threadIdx.x == 128 * NC && count > 0 && r0 < r_rows) {
+    if (threadIdx.x == 128 * NC && count > 0) {
       const int head = int(bh % a.heads), batch = int(bh / a.heads);
       stage_expect(res_full, 2 * P::kResBytes);
       for (int c = 0; c < DH / kBoxCols; ++c) {
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
   const int row0 = r0 + 64 * cw, my_row = row0 + 16 * w + g;
   const float c = a.scale_log2;
-  const int64_t stat_base = bh * a.tq;  // stats and delta of query q at stat_base + q
+  const int64_t stat_base = bh * a.tq;           // stats and delta of query q at stat_base + q
   float acc1[DH / 2], acc2[kDkDv ? DH / 2 : 1];  // dq, or dk and dv
 #pragma unroll
   for (int i = 0; i < DH / 2; ++i) acc1[i] = 0.f;
@@ -101,83 +101,85 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
       if (my_row + 8 * h < a.tq)
         row_stats[h] = a.stats[stat_base + my_row + 8 * h], row_delta[h] = a.delta[stat_base + my_row + 8 * h];
   }
-  if (count > 0 && r0 < r_rows) barrier_wait(res_full, 0);
+  if (count > 0) barrier_wait(res_full, 0);
   const uint32_t a1_wg = base + 64 * cw * kSwizzleBytes, a2_wg = a2_at + 64 * cw * kSwizzleBytes;
-  if (r0 < r_rows) {
-    for (int i = 0; i < count; ++i) {
-      const int s = i % ST, n0 = (first + i) * KB;
-      barrier_wait(full + s, uint32_t((i / ST) & 1));
-      const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
-      float x[KB / 2], y[KB / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kc = 0; kc < DH / 16; ++kc) {
-        const uint32_t step = (kc % 4) * 32;  // as in the forward
-        wgmma_ss(x, desc_k_major(a1_wg + (kc / 4) * kRows * kSwizzleBytes + step),
-                 desc_k_major(b1_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
-      }
-#pragma unroll
-      for (int kc = 0; kc < DH / 16; ++kc) {
-        const uint32_t step = (kc % 4) * 32;
-        wgmma_ss(y, desc_k_major(a2_wg + (kc / 4) * kRows * kSwizzleBytes + step),
-                 desc_k_major(b2_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < KB / 2; ++e) fence_operand(x[e]), fence_operand(y[e]);
-
-      // p and ds in place of x and y, as A fragments: pp (dk/dv only) and pd.
-      uint32_t pp[kDkDv ? KB / 16 : 1][4], pd[KB / 16][4];
-#pragma unroll
-      for (int j = 0; j < KB / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a key (dq) or a query (dk/dv)
-          float2 st = {};
-          float dl = 0.f;
-          if (kDkDv && col < a.tq) st = a.stats[stat_base + col], dl = a.delta[stat_base + col];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
-            const int q = kDkDv ? col : row, k = kDkDv ? row : col;
-            const bool seen = q < a.tq && k < a.tk && !(a.causal && k > q + a.tk - a.tq);
-            const float2 sq = kDkDv ? st : row_stats[h];
-            const float p = seen ? lab_bf16::exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
-            x[i_acc] = p;
-            y[i_acc] = p * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
-          }
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < KB / 2; e += 2) {
-        if constexpr (kDkDv) pp[e / 8][(e % 8) / 2] = lab_bf16::pack(x[e], x[e + 1]);
-        pd[e / 8][(e % 8) / 2] = lab_bf16::pack(y[e], y[e + 1]);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk) {
-        // dq += ds k, or dk += ds^T q: the streamed b1 tile, MN-major.
-        wgmma_rs(acc1, pd[kk], desc_mn_major(b1_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
-        if constexpr (kDkDv)  // dv += p^T do
-          wgmma_rs(acc2, pp[kk], desc_mn_major(b2_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < DH / 2; ++e) {
-        fence_operand(acc1[e]);
-        if constexpr (kDkDv) fence_operand(acc2[e]);
-      }
-#pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          fence_operand(pd[kk][r]);
-          if constexpr (kDkDv) fence_operand(pp[kk][r]);
-        }
+  for (int i = 0; i < count; ++i) {
+    const int s = i % ST, n0 = (first + i) * KB;
+    barrier_wait(full + s, uint32_t((i / ST) & 1));
+    if (row0 >= r_rows) {  // a warpgroup past the resident rows only keeps the stage protocol
       barrier_arrive(empty + s);
+      continue;
     }
+    const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
+    float x[KB / 2], y[KB / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      const uint32_t step = (kc % 4) * 32;  // as in the forward
+      wgmma_ss(x, desc_k_major(a1_wg + (kc / 4) * kRows * kSwizzleBytes + step),
+               desc_k_major(b1_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
+    }
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      const uint32_t step = (kc % 4) * 32;
+      wgmma_ss(y, desc_k_major(a2_wg + (kc / 4) * kRows * kSwizzleBytes + step),
+               desc_k_major(b2_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < KB / 2; ++e) fence_operand(x[e]), fence_operand(y[e]);
+
+    // p and ds in place of x and y, as A fragments: pp (dk/dv only) and pd.
+    uint32_t pp[kDkDv ? KB / 16 : 1][4], pd[KB / 16][4];
+#pragma unroll
+    for (int j = 0; j < KB / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a key (dq) or a query (dk/dv)
+        float2 st = {};
+        float dl = 0.f;
+        if (kDkDv && col < a.tq) st = a.stats[stat_base + col], dl = a.delta[stat_base + col];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
+          const int q = kDkDv ? col : row, k = kDkDv ? row : col;
+          const bool seen = q < a.tq && k < a.tk && !(a.causal && k > q + a.tk - a.tq);
+          const float2 sq = kDkDv ? st : row_stats[h];
+          const float p = seen ? lab_bf16::exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+          x[i_acc] = p;
+          y[i_acc] = p * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < KB / 2; e += 2) {
+      if constexpr (kDkDv) pp[e / 8][(e % 8) / 2] = lab_bf16::pack(x[e], x[e + 1]);
+      pd[e / 8][(e % 8) / 2] = lab_bf16::pack(y[e], y[e + 1]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk) {
+      // dq += ds k, or dk += ds^T q: the streamed b1 tile, MN-major.
+      wgmma_rs(acc1, pd[kk], desc_mn_major(b1_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
+      if constexpr (kDkDv)  // dv += p^T do
+        wgmma_rs(acc2, pp[kk], desc_mn_major(b2_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int e = 0; e < DH / 2; ++e) {
+      fence_operand(acc1[e]);
+      if constexpr (kDkDv) fence_operand(acc2[e]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        fence_operand(pd[kk][r]);
+        if constexpr (kDkDv) fence_operand(pp[kk][r]);
+      }
+    barrier_arrive(empty + s);
   }
 
   // dq (or dk) times the scale; rows past the resident extent unwritten.
@@ -221,12 +223,13 @@ cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
     return cudaErrorInvalidValue;
   const auto dkdv = backward_kernel<DH, KV, kStages, NCV, true>;
   const auto dq = backward_kernel<DH, KQ, kStages, NCQ, false>;
-  const size_t dkdv_smem = BackwardPlan<DH, KV, kStages, NCV>::kSmem, dq_smem = BackwardPlan<DH, KQ, kStages, NCQ>::kSmem;
+  const size_t dkdv_smem = BackwardPlan<DH, KV, kStages, NCV>::kSmem,
+               dq_smem = BackwardPlan<DH, KQ, kStages, NCQ>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem));
   if (e == cudaSuccess) e = cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq_smem));
   if (e != cudaSuccess) return e;
-  dkdv<<<dim3(unsigned((a.tk + rows_of(NCV) - 1) / rows_of(NCV)), unsigned(bh)), threads_of(NCV), dkdv_smem,
-         stream>>>(k_res, v_res, q_tile, do_tile, a);
+  dkdv<<<dim3(unsigned((a.tk + rows_of(NCV) - 1) / rows_of(NCV)), unsigned(bh)), threads_of(NCV), dkdv_smem, stream>>>(
+      k_res, v_res, q_tile, do_tile, a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   dq<<<dim3(unsigned((a.tq + rows_of(NCQ) - 1) / rows_of(NCQ)), unsigned(bh)), threads_of(NCQ), dq_smem, stream>>>(
       q_res, do_res, k_tile, v_tile, a);
