@@ -367,14 +367,14 @@ void release(Buffers& b) {
   CHECK_CUDA(cudaFree(b.stats));
 }
 
-Args args_of(const Buffers& b, int64_t heads, int64_t t, int dh, bool causal, double scale) {
+Args args_of(const Buffers& b, int64_t heads, int64_t tq, int64_t tk, int dh, bool causal, double scale) {
   Args a{};
   a.q = b.q, a.k = b.k, a.v = b.v, a.o = b.o, a.dout = b.dout, a.out = b.o, a.dq = b.dq, a.dk = b.dk, a.dv = b.dv;
   a.lse = b.lse, a.stats = b.stats, a.delta = b.delta, a.mask = nullptr;
-  a.heads = int(heads), a.tq = int(t), a.tk = int(t), a.causal = causal;
+  a.heads = int(heads), a.tq = int(tq), a.tk = int(tk), a.causal = causal;
   a.scale = float(scale), a.scale_log2 = float(scale * 1.4426950408889634);
-  a.q_batch = a.kv_batch = a.o_batch = heads * t * dh;
-  a.q_head = a.kv_head = a.o_head = t * dh;
+  a.q_batch = a.o_batch = heads * tq * dh, a.kv_batch = heads * tk * dh;
+  a.q_head = a.o_head = tq * dh, a.kv_head = tk * dh;
   a.q_row = a.kv_row = a.o_row = dh;
   return a;
 }
@@ -408,39 +408,42 @@ std::vector<double> download(const void* src, size_t n, bool bf16_inputs) {
   return out;
 }
 
-// float64 attention of heads (T, dh): o, and dq, dk, dv from dout.
-void reference(int64_t heads, int64_t t, int dh, bool causal, double scale, const std::vector<double>& q,
+// float64 attention of heads (Tq or Tk, dh): o, lse, and dq, dk, dv from
+// dout. Causal: query i sees keys j <= i + Tk - Tq (none: o = 0, lse = -inf).
+void reference(int64_t heads, int64_t tq, int64_t tk, int dh, bool causal, double scale, const std::vector<double>& q,
                const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
-               std::vector<double>& o, std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
-  const size_t n = size_t(heads * t * dh);
-  o.assign(n, 0), dq.assign(n, 0), dk.assign(n, 0), dv.assign(n, 0);
-  std::vector<double> p(t), dp(t);
+               std::vector<double>& o, std::vector<double>& lse, std::vector<double>& dq, std::vector<double>& dk,
+               std::vector<double>& dv) {
+  const size_t nq = size_t(heads * tq * dh), nk = size_t(heads * tk * dh);
+  o.assign(nq, 0), dq.assign(nq, 0), dk.assign(nk, 0), dv.assign(nk, 0), lse.assign(size_t(heads * tq), -INFINITY);
+  std::vector<double> p(tk), dp(tk);
   for (int64_t h = 0; h < heads; ++h) {
-    const size_t base = size_t(h * t * dh);
-    for (int64_t i = 0; i < t; ++i) {
-      const int64_t keys = causal ? i + 1 : t;
+    const size_t qb = size_t(h * tq * dh), kb = size_t(h * tk * dh);
+    for (int64_t i = 0; i < tq; ++i) {
+      const int64_t keys = causal ? std::clamp<int64_t>(i + 1 + tk - tq, 0, tk) : tk;
       double m = -INFINITY, sum = 0, delta = 0;
       for (int64_t j = 0; j < keys; ++j) {
         double s = 0;
-        for (int c = 0; c < dh; ++c) s += q[base + i * dh + c] * k[base + j * dh + c];
+        for (int c = 0; c < dh; ++c) s += q[qb + i * dh + c] * k[kb + j * dh + c];
         p[j] = s * scale, m = std::max(m, p[j]);
       }
       for (int64_t j = 0; j < keys; ++j) p[j] = std::exp(p[j] - m), sum += p[j];
+      if (keys > 0) lse[size_t(h * tq + i)] = m + std::log(sum);
       for (int64_t j = 0; j < keys; ++j) {
         p[j] /= sum;
         double d = 0;
         for (int c = 0; c < dh; ++c) {
-          o[base + i * dh + c] += p[j] * v[base + j * dh + c];
-          d += dout[base + i * dh + c] * v[base + j * dh + c];
+          o[qb + i * dh + c] += p[j] * v[kb + j * dh + c];
+          d += dout[qb + i * dh + c] * v[kb + j * dh + c];
         }
         dp[j] = d, delta += p[j] * d;
       }
       for (int64_t j = 0; j < keys; ++j) {
         const double ds = p[j] * (dp[j] - delta) * scale;
         for (int c = 0; c < dh; ++c) {
-          dq[base + i * dh + c] += ds * k[base + j * dh + c];
-          dk[base + j * dh + c] += ds * q[base + i * dh + c];
-          dv[base + j * dh + c] += p[j] * dout[base + i * dh + c];
+          dq[qb + i * dh + c] += ds * k[kb + j * dh + c];
+          dk[kb + j * dh + c] += ds * q[qb + i * dh + c];
+          dv[kb + j * dh + c] += p[j] * dout[qb + i * dh + c];
         }
       }
     }
@@ -470,77 +473,58 @@ struct Options {
 
 bool g_sm90 = false;  // the device runs sm_90a code (the wgmma candidates)
 
-// The float64 log-sum-exp of every query row (natural log, scaled logits).
-std::vector<double> reference_lse(int64_t heads, int64_t t, int dh, bool causal, double scale,
-                                  const std::vector<double>& q, const std::vector<double>& k) {
-  std::vector<double> lse(size_t(heads * t)), s(t);
-  for (int64_t h = 0; h < heads; ++h) {
-    const size_t base = size_t(h * t * dh);
-    for (int64_t i = 0; i < t; ++i) {
-      const int64_t keys = causal ? i + 1 : t;
-      double m = -INFINITY, sum = 0;
-      for (int64_t j = 0; j < keys; ++j) {
-        double d = 0;
-        for (int c = 0; c < dh; ++c) d += q[base + i * dh + c] * k[base + j * dh + c];
-        s[j] = d * scale, m = std::max(m, s[j]);
-      }
-      for (int64_t j = 0; j < keys; ++j) sum += std::exp(s[j] - m);
-      lse[size_t(h * t + i)] = m + std::log(sum);
-    }
-  }
-  return lse;
-}
-
-// The error of configuration c on a small problem (two heads, T 300 unless
-// given: edges of every tile size) against float64; max over o or dq, dk, dv. A wgmma
+// The error of configuration c on a small problem (two heads, Tq = Tk = 300
+// unless given: edges of every tile size) against float64; max over o or dq, dk, dv. A wgmma
 // forward also has its lse checked (absolute error 1e-3) and the production
 // backward run from its o and stats (gradient bound): INFINITY when either
 // fails. A wgmma candidate's two heads are addressed as a batch of 2 with
 // one head each (the TMA maps' batch coordinate).
-double check(const Config& c, int dh, bool causal, int64_t t = 300) {
+double check(const Config& c, int dh, bool causal, int64_t tq = 300, int64_t tk = 0) {
+  if (tk == 0) tk = tq;
   const int64_t heads = 2;
-  const size_t n = size_t(heads * t * dh), elt = c.bf16 ? 2 : 4;
-  Buffers b = alloc(n, heads * t, elt);
+  const size_t nq = size_t(heads * tq * dh), nk = size_t(heads * tk * dh), elt = c.bf16 ? 2 : 4;
+  Buffers b = alloc(std::max(nq, nk), heads * std::max(tq, tk), elt);
   std::mt19937_64 gen(77 + dh + 1000 * c.variant);
   const double scale = 1.0 / std::sqrt(double(dh));
-  const std::vector<double> q = upload(b.q, n, c.bf16, gen), k = upload(b.k, n, c.bf16, gen),
-                            v = upload(b.v, n, c.bf16, gen), dout = upload(b.dout, n, c.bf16, gen);
-  Args a = args_of(b, heads, t, dh, causal, scale);
-  if (is_wgmma(c.bf16, c.backward, c.variant)) a.heads = 1, a.q_batch = a.kv_batch = a.o_batch = t * dh;
+  const std::vector<double> q = upload(b.q, nq, c.bf16, gen), k = upload(b.k, nk, c.bf16, gen),
+                            v = upload(b.v, nk, c.bf16, gen), dout = upload(b.dout, nq, c.bf16, gen);
+  Args a = args_of(b, heads, tq, tk, dh, causal, scale);
+  if (is_wgmma(c.bf16, c.backward, c.variant)) a.heads = 1, a.q_batch = a.o_batch = tq * dh, a.kv_batch = tk * dh;
   const bool wgmma = is_wgmma(c.bf16, c.backward, c.variant) && !c.backward;
   // The backward reads the forward's o and stats: the production forward's.
   const Config fwd{c.bf16, false, c.bf16 ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
   run(c.backward ? fwd : c, dh, a, heads);
   if (c.backward) {
-    CHECK_CUDA(cudaMemset(b.dq, 0xff, n * elt));  // NaN poison: an unwritten element fails the check
+    CHECK_CUDA(cudaMemset(b.dq, 0xff, nq * elt));  // NaN poison: an unwritten element fails the check
     run(c, dh, a, heads);
   }
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> o, dq, dk, dv;
-  reference(heads, t, dh, causal, scale, q, k, v, dout, o, dq, dk, dv);
-  double e = rel_err(download(b.o, n, c.bf16), o);
-  if (c.backward)
-    e = std::max({rel_err(download(b.dq, n, c.bf16), dq), rel_err(download(b.dk, n, c.bf16), dk),
-                  rel_err(download(b.dv, n, c.bf16), dv)});
+  std::vector<double> o, lse, dq, dk, dv;
+  reference(heads, tq, tk, dh, causal, scale, q, k, v, dout, o, lse, dq, dk, dv);
+  auto grad_err = [&] {
+    return std::max({rel_err(download(b.dq, nq, c.bf16), dq), rel_err(download(b.dk, nk, c.bf16), dk),
+                     rel_err(download(b.dv, nk, c.bf16), dv)});
+  };
+  double e = c.backward ? grad_err() : rel_err(download(b.o, nq, c.bf16), o);
   if (wgmma) {
-    std::vector<float> lse(size_t(heads * t));
-    CHECK_CUDA(cudaMemcpy(lse.data(), b.lse, lse.size() * 4, cudaMemcpyDeviceToHost));
-    const std::vector<double> want = reference_lse(heads, t, dh, causal, scale, q, k);
+    std::vector<float> got(lse.size());
+    CHECK_CUDA(cudaMemcpy(got.data(), b.lse, got.size() * 4, cudaMemcpyDeviceToHost));
     double lse_err = 0;
-    for (size_t i = 0; i < lse.size(); ++i)
-      lse_err = std::isfinite(lse[i]) ? std::max(lse_err, std::abs(lse[i] - want[i])) : INFINITY;
-    double grad_err = 0;  // (one key: the gradients are 0, no relative error)
-    if (t > 1) {
-      CHECK_CUDA(cudaMemset(b.dq, 0xff, n * elt));
+    for (size_t i = 0; i < got.size(); ++i)
+      lse_err = std::max(lse_err, std::isinf(lse[i])      ? (got[i] == lse[i] ? 0.0 : INFINITY)
+                                  : std::isfinite(got[i]) ? std::abs(got[i] - lse[i])
+                                                          : INFINITY);
+    double bwd_err = 0;  // (one key: the gradients are 0, no relative error)
+    if (std::min(tq, tk) > 1) {
+      CHECK_CUDA(cudaMemset(b.dq, 0xff, nq * elt));
       run(Config{true, true, kBf16BackwardProduction}, dh, a, heads);
       CHECK_CUDA(cudaDeviceSynchronize());
-      grad_err = std::max({rel_err(download(b.dq, n, true), dq), rel_err(download(b.dk, n, true), dk),
-                           rel_err(download(b.dv, n, true), dv)});
+      bwd_err = grad_err();
     }
-    const bool ok = lse_err <= 1e-3 && grad_err <= 2e-2;
-    std::printf("    variant %2d check at T %3lld: o rel err %.2e, lse max abs err %.2e (bound 1e-03), production "
-                "backward from its o and stats: rel err %.2e (bound 2e-02) %s\n",
-                c.variant, (long long)t, e, lse_err, grad_err, ok ? "ok" : "FAILED");
+    const bool ok = lse_err <= 1e-3 && bwd_err <= 2e-2;
+    std::printf("    variant %2d check at Tq %3lld Tk %3lld: o rel err %.2e, lse max abs err %.2e (bound 1e-03), "
+                "production backward from its o and stats: rel err %.2e (bound 2e-02) %s\n",
+                c.variant, (long long)tq, (long long)tk, e, lse_err, bwd_err, ok ? "ok" : "FAILED");
     if (!ok) e = INFINITY;
   }
   release(b);
@@ -651,11 +635,13 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     }
     errors[v] = check(Config{bf16_inputs, backward, v}, dh, o.causal);
     // The wgmma candidates also at one row (two for the backward: the
-    // gradients of one key are 0, no relative error), one tile and a few
-    // tiles plus one (the tile loops' first, peeled and last passes).
+    // gradients of one key are 0, no relative error), one tile, a few tiles
+    // plus one (the tile loops' first, peeled and last passes), and Tq != Tk
+    // (causal: the diagonal moved; at Tq > Tk the first queries see no key).
     if (is_wgmma(bf16_inputs, backward, v))
-      for (const int64_t t : {int64_t(backward ? 2 : 1), int64_t(64), int64_t(77), int64_t(129), int64_t(193)})
-        errors[v] = std::max(errors[v], check(Config{bf16_inputs, backward, v}, dh, o.causal, t));
+      for (const auto& [tq, tk] : std::vector<std::pair<int64_t, int64_t>>{
+               {backward ? 2 : 1, 0}, {64, 0}, {77, 0}, {129, 0}, {193, 0}, {77, 200}, {200, 77}})
+        errors[v] = std::max(errors[v], check(Config{bf16_inputs, backward, v}, dh, o.causal, tq, tk));
     ok &= errors[v] <= bound;
   }
   for (const int64_t t : o.seqs) {
@@ -669,7 +655,7 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     for (int s = 0; s < sets; ++s) {
       bufs.push_back(alloc(n, heads * t, elt));
       for (void* p : {bufs[s].q, bufs[s].k, bufs[s].v, bufs[s].dout}) upload(p, n, bf16_inputs, gen);
-      args.push_back(args_of(bufs[s], heads, t, dh, o.causal, 1.0 / std::sqrt(double(dh))));
+      args.push_back(args_of(bufs[s], heads, t, t, dh, o.causal, 1.0 / std::sqrt(double(dh))));
       const Config fwd{bf16_inputs, false, bf16_inputs ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
       run(fwd, dh, args[s], heads);  // o and stats for the backward
     }
