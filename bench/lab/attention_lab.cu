@@ -127,9 +127,11 @@ constexpr int kBf16BackwardProduction = 10;
 // unless said: 9 128-key tiles in 2 stages, 10 64-key tiles in 2 stages, 11
 // 64-key tiles in 3 stages with the next tile's q k^T beside this tile's p
 // v, 12 192 queries per block (three consumer warpgroups) with 11's tiles at
-// dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread).
-constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 4;
-constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 1;
+// dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread),
+// 13 11 with p v in two n64 halves at dh 128 (no leading byte offset in the
+// MN-major descriptor; the same kernel as 11 at dh 64).
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 5;
+constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 2;
 bool is_wgmma(bool bf16, bool backward, int v) {
   return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
 }
@@ -159,7 +161,8 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
       case 0: e = w::forward<DH, 128, 2, false>(a, bh); break;
       case 1: e = w::forward<DH, 64, 2, false>(a, bh); break;
       case 2: e = w::forward<DH, 64, 3, true>(a, bh); break;
-      default: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;
+      case 3: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;
+      default: e = w::forward<DH, 64, 3, true, 2, true>(a, bh); break;
     }
     CHECK_CUDA(e);
   } else {
@@ -168,19 +171,21 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
   }
 }
 
-// Backward variant 11: the wgmma kernels of attention_lab_wgmma_bwd.cuh
+// Backward variants 11, 12: the wgmma kernels of attention_lab_wgmma_bwd.cuh
 // after the 16-byte delta kernel: dk/dv on 32-query tiles (two consumer
 // warpgroups, one at dh 128: the dk and dv accumulators take 128 registers
-// a thread), dq on 64-key tiles (two consumer warpgroups).
+// a thread), dq on 64-key tiles (two consumer warpgroups); 12 with the
+// MN-major products in n64 halves at dh 128.
 template <int DH>
-void wgmma_backward(const Args& a, int64_t bh) {
+void wgmma_backward(int v, const Args& a, int64_t bh) {
   namespace w = hg::gpu::lab_wgmma;
   if constexpr (DH == 64 || DH == 128) {
     const int64_t rows = bh * a.tq;
     b::delta_bf16_kernel<DH><<<unsigned((rows * (DH / 8) + 127) / 128), 128>>>(a, rows);
     CHECK_CUDA(cudaGetLastError());
     constexpr int kDkdvConsumers = DH == 128 ? 1 : 2;
-    CHECK_CUDA((w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh)));
+    CHECK_CUDA(v == kWgmmaBackwardFirst ? (w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh))
+                                        : (w::backward<DH, 32, kDkdvConsumers, 64, 2, true>(a, bh)));
   } else {
     std::fprintf(stderr, "wgmma backward: dh %d not built (64, 128)\n", DH);
     std::exit(1);
@@ -328,7 +333,7 @@ struct Config {
 template <int DH>
 void run_config(const Config& c, const Args& a, int64_t bh) {
   if (is_wgmma(c.bf16, c.backward, c.variant))
-    return c.backward ? wgmma_backward<DH>(a, bh) : wgmma_forward<DH>(c.variant, a, bh);
+    return c.backward ? wgmma_backward<DH>(c.variant, a, bh) : wgmma_forward<DH>(c.variant, a, bh);
   if (c.bf16 && !c.backward)
     return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
   if (c.bf16)
@@ -538,12 +543,13 @@ bool self_test_one() {
   namespace w = hg::gpu::lab_wgmma;
   std::mt19937_64 gen(11 + DH + KB);
   void *q, *k, *v, *p;
-  float *tile, *s, *o;
-  for (void** x : {&q, &k, &v}) CHECK_CUDA(cudaMalloc(x, size_t(KB) * DH * 2));
+  float *tile, *s, *o, *o2;
+  for (void** x : {&q, &k, &v}) CHECK_CUDA(cudaMalloc(x, size_t(std::max(KB, 64)) * DH * 2));
   CHECK_CUDA(cudaMalloc(&p, size_t(64) * KB * 2));
   CHECK_CUDA(cudaMalloc(&tile, size_t(64) * DH * 4));
   CHECK_CUDA(cudaMalloc(&s, size_t(64) * KB * 4));
   CHECK_CUDA(cudaMalloc(&o, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMalloc(&o2, size_t(64) * DH * 4));
   const std::vector<double> hq = upload(q, size_t(64) * DH, true, gen), hk = upload(k, size_t(KB) * DH, true, gen),
                             hv = upload(v, size_t(KB) * DH, true, gen), hp = upload(p, size_t(64) * KB, true, gen);
   CUtensorMap qmap, kmap, vmap;
@@ -559,7 +565,8 @@ bool self_test_one() {
   CHECK_CUDA(cudaMemset(tile, 0xff, size_t(64) * DH * 4));
   CHECK_CUDA(cudaMemset(s, 0xff, size_t(64) * KB * 4));
   CHECK_CUDA(cudaMemset(o, 0xff, size_t(64) * DH * 4));
-  kernel<<<1, 128, smem>>>(qmap, kmap, vmap, static_cast<const bf16*>(p), tile, s, o);
+  CHECK_CUDA(cudaMemset(o2, 0xff, size_t(64) * DH * 4));
+  kernel<<<1, 128, smem>>>(qmap, kmap, vmap, static_cast<const bf16*>(p), tile, s, o, o2);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<double> want_s(size_t(64) * KB, 0.0), want_o(size_t(64) * DH, 0.0);
@@ -575,15 +582,15 @@ bool self_test_one() {
     return std::vector<double>(h.begin(), h.end());
   };
   const double e_tile = rel_err(floats(tile, size_t(64) * DH), hq), e_s = rel_err(floats(s, size_t(64) * KB), want_s),
-               e_o = rel_err(floats(o, size_t(64) * DH), want_o);
-  const bool ok = e_tile == 0 && e_s <= 1e-5 && e_o <= 1e-5;
-  std::printf(
-      "  self-test dh %d keys %d: TMA box + 128B swizzle read-back rel err %.1e %s; s = q k^T (wgmma ss, K-major) "
-      "%.1e %s; o = p v (wgmma rs, MN-major v) %.1e %s\n",
-      DH, KB, e_tile, e_tile == 0 ? "ok" : "FAILED", e_s, e_s <= 1e-5 ? "ok" : "FAILED", e_o,
-      e_o <= 1e-5 ? "ok" : "FAILED");
+               e_o = rel_err(floats(o, size_t(64) * DH), want_o), e_o2 = rel_err(floats(o2, size_t(64) * DH), want_o);
+  auto verdict = [](double e, double bound) { return e <= bound ? "ok" : "FAILED"; };
+  std::printf("  self-test dh %3d keys %3d: TMA box + 128B swizzle read-back rel err %.1e %s; s = q k^T (wgmma ss, "
+              "K-major) %.1e %s; o = p v (wgmma rs, MN-major v, n = dh) %.1e %s; the same in n64 halves %.1e %s\n",
+              DH, KB, e_tile, verdict(e_tile, 0), e_s, verdict(e_s, 1e-5), e_o, verdict(e_o, 1e-5), e_o2,
+              verdict(e_o2, 1e-5));
+  const bool ok = e_tile == 0 && e_s <= 1e-5 && e_o <= 1e-5 && e_o2 <= 1e-5;
   for (void* x : {q, k, v, p}) CHECK_CUDA(cudaFree(x));
-  for (float* x : {tile, s, o}) CHECK_CUDA(cudaFree(x));
+  for (float* x : {tile, s, o, o2}) CHECK_CUDA(cudaFree(x));
   return ok;
 }
 
@@ -591,8 +598,8 @@ bool self_test_one() {
 bool self_test(int dh) {
   std::printf("wgmma self-test (one warpgroup, one tile; errors vs float64, bound 1e-05; the read-back exact):\n");
   bool ok = true;
-  if (dh == 0 || dh == 64) ok &= self_test_one<64, 128>() & self_test_one<64, 64>();
-  if (dh == 0 || dh == 128) ok &= self_test_one<128, 128>() & self_test_one<128, 64>();
+  if (dh == 0 || dh == 64) ok &= self_test_one<64, 128>() & self_test_one<64, 64>() & self_test_one<64, 32>();
+  if (dh == 0 || dh == 128) ok &= self_test_one<128, 128>() & self_test_one<128, 64>() & self_test_one<128, 32>();
   return ok;
 }
 
@@ -693,8 +700,8 @@ Options parse(int argc, char** argv) {
           "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
-          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-12,\n"
-          "                         backward 11), 'production' (default: all)\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-13,\n"
+          "                         backward 11, 12), 'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"

@@ -259,12 +259,32 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4],
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
 }
 
+// acc (+)= a b for k16 step kk of a tile of KB rows whose MN-major b (v, or
+// a streamed tile in the backward) is DH / 64 boxes of [KB][64] from b_at:
+// one n = DH wgmma (the second 64 columns a leading offset of one box on),
+// or with kSplitN one n64 wgmma per box, on the halves of acc (the n128
+// accumulator's i < 32 are its columns 0-63, the rest 64-127: the same
+// layout as two n64 ones), which needs no leading offset.
+template <int DH, int KB, bool kSplitN>
+__device__ __forceinline__ void mma_mn(float (&acc)[DH / 2], const uint32_t (&a)[4], uint32_t b_at, int kk,
+                                       int accumulate) {
+  const uint32_t at = b_at + kk * 16 * kSwizzleBytes;
+  if constexpr (DH == 128 && kSplitN) {
+    wgmma_rs(*reinterpret_cast<float(*)[32]>(&acc[0]), a, desc_mn_major(at, KB * kSwizzleBytes), accumulate);
+    wgmma_rs(*reinterpret_cast<float(*)[32]>(&acc[32]), a, desc_mn_major(at + KB * kSwizzleBytes, KB * kSwizzleBytes),
+             accumulate);
+  } else {
+    wgmma_rs(acc, a, desc_mn_major(at, KB * kSwizzleBytes), accumulate);
+  }
+}
+
 #endif  // HG_LAB_WGMMA
 
 // ---- the forward kernel ----------------------------------------------------------------
 
-// kOverlap: the next tile's q k^T runs beside this tile's p v.
-template <int DH, int KB, int ST, bool kOverlap, int NC>
+// kOverlap: the next tile's q k^T runs beside this tile's p v. kSplitN:
+// p v in two n64 halves at dh 128 (mma_mn).
+template <int DH, int KB, int ST, bool kOverlap, int NC, bool kSplitN>
 __global__ void __launch_bounds__(threads_of(NC), 1)
     forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                    const __grid_constant__ CUtensorMap vmap, Args a) {
@@ -340,8 +360,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
     const uint32_t v_at = k_of(tile) + P::kTileBytes;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk)
-      wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
+    for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, kSplitN>(o, pa[kk], v_at, kk, 1);
     wgmma_commit();
   };
   // The online softmax of tile `tile`'s scores: removed keys to -inf, m and
@@ -490,7 +509,7 @@ template <int DH, int KB>
 __global__ void __launch_bounds__(128)
     self_test_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                      const __grid_constant__ CUtensorMap vmap, const bf16* p, float* out_tile, float* out_s,
-                     float* out_o) {
+                     float* out_o, float* out_o2) {
 #if HG_LAB_WGMMA
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = aligned_base(raw);
@@ -538,19 +557,19 @@ __global__ void __launch_bounds__(128)
     for (int r = 0; r < 4; ++r)
       pa[kk][r] =
           *reinterpret_cast<const uint32_t*>(p + (16 * w + g + 8 * (r & 1)) * KB + 16 * kk + 8 * (r >> 1) + 2 * t);
-  float o[DH / 2];
-#pragma unroll
-  for (int i = 0; i < DH / 2; ++i) o[i] = 0.f;
+  float o[DH / 2], o2[DH / 2];
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < KB / 16; ++kk)
-    wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), kk > 0);
+  for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, false>(o, pa[kk], v_at, kk, kk > 0);
+#pragma unroll
+  for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, true>(o2, pa[kk], v_at, kk, kk > 0);
   wgmma_commit();
   wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < DH / 2; ++i) {
-    fence_operand(o[i]);
+    fence_operand(o[i]), fence_operand(o2[i]);
     out_o[(16 * w + g + acc_row(i)) * DH + 2 * t + acc_col(i)] = o[i];
+    out_o2[(16 * w + g + acc_row(i)) * DH + 2 * t + acc_col(i)] = o2[i];
   }
 #else
   __trap();
@@ -602,7 +621,7 @@ inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int head
 // The forward over bh = batch * heads heads of a. cudaErrorInvalidValue
 // for what the kernel does not do (a mask, scale <= 0, strides or addresses
 // the maps refuse); otherwise the launch's error.
-template <int DH, int KB, int ST, bool kOverlap, int NC = 2>
+template <int DH, int KB, int ST, bool kOverlap, int NC = 2, bool kSplitN = false>
 cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
@@ -611,7 +630,7 @@ cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
       !make_map(&kmap, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB) ||
       !make_map(&vmap, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB))
     return cudaErrorInvalidValue;
-  const auto kernel = forward_kernel<DH, KB, ST, kOverlap, NC>;
+  const auto kernel = forward_kernel<DH, KB, ST, kOverlap, NC, kSplitN>;
   const size_t smem = Plan<DH, KB, ST, NC>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;

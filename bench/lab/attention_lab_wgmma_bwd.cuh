@@ -32,7 +32,8 @@ struct BackwardPlan {
 // kDkDv false: the dq kernel (resident a1 = q, a2 = do; streamed b1 = k,
 // b2 = v). True: the dk/dv kernel (resident a1 = k, a2 = v; streamed b1 = q,
 // b2 = do). x = a1 b1^T is s (or s^T), y = a2 b2^T is dp (or dp^T).
-template <int DH, int KB, int ST, int NC, bool kDkDv>
+// kSplitN: the products with an MN-major tile in n64 halves (mma_mn).
+template <int DH, int KB, int ST, int NC, bool kDkDv, bool kSplitN>
 __global__ void __launch_bounds__(threads_of(NC), 1)
     backward_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
                     const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map, Args a) {
@@ -161,9 +162,9 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 #pragma unroll
     for (int kk = 0; kk < KB / 16; ++kk) {
       // dq += ds k, or dk += ds^T q: the streamed b1 tile, MN-major.
-      wgmma_rs(acc1, pd[kk], desc_mn_major(b1_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
+      mma_mn<DH, KB, kSplitN>(acc1, pd[kk], b1_at, kk, 1);
       if constexpr (kDkDv)  // dv += p^T do
-        wgmma_rs(acc2, pp[kk], desc_mn_major(b2_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
+        mma_mn<DH, KB, kSplitN>(acc2, pp[kk], b2_at, kk, 1);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 // (the production delta kernel): the dk/dv kernel (KV query rows a tile,
 // NCV consumer warpgroups), then the dq kernel (KQ key rows a tile, NCQ).
 // cudaErrorInvalidValue for what the kernels do not do (see forward).
-template <int DH, int KV, int NCV, int KQ, int NCQ>
+template <int DH, int KV, int NCV, int KQ, int NCQ, bool kSplitN = false>
 cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
@@ -221,8 +222,8 @@ cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
       !make_map(&k_tile, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KQ) ||
       !make_map(&v_tile, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KQ))
     return cudaErrorInvalidValue;
-  const auto dkdv = backward_kernel<DH, KV, kStages, NCV, true>;
-  const auto dq = backward_kernel<DH, KQ, kStages, NCQ, false>;
+  const auto dkdv = backward_kernel<DH, KV, kStages, NCV, true, kSplitN>;
+  const auto dq = backward_kernel<DH, KQ, kStages, NCQ, false, kSplitN>;
   const size_t dkdv_smem = BackwardPlan<DH, KV, kStages, NCV>::kSmem,
                dq_smem = BackwardPlan<DH, KQ, kStages, NCQ>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem));
