@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "bench/lab/attention_lab_kernels.cuh"
+#include "bench/lab/attention_lab_wgmma.cuh"
+#include "bench/lab/attention_lab_wgmma_bwd.cuh"
 #include "bench/lab/lab_flags.hpp"
 #include "bench/lab/lab_util.cuh"
 
@@ -120,6 +122,19 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
+// Forward variants 9-12: the wgmma candidates of attention_lab_wgmma.cuh
+// (sm_90a, dh 64 and 128), 128 queries per block (two consumer warpgroups)
+// unless said: 9 128-key tiles in 2 stages, 10 64-key tiles in 2 stages, 11
+// 64-key tiles in 3 stages with the next tile's q k^T beside this tile's p
+// v, 12 192 queries per block (three consumer warpgroups) with 11's tiles at
+// dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread),
+// 13 11 with p v in two n64 halves at dh 128 (no leading byte offset in the
+// MN-major descriptor; the same kernel as 11 at dh 64).
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 5;
+constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 2;
+bool is_wgmma(bool bf16, bool backward, int v) {
+  return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
+}
 
 constexpr size_t forward_smem(int dh, int kb) { return 2 * (b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
 constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {
@@ -133,6 +148,48 @@ void bf16_forward(const Args& a, int64_t bh) {
   using T = ForwardTiling<DH, V>;
   launch_kernel(nullptr, b::forward_bf16_kernel<DH, T::kKeys, T::kSub, DH <= 64, T::kRescale, T::kLean>,
                 grid_of(a.tq, b::kRowsBf16, bh), 128, forward_smem(DH, T::kKeys), a);
+}
+
+template <int DH>
+void wgmma_forward(int v, const Args& a, int64_t bh) {
+  namespace w = hg::gpu::lab_wgmma;
+  if constexpr (DH == 64 || DH == 128) {
+    constexpr bool kOverlap12 = DH == 64;  // variant 12: 11's tiles at dh 64, 10's at dh 128
+    constexpr int kStages12 = kOverlap12 ? 3 : 2;
+    cudaError_t e = cudaSuccess;
+    switch (v - kWgmmaForwardFirst) {
+      case 0: e = w::forward<DH, 128, 2, false>(a, bh); break;
+      case 1: e = w::forward<DH, 64, 2, false>(a, bh); break;
+      case 2: e = w::forward<DH, 64, 3, true>(a, bh); break;
+      case 3: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;
+      default: e = w::forward<DH, 64, 3, true, 2, true>(a, bh); break;
+    }
+    CHECK_CUDA(e);
+  } else {
+    std::fprintf(stderr, "wgmma forward: dh %d not built (64, 128)\n", DH);
+    std::exit(1);
+  }
+}
+
+// Backward variants 11, 12: the wgmma kernels of attention_lab_wgmma_bwd.cuh
+// after the 16-byte delta kernel: dk/dv on 32-query tiles (two consumer
+// warpgroups, one at dh 128: the dk and dv accumulators take 128 registers
+// a thread), dq on 64-key tiles (two consumer warpgroups); 12 with the
+// MN-major products in n64 halves at dh 128.
+template <int DH>
+void wgmma_backward(int v, const Args& a, int64_t bh) {
+  namespace w = hg::gpu::lab_wgmma;
+  if constexpr (DH == 64 || DH == 128) {
+    const int64_t rows = bh * a.tq;
+    b::delta_bf16_kernel<DH><<<unsigned((rows * (DH / 8) + 127) / 128), 128>>>(a, rows);
+    CHECK_CUDA(cudaGetLastError());
+    constexpr int kDkdvConsumers = DH == 128 ? 1 : 2;
+    CHECK_CUDA(v == kWgmmaBackwardFirst ? (w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh))
+                                        : (w::backward<DH, 32, kDkdvConsumers, 64, 2, true>(a, bh)));
+  } else {
+    std::fprintf(stderr, "wgmma backward: dh %d not built (64, 128)\n", DH);
+    std::exit(1);
+  }
 }
 
 template <int DH, int V>
@@ -275,6 +332,8 @@ struct Config {
 
 template <int DH>
 void run_config(const Config& c, const Args& a, int64_t bh) {
+  if (is_wgmma(c.bf16, c.backward, c.variant))
+    return c.backward ? wgmma_backward<DH>(c.variant, a, bh) : wgmma_forward<DH>(c.variant, a, bh);
   if (c.bf16 && !c.backward)
     return with_index<kBf16ForwardVariants>(c.variant, [&](auto v) { bf16_forward<DH, decltype(v)::value>(a, bh); });
   if (c.bf16)
@@ -313,14 +372,14 @@ void release(Buffers& b) {
   CHECK_CUDA(cudaFree(b.stats));
 }
 
-Args args_of(const Buffers& b, int64_t heads, int64_t t, int dh, bool causal, double scale) {
+Args args_of(const Buffers& b, int64_t heads, int64_t tq, int64_t tk, int dh, bool causal, double scale) {
   Args a{};
   a.q = b.q, a.k = b.k, a.v = b.v, a.o = b.o, a.dout = b.dout, a.out = b.o, a.dq = b.dq, a.dk = b.dk, a.dv = b.dv;
   a.lse = b.lse, a.stats = b.stats, a.delta = b.delta, a.mask = nullptr;
-  a.heads = int(heads), a.tq = int(t), a.tk = int(t), a.causal = causal;
+  a.heads = int(heads), a.tq = int(tq), a.tk = int(tk), a.causal = causal;
   a.scale = float(scale), a.scale_log2 = float(scale * 1.4426950408889634);
-  a.q_batch = a.kv_batch = a.o_batch = heads * t * dh;
-  a.q_head = a.kv_head = a.o_head = t * dh;
+  a.q_batch = a.o_batch = heads * tq * dh, a.kv_batch = heads * tk * dh;
+  a.q_head = a.o_head = tq * dh, a.kv_head = tk * dh;
   a.q_row = a.kv_row = a.o_row = dh;
   return a;
 }
@@ -354,39 +413,42 @@ std::vector<double> download(const void* src, size_t n, bool bf16_inputs) {
   return out;
 }
 
-// float64 attention of heads (T, dh): o, and dq, dk, dv from dout.
-void reference(int64_t heads, int64_t t, int dh, bool causal, double scale, const std::vector<double>& q,
+// float64 attention of heads (Tq or Tk, dh): o, lse, and dq, dk, dv from
+// dout. Causal: query i sees keys j <= i + Tk - Tq (none: o = 0, lse = -inf).
+void reference(int64_t heads, int64_t tq, int64_t tk, int dh, bool causal, double scale, const std::vector<double>& q,
                const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
-               std::vector<double>& o, std::vector<double>& dq, std::vector<double>& dk, std::vector<double>& dv) {
-  const size_t n = size_t(heads * t * dh);
-  o.assign(n, 0), dq.assign(n, 0), dk.assign(n, 0), dv.assign(n, 0);
-  std::vector<double> p(t), dp(t);
+               std::vector<double>& o, std::vector<double>& lse, std::vector<double>& dq, std::vector<double>& dk,
+               std::vector<double>& dv) {
+  const size_t nq = size_t(heads * tq * dh), nk = size_t(heads * tk * dh);
+  o.assign(nq, 0), dq.assign(nq, 0), dk.assign(nk, 0), dv.assign(nk, 0), lse.assign(size_t(heads * tq), -INFINITY);
+  std::vector<double> p(tk), dp(tk);
   for (int64_t h = 0; h < heads; ++h) {
-    const size_t base = size_t(h * t * dh);
-    for (int64_t i = 0; i < t; ++i) {
-      const int64_t keys = causal ? i + 1 : t;
+    const size_t qb = size_t(h * tq * dh), kb = size_t(h * tk * dh);
+    for (int64_t i = 0; i < tq; ++i) {
+      const int64_t keys = causal ? std::clamp<int64_t>(i + 1 + tk - tq, 0, tk) : tk;
       double m = -INFINITY, sum = 0, delta = 0;
       for (int64_t j = 0; j < keys; ++j) {
         double s = 0;
-        for (int c = 0; c < dh; ++c) s += q[base + i * dh + c] * k[base + j * dh + c];
+        for (int c = 0; c < dh; ++c) s += q[qb + i * dh + c] * k[kb + j * dh + c];
         p[j] = s * scale, m = std::max(m, p[j]);
       }
       for (int64_t j = 0; j < keys; ++j) p[j] = std::exp(p[j] - m), sum += p[j];
+      if (keys > 0) lse[size_t(h * tq + i)] = m + std::log(sum);
       for (int64_t j = 0; j < keys; ++j) {
         p[j] /= sum;
         double d = 0;
         for (int c = 0; c < dh; ++c) {
-          o[base + i * dh + c] += p[j] * v[base + j * dh + c];
-          d += dout[base + i * dh + c] * v[base + j * dh + c];
+          o[qb + i * dh + c] += p[j] * v[kb + j * dh + c];
+          d += dout[qb + i * dh + c] * v[kb + j * dh + c];
         }
         dp[j] = d, delta += p[j] * d;
       }
       for (int64_t j = 0; j < keys; ++j) {
         const double ds = p[j] * (dp[j] - delta) * scale;
         for (int c = 0; c < dh; ++c) {
-          dq[base + i * dh + c] += ds * k[base + j * dh + c];
-          dk[base + j * dh + c] += ds * q[base + i * dh + c];
-          dv[base + j * dh + c] += p[j] * dout[base + i * dh + c];
+          dq[qb + i * dh + c] += ds * k[kb + j * dh + c];
+          dk[kb + j * dh + c] += ds * q[qb + i * dh + c];
+          dv[kb + j * dh + c] += p[j] * dout[qb + i * dh + c];
         }
       }
     }
@@ -407,58 +469,191 @@ struct Options {
   std::vector<int> dhs = {32, 64, 128};
   std::vector<int64_t> seqs = {1024, 4096};
   int64_t batch_heads = 32;
+  int64_t tokens = 0, width = 2048;  // --tokens: B * H = tokens / T * width / dh instead of batch_heads
   bool bf16 = true, f32 = true, forward = true, backward = true, causal = false;
   int iters = 10, warmup = 3;
+  std::vector<std::string> variants;  // --variants: numbers, "wgmma", "production"; empty: all
+  bool self_test = false;
 };
 
-// The error of configuration c on a small problem (two heads, T 300: edges
-// of every tile size) against float64; max over o or dq, dk, dv.
-double check(const Config& c, int dh, bool causal) {
-  const int64_t heads = 2, t = 300;
-  const size_t n = size_t(heads * t * dh), elt = c.bf16 ? 2 : 4;
-  Buffers b = alloc(n, heads * t, elt);
+bool g_sm90 = false;  // the device runs sm_90a code (the wgmma candidates)
+
+// The error of configuration c on a small problem (two heads, Tq = Tk = 300
+// unless given: edges of every tile size) against float64; max over o or dq, dk, dv. A wgmma
+// forward also has its lse checked (absolute error 1e-3) and the production
+// backward run from its o and stats (gradient bound): INFINITY when either
+// fails. A wgmma candidate's two heads are addressed as a batch of 2 with
+// one head each (the TMA maps' batch coordinate).
+double check(const Config& c, int dh, bool causal, int64_t tq = 300, int64_t tk = 0) {
+  if (tk == 0) tk = tq;
+  const int64_t heads = 2;
+  const size_t nq = size_t(heads * tq * dh), nk = size_t(heads * tk * dh), elt = c.bf16 ? 2 : 4;
+  Buffers b = alloc(std::max(nq, nk), heads * std::max(tq, tk), elt);
   std::mt19937_64 gen(77 + dh + 1000 * c.variant);
   const double scale = 1.0 / std::sqrt(double(dh));
-  const std::vector<double> q = upload(b.q, n, c.bf16, gen), k = upload(b.k, n, c.bf16, gen),
-                            v = upload(b.v, n, c.bf16, gen), dout = upload(b.dout, n, c.bf16, gen);
-  const Args a = args_of(b, heads, t, dh, causal, scale);
+  const std::vector<double> q = upload(b.q, nq, c.bf16, gen), k = upload(b.k, nk, c.bf16, gen),
+                            v = upload(b.v, nk, c.bf16, gen), dout = upload(b.dout, nq, c.bf16, gen);
+  Args a = args_of(b, heads, tq, tk, dh, causal, scale);
+  if (is_wgmma(c.bf16, c.backward, c.variant)) a.heads = 1, a.q_batch = a.o_batch = tq * dh, a.kv_batch = tk * dh;
+  const bool wgmma = is_wgmma(c.bf16, c.backward, c.variant) && !c.backward;
   // The backward reads the forward's o and stats: the production forward's.
   const Config fwd{c.bf16, false, c.bf16 ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
   run(c.backward ? fwd : c, dh, a, heads);
   if (c.backward) {
-    CHECK_CUDA(cudaMemset(b.dq, 0xff, n * elt));  // NaN poison: an unwritten element fails the check
+    CHECK_CUDA(cudaMemset(b.dq, 0xff, nq * elt));  // NaN poison: an unwritten element fails the check
     run(c, dh, a, heads);
   }
   CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> o, dq, dk, dv;
-  reference(heads, t, dh, causal, scale, q, k, v, dout, o, dq, dk, dv);
-  double e = rel_err(download(b.o, n, c.bf16), o);
-  if (c.backward)
-    e = std::max({rel_err(download(b.dq, n, c.bf16), dq), rel_err(download(b.dk, n, c.bf16), dk),
-                  rel_err(download(b.dv, n, c.bf16), dv)});
+  std::vector<double> o, lse, dq, dk, dv;
+  reference(heads, tq, tk, dh, causal, scale, q, k, v, dout, o, lse, dq, dk, dv);
+  auto grad_err = [&] {
+    return std::max({rel_err(download(b.dq, nq, c.bf16), dq), rel_err(download(b.dk, nk, c.bf16), dk),
+                     rel_err(download(b.dv, nk, c.bf16), dv)});
+  };
+  double e = c.backward ? grad_err() : rel_err(download(b.o, nq, c.bf16), o);
+  if (wgmma) {
+    std::vector<float> got(lse.size());
+    CHECK_CUDA(cudaMemcpy(got.data(), b.lse, got.size() * 4, cudaMemcpyDeviceToHost));
+    double lse_err = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      lse_err = std::max(lse_err, std::isinf(lse[i])      ? (got[i] == lse[i] ? 0.0 : INFINITY)
+                                  : std::isfinite(got[i]) ? std::abs(got[i] - lse[i])
+                                                          : INFINITY);
+    double bwd_err = 0;  // (one key: the gradients are 0, no relative error)
+    if (std::min(tq, tk) > 1) {
+      CHECK_CUDA(cudaMemset(b.dq, 0xff, nq * elt));
+      run(Config{true, true, kBf16BackwardProduction}, dh, a, heads);
+      CHECK_CUDA(cudaDeviceSynchronize());
+      bwd_err = grad_err();
+    }
+    const bool ok = lse_err <= 1e-3 && bwd_err <= 2e-2;
+    std::printf("    variant %2d check at Tq %3lld Tk %3lld: o rel err %.2e, lse max abs err %.2e (bound 1e-03), "
+                "production backward from its o and stats: rel err %.2e (bound 2e-02) %s\n",
+                c.variant, (long long)tq, (long long)tk, e, lse_err, bwd_err, ok ? "ok" : "FAILED");
+    if (!ok) e = INFINITY;
+  }
   release(b);
   return e;
 }
 
+// The wgmma building blocks on one tile (attention_lab_wgmma.cuh's
+// self_test_kernel) against float64: prints one line per stage.
+template <int DH, int KB>
+bool self_test_one() {
+  namespace w = hg::gpu::lab_wgmma;
+  std::mt19937_64 gen(11 + DH + KB);
+  void *q, *k, *v, *p;
+  float *tile, *s, *o, *o2;
+  for (void** x : {&q, &k, &v}) CHECK_CUDA(cudaMalloc(x, size_t(std::max(KB, 64)) * DH * 2));
+  CHECK_CUDA(cudaMalloc(&p, size_t(64) * KB * 2));
+  CHECK_CUDA(cudaMalloc(&tile, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMalloc(&s, size_t(64) * KB * 4));
+  CHECK_CUDA(cudaMalloc(&o, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMalloc(&o2, size_t(64) * DH * 4));
+  const std::vector<double> hq = upload(q, size_t(64) * DH, true, gen), hk = upload(k, size_t(KB) * DH, true, gen),
+                            hv = upload(v, size_t(KB) * DH, true, gen), hp = upload(p, size_t(64) * KB, true, gen);
+  CUtensorMap qmap, kmap, vmap;
+  if (!w::make_map(&qmap, q, DH, 64, 1, 1, DH, 64 * DH, 64 * DH, 64) ||
+      !w::make_map(&kmap, k, DH, KB, 1, 1, DH, KB * DH, KB * DH, KB) ||
+      !w::make_map(&vmap, v, DH, KB, 1, 1, DH, KB * DH, KB * DH, KB)) {
+    std::printf("  self-test dh %d keys %d: FAILED to encode the TMA maps (cuTensorMapEncodeTiled)\n", DH, KB);
+    return false;
+  }
+  const size_t smem = size_t(64 + 2 * KB) * DH * 2 + 8 + 1024;
+  const auto kernel = w::self_test_kernel<DH, KB>;
+  CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CHECK_CUDA(cudaMemset(tile, 0xff, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMemset(s, 0xff, size_t(64) * KB * 4));
+  CHECK_CUDA(cudaMemset(o, 0xff, size_t(64) * DH * 4));
+  CHECK_CUDA(cudaMemset(o2, 0xff, size_t(64) * DH * 4));
+  kernel<<<1, 128, smem>>>(qmap, kmap, vmap, static_cast<const bf16*>(p), tile, s, o, o2);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<double> want_s(size_t(64) * KB, 0.0), want_o(size_t(64) * DH, 0.0);
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < KB; ++j)
+      for (int d = 0; d < DH; ++d) want_s[i * KB + j] += hq[i * DH + d] * hk[j * DH + d];
+    for (int d = 0; d < DH; ++d)
+      for (int j = 0; j < KB; ++j) want_o[i * DH + d] += hp[i * KB + j] * hv[j * DH + d];
+  }
+  auto floats = [](const float* src, size_t count) {
+    std::vector<float> h(count);
+    CHECK_CUDA(cudaMemcpy(h.data(), src, count * 4, cudaMemcpyDeviceToHost));
+    return std::vector<double>(h.begin(), h.end());
+  };
+  const double e_tile = rel_err(floats(tile, size_t(64) * DH), hq), e_s = rel_err(floats(s, size_t(64) * KB), want_s),
+               e_o = rel_err(floats(o, size_t(64) * DH), want_o), e_o2 = rel_err(floats(o2, size_t(64) * DH), want_o);
+  auto verdict = [](double e, double bound) { return e <= bound ? "ok" : "FAILED"; };
+  std::printf("  self-test dh %3d keys %3d: TMA box + 128B swizzle read-back rel err %.1e %s; s = q k^T (wgmma ss, "
+              "K-major) %.1e %s; o = p v (wgmma rs, MN-major v, n = dh) %.1e %s; the same in n64 halves %.1e %s\n",
+              DH, KB, e_tile, verdict(e_tile, 0), e_s, verdict(e_s, 1e-5), e_o, verdict(e_o, 1e-5), e_o2,
+              verdict(e_o2, 1e-5));
+  const bool ok = e_tile == 0 && e_s <= 1e-5 && e_o <= 1e-5 && e_o2 <= 1e-5;
+  for (void* x : {q, k, v, p}) CHECK_CUDA(cudaFree(x));
+  for (float* x : {tile, s, o, o2}) CHECK_CUDA(cudaFree(x));
+  return ok;
+}
+
+// Every tile shape the wgmma variants use.
+bool self_test(int dh) {
+  std::printf("wgmma self-test (one warpgroup, one tile; errors vs float64, bound 1e-05; the read-back exact):\n");
+  bool ok = true;
+  if (dh == 0 || dh == 64) ok &= self_test_one<64, 128>() & self_test_one<64, 64>() & self_test_one<64, 32>();
+  if (dh == 0 || dh == 128) ok &= self_test_one<128, 128>() & self_test_one<128, 64>() & self_test_one<128, 32>();
+  return ok;
+}
+
+// Whether variant v of a case is selected by --variants.
+bool selected(const Options& o, bool bf16_inputs, bool backward, int v, int production) {
+  if (is_wgmma(bf16_inputs, backward, v) && !g_sm90) return false;
+  if (o.variants.empty()) return true;
+  for (const std::string& item : o.variants) {
+    if (item == "wgmma"        ? is_wgmma(bf16_inputs, backward, v)
+        : item == "production" ? v == production
+                               : item == std::to_string(v))
+      return true;
+  }
+  return false;
+}
+
 bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2) {
-  const int count =
-      !bf16_inputs ? (backward ? kF32BackwardVariants : 1) : (backward ? kBf16BackwardVariants : kBf16ForwardVariants);
+  const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
+                    : backward   ? kBf16BackwardVariants + (dh >= 64 ? kWgmmaBackwardVariants : 0)
+                                 : kBf16ForwardVariants + (dh >= 64 ? kWgmmaForwardVariants : 0);
   const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
                                       : (backward ? kBf16BackwardProduction
                                                   : kBf16ForwardProduction[dh == 32   ? 0
                                                                            : dh == 64 ? 1
                                                                                       : 2]);
+  std::vector<int> ids;
+  for (int v = 0; v < count; ++v)
+    if (selected(o, bf16_inputs, backward, v, production)) ids.push_back(v);
+  if (ids.empty()) return true;
   const double bound = bf16_inputs ? (backward ? 2e-2 : 8e-3) : (backward ? 2e-5 : 2e-6);
   std::printf("%s %s dh %d%s (error vs float64 at 2 heads x T 300; bound %.0e)\n", bf16_inputs ? "bf16" : "f32",
               backward ? "backward" : "forward", dh, o.causal ? " causal" : "", bound);
+  static bool tested[2] = {false, false};
   bool ok = true;
   std::vector<double> errors(count);
-  for (int v = 0; v < count; ++v) {
+  for (const int v : ids) {
+    if (is_wgmma(bf16_inputs, backward, v) && !tested[dh == 128]) {
+      tested[dh == 128] = true;
+      ok &= self_test(dh);
+    }
     errors[v] = check(Config{bf16_inputs, backward, v}, dh, o.causal);
+    // The wgmma candidates also at one row (two for the backward: the
+    // gradients of one key are 0, no relative error), one tile, a few tiles
+    // plus one (the tile loops' first, peeled and last passes), and Tq != Tk
+    // (causal: the diagonal moved; at Tq > Tk the first queries see no key).
+    if (is_wgmma(bf16_inputs, backward, v))
+      for (const auto& [tq, tk] : std::vector<std::pair<int64_t, int64_t>>{
+               {backward ? 2 : 1, 0}, {64, 0}, {77, 0}, {129, 0}, {193, 0}, {77, 200}, {200, 77}})
+        errors[v] = std::max(errors[v], check(Config{bf16_inputs, backward, v}, dh, o.causal, tq, tk));
     ok &= errors[v] <= bound;
   }
   for (const int64_t t : o.seqs) {
-    const int64_t heads = o.batch_heads;
+    const int64_t heads =
+        o.tokens > 0 ? std::max<int64_t>(1, o.tokens / t) * std::max(1, int(o.width / dh)) : o.batch_heads;
     const size_t n = size_t(heads * t * dh), elt = bf16_inputs ? 2 : 4;
     const int sets = int(std::clamp<int64_t>(2 * int64_t(l2) / int64_t(8 * n * elt) + 1, 1, 8));
     std::vector<Buffers> bufs;
@@ -467,7 +662,7 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     for (int s = 0; s < sets; ++s) {
       bufs.push_back(alloc(n, heads * t, elt));
       for (void* p : {bufs[s].q, bufs[s].k, bufs[s].v, bufs[s].dout}) upload(p, n, bf16_inputs, gen);
-      args.push_back(args_of(bufs[s], heads, t, dh, o.causal, 1.0 / std::sqrt(double(dh))));
+      args.push_back(args_of(bufs[s], heads, t, t, dh, o.causal, 1.0 / std::sqrt(double(dh))));
       const Config fwd{bf16_inputs, false, bf16_inputs ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
       run(fwd, dh, args[s], heads);  // o and stats for the backward
     }
@@ -475,13 +670,14 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     std::printf("  B*H %lld, T %lld:\n", (long long)heads, (long long)t);
     int best = -1;
     double best_ms = 0;
-    for (int v = 0; v < count; ++v) {
+    for (const int v : ids) {
       const Config c{bf16_inputs, backward, v};
       const double ms = lab::median_ms(o.warmup, o.iters, sets, [&](int s) { run(c, dh, args[s], heads); });
       const bool pass = errors[v] <= bound;
       if (pass && (best < 0 || ms < best_ms)) best = v, best_ms = ms;
-      std::printf("    %c variant %2d %9.3f ms %7.1f TFLOP/s  rel err %.2e %s\n", v == production ? '*' : ' ', v, ms,
-                  flops / ms / 1e9, errors[v], pass ? "ok" : "FAILED");
+      std::printf("    %c variant %2d %9.3f ms %7.1f TFLOP/s  rel err %.2e %s%s\n", v == production ? '*' : ' ', v, ms,
+                  flops / ms / 1e9, errors[v], pass ? "ok" : "FAILED",
+                  is_wgmma(bf16_inputs, backward, v) ? "  (wgmma)" : "");
     }
     if (best >= 0) std::printf("    winner: variant %d%s\n", best, best == production ? " (production)" : "");
     for (Buffers& bb : bufs) release(bb);
@@ -501,7 +697,12 @@ Options parse(int argc, char** argv) {
           "  --dh 32,64,128         head dims (default all three)\n"
           "  --seq 1024,4096        sequence lengths timed (Tq = Tk; default 1024,4096)\n"
           "  --batch-heads N        B * H timed (default 32)\n"
+          "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
+          "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-13,\n"
+          "                         backward 11, 12), 'production' (default: all)\n"
+          "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"
           "  --iters N, --warmup N  timed and untimed samples (default 10, 3)\n"
@@ -529,6 +730,17 @@ Options parse(int argc, char** argv) {
       o.seqs = f.numbers(1, 1 << 17);
     } else if (f.is("--batch-heads")) {
       o.batch_heads = f.number(1, 65535);
+    } else if (f.is("--tokens")) {
+      o.tokens = f.number(1, int64_t(1) << 30);
+    } else if (f.is("--width")) {
+      o.width = f.number(32, 1 << 20);
+    } else if (f.is("--variants")) {
+      for (const std::string& item : lab::split(f.value())) {
+        if (item != "wgmma" && item != "production") f.parse(item, "--variants", 0, 63);
+        o.variants.push_back(item);
+      }
+    } else if (f.is("--self-test")) {
+      o.self_test = true;
     } else if (f.is("--ring")) {
       g_ring = int(f.number(1, 1 << 20));
     } else if (f.is("--iters")) {
@@ -556,6 +768,13 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
   std::printf("attention_lab on %s (sm_%d%d, L2 %d MiB); * = production\n", prop.name, prop.major, prop.minor,
               l2 >> 20);
+  g_sm90 = prop.major == 9 && prop.minor == 0;
+  if (!g_sm90) std::printf("(not sm_90: the wgmma forward candidates are skipped)\n");
+  if (o.self_test) {
+    const bool ok = g_sm90 && self_test(0);
+    std::printf(ok ? "self-test passed\n" : "SELF-TEST FAILED\n");
+    return ok ? 0 : 1;
+  }
   bool ok = true;
   for (const bool bf16_inputs : {true, false}) {
     if (bf16_inputs ? !o.bf16 : !o.f32) continue;

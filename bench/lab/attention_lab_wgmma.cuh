@@ -1,0 +1,642 @@
+#pragma once
+// BF16 flash attention forward on Hopper's own instructions (sm_90a): the
+// lab candidates beside the mma.sync kernels of attention_lab_kernels.cuh.
+// FlashAttention-3's plan:
+//   - a block of 64 NC queries: NC consumer warpgroups of 64 queries each
+//     (wgmma's M) and a producer warpgroup (one thread issues TMA copies);
+//   - q (once) and k, v tiles of KB keys land by TMA (cp.async.bulk.tensor,
+//     128-byte swizzle, zeros past the ends of the tensor) in a ring of ST
+//     stages; each stage has a "full" mbarrier (the bytes arrived) and an
+//     "empty" one (all consumer threads are done with it);
+//   - s = q k^T by wgmma with both operands in shared memory, the online
+//     softmax in registers (exp2 with scale * log2(e) folded into one fma),
+//     then o += p v by wgmma with p from registers and v from shared memory
+//     through its transposed (MN-major) descriptor; kOverlap runs the next
+//     tile's q k^T beside this tile's p v (FlashAttention-3's overlap
+//     inside a warpgroup; its ping-pong between warpgroups is left to the
+//     scheduler).
+// Outputs as forward_bf16_kernel writes them: o, the row log-sum-exp and the
+// row stats {base-2 max, 1 / sum} the production backward rebuilds p from.
+// No key-padding mask, scale > 0 (the launcher refuses the rest).
+// Only an sm_90a compile holds the device code; elsewhere the kernels trap.
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched at run time)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+
+#include "bench/lab/attention_lab_kernels.cuh"
+#include "cuda/attention_args.cuh"
+#include "cuda/bulk_stage.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HG_LAB_WGMMA 1
+#else
+#define HG_LAB_WGMMA 0
+#endif
+
+namespace hg::gpu::lab_wgmma {
+
+using attn::Args;
+using bf16 = __nv_bfloat16;
+
+// A block: NC consumer warpgroups of 64 queries each (wgmma's M), then one
+// producer warp (the rest of FlashAttention-3's producer warpgroup would
+// idle). Registers: at most 168 a thread at NC 2 (each of an SM's four
+// sub-partitions holds 16384, three of the block's nine warps), 128 at NC 3.
+// FlashAttention-3 gives its consumers 240 by setmaxnreg; ptxas of CUDA
+// 13.0 still allocated this code within the launch bound with it (the
+// overlap at 128-key tiles, dh 128, needs 211 and spills), so it is not used.
+constexpr int rows_of(int nc) { return 64 * nc; }
+constexpr int threads_of(int nc) { return 128 * nc + 32; }
+constexpr int kSwizzleBytes = 128;  // one row of a TMA box: 64 bf16
+constexpr int kBoxCols = kSwizzleBytes / 2;
+
+// Shared memory of one block (byte offsets from a 1024-byte aligned base:
+// the 128-byte swizzle repeats every 8 rows of 128 bytes, and both TMA and
+// wgmma apply it to address bits 4-6 xor 7-9, so every box starts on a
+// 1024-byte boundary). A [rows][DH] tile is DH / 64 boxes of [rows][64],
+// one after the other.
+template <int DH, int KB, int ST, int NC>
+struct Plan {
+  static constexpr int kRows = rows_of(NC);
+  static constexpr int kQBytes = kRows * DH * 2;
+  static constexpr int kTileBytes = KB * DH * 2;  // k or v of one stage
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kBarOffset = kQBytes + ST * kStageBytes;
+  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * ST) * 8 + 1024;  // + the base's alignment
+};
+
+#if HG_LAB_WGMMA
+// ---- the instructions --------------------------------------------------------------
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+// stage_wait with a limit: a phase that never completes (a wrong byte count,
+// a lost arrival) traps after two seconds instead of hanging, so the lab
+// reports a launch failure. The clock is read once per 1024 polls.
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  uint64_t start = 0;
+  for (uint32_t polls = 0; !done; ++polls) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(shared_address(bar)), "r"(parity)
+                 : "memory");
+    if (!done && polls % 1024 == 1023) {
+      const uint64_t now = global_ns();
+      if (start == 0) start = now;
+      else if (now - start > 2000000000ull) __trap();
+    }
+  }
+}
+
+// The first 1024-byte boundary in the dynamic shared memory `raw` (a
+// shared-space address), and a pointer to shared address `at` (>= raw's).
+__device__ __forceinline__ uint32_t aligned_base(const unsigned char* raw) {
+  return (shared_address(raw) + 1023u) & ~1023u;
+}
+__device__ __forceinline__ uint64_t* barriers_of(unsigned char* raw, uint32_t at) {
+  return reinterpret_cast<uint64_t*>(raw + (at - shared_address(raw)));
+}
+
+// The block's barriers: bars[0] for the copy staged once (one arrival: the
+// producer's expect_tx), then st "full" ones (the same) and st "empty" ones
+// (every consumer thread arrives). The whole block calls it.
+__device__ __forceinline__ void init_barriers(uint64_t* bars, int st, int consumers) {
+  if (threadIdx.x == 0) {
+    barrier_init(bars, 1);
+    for (int s = 0; s < st; ++s) barrier_init(bars + 1 + s, 1), barrier_init(bars + 1 + st + s, 128 * consumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
+// One TMA box of a 4-D map at coordinates {c0 (column), c1 (row), c2 (head),
+// c3 (batch)} into shared `dst`, counted against `bar`'s expected bytes
+// (a box past the tensor's end still counts its full size: the hardware
+// writes zeros there).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>  // until at most N committed groups are pending
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from reading an accumulator before wgmma_wait_all or
+// reusing an A register while a wgmma may still read it.
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// Shared memory matrix descriptors (PTX ISA "Matrix Descriptor Format";
+// CUTLASS's GmmaDescriptor): bits 0-13 start address >> 4, 16-29 leading
+// byte offset >> 4, 32-45 stride byte offset >> 4, 49-51 base offset (0: every
+// box is 1024-byte aligned), 62-63 layout (1 = 128-byte swizzle).
+//
+// K-major (q, k: the reduced dimension contiguous, rows of 64 bf16 = 128
+// bytes): 8-row groups 1024 bytes apart (stride offset); the leading offset
+// is unused with a swizzle (1 by convention). A k16 step moves the start 32
+// bytes along the row (the hardware applies the swizzle to the final
+// address), a new box every 4 steps.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
+  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// MN-major (v as the B of p v: N = the head dim contiguous, K = the keys as
+// rows of 128 bytes): CUTLASS's canonical SW128 MN-major layout
+// ((8 x 16 B, n), (8, k)) : ((1, LBO), (128 B, SBO)), i.e. 64 head-dim
+// columns per 128-byte row, the next 64 columns `lbo` bytes on (the next
+// box), and 8-key groups 1024 bytes apart (stride offset). A k16 step is 16
+// key rows: 2048 bytes.
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t lbo) {
+  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// The accumulator of wgmma m64nNk16 (CUTLASS CLayout_64xN): thread
+// 32 w + 4 g + t (warp w of the warpgroup, g = lane / 4, t = lane % 4) holds
+// d[i], i < N / 2, at row 16 w + g + 8 ((i >> 1) & 1), column
+// 8 (i >> 2) + 2 t + (i & 1): mma.sync's m16n8 C fragment, one per 8
+// columns, warp w owning rows 16 w .. 16 w + 15.
+// The register A of m64nNk16 with 16-bit inputs (CUTLASS ALayout_64x16, the
+// same layout as CLayout_64x16): a[r] packs columns (2 t, 2 t + 1) + 8 (r >> 1)
+// of row g + 8 (r & 1), the lower column in the low half. So columns
+// 16 kk .. 16 kk + 15 of an accumulator are A fragment kk as they stand:
+// a[r] = pack(d[8 kk + 2 r], d[8 kk + 2 r + 1]).
+__device__ __forceinline__ int acc_row(int i) { return 8 * ((i >> 1) & 1); }      // + 16 w + g
+__device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }  // + 2 t
+
+// D[64 x N] (+)= A[64 x 16] * B[16 x N], N = 32, 64, 128: A, B from shared
+// memory (K-major descriptors). accumulate == 0 overwrites D.
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 64] += A[64 x 16] * B[16 x 64]: A from registers (the accumulator
+// layout, bf16 pairs), B from shared memory with its N dimension contiguous
+// (imm-trans-b 1: the MN-major descriptor). accumulate == 0 overwrites D.
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%"
+               "53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D[64 x 128] += A[64 x 16] * B[16 x 128]: A from registers (the accumulator
+// layout, bf16 pairs), B from shared memory with its N dimension contiguous
+// (imm-trans-b 1: the MN-major descriptor). accumulate == 0 overwrites D.
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%"
+               "53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// acc (+)= a b for k16 step kk of a tile of KB rows whose MN-major b (v, or
+// a streamed tile in the backward) is DH / 64 boxes of [KB][64] from b_at:
+// one n = DH wgmma (the second 64 columns a leading offset of one box on),
+// or with kSplitN one n64 wgmma per box, on the halves of acc (the n128
+// accumulator's i < 32 are its columns 0-63, the rest 64-127: the same
+// layout as two n64 ones), which needs no leading offset.
+template <int DH, int KB, bool kSplitN>
+__device__ __forceinline__ void mma_mn(float (&acc)[DH / 2], const uint32_t (&a)[4], uint32_t b_at, int kk,
+                                       int accumulate) {
+  const uint32_t at = b_at + kk * 16 * kSwizzleBytes;
+  if constexpr (DH == 128 && kSplitN) {
+    wgmma_rs(*reinterpret_cast<float(*)[32]>(&acc[0]), a, desc_mn_major(at, KB * kSwizzleBytes), accumulate);
+    wgmma_rs(*reinterpret_cast<float(*)[32]>(&acc[32]), a, desc_mn_major(at + KB * kSwizzleBytes, KB * kSwizzleBytes),
+             accumulate);
+  } else {
+    wgmma_rs(acc, a, desc_mn_major(at, KB * kSwizzleBytes), accumulate);
+  }
+}
+
+#endif  // HG_LAB_WGMMA
+
+// ---- the forward kernel ----------------------------------------------------------------
+
+// kOverlap: the next tile's q k^T runs beside this tile's p v. kSplitN:
+// p v in two n64 halves at dh 128 (mma_mn).
+template <int DH, int KB, int ST, bool kOverlap, int NC, bool kSplitN>
+__global__ void __launch_bounds__(threads_of(NC), 1)
+    forward_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                   const __grid_constant__ CUtensorMap vmap, Args a) {
+  static_assert(DH % 64 == 0 && KB % 16 == 0 && (KB == 64 || KB == 128) && (DH == 64 || DH == 128) && ST >= 2);
+#if HG_LAB_WGMMA
+  using P = Plan<DH, KB, ST, NC>;
+  constexpr int kRows = P::kRows;
+  extern __shared__ __align__(1024) unsigned char raw[];
+  const uint32_t base = aligned_base(raw);
+  uint64_t* bars = barriers_of(raw, base + P::kBarOffset);
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+  const uint32_t kv_at = base + P::kQBytes;  // stage s: k at kv_at + s * kStageBytes, v kTileBytes on
+
+  const int64_t bh = blockIdx.y;
+  const int q_block = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows;  // long causal blocks first
+  const int key_end = a.key_end(min(q_block + kRows, a.tq));
+  const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
+  init_barriers(bars, ST, NC);
+
+  if (threadIdx.x >= 128 * NC) {  // the producer warp; one thread issues every copy
+    if (threadIdx.x == 128 * NC && tiles > 0) {
+      const int head = int(bh % a.heads), batch = int(bh / a.heads);
+      stage_expect(q_full, P::kQBytes);
+      for (int c = 0; c < DH / kBoxCols; ++c)
+        tma_load(base + c * kRows * kSwizzleBytes, &qmap, c * kBoxCols, q_block, head, batch, q_full);
+      for (int tile = 0; tile < tiles; ++tile) {
+        const int s = tile % ST;
+        if (tile >= ST) barrier_wait(empty + s, uint32_t((tile / ST - 1) & 1));  // its previous use is read
+        stage_expect(full + s, P::kStageBytes);
+        const uint32_t k_at = kv_at + s * P::kStageBytes, v_at = k_at + P::kTileBytes;
+        for (int c = 0; c < DH / kBoxCols; ++c) {
+          tma_load(k_at + c * KB * kSwizzleBytes, &kmap, c * kBoxCols, tile * KB, head, batch, full + s);
+          tma_load(v_at + c * KB * kSwizzleBytes, &vmap, c * kBoxCols, tile * KB, head, batch, full + s);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup cw: queries row0 .. row0 + 63; this thread's rows
+  // row0 + 16 w + g and + 8 (acc_row), its columns 2 t + acc_col.
+  const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int row0 = q_block + 64 * cw, my_row = row0 + 16 * w + g;
+  // Causal: the tiles past this warpgroup's last visible key (the first
+  // warpgroup stops short of the block's last) are only waited for and
+  // released, so that the stage protocol stays the same for all; so are
+  // all tiles of a warpgroup whose rows all lie past Tq.
+  const int my_end = row0 >= a.tq ? 0 : a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
+  const int my_tiles = (my_end + KB - 1) / KB;
+  const float c = a.scale_log2;
+  float o[DH / 2];
+#pragma unroll
+  for (int i = 0; i < DH / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // running base-2 max and this thread's partial sums
+  if (tiles > 0) barrier_wait(q_full, 0);
+  const uint32_t q_at = base + 64 * cw * kSwizzleBytes;  // this warpgroup's rows in every q box
+  auto k_of = [&](int tile) { return kv_at + (tile % ST) * P::kStageBytes; };
+
+  // s = q k^T of a tile, issued and committed (one wgmma group).
+  auto issue_s = [&](float(&sc)[KB / 2], int tile) {
+    const uint32_t k_at = k_of(tile);
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      const uint32_t step = (kc % 4) * 32;  // 32 bytes per k16 step inside a 128-byte row
+      wgmma_ss(sc, desc_k_major(q_at + (kc / 4) * kRows * kSwizzleBytes + step),
+               desc_k_major(k_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
+    }
+    wgmma_commit();
+  };
+  // o += p v of a tile, issued and committed.
+  auto issue_pv = [&](uint32_t(&pa)[KB / 16][4], int tile) {
+    const uint32_t v_at = k_of(tile) + P::kTileBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, kSplitN>(o, pa[kk], v_at, kk, 1);
+    wgmma_commit();
+  };
+  // The online softmax of tile `tile`'s scores: removed keys to -inf, m and
+  // l moved, p written as A fragments; alpha: what o must be multiplied by
+  // before this p v is added.
+  auto softmax = [&](float(&sc)[KB / 2], int tile, uint32_t(&pa)[KB / 16][4], float(&alpha)[2]) {
+    const int n0 = tile * KB;
+    // Keys past Tk and causally hidden keys (only on the tiles that reach
+    // them; a row past Tq is never written).
+    if (n0 + KB > a.tk || (a.causal && n0 + KB - 1 > row0 + a.tk - a.tq)) {
+#pragma unroll
+      for (int i = 0; i < KB / 2; ++i) {
+        const int col = n0 + 2 * t + acc_col(i), row = my_row + acc_row(i);
+        if (col >= a.tk || (a.causal && col > row + a.tk - a.tq)) sc[i] = -INFINITY;
+      }
+    }
+    // On the raw scores: c > 0 keeps the order, so the row max is taken
+    // before scaling and p = exp2(s c - m) is one fma.
+    float neg_base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 2 * h; i < KB / 2; i += 4) mx = fmaxf(mx, fmaxf(sc[i], sc[i + 1]));
+      const float m_new = fmaxf(m[h], lab_bf16::quad_max(mx) * c);
+      const float base2 = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+      alpha[h] = lab_bf16::exp2_ftz(m[h] - base2);
+      l[h] *= alpha[h];
+      m[h] = m_new, neg_base[h] = -base2;
+    }
+#pragma unroll
+    for (int i = 0; i < KB / 2; i += 2) {
+      const int h = (i >> 1) & 1;
+      const float p0 = lab_bf16::exp2_ftz(fmaf(sc[i], c, neg_base[h]));
+      const float p1 = lab_bf16::exp2_ftz(fmaf(sc[i + 1], c, neg_base[h]));
+      l[h] += p0 + p1;
+      pa[i / 8][(i % 8) / 2] = lab_bf16::pack(p0, p1);
+    }
+  };
+  auto rescale = [&](const float(&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < DH / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+  };
+  auto pv_done = [&](uint32_t(&pa)[KB / 16][4]) {
+#pragma unroll
+    for (int i = 0; i < DH / 2; ++i) fence_operand(o[i]);
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fence_operand(pa[kk][r]);
+  };
+
+  float sc[KB / 2], alpha[2];
+  uint32_t pa[KB / 16][4];
+  if constexpr (!kOverlap) {
+    for (int tile = 0; tile < my_tiles; ++tile) {
+      barrier_wait(full + tile % ST, uint32_t((tile / ST) & 1));
+      issue_s(sc, tile);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
+      softmax(sc, tile, pa, alpha);
+      rescale(alpha);
+      issue_pv(pa, tile);
+      wgmma_wait<0>();
+      pv_done(pa);
+      barrier_arrive(empty + tile % ST);  // this thread's reads of the stage are done
+    }
+  } else if (my_tiles > 0) {
+    // FlashAttention-3's overlap inside a warpgroup: the next tile's q k^T
+    // and this tile's p v are in flight together, and the next softmax runs
+    // while p v still does (o is rescaled once p v is done).
+    barrier_wait(full, 0);
+    issue_s(sc, 0);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
+    softmax(sc, 0, pa, alpha);
+    // One tile with the next one's q k^T beside its p v: two groups in
+    // flight, so that the compiler sees which one wgmma_wait<1> retires. p
+    // alternates between two register sets (a copy would write registers a
+    // running wgmma reads); the last tile is peeled off.
+    uint32_t pb[KB / 16][4];
+    auto step = [&](uint32_t(&cur)[KB / 16][4], uint32_t(&nxt)[KB / 16][4], int tile) {
+      barrier_wait(full + (tile + 1) % ST, uint32_t(((tile + 1) / ST) & 1));
+      issue_s(sc, tile + 1);
+      issue_pv(cur, tile);
+      wgmma_wait<1>();  // q k^T done (groups complete in order), p v may still run
+#pragma unroll
+      for (int i = 0; i < KB / 2; ++i) fence_operand(sc[i]);
+      softmax(sc, tile + 1, nxt, alpha);
+      wgmma_wait<0>();
+      pv_done(cur);
+      barrier_arrive(empty + tile % ST);
+      rescale(alpha);
+    };
+    auto last = [&](uint32_t(&cur)[KB / 16][4], int tile) {
+      issue_pv(cur, tile);
+      wgmma_wait<0>();
+      pv_done(cur);
+      barrier_arrive(empty + tile % ST);
+    };
+    int tile = 0;
+    for (; tile + 2 < my_tiles; tile += 2) step(pa, pb, tile), step(pb, pa, tile + 1);
+    if (tile + 1 < my_tiles) {
+      step(pa, pb, tile);
+      last(pb, tile + 1);
+    } else {
+      last(pa, tile);
+    }
+  }
+  for (int tile = my_tiles; tile < tiles; ++tile) {  // causal tiles this warpgroup sees none of
+    barrier_wait(full + tile % ST, uint32_t((tile / ST) & 1));
+    barrier_arrive(empty + tile % ST);
+  }
+  bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float total = lab_bf16::quad_sum(l[h]);
+    const int row = my_row + 8 * h;
+    if (row >= a.tq) continue;
+    const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
+#pragma unroll
+    for (int i = 2 * h; i < DH / 2; i += 4)
+      *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + 2 * t + acc_col(i)) =
+          lab_bf16::pack(o[i] * inv, o[i + 1] * inv);
+    if (t == 0) {
+      a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * attn::kLn2 + logf(total);
+      a.stats[bh * a.tq + row] = make_float2(m[h], inv);
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+// ---- self-test: one warpgroup, one tile of each stage ------------------------------------
+
+// out_tile[64][DH]: q as read back from shared memory through the 128-byte
+// swizzle (16-byte chunk j of row r sits at chunk j ^ (r % 8)); out_s[64][KB]
+// = q k^T by wgmma_ss; out_o[64][DH] = p v by wgmma_rs with p[64][KB] read
+// from global memory into the A fragment layout. Each isolates one
+// assumption: the TMA box and swizzle, the K-major descriptors and the
+// accumulator layout, the register A layout and the MN-major descriptor.
+template <int DH, int KB>
+__global__ void __launch_bounds__(128)
+    self_test_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                     const __grid_constant__ CUtensorMap vmap, const bf16* p, float* out_tile, float* out_s,
+                     float* out_o, float* out_o2) {
+#if HG_LAB_WGMMA
+  extern __shared__ __align__(1024) unsigned char raw[];
+  const uint32_t base = aligned_base(raw);
+  unsigned char* smem = raw + (base - shared_address(raw));
+  const uint32_t k_at = base + 64 * DH * 2, v_at = k_at + KB * DH * 2;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 64 * DH * 2 + 2 * KB * DH * 2);
+  if (threadIdx.x == 0) {
+    barrier_init(bar, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    stage_expect(bar, (64 + 2 * KB) * DH * 2);
+    for (int c = 0; c < DH / kBoxCols; ++c) {
+      tma_load(base + c * 64 * kSwizzleBytes, &qmap, c * kBoxCols, 0, 0, 0, bar);
+      tma_load(k_at + c * KB * kSwizzleBytes, &kmap, c * kBoxCols, 0, 0, 0, bar);
+      tma_load(v_at + c * KB * kSwizzleBytes, &vmap, c * kBoxCols, 0, 0, 0, bar);
+    }
+  }
+  barrier_wait(bar, 0);
+  for (int e = threadIdx.x; e < 64 * DH; e += 128) {
+    const int r = e / DH, col = e % DH, box = col / kBoxCols, cb = col % kBoxCols;
+    const int chunk = (cb / 8) ^ (r % 8);
+    const bf16* at = reinterpret_cast<const bf16*>(smem + box * 64 * kSwizzleBytes + r * kSwizzleBytes + chunk * 16);
+    out_tile[e] = __bfloat162float(at[cb % 8]);
+  }
+  const int w = threadIdx.x / 32, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  float sc[KB / 2];
+  wgmma_fence();
+#pragma unroll
+  for (int kc = 0; kc < DH / 16; ++kc)
+    wgmma_ss(sc, desc_k_major(base + (kc / 4) * 64 * kSwizzleBytes + (kc % 4) * 32),
+             desc_k_major(k_at + (kc / 4) * KB * kSwizzleBytes + (kc % 4) * 32), kc > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < KB / 2; ++i) {
+    fence_operand(sc[i]);
+    out_s[(16 * w + g + acc_row(i)) * KB + 2 * t + acc_col(i)] = sc[i];
+  }
+  uint32_t pa[KB / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < KB / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      pa[kk][r] =
+          *reinterpret_cast<const uint32_t*>(p + (16 * w + g + 8 * (r & 1)) * KB + 16 * kk + 8 * (r >> 1) + 2 * t);
+  float o[DH / 2], o2[DH / 2];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, false>(o, pa[kk], v_at, kk, kk > 0);
+#pragma unroll
+  for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, true>(o2, pa[kk], v_at, kk, kk > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < DH / 2; ++i) {
+    fence_operand(o[i]), fence_operand(o2[i]);
+    out_o[(16 * w + g + acc_row(i)) * DH + 2 * t + acc_col(i)] = o[i];
+    out_o2[(16 * w + g + acc_row(i)) * DH + 2 * t + acc_col(i)] = o2[i];
+  }
+#else
+  __trap();
+#endif
+}
+
+// ---- host side ---------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled through the runtime (the lab links cudart only).
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A map of a bf16 tensor [batch][heads][rows][dh] with element strides
+// (row, head, batch): boxes of box_rows x 64 columns of one head, 128-byte
+// swizzle, zeros where a box passes the rows. False when the encoder
+// refuses (alignment: the address and byte strides multiples of 16).
+inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride,
+                     int64_t head_stride, int64_t batch_stride, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    std::fprintf(stderr, "cuTensorMapEncodeTiled: not found through cudaGetDriverEntryPointByVersion\n");
+    return false;
+  }
+  const cuuint64_t dims[4] = {cuuint64_t(dh), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
+  const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(p), dims, strides, box, unit,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    std::fprintf(stderr,
+                 "cuTensorMapEncodeTiled: error %d (dh %d, rows %d, heads %d, batch %lld, element strides %lld, "
+                 "%lld, %lld, box rows %d)\n",
+                 int(r), dh, rows, heads, (long long)batch, (long long)row_stride, (long long)head_stride,
+                 (long long)batch_stride, box_rows);
+  return r == CUDA_SUCCESS;
+}
+
+// The forward over bh = batch * heads heads of a. cudaErrorInvalidValue
+// for what the kernel does not do (a mask, scale <= 0, strides or addresses
+// the maps refuse); otherwise the launch's error.
+template <int DH, int KB, int ST, bool kOverlap, int NC = 2, bool kSplitN = false>
+cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+  if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
+  const int64_t batch = bh / a.heads;
+  CUtensorMap qmap, kmap, vmap;
+  if (!make_map(&qmap, a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, rows_of(NC)) ||
+      !make_map(&kmap, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB) ||
+      !make_map(&vmap, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB))
+    return cudaErrorInvalidValue;
+  const auto kernel = forward_kernel<DH, KB, ST, kOverlap, NC, kSplitN>;
+  const size_t smem = Plan<DH, KB, ST, NC>::kSmem;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  const dim3 grid(unsigned((a.tq + rows_of(NC) - 1) / rows_of(NC)), unsigned(bh));
+  kernel<<<grid, threads_of(NC), smem, stream>>>(qmap, kmap, vmap, a);
+  return cudaGetLastError();
+}
+
+}  // namespace hg::gpu::lab_wgmma
