@@ -9,9 +9,13 @@
 // collectives, the part exposed after the backward, and the share hidden
 // behind it. docs/distributed.md.
 //
-// --bucket-mb and --grad-dtype take lists (--bucket-mb 10,25,50 --grad-dtype
-// fp32,bf16): each combination is measured on a fresh model, and rank 0
-// prints a table of all of them at the end.
+// --bucket-mb, --grad-dtype, --zero and --zero-gather take lists (--bucket-mb
+// 10,25,50 --grad-dtype fp32,bf16 --zero 0,1 --zero-gather step,forward):
+// each combination is measured on a fresh model, and rank 0 prints a table of
+// all of them at the end. "compute" in the table is the step time the
+// exposed communication does not explain, over the step alone: the backward
+// (and, with --zero-gather forward, the forward) running slower while the
+// collectives share the GPU with it.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
   cli::add_data_parallel_flags(app, dpf, &sweep);
   cli::add_common_flags(app, common);
   const int code = cli::run_program(app, common, argc, argv, [&] {
+    const std::vector<cli::DataParallelFlags> runs = sweep.combinations(dpf);  // checks the lists first
     const Device dev = cli::resolve_device(device);
     const dist::World& w = cli::start_world(dev, dpf);
     const Precision precision = precision_arg == "auto" ? default_precision(dev) : parse_precision(precision_arg);
@@ -74,9 +79,9 @@ int main(int argc, char** argv) {
     if (w.rank == 0)
       csv = std::make_unique<bench::Csv>(csv_path, "config,device,precision,ranks,zero,bucket_mb,grad_dtype,alone_ms,"
                                                    "ddp_ms,slowest_ms,tokens_per_s,scaling,comm_ms,exposed_ms,"
-                                                   "hidden_share");
+                                                   "hidden_share,zero_gather,compute_slowdown");
     std::string table;
-    for (const cli::DataParallelFlags& run : sweep.combinations(dpf)) {
+    for (const cli::DataParallelFlags& run : runs) {
       DecoderLM model(bench::decoder_config(s, precision));
       model.to(dev);
       cli::DataParallel dp(model, dev, run);
@@ -96,7 +101,7 @@ int main(int argc, char** argv) {
       const bench::Timing ddp =
           bench::time_op(dev, 2, 0, iters, [&](int i) { ddp_step.run(ids[i], targets[i], 1.0 / w.size); });
       const dist::CommStats cs = dp.take_total_stats();
-      dp.check_sync(warmup + iters);
+      dp.check_sync(warmup + iters);  // also waits for ZeRO-1's last all-gathers
       // (2) this rank alone: the same plain step with no collective at all (the
       // reducer ignores a backward outside its steps; the ranks' parameters
       // drift apart from here on). ZeRO-1 updates only reduced gradients, so
@@ -128,21 +133,26 @@ int main(int argc, char** argv) {
                   "alone (ideal %dx)\n",
                   w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, w.size);
       const double hidden = busy > 0 ? 1.0 - exposed / busy : 0.0;
-      std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed after the backward, %.1f%% hidden "
-                  "(%.1f collectives/step)\n",
-                  busy, exposed, 100 * hidden, double(cs.collectives) / iters);
+      // Rank 0's step beyond its step alone that exposed communication does not explain.
+      const double slowdown = (m[0] - exposed - m[1]) / m[1];
+      std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed (the compute stream waited), %.1f%% "
+                  "hidden (%.1f collectives/step); compute %+.1f%% over the step alone\n",
+                  busy, exposed, 100 * hidden, double(cs.collectives) / iters, 100 * slowdown);
+      const std::string gather = run.zero == 1 ? run.zero_gather_mode() : "-";
       csv->row(config, device_name(dev), precision_name(precision), w.size, run.zero, run.bucket_mb, run.grad_dtype,
-               m[1], m[0], slowest, w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed, hidden);
-      char line[160];
-      std::snprintf(line, sizeof line, "%9g  %-5s  %8zu  %8.2f  %10.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%\n", run.bucket_mb,
-                    run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest, w.size * m[1] / slowest, busy, exposed,
-                    100 * hidden);
+               m[1], m[0], slowest, w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed, hidden,
+               gather, slowdown);
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "%4d  %-7s  %9g  %-5s  %7zu  %8.2f  %8.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%  %+6.1f%%\n", run.zero,
+                    gather.c_str(), run.bucket_mb, run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest,
+                    w.size * m[1] / slowest, busy, exposed, 100 * hidden, 100 * slowdown);
       table += line;
     }
     if (w.rank != 0) return cli::kExitOk;
-    std::printf("== bench_ddp %s summary, %d rank(s), zero %d (ms per step) ==\n", config.c_str(), w.size, dpf.zero);
-    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s\n", "bucket_mb", "dtype", "buckets", "alone", "slowest",
-                "scaling", "comm", "exposed", "hidden");
+    std::printf("== bench_ddp %s summary, %d rank(s) (ms per step) ==\n", config.c_str(), w.size);
+    std::printf("%4s  %-7s  %9s  %-5s  %7s  %8s  %8s  %8s  %8s  %8s  %7s  %7s\n", "zero", "gather", "bucket_mb",
+                "dtype", "buckets", "alone", "slowest", "scaling", "comm", "exposed", "hidden", "compute");
     std::printf("%s", table.c_str());
     return cli::kExitOk;
   });
