@@ -11,7 +11,9 @@
 //
 // --bucket-mb, --grad-dtype, --zero and --zero-gather take lists (--bucket-mb
 // 10,25,50 --grad-dtype fp32,bf16 --zero 0,1 --zero-gather step,forward):
-// each combination is measured on a fresh model, and rank 0 prints a table of
+// each combination is measured on the one model of the process (its
+// initialisation takes seconds at gpt2s), whose parameters and gradients are
+// re-bucketed for each, and rank 0 prints a table of
 // all of them at the end. "compute" in the table is the step time the
 // exposed communication does not explain, over the step alone: the backward
 // (and, with --zero-gather forward, the forward) running slower while the
@@ -81,16 +83,26 @@ int main(int argc, char** argv) {
                                                    "ddp_ms,slowest_ms,tokens_per_s,scaling,comm_ms,exposed_ms,"
                                                    "hidden_share,zero_gather,compute_slowdown");
     std::string table;
+    DecoderLM model(bench::decoder_config(s, precision));
+    model.to(dev);
+    // The initial values (the same seed on every rank), restored before each
+    // combination: the step alone lets the ranks' parameters drift apart.
+    std::vector<Tensor> initial;
+    for (Parameter* p : model.parameters()) initial.push_back(p->value.clone());
+    // Two batches per rank, different on every rank (its shard).
+    std::vector<Tensor> ids, targets;
+    bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
     for (const cli::DataParallelFlags& run : runs) {
-      DecoderLM model(bench::decoder_config(s, precision));
-      model.to(dev);
+      const std::vector<Parameter*> params = model.parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i]->value.copy_(initial[i]);
+        refresh_compute_copy(*params[i]);
+      }
+      // Its own buckets: the parameters' gradients (ZeRO-1: and values) become views of them.
       cli::DataParallel dp(model, dev, run);
       AdamWOptions adamw;
       adamw.max_grad_norm = 1.0;
       const std::unique_ptr<Optimizer> opt = dp.make_optimizer(adamw);
-      // Two batches per rank, different on every rank (its shard).
-      std::vector<Tensor> ids, targets;
-      bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
       // (1) data parallel (models/train_step.hpp with the reducer as its hook),
       // then the check that every rank holds the same parameters.
       TrainStepOptions reduced;
