@@ -123,6 +123,9 @@ DataParallel::DataParallel(DecoderLM& model, Device device, const DataParallelFl
   std::reverse(order.begin(), order.end());
   reducer_ = std::make_unique<dist::GradReducer>(comm_, order, o);
   model.set_grads_ready_hook([this](const std::vector<Parameter*>& ps) { reducer_->grads_ready(ps); });
+  if (o.forward_waits && f.check_sync)
+    spdlog::warn("--check-sync waits for ZeRO-1's parameter all-gathers after every step, so --zero-gather forward "
+                 "overlaps nothing with the forward (the values are the same)");
   if (o.forward_waits)
     model.set_values_needed_hook([this](Module& m) {
       if (reducer_->gathers_outstanding() > 0) reducer_->values_needed(m.parameters());

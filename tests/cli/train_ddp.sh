@@ -63,10 +63,12 @@ check "--zero 1: a reduce-scatter and an all-gather per step" grep -q "2.0 colle
 "$train" "${tiny[@]}" --steps 8 --batch 16 --checkpoint z.ck --resume --extend-schedule --log-csv z.csv >/dev/null 2>&1
 check "ZeRO-1 on 2 ranks, resumed in 1 process = 1 process throughout" close one.csv z.csv 1e-5
 
-zero_small=(--steps 4 --batch 8 --zero 1 --bucket-mb 0.01 --check-sync)
+# No --check-sync: it waits for the gathers after each step, before the forward
+# could; the hashes are compared at the evaluations (steps 3 and 6).
+zero_small=(--steps 6 --batch 8 --zero 1 --bucket-mb 0.01)
 "${launch[@]}" "$train" "${tiny[@]}" "${zero_small[@]}" --zero-gather step --log-csv zs.csv > zs.out 2>&1
 "${launch[@]}" "$train" "${tiny[@]}" "${zero_small[@]}" --zero-gather forward --log-csv zf.csv > zf.out 2>&1
-check "--zero-gather forward = --zero-gather step, bit for bit (several buckets, hashes equal every step)" \
+check "--zero-gather forward = --zero-gather step, bit for bit (several buckets)" \
   bash -c "[[ -s zf.csv ]] && cmp -s <(tail -n +2 zs.csv | cut -d, -f2) <(tail -n +2 zf.csv | cut -d, -f2)"
 
 HG_FAULT=perturb:1:3 "${launch[@]}" "$train" "${tiny[@]}" --steps 4 --batch 8 --check-sync > p.out 2>&1
