@@ -9,10 +9,16 @@
 // collectives, the part exposed after the backward, and the share hidden
 // behind it. docs/distributed.md.
 //
-// --bucket-mb, --grad-dtype and --sparse-embedding-grad take lists
-// (--bucket-mb 10,25,50 --grad-dtype fp32,bf16 --sparse-embedding-grad
-// off,on): each combination is measured on a fresh model, and rank 0 prints a
-// table of all of them at the end.
+// --bucket-mb, --grad-dtype, --zero, --zero-gather and --sparse-embedding-grad
+// take lists (--bucket-mb 10,25,50 --grad-dtype fp32,bf16 --zero 0,1
+// --zero-gather step,forward --sparse-embedding-grad off,on):
+// each combination is measured on the one model of the process (its
+// initialisation takes seconds at gpt2s), whose parameters and gradients are
+// re-bucketed for each, and rank 0 prints a table of
+// all of them at the end. "compute" in the table is the step time the
+// exposed communication does not explain, over the step alone: the backward
+// (and, with --zero-gather forward, the forward) running slower while the
+// collectives share the GPU with it.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -65,6 +71,7 @@ int main(int argc, char** argv) {
   cli::add_data_parallel_flags(app, dpf, &sweep);
   cli::add_common_flags(app, common);
   const int code = cli::run_program(app, common, argc, argv, [&] {
+    const std::vector<cli::DataParallelFlags> runs = sweep.combinations(dpf);  // checks the lists first
     const Device dev = cli::resolve_device(device);
     const dist::World& w = cli::start_world(dev, dpf);
     const Precision precision = precision_arg == "auto" ? default_precision(dev) : parse_precision(precision_arg);
@@ -75,18 +82,28 @@ int main(int argc, char** argv) {
     if (w.rank == 0)
       csv = std::make_unique<bench::Csv>(csv_path, "config,device,precision,ranks,zero,bucket_mb,grad_dtype,alone_ms,"
                                                    "ddp_ms,slowest_ms,tokens_per_s,scaling,comm_ms,exposed_ms,"
-                                                   "hidden_share,sparse_embedding");
+                                                   "hidden_share,zero_gather,compute_slowdown,sparse_embedding");
     std::string table;
-    for (const cli::DataParallelFlags& run : sweep.combinations(dpf)) {
-      DecoderLM model(bench::decoder_config(s, precision));
-      model.to(dev);
+    DecoderLM model(bench::decoder_config(s, precision));
+    model.to(dev);
+    // The initial values (the same seed on every rank), restored before each
+    // combination: the step alone lets the ranks' parameters drift apart.
+    std::vector<Tensor> initial;
+    for (Parameter* p : model.parameters()) initial.push_back(p->value.clone());
+    // Two batches per rank, different on every rank (its shard).
+    std::vector<Tensor> ids, targets;
+    bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
+    for (const cli::DataParallelFlags& run : runs) {
+      const std::vector<Parameter*> params = model.parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i]->value.copy_(initial[i]);
+        refresh_compute_copy(*params[i]);
+      }
+      // Its own buckets: the parameters' gradients (ZeRO-1: and values) become views of them.
       cli::DataParallel dp(model, dev, run, cli::StepRows{s.batch * s.seq, 1});
       AdamWOptions adamw;
       adamw.max_grad_norm = 1.0;
       const std::unique_ptr<Optimizer> opt = dp.make_optimizer(adamw);
-      // Two batches per rank, different on every rank (its shard).
-      std::vector<Tensor> ids, targets;
-      bench::random_batches(s, 2, 2 + static_cast<uint64_t>(w.rank), dev, ids, targets);
       // (1) data parallel (models/train_step.hpp with the reducer as its hook),
       // then the check that every rank holds the same parameters.
       TrainStepOptions reduced;
@@ -97,7 +114,7 @@ int main(int argc, char** argv) {
       const bench::Timing ddp =
           bench::time_op(dev, 2, 0, iters, [&](int i) { ddp_step.run(ids[i], targets[i], 1.0 / w.size); });
       const dist::CommStats cs = dp.take_total_stats();
-      dp.check_sync(warmup + iters);
+      dp.check_sync(warmup + iters);  // also waits for ZeRO-1's last all-gathers
       // (2) this rank alone: the same plain step with no collective at all (the
       // reducer ignores a backward outside its steps; the ranks' parameters
       // drift apart from here on). ZeRO-1 updates only reduced gradients, so
@@ -129,22 +146,27 @@ int main(int argc, char** argv) {
                   "alone (ideal %dx)\n",
                   w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, w.size);
       const double hidden = busy > 0 ? 1.0 - exposed / busy : 0.0;
-      std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed after the backward, %.1f%% hidden "
-                  "(%.1f collectives/step)\n",
-                  busy, exposed, 100 * hidden, double(cs.collectives) / iters);
+      // Rank 0's step beyond its step alone that exposed communication does not explain.
+      const double slowdown = (m[0] - exposed - m[1]) / m[1];
+      std::printf("communication per step: %.3f ms of collectives, %.3f ms exposed (the compute stream waited), %.1f%% "
+                  "hidden (%.1f collectives/step); compute %+.1f%% over the step alone\n",
+                  busy, exposed, 100 * hidden, double(cs.collectives) / iters, 100 * slowdown);
+      const std::string gather = run.zero == 1 ? run.zero_gather_mode() : "-";
       csv->row(config, device_name(dev), precision_name(precision), w.size, run.zero, run.bucket_mb, run.grad_dtype,
                m[1], m[0], slowest, w.size * tokens / (slowest * 1e-3), w.size * m[1] / slowest, busy, exposed, hidden,
-               dp.sparse_embedding() ? "on" : "off");
-      char line[176];
-      std::snprintf(line, sizeof line, "%9g  %-5s  %8zu  %8.2f  %10.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%  %s\n",
-                    run.bucket_mb, run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest, w.size * m[1] / slowest,
-                    busy, exposed, 100 * hidden, dp.sparse_embedding() ? "on" : "off");
+               gather, slowdown, dp.sparse_embedding() ? "on" : "off");
+      char line[208];
+      std::snprintf(
+          line, sizeof line, "%4d  %-7s  %9g  %-5s  %7zu  %8.2f  %8.2f  %7.3fx  %8.3f  %8.3f  %6.1f%%  %+6.1f%%  %s\n",
+          run.zero, gather.c_str(), run.bucket_mb, run.grad_dtype.c_str(), dp.bucket_count(), m[1], slowest,
+          w.size * m[1] / slowest, busy, exposed, 100 * hidden, 100 * slowdown, dp.sparse_embedding() ? "on" : "off");
       table += line;
     }
     if (w.rank != 0) return cli::kExitOk;
-    std::printf("== bench_ddp %s summary, %d rank(s), zero %d (ms per step) ==\n", config.c_str(), w.size, dpf.zero);
-    std::printf("%9s  %-5s  %8s  %8s  %10s  %8s  %8s  %8s  %7s  %s\n", "bucket_mb", "dtype", "buckets", "alone",
-                "slowest", "scaling", "comm", "exposed", "hidden", "sparse_emb");
+    std::printf("== bench_ddp %s summary, %d rank(s) (ms per step) ==\n", config.c_str(), w.size);
+    std::printf("%4s  %-7s  %9s  %-5s  %7s  %8s  %8s  %8s  %8s  %8s  %7s  %7s  %s\n", "zero", "gather", "bucket_mb",
+                "dtype", "buckets", "alone", "slowest", "scaling", "comm", "exposed", "hidden", "compute",
+                "sparse_emb");
     std::printf("%s", table.c_str());
     return cli::kExitOk;
   });

@@ -8,6 +8,8 @@
 
 namespace hg {
 
+class Module;
+
 // A trainable tensor and its gradient (same shape, dtype, device).
 // Modules accumulate into grad in backward(); zero_grad() clears it.
 // Under bf16 precision a module that feeds the value to a GEMM also keeps a
@@ -28,6 +30,11 @@ void refresh_compute_copy(Parameter& p);
 // final (nothing later in that backward adds to them): data parallelism
 // starts reducing them while the rest of the backward runs (dist/grad_reducer.hpp).
 using GradsReadyHook = std::function<void(const std::vector<Parameter*>& final_params)>;
+// Told, before a module's forward, that its parameter values are about to be
+// read: ZeRO-1 waits there for the all-gathers that bring them
+// (dist/grad_reducer.hpp), so the gathers of later modules run behind the
+// forward of earlier ones.
+using ValuesNeededHook = std::function<void(Module& about_to_run)>;
 
 // Base of every layer. A module owns its Parameters and child modules as
 // plain members and registers them by name, so named_parameters() walks the

@@ -23,7 +23,9 @@ struct State {
   cudaEvent_t fork = nullptr, done = nullptr;               // ordering only (no timing)
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timers;  // start/stop of each collective since take_timing()
   size_t used = 0;
-  // Each join() since take_timing(): where the handgrad stream was, and the last collective before it.
+  uint64_t first_ticket = 0;  // the ticket of timers[0]: tickets count every collective ever queued
+  // Each wait since take_timing() (join, wait_for): where the handgrad stream
+  // was, and the collective it waited for (a join: the last one before it).
   std::vector<cudaEvent_t> join_marks;
   std::vector<size_t> join_last;
   size_t joins = 0;
@@ -63,10 +65,26 @@ cudaEvent_t begin(const char* what) {
   return s.timers[s.used].second;
 }
 
-void end(cudaEvent_t stop) {
+// Records the stop timer; returns the collective's ticket.
+uint64_t end(cudaEvent_t stop) {
   State& s = state();
   HG_CUDA_CHECK(cudaEventRecord(stop, s.comm_stream));
-  ++s.used;
+  return s.first_ticket + s.used++;
+}
+
+// Makes the handgrad stream wait for timer `index`'s stop event, marking
+// where it waited (for the exposed time).
+void wait_on_timer(size_t index) {
+  State& s = state();
+  if (s.joins == s.join_marks.size()) {
+    cudaEvent_t e;
+    HG_CUDA_CHECK(cudaEventCreate(&e));
+    s.join_marks.push_back(e);
+    s.join_last.push_back(0);
+  }
+  HG_CUDA_CHECK(cudaEventRecord(s.join_marks[s.joins], stream()));
+  s.join_last[s.joins++] = index;
+  HG_CUDA_CHECK(cudaStreamWaitEvent(stream(), s.timers[index].second, 0));
 }
 
 // A sum that pre-multiplies this rank's input (1: plain ncclSum).
@@ -201,30 +219,33 @@ void reduce_scatter_sum_bf16(const float* in, uint16_t* wire_in, uint16_t* wire_
   end(stop);
 }
 
-void all_gather(float* buffer, size_t count, int rank) {
+uint64_t all_gather(float* buffer, size_t count, int rank) {
   const char* what = "nccl::all_gather";
   const cudaEvent_t stop = begin(what);
   check(ncclAllGather(buffer + static_cast<size_t>(rank) * count, buffer, count, ncclFloat32, comm(what),
                       state().comm_stream),
         what);
-  end(stop);
+  return end(stop);
 }
 
 void join() {
   State& s = state();
   comm("nccl::join");
-  if (s.used > 0) {  // timing: the handgrad stream's position, against the collectives before it
-    if (s.joins == s.join_marks.size()) {
-      cudaEvent_t e;
-      HG_CUDA_CHECK(cudaEventCreate(&e));
-      s.join_marks.push_back(e);
-      s.join_last.push_back(0);
-    }
-    HG_CUDA_CHECK(cudaEventRecord(s.join_marks[s.joins], stream()));
-    s.join_last[s.joins++] = s.used - 1;
+  if (s.used > 0) {  // the last collective's stop event: the comm stream's work so far
+    wait_on_timer(s.used - 1);
+    return;
   }
   HG_CUDA_CHECK(cudaEventRecord(s.done, s.comm_stream));
   HG_CUDA_CHECK(cudaStreamWaitEvent(stream(), s.done, 0));
+}
+
+void wait_for(uint64_t ticket) {
+  State& s = state();
+  comm("nccl::wait_for");
+  // An earlier ticket: take_timing() has waited for it on the host (and reuses its timers).
+  if (ticket < s.first_ticket) return;
+  HG_CHECK(ticket - s.first_ticket < s.used, "nccl::wait_for", "no collective was queued with ticket ", ticket);
+  wait_on_timer(static_cast<size_t>(ticket - s.first_ticket));
 }
 
 CommTiming take_timing() {
@@ -244,6 +265,7 @@ CommTiming take_timing() {
     if (ms > 0) t.exposed_ms += ms;
   }
   t.collectives = static_cast<int64_t>(s.used);
+  s.first_ticket += s.used;
   s.used = 0;
   s.joins = 0;
   return t;

@@ -44,16 +44,20 @@ void all_reduce_sum_bf16(float* data, uint16_t* wire, size_t count, float premul
 void reduce_scatter_sum_bf16(const float* in, uint16_t* wire_in, uint16_t* wire_out, float* out, size_t out_count,
                              float premul);
 // In place: rank r's part is buffer[r * count, (r + 1) * count); afterwards
-// every rank holds every part.
-void all_gather(float* buffer, size_t count, int rank);
+// every rank holds every part. Returns a ticket for wait_for.
+uint64_t all_gather(float* buffer, size_t count, int rank);
 
 // The handgrad stream waits for every collective queued so far.
 void join();
+// The handgrad stream waits for the one collective of that ticket (an
+// event: the host does not wait); the collectives after it keep running.
+void wait_for(uint64_t ticket);
 
 // Timing of the communication stream since the last call (it waits for the
 // work timed): busy_ms sums the collectives' durations; exposed_ms sums, over
-// the join()s, how far the last collective before each ended after the
-// handgrad stream reached that join() (the communication the compute did not hide).
+// the join()s and wait_for()s, how far the collective waited for (a join: the
+// last one before it) ended after the handgrad stream reached the wait (the
+// communication the compute did not hide).
 struct CommTiming {
   double busy_ms = 0, exposed_ms = 0;
   int64_t collectives = 0;

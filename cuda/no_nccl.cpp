@@ -24,8 +24,9 @@ void all_reduce_sum_bf16(float*, uint16_t*, size_t, float) { no_nccl("nccl::all_
 void reduce_scatter_sum_bf16(const float*, uint16_t*, uint16_t*, float*, size_t, float) {
   no_nccl("nccl::reduce_scatter_sum_bf16");
 }
-void all_gather(float*, size_t, int) { no_nccl("nccl::all_gather"); }
+uint64_t all_gather(float*, size_t, int) { no_nccl("nccl::all_gather"); }
 void join() { no_nccl("nccl::join"); }
+void wait_for(uint64_t) { no_nccl("nccl::wait_for"); }
 CommTiming take_timing() { return {}; }
 
 }  // namespace hg::gpu::nccl

@@ -132,19 +132,20 @@ void Collectives::reduce_scatter_sum(Tensor& in, Tensor& out, double premul, con
   ++cpu_stats_.collectives;
 }
 
-void Collectives::all_gather(Tensor& buffer) {
+uint64_t Collectives::all_gather(Tensor& buffer) {
   check(buffer, "Collectives::all_gather");
   const int64_t n = buffer.numel() / world().size;
   HG_CHECK(n * world().size == buffer.numel(), "Collectives::all_gather", buffer.numel(),
            " elements do not split into ", world().size, " equal parts");
   if (device_ == Device::CUDA) {
-    if (gpu::nccl::initialized()) gpu::nccl::all_gather(buffer.data<float>(), static_cast<size_t>(n), world().rank);
-    return;
+    if (!gpu::nccl::initialized()) return 0;  // one process without NCCL: nothing to gather
+    return gpu::nccl::all_gather(buffer.data<float>(), static_cast<size_t>(n), world().rank);
   }
   const auto t0 = Clock::now();
-  start_all_gather(buffer.data<float>(), static_cast<size_t>(n));
+  const uint64_t ticket = start_all_gather(buffer.data<float>(), static_cast<size_t>(n));
   cpu_stats_.busy_ms += ms_since(t0);
   ++cpu_stats_.collectives;
+  return ticket;
 }
 
 void Collectives::progress() {
@@ -167,6 +168,18 @@ void Collectives::wait(const char* what) {
     for (int64_t i = 0; i < out.numel(); ++i) o[i] = bf16_to_float(w[i]);
   }
   cpu_widen_.clear();
+  const double ms = ms_since(t0);
+  cpu_stats_.busy_ms += ms;
+  cpu_stats_.exposed_ms += ms;
+}
+
+void Collectives::wait_for(uint64_t ticket, const char* what) {
+  if (device_ == Device::CUDA) {
+    if (gpu::nccl::initialized()) gpu::nccl::wait_for(ticket);
+    return;
+  }
+  const auto t0 = Clock::now();
+  wait_one(ticket, what);
   const double ms = ms_since(t0);
   cpu_stats_.busy_ms += ms;
   cpu_stats_.exposed_ms += ms;

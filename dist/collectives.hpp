@@ -33,12 +33,16 @@ class Collectives {
   // wire_out (BF16, out's size) the sum travels in bf16, as above.
   void reduce_scatter_sum(Tensor& in, Tensor& out, double premul, const Tensor& wire_in = Tensor(),
                           const Tensor& wire_out = Tensor());
-  // In place: this rank's part of `buffer` (world equal parts) reaches every rank.
-  void all_gather(Tensor& buffer);
+  // In place: this rank's part of `buffer` (world equal parts) reaches every
+  // rank. Returns a ticket for wait_for.
+  uint64_t all_gather(Tensor& buffer);
   // CPU: lets MPI move the started collectives forward (it does so only inside MPI calls).
   void progress();
   // Every started collective has finished (CUDA: for work queued after this on the handgrad stream).
   void wait(const char* what);
+  // The one collective of that ticket has finished (CUDA: for work queued
+  // after this on the handgrad stream); the others keep running.
+  void wait_for(uint64_t ticket, const char* what);
   // A blocking F64 sum of a (n,) tensor on device(), e.g. a sum of squares.
   void all_reduce_sum_f64(Tensor& x, const char* what);
   // The communication since the last call (CUDA: reads timing events of finished work).

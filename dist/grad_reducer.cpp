@@ -27,6 +27,8 @@ GradReducer::GradReducer(Collectives& comm, std::vector<Parameter*> params, Redu
   HG_CHECK(options.bucket_bytes >= 4, op, "bucket size must be at least 4 bytes, got ", options.bucket_bytes);
   HG_CHECK(options.grad_dtype == DType::F32 || options.grad_dtype == DType::BF16, op,
            "gradients are reduced in f32 or bf16, not ", dtype_name(options.grad_dtype));
+  HG_CHECK(options.sharded || !options.forward_waits, op,
+           "forward_waits applies to the sharded (ZeRO-1) layout only: without it nothing is gathered");
   const bool bf16 = options.grad_dtype == DType::BF16;
   const int64_t world_size = world().size;
   const int64_t capacity = static_cast<int64_t>(options.bucket_bytes / sizeof(float));
@@ -70,7 +72,6 @@ GradReducer::GradReducer(Collectives& comm, std::vector<Parameter*> params, Redu
 
 void GradReducer::begin_step(double premul) {
   HG_CHECK(!in_step_, "GradReducer::begin_step", "the previous step was not finished (finish())");
-  collect_stats();  // the previous step's; its work has finished by now
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
     b.started = false;
@@ -120,6 +121,7 @@ void GradReducer::finish() {
   HG_CHECK(in_step_, "GradReducer::finish", "no step begun (begin_step())");
   for (Bucket& b : buckets_)
     if (!b.started) start(b);
+  finish_gather();  // a bucket the forward did not ask for (none in a DecoderLM step)
   comm_.wait(options_.sharded ? "gradient reduce-scatter" : "gradient all-reduce");
   in_step_ = false;
   ++steps_;
@@ -131,12 +133,37 @@ void GradReducer::gather_values() {
 }
 
 void GradReducer::start_gather(size_t bucket) {
-  HG_CHECK(options_.sharded, "GradReducer::start_gather", "only in sharded (ZeRO-1) mode");
-  HG_CHECK(bucket < buckets_.size(), "GradReducer::start_gather", "bucket ", bucket, " of ", buckets_.size());
-  comm_.all_gather(buckets_[bucket].values);
+  const char* op = "GradReducer::start_gather";
+  HG_CHECK(options_.sharded, op, "only in sharded (ZeRO-1) mode");
+  HG_CHECK(bucket < buckets_.size(), op, "bucket ", bucket, " of ", buckets_.size());
+  Bucket& b = buckets_[bucket];
+  HG_CHECK(!b.gathering, op, "bucket ", bucket, "'s previous gather was not waited for");
+  b.gather_ticket = comm_.all_gather(b.values);
+  b.gathering = true;
+  ++gathering_;
   comm_.progress();
 }
 
-void GradReducer::finish_gather() { comm_.wait("parameter all-gather"); }
+void GradReducer::await_gather(Bucket& b) {
+  if (!b.gathering) return;
+  comm_.wait_for(b.gather_ticket, "parameter all-gather");
+  for (Parameter* p : b.params) refresh_compute_copy(*p);  // queued after the wait, on the handgrad stream
+  b.gathering = false;
+  --gathering_;
+}
+
+void GradReducer::finish_gather() {
+  for (Bucket& b : buckets_) await_gather(b);
+}
+
+void GradReducer::values_needed(const std::vector<Parameter*>& params) {
+  if (gathering_ == 0) return;
+  for (const Parameter* p : params) {
+    const auto it = bucket_of_.find(p);
+    HG_CHECK(it != bucket_of_.end(), "GradReducer::values_needed", "a parameter ", p->value.describe(),
+             " that the reducer does not hold");
+    await_gather(buckets_[it->second]);
+  }
+}
 
 }  // namespace hg::dist

@@ -20,7 +20,18 @@ World g_world;
 bool g_started = false;
 bool g_mpi = false;  // MPI initialised: only when an MPI launcher started this process
 
-std::vector<MPI_Request> g_pending;
+std::vector<MPI_Request> g_pending;  // started, not yet waited for (MPI_REQUEST_NULL once complete)
+uint64_t g_first_ticket = 0;         // the ticket of g_pending[0]: tickets count every request ever started
+
+uint64_t add_pending(MPI_Request r) {
+  g_pending.push_back(r);
+  return g_first_ticket + g_pending.size() - 1;
+}
+
+void clear_pending() {
+  g_first_ticket += g_pending.size();
+  g_pending.clear();
+}
 
 void check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -176,7 +187,7 @@ void start_all_reduce_sum(float* data, size_t count) {
   const char* what = "MPI_Iallreduce";
   MPI_Request r;
   check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count, what), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), what);
-  g_pending.push_back(r);
+  add_pending(r);
 }
 
 void start_reduce_scatter_sum(const float* in, float* out, size_t out_count) {
@@ -187,17 +198,17 @@ void start_reduce_scatter_sum(const float* in, float* out, size_t out_count) {
   const char* what = "MPI_Ireduce_scatter_block";
   MPI_Request r;
   check(MPI_Ireduce_scatter_block(in, out, as_count(out_count, what), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), what);
-  g_pending.push_back(r);
+  add_pending(r);
 }
 
-void start_all_gather(float* buffer, size_t count) {
-  if (!g_mpi) return;
+uint64_t start_all_gather(float* buffer, size_t count) {
+  if (!g_mpi) return 0;
   const char* what = "MPI_Iallgather";
   MPI_Request r;
   check(
       MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer, as_count(count, what), MPI_FLOAT, MPI_COMM_WORLD, &r),
       what);
-  g_pending.push_back(r);
+  return add_pending(r);
 }
 
 void start_all_reduce_sum(bf16_t* data, size_t count) {
@@ -206,7 +217,7 @@ void start_all_reduce_sum(bf16_t* data, size_t count) {
   MPI_Request r;
   check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count, what), MPI_UINT16_T, bf16_sum_op(), MPI_COMM_WORLD, &r),
         what);
-  g_pending.push_back(r);
+  add_pending(r);
 }
 
 void start_reduce_scatter_sum(const bf16_t* in, bf16_t* out, size_t out_count) {
@@ -218,21 +229,30 @@ void start_reduce_scatter_sum(const bf16_t* in, bf16_t* out, size_t out_count) {
   MPI_Request r;
   check(MPI_Ireduce_scatter_block(in, out, as_count(out_count, what), MPI_UINT16_T, bf16_sum_op(), MPI_COMM_WORLD, &r),
         what);
-  g_pending.push_back(r);
+  add_pending(r);
 }
 
 void progress() {
   if (g_pending.empty()) return;
   int done = 0;
   check(MPI_Testall(static_cast<int>(g_pending.size()), g_pending.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-  if (done) g_pending.clear();
+  if (done) clear_pending();
 }
 
 void wait_all(const char* what) {
   if (g_pending.empty()) return;
   Watch w(what);
   check(MPI_Waitall(static_cast<int>(g_pending.size()), g_pending.data(), MPI_STATUSES_IGNORE), what);
-  g_pending.clear();
+  clear_pending();
+}
+
+void wait_one(uint64_t ticket, const char* what) {
+  if (!g_mpi || ticket < g_first_ticket) return;  // one process, or finished in an earlier wait_all or progress
+  HG_CHECK(ticket - g_first_ticket < g_pending.size(), what, "no collective was started with ticket ", ticket);
+  MPI_Request& r = g_pending[ticket - g_first_ticket];
+  if (r == MPI_REQUEST_NULL) return;
+  Watch w(what);
+  check(MPI_Wait(&r, MPI_STATUS_IGNORE), what);
 }
 
 }  // namespace hg::dist

@@ -52,13 +52,17 @@ void ShardedAdamW::step() {
       const Tensor factor = Tensor::full({1}, options_.max_grad_norm / last_norm_, DType::F32, dev);
       for (Tensor& g : grads) backend_for(dev).zip(BinaryOp::Mul, g, factor, g);
     }
-    for (size_t k = 0; k < inners_.size(); ++k) {
+    // Last bucket first: the buckets fill in backward order, so the last
+    // holds the embeddings and the first layers, which the next forward
+    // reads first; its gather runs while the next bucket is updated.
+    for (size_t k = inners_.size(); k-- > 0;) {
       inners_[k]->set_lr(lr_);
       inners_[k]->step();
       reducer_.start_gather(k);
     }
-    reducer_.finish_gather();
-    refresh_compute_copies();
+    // Otherwise the next forward waits bucket by bucket (GradReducer::values_needed);
+    // either wait refreshes the bf16 compute copies of the gathered values.
+    if (!reducer_.forward_waits()) reducer_.finish_gather();
   }
   ++steps_;
 }
@@ -94,6 +98,7 @@ void ShardedAdamW::save_state(const std::string& path) {
 
 void ShardedAdamW::load_state(const std::string& path) {
   constexpr const char* kOp = "ShardedAdamW::load_state";
+  reducer_.finish_gather();  // no gather of the last step may land on values loaded next
   const std::map<std::string, Tensor> entries = read_checkpoint_file(path, kOp);
   const int64_t rank = world().rank;
   const auto& buckets = reducer_.buckets();

@@ -3,11 +3,14 @@
 // GradReducer in sharded mode, rank r holds part r of every gradient bucket
 // after the reduce-scatter; step() clips by the global norm (the parts' sums
 // of squares all-reduced), runs AdamW over its parts (the moments are
-// 1/world of the unsharded ones) bucket by bucket, and starts each bucket's
-// all-gather of the updated values as soon as its part is updated, so the
-// gather of one bucket runs while the next is updated; every rank then holds
-// the whole model again. AdamW is elementwise: per bucket or in one launch,
-// the same values.
+// 1/world of the unsharded ones) bucket by bucket, the last bucket (the
+// embeddings and first layers) first, and starts each bucket's all-gather of
+// the updated values as soon as its part is updated, so the gather of one
+// bucket runs while the next is updated; every rank then holds the whole
+// model again. With the reducer's forward_waits the step returns with the
+// gathers running and the next forward waits for each bucket as it reaches
+// it; else the step waits for them. AdamW is elementwise: per bucket, in any
+// order or in one launch, the same values.
 //
 // Checkpoints keep the unsharded format of AdamW over model.parameters()
 // ("steps", "m.i", "v.i"): save_state gathers the parts to rank 0, which

@@ -54,12 +54,16 @@ std::vector<int32_t> all_gather_v(const std::vector<int32_t>& mine, std::vector<
 // a nonblocking collective only inside MPI calls) and finished by wait_all().
 void start_all_reduce_sum(float* data, size_t count);
 void start_reduce_scatter_sum(const float* in, float* out, size_t out_count);
-void start_all_gather(float* buffer, size_t count);  // in place, rank r's part at r * count
+// In place, rank r's part at r * count. Returns a ticket for wait_one.
+uint64_t start_all_gather(float* buffer, size_t count);
 // bf16 sums (MPI has no bf16 type: a user-defined sum over the 16-bit
 // patterns adds each pair in float and rounds to nearest even).
 void start_all_reduce_sum(bf16_t* data, size_t count);
 void start_reduce_scatter_sum(const bf16_t* in, bf16_t* out, size_t out_count);
 void progress();
 void wait_all(const char* what);
+// Waits for the one collective of that ticket (finished ones return at once),
+// leaving the others running.
+void wait_one(uint64_t ticket, const char* what);
 
 }  // namespace hg::dist

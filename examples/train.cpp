@@ -130,7 +130,7 @@ void stop_if_signalled() {
 // dies (SIGKILL), hangs, or nudges one parameter just before that step;
 // tests/cli/train_ddp.sh checks that every rank stops with a clear message,
 // the last checkpoint stays intact, and the parameter check sees the nudge.
-void maybe_inject_fault(int64_t step, DecoderLM& model) {
+void maybe_inject_fault(int64_t step, DecoderLM& model, cli::DataParallel* dp) {
   const char* spec = std::getenv("HG_FAULT");
   if (!spec) return;
   char kind[8] = "";
@@ -140,7 +140,10 @@ void maybe_inject_fault(int64_t step, DecoderLM& model) {
   std::fprintf(stderr, "train: HG_FAULT: rank %d %s before step %lld\n", rank, kind, at);
   std::fflush(stderr);
   if (std::strcmp(kind, "kill") == 0) std::raise(SIGKILL);
-  if (std::strcmp(kind, "perturb") == 0) model.ln_f.gamma.value.fill_(1.001);
+  if (std::strcmp(kind, "perturb") == 0) {
+    if (dp) dp->settle();  // no all-gather still under way may overwrite the nudge
+    model.ln_f.gamma.value.fill_(1.001);
+  }
   if (std::strcmp(kind, "hang") == 0)
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
@@ -841,8 +844,9 @@ void load_history(const cli::StepLog& log, History& h) {
 // which maybe_resume then completes. Both files carry the step.
 // Data parallel: rank 0 alone writes, after ZeRO-1's collective gather of
 // the optimizer state (every rank calls this).
-void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt, const cli::DataParallel* dp) {
+void save_checkpoint(const Options& o, DecoderLM& model, Optimizer& opt, cli::DataParallel* dp) {
   if (o.checkpoint.empty()) return;
+  if (dp) dp->settle();  // ZeRO-1: the last step's all-gathers have landed
   const std::string optim = o.checkpoint + ".optim";
   const bool writer = dist::world().rank == 0;
   if (dp && dp->sharded()) opt.save_state(optim + ".next");
@@ -890,7 +894,7 @@ History train_loop(const Options& o, DecoderLM& model, Optimizer& opt, TrainStep
         break;
       }
     }
-    maybe_inject_fault(step + 1, model);
+    maybe_inject_fault(step + 1, model, dp);
     dist::set_watch_step(step + 1);
     const auto t0 = std::chrono::steady_clock::now();
     double loss = train_step(train, b, data.weight);
@@ -1099,7 +1103,8 @@ const std::set<std::string> kPerInvocation{
     "precision",     "tf32",       "no-graph",  "fused",           "unfused",
     "attention",     "threads",    "log-level", "quiet",           "print-every",
     "profile-steps", "ddp",        "zero",      "grad-dtype",      "bucket-mb",
-    "comm-timeout",  "check-sync", "beam",      "bleu-sentences",  "sparse-embedding-grad"};
+    "comm-timeout",  "check-sync", "beam",      "bleu-sentences",  "sparse-embedding-grad",
+    "zero-gather"};
 // Taken from the record when not given, but free to change: resolve_schedule
 // checks the schedule's three against CHECKPOINT.schedule, and --batch is per
 // rank (a checkpoint resumes on another number of ranks with the global batch
@@ -1201,6 +1206,7 @@ int run(Options& o, CLI::App& app) {
 
   const auto run_start = std::chrono::steady_clock::now();
   History history = train_loop(o, *model, *opt, step, *data, dev, start_step, dp.get());
+  if (dp) dp->settle();  // the model is read below (summary) with its final values
   const double wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
 
   // A plot that cannot be written is an error (exit 1), but the summary of

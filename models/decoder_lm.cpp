@@ -36,6 +36,7 @@ Tensor DecoderLM::forward(const Tensor& ids, const Tensor& key_padding_mask) {
 }
 
 Tensor DecoderLM::forward_features(const Tensor& ids, const Tensor& key_padding_mask) {
+  values_needed(embed);
   const Tensor h = embed_drop.forward(embed.forward(ids));
   const Tensor features = features_of_embedded(h, key_padding_mask);
   embedded_from_ids_ = true;
@@ -56,8 +57,14 @@ Tensor DecoderLM::features_of_embedded(const Tensor& h, const Tensor& key_paddin
   h_shape_ = h.shape();
   h_dtype_ = h.dtype();
   Tensor x = config_.precision == Precision::BF16 ? h.to(DType::BF16) : h;
-  for (auto& layer : layers) x = layer->forward(x, key_padding_mask);
-  return ln_f.forward(x);
+  for (auto& layer : layers) {
+    values_needed(*layer);
+    x = layer->forward(x, key_padding_mask);
+  }
+  values_needed(ln_f);
+  Tensor features = ln_f.forward(x);
+  values_needed(head);  // every caller runs the head on the features next
+  return features;
 }
 
 Tensor DecoderLM::head_logits(const Tensor& features) {
@@ -91,10 +98,16 @@ Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLog
            " cached ones pass the context of ", std::min(cache.capacity(), config_.max_seq_len),
            " positions: crop the context to its last tokens, reset the cache and prefill again (generate() does)");
   check_precision_supported(config_.precision, dev, op);
+  values_needed(embed);
   Tensor x = embed.apply(ids_in.to(dev), start);
   if (config_.precision == Precision::BF16) x = x.to(DType::BF16);
-  for (size_t i = 0; i < layers.size(); ++i) x = layers[i]->forward_cached(x, cache, static_cast<int64_t>(i));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    values_needed(*layers[i]);
+    x = layers[i]->forward_cached(x, cache, static_cast<int64_t>(i));
+  }
   cache.advance(t);
+  values_needed(ln_f);
+  values_needed(head);
   Tensor features = ln_f.apply(x);  // (B, T, d)
   if (which == CachedLogits::Last && t > 1) features = transpose(features, 0, 1)[t - 1].reshape({b, 1, d});
   const int64_t rows = features.size(0) * features.size(1);

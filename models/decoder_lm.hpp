@@ -94,6 +94,11 @@ class DecoderLM : public Module {
   // Called by backward() after the head, ln_f, each layer (last first) and
   // the embedding with that module's parameters: their gradients are final.
   void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
+  // Called by every forward (forward, forward_features, forward_embedded,
+  // forward_cached) before the embedding, each layer, ln_f and the head read
+  // their parameters (the head: right after ln_f, also where the caller
+  // runs the head itself, as the chunked classifier does).
+  void set_values_needed_hook(ValuesNeededHook hook) { values_needed_ = std::move(hook); }
 
   Embedding embed;
   Dropout embed_drop;
@@ -109,7 +114,11 @@ class DecoderLM : public Module {
   void grads_ready(Module& finished) {
     if (grads_ready_) grads_ready_(finished.parameters());
   }
+  void values_needed(Module& about_to_run) {
+    if (values_needed_) values_needed_(about_to_run);
+  }
   GradsReadyHook grads_ready_;
+  ValuesNeededHook values_needed_;
   bool embedded_from_ids_ = false;  // whether backward should continue into the embedding
   Shape h_shape_;
   DType h_dtype_ = DType::F32;

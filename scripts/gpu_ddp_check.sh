@@ -1,84 +1,120 @@
 #!/usr/bin/env bash
-# Data parallelism on the GPU machine (docs/distributed.md), in one command
-# (about 5-6 minutes on 2 x H200, 3-4 of them the build):
-#   1. builds into build-gpu/ (test_dist, test_dist_ranks, the benchmarks, train) and runs
-#      test_dist (NCCL with one rank) through scripts/gpu_check.sh;
-#   2. test_dist_ranks on 2 GPUs under mpirun: the reduced gradient against one
-#      process with the whole batch, the ZeRO-1 resume on 2 ranks, the bf16 reduction's bound;
-#   3. train on one GPU, plain vs --ddp (NCCL, one rank): the same losses, bit for bit;
-#      --zero 1 within a relative 1e-5 (its clipping scales the gradients in a separate pass);
-#   4. bench_ddp on every GPU of the host, bench and gpt2s configs: the bucket size x
-#      gradient dtype sweep, ZeRO-1 (both dtypes), fp32 precision, and NCCL channel
-#      counts (NCCL_MAX_NCHANNELS) on gpt2s; then 2-GPU train with --check-sync;
-#   5. one summary table of every bench_ddp run (scaling over one GPU alone,
-#      hidden share of the collectives, ms per step), also as $OUT/ddp_summary.csv.
-# Outputs in $OUT (default out/). Needs mpirun and NCCL (CMake: "NCCL ON").
+# Data parallelism on a host with 2 GPUs (docs/distributed.md), in one command
+# that ends within HG_DDP_BUDGET_S seconds (default 510, under 9 minutes on
+# 2 x H200): a sweep stage that would start after the budget is skipped and
+# named, each runs under `timeout` of what is left, and the summary comes last.
+#   1. builds test_dist, test_dist_ranks, bench_ddp and train into build-gpu/ (sm_90);
+#   2. test_dist (NCCL with one rank) and test_dist_ranks on 2 GPUs (NCCL), HG_REQUIRE_CUDA=1;
+#   3. train on one GPU: plain = --ddp bit for bit; --zero 1 within 1e-5 of plain;
+#      --zero-gather forward = step bit for bit, on one GPU and on 2 GPUs;
+#   4. bench_ddp on 2 GPUs, most needed first: gpt2s and bench, buckets 8/25/50/100 MiB x
+#      fp32/bf16 reduction; bench ZeRO-1 (gathers waited in the step or in the next forward);
+#      NCCL_MAX_NCHANNELS 4/8/16 on bench (DDP and ZeRO-1) and gpt2s; gpt2s ZeRO-1;
+#   5. one table of every run (scaling over one GPU alone, share of the collectives
+#      hidden, ms per step, compute slowdown), the targets, and the recommended
+#      defaults from the sweep (scripts/ddp_summary.py; also $OUT/ddp_summary.csv).
+# Outputs in $OUT (default out/). Needs mpirun, NCCL (CMake: "NCCL ON") and python3.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-out}"
-mkdir -p "$out"
+export PATH=/usr/local/cuda/bin:$PATH
 export NCCL_NVLS_ENABLE=0  # NVLink multicast off: the multi-GPU machines measured need it off
-HG_TEST_PROGS="test_dist test_dist_ranks" scripts/gpu_check.sh tests || exit 1
-cat "$out/test_summary.txt"
-grep -E "handgrad: (MPI|NCCL)" "$out/build.log"
-cmake --build build-gpu -j"$(nproc)" --target train bench_ddp > "$out/build_train.log" 2>&1 || { tail -30 "$out/build_train.log"; exit 1; }
-root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
-n=$(nvidia-smi -L | wc -l)
-launch=(mpirun -np "$n" "${root[@]}" -x NCCL_NVLS_ENABLE)
+out="${OUT:-out}"
+budget="${HG_DDP_BUDGET_S:-510}"
+mkdir -p "$out"
+rm -f "$out"/ddp_*.csv
+elapsed() { echo "[${SECONDS}s]"; }
 
-if ((n >= 2)); then
-  HG_REQUIRE_CUDA=1 tests/mpi/mpirun2.sh mpirun build-gpu/tests/test_dist_ranks > "$out/test_dist_ranks.log" 2>&1 \
-    && echo "test_dist_ranks (2 GPUs, NCCL): PASS" || echo "FAIL: test_dist_ranks (2 GPUs), see $out/test_dist_ranks.log"
-  grep -E "^(All tests passed|test cases:)|bf16 vs fp32" -A1 "$out/test_dist_ranks.log" | grep -v "^--" | head -20
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+if ! { cmake -S . -B build-gpu "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+         && cmake --build build-gpu -j"$(nproc)" --target test_dist test_dist_ranks bench_ddp train; } \
+       > "$out/build.log" 2>&1; then
+  grep -E 'error|Error' "$out/build.log" | head -40
+  echo "BUILD FAILED"; exit 1
 fi
+grep -E "handgrad: (MPI|NCCL)" "$out/build.log"
+echo "$(elapsed) built"
+n=$(nvidia-smi -L | wc -l)
+root=(); [[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
+launch=(mpirun -np 2 "${root[@]}" -x NCCL_NVLS_ENABLE)
+pass() { if "${@:2}"; then echo "$1: PASS"; else echo "FAIL: $1"; fi; }
 
-t=(--device cuda --steps 300 --eval-every 100 --plot "" -q)
+# ---- 2. tests ----
+pass "test_dist (NCCL, one rank)" bash -c "HG_REQUIRE_CUDA=1 timeout 300 build-gpu/tests/test_dist > '$out/test_dist.log' 2>&1"
+grep -E "^(All tests passed|test cases:)" "$out/test_dist.log"
+if ((n >= 2)); then
+  pass "test_dist_ranks (2 GPUs, NCCL)" bash -c \
+    "HG_REQUIRE_CUDA=1 timeout 300 tests/mpi/mpirun2.sh mpirun build-gpu/tests/test_dist_ranks > '$out/test_dist_ranks.log' 2>&1"
+  grep -E "^(All tests passed|test cases:)|bf16 vs fp32" -A1 "$out/test_dist_ranks.log" | grep -v "^--" | head -12
+fi
+echo "$(elapsed) tests done"
+
+# ---- 3. train: the same losses ----
+losses() { tail -n +2 "$1" | cut -d, -f2; }
+same() { [[ -s $1 && -s $2 ]] && cmp -s <(losses "$1") <(losses "$2"); }
+t=(--device cuda --steps 200 --eval-every 100 --plot "" -q)
 build-gpu/examples/train "${t[@]}" --log-csv "$out/plain.csv" > "$out/train_plain.txt" 2>&1
 build-gpu/examples/train "${t[@]}" --ddp --check-sync --log-csv "$out/ddp1.csv" > "$out/train_ddp1.txt" 2>&1
-build-gpu/examples/train "${t[@]}" --zero 1 --check-sync --log-csv "$out/zero1.csv" > "$out/train_zero1.txt" 2>&1
-cmp -s <(cut -d, -f2 "$out/plain.csv") <(cut -d, -f2 "$out/ddp1.csv") && echo "train --ddp (NCCL, 1 rank) = plain: bitwise" \
-  || echo "FAIL: train --ddp differs from plain"
-paste -d' ' <(tail -n +2 "$out/plain.csv" | cut -d, -f2) <(tail -n +2 "$out/zero1.csv" | cut -d, -f2) |
-  awk '{d = $1 - $2; if (d < 0) d = -d; r = d / $1; m = r > m ? r : m} END {printf "train --zero 1 vs plain: max relative difference %.3g %s\n", m, m <= 1e-5 ? "ok" : "FAIL"}'
-grep -h "communication\|hidden" "$out"/train_ddp1.txt "$out"/train_zero1.txt
-
+build-gpu/examples/train "${t[@]}" --zero 1 --zero-gather step --log-csv "$out/zero1.csv" > "$out/train_zero1.txt" 2>&1
+build-gpu/examples/train "${t[@]}" --zero 1 --zero-gather forward --log-csv "$out/zero1f.csv" \
+  > "$out/train_zero1f.txt" 2>&1
+pass "train --ddp (NCCL, 1 rank) = plain, bitwise" same "$out/plain.csv" "$out/ddp1.csv"
+pass "train --zero 1 --zero-gather forward = step (1 GPU), bitwise" same "$out/zero1.csv" "$out/zero1f.csv"
+paste -d' ' <(losses "$out/plain.csv") <(losses "$out/zero1.csv") |
+  awk '{d = $1 - $2; if (d < 0) d = -d; r = d / $1; m = r > m ? r : m}
+       END {printf "train --zero 1 vs plain: max relative difference %.3g %s\n", m, m <= 1e-5 ? "ok" : "FAIL"}'
+if ((n >= 2)); then
+  # No --check-sync: it would wait for the gathers after every step, before the
+  # forward could; the hashes are compared at each evaluation (steps 50, 100).
+  t2=(--device cuda --steps 100 --eval-every 50 --batch 16 --zero 1 --plot "" -q)
+  "${launch[@]}" build-gpu/examples/train "${t2[@]}" --zero-gather step --log-csv "$out/np2_zs.csv" \
+    > "$out/train_np2_zs.txt" 2>&1
+  "${launch[@]}" build-gpu/examples/train "${t2[@]}" --zero-gather forward --log-csv "$out/np2_zf.csv" \
+    > "$out/train_np2_zf.txt" 2>&1
+  pass "train on 2 GPUs --zero 1: --zero-gather forward = step, bitwise, hashes equal at each evaluation" \
+    same "$out/np2_zs.csv" "$out/np2_zf.csv"
+fi
+echo "$(elapsed) train checks done"
 if ((n < 2)); then
-  echo "one GPU: the ${n}-GPU scaling runs need a machine with 2 or more GPUs"
+  echo "one GPU: the scaling sweep needs a host with 2 GPUs"
   exit 0
 fi
-# bench_ddp NAME ARGS...: one mpirun job; its CSV rows are labelled NAME in the summary.
-bench_ddp() {
-  local name=$1
-  shift
-  local env=(); [[ -n ${NCCL_MAX_NCHANNELS:-} ]] && env=(-x NCCL_MAX_NCHANNELS)
-  "${launch[@]}" "${env[@]}" build-gpu/bench/bench_ddp --csv "$out/ddp_$name.csv" "$@" > "$out/ddp_$name.txt" 2>&1 \
-    || { echo "FAIL: bench_ddp $name"; tail -20 "$out/ddp_$name.txt"; }
-  sed -n '/summary/,$p' "$out/ddp_$name.txt"
-}
-sweep=(--bucket-mb 10,25,50,100 --grad-dtype fp32,bf16)
-bench_ddp bench --config bench --iters 30 "${sweep[@]}"
-bench_ddp gpt2s --config gpt2s --iters 20 "${sweep[@]}"
-bench_ddp bench_zero1 --config bench --iters 30 --zero 1 --bucket-mb 25,50 --grad-dtype fp32,bf16
-bench_ddp gpt2s_zero1 --config gpt2s --iters 20 --zero 1 --bucket-mb 25,50 --grad-dtype fp32,bf16
-bench_ddp bench_fp32 --config bench --iters 20 --precision fp32 --grad-dtype fp32,bf16
-for ch in 2 4 8; do  # fewer NCCL channels: fewer SMs taken from the backward while it overlaps
-  NCCL_MAX_NCHANNELS=$ch bench_ddp "gpt2s_nch$ch" --config gpt2s --iters 20 --bucket-mb 25 --grad-dtype fp32,bf16
-done
-"${launch[@]}" build-gpu/examples/train --device cuda --steps 300 --batch 16 --check-sync \
-  --plot "" -q --log-csv "$out/train_np$n.csv" 2>&1 | tail -12 | tee "$out/train_np$n.txt"
 
-# Every bench_ddp row, labelled by its run, in one table and one CSV.
-summary="$out/ddp_summary.csv"
-echo "run,config,precision,zero,bucket_mb,grad_dtype,alone_ms,slowest_ms,scaling,comm_ms,exposed_ms,hidden_pct" > "$summary"
-for f in "$out"/ddp_*.csv; do
-  [[ $f == "$summary" ]] && continue
-  name=$(basename "$f" .csv)
-  awk -F, -v run="${name#ddp_}" 'NR > 1 {printf "%s,%s,%s,%s,%s,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%.1f\n",
-    run, $1, $3, $5, $6, $7, $8, $10, $12, $13, $14, 100 * $15}' "$f" >> "$summary"
+# ---- 4. bench_ddp sweeps, within the budget ----
+# stage NAME CHANNELS ARGS...: one mpirun job, CSV $out/ddp_NAME_chCHANNELS.csv.
+skipped=()
+stage() {
+  local name=$1 ch=$2
+  shift 2
+  local left=$((budget - SECONDS - 15))  # 15 s kept for the summary
+  if ((left < 30)); then
+    skipped+=("$name (channels $ch)")
+    return
+  fi
+  local env=(env -u NCCL_MAX_NCHANNELS) pass_on=()
+  [[ $ch != default ]] && env=(env NCCL_MAX_NCHANNELS="$ch") pass_on=(-x NCCL_MAX_NCHANNELS)
+  "${env[@]}" timeout "$left" "${launch[@]}" "${pass_on[@]}" build-gpu/bench/bench_ddp \
+    --csv "$out/ddp_${name}_ch$ch.csv" "$@" > "$out/ddp_${name}_ch$ch.txt" 2>&1 \
+    || { echo "FAIL or out of time: bench_ddp $name channels $ch"; tail -5 "$out/ddp_${name}_ch$ch.txt"; }
+  echo "$(elapsed) bench_ddp $name, NCCL_MAX_NCHANNELS $ch"
+}
+gpt2s=(--config gpt2s --warmup 3 --iters 20)
+bench=(--config bench --warmup 3 --iters 40)
+both=(--grad-dtype fp32,bf16)
+gathers=(--zero-gather step,forward)
+stage gpt2s default "${gpt2s[@]}" --bucket-mb 8,25,50,100 "${both[@]}"
+stage bench default "${bench[@]}" --bucket-mb 8,25,50,100 "${both[@]}"
+stage bench_zero1 default "${bench[@]}" --zero 1 "${gathers[@]}" --bucket-mb 25,50,100 "${both[@]}"
+for ch in 4 8 16; do  # fewer NCCL channels: fewer SMs taken from the compute the collectives overlap
+  stage bench "$ch" "${bench[@]}" --zero 0,1 "${gathers[@]}" --bucket-mb 25,50 "${both[@]}"
 done
-echo "== data parallel on $n x $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), NCCL_NVLS_ENABLE=0 =="
-echo "(scaling = $n x one GPU alone / slowest rank; hidden = share of the collectives behind compute)"
-table() { awk -F, '{printf "%-12s %-6s %-9s %4s %9s %-10s %8s %10s %8s %8s %10s %10s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12}'; }
-table < "$summary"
-echo "best scaling per run:"
-tail -n +2 "$summary" | sort -t, -k1,1 -k9,9gr | awk -F, '$1 != last {print; last = $1}' | table
+for ch in 4 8 16; do
+  stage gpt2s "$ch" "${gpt2s[@]}" --bucket-mb 50,100 "${both[@]}"
+done
+stage gpt2s_zero1 default "${gpt2s[@]}" --zero 1 "${gathers[@]}" --bucket-mb 50 "${both[@]}"
+((${#skipped[@]})) && printf 'skipped (budget of %s s reached): %s\n' "$budget" "${skipped[*]}"
+
+# ---- 5. summary ----
+echo "== data parallel on $n x $(head -1 "$out/gpu.txt" | cut -d, -f1), NCCL_NVLS_ENABLE=0, $(date -u +%Y-%m-%d) =="
+python3 scripts/ddp_summary.py "$out"
+echo "$(elapsed) done"

@@ -30,14 +30,19 @@ using hg::test::ReducerHook;
 
 namespace {
 
-std::unique_ptr<DecoderLM> tiny_model(Device dev) {
+std::unique_ptr<DecoderLM> tiny_model(Device dev, Precision precision = Precision::FP32) {
   DecoderLMConfig c;
+  c.precision = precision;
   c.vocab_size = 37;
   c.max_seq_len = 9;
   c.d_model = 24;
   c.n_heads = 3;
   c.n_layers = 2;
   c.seed = 11;
+  if (precision == Precision::BF16) {  // the width of test_train_step's bf16 cases
+    c.d_model = 32;
+    c.n_heads = 4;
+  }
   auto m = std::make_unique<DecoderLM>(c);
   m->to(dev);
   return m;
@@ -192,7 +197,11 @@ void bf16_reduction_rounds_once(Device dev) {
 // over its bucket shards, in another order than AdamW over the parameters,
 // so its norm (and a clip scale made from it) may differ in the last bit.
 // grad_accum 5: micro-batches of one row each, the reduction once a step.
-void train_step_with_reducer_matches_plain(Device dev, bool sharded, int64_t grad_accum = 1) {
+// forward_waits (ZeRO-1): the step leaves the parameter all-gathers to the
+// next forward, which waits for each module's buckets (DecoderLM's
+// values-needed hook): still bitwise AdamW.
+void train_step_with_reducer_matches_plain(Device dev, bool sharded, int64_t grad_accum = 1,
+                                           bool forward_waits = false) {
   dist::init_world();
   auto plain = tiny_model(dev), ddp = tiny_model(dev);
   AdamWOptions o;
@@ -203,8 +212,10 @@ void train_step_with_reducer_matches_plain(Device dev, bool sharded, int64_t gra
   dist::ReducerOptions ro;
   ro.bucket_bytes = 4096;
   ro.sharded = sharded;
+  ro.forward_waits = forward_waits;
   dist::GradReducer reducer(comm, backward_order(*ddp), ro);
   ddp->set_grads_ready_hook([&](const std::vector<Parameter*>& ps) { reducer.grads_ready(ps); });
+  if (forward_waits) ddp->set_values_needed_hook([&](Module& m) { reducer.values_needed(m.parameters()); });
   std::unique_ptr<Optimizer> opt_ddp;
   if (sharded) opt_ddp = std::make_unique<dist::ShardedAdamW>(reducer, comm, ddp->parameters(), o);
   else opt_ddp = std::make_unique<AdamW>(ddp->parameters(), o);
@@ -224,10 +235,70 @@ void train_step_with_reducer_matches_plain(Device dev, bool sharded, int64_t gra
       REQUIRE(rp.grad_norm > o.max_grad_norm);  // clipped
       REQUIRE(rp.grad_norm == rd.grad_norm);
     }
+    REQUIRE(reducer.gathers_outstanding() == (forward_waits ? reducer.buckets().size() : 0));
   }
   REQUIRE(reducer.steps() == 4);  // one reduction a step, whatever grad_accum
+  reducer.finish_gather();
   require_bitwise(*plain, *ddp, false);
   ddp->set_grads_ready_hook(nullptr);
+  ddp->set_values_needed_hook(nullptr);
+}
+
+// One rank through TrainStep, ZeRO-1: the all-gathers waited for module by
+// module in the next forward equal them waited for in the step, bit for bit
+// (losses, norms, parameters). Under bf16 precision (CUDA) the GEMMs read the
+// parameters' bf16 compute copies, which each bucket's wait must refresh from
+// the gathered values (a stale copy changes the next loss).
+void zero1_forward_waits_match_step_waits(Device dev, Precision precision) {
+  dist::init_world();
+  dist::Collectives comm(dev);
+  AdamWOptions o;
+  o.lr = 3e-3;
+  o.weight_decay = 0.1;
+  struct Run {
+    std::unique_ptr<DecoderLM> model;
+    std::unique_ptr<dist::GradReducer> reducer;
+    std::unique_ptr<dist::ShardedAdamW> opt;
+    std::unique_ptr<ReducerHook> hook;
+    std::unique_ptr<TrainStep> step;
+  };
+  const auto make = [&](bool forward_waits) {
+    Run r;
+    r.model = tiny_model(dev, precision);
+    dist::ReducerOptions ro;
+    ro.bucket_bytes = 4096;
+    ro.sharded = true;
+    ro.forward_waits = forward_waits;
+    r.reducer = std::make_unique<dist::GradReducer>(comm, backward_order(*r.model), ro);
+    dist::GradReducer* reducer = r.reducer.get();
+    r.model->set_grads_ready_hook([reducer](const std::vector<Parameter*>& ps) { reducer->grads_ready(ps); });
+    if (forward_waits)
+      r.model->set_values_needed_hook([reducer](Module& m) { reducer->values_needed(m.parameters()); });
+    r.opt = std::make_unique<dist::ShardedAdamW>(*r.reducer, comm, r.model->parameters(), o);
+    r.hook = std::make_unique<ReducerHook>(*r.reducer);
+    TrainStepOptions so;
+    so.data_parallel = r.hook.get();
+    r.step = std::make_unique<TrainStep>(*r.model, *r.opt, so);
+    return r;
+  };
+  Run waited = make(false), overlapped = make(true);
+  for (uint64_t s = 0; s < 4; ++s) {
+    const Batch b = batch(dev, s);
+    const StepResult rw = waited.step->run(b.ids, b.targets), ro = overlapped.step->run(b.ids, b.targets);
+    INFO("step " << s + 1);
+    REQUIRE(rw.loss == ro.loss);
+    REQUIRE(rw.grad_norm == ro.grad_norm);
+    REQUIRE(overlapped.reducer->gathers_outstanding() == overlapped.reducer->buckets().size());
+  }
+  overlapped.reducer->finish_gather();
+  require_bitwise(*waited.model, *overlapped.model, false);
+  if (precision == Precision::BF16)
+    for (Parameter* p : overlapped.model->parameters())
+      if (p->compute.defined()) REQUIRE(p->compute.to_vector() == p->value.to(DType::BF16).to_vector());
+  for (Run* r : {&waited, &overlapped}) {
+    r->model->set_grads_ready_hook(nullptr);
+    r->model->set_values_needed_hook(nullptr);
+  }
 }
 
 }  // namespace
@@ -235,6 +306,54 @@ void train_step_with_reducer_matches_plain(Device dev, bool sharded, int64_t gra
 TEST_CASE("TrainStep with the reducer as its hook, one rank = TrainStep alone, bitwise (CPU; AdamW and ZeRO-1)") {
   train_step_with_reducer_matches_plain(Device::CPU, false);
   train_step_with_reducer_matches_plain(Device::CPU, true);
+}
+
+TEST_CASE("ZeRO-1 of one rank, all-gathers waited for in the next forward: = AdamW, = waited in the step (CPU)") {
+  train_step_with_reducer_matches_plain(Device::CPU, true, 1, /*forward_waits=*/true);
+  train_step_with_reducer_matches_plain(Device::CPU, true, 5, /*forward_waits=*/true);
+  zero1_forward_waits_match_step_waits(Device::CPU, Precision::FP32);
+}
+
+TEST_CASE("[cuda] ZeRO-1 of one rank, all-gathers waited for in the next forward = waited in the step (NCCL)") {
+  HG_REQUIRE_GPU();
+  train_step_with_reducer_matches_plain(Device::CUDA, true, 1, /*forward_waits=*/true);
+  zero1_forward_waits_match_step_waits(Device::CUDA, Precision::FP32);
+  zero1_forward_waits_match_step_waits(Device::CUDA, Precision::BF16);
+}
+
+TEST_CASE("GradReducer: waiting for one bucket's all-gather refreshes that bucket's bf16 compute copies only") {
+  dist::init_world();
+  dist::Collectives comm(Device::CPU);
+  Parameter a{Tensor::zeros({300}), Tensor::zeros({300}), Tensor()};
+  Parameter b{Tensor::zeros({7}), Tensor::zeros({7}), Tensor()};
+  dist::ReducerOptions ro;
+  ro.bucket_bytes = 1024;
+  ro.sharded = true;
+  ro.forward_waits = true;
+  dist::GradReducer reducer(comm, {&a, &b}, ro);
+  REQUIRE(reducer.buckets().size() == 2);
+  for (Parameter* p : {&a, &b}) {
+    p->compute = Tensor::zeros(p->value.shape(), DType::BF16);  // a stale copy
+    p->value.fill_(1.0 + std::ldexp(1.0, -9));                  // not a bf16 value: the copy rounds it
+  }
+  const std::vector<double> rounded(7, static_cast<double>(bf16_to_float(float_to_bf16(1.0f + 0x1p-9f))));
+  reducer.start_gather(0);
+  reducer.start_gather(1);
+  REQUIRE_THROWS_WITH(reducer.start_gather(1), Catch::Contains("previous gather was not waited for"));
+  REQUIRE(reducer.gathers_outstanding() == 2);
+  reducer.values_needed({&b});
+  REQUIRE(reducer.gathers_outstanding() == 1);
+  REQUIRE(b.compute.to_vector() == rounded);
+  REQUIRE(a.compute.to_vector() == std::vector<double>(300, 0.0));  // its bucket not waited for yet
+  Parameter other{Tensor::zeros({2}), Tensor::zeros({2}), Tensor()};
+  REQUIRE_THROWS_WITH(reducer.values_needed({&other}), Catch::Contains("does not hold"));
+  reducer.finish_gather();
+  REQUIRE(reducer.gathers_outstanding() == 0);
+  REQUIRE(a.compute.to_vector() == std::vector<double>(300, rounded[0]));
+  reducer.values_needed({&other});  // nothing outstanding: returns at once
+  dist::ReducerOptions unsharded;
+  unsharded.forward_waits = true;
+  REQUIRE_THROWS_WITH(dist::GradReducer(comm, {&other}, unsharded), Catch::Contains("sharded (ZeRO-1) layout only"));
 }
 
 TEST_CASE("TrainStep with the reducer and gradient accumulation: one reduction a step, = TrainStep alone (CPU)") {

@@ -10,6 +10,8 @@
 #      rows, docs/distributed.md) gives the same curve within the same bound.
 #   2. --zero 1 (sharded AdamW) gives the same curve within the same bound; its
 #      checkpoint (unsharded format) resumes in ONE process, continuing the curve.
+#      --zero-gather forward (the all-gathers waited for in the next forward)
+#      repeats --zero-gather step bit for bit.
 #   3. A rank killed mid-run (HG_FAULT=kill) stops the job (no hang), and the
 #      last checkpoint, written at the evaluation before, resumes.
 #   4. A rank whose parameters are nudged (HG_FAULT=perturb) fails --check-sync.
@@ -66,6 +68,14 @@ check "progress under mpirun, output to a file: plain lines, no CR or ESC" \
 check "--zero 1: a reduce-scatter and an all-gather per step" grep -q "2.0 collectives/step" z.out
 "$train" "${tiny[@]}" --steps 8 --batch 16 --checkpoint z.ck --resume --extend-schedule --log-csv z.csv >/dev/null 2>&1
 check "ZeRO-1 on 2 ranks, resumed in 1 process = 1 process throughout" close one.csv z.csv 1e-5
+
+# No --check-sync: it waits for the gathers after each step, before the forward
+# could; the hashes are compared at the evaluations (steps 3 and 6).
+zero_small=(--steps 6 --batch 8 --zero 1 --bucket-mb 0.01)
+"${launch[@]}" "$train" "${tiny[@]}" "${zero_small[@]}" --zero-gather step --log-csv zs.csv > zs.out 2>&1
+"${launch[@]}" "$train" "${tiny[@]}" "${zero_small[@]}" --zero-gather forward --log-csv zf.csv > zf.out 2>&1
+check "--zero-gather forward = --zero-gather step, bit for bit (several buckets)" \
+  bash -c "[[ -s zf.csv ]] && cmp -s <(tail -n +2 zs.csv | cut -d, -f2) <(tail -n +2 zf.csv | cut -d, -f2)"
 
 HG_FAULT=perturb:1:3 "${launch[@]}" "$train" "${tiny[@]}" --steps 4 --batch 8 --check-sync > p.out 2>&1
 check "a rank whose parameters diverge is caught by the hash check" \

@@ -214,14 +214,19 @@ void accumulated_and_reduced_matches_whole_batch(Device dev, bool sharded) {
   ddp->set_grads_ready_hook(nullptr);
 }
 
-// A ZeRO-1 model on every rank: its reducer (sharded) and optimizer.
+// A ZeRO-1 model on every rank: its reducer (sharded) and optimizer. With
+// forward_waits the step leaves the parameter all-gathers running and the
+// next forward waits for each module's buckets (as cli::DataParallel wires
+// it); `outstanding` records, at each module of the forward, how many
+// buckets' gathers were still outstanding before its wait.
 struct ZeroRun {
   std::unique_ptr<DecoderLM> model;
   std::unique_ptr<dist::Collectives> comm;
   std::unique_ptr<dist::GradReducer> reducer;
   std::unique_ptr<dist::ShardedAdamW> opt;
+  std::vector<size_t> outstanding;
 
-  ZeroRun(Device dev, const std::string& resume_from) {
+  ZeroRun(Device dev, const std::string& resume_from, bool forward_waits = false) {
     model = tiny_model(Device::CPU, resume_from.empty() ? 11 : 99);  // a resumed run's own seed is overwritten
     if (!resume_from.empty()) model->load(resume_from);
     model->to(dev);
@@ -229,6 +234,7 @@ struct ZeroRun {
     dist::ReducerOptions ro;
     ro.bucket_bytes = 8192;
     ro.sharded = true;
+    ro.forward_waits = forward_waits;
     reducer = std::make_unique<dist::GradReducer>(*comm, backward_order(*model), ro);
     AdamWOptions o;
     o.lr = 3e-3;
@@ -237,16 +243,30 @@ struct ZeroRun {
     opt = std::make_unique<dist::ShardedAdamW>(*reducer, *comm, model->parameters(), o);
     if (!resume_from.empty()) opt->load_state(resume_from + ".optim");
     model->set_grads_ready_hook([this](const std::vector<Parameter*>& ps) { reducer->grads_ready(ps); });
+    if (forward_waits)
+      model->set_values_needed_hook([this](Module& m) {
+        outstanding.push_back(reducer->gathers_outstanding());
+        reducer->values_needed(m.parameters());
+      });
   }
-  ~ZeroRun() { model->set_grads_ready_hook(nullptr); }
+  ~ZeroRun() {
+    if (!model) return;  // moved out
+    model->set_grads_ready_hook(nullptr);
+    model->set_values_needed_hook(nullptr);
+  }
 
-  // One step on global batch `seed`; returns the global loss.
-  double step(uint64_t seed, Device dev) {
+  // One step on global batch `seed`; returns this rank's weighted loss.
+  double local_step(uint64_t seed, Device dev) {
     const Shard mine = my_shard(global_batch(seed), dev);
     reducer->begin_step(mine.weight);
-    double loss = mine.weight * forward_backward(*model, mine);
+    const double loss = mine.weight * forward_backward(*model, mine);
     reducer->finish();
     opt->step();
+    return loss;
+  }
+  // The same, returning the global loss.
+  double step(uint64_t seed, Device dev) {
+    double loss = local_step(seed, dev);
     dist::all_reduce_sum(&loss, 1, "all-reduce of the loss");
     return loss;
   }
@@ -290,6 +310,58 @@ void zero1_resume_on_two_ranks(Device dev) {
   for (size_t i = 0; i < pw.size(); ++i) {
     INFO("rank " << ranks().rank << ", " << pw[i].first);
     REQUIRE(pw[i].second->value.to_vector() == pr[i].second->value.to_vector());
+  }
+}
+
+// ZeRO-1 whose parameter all-gathers overlap the next forward (each module
+// waits for its own buckets) against ZeRO-1 whose step waits for them: the
+// same losses on every step and the same parameters, bit for bit, on both
+// ranks. The overlapped run must really leave the gathers to the forward:
+// all of them outstanding after the step, the embedding (gathered first) met
+// with every one outstanding, the first layer with some still outstanding
+// (waits per bucket, not all at once), none left after the forward. The two
+// runs take turns only between whole runs and the overlapped one makes no
+// blocking MPI call between its steps (no loss all-reduce): MPI moves a
+// nonblocking gather only inside MPI calls, so a forward that skipped a wait
+// would read the other rank's part of the values from the step before.
+void zero1_gathers_overlap_forward(Device dev) {
+  constexpr int kSteps = 4;
+  std::vector<double> expected;
+  std::unique_ptr<DecoderLM> waited_model;
+  {
+    ZeroRun waited(dev, "");
+    for (int s = 0; s < kSteps; ++s) {
+      expected.push_back(waited.local_step(100 + s, dev));
+      REQUIRE(waited.reducer->gathers_outstanding() == 0);
+    }
+    waited.model->set_grads_ready_hook(nullptr);
+    waited_model = std::move(waited.model);
+  }
+  ZeroRun overlapped(dev, "", /*forward_waits=*/true);
+  const size_t buckets = overlapped.reducer->buckets().size();
+  REQUIRE(buckets > 3);
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("rank " << ranks().rank << ", step " << s + 1);
+    overlapped.outstanding.clear();
+    const double got = overlapped.local_step(100 + s, dev);
+    REQUIRE(got == expected[s]);
+    REQUIRE(overlapped.reducer->gathers_outstanding() == buckets);  // the step left them to the next forward
+    const std::vector<size_t>& seen = overlapped.outstanding;       // this step's forward: after the last step's update
+    REQUIRE(seen.size() == 2 + overlapped.model->layers.size() + 1);  // embed, layers, ln_f, head
+    REQUIRE(std::is_sorted(seen.rbegin(), seen.rend()));              // fewer and fewer outstanding
+    if (s == 0) {
+      REQUIRE(seen.front() == 0);  // the first forward follows no update
+    } else {
+      REQUIRE(seen.front() == buckets);
+      REQUIRE(seen[1] > 0);
+      REQUIRE(seen[1] < buckets);
+    }
+  }
+  overlapped.reducer->finish_gather();
+  const auto pw = waited_model->named_parameters(), po = overlapped.model->named_parameters();
+  for (size_t i = 0; i < pw.size(); ++i) {
+    INFO("rank " << ranks().rank << ", " << pw[i].first);
+    REQUIRE(pw[i].second->value.to_vector() == po[i].second->value.to_vector());
   }
 }
 
@@ -402,6 +474,19 @@ TEST_CASE("2 ranks x 2 micro-batches of 4 = 1 process x batch 16: gradients, one
 TEST_CASE("ZeRO-1 on 2 ranks, checkpointed and resumed on 2 ranks = uninterrupted (CPU, MPI)") {
   HG_REQUIRE_TWO_RANKS();
   zero1_resume_on_two_ranks(Device::CPU);
+}
+
+TEST_CASE("ZeRO-1 on 2 ranks, all-gathers waited for module by module in the next forward = in the step (CPU, MPI)") {
+  HG_REQUIRE_TWO_RANKS();
+  zero1_gathers_overlap_forward(Device::CPU);
+}
+
+TEST_CASE("[cuda] ZeRO-1 on 2 ranks, all-gathers waited for module by module in the next forward = in the step "
+          "(NCCL)") {
+  HG_REQUIRE_GPU();
+  HG_REQUIRE_TWO_RANKS();
+  if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
+  zero1_gathers_overlap_forward(Device::CUDA);
 }
 
 TEST_CASE("[cuda] 2 ranks x batch 8 = 1 process x batch 16: pre-clip gradient norm and gradients (NCCL)") {
