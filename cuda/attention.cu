@@ -26,6 +26,8 @@
 #include "core/error.hpp"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
+#include "cuda/attention_row_math.cuh"
+#include "cuda/attention_wgmma.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/side_stream.hpp"
@@ -37,9 +39,13 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 128;  // 4 warps per block in every kernel
 using attn::Args;
+using attn::exp2_ftz;
 using attn::kLn2;
 using attn::kLog2e;
 using attn::kMaskThreshold;
+using attn::pack;
+using attn::quad_max;
+using attn::quad_sum;
 
 // ---- shared row functions ----------------------------------------------------
 
@@ -62,16 +68,6 @@ __device__ __forceinline__ float logit2(const Args& a, const float* mask_row, in
 // of 1e4, whose ulp is 1e-3: docs/attention.md). 0 for removed keys.
 __device__ __forceinline__ float prob(float x2, float2 stats) {
   return x2 == -INFINITY ? 0.f : exp2f(x2 - stats.x) * stats.y;
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, f32 accumulate) ------
@@ -101,19 +97,6 @@ __device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (
     mma(acc[mt][n], a[mt], b[0], b[1]);
     mma(acc[mt][n + 1], a[mt], b[2], b[3]);
   }
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
-// far below what a bf16 probability can hold).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -1126,7 +1109,46 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
   check_strides(l.o, "o", dtype, op);
 }
 
+// ---- which BF16 forward runs ----------------------------------------------------
+// The wgmma forward (cuda/attention_wgmma.cu) beat mma.sync at head dim 128
+// at every T and at head dim 64 from T 2048 on (H200, docs/attention.md);
+// at dh 64 below that they tie or mma.sync wins. Each condition it needs is
+// checked here; a call failing any runs the mma.sync kernel.
+constexpr int64_t kWgmmaMinTokensDh64 = 2048;
+
+// The operand is addressed (batch, head, row) with the batch outermost: the
+// contiguous (B, H, T, dh) and packed (B, T, ..., H, dh) layouts the wgmma
+// forward is tested on, not the KV cache's time-major one.
+bool batch_outermost(const HeadStrides& s, int64_t rows, int64_t dh) {
+  return s.row >= dh && s.head >= dh && s.batch >= rows * s.row;
+}
+
+// TMA: base 16-byte aligned, byte strides multiples of 16 below 2^40.
+bool tma_addressable(const void* p, const HeadStrides& s) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  for (const int64_t v : {s.batch, s.head, s.row})
+    if (v <= 0 || v * 2 % 16 != 0 || v * 2 >= (int64_t(1) << 40)) return false;
+  return true;
+}
+
+bool wgmma_forward_takes(const void* q, const void* k, const void* v, const AttentionLayout& l, const void* out) {
+  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && l.tq >= kWgmmaMinTokensDh64);
+  // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and finite as a float keeps their order.
+  const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
+  const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
+  return shape && scale && l.mask == nullptr && l.tq == l.tk && l.tq >= 1 && l.batch < (int64_t(1) << 31) &&
+         batch_outermost(l.q, l.tq, l.head_dim) && batch_outermost(l.kv, l.tk, l.head_dim) &&
+         batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) && tma_addressable(k, l.kv) &&
+         tma_addressable(v, l.kv) && out != nullptr && attn::wgmma_forward_available();
+}
+
 }  // namespace
+
+AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
+                                                const AttentionLayout& layout, const void* out) {
+  if (dtype != DType::BF16) return AttentionForwardKernel::F32;
+  return wgmma_forward_takes(q, k, v, layout, out) ? AttentionForwardKernel::Wgmma : AttentionForwardKernel::MmaSync;
+}
 
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
                        void* out, Tensor& lse, Tensor& stats) {
@@ -1141,6 +1163,8 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
   a.out = out;
   a.lse = lse.data<float>();
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
+  if (attention_forward_kernel(dtype, q, k, v, layout, out) == AttentionForwardKernel::Wgmma)
+    return attn::forward_wgmma(a, layout.batch, static_cast<int>(layout.head_dim));
   const bool bf16_inputs = dtype == DType::BF16;
   by_head_dim(layout.head_dim,
               [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
