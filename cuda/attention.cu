@@ -24,6 +24,7 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/attention_dispatch.hpp"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
 #include "cuda/attention_row_math.cuh"
@@ -1109,45 +1110,15 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
   check_strides(l.o, "o", dtype, op);
 }
 
-// ---- which BF16 forward runs ----------------------------------------------------
-// The wgmma forward (cuda/attention_wgmma.cu) beat mma.sync at head dim 128
-// at every T and at head dim 64 from T 2048 on (H200, docs/attention.md);
-// at dh 64 below that they tie or mma.sync wins. Each condition it needs is
-// checked here; a call failing any runs the mma.sync kernel.
-constexpr int64_t kWgmmaMinTokensDh64 = 2048;
-
-// The operand is addressed (batch, head, row) with the batch outermost: the
-// contiguous (B, H, T, dh) and packed (B, T, ..., H, dh) layouts the wgmma
-// forward is tested on, not the KV cache's time-major one.
-bool batch_outermost(const HeadStrides& s, int64_t rows, int64_t dh) {
-  return s.row >= dh && s.head >= dh && s.batch >= rows * s.row;
-}
-
-// TMA: base 16-byte aligned, byte strides multiples of 16 below 2^40.
-bool tma_addressable(const void* p, const HeadStrides& s) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  for (const int64_t v : {s.batch, s.head, s.row})
-    if (v <= 0 || v * 2 % 16 != 0 || v * 2 >= (int64_t(1) << 40)) return false;
-  return true;
-}
-
-bool wgmma_forward_takes(const void* q, const void* k, const void* v, const AttentionLayout& l, const void* out) {
-  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && l.tq >= kWgmmaMinTokensDh64);
-  // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and finite as a float keeps their order.
-  const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
-  const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
-  return shape && scale && l.mask == nullptr && l.tq == l.tk && l.tq >= 1 && l.batch < (int64_t(1) << 31) &&
-         batch_outermost(l.q, l.tq, l.head_dim) && batch_outermost(l.kv, l.tk, l.head_dim) &&
-         batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) && tma_addressable(k, l.kv) &&
-         tma_addressable(v, l.kv) && out != nullptr && attn::wgmma_forward_available();
-}
-
 }  // namespace
 
 AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
-                                                const AttentionLayout& layout, const void* out) {
+                                                const AttentionLayout& layout) {
   if (dtype != DType::BF16) return AttentionForwardKernel::F32;
-  return wgmma_forward_takes(q, k, v, layout, out) ? AttentionForwardKernel::Wgmma : AttentionForwardKernel::MmaSync;
+  // The device is asked last: the rules alone decide most calls.
+  return wgmma_forward_applies(layout, q, k, v, true) && attn::wgmma_forward_available()
+             ? AttentionForwardKernel::Wgmma
+             : AttentionForwardKernel::MmaSync;
 }
 
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
@@ -1163,7 +1134,7 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
   a.out = out;
   a.lse = lse.data<float>();
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
-  if (attention_forward_kernel(dtype, q, k, v, layout, out) == AttentionForwardKernel::Wgmma)
+  if (attention_forward_kernel(dtype, q, k, v, layout) == AttentionForwardKernel::Wgmma)
     return attn::forward_wgmma(a, layout.batch, static_cast<int>(layout.head_dim));
   const bool bf16_inputs = dtype == DType::BF16;
   by_head_dim(layout.head_dim,

@@ -92,8 +92,7 @@ void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, floa
 void attention_forward(DType, const void*, const void*, const void*, const AttentionLayout&, void*, Tensor&, Tensor&) {
   no_cuda("gpu::attention_forward");
 }
-AttentionForwardKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&,
-                                                const void*) {
+AttentionForwardKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&) {
   no_cuda("gpu::attention_forward_kernel");
 }
 void attention_backward(DType, const void*, const void*, const void*, const void*, const void*, const Tensor&,

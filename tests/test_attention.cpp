@@ -13,6 +13,7 @@
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
+#include "cuda/attention_dispatch.hpp"
 #include "cuda/attention_kernels.hpp"
 #include "ops/attention.hpp"
 #include "tests/test_util.hpp"
@@ -658,11 +659,9 @@ namespace {
 
 using hg::gpu::AttentionForwardKernel;
 
-// The forward kernel a BF16 call with contiguous operands at `base` would
-// run (nothing is read; the pointers' alignment matters), or with k and v
-// as the KV cache's time-major (T, B, H, dh) block.
-AttentionForwardKernel forward_kernel_of(const Problem& p, const void* base, DType dtype = DType::BF16,
-                                         bool time_major_kv = false) {
+// The layout of a call with contiguous operands, or with k and v as the KV
+// cache's time-major (T, B, H, dh) block; a mask (only its presence counts).
+hg::AttentionLayout layout_of(const Problem& p, bool time_major_kv = false) {
   static const float zero_mask[1] = {0.f};
   hg::AttentionLayout l;
   l.batch = p.b, l.heads = p.h, l.tq = p.tq, l.tk = p.tk, l.head_dim = p.dh;
@@ -670,22 +669,67 @@ AttentionForwardKernel forward_kernel_of(const Problem& p, const void* base, DTy
   l.kv = time_major_kv ? hg::HeadStrides::time_major(p.b, p.h, p.dh) : hg::HeadStrides::contiguous(p.h, p.tk, p.dh);
   l.causal = p.causal, l.scale = p.scale;
   l.mask = p.mask ? zero_mask : nullptr;
-  return hg::gpu::attention_forward_kernel(dtype, base, base, base, l, base);
+  return l;
 }
 
-// A 16-byte aligned address for forward_kernel_of.
-const void* aligned_address() {
-  alignas(16) static const char buf[16] = {};
+// A 16-byte aligned address (nothing is read from it: the choice of kernel
+// depends on the pointers' alignment only).
+const char* aligned_address() {
+  alignas(16) static const char buf[32] = {};
   return buf;
 }
 
+// One call of the dispatch table: the problem, where q, k, v start, and
+// whether the wgmma forward takes it on a device that runs it.
+struct DispatchCase {
+  Problem p;
+  const void* base;
+  bool time_major_kv, wgmma;
+};
+
+// Head dim 128 at several T, causal or not, and each rule broken once;
+// head dim 64 on both sides of T 2048.
+std::vector<DispatchCase> dispatch_cases() {
+  const char* at = aligned_address();
+  std::vector<DispatchCase> cases;
+  Problem p;
+  p.b = 2, p.h = 3, p.dh = 128, p.scale = 0.09;
+  for (int64_t t : {1, 100, 128, 300, 4096})
+    for (bool causal : {false, true}) {
+      p.tq = p.tk = t, p.causal = causal;
+      cases.push_back({p, at, false, true});
+      cases.push_back({p, at + 2, false, false});  // not 16-byte aligned for TMA
+      cases.push_back({p, at, true, false});       // time-major k, v
+      Problem q = p;
+      q.mask = true;
+      cases.push_back({q, at, false, false});
+      q = p, q.tk = t + 1;
+      cases.push_back({q, at, false, false});
+      q = p, q.scale = -0.09;
+      cases.push_back({q, at, false, false});
+      q = p, q.scale = 1e-60;  // 0 as a float
+      cases.push_back({q, at, false, false});
+      q = p, q.dh = 32;
+      cases.push_back({q, at, false, false});
+    }
+  p.dh = 64;
+  for (const auto& [t, wgmma] :
+       {std::pair{int64_t(300), false}, {int64_t(2047), false}, {int64_t(2048), true}, {int64_t(8192), true}}) {
+    p.tq = p.tk = t;
+    cases.push_back({p, at, false, wgmma});
+  }
+  return cases;
+}
+
 // Whether this device and build run the wgmma forward (a dh 128 call that
-// meets every other condition): compute capability 9.0 with the library
-// built for 90 (sm_90a code for this file), as every build preset is.
+// meets every rule): compute capability 9.0 with the library built for 90
+// (sm_90a code for cuda/attention_wgmma.cu), as every build preset is.
 bool wgmma_runs_here() {
   Problem p;
   p.tq = p.tk = 64, p.dh = 128, p.scale = 0.1;
-  const bool runs = forward_kernel_of(p, aligned_address()) == AttentionForwardKernel::Wgmma;
+  const char* at = aligned_address();
+  const bool runs =
+      hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionForwardKernel::Wgmma;
   if (hg::gpu::compute_capability() == 90) CHECK(runs);  // a build for 90 holds the sm_90a kernel
   return runs;
 }
@@ -703,7 +747,9 @@ Outputs run_mma_sync(const Problem& p, const Inputs& in) {
   zero.mask = Tensor::zeros({p.b, 1, 1, p.tk}, DType::F64);
   Problem masked = p;
   masked.mask = true;
-  REQUIRE(forward_kernel_of(masked, aligned_address()) == AttentionForwardKernel::MmaSync);
+  const char* at = aligned_address();
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(masked)) ==
+          AttentionForwardKernel::MmaSync);
   return run(p, zero, Device::CUDA, DType::BF16, KernelMode::Fused);
 }
 
@@ -721,40 +767,34 @@ void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& go
 
 }  // namespace
 
+TEST_CASE("attention: the BF16 forward takes the wgmma kernel exactly where its rules allow", "[attention]") {
+  for (const DispatchCase& c : dispatch_cases()) {
+    INFO(describe(c.p) << " scale " << c.p.scale << (c.time_major_kv ? " time-major k, v" : "")
+                       << (c.base == aligned_address() ? "" : " misaligned"));
+    const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
+    CHECK(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/true) == c.wgmma);
+    CHECK_FALSE(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/false));
+  }
+  // The packed (B, T, 3, H, dh) form training reads q, k, v from, o written (B, T, H, dh).
+  Problem p;
+  p.b = 2, p.h = 3, p.tq = p.tk = 300, p.dh = 128, p.scale = 0.09;
+  hg::AttentionLayout l = layout_of(p);
+  l.q = l.kv = hg::HeadStrides::packed(p.tq, p.dh, 3 * p.h * p.dh);
+  l.o = hg::HeadStrides::packed(p.tq, p.dh, p.h * p.dh);
+  const char* qkv = aligned_address();
+  CHECK(hg::gpu::wgmma_forward_applies(l, qkv, qkv + 2 * p.h * p.dh, qkv + 4 * p.h * p.dh, true));
+}
+
 TEST_CASE("attention: CUDA BF16 forward takes the wgmma kernel exactly where it applies", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   const bool wgmma = wgmma_runs_here();
-  const AttentionForwardKernel fast = wgmma ? AttentionForwardKernel::Wgmma : AttentionForwardKernel::MmaSync;
-  alignas(16) static const char buf[32] = {};
-  Problem p;
-  p.b = 2, p.h = 3, p.dh = 128, p.scale = 0.09;
-  for (int64_t t : {1, 100, 128, 300, 4096})
-    for (bool causal : {false, true}) {
-      p.tq = p.tk = t, p.causal = causal;
-      INFO(describe(p));
-      CHECK(forward_kernel_of(p, buf) == fast);
-      CHECK(forward_kernel_of(p, buf, DType::F32) == AttentionForwardKernel::F32);
-      CHECK(forward_kernel_of(p, buf + 2) == AttentionForwardKernel::MmaSync);  // not 16-byte aligned for TMA
-      CHECK(forward_kernel_of(p, buf, DType::BF16, /*time_major_kv=*/true) == AttentionForwardKernel::MmaSync);
-      Problem q = p;
-      q.mask = true;
-      CHECK(forward_kernel_of(q, buf) == AttentionForwardKernel::MmaSync);
-      q = p, q.tk = t + 1;
-      CHECK(forward_kernel_of(q, buf) == AttentionForwardKernel::MmaSync);
-      q = p, q.scale = -0.09;
-      CHECK(forward_kernel_of(q, buf) == AttentionForwardKernel::MmaSync);
-      q = p, q.dh = 32;
-      CHECK(forward_kernel_of(q, buf) == AttentionForwardKernel::MmaSync);
-    }
-  // Head dim 64: mma.sync below T 2048 (where it ties or wins), wgmma from it on.
-  p.dh = 64;
-  for (const auto& [t, want] : {std::pair{int64_t(300), AttentionForwardKernel::MmaSync},
-                                {int64_t(2047), AttentionForwardKernel::MmaSync},
-                                {int64_t(2048), fast},
-                                {int64_t(8192), fast}}) {
-    p.tq = p.tk = t;
-    INFO(describe(p));
-    CHECK(forward_kernel_of(p, buf) == want);
+  for (const DispatchCase& c : dispatch_cases()) {
+    INFO(describe(c.p) << (c.time_major_kv ? " time-major k, v" : "")
+                       << (c.base == aligned_address() ? "" : " misaligned"));
+    const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
+    CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) ==
+          (c.wgmma && wgmma ? AttentionForwardKernel::Wgmma : AttentionForwardKernel::MmaSync));
+    CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionForwardKernel::F32);
   }
 }
 
