@@ -43,8 +43,8 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
   const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
   return device_ready && shape && scale && l.mask == nullptr && l.tq == l.tk && l.tq >= 1 &&
          l.batch < (int64_t(1) << 31) && batch_outermost(l.q, l.tq, l.head_dim) &&
-         batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) &&
-         tma_addressable(q, l.q) && tma_addressable(k, l.kv) && tma_addressable(v, l.kv);
+         batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) &&
+         tma_addressable(k, l.kv) && tma_addressable(v, l.kv);
 }
 
 }  // namespace hg::gpu
