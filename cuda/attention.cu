@@ -12,7 +12,9 @@
 // one kernel per key tile for dk, dv and one per query tile for dq, each
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
 // repeatable results. Which tiles each head dim runs: the configuration
-// tables in the launcher section (kBf16Forward, kBf16Backward).
+// tables in the launcher section (kBf16Forward, kBf16Backward). On a
+// compute capability 9.0 GPU the BF16 forward is cuda/attention_wgmma.cu
+// (wgmma + TMA) where cuda/attention_dispatch.hpp's rules allow it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
