@@ -781,7 +781,7 @@ TEST_CASE("attention: the BF16 forward takes the wgmma kernel exactly where its 
   hg::AttentionLayout l = layout_of(p);
   l.q = l.kv = hg::HeadStrides::packed(p.tq, p.dh, 3 * p.h * p.dh);
   l.o = hg::HeadStrides::packed(p.tq, p.dh, p.h * p.dh);
-  const char* qkv = aligned_address();
+  alignas(16) static const char qkv[3 * 3 * 128 * 2] = {};  // one token's q, k, v of 3 heads, bf16
   CHECK(hg::gpu::wgmma_forward_applies(l, qkv, qkv + 2 * p.h * p.dh, qkv + 4 * p.h * p.dh, true));
 }
 
