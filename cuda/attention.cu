@@ -12,7 +12,9 @@
 // one kernel per key tile for dk, dv and one per query tile for dq, each
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
 // repeatable results. Which tiles each head dim runs: the configuration
-// tables in the launcher section (kBf16Forward, kBf16Backward).
+// tables in the launcher section (kBf16Forward, kBf16Backward). On a
+// compute capability 9.0 GPU the BF16 forward is cuda/attention_wgmma.cu
+// (wgmma + TMA) where cuda/attention_dispatch.hpp's rules allow it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -24,8 +26,11 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/attention_dispatch.hpp"
 #include "cuda/attention_f32.cuh"
 #include "cuda/attention_kernels.hpp"
+#include "cuda/attention_row_math.cuh"
+#include "cuda/attention_wgmma.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/side_stream.hpp"
@@ -37,9 +42,13 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 128;  // 4 warps per block in every kernel
 using attn::Args;
+using attn::exp2_ftz;
 using attn::kLn2;
 using attn::kLog2e;
 using attn::kMaskThreshold;
+using attn::pack;
+using attn::quad_max;
+using attn::quad_sum;
 
 // ---- shared row functions ----------------------------------------------------
 
@@ -62,16 +71,6 @@ __device__ __forceinline__ float logit2(const Args& a, const float* mask_row, in
 // of 1e4, whose ulp is 1e-3: docs/attention.md). 0 for removed keys.
 __device__ __forceinline__ float prob(float x2, float2 stats) {
   return x2 == -INFINITY ? 0.f : exp2f(x2 - stats.x) * stats.y;
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, f32 accumulate) ------
@@ -101,19 +100,6 @@ __device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (
     mma(acc[mt][n], a[mt], b[0], b[1]);
     mma(acc[mt][n + 1], a[mt], b[2], b[3]);
   }
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
-// far below what a bf16 probability can hold).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -1128,6 +1114,15 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
 
 }  // namespace
 
+AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
+                                                const AttentionLayout& layout) {
+  if (dtype != DType::BF16) return AttentionForwardKernel::F32;
+  // The device is asked last: the rules alone decide most calls.
+  return wgmma_forward_applies(layout, q, k, v, true) && attn::wgmma_forward_available()
+             ? AttentionForwardKernel::Wgmma
+             : AttentionForwardKernel::MmaSync;
+}
+
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
                        void* out, Tensor& lse, Tensor& stats) {
   const char* op = "attention_forward";
@@ -1141,6 +1136,8 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
   a.out = out;
   a.lse = lse.data<float>();
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
+  if (attention_forward_kernel(dtype, q, k, v, layout) == AttentionForwardKernel::Wgmma)
+    return attn::forward_wgmma(a, layout.batch, static_cast<int>(layout.head_dim));
   const bool bf16_inputs = dtype == DType::BF16;
   by_head_dim(layout.head_dim,
               [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });

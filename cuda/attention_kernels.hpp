@@ -16,6 +16,15 @@ namespace hg::gpu {
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
                        void* out, Tensor& lse, Tensor& stats);
 
+// The kernel attention_forward runs for a call, on the current device:
+// F32 inputs run the F32 kernels; BF16 runs the sm_90a wgmma forward where
+// wgmma_forward_applies (cuda/attention_dispatch.hpp) and the device runs
+// it, else the mma.sync one. The pointers matter (TMA takes 16-byte aligned
+// bases).
+enum class AttentionForwardKernel { F32, MmaSync, Wgmma };
+AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
+                                                const AttentionLayout& layout);
+
 // dq (layout.q), dk, dv (layout.kv) from dout (layout.o) without
 // floating-point atomics: BF16 runs one kernel for dk and dv per key tile and
 // another for dq per query tile; F32 adds dq from the dk, dv blocks in a

@@ -13,6 +13,7 @@
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/tensor.hpp"
+#include "cuda/attention_dispatch.hpp"
 #include "cuda/attention_kernels.hpp"
 #include "ops/attention.hpp"
 #include "tests/test_util.hpp"
@@ -643,6 +644,240 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
     CHECK(rel_err(dq_rows(p, a.dq.to_vector(), rows), reference_dq_rows(p, in, rows)) <
           (c.dtype == DType::BF16 ? 2e-2 : 2e-5));
   }
+}
+
+// ---------------------------------------------------------------------------
+// The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
+// and at head dim 64 from T 2048, without a mask, Tq = Tk, scale > 0, batch
+// outermost and TMA-aligned operands, on a compute capability 9.0 device
+// (cuda/attention.cu). Its shapes are checked to take it there, then
+// against float64 (o, lse, and the mma.sync backward run from its o and
+// stats) and against the mma.sync forward on the same inputs: a zero mask
+// sends a call there (it adds 0 to every logit).
+
+namespace {
+
+using hg::gpu::AttentionForwardKernel;
+
+// The layout of a call with contiguous operands, or with k and v as the KV
+// cache's time-major (T, B, H, dh) block; a mask (only its presence counts).
+hg::AttentionLayout layout_of(const Problem& p, bool time_major_kv = false) {
+  static const float zero_mask[1] = {0.f};
+  hg::AttentionLayout l;
+  l.batch = p.b, l.heads = p.h, l.tq = p.tq, l.tk = p.tk, l.head_dim = p.dh;
+  l.q = l.o = hg::HeadStrides::contiguous(p.h, p.tq, p.dh);
+  l.kv = time_major_kv ? hg::HeadStrides::time_major(p.b, p.h, p.dh) : hg::HeadStrides::contiguous(p.h, p.tk, p.dh);
+  l.causal = p.causal, l.scale = p.scale;
+  l.mask = p.mask ? zero_mask : nullptr;
+  return l;
+}
+
+// A 16-byte aligned address (nothing is read from it: the choice of kernel
+// depends on the pointers' alignment only).
+const char* aligned_address() {
+  alignas(16) static const char buf[32] = {};
+  return buf;
+}
+
+// One call of the dispatch table: the problem, where q, k, v start, and
+// whether the wgmma forward takes it on a device that runs it.
+struct DispatchCase {
+  Problem p;
+  const void* base;
+  bool time_major_kv, wgmma;
+};
+
+// Head dim 128 at several T, causal or not, and each rule broken once;
+// head dim 64 on both sides of T 2048.
+std::vector<DispatchCase> dispatch_cases() {
+  const char* at = aligned_address();
+  std::vector<DispatchCase> cases;
+  Problem p;
+  p.b = 2, p.h = 3, p.dh = 128, p.scale = 0.09;
+  for (int64_t t : {1, 100, 128, 300, 4096})
+    for (bool causal : {false, true}) {
+      p.tq = p.tk = t, p.causal = causal;
+      cases.push_back({p, at, false, true});
+      cases.push_back({p, at + 2, false, false});  // not 16-byte aligned for TMA
+      cases.push_back({p, at, true, false});       // time-major k, v
+      Problem q = p;
+      q.mask = true;
+      cases.push_back({q, at, false, false});
+      q = p, q.tk = t + 1;
+      cases.push_back({q, at, false, false});
+      q = p, q.scale = -0.09;
+      cases.push_back({q, at, false, false});
+      q = p, q.scale = 1e-60;  // 0 as a float
+      cases.push_back({q, at, false, false});
+      q = p, q.dh = 32;
+      cases.push_back({q, at, false, false});
+    }
+  p.dh = 64;
+  for (const auto& [t, wgmma] :
+       {std::pair{int64_t(300), false}, {int64_t(2047), false}, {int64_t(2048), true}, {int64_t(8192), true}}) {
+    p.tq = p.tk = t;
+    cases.push_back({p, at, false, wgmma});
+  }
+  return cases;
+}
+
+// Whether this device and build run the wgmma forward (a dh 128 call that
+// meets every rule): compute capability 9.0 with the library built for 90
+// (sm_90a code for cuda/attention_wgmma.cu), as every build preset is.
+bool wgmma_runs_here() {
+  Problem p;
+  p.tq = p.tk = 64, p.dh = 128, p.scale = 0.1;
+  const char* at = aligned_address();
+  const bool runs =
+      hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionForwardKernel::Wgmma;
+  if (hg::gpu::compute_capability() == 90) CHECK(runs);  // a build for 90 holds the sm_90a kernel
+  return runs;
+}
+
+// wgmma_runs_here, with a note where it does not.
+bool wgmma_test_runs() {
+  if (wgmma_runs_here()) return true;
+  WARN("SKIPPED: the wgmma forward does not run on this device (compute capability 9.0 only)");
+  return false;
+}
+
+// The same inputs with a mask of zeros: the mma.sync forward's result.
+Outputs run_mma_sync(const Problem& p, const Inputs& in) {
+  Inputs zero = in;
+  zero.mask = Tensor::zeros({p.b, 1, 1, p.tk}, DType::F64);
+  Problem masked = p;
+  masked.mask = true;
+  const char* at = aligned_address();
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(masked)) ==
+          AttentionForwardKernel::MmaSync);
+  return run(p, zero, Device::CUDA, DType::BF16, KernelMode::Fused);
+}
+
+// got (the wgmma forward) against float64 and against the mma.sync
+// forward: o within 8e-3 of each other (relative norm, the bf16 bound of
+// the float64 checks: both round p and o to bf16, at different running
+// maxima), lse within 4e-6 (fp32 arithmetic on the same exact products).
+void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& got, const std::string& what) {
+  check_close_bf16(got, reference(p, in16), what);
+  const Outputs mma = run_mma_sync(p, in16);
+  INFO(what << ": against the mma.sync forward");
+  CHECK(err(got.o, mma.o) < 8e-3);
+  CHECK(err(got.lse, mma.lse) < 4e-6);
+}
+
+}  // namespace
+
+TEST_CASE("attention: the BF16 forward takes the wgmma kernel exactly where its rules allow", "[attention]") {
+  for (const DispatchCase& c : dispatch_cases()) {
+    INFO(describe(c.p) << " scale " << c.p.scale << (c.time_major_kv ? " time-major k, v" : "")
+                       << (c.base == aligned_address() ? "" : " misaligned"));
+    const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
+    CHECK(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/true) == c.wgmma);
+    CHECK_FALSE(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/false));
+  }
+  // The packed (B, T, 3, H, dh) form training reads q, k, v from, o written (B, T, H, dh).
+  Problem p;
+  p.b = 2, p.h = 3, p.tq = p.tk = 300, p.dh = 128, p.scale = 0.09;
+  hg::AttentionLayout l = layout_of(p);
+  l.q = l.kv = hg::HeadStrides::packed(p.tq, p.dh, 3 * p.h * p.dh);
+  l.o = hg::HeadStrides::packed(p.tq, p.dh, p.h * p.dh);
+  alignas(16) static const char qkv[3 * 3 * 128 * 2] = {};  // one token's q, k, v of 3 heads, bf16
+  CHECK(hg::gpu::wgmma_forward_applies(l, qkv, qkv + 2 * p.h * p.dh, qkv + 4 * p.h * p.dh, true));
+}
+
+TEST_CASE("attention: CUDA BF16 forward takes the wgmma kernel exactly where it applies", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  const bool wgmma = wgmma_runs_here();
+  for (const DispatchCase& c : dispatch_cases()) {
+    INFO(describe(c.p) << (c.time_major_kv ? " time-major k, v" : "")
+                       << (c.base == aligned_address() ? "" : " misaligned"));
+    const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
+    CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) ==
+          (c.wgmma && wgmma ? AttentionForwardKernel::Wgmma : AttentionForwardKernel::MmaSync));
+    CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionForwardKernel::F32);
+  }
+}
+
+// Head dim 128 at T from 1 to 300: a block of 128 queries (two warpgroups
+// of 64), key tiles of 128; T short of, at and past both, causal or not,
+// several batches and heads (the tensor maps' head and batch coordinates).
+TEST_CASE("attention: CUDA BF16 wgmma forward at dh 128 against float64 and the mma.sync forward",
+          "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  uint64_t seed = 5100;
+  for (int64_t t : {1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 255, 256, 257, 300})
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.b = t == 300 ? 1 : 2, p.h = t == 300 ? 3 : 2, p.tq = p.tk = t, p.dh = 128, p.causal = causal;
+      p.scale = 1.0 / std::sqrt(128.0);
+      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+      check_wgmma_forward(p, in, got, describe(p));
+      INFO(describe(p) << ": a second run");
+      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+      CHECK(got.lse.to_vector() == run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused).lse.to_vector());
+    }
+}
+
+// Head dim 64 takes it from T 2048 on: once there, causal, two heads.
+TEST_CASE("attention: CUDA BF16 wgmma forward at dh 64, T 2048", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  Problem p;
+  p.b = 1, p.h = 2, p.tq = p.tk = 2048, p.dh = 64, p.causal = true, p.scale = 0.125;
+  const Inputs in = rounded_to_bf16(make_inputs(p, 5200));
+  check_wgmma_forward(p, in, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), describe(p));
+}
+
+// Huge and tiny logits: 1e4 (rows one-hot: the max must be taken before the
+// scale is applied without losing order) and 1e-9 (uniform rows).
+TEST_CASE("attention: CUDA BF16 wgmma forward on huge and tiny logits", "[attention][cuda][hostile]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  uint64_t seed = 5300;
+  for (double q_std : {3000.0 / std::sqrt(128.0), 1e-9})
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.b = 2, p.h = 2, p.tq = p.tk = 200, p.dh = 128, p.causal = causal, p.q_std = q_std, p.scale = 1.0;
+      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+      const std::string what = describe(p) + " q std " + std::to_string(q_std);
+      // check_bf16_fused's bounds; at logits of 1e4 it checks the gradients finite only.
+      check_bf16_fused(p, in, what);
+      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+      const Outputs mma = run_mma_sync(p, in);
+      INFO(what << ": against the mma.sync forward");
+      CHECK(err(got.o, mma.o) < 8e-3);
+      CHECK(err(got.lse, mma.lse) < 4e-6);
+    }
+}
+
+// A NaN in q reaches only its own row; a NaN in key j reaches every query
+// that sees j (causal: rows j on), in o and lse; other heads stay finite.
+TEST_CASE("attention: CUDA BF16 wgmma forward propagates NaN scores to the rows that read them",
+          "[attention][cuda][hostile]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  Problem p;
+  p.b = 1, p.h = 2, p.tq = p.tk = 300, p.dh = 128, p.causal = true, p.scale = 1.0 / std::sqrt(128.0);
+  const int64_t nan_query = 5, nan_key = 150;  // q row 5 of head 1, k row 150 of head 0
+  Inputs in = rounded_to_bf16(make_inputs(p, 5400));
+  std::vector<double> q = in.q.to_vector(), k = in.k.to_vector();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  q[static_cast<size_t>(((1 * p.tq) + nan_query) * p.dh + 7)] = nan;
+  k[static_cast<size_t>(nan_key * p.dh + 100)] = nan;
+  in.q = Tensor::from_vector(q, in.q.shape(), DType::F64);
+  in.k = Tensor::from_vector(k, in.k.shape(), DType::F64);
+  const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+  const std::vector<double> o = got.o.to_vector(), lse = got.lse.to_vector();
+  for (int64_t head = 0; head < 2; ++head)
+    for (int64_t i = 0; i < p.tq; ++i) {
+      const bool nan_row = head == 0 ? i >= nan_key : i == nan_query;
+      INFO("head " << head << " row " << i);
+      CHECK(std::isnan(lse[static_cast<size_t>(head * p.tq + i)]) == nan_row);
+      for (int64_t c = 0; c < p.dh; c += 31)
+        CHECK(std::isnan(o[static_cast<size_t>((head * p.tq + i) * p.dh + c)]) == nan_row);
+    }
 }
 
 TEST_CASE("attention: CUDA rejects head dims without a kernel", "[attention][cuda][errors]") {

@@ -1,0 +1,50 @@
+#pragma once
+// Which BF16 forward kernel a fused attention call runs: the sm_90a wgmma
+// forward (cuda/attention_wgmma.cu) or the mma.sync one (cuda/attention.cu).
+// Plain C++ without CUDA, so that the rules are tested on any machine
+// (tests/test_attention.cpp); cuda/attention.cu adds what only the device
+// knows. Why each rule: docs/attention.md, "Which forward kernel runs".
+#include <cmath>
+#include <cstdint>
+
+#include "core/attention_layout.hpp"
+
+namespace hg::gpu {
+
+// At dh 64 the wgmma forward wins from here on; below it ties or loses
+// (H200 measurements, docs/attention.md). At dh 128 it wins at every T.
+constexpr int64_t kWgmmaMinTokensDh64 = 2048;
+
+// The operand is addressed (batch, head, row) with the batch outermost: the
+// contiguous (B, H, T, dh) and packed (B, T, ..., H, dh) layouts, not the
+// KV cache's time-major one.
+inline bool batch_outermost(const HeadStrides& s, int64_t rows, int64_t dh) {
+  return s.row >= dh && s.head >= dh && s.batch >= rows * s.row;
+}
+
+// What a TMA tensor map of bf16 elements takes: a 16-byte aligned base,
+// byte strides multiples of 16, positive and below 2^40.
+inline bool tma_addressable(const void* p, const HeadStrides& s) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  for (const int64_t v : {s.batch, s.head, s.row})
+    if (v <= 0 || v * 2 % 16 != 0 || v * 2 >= (int64_t(1) << 40)) return false;
+  return true;
+}
+
+// Whether a BF16 call with q, k, v at these addresses takes the wgmma
+// forward, given `device_ready`: compute capability 9.0, the library built
+// with its sm_90a code and the driver's tensor-map encoder found.
+inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
+                                  bool device_ready) {
+  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && l.tq >= kWgmmaMinTokensDh64);
+  // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and
+  // finite as a float keeps their order.
+  const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
+  const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
+  return device_ready && shape && scale && l.mask == nullptr && l.tq == l.tk && l.tq >= 1 &&
+         l.batch < (int64_t(1) << 31) && batch_outermost(l.q, l.tq, l.head_dim) &&
+         batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) &&
+         tma_addressable(k, l.kv) && tma_addressable(v, l.kv);
+}
+
+}  // namespace hg::gpu

@@ -1,0 +1,37 @@
+#pragma once
+// For the BF16 fused attention .cu files (cuda/attention.cu, the mma.sync
+// kernels; cuda/attention_wgmma.cu, the sm_90a forward): the register-level
+// row arithmetic both share. A row of an m16 accumulator tile lives in the
+// four threads of a quad (lanes 4 g .. 4 g + 3).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hg::gpu::attn {
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Two floats as a bf16 pair, lo in the low half (an A fragment register).
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
+// far below what a bf16 probability can hold).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace hg::gpu::attn

@@ -1,0 +1,420 @@
+// The BF16 flash attention forward on sm_90a (wgmma + TMA), after
+// FlashAttention-3; promoted from variant 9 of bench/lab/attention_lab.cu
+// (docs/attention.md, "The wgmma forward"). A block of 128 queries:
+//   - two consumer warpgroups of 64 queries each (wgmma's M) and one
+//     producer warp, one thread of which issues every TMA copy;
+//   - q (once) and k, v tiles of 128 keys land by TMA (128-byte swizzle,
+//     zeros past the tensor's ends) in a ring of 2 stages; each stage has a
+//     "full" mbarrier (its bytes arrived) and an "empty" one (every consumer
+//     thread is done with it);
+//   - s = q k^T by wgmma with both operands in shared memory (ss), the
+//     online softmax in registers (scale * log2(e) folded into one fma
+//     before exp2), then o += p v by wgmma with p from registers and v from
+//     shared memory through its transposed (MN-major) descriptor (rs).
+// Outputs as the mma.sync forward writes them: o, the row log-sum-exp and
+// the row stats {base-2 max, 1 / sum} the backward rebuilds p from.
+// Only an sm_90a compile holds the device code (cuda/CMakeLists.txt builds
+// this file for 90a where the build targets 90); elsewhere the kernel body
+// is empty and wgmma_forward_available() says no.
+#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched from the driver at run time)
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/cuda_runtime.hpp"
+#include "core/error.hpp"
+#include "cuda/attention_row_math.cuh"
+#include "cuda/attention_wgmma.cuh"
+#include "cuda/bulk_stage.cuh"
+#include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HG_WGMMA_DEVICE 1
+#else
+#define HG_WGMMA_DEVICE 0
+#endif
+
+namespace hg::gpu::attn {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kRows = 128;                               // queries a block: two consumer warpgroups of 64
+constexpr int kKeys = 128;                               // keys a tile
+constexpr int kStages = 2;                               // k, v tiles in flight
+constexpr int kConsumers = 2;                            // warpgroups
+constexpr int kThreadsPerBlock = 128 * kConsumers + 32;  // + the producer warp
+constexpr int kSwizzleBytes = 128;                       // one row of a TMA box: 64 bf16
+constexpr int kBoxCols = kSwizzleBytes / 2;
+
+// Shared memory of one block, byte offsets from a 1024-byte aligned base
+// (the 128-byte swizzle repeats every 8 rows of 128 bytes, and TMA and
+// wgmma both apply it to address bits 4-6 xor 7-9, so every box starts on a
+// 1024-byte boundary). A [rows][DH] tile is DH / 64 boxes of [rows][64].
+template <int DH>
+struct Plan {
+  static constexpr int kQBytes = kRows * DH * 2;
+  static constexpr int kTileBytes = kKeys * DH * 2;  // k or v of one stage
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kBarOffset = kQBytes + kStages * kStageBytes;
+  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * kStages) * 8 + 1024;  // + the base's alignment
+};
+
+#if HG_WGMMA_DEVICE
+// ---- the instructions --------------------------------------------------------------
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+// Waits for the phase of `parity`. A phase that never completes (a lost
+// copy or arrival) traps after two seconds, so the call fails with a launch
+// error instead of hanging; the clock is read once per 1024 polls.
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  uint64_t start = 0;
+  for (uint32_t polls = 0; !done; ++polls) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done)
+                 : "r"(shared_address(bar)), "r"(parity)
+                 : "memory");
+    if (!done && polls % 1024 == 1023) {
+      const uint64_t now = global_ns();
+      if (start == 0) start = now;
+      else if (now - start > 2000000000ull) __trap();
+    }
+  }
+}
+
+// One TMA box of a 4-D map at {c0 (column), c1 (row), c2 (head), c3
+// (batch)} into shared `dst`, counted against `bar`'s expected bytes (a box
+// past the tensor's end counts its full size: the hardware writes zeros).
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Keeps the compiler from reading an accumulator before wgmma_wait_all or
+// reusing an A register while a wgmma may still read it.
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+// Shared memory matrix descriptors (PTX ISA "Matrix Descriptor Format"):
+// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45
+// stride byte offset >> 4, 49-51 base offset (0: boxes are 1024-byte
+// aligned), 62-63 layout (1 = 128-byte swizzle).
+// K-major (q, k: rows of 64 bf16 = 128 bytes): 8-row groups 1024 bytes
+// apart; the leading offset is unused with a swizzle (1 by convention). A
+// k16 step moves the start 32 bytes along the row, a new box every 4 steps.
+__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
+  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// MN-major (v as the B of p v: the head dim contiguous, keys as rows of 128
+// bytes): 64 head-dim columns a row, the next 64 `lbo` bytes on (the next
+// box), 8-key groups 1024 bytes apart. A k16 step is 16 key rows.
+__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t lbo) {
+  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// The accumulator of wgmma m64nNk16: thread 32 w + 4 g + t (warp w of the
+// warpgroup, g = lane / 4, t = lane % 4) holds d[i], i < N / 2, at row
+// 16 w + g + acc_row(i), column 2 t + acc_col(i): mma.sync's m16n8 C
+// fragment, one per 8 columns. The register A of m64nNk16 has the same
+// layout, so columns 16 kk .. 16 kk + 15 of an accumulator are A fragment
+// kk as they stand: a[r] = pack(d[8 kk + 2 r], d[8 kk + 2 r + 1]).
+__device__ __forceinline__ int acc_row(int i) { return 8 * ((i >> 1) & 1); }
+__device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }
+
+// s[64 x 128] (+)= A[64 x 16] B[16 x 128], both from shared memory (K-major
+// descriptors); accumulate == 0 overwrites s.
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%"
+               "53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// o[64 x 64] += A[64 x 16] B[16 x 64]: A from registers (bf16 pairs in the
+// accumulator layout), B from shared memory with N contiguous (imm-trans-b
+// 1: the MN-major descriptor). The accumulate predicate is set from a
+// register, as the lab measured it.
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+// o[64 x 128] += A[64 x 16] B[16 x 128], as the m64n64 form above.
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
+               "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%"
+               "53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+#endif  // HG_WGMMA_DEVICE
+
+// ---- the kernel ----------------------------------------------------------------------
+
+template <int DH>
+__global__ void __launch_bounds__(kThreadsPerBlock, 1)
+    forward_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                         const __grid_constant__ CUtensorMap vmap, Args a) {
+  static_assert(DH == 64 || DH == 128);
+#if HG_WGMMA_DEVICE
+  using P = Plan<DH>;
+  extern __shared__ __align__(1024) unsigned char raw[];
+  const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
+  uint64_t* bars = reinterpret_cast<uint64_t*>(raw + (base + P::kBarOffset - shared_address(raw)));
+  uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + kStages;
+  const uint32_t kv_at = base + P::kQBytes;  // stage s: k at kv_at + s * kStageBytes, v kTileBytes on
+
+  const int64_t bh = blockIdx.y;
+  const int q_block = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows;  // long causal blocks first
+  const int key_end = a.key_end(min(q_block + kRows, a.tq));
+  const int tiles = key_end > 0 ? (key_end + kKeys - 1) / kKeys : 0;
+  // bars[0]: q, one arrival (the producer's expect_tx); then the stages'
+  // "full" barriers (the same) and "empty" ones (every consumer thread).
+  if (threadIdx.x == 0) {
+    barrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) barrier_init(full + s, 1), barrier_init(empty + s, 128 * kConsumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= 128 * kConsumers) {  // the producer warp; one thread issues every copy
+    if (threadIdx.x == 128 * kConsumers && tiles > 0) {
+      const int head = int(bh % a.heads), batch = int(bh / a.heads);
+      stage_expect(q_full, P::kQBytes);
+      for (int c = 0; c < DH / kBoxCols; ++c)
+        tma_load(base + c * kRows * kSwizzleBytes, &qmap, c * kBoxCols, q_block, head, batch, q_full);
+      for (int tile = 0; tile < tiles; ++tile) {
+        const int s = tile % kStages;
+        if (tile >= kStages) barrier_wait(empty + s, uint32_t((tile / kStages - 1) & 1));  // its last use is read
+        stage_expect(full + s, P::kStageBytes);
+        const uint32_t k_at = kv_at + s * P::kStageBytes, v_at = k_at + P::kTileBytes;
+        for (int c = 0; c < DH / kBoxCols; ++c) {
+          tma_load(k_at + c * kKeys * kSwizzleBytes, &kmap, c * kBoxCols, tile * kKeys, head, batch, full + s);
+          tma_load(v_at + c * kKeys * kSwizzleBytes, &vmap, c * kBoxCols, tile * kKeys, head, batch, full + s);
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumer warpgroup cw: queries row0 .. row0 + 63; this thread's rows
+  // my_row and my_row + 8, its columns 2 t + acc_col.
+  const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int row0 = q_block + 64 * cw, my_row = row0 + 16 * w + g;
+  // Causal: tiles past this warpgroup's last visible key are only waited
+  // for and released, so the stage protocol is the same for every
+  // consumer; so are all tiles of a warpgroup whose rows all lie past Tq.
+  const int my_end = row0 >= a.tq ? 0 : a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
+  const int my_tiles = (my_end + kKeys - 1) / kKeys;
+  const float c = a.scale_log2;
+  float o[DH / 2];
+#pragma unroll
+  for (int i = 0; i < DH / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // running base-2 max, this thread's partial sums
+  if (tiles > 0) barrier_wait(q_full, 0);
+  const uint32_t q_at = base + 64 * cw * kSwizzleBytes;  // this warpgroup's rows in every q box
+
+  float sc[kKeys / 2];
+  uint32_t pa[kKeys / 16][4];
+  for (int tile = 0; tile < my_tiles; ++tile) {
+    const int s = tile % kStages;
+    const uint32_t k_at = kv_at + s * P::kStageBytes, v_at = k_at + P::kTileBytes;
+    barrier_wait(full + s, uint32_t((tile / kStages) & 1));
+    // s = q k^T
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      const uint32_t step = (kc % 4) * 32;  // 32 bytes a k16 step inside a 128-byte row
+      wgmma_ss(sc, desc_k_major(q_at + (kc / 4) * kRows * kSwizzleBytes + step),
+               desc_k_major(k_at + (kc / 4) * kKeys * kSwizzleBytes + step), kc > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) fence_operand(sc[i]);
+    // Keys past Tk and causally hidden keys to -inf (only on the tiles that
+    // reach them; a row past Tq is never written).
+    const int n0 = tile * kKeys;
+    if (n0 + kKeys > a.tk || (a.causal && n0 + kKeys - 1 > row0 + a.tk - a.tq)) {
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) {
+        const int col = n0 + 2 * t + acc_col(i), row = my_row + acc_row(i);
+        if (col >= a.tk || (a.causal && col > row + a.tk - a.tq)) sc[i] = -INFINITY;
+      }
+    }
+    // The online softmax on the raw scores: c > 0 keeps their order, so the
+    // row max is taken before scaling and p = exp2(s c - m) is one fma.
+    float neg_base[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 2 * h; i < kKeys / 2; i += 4) mx = fmaxf(mx, fmaxf(sc[i], sc[i + 1]));
+      const float m_new = fmaxf(m[h], quad_max(mx) * c);
+      const float base2 = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
+      alpha[h] = exp2_ftz(m[h] - base2);
+      l[h] *= alpha[h];
+      m[h] = m_new, neg_base[h] = -base2;
+    }
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; i += 2) {
+      const int h = (i >> 1) & 1;
+      const float p0 = exp2_ftz(fmaf(sc[i], c, neg_base[h]));
+      const float p1 = exp2_ftz(fmaf(sc[i + 1], c, neg_base[h]));
+      l[h] += p0 + p1;
+      pa[i / 8][(i % 8) / 2] = pack(p0, p1);
+    }
+#pragma unroll
+    for (int i = 0; i < DH / 2; ++i) o[i] *= alpha[(i >> 1) & 1];
+    // o += p v
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, kKeys * kSwizzleBytes));
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < DH / 2; ++i) fence_operand(o[i]);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fence_operand(pa[kk][r]);
+    barrier_arrive(empty + s);  // this thread's reads of the stage are done
+  }
+  for (int tile = my_tiles; tile < tiles; ++tile) {  // tiles this warpgroup sees none of
+    barrier_wait(full + tile % kStages, uint32_t((tile / kStages) & 1));
+    barrier_arrive(empty + tile % kStages);
+  }
+  bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float total = quad_sum(l[h]);
+    const int row = my_row + 8 * h;
+    if (row >= a.tq) continue;
+    const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
+#pragma unroll
+    for (int i = 2 * h; i < DH / 2; i += 4)
+      *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + 2 * t + acc_col(i)) =
+          pack(o[i] * inv, o[i + 1] * inv);
+    if (t == 0) {
+      a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * kLn2 + logf(total);
+      a.stats[bh * a.tq + row] = make_float2(m[h], inv);
+    }
+  }
+#endif  // HG_WGMMA_DEVICE
+}
+
+// ---- host side ---------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled from the driver through the runtime (the library
+// links cudart, not libcuda); null where the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// The map of a bf16 operand [batch][heads][rows][dh] with element strides
+// (row, head, batch): boxes of box_rows x 64 columns of one head, 128-byte
+// swizzle, zeros where a box passes the rows. The caller checked what TMA
+// needs (16-byte aligned base and byte strides); a refusal is an error.
+CUtensorMap make_map(const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride, int64_t head_stride,
+                     int64_t batch_stride, int box_rows, const char* name) {
+  CUtensorMap map;
+  const cuuint64_t dims[4] = {cuuint64_t(dh), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
+  const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
+  const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(p), dims,
+                                          strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  HG_CHECK(r == CUDA_SUCCESS, "attention_forward", "cuTensorMapEncodeTiled refused ", name, " (error ", int(r), "; dh ",
+           dh, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", element strides ", row_stride, ", ",
+           head_stride, ", ", batch_stride, ")");
+  return map;
+}
+
+template <int DH>
+void launch(const Args& a, int64_t batch) {
+  const CUtensorMap qmap = make_map(a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kRows, "q");
+  const CUtensorMap kmap = make_map(a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kKeys, "k");
+  const CUtensorMap vmap = make_map(a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kKeys, "v");
+  const auto kernel = forward_wgmma_kernel<DH>;
+  allow_dynamic_smem(kernel, Plan<DH>::kSmem);
+  const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(batch * a.heads));
+  kernel<<<grid, kThreadsPerBlock, Plan<DH>::kSmem, stream()>>>(qmap, kmap, vmap, a);
+  HG_CUDA_CHECK_LAUNCH("attention_forward_wgmma");
+}
+
+}  // namespace
+
+bool wgmma_forward_available() {
+#if defined(HG_WGMMA_BUILT)
+  static const bool ok = compute_capability() == 90 && tensor_map_encoder() != nullptr;
+  return ok;
+#else
+  return false;
+#endif
+}
+
+void forward_wgmma(const Args& a, int64_t batch, int dh) {
+  HG_CHECK(dh == 64 || dh == 128, "attention_forward", "the wgmma forward has head dims 64 and 128, not ", dh);
+  if (dh == 64) launch<64>(a, batch);
+  else launch<128>(a, batch);
+}
+
+}  // namespace hg::gpu::attn
