@@ -98,6 +98,35 @@ inline cudaLaunchAttribute cluster_attribute(int C) {
   return a;
 }
 
+// The attributes of one launch: a cluster of C blocks along x (C > 1), and a
+// programmatic dependent launch (pdl, sm_90+ only: the kernel must call
+// wait_for_prior_grids of cuda/grid_dependency.cuh before its first read).
+struct LaunchAttributes {
+  cudaLaunchAttribute list[2];
+  unsigned count = 0;
+  LaunchAttributes(int C, bool pdl) {
+    if (C > 1) list[count++] = cluster_attribute(C);
+    if (pdl && compute_capability() >= 90) {
+      cudaLaunchAttribute a{};
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+      list[count++] = a;
+    }
+  }
+};
+
+// A launch on the handgrad stream with those attributes.
+inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, LaunchAttributes& attrs) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream();
+  config.attrs = attrs.count > 0 ? attrs.list : nullptr;
+  config.numAttrs = attrs.count;
+  return config;
+}
+
 // A launch on the handgrad stream with a cluster shape, or (null) none.
 inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim) {
   cudaLaunchConfig_t config{};

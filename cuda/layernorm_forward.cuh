@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/grid_dependency.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -77,6 +78,8 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   __shared__ GroupScratch<G, R> scratch;
+  wait_for_prior_grids();  // programmatic launches: the previous kernel's writes are visible
+  allow_dependent_grids();
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
@@ -240,6 +243,8 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   static_assert(!PACKED || std::is_same_v<T, __nv_bfloat16>, "packed rows are bf16 rows");
   static_assert(!SHARED_PARAMS || G == 32, "parameter copies are for warp rows");
   __shared__ GroupScratch<G, R> scratch;
+  wait_for_prior_grids();  // programmatic launches: the previous kernel's writes are visible
+  allow_dependent_grids();
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;

@@ -291,11 +291,17 @@ bool width_selected(int64_t D) {
 // statistics, must be bitwise the fallback's. Two a step: a group with an
 // odd share of rows ends on a step with one row (and a second, empty one).
 
-// The staged configurations compiled for (pass, dtype, D).
+// Cluster sums and programmatic launches (PDL) change no row's arithmetic
+// either: a configuration with them is held to the same checks against its
+// fallback (the same kernels without them; dgamma/dbeta summed in another
+// order where the partial rows are a cluster's).
+
+// The configurations compiled for (pass, dtype, D) that are not their own
+// fallback: staged rows, cluster sums, PDL.
 std::vector<gpu::LnKernel> staged_configs(gpu::LnPass pass, DType dtype, int64_t D) {
   std::vector<gpu::LnKernel> out;
   for (const gpu::LnKernel& k : gpu::ln_compiled_kernels(pass, dtype, D))
-    if (k.rows != gpu::LnRows::InRegisters) out.push_back(k);
+    if (k != gpu::ln_fallback(k)) out.push_back(k);
   return out;
 }
 
