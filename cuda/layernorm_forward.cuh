@@ -233,8 +233,10 @@ __device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Mome
 // as floats, or, PACKED (bf16 only), as its raw 16-byte words;
 // SHARED_PARAMS (warp rows): gamma and beta read from the block's
 // ParamCopy of each.
-template <class T, int VEC, int EPT, int G, int R, bool PACKED, bool SHARED_PARAMS>
-__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
+// MIN_BLOCKS: blocks the registers must leave room for on one SM.
+template <class T, int VEC, int EPT, int G, int R, bool PACKED, bool SHARED_PARAMS,
+          int MIN_BLOCKS = min_blocks_for(G* R)>
+__global__ void __launch_bounds__((G * R), MIN_BLOCKS)
     layernorm_forward_one_pass_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                       const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                       float* __restrict__ rstd_out, int64_t rows, int D, float eps) {

@@ -76,6 +76,16 @@ TEST_CASE("layernorm table: width classes, memory systems, and what each entry m
   // Rows in registers are not compiled everywhere: the bf16 forward of
   // 1025-2048 runs one-pass packed rows on both memories.
   CHECK_FALSE(ln_kernel_compiled(ln::kInRegisters, LnPass::Forward, true, 3));
+  // Cluster sums and programmatic launches need sm_90: the fallback is the
+  // same rows without them (staged rows: rows in registers, same slots).
+  using ln::with_cluster_sums, ln::with_pdl;
+  CHECK(ln_fallback(with_pdl(with_cluster_sums(ln::kInRegisters8ByteBf16))) == ln::kInRegisters8ByteBf16);
+  CHECK(ln_fallback(with_cluster_sums(ln::kInRegisters)) == ln::kInRegisters);
+  CHECK(ln_fallback(with_pdl(ln::kOnePassPackedBf16)) == ln::kOnePassPackedBf16);
+  CHECK(ln_fallback(with_pdl(with_cluster_sums(ln::kStaged8ByteBf16))) == ln::kInRegisters8ByteBf16);
+  CHECK(with_pdl(ln::kInRegisters) != ln::kInRegisters);
+  CHECK(with_cluster_sums(ln::kInRegisters) != ln::kInRegisters);
+  CHECK(ln_kernel_name(with_pdl(with_cluster_sums(ln::kInRegisters))) == "in registers, cluster sums, PDL");
 }
 
 #ifdef HG_WITH_CUDA

@@ -164,6 +164,10 @@ struct Config {
   bool pdl = false;            // programmatic dependent launches: a kernel starts while the one before drains
   int depth = 0;               // staged backward: ring depth (0: StagedShape's), rows of G >= 256 threads
   bool narrow_reduce = false;  // backward: kernel 2 in blocks of 8 columns x 128 lanes
+  // Forward one-pass: registers capped for twice the blocks a SM (2048 threads
+  // at most), more rows in flight; backward (cluster sums): blocks a SM not
+  // capped for the partial rows' sake, as many as fit.
+  bool more_blocks = false;
   bool fresh = false;
 };
 
@@ -208,12 +212,14 @@ std::vector<Config> all_configs() {
     Config k = fwd("one-pass, bulk prefetch");
     k.one_pass = k.bulk_prefetch = true;
     k.production = false;
+    k.fresh = true;  // lab since 2026-11-26 (H100); timed on the H200 with --new
     c.push_back(k);
   }
   {
     Config k = fwd("one-pass, bf16 packed, bulk prefetch");
     k.one_pass = k.packed = k.bulk_prefetch = true;
     k.production = false;
+    k.fresh = true;  // lab since 2026-11-26 (H100); timed on the H200 with --new
     c.push_back(k);
   }
   c.push_back(bwd("in registers"));
@@ -280,6 +286,12 @@ std::vector<Config> all_configs() {
       Config k = base;
       k.name = base.name + ", PDL";
       fresh(k, true);
+      if (base.one_pass) {
+        Config m = base;
+        m.more_blocks = true;
+        m.name = base.name + ", 2x blocks a SM, PDL";
+        fresh(m, true);
+      }
     } else {
       Config k = base;
       k.cluster_sums = true;
@@ -294,6 +306,10 @@ std::vector<Config> all_configs() {
       r.cluster_sums = r.narrow_reduce = true;
       r.name = base.name + ", cluster sums, PDL, narrow reduce";
       fresh(r, true);
+      Config u = base;
+      u.cluster_sums = u.more_blocks = true;
+      u.name = base.name + ", cluster sums, PDL, blocks uncapped";
+      fresh(u, true);
       if (base.rows == Rows::Staged && !base.shared_params) {
         Config d = base;
         d.cluster_sums = true;
@@ -449,11 +465,15 @@ struct Launch {
       if (c.shared_params) return false;
       return plain(forward_one_pass_prefetch_kernel<T, VEC, EPT, G, R, PACKED>, G, R);
     }
+    constexpr int kMore = std::min(2 * min_blocks_for(G * R), 2048 / (G * R));
     if constexpr (G == 32) {
-      if (c.shared_params) return plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, true>, G, R);
+      if (c.shared_params)
+        return c.more_blocks ? plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, true, kMore>, G, R)
+                             : plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, true>, G, R);
     }
     if (c.shared_params) return false;
-    return plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, false>, G, R);
+    return c.more_blocks ? plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, false, kMore>, G, R)
+                         : plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, false>, G, R);
   }
   template <int EPT, int G, int R, bool SHARED>
   bool staged() const {
@@ -498,8 +518,8 @@ struct Launch {
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
     auto kern = c.cluster_sums ? layernorm_backward_kernel<T, VEC, EPT, G, R, false, true>
                                : layernorm_backward_kernel<T, VEC, EPT, G, R, false, false>;
-    return with_partials(kern, persistent_grid(k.rows, R, capped(occupancy(kern, G * R, kSmem), G * R), k.sms), G * R,
-                         kSmem);
+    const int n = occupancy(kern, G * R, kSmem);
+    return with_partials(kern, persistent_grid(k.rows, R, c.more_blocks ? n : capped(n, G * R), k.sms), G * R, kSmem);
   }
   template <int EPT, int G, int R, int DEPTH, int MIN_BLOCKS>
   bool staged_backward() const {
@@ -517,7 +537,7 @@ struct Launch {
     if (smem + attr.sharedSizeBytes > size_t(attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return false;
     const int n = occupancy(kern, G * R, smem);
     if (n < 1) return false;
-    return with_partials(kern, persistent_grid(k.rows, R, capped(n, G * R), k.sms), G * R, smem);
+    return with_partials(kern, persistent_grid(k.rows, R, c.more_blocks ? n : capped(n, G * R), k.sms), G * R, smem);
   }
   template <int EPT, int G, int R>
   bool lean() const {
@@ -827,7 +847,7 @@ MemorySystem memory_system() {
 
 // Whether lab configuration c is production's kernel k for its pass.
 bool is_entry(const Config& c, const LnKernel& k) {
-  if (c.lean || c.wide || c.bulk_prefetch || c.depth != 0 || c.narrow_reduce) return false;
+  if (c.lean || c.wide || c.bulk_prefetch || c.depth != 0 || c.narrow_reduce || c.more_blocks) return false;
   if (c.cluster_sums != k.cluster_sums || c.pdl != k.pdl) return false;
   const Rows rows = k.rows == LnRows::InRegisters ? Rows::InRegisters
                     : k.rows == LnRows::Staged    ? Rows::Staged
