@@ -43,8 +43,8 @@ namespace {
 // arguments), and back.
 constexpr uint32_t code_of(const LnKernel& k) {
   return uint32_t(k.rows) | uint32_t(k.one_pass_stats) << 2 | uint32_t(k.bf16_packed) << 3 |
-         uint32_t(k.bf16_8_byte_access) << 4 | uint32_t(k.params_in_shared_memory) << 5 |
-         uint32_t(k.cluster_sums) << 6 | uint32_t(k.pdl) << 7 | uint32_t(k.stage_kb) << 8;
+         uint32_t(k.bf16_8_byte_access) << 4 | uint32_t(k.params_in_shared_memory) << 5 | uint32_t(k.pdl) << 6 |
+         uint32_t(k.stage_kb) << 7;
 }
 constexpr LnKernel kernel_of(uint32_t c) {
   LnKernel k;
@@ -53,9 +53,8 @@ constexpr LnKernel kernel_of(uint32_t c) {
   k.bf16_packed = (c >> 3) & 1;
   k.bf16_8_byte_access = (c >> 4) & 1;
   k.params_in_shared_memory = (c >> 5) & 1;
-  k.cluster_sums = (c >> 6) & 1;
-  k.pdl = (c >> 7) & 1;
-  k.stage_kb = static_cast<int>(c >> 8);
+  k.pdl = (c >> 6) & 1;
+  k.stage_kb = static_cast<int>(c >> 7);
   return k;
 }
 constexpr uint32_t kInRegistersCode = code_of(ln::kInRegisters);
@@ -240,7 +239,7 @@ struct Forward {
   template <class Kernel>
   bool launch_staged(Kernel kernel, int G, int R, const StagedPlan& plan, int least) const {
     HG_CHECK(plan.stages >= least, kOp, least, " staged row(s) of ", a.D, " elements do not fit in shared memory");
-    LaunchAttributes attrs(1, kKernel.pdl);
+    LaunchAttributes attrs(1, kKernel.pdl && waits_for_prior_grids(kernel));
     const cudaLaunchConfig_t config =
         launch_config(dim3(persistent_grid(a.rows, R, plan.blocks_per_sm)), dim3(G * R), plan.smem, attrs);
     HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y),
@@ -281,7 +280,7 @@ struct Forward {
   template <class Kernel>
   void launch(Kernel kernel, int threads, int blocks) const {
     if constexpr (kKernel.pdl) {  // (the resident kernels only: they wait for the kernel before)
-      LaunchAttributes attrs(1, true);
+      LaunchAttributes attrs(1, waits_for_prior_grids(kernel));
       const cudaLaunchConfig_t config = launch_config(dim3(blocks), dim3(threads), 0, attrs);
       HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.x), a.gamma, a.beta,
                                        static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps));
@@ -321,48 +320,22 @@ struct Backward {
   template <int EPT, int G, int R>
   void resident() const {
     if constexpr (kKernel.rows == LnRows::Staged) {
-      // Below sm_90, or rows too wide for two stages: rows in registers, one
-      // partial row a block (ln_fallback; PDL, which changes no result, kept).
-      if (!staged<EPT, G, R>()) in_registers<EPT, G, R, false>();
+      // Below sm_90, or rows too wide for two stages: rows in registers
+      // (ln_fallback; PDL, which changes no result, kept).
+      if (!staged<EPT, G, R>()) in_registers<EPT, G, R>();
     } else {
       in_registers<EPT, G, R>();
     }
   }
-  template <int EPT, int G, int R, bool CLUSTER_SUMS = kKernel.cluster_sums>
+  template <int EPT, int G, int R>
   void in_registers() const {
-    constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
-    if constexpr (CLUSTER_SUMS) {
-      auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false, true>;
-      static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
-      static const std::array<int, kMaxCluster + 1> fit = clusters_that_fit(kernel, G * R, kSmem);
-      if (in_clusters(kernel, persistent_grid(a.rows, R, per_sm), G * R, kSmem, fit)) return;
-    }
     auto kernel = layernorm_backward_kernel<T, VEC, EPT, G, R, false>;
+    constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
     static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
     const int blocks = persistent_grid(a.rows, R, per_sm);
     with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
       launch(kernel, dim3(blocks), G * R, kSmem, 1, partial_dgamma, partial_dbeta);
     });
-  }
-  // Cluster sums: kernel 1 (whole rows, CLUSTER_SUMS) on the grid of
-  // `blocks` blocks shrunk to whole clusters that are resident at once, one
-  // partial row per cluster. False (nothing launched) where no cluster can
-  // run (fit: clusters_that_fit, all 0 below sm_90). The cluster size: of
-  // C = 2..8, the one that keeps the most of the blocks resident at once,
-  // the largest on a tie (fewer partial rows).
-  template <class Kernel>
-  bool in_clusters(Kernel kernel, int blocks, int threads, size_t smem,
-                   const std::array<int, kMaxCluster + 1>& fit) const {
-    const auto resident = [&](int C) { return std::min(blocks, fit[C] * C) / C * C; };
-    int C = 0;
-    for (int c = 2; c <= kMaxCluster; ++c)
-      if (resident(c) > 0 && (C == 0 || resident(c) >= resident(C))) C = c;
-    if (C == 0) return false;
-    const int grid = resident(C);
-    with_partials(grid / C, [&](float* partial_dgamma, float* partial_dbeta) {
-      launch(kernel, dim3(grid), threads, smem, C, partial_dgamma, partial_dbeta);
-    });
-    return true;
   }
   // x and dy of S rows per group staged in shared memory by bulk copies
   // (cuda/layernorm_staged_backward.cuh). False (nothing launched) where it
@@ -373,7 +346,7 @@ struct Backward {
     using Staged = StagedShape<EPT, G, R>;
     constexpr bool kSharedGamma = kKernel.params_in_shared_memory && G == 32;
     auto kernel = layernorm_backward_staged_kernel<T, VEC, EPT, G, Staged::kGroups, Staged::kDepth, Staged::kMinBlocks,
-                                                   kSharedGamma, kKernel.cluster_sums>;
+                                                   kSharedGamma>;
     static const size_t max_smem = runs_sm90_code(kernel) ? allow_max_dynamic_smem(kernel) : 0;
     const size_t smem = staged_smem_bytes(a.D, sizeof(T), Staged::kGroups, Staged::kDepth);
     if (smem > max_smem) return false;
@@ -383,17 +356,10 @@ struct Backward {
     if (smem != asked_smem) asked_smem = smem, asked_per_sm = active_blocks_per_sm(kernel, Staged::kThreads, smem);
     if (asked_per_sm < 1) return false;
     const int blocks = persistent_grid(a.rows, Staged::kGroups, capped(asked_per_sm, Staged::kThreads));
-    if constexpr (kKernel.cluster_sums) {  // (clusters resident at once depend on the smem too)
-      thread_local size_t fit_smem = 0;
-      thread_local std::array<int, kMaxCluster + 1> fit{};
-      if (smem != fit_smem) fit_smem = smem, fit = clusters_that_fit(kernel, Staged::kThreads, smem);
-      return in_clusters(kernel, blocks, Staged::kThreads, smem, fit);
-    } else {
-      with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
-        launch(kernel, dim3(blocks), Staged::kThreads, smem, 1, partial_dgamma, partial_dbeta);
-      });
-      return true;
-    }
+    with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
+      launch(kernel, dim3(blocks), Staged::kThreads, smem, 1, partial_dgamma, partial_dbeta);
+    });
+    return true;
   }
   template <int EPT, int G>
   void chunked() const {
@@ -441,7 +407,8 @@ struct Backward {
       launch_kernel1(partial_dgamma, partial_dbeta);
     }
     // Kernel 2 (PDL: launched while kernel 1 drains; it waits for kernel 1's rows).
-    LaunchAttributes attrs(1, kKernel.pdl && n_partials > 0);
+    LaunchAttributes attrs(1,
+                           kKernel.pdl && n_partials > 0 && waits_for_prior_grids(layernorm_reduce_partials_kernel<>));
     const cudaLaunchConfig_t config =
         launch_config(dim3((a.D + kReduceCols - 1) / kReduceCols), dim3(kReduceCols, kReduceLanes), 0, attrs);
     HG_CUDA_CHECK(cudaLaunchKernelEx(&config, layernorm_reduce_partials_kernel<>,
@@ -454,7 +421,7 @@ struct Backward {
   template <class... Params>
   void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, int C, float* partial_dgamma,
               float* partial_dbeta) const {
-    LaunchAttributes attrs(C, kKernel.pdl);
+    LaunchAttributes attrs(C, kKernel.pdl && waits_for_prior_grids(kernel));
     const cudaLaunchConfig_t config = launch_config(grid, dim3(threads), smem, attrs);
     HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.gamma,
                                      a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows,

@@ -24,7 +24,8 @@ namespace {
 // memory (CAP floats of dgamma, then CAP of dbeta); at the end the block adds
 // its R groups in group order into its partial row, or, CLUSTER_SUMS (whole
 // rows, blocks in clusters), the cluster adds its blocks' sums into one
-// partial row (write_cluster_partials).
+// partial row (write_cluster_partials; a lab candidate that lost on the H200:
+// bench/lab/layernorm.md).
 template <class T, int VEC, int EPT, int G, int R, bool CLUSTER, bool CLUSTER_SUMS = false>
 __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,

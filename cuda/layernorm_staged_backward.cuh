@@ -118,8 +118,8 @@ __device__ __forceinline__ void spill_accumulators(float* acc, int D, int t, con
 // block makes the same number of trips (a group out of rows makes empty ones)
 // so that all named barriers stay matched (see layernorm_backward_kernel).
 // SHARED_GAMMA (warp rows): gamma read from a copy in shared memory.
-// CLUSTER_SUMS (blocks in clusters): the cluster adds its blocks' sums into
-// one partial row (write_cluster_partials).
+// CLUSTER_SUMS (blocks in clusters; lab only): the cluster adds its blocks'
+// sums into one partial row (write_cluster_partials).
 template <class T, int VEC, int EPT, int G, int R, int S, int MIN_BLOCKS, bool SHARED_GAMMA = false,
           bool CLUSTER_SUMS = false>
 __global__ void __launch_bounds__((G * R), MIN_BLOCKS)

@@ -16,14 +16,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <type_traits>
-#include <utility>
 
 #include "core/error.hpp"
 #include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_kernels.hpp"
 #include "cuda/vec.cuh"
@@ -167,13 +164,6 @@ __device__ __forceinline__ void load_z(const T* x_row, const RowSpan& span, int6
 struct SoftmaxForwardConfig {
   bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2e; bf16 widened by masks
   int lane_max_keys;  // rows longer than this (past one chunk a lane) go to the block team; 0: no limit
-  // A resident grid (the blocks that fit at once), each block taking one
-  // contiguous share of the rows, so that a team's rows follow each other.
-  bool resident_grid = false;
-  // Lean, resident grid: a team keeps its keys' additive mask values in
-  // registers and loads them again only when its next row's mask row is
-  // another (a (B, 1, 1, Tk) key-padding mask: once per batch, not per row).
-  bool hold_mask = false;
 };
 
 // Per dtype {f32, bf16} for rows read 16 bytes at a time: lean arithmetic,
@@ -196,29 +186,15 @@ __device__ __forceinline__ float exp2_approx(float v) {
 // load_z with one FFMA per element (scale x + mask rounded once, not twice:
 // within an ulp of z of the CPU path), bf16 widened by masks, and the
 // per-key causal test only in the chunk that straddles `visible`.
-// The additive values of mask keys k0 .. k0 + W (the row's mask at m).
-template <int W>
-__device__ __forceinline__ void load_additive_mask(const float* m, int64_t k0, float (&add)[W]) {
-  load_vec<W, Load::ReadOnly>(m + k0, add);
-#pragma unroll
-  for (int j = 0; j < W; ++j) add[j] = additive_mask(add[j]);
-}
-
-// held: the keys' additive mask values already in registers, or null.
 template <class T, int W>
-__device__ __forceinline__ void load_z_lean(const T* x_row, const RowSpan& span, int64_t k0, float scale, float (&z)[W],
-                                            const float (*held)[W] = nullptr) {
+__device__ __forceinline__ void load_z_lean(const T* x_row, const RowSpan& span, int64_t k0, float scale,
+                                            float (&z)[W]) {
   load_vec_lean<W>(x_row + k0, z);
   if (span.mask != nullptr) {
     float m[W];
-    if (held != nullptr) {
+    load_vec<W, Load::ReadOnly>(span.mask + k0, m);
 #pragma unroll
-      for (int j = 0; j < W; ++j) m[j] = (*held)[j];
-    } else {
-      load_additive_mask<W>(span.mask, k0, m);
-    }
-#pragma unroll
-    for (int j = 0; j < W; ++j) z[j] = fmaf(scale, z[j], m[j]);
+    for (int j = 0; j < W; ++j) z[j] = fmaf(scale, z[j], additive_mask(m[j]));
   } else {
 #pragma unroll
     for (int j = 0; j < W; ++j) z[j] *= scale;
@@ -242,45 +218,22 @@ struct Normaliser {
 
 // Row held in registers: chunk i of a thread covers keys [(rank + i * size) * W, +W).
 // Requires tk <= size * N * W and, for W > 1, tk % W == 0 (chunks never straddle tk).
-// kLean, kResident, kHold: SoftmaxForwardConfig::lean, resident_grid, hold_mask.
-template <class T, int W, int N, bool kLean, bool kResident, bool kHold, class Team>
+// kLean: SoftmaxForwardConfig::lean.
+template <class T, int W, int N, bool kLean, class Team>
 __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& a, const Team& team) {
-  static_assert(!kHold || (kLean && kResident), "held masks are of lean rows on a resident grid");
   const int64_t rows_per_block = team.rows_per_block();
-  // Rows [begin, end) of this block, `step` at a time: grid-strided, or one contiguous share.
-  int64_t begin = blockIdx.x * rows_per_block, end = a.rows, step = gridDim.x * rows_per_block;
-  if constexpr (kResident) {
-    const int64_t per_block = (a.rows + gridDim.x - 1) / gridDim.x;
-    const int64_t share = (per_block + rows_per_block - 1) / rows_per_block * rows_per_block;
-    begin = blockIdx.x * share;
-    end = begin + share < a.rows ? begin + share : a.rows;
-    step = rows_per_block;
-  }
-  float held[kHold ? N : 1][W];  // kHold: the additive values of held_mask at this thread's keys
-  const float* held_mask = nullptr;
-  for (int64_t base = begin; base < end; base += step) {
+  for (int64_t base = blockIdx.x * rows_per_block; base < a.rows; base += gridDim.x * rows_per_block) {
     const int64_t row = base + team.slot();
-    const bool valid = row < end;  // false only for spare teams of a block's last step
+    const bool valid = row < a.rows;  // false only for spare teams of the last block
     const RowSpan span = valid ? row_span(a, row) : RowSpan{nullptr, 0};
     const T* x_row = a.x + row * a.tk;
-    if constexpr (kHold) {
-      if (span.mask != nullptr && span.mask != held_mask) {
-        held_mask = span.mask;
-#pragma unroll
-        for (int i = 0; i < N; ++i) {
-          const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
-          if (k0 < a.tk) load_additive_mask<W>(span.mask, k0, held[i]);
-        }
-      }
-    }
 
     float v[N][W];
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int64_t k0 = static_cast<int64_t>(team.rank() + i * team.size()) * W;
       if (k0 < span.visible) {
-        if constexpr (kHold) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i], &held[i]);
-        else if constexpr (kLean) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i]);
+        if constexpr (kLean) load_z_lean<T, W>(x_row, span, k0, a.scale, v[i]);
         else load_z<T, W>(x_row, span, k0, a.scale, v[i]);
       } else {
 #pragma unroll
@@ -324,15 +277,15 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
   }
 }
 
-template <class T, int TPR, int W, int N, bool kLean, bool kResident = false, bool kHold = false>
+template <class T, int TPR, int W, int N, bool kLean>
 __global__ void __launch_bounds__(kLaneTeamBlock) softmax_forward_lanes_kernel(ForwardArgs<T> a) {
-  forward_rows_in_registers<T, W, N, kLean, kResident, kHold>(a, LaneTeam<TPR>{});
+  forward_rows_in_registers<T, W, N, kLean>(a, LaneTeam<TPR>{});
 }
 
-template <class T, int W, int N, bool kLean, bool kResident = false, bool kHold = false>
+template <class T, int W, int N, bool kLean>
 __global__ void __launch_bounds__(kMaxBlock) softmax_forward_block_kernel(ForwardArgs<T> a) {
   __shared__ float scratch[32];
-  forward_rows_in_registers<T, W, N, kLean, kResident, kHold>(a, BlockTeam{scratch});
+  forward_rows_in_registers<T, W, N, kLean>(a, BlockTeam{scratch});
 }
 
 // Rows of any length: pass 1 keeps a running (max m, sum s of exp(z - m)) per
@@ -517,8 +470,8 @@ void dispatch(int64_t tk, Launcher& L) {
   return L.template streaming<W>();
 }
 
-// The fields of a SoftmaxForwardConfig C (the streaming kernel has none).
-template <class T, bool kLean, int kLaneMaxKeys_, bool kResident = false, bool kHold = false>
+// The fields of a SoftmaxForwardConfig (the streaming kernel has none).
+template <class T, bool kLean, int kLaneMaxKeys_>
 struct ForwardLauncher {
   static constexpr int kLaneMaxKeys = kLaneMaxKeys_;
   ForwardArgs<T> args;
@@ -526,28 +479,14 @@ struct ForwardLauncher {
   template <int TPR, int W, int N>
   void lanes() {
     const int rows_per_block = kLaneTeamBlock / TPR;
-    auto kernel = softmax_forward_lanes_kernel<T, TPR, W, N, kLean, kResident, kHold>;
-    kernel<<<grid(kernel, grid_for(args.rows, rows_per_block), kLaneTeamBlock), kLaneTeamBlock, 0, stream()>>>(args);
+    softmax_forward_lanes_kernel<T, TPR, W, N, kLean>
+        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
   template <int W, int N>
   void block(unsigned threads) {
-    auto kernel = softmax_forward_block_kernel<T, W, N, kLean, kResident, kHold>;
-    kernel<<<grid(kernel, grid_for(args.rows, 1), threads), threads, 0, stream()>>>(args);
+    softmax_forward_block_kernel<T, W, N, kLean><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
-  }
-  // `wanted` blocks, or with a resident grid at most those that fit at once
-  // (asked of the runtime once per kernel and block size).
-  template <class Kernel>
-  static unsigned grid(Kernel kernel, unsigned wanted, unsigned threads) {
-    if constexpr (!kResident) {
-      return wanted;
-    } else {
-      thread_local std::map<std::pair<const void*, unsigned>, int64_t> fit;
-      int64_t& n = fit[{reinterpret_cast<const void*>(kernel), threads}];
-      if (n == 0) n = resident_blocks(kernel, int(threads), 0);
-      return static_cast<unsigned>(std::min<int64_t>(wanted, n));
-    }
   }
   template <int W>
   void streaming() {
@@ -604,7 +543,7 @@ void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
       (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 && l.mask_query_stride % 4 == 0));
   if (vector_ok) {
     constexpr SoftmaxForwardConfig C = kVectorForward[std::is_same_v<T, bf16>];
-    ForwardLauncher<T, C.lean, C.lane_max_keys, C.resident_grid, C.hold_mask> launcher{args};
+    ForwardLauncher<T, C.lean, C.lane_max_keys> launcher{args};
     return dispatch<V, kForwardBlockElems>(l.tk, launcher);
   }
   ForwardLauncher<T, kScalarForward.lean, kScalarForward.lane_max_keys> launcher{args};

@@ -343,7 +343,8 @@ int persistent_grid(int64_t rows, int rows_per_block, int per_sm, int sms) {
 
 template <class Kernel>
 int occupancy(Kernel k, int threads, size_t smem) {
-  if (smem > 48 * 1024) CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // (allowed whatever smem is: static and dynamic together past 48 KB need it too)
+  if (smem > 0) CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int n = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem));
   return n;
@@ -871,7 +872,7 @@ MemorySystem memory_system() {
 // Whether lab configuration c is production's kernel k for its pass.
 bool is_entry(const Config& c, const LnKernel& k) {
   if (c.lean || c.wide || c.bulk_prefetch || c.depth != 0 || c.narrow_reduce || c.more_blocks) return false;
-  if (c.cluster_sums != k.cluster_sums || c.pdl != k.pdl) return false;
+  if (c.cluster_sums || c.pdl != k.pdl) return false;
   const Rows rows = k.rows == LnRows::InRegisters ? Rows::InRegisters
                     : k.rows == LnRows::Staged    ? Rows::Staged
                                                   : Rows::StagedTwoAStep;
