@@ -1,10 +1,11 @@
 // Softmax forward lab: the candidate register layouts of the fused softmax
-// forward (cuda/softmax.cu) side by side, on rows read 16 bytes at a time.
+// forward side by side, on rows read 16 bytes at a time: production's own
+// kernels (cuda/softmax_forward.cuh) and the lab's variants of them.
 // Each configuration is checked against a CPU float64 softmax on fresh random
 // inputs, then timed with CUDA events (median after warm-up, input sets
 // rotated past the L2) and reported as GB/s and % of the best device copy of
 // the same bytes. The production configuration is the row marked "*"; to
-// promote a winner, edit kVectorForward in cuda/softmax.cu (bench/lab/softmax.md).
+// promote a winner, edit kVectorForward in cuda/softmax_forward.cuh (bench/lab/softmax.md).
 // Standalone: CUDA runtime only.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,6 +27,7 @@
 #include "core/softmax_layout.hpp"
 #include "cuda/grid_dependency.cuh"
 #include "cuda/reduce.cuh"
+#include "cuda/softmax_forward.cuh"
 #include "cuda/vec.cuh"
 
 namespace {
@@ -50,15 +52,17 @@ struct Config {
   bool lean;           // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2 e
   bool streaming;      // y stored evict-first (st.global.cs)
   int lane_max_keys;   // rows longer than this go to the block team (0: no limit)
-  bool production;     // cuda/softmax.cu's kVectorForward
+  bool production;     // production itself (the * row)
   int flags = 0;       // Flags
   bool fresh = false;  // a candidate of 2026-11-29 (--new runs these and production)
+  bool real = false;   // production's own kernels (cuda/softmax_forward.cuh), not the lab's
 };
 constexpr Config kConfigs[] = {
     {"exact", false, false, 0, false},
     {"lean", true, false, 0, false},
     {"lean+evict-first", true, true, 0, false},
-    {"lean, block team past 512", true, false, 512, true},
+    {"production (cuda/softmax_forward.cuh)", true, false, 512, true, 0, false, true},
+    {"lab copy: lean, block team past 512", true, false, 512, false, 0, true},
     {"lean, past 512, x no-L1", true, false, 512, false, kNoL1, true},
     {"lean, past 512, PDL", true, false, 512, false, kPdl, true},
     {"lean, past 512, resident grid", true, false, 512, false, kPersistent, true},
@@ -368,8 +372,49 @@ void launch_forward(const Args<T>& a, int lane_max_keys) {
   launch_rows<F>(block_kernel<T, W, kN, kLean, kStreaming, F>, grid_for(a.rows, 1), unsigned(threads), a);
 }
 
+// Production's forward on 16-byte rows: cuda/softmax.cu's dispatch (lane
+// teams, the block team past kVectorForward's lane_max_keys) of the very
+// kernels of cuda/softmax_forward.cuh.
+template <class T>
+void launch_production(const Args<T>& a) {
+  namespace g = hg::gpu;
+  constexpr int W = 16 / sizeof(T);
+  constexpr g::SoftmaxForwardConfig C = g::kVectorForward[std::is_same_v<T, bf16>];
+  const bool index32 = a.rows <= UINT32_MAX && a.rows_per_batch <= UINT32_MAX;
+  const g::ForwardArgs<T> p{a.x, a.y,     a.mask,   a.rows, a.tk, a.tq, a.rows_per_batch, a.mask ? a.tk : 0,
+                            0,   a.scale, a.causal, index32};
+  const auto lanes = [&](auto tpr, auto n) {
+    constexpr int TPR = decltype(tpr)::value, N = decltype(n)::value;
+    g::softmax_forward_lanes_kernel<T, TPR, W, N, C.lean>
+        <<<grid_for(a.rows, g::kLaneTeamBlock / TPR), g::kLaneTeamBlock>>>(p);
+  };
+  using I8 = std::integral_constant<int, 8>;
+  using I16 = std::integral_constant<int, 16>;
+  using I32 = std::integral_constant<int, 32>;
+  using N1 = std::integral_constant<int, 1>;
+  using N2 = std::integral_constant<int, 2>;
+  using N4 = std::integral_constant<int, 4>;
+  using N8 = std::integral_constant<int, 8>;
+  const int64_t tk = a.tk;
+  if (tk <= 8 * W) return lanes(I8{}, N1{});
+  if (tk <= 16 * W) return lanes(I16{}, N1{});
+  if (tk <= 32 * W) return lanes(I32{}, N1{});
+  if (C.lane_max_keys == 0 || tk <= C.lane_max_keys) {
+    if (tk <= 64 * W) return lanes(I32{}, N2{});
+    if (tk <= 128 * W) return lanes(I32{}, N4{});
+    if constexpr (W <= 4) {
+      if (tk <= 256 * W) return lanes(I32{}, N8{});
+    }
+  }
+  constexpr int kN = g::kForwardBlockElems / W;
+  const int64_t warps = ((tk + kN * W - 1) / (kN * W) + 31) / 32;
+  g::softmax_forward_block_kernel<T, W, kN, C.lean>
+      <<<grid_for(a.rows, 1), unsigned(std::min<int64_t>(warps * 32, g::kMaxBlock))>>>(p);
+}
+
 template <class T>
 void launch_config(const Config& c, const Args<T>& a) {
+  if (c.real) return launch_production(a);
   if (!c.lean) return launch_forward<T, false, false>(a, c.lane_max_keys);
   if (c.streaming) return launch_forward<T, true, true>(a, c.lane_max_keys);
   switch (c.flags) {
@@ -611,15 +656,15 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  std::printf("softmax_lab on %s (sm_%d%d, L2 %d MiB); * = production (cuda/softmax.cu kVectorForward)\n", prop.name,
-              prop.major, prop.minor, l2 >> 20);
+  std::printf("softmax_lab on %s (sm_%d%d, L2 %d MiB); * = production (its own kernels, cuda/softmax_forward.cuh)\n",
+              prop.name, prop.major, prop.minor, l2 >> 20);
   bool ok = true;
   std::vector<SummaryLine> summary;
   for (const std::string& d : o.dtypes)
     for (size_t i = 0; i < o.t.size(); ++i)
       ok &= d == "f32" ? run_size<float>(o, o.b[i], o.h[i], o.t[i], l2, prop.multiProcessorCount, summary)
                        : run_size<bf16>(o, o.b[i], o.h[i], o.t[i], l2, prop.multiProcessorCount, summary);
-  std::printf("\nSummary on %s (%% of copy; prod: cuda/softmax.cu's kVectorForward; new: the best of 2026-11-29's)\n",
+  std::printf("\nSummary on %s (%% of copy; prod: production's own kernels; new: the best of 2026-11-29's)\n",
               prop.name);
   std::printf("  %-36s %6s %6s  %s\n", "case", "prod", "new", "best new candidate");
   for (const SummaryLine& l : summary)
