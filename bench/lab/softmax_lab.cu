@@ -76,49 +76,17 @@ constexpr Config kConfigs[] = {
 };
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
-constexpr int kLaneTeamBlock = 128, kMaxBlock = 1024, kBlockElems = 16;
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float max_nan(float a, float b) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-__device__ __forceinline__ float exp2_approx(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
-template <int TPR>
-struct LaneTeam {
-  __device__ int rank() const { return threadIdx.x % TPR; }
-  __device__ int size() const { return TPR; }
-  __device__ int slot() const { return threadIdx.x / TPR; }
-  __device__ int rows_per_block() const { return blockDim.x / TPR; }
-  __device__ float max(float v) const {
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
-  }
-  __device__ float sum(float v) const {
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-  }
-};
-struct WarpMaxNan {
-  __device__ float operator()(float v) const { return LaneTeam<32>{}.max(v); }
-};
-struct BlockTeam {
-  float* scratch;
-  __device__ int rank() const { return threadIdx.x; }
-  __device__ int size() const { return blockDim.x; }
-  __device__ int slot() const { return 0; }
-  __device__ int rows_per_block() const { return 1; }
-  __device__ float max(float v) const { return hg::gpu::block_reduce(v, scratch, WarpMaxNan{}, -INFINITY); }
-  __device__ float sum(float v) const { return hg::gpu::block_sum(v, scratch); }
-};
+// Production's teams and numerics (cuda/softmax_forward.cuh), shared by the lab's variants.
+using hg::gpu::additive_mask;
+using hg::gpu::BlockTeam;
+using hg::gpu::exp2_approx;
+using hg::gpu::kLaneTeamBlock;
+using hg::gpu::kLog2e;
+using hg::gpu::kMaskThreshold;
+using hg::gpu::kMaxBlock;
+using hg::gpu::LaneTeam;
+using hg::gpu::max_nan;
+constexpr int kBlockElems = hg::gpu::kForwardBlockElems;
 
 template <class T>
 struct Args {
@@ -130,10 +98,6 @@ struct Args {
   const float* mask = nullptr;  // (B, 1, 1, Tk) key padding, or null
   int64_t rows_per_batch = 1;   // heads * tq
 };
-
-constexpr float kMaskThreshold = static_cast<float>(hg::kSoftmaxMaskThreshold);
-// cuda/softmax.cu's additive_mask: the value itself, or -inf at or below the threshold (NaN stays NaN).
-__device__ __forceinline__ float additive_mask(float m) { return m > kMaskThreshold ? m : m - INFINITY; }
 
 // The row's mask (production's row_span, 32-bit division), or null.
 template <class T>
@@ -339,16 +303,11 @@ void launch_rows(void (*kern)(Args<T>), unsigned grid, unsigned threads, const A
   CHECK_CUDA(cudaLaunchKernelEx(&config, kern, a));
 }
 
-// cuda/softmax.cu's dispatch for 16-byte rows (W elements), Tk <= 16384.
-template <class T, bool kLean, bool kStreaming, int F = 0>
-void launch_forward(const Args<T>& a, int lane_max_keys) {
-  constexpr int W = 16 / sizeof(T);
-  const int64_t tk = a.tk;
-  auto lanes = [&](auto tpr, auto n) {
-    constexpr int TPR = decltype(tpr)::value, N = decltype(n)::value;
-    launch_rows<F>(lanes_kernel<T, TPR, W, N, kLean, kStreaming, F>, grid_for(a.rows, kLaneTeamBlock / TPR),
-                   kLaneTeamBlock, a);
-  };
+// cuda/softmax.cu's dispatch for 16-byte rows (W elements), Tk <= 16384:
+// lanes(TPR, N) launches a lane team (integral constants), block(N, threads)
+// the block team of rows past lane_max_keys.
+template <int W, class Lanes, class Block>
+void dispatch_rows(int64_t tk, int lane_max_keys, const Lanes& lanes, const Block& block) {
   using I8 = std::integral_constant<int, 8>;
   using I16 = std::integral_constant<int, 16>;
   using I32 = std::integral_constant<int, 32>;
@@ -368,13 +327,27 @@ void launch_forward(const Args<T>& a, int lane_max_keys) {
   }
   constexpr int kN = kBlockElems / W;
   const int64_t warps = ((tk + kN * W - 1) / (kN * W) + 31) / 32;
-  const int64_t threads = std::min<int64_t>(warps * 32, kMaxBlock);
-  launch_rows<F>(block_kernel<T, W, kN, kLean, kStreaming, F>, grid_for(a.rows, 1), unsigned(threads), a);
+  block(std::integral_constant<int, kN>{}, unsigned(std::min<int64_t>(warps * 32, kMaxBlock)));
 }
 
-// Production's forward on 16-byte rows: cuda/softmax.cu's dispatch (lane
-// teams, the block team past kVectorForward's lane_max_keys) of the very
-// kernels of cuda/softmax_forward.cuh.
+// The lab's kernels (flags F) through that dispatch.
+template <class T, bool kLean, bool kStreaming, int F = 0>
+void launch_forward(const Args<T>& a, int lane_max_keys) {
+  constexpr int W = 16 / sizeof(T);
+  const auto lanes = [&](auto tpr, auto n) {
+    constexpr int TPR = decltype(tpr)::value, N = decltype(n)::value;
+    launch_rows<F>(lanes_kernel<T, TPR, W, N, kLean, kStreaming, F>, grid_for(a.rows, kLaneTeamBlock / TPR),
+                   kLaneTeamBlock, a);
+  };
+  const auto block = [&](auto n, unsigned threads) {
+    launch_rows<F>(block_kernel<T, W, decltype(n)::value, kLean, kStreaming, F>, grid_for(a.rows, 1), threads, a);
+  };
+  dispatch_rows<W>(a.tk, lane_max_keys, lanes, block);
+}
+
+// Production's forward: the same dispatch (the block team past
+// kVectorForward's lane_max_keys) of the very kernels of
+// cuda/softmax_forward.cuh.
 template <class T>
 void launch_production(const Args<T>& a) {
   namespace g = hg::gpu;
@@ -386,30 +359,12 @@ void launch_production(const Args<T>& a) {
   const auto lanes = [&](auto tpr, auto n) {
     constexpr int TPR = decltype(tpr)::value, N = decltype(n)::value;
     g::softmax_forward_lanes_kernel<T, TPR, W, N, C.lean>
-        <<<grid_for(a.rows, g::kLaneTeamBlock / TPR), g::kLaneTeamBlock>>>(p);
+        <<<grid_for(a.rows, kLaneTeamBlock / TPR), kLaneTeamBlock>>>(p);
   };
-  using I8 = std::integral_constant<int, 8>;
-  using I16 = std::integral_constant<int, 16>;
-  using I32 = std::integral_constant<int, 32>;
-  using N1 = std::integral_constant<int, 1>;
-  using N2 = std::integral_constant<int, 2>;
-  using N4 = std::integral_constant<int, 4>;
-  using N8 = std::integral_constant<int, 8>;
-  const int64_t tk = a.tk;
-  if (tk <= 8 * W) return lanes(I8{}, N1{});
-  if (tk <= 16 * W) return lanes(I16{}, N1{});
-  if (tk <= 32 * W) return lanes(I32{}, N1{});
-  if (C.lane_max_keys == 0 || tk <= C.lane_max_keys) {
-    if (tk <= 64 * W) return lanes(I32{}, N2{});
-    if (tk <= 128 * W) return lanes(I32{}, N4{});
-    if constexpr (W <= 4) {
-      if (tk <= 256 * W) return lanes(I32{}, N8{});
-    }
-  }
-  constexpr int kN = g::kForwardBlockElems / W;
-  const int64_t warps = ((tk + kN * W - 1) / (kN * W) + 31) / 32;
-  g::softmax_forward_block_kernel<T, W, kN, C.lean>
-      <<<grid_for(a.rows, 1), unsigned(std::min<int64_t>(warps * 32, g::kMaxBlock))>>>(p);
+  const auto block = [&](auto n, unsigned threads) {
+    g::softmax_forward_block_kernel<T, W, decltype(n)::value, C.lean><<<grid_for(a.rows, 1), threads>>>(p);
+  };
+  dispatch_rows<W>(a.tk, C.lane_max_keys, lanes, block);
 }
 
 template <class T>
