@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_forward.cuh"
 #include "cuda/softmax_kernels.hpp"
@@ -221,22 +222,31 @@ void dispatch(int64_t tk, Launcher& L) {
 }
 
 // The fields of a SoftmaxForwardConfig (the streaming kernel has none).
-template <class T, bool kLean, int kLaneMaxKeys_>
+template <class T, bool kLean, int kLaneMaxKeys_, bool kPdl = false>
 struct ForwardLauncher {
   static constexpr int kLaneMaxKeys = kLaneMaxKeys_;
   ForwardArgs<T> args;
 
   template <int TPR, int W, int N>
   void lanes() {
-    const int rows_per_block = kLaneTeamBlock / TPR;
-    softmax_forward_lanes_kernel<T, TPR, W, N, kLean>
-        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
+    launch(softmax_forward_lanes_kernel<T, TPR, W, N, kLean>, grid_for(args.rows, kLaneTeamBlock / TPR),
+           kLaneTeamBlock);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
   template <int W, int N>
   void block(unsigned threads) {
-    softmax_forward_block_kernel<T, W, N, kLean><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
+    launch(softmax_forward_block_kernel<T, W, N, kLean>, grid_for(args.rows, 1), threads);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
+  }
+  // A register-layout kernel (they wait for the kernel before), kPdl: programmatically.
+  void launch(void (*kernel)(ForwardArgs<T>), unsigned grid, unsigned threads) const {
+    if constexpr (kPdl) {
+      LaunchAttributes attrs(1, waits_for_prior_grids(kernel));
+      const cudaLaunchConfig_t config = launch_config(dim3(grid), dim3(threads), 0, attrs);
+      HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+    } else {
+      kernel<<<grid, threads, 0, stream()>>>(args);
+    }
   }
   template <int W>
   void streaming() {
@@ -293,7 +303,7 @@ void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
       (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 && l.mask_query_stride % 4 == 0));
   if (vector_ok) {
     constexpr SoftmaxForwardConfig C = kVectorForward[std::is_same_v<T, bf16>];
-    ForwardLauncher<T, C.lean, C.lane_max_keys> launcher{args};
+    ForwardLauncher<T, C.lean, C.lane_max_keys, C.pdl> launcher{args};
     return dispatch<V, kForwardBlockElems>(l.tk, launcher);
   }
   ForwardLauncher<T, kScalarForward.lean, kScalarForward.lane_max_keys> launcher{args};

@@ -278,8 +278,8 @@ unsigned grid_for(int64_t rows, int64_t per_block) { return unsigned((rows + per
 
 // kern<<<grid, threads>>>(a), programmatically (PDL) where F has kPdl; with
 // F & kPersistent the grid is capped at the blocks resident at once.
-template <int F, class T>
-void launch_rows(void (*kern)(Args<T>), unsigned grid, unsigned threads, const Args<T>& a) {
+template <int F, class A>
+void launch_rows(void (*kern)(A), unsigned grid, unsigned threads, const A& a) {
   if constexpr ((F & kPersistent) != 0) {
     static std::map<std::pair<void*, unsigned>, int> resident;
     int& n = resident[{reinterpret_cast<void*>(kern), threads}];
@@ -356,13 +356,15 @@ void launch_production(const Args<T>& a) {
   const bool index32 = a.rows <= UINT32_MAX && a.rows_per_batch <= UINT32_MAX;
   const g::ForwardArgs<T> p{a.x, a.y,     a.mask,   a.rows, a.tk, a.tq, a.rows_per_batch, a.mask ? a.tk : 0,
                             0,   a.scale, a.causal, index32};
+  constexpr int kFlags = C.pdl ? kPdl : 0;  // (launch_rows launches programmatically with kPdl)
   const auto lanes = [&](auto tpr, auto n) {
     constexpr int TPR = decltype(tpr)::value, N = decltype(n)::value;
-    g::softmax_forward_lanes_kernel<T, TPR, W, N, C.lean>
-        <<<grid_for(a.rows, kLaneTeamBlock / TPR), kLaneTeamBlock>>>(p);
+    launch_rows<kFlags>(g::softmax_forward_lanes_kernel<T, TPR, W, N, C.lean>, grid_for(a.rows, kLaneTeamBlock / TPR),
+                        kLaneTeamBlock, p);
   };
   const auto block = [&](auto n, unsigned threads) {
-    g::softmax_forward_block_kernel<T, W, decltype(n)::value, C.lean><<<grid_for(a.rows, 1), threads>>>(p);
+    launch_rows<kFlags>(g::softmax_forward_block_kernel<T, W, decltype(n)::value, C.lean>, grid_for(a.rows, 1), threads,
+                        p);
   };
   dispatch_rows<W>(a.tk, C.lane_max_keys, lanes, block);
 }
