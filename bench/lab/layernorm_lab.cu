@@ -448,7 +448,7 @@ struct Launch {
     if (c.rows == Rows::StagedTwoAStep) {
       auto kern = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
       return run_staged(kern, G, R,
-                        plan_staged_pairs(staged_room(kern, G * R), R, k.D * int(sizeof(T)), stage_kb * 1024));
+                        plan_staged_pairs(staged_room(kern, G * R), R, k.D * int(sizeof(T)), stage_kb * 1024), 2);
     }
     if (!c.one_pass) return plain(layernorm_forward_kernel<T, VEC, EPT, G, R>, G, R);
     if constexpr (kBf16) {
@@ -480,7 +480,7 @@ struct Launch {
   bool staged() const {
     auto kern = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, SHARED>;
     const int target = c.fewest_stages ? 0 : stage_kb * 1024;
-    return run_staged(kern, G, R, plan_staged(staged_room(kern, G * R), R, k.D * int(sizeof(T)), target));
+    return run_staged(kern, G, R, plan_staged(staged_room(kern, G * R), R, k.D * int(sizeof(T)), target), 1);
   }
   template <class Kernel>
   bool plain(Kernel kern, int G, int R) const {
@@ -492,8 +492,9 @@ struct Launch {
     return true;
   }
   template <class Kernel>
-  bool run_staged(Kernel kern, int G, int R, const StagedPlan& plan) const {
-    if (plan.stages < 2) return false;
+  // least: the stages a group needs (production's: 1 staged row, 2 two a step).
+  bool run_staged(Kernel kern, int G, int R, const StagedPlan& plan, int least) const {
+    if (plan.stages < least) return false;
     launch_ex(kern, persistent_grid(k.rows, R, plan.blocks_per_sm, k.sms), G * R, plan.smem, 1, c.pdl,
               static_cast<const T*>(b.x), b.gamma, b.beta, static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps,
               plan.stages);
