@@ -52,11 +52,14 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // j as float; m is the row max). The terms equal to the max are counted
 // exactly and the rest summed apart, so log1p keeps the digits of a confident
 // row, where the sum is 1 + tiny and a float sum would round the tiny part
-// away (the target's gradient p - 1 is then that tiny part).
+// away (the target's gradient p - 1 is then that tiny part). Only the first
+// `summing` threads read (thread t: j = t, t + summing, ...); the others add
+// zeros, so the sums are bitwise those of a block of `summing` threads.
 template <class Load>
-__device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* scratch) {
+__device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* scratch, int summing) {
   float rest = 0.0f, at_max = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+  const int64_t first = threadIdx.x < summing ? threadIdx.x : n;
+  for (int64_t j = first; j < n; j += summing) {
     const float v = x(j);
     if (v == m) {
       at_max += 1.0f;
@@ -67,6 +70,11 @@ __device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* sc
   rest = block_sum(rest, scratch);
   at_max = block_sum(at_max, scratch);
   return log1pf((at_max - 1.0f) + rest);
+}
+
+template <class Load>
+__device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* scratch) {
+  return block_log_sum_exp_shifted(n, m, x, scratch, static_cast<int>(blockDim.x));
 }
 
 }  // namespace hg::gpu
