@@ -176,6 +176,16 @@ void report_floor(const bench::FloorShape& f, const bench::FloorTimes& t, double
   std::printf("%-34s %9.3f\n", "floor sum", sum);
   std::printf("%-34s %9.3f  = %.2f x the floor, %.3f ms above it\n", "fused step (median)", step_ms, step_ms / sum,
               step_ms - sum);
+  // The row pass alone on one chunk: read once + written once is its floor.
+  const double chunk = t.rows_chunk_bytes;
+  std::printf("classifier row pass alone, one chunk (%.1f MB of logits): floor %.3f ms (read + write at copy speed)",
+              chunk / 1e6, t.bytes_ms(2 * chunk));
+  if (t.rows_staged_ms > 0)
+    std::printf(", staged %.3f ms (%.0f GB/s)", t.rows_staged_ms, bench::gbps(2 * chunk, t.rows_staged_ms));
+  std::printf(", strided %.3f ms (%.0f GB/s counting one read)\n", t.rows_strided_ms,
+              bench::gbps(2 * chunk, t.rows_strided_ms));
+  csv.row("row pass", quoted("staged, one chunk"), 1, t.rows_staged_ms, "", 2 * chunk, quoted("0: did not fit"));
+  csv.row("row pass", quoted("strided, one chunk"), 1, t.rows_strided_ms, "", 2 * chunk, "");
   csv.row("total", quoted("floor sum"), "", sum, 100.0, "", "");
   csv.row("total", quoted("fused step"), "", step_ms, 100 * step_ms / sum, "", quoted("median of the timed steps"));
 

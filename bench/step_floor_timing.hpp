@@ -14,6 +14,7 @@
 #include "core/cuda_runtime.hpp"
 #include "core/random.hpp"
 #include "core/tensor.hpp"
+#include "cuda/cross_entropy_lse_kernels.hpp"
 #include "ops/attention.hpp"
 
 namespace hg::bench {
@@ -29,6 +30,9 @@ struct FloorTimes {
   std::vector<FloorBytes> bytes;
   std::string copy_name;
   double copy_gbps = 0;  // bytes read + written per second, the best copy
+  // The classifier's row pass over one full chunk, per kernel (0: not run).
+  double rows_staged_ms = 0, rows_strided_ms = 0;
+  double rows_chunk_bytes = 0;  // the chunk's logits
 
   double gemm_ms() const {
     double ms = 0;
@@ -75,6 +79,28 @@ inline double time_floor_gemm(const FloorGemm& g, DType act, int warmup, int ite
       .median_ms;
 }
 
+// The row pass alone on one chunk of logits, with each kernel. Each call
+// writes g over the previous call's output: the same work, other values.
+inline void time_row_pass(const FloorShape& f, DType act, int warmup, int iters, Generator& gen, FloorTimes& r) {
+  const int64_t rows = f.chunk_rows, V = f.size.vocab;
+  Tensor logits = floor_random({rows, V}, act, gen);
+  std::vector<double> t(static_cast<size_t>(rows));
+  for (double& v : t) v = double(gen.next_u64() % uint64_t(V));
+  const Tensor targets = Tensor::from_vector(t, {rows}, DType::F32, Device::CUDA);
+  Tensor inv_count = Tensor::empty({1}, DType::F32, Device::CUDA);
+  Tensor row_loss = Tensor::empty({rows}, DType::F32, Device::CUDA);
+  gpu::cross_entropy_count_targets(targets, -100, inv_count);
+  const auto time_kernel = [&](gpu::RowPassKernel kernel) {
+    return time_rotating(
+               Device::CUDA, 1, warmup, iters, 4,
+               [&](int) { gpu::cross_entropy_lse_rows_grad(logits, targets, -100, inv_count, row_loss, kernel); })
+        .median_ms;
+  };
+  r.rows_chunk_bytes = double(logits.nbytes());
+  if (V <= gpu::cross_entropy_staged_max_vocab(act)) r.rows_staged_ms = time_kernel(gpu::RowPassKernel::Staged);
+  r.rows_strided_ms = time_kernel(gpu::RowPassKernel::Strided);
+}
+
 inline FloorTimes time_floor(const FloorShape& f, DType act, bool bf16_copies, int warmup, int iters) {
   FloorTimes r;
   Generator gen(11);
@@ -110,6 +136,7 @@ inline FloorTimes time_floor(const FloorShape& f, DType act, bool bf16_copies, i
   r.copy_name = best.name;
   r.copy_gbps = gbps(2.0 * double(copy_bytes), best.timing.median_ms);
   r.bytes = floor_bytes(f, bf16_copies);
+  time_row_pass(f, act, warmup, iters, gen, r);
   return r;
 }
 
