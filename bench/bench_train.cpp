@@ -178,12 +178,12 @@ void report_floor(const bench::FloorShape& f, const bench::FloorTimes& t, double
               step_ms - sum);
   // The row pass alone on one chunk: read once + written once is its floor.
   const double chunk = t.rows_chunk_bytes;
-  std::printf("classifier row pass alone, one chunk (%.1f MB of logits): floor %.3f ms (read + write at copy speed)",
+  std::printf("classifier row pass alone on one chunk (%.1f MB of logits; GB/s: the chunk read once and written "
+              "once over the time): floor %.3f ms",
               chunk / 1e6, t.bytes_ms(2 * chunk));
   if (t.rows_staged_ms > 0)
     std::printf(", staged %.3f ms (%.0f GB/s)", t.rows_staged_ms, bench::gbps(2 * chunk, t.rows_staged_ms));
-  std::printf(", strided %.3f ms (%.0f GB/s counting one read)\n", t.rows_strided_ms,
-              bench::gbps(2 * chunk, t.rows_strided_ms));
+  std::printf(", strided %.3f ms (%.0f GB/s)\n", t.rows_strided_ms, bench::gbps(2 * chunk, t.rows_strided_ms));
   csv.row("row pass", quoted("staged, one chunk"), 1, t.rows_staged_ms, "", 2 * chunk, quoted("0: did not fit"));
   csv.row("row pass", quoted("strided, one chunk"), 1, t.rows_strided_ms, "", 2 * chunk, "");
   csv.row("total", quoted("floor sum"), "", sum, 100.0, "", "");
