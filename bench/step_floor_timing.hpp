@@ -31,7 +31,7 @@ struct FloorTimes {
   std::string copy_name;
   double copy_gbps = 0;  // bytes read + written per second, the best copy
   // The classifier's row pass over one full chunk, per kernel (0: not run).
-  double rows_staged_ms = 0, rows_strided_ms = 0;
+  double rows_staged_ms = 0, rows_all_threads_ms = 0, rows_strided_ms = 0;
   double rows_chunk_bytes = 0;  // the chunk's logits
 
   double gemm_ms() const {
@@ -97,7 +97,10 @@ inline void time_row_pass(const FloorShape& f, DType act, int warmup, int iters,
         .median_ms;
   };
   r.rows_chunk_bytes = double(logits.nbytes());
-  if (V <= gpu::cross_entropy_staged_max_vocab(act)) r.rows_staged_ms = time_kernel(gpu::RowPassKernel::Staged);
+  if (V <= gpu::cross_entropy_staged_max_vocab(act)) {
+    r.rows_staged_ms = time_kernel(gpu::RowPassKernel::Staged);
+    r.rows_all_threads_ms = time_kernel(gpu::RowPassKernel::StagedAllThreads);
+  }
   r.rows_strided_ms = time_kernel(gpu::RowPassKernel::Strided);
 }
 

@@ -5,6 +5,7 @@
 // staged: the row read once into shared memory (docs/classifier.md).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -128,6 +129,8 @@ __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int6
 // 228). The sum of exponentials runs on the first kRowThreads threads in
 // lse_rows_grad's order, so the staged pass gives its bits; the max and g
 // passes, whose results do not depend on the order, use every thread.
+// ALL_SUM (RowPassKernel::StagedAllThreads) sums on every thread instead,
+// 16-byte words at a time: another order, so other bits in the last places.
 constexpr int kStagedThreads = 512;
 static_assert(kStagedThreads % kRowThreads == 0, "the summing threads are a prefix of the block");
 
@@ -152,7 +155,7 @@ __device__ __forceinline__ void for_edges(const RowSpan& span, int64_t vocab, F&
 // lse_rows_grad's (max and g do not depend on the order; the sums run in its
 // order, see kStagedThreads). Dynamic shared memory: staged_row_bytes
 // (cuda/row_span.hpp).
-template <class T>
+template <class T, bool ALL_SUM>
 __global__ void __launch_bounds__(kStagedThreads, 2)
     lse_rows_grad_staged(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                          const float* __restrict__ inv_count, float* __restrict__ row_loss) {
@@ -193,8 +196,21 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
   }
   for_edges(span, vocab, [&](int64_t j) { m = fmaxf(m, to_f(s[j])); });
   m = block_max(m, scratch);
-  const float log_s = block_log_sum_exp_shifted(
-      vocab, m, [&](int64_t j) { return to_f(s[j]); }, scratch, kRowThreads);
+  float log_s;
+  if constexpr (ALL_SUM) {
+    ShiftedExpSum sum{m};
+    for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += stride) {
+      float v[W];
+      load_vec<W>(s + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) sum.add(v[k]);
+    }
+    for_edges(span, vocab, [&](int64_t j) { sum.add(to_f(s[j])); });
+    log_s = sum.log_sum(scratch);
+  } else {
+    log_s = block_log_sum_exp_shifted(
+        vocab, m, [&](int64_t j) { return to_f(s[j]); }, scratch, kRowThreads);
+  }
   const float scale = inv_count[0];
   const auto grad = [&](int64_t j, float v) {
     const float z = (v - m) - log_s;  // the target's p - 1 as expm1, as lse_backward
@@ -222,11 +238,13 @@ __global__ void __launch_bounds__(kStagedThreads, 2)
 template <class T>
 int64_t staged_max_vocab() {
   static const int64_t max_vocab = [] {
-    auto kernel = lse_rows_grad_staged<T>;
-    if (!runs_sm90_code(kernel)) return int64_t{0};
-    const size_t limit = allow_max_dynamic_smem(kernel);
-    HG_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    size_t limit = SIZE_MAX;
+    for (auto kernel : {lse_rows_grad_staged<T, false>, lse_rows_grad_staged<T, true>}) {
+      if (!runs_sm90_code(kernel)) return int64_t{0};
+      limit = std::min(limit, allow_max_dynamic_smem(kernel));
+      HG_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    }
     return limit > 32 ? static_cast<int64_t>((limit - 32) / sizeof(T)) : int64_t{0};
   }();
   return max_vocab;
@@ -306,17 +324,19 @@ void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t 
                                  Tensor& row_loss, RowPassKernel kernel) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const bool fits = vocab <= cross_entropy_staged_max_vocab(logits.dtype());
-  HG_CHECK(kernel != RowPassKernel::Staged || fits, "cross_entropy_lse_rows_grad", "a staged row of ", vocab, " ",
-           dtype_name(logits.dtype()), " elements does not fit in this device's shared memory (at most ",
+  HG_CHECK(kernel == RowPassKernel::Best || kernel == RowPassKernel::Strided || fits, "cross_entropy_lse_rows_grad",
+           "a staged row of ", vocab, " ", dtype_name(logits.dtype()),
+           " elements does not fit in this device's shared memory (at most ",
            cross_entropy_staged_max_vocab(logits.dtype()), "); RowPassKernel::Best falls back to the strided kernel");
   if (rows == 0) return;
   with_logits_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* x = static_cast<T*>(logits.raw_data());
     if (fits && kernel != RowPassKernel::Strided) {
-      lse_rows_grad_staged<T>
-          <<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
-              x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
+      auto staged =
+          kernel == RowPassKernel::StagedAllThreads ? lse_rows_grad_staged<T, true> : lse_rows_grad_staged<T, false>;
+      staged<<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
+          x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
       HG_CUDA_CHECK_LAUNCH("lse_rows_grad_staged");
       return;
     }

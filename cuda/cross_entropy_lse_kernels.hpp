@@ -34,9 +34,11 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
 // The row pass's kernels. Staged: a block per row holds the row in shared
 // memory, so it reads the logits once (sm_90+, V up to
 // cross_entropy_staged_max_vocab). Strided: a block per row reads them three
-// times (max, sum, g), at any V. Both give the same bits. Best: staged where
-// the row fits, else strided.
-enum class RowPassKernel { Best, Staged, Strided };
+// times (max, sum, g), at any V. Both give the same bits. StagedAllThreads:
+// staged, the sum of exponentials over all its threads (another order:
+// within the same float64 bounds, not the same bits). Best: staged where the
+// row fits, else strided.
+enum class RowPassKernel { Best, Staged, StagedAllThreads, Strided };
 
 // The longest row of `dtype` (F32 or BF16) the staged row pass holds on the
 // current device; 0 where it cannot run.

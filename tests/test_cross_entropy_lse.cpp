@@ -5,7 +5,7 @@
 // ignored rows, every row ignored, logits offset by 1e3; the on-device
 // variant (no host checks, device-side count) and its NaN for bad targets.
 // The classifier's row pass (gpu::cross_entropy_lse_rows_grad): the staged
-// kernel against the strided one bit for bit and both against float64, at
+// kernel against the strided one bit for bit and all three against float64, at
 // vocabularies below and above the staging limit, unaligned rows, and rows
 // that are ignored, NaN, -inf, huge or with a target out of range.
 //
@@ -314,9 +314,15 @@ TEST_CASE("row pass: the staged kernel gives the strided kernel's bits, both mat
           const RowPassOut staged = run_row_pass(c, gpu::RowPassKernel::Staged);
           CHECK(same_bytes(staged.g, strided.g));
           CHECK(same_bytes(staged.row_loss, strided.row_loss));
+          // Summed in another order: the float64 bounds, and the same bits run to run.
+          const RowPassOut all = run_row_pass(c, gpu::RowPassKernel::StagedAllThreads);
+          check_row_pass_reference(c, all, dt);
+          const RowPassOut again = run_row_pass(c, gpu::RowPassKernel::StagedAllThreads);
+          CHECK(same_bytes(all.g, again.g));
+          CHECK(same_bytes(all.row_loss, again.row_loss));
         } else {
-          CHECK(thrown_message([&] { run_row_pass(c, gpu::RowPassKernel::Staged); }).find("does not fit") !=
-                std::string::npos);
+          for (const auto kernel : {gpu::RowPassKernel::Staged, gpu::RowPassKernel::StagedAllThreads})
+            CHECK(thrown_message([&] { run_row_pass(c, kernel); }).find("does not fit") != std::string::npos);
         }
       }
   }
