@@ -179,17 +179,12 @@ void report_floor(const bench::FloorShape& f, const bench::FloorTimes& t, double
   // The row pass alone on one chunk: read once + written once is its floor.
   const double chunk = t.rows_chunk_bytes;
   std::printf("classifier row pass alone on one chunk (%.1f MB of logits; GB/s: the chunk read once and written "
-              "once over the time): floor %.3f ms",
+              "once over the time): floor %.3f ms\n",
               chunk / 1e6, t.bytes_ms(2 * chunk));
-  if (t.rows_staged_ms > 0)
-    std::printf(", staged %.3f ms (%.0f GB/s), staged summing on all threads %.3f ms (%.0f GB/s)", t.rows_staged_ms,
-                bench::gbps(2 * chunk, t.rows_staged_ms), t.rows_all_threads_ms,
-                bench::gbps(2 * chunk, t.rows_all_threads_ms));
-  std::printf(", strided %.3f ms (%.0f GB/s)\n", t.rows_strided_ms, bench::gbps(2 * chunk, t.rows_strided_ms));
-  csv.row("row pass", quoted("staged, one chunk"), 1, t.rows_staged_ms, "", 2 * chunk, quoted("0: did not fit"));
-  csv.row("row pass", quoted("staged all threads summing, one chunk"), 1, t.rows_all_threads_ms, "", 2 * chunk,
-          quoted("0: did not fit"));
-  csv.row("row pass", quoted("strided, one chunk"), 1, t.rows_strided_ms, "", 2 * chunk, "");
+  for (const auto& [name, ms] : t.row_pass_ms) {
+    std::printf("  %-30s %7.3f ms %6.0f GB/s\n", name.c_str(), ms, bench::gbps(2 * chunk, ms));
+    csv.row("row pass", quoted(name + ", one chunk"), 1, ms, "", 2 * chunk, "");
+  }
   csv.row("total", quoted("floor sum"), "", sum, 100.0, "", "");
   csv.row("total", quoted("fused step"), "", step_ms, 100 * step_ms / sum, "", quoted("median of the timed steps"));
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_util.hpp"
@@ -30,8 +31,8 @@ struct FloorTimes {
   std::vector<FloorBytes> bytes;
   std::string copy_name;
   double copy_gbps = 0;  // bytes read + written per second, the best copy
-  // The classifier's row pass over one full chunk, per kernel (0: not run).
-  double rows_staged_ms = 0, rows_all_threads_ms = 0, rows_strided_ms = 0;
+  // The classifier's row pass over one full chunk, per kernel that fits.
+  std::vector<std::pair<std::string, double>> row_pass_ms;
   double rows_chunk_bytes = 0;  // the chunk's logits
 
   double gemm_ms() const {
@@ -97,11 +98,19 @@ inline void time_row_pass(const FloorShape& f, DType act, int warmup, int iters,
         .median_ms;
   };
   r.rows_chunk_bytes = double(logits.nbytes());
-  if (V <= gpu::cross_entropy_staged_max_vocab(act)) {
-    r.rows_staged_ms = time_kernel(gpu::RowPassKernel::Staged);
-    r.rows_all_threads_ms = time_kernel(gpu::RowPassKernel::StagedAllThreads);
-  }
-  r.rows_strided_ms = time_kernel(gpu::RowPassKernel::Strided);
+  using K = gpu::RowPassKernel;
+  const struct {
+    const char* name;
+    K kernel;
+    int stages;
+  } kernels[] = {{"staged", K::Staged, 1},
+                 {"staged, all threads summing", K::StagedAllThreads, 1},
+                 {"ring", K::Ring, 2},
+                 {"ring, all threads summing", K::RingAllThreads, 2},
+                 {"strided", K::Strided, 0}};
+  for (const auto& k : kernels)
+    if (k.stages == 0 || V <= gpu::cross_entropy_staged_max_vocab(act, k.stages))
+      r.row_pass_ms.push_back({k.name, time_kernel(k.kernel)});
 }
 
 inline FloorTimes time_floor(const FloorShape& f, DType act, bool bf16_copies, int warmup, int iters) {

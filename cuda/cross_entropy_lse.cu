@@ -2,7 +2,8 @@
 // cuda/cross_entropy_lse_kernels.hpp; the math: docs/cross_entropy.md).
 // One block per row, any vocabulary size (threads stride over V, so V need
 // not be a multiple of anything). The classifier's row pass also comes
-// staged: the row read once into shared memory (docs/classifier.md).
+// staged: the row read once into shared memory (cuda/lse_rows_staged.cuh,
+// docs/classifier.md).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,27 +12,20 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
-#include "cuda/bulk_stage.cuh"
 #include "cuda/cross_entropy_lse_kernels.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/lse_rows_staged.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/row_span.hpp"
 #include "cuda/storage_cast.cuh"
-#include "cuda/vec.cuh"
 
 namespace hg::gpu {
 namespace {
 
 constexpr int kRowThreads = 256;
 constexpr int kSumThreads = 1024;
-
-// -1: ignored row; -2: not a class (the loss becomes NaN); else the class.
-__device__ __forceinline__ int64_t target_class(float t, int64_t vocab, int64_t ignore_index) {
-  if (t == static_cast<float>(ignore_index)) return -1;
-  if (!(t >= 0.f && t < static_cast<float>(vocab)) || t != floorf(t)) return -2;
-  return static_cast<int64_t>(t);
-}
+static_assert(kStagedThreads % kRowThreads == 0, "the staged kernels sum on a prefix of their threads");
 
 // row_loss[row] = log s - (x[target] - m); counted[row] = 1 unless ignored.
 template <class T>
@@ -123,131 +117,35 @@ __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int6
   if (threadIdx.x == 0) row_loss[row] = target == -2 ? NAN : log_s - (x_t - m);
 }
 
-// ---- the staged row pass --------------------------------------------------------------
-
-// Two blocks of 512 share an SM (a bf16 row of 50304 takes 98 KiB of its
-// 228). The sum of exponentials runs on the first kRowThreads threads in
-// lse_rows_grad's order, so the staged pass gives its bits; the max and g
-// passes, whose results do not depend on the order, use every thread.
-// ALL_SUM (RowPassKernel::StagedAllThreads) sums on every thread instead,
-// 16-byte words at a time: another order, so other bits in the last places.
-constexpr int kStagedThreads = 512;
-static_assert(kStagedThreads % kRowThreads == 0, "the summing threads are a prefix of the block");
-
+// The staged kernels' shared memory on this device: the most one block may
+// take (allowed to each kernel; 0: they cannot run, below sm_90 there are no
+// bulk copies). They prefer shared memory over L1, which they do not use.
 template <class T>
-__device__ __forceinline__ RowSpan row_span_of(const T* x, int64_t vocab) {
-  return row_span(reinterpret_cast<uintptr_t>(x), vocab, sizeof(T));
-}
-
-// f(j) for every element j of the row that is not in the body, a thread each.
-template <class F>
-__device__ __forceinline__ void for_edges(const RowSpan& span, int64_t vocab, F&& f) {
-  if (threadIdx.x < span.head) f(static_cast<int64_t>(threadIdx.x));
-  if (span.body_end + threadIdx.x < vocab) f(span.body_end + threadIdx.x);
-}
-
-// lse_rows_grad with the row read from global memory once: a bulk copy
-// (cuda/bulk_stage.cuh) lands the row's 16-byte words in shared memory (the
-// few edge elements of a row that is not 16-byte aligned are loaded one by
-// one), the max, sum and g passes read that copy, and g is written over the
-// logits in 16-byte words. The shared copy sits at the row's own offset mod
-// 16, so its words are aligned where the row's are. Values: bitwise
-// lse_rows_grad's (max and g do not depend on the order; the sums run in its
-// order, see kStagedThreads). Dynamic shared memory: staged_row_bytes
-// (cuda/row_span.hpp).
-template <class T, bool ALL_SUM>
-__global__ void __launch_bounds__(kStagedThreads, 2)
-    lse_rows_grad_staged(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
-                         const float* __restrict__ inv_count, float* __restrict__ row_loss) {
-  constexpr int W = VecWidth<T>::value;
-  extern __shared__ __align__(128) unsigned char staged_row[];
-  __shared__ float scratch[32];
-  __shared__ uint64_t landed;
-  const int64_t row = blockIdx.x;
-  T* x = logits + row * vocab;
-  const RowSpan span = row_span_of(x, vocab);
-  const int64_t stride = int64_t(W) * blockDim.x;
-  const int64_t target = target_class(targets[row], vocab, ignore_index);  // the same for the whole block
-  if (target == -1) {
-    const float zeros[W] = {};
-    for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += stride) store_vec<W>(x + j, zeros);
-    for_edges(span, vocab, [&](int64_t j) { x[j] = from_f<T>(0.f); });
-    if (threadIdx.x == 0) row_loss[row] = 0.f;
-    return;
-  }
-  T* s = reinterpret_cast<T*>(staged_row + reinterpret_cast<uintptr_t>(x) % 16);  // element j of the row: s[j]
-  const auto body_bytes = static_cast<uint32_t>((span.body_end - span.head) * int64_t(sizeof(T)));
-  if (threadIdx.x == 0 && body_bytes > 0) stage_barrier_init(&landed);
-  __syncthreads();  // the barrier is initialised before anyone waits on it
-  if (threadIdx.x == 0 && body_bytes > 0) {
-    stage_expect(&landed, body_bytes);
-    stage_copy(s + span.head, x + span.head, body_bytes, &landed);
-  }
-  for_edges(span, vocab, [&](int64_t j) { s[j] = x[j]; });
-  if (body_bytes > 0) stage_wait(&landed, 0);
-  __syncthreads();  // the edge elements too
-
-  float m = -INFINITY;
-  for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += stride) {
-    float v[W];
-    load_vec<W>(s + j, v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) m = fmaxf(m, v[k]);
-  }
-  for_edges(span, vocab, [&](int64_t j) { m = fmaxf(m, to_f(s[j])); });
-  m = block_max(m, scratch);
-  float log_s;
-  if constexpr (ALL_SUM) {
-    ShiftedExpSum sum{m};
-    for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += stride) {
-      float v[W];
-      load_vec<W>(s + j, v);
-#pragma unroll
-      for (int k = 0; k < W; ++k) sum.add(v[k]);
-    }
-    for_edges(span, vocab, [&](int64_t j) { sum.add(to_f(s[j])); });
-    log_s = sum.log_sum(scratch);
-  } else {
-    log_s = block_log_sum_exp_shifted(
-        vocab, m, [&](int64_t j) { return to_f(s[j]); }, scratch, kRowThreads);
-  }
-  const float scale = inv_count[0];
-  const auto grad = [&](int64_t j, float v) {
-    const float z = (v - m) - log_s;  // the target's p - 1 as expm1, as lse_backward
-    return (j == target ? expm1f(z) : expf(z)) * scale;
-  };
-  for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += stride) {
-    float v[W];
-    load_vec<W>(s + j, v);
-    if (target >= j && target < j + W) {  // one word of the row: expm1 there only
-#pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = grad(j + k, v[k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = expf((v[k] - m) - log_s) * scale;
-    }
-    store_vec<W>(x + j, v);
-  }
-  for_edges(span, vocab, [&](int64_t j) { x[j] = from_f<T>(grad(j, to_f(s[j]))); });
-  if (threadIdx.x == 0) row_loss[row] = target == -2 ? NAN : log_s - (to_f(s[target >= 0 ? target : 0]) - m);
-}
-
-// The longest staged row of T on this device (0: none; below sm_90 there
-// are no bulk copies). Allows the kernel the most dynamic shared memory and
-// prefers shared memory over L1, which it does not use.
-template <class T>
-int64_t staged_max_vocab() {
-  static const int64_t max_vocab = [] {
-    size_t limit = SIZE_MAX;
-    for (auto kernel : {lse_rows_grad_staged<T, false>, lse_rows_grad_staged<T, true>}) {
-      if (!runs_sm90_code(kernel)) return int64_t{0};
-      limit = std::min(limit, allow_max_dynamic_smem(kernel));
+size_t staged_smem_limit() {
+  static const size_t limit = [] {
+    size_t least = SIZE_MAX;
+    bool runs = true;
+    const auto allow = [&](auto kernel) {
+      runs = runs && runs_sm90_code(kernel);
+      if (!runs) return;
+      least = std::min(least, allow_max_dynamic_smem(kernel));
       HG_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    }
-    return limit > 32 ? static_cast<int64_t>((limit - 32) / sizeof(T)) : int64_t{0};
+    };
+    allow(lse_rows_grad_staged<T, kRowThreads>);
+    allow(lse_rows_grad_staged<T, 0>);
+    allow(lse_rows_grad_ring<T, kRowThreads>);
+    allow(lse_rows_grad_ring<T, 0>);
+    return runs ? least : size_t{0};
   }();
-  return max_vocab;
+  return limit;
+}
+
+// The longest row of T whose `stages` staged copies fit a block.
+template <class T>
+int64_t staged_max_vocab(int stages) {
+  const auto per_stage = static_cast<int64_t>(staged_smem_limit<T>() / size_t(stages));
+  return per_stage > 32 ? (per_stage - 32) / int64_t(sizeof(T)) : 0;
 }
 
 __global__ void count_targets(const float* __restrict__ targets, int64_t rows, int64_t ignore_index,
@@ -314,28 +212,43 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
   HG_CUDA_CHECK_LAUNCH("count_targets");
 }
 
-int64_t cross_entropy_staged_max_vocab(DType dtype) {
+int64_t cross_entropy_staged_max_vocab(DType dtype, int stages) {
   int64_t n = 0;
-  with_logits_type(dtype, [&](auto zero) { n = staged_max_vocab<decltype(zero)>(); });
+  with_logits_type(dtype, [&](auto zero) { n = staged_max_vocab<decltype(zero)>(stages); });
   return n;
 }
 
 void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
                                  Tensor& row_loss, RowPassKernel kernel) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  const bool fits = vocab <= cross_entropy_staged_max_vocab(logits.dtype());
+  const bool ring = kernel == RowPassKernel::Ring || kernel == RowPassKernel::RingAllThreads;
+  const int stages = ring ? 2 : 1;
+  const bool fits = vocab <= cross_entropy_staged_max_vocab(logits.dtype(), stages);
   HG_CHECK(kernel == RowPassKernel::Best || kernel == RowPassKernel::Strided || fits, "cross_entropy_lse_rows_grad",
-           "a staged row of ", vocab, " ", dtype_name(logits.dtype()),
-           " elements does not fit in this device's shared memory (at most ",
-           cross_entropy_staged_max_vocab(logits.dtype()), "); RowPassKernel::Best falls back to the strided kernel");
+           stages, " staged row(s) of ", vocab, " ", dtype_name(logits.dtype()),
+           " elements do not fit in this device's shared memory (at most ",
+           cross_entropy_staged_max_vocab(logits.dtype(), stages),
+           " elements a row); RowPassKernel::Best falls back to the strided kernel");
   if (rows == 0) return;
   with_logits_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* x = static_cast<T*>(logits.raw_data());
+    const size_t row_bytes = staged_row_bytes(vocab, int64_t(sizeof(T)));
+    if (fits && ring) {
+      auto kernel_fn =
+          kernel == RowPassKernel::RingAllThreads ? lse_rows_grad_ring<T, 0> : lse_rows_grad_ring<T, kRowThreads>;
+      const int64_t per_sm = std::max(1, active_blocks_per_sm(kernel_fn, kStagedThreads, 2 * row_bytes));
+      const auto grid = static_cast<unsigned>(std::min<int64_t>(rows, per_sm * sm_count()));
+      kernel_fn<<<grid, kStagedThreads, 2 * row_bytes, stream()>>>(x, targets.data<float>(), rows, vocab, ignore_index,
+                                                                   inv_count.data<float>(), row_loss.data<float>(),
+                                                                   uint32_t(row_bytes));
+      HG_CUDA_CHECK_LAUNCH("lse_rows_grad_ring");
+      return;
+    }
     if (fits && kernel != RowPassKernel::Strided) {
-      auto staged =
-          kernel == RowPassKernel::StagedAllThreads ? lse_rows_grad_staged<T, true> : lse_rows_grad_staged<T, false>;
-      staged<<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
+      auto kernel_fn =
+          kernel == RowPassKernel::StagedAllThreads ? lse_rows_grad_staged<T, 0> : lse_rows_grad_staged<T, kRowThreads>;
+      kernel_fn<<<static_cast<unsigned>(rows), kStagedThreads, row_bytes, stream()>>>(
           x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
       HG_CUDA_CHECK_LAUNCH("lse_rows_grad_staged");
       return;
