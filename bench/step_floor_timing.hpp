@@ -98,19 +98,9 @@ inline void time_row_pass(const FloorShape& f, DType act, int warmup, int iters,
         .median_ms;
   };
   r.rows_chunk_bytes = double(logits.nbytes());
-  using K = gpu::RowPassKernel;
-  const struct {
-    const char* name;
-    K kernel;
-    int stages;
-  } kernels[] = {{"staged", K::Staged, 1},
-                 {"staged, all threads summing", K::StagedAllThreads, 1},
-                 {"ring", K::Ring, 2},
-                 {"ring, all threads summing", K::RingAllThreads, 2},
-                 {"strided", K::Strided, 0}};
-  for (const auto& k : kernels)
-    if (k.stages == 0 || V <= gpu::cross_entropy_staged_max_vocab(act, k.stages))
-      r.row_pass_ms.push_back({k.name, time_kernel(k.kernel)});
+  if (V <= gpu::cross_entropy_staged_max_vocab(act))
+    r.row_pass_ms.push_back({"staged", time_kernel(gpu::RowPassKernel::Staged)});
+  r.row_pass_ms.push_back({"strided", time_kernel(gpu::RowPassKernel::Strided)});
 }
 
 inline FloorTimes time_floor(const FloorShape& f, DType act, bool bf16_copies, int warmup, int iters) {

@@ -69,17 +69,6 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
-// Every thread that wrote or read a stage with ordinary accesses, before the
-// block synchronises and a bulk copy refills it: orders those accesses
-// before the copy's writes (they go through another proxy, PTX ISA 9.7.12).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
 // A ring of S stages in shared memory, one barrier each: use k (k = 0, 1,
 // ...) of the ring lands in stage k % S and completes that barrier's phase
 // k / S. The arming thread calls arm(k, bytes), then stage_copy for each

@@ -25,7 +25,6 @@ namespace {
 
 constexpr int kRowThreads = 256;
 constexpr int kSumThreads = 1024;
-static_assert(kStagedThreads % kRowThreads == 0, "the staged kernels sum on a prefix of their threads");
 
 // row_loss[row] = log s - (x[target] - m); counted[row] = 1 unless ignored.
 template <class T>
@@ -117,35 +116,20 @@ __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int6
   if (threadIdx.x == 0) row_loss[row] = target == -2 ? NAN : log_s - (x_t - m);
 }
 
-// The staged kernels' shared memory on this device: the most one block may
-// take (allowed to each kernel; 0: they cannot run, below sm_90 there are no
-// bulk copies). They prefer shared memory over L1, which they do not use.
+// The longest staged row of T on this device (0: none; below sm_90 there
+// are no bulk copies). Allows the kernel the most dynamic shared memory and
+// prefers shared memory over L1, which it does not use.
 template <class T>
-size_t staged_smem_limit() {
-  static const size_t limit = [] {
-    size_t least = SIZE_MAX;
-    bool runs = true;
-    const auto allow = [&](auto kernel) {
-      runs = runs && runs_sm90_code(kernel);
-      if (!runs) return;
-      least = std::min(least, allow_max_dynamic_smem(kernel));
-      HG_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-    };
-    allow(lse_rows_grad_staged<T, kRowThreads>);
-    allow(lse_rows_grad_staged<T, 0>);
-    allow(lse_rows_grad_ring<T, kRowThreads>);
-    allow(lse_rows_grad_ring<T, 0>);
-    return runs ? least : size_t{0};
+int64_t staged_max_vocab() {
+  static const int64_t max_vocab = [] {
+    auto kernel = lse_rows_grad_staged<T>;
+    if (!runs_sm90_code(kernel)) return int64_t{0};
+    const size_t limit = allow_max_dynamic_smem(kernel);
+    HG_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    return limit > 32 ? static_cast<int64_t>((limit - 32) / sizeof(T)) : int64_t{0};
   }();
-  return limit;
-}
-
-// The longest row of T whose `stages` staged copies fit a block.
-template <class T>
-int64_t staged_max_vocab(int stages) {
-  const auto per_stage = static_cast<int64_t>(staged_smem_limit<T>() / size_t(stages));
-  return per_stage > 32 ? (per_stage - 32) / int64_t(sizeof(T)) : 0;
+  return max_vocab;
 }
 
 __global__ void count_targets(const float* __restrict__ targets, int64_t rows, int64_t ignore_index,
@@ -212,44 +196,27 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
   HG_CUDA_CHECK_LAUNCH("count_targets");
 }
 
-int64_t cross_entropy_staged_max_vocab(DType dtype, int stages) {
+int64_t cross_entropy_staged_max_vocab(DType dtype) {
   int64_t n = 0;
-  with_logits_type(dtype, [&](auto zero) { n = staged_max_vocab<decltype(zero)>(stages); });
+  with_logits_type(dtype, [&](auto zero) { n = staged_max_vocab<decltype(zero)>(); });
   return n;
 }
 
 void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
                                  Tensor& row_loss, RowPassKernel kernel) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  const bool ring = kernel == RowPassKernel::Ring || kernel == RowPassKernel::RingAllThreads;
-  const int stages = ring ? 2 : 1;
-  const bool fits = vocab <= cross_entropy_staged_max_vocab(logits.dtype(), stages);
-  HG_CHECK(kernel == RowPassKernel::Best || kernel == RowPassKernel::Strided || fits, "cross_entropy_lse_rows_grad",
-           stages, " staged row(s) of ", vocab, " ", dtype_name(logits.dtype()),
-           " elements do not fit in this device's shared memory (at most ",
-           cross_entropy_staged_max_vocab(logits.dtype(), stages),
-           " elements a row); RowPassKernel::Best falls back to the strided kernel");
+  const bool fits = vocab <= cross_entropy_staged_max_vocab(logits.dtype());
+  HG_CHECK(kernel != RowPassKernel::Staged || fits, "cross_entropy_lse_rows_grad", "a staged row of ", vocab, " ",
+           dtype_name(logits.dtype()), " elements does not fit in this device's shared memory (at most ",
+           cross_entropy_staged_max_vocab(logits.dtype()), "); RowPassKernel::Best falls back to the strided kernel");
   if (rows == 0) return;
   with_logits_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* x = static_cast<T*>(logits.raw_data());
-    const size_t row_bytes = staged_row_bytes(vocab, int64_t(sizeof(T)));
-    if (fits && ring) {
-      auto kernel_fn =
-          kernel == RowPassKernel::RingAllThreads ? lse_rows_grad_ring<T, 0> : lse_rows_grad_ring<T, kRowThreads>;
-      const int64_t per_sm = std::max(1, active_blocks_per_sm(kernel_fn, kStagedThreads, 2 * row_bytes));
-      const auto grid = static_cast<unsigned>(std::min<int64_t>(rows, per_sm * sm_count()));
-      kernel_fn<<<grid, kStagedThreads, 2 * row_bytes, stream()>>>(x, targets.data<float>(), rows, vocab, ignore_index,
-                                                                   inv_count.data<float>(), row_loss.data<float>(),
-                                                                   uint32_t(row_bytes));
-      HG_CUDA_CHECK_LAUNCH("lse_rows_grad_ring");
-      return;
-    }
     if (fits && kernel != RowPassKernel::Strided) {
-      auto kernel_fn =
-          kernel == RowPassKernel::StagedAllThreads ? lse_rows_grad_staged<T, 0> : lse_rows_grad_staged<T, kRowThreads>;
-      kernel_fn<<<static_cast<unsigned>(rows), kStagedThreads, row_bytes, stream()>>>(
-          x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
+      lse_rows_grad_staged<T>
+          <<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
+              x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
       HG_CUDA_CHECK_LAUNCH("lse_rows_grad_staged");
       return;
     }

@@ -33,19 +33,15 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
 
 // The row pass's kernels. Staged: a block per row holds the row in shared
 // memory, so it reads the logits once (sm_90+, V up to
-// cross_entropy_staged_max_vocab(dtype, 1)). Ring: a block per SM walks its
-// rows through two shared-memory stages, the next row landing while it works
-// on the current one (V up to cross_entropy_staged_max_vocab(dtype, 2)).
-// Strided: a block per row reads the logits three times (max, sum, g), at
-// any V. These three give the same bits. StagedAllThreads, RingAllThreads:
-// the sum of exponentials over all the block's threads (another order:
-// within the same float64 bounds, not the same bits). Best: staged where the
-// row fits, else strided.
-enum class RowPassKernel { Best, Staged, StagedAllThreads, Ring, RingAllThreads, Strided };
+// cross_entropy_staged_max_vocab). Strided: a block per row reads them three
+// times (max, sum, g), at any V. The same arithmetic but for the order of
+// the sum of exponentials (within the same float64 bounds, not the same
+// bits). Best: staged where the row fits, else strided.
+enum class RowPassKernel { Best, Staged, Strided };
 
-// The longest row of `dtype` (F32 or BF16) of which `stages` staged copies
-// fit a block on the current device; 0 where the staged kernels cannot run.
-int64_t cross_entropy_staged_max_vocab(DType dtype, int stages = 1);
+// The longest row of `dtype` (F32 or BF16) the staged row pass holds on the
+// current device; 0 where it cannot run.
+int64_t cross_entropy_staged_max_vocab(DType dtype);
 
 // logits (rows, V) F32 or BF16, overwritten in place by
 // (softmax - onehot) * inv_count (zero rows where the target is

@@ -80,15 +80,4 @@ __device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* sc
   return sum.log_sum(scratch);
 }
 
-// The same with only the first `summing` threads reading (thread t: j = t,
-// t + summing, ...); the others add zeros, so the sums are bitwise those of
-// a block of `summing` threads.
-template <class Load>
-__device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* scratch, int summing) {
-  ShiftedExpSum sum{m};
-  if (threadIdx.x < summing)
-    for (int64_t j = threadIdx.x; j < n; j += summing) sum.add(x(j));
-  return sum.log_sum(scratch);
-}
-
 }  // namespace hg::gpu
