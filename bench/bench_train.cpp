@@ -3,8 +3,12 @@
 // kernel mode: median step time (CUDA events, warm-up, two rotating batches),
 // tokens/s, peak GPU memory, MFU; then a profiled pass that splits the step
 // into op kinds (each op synchronized and timed; core/profiler.hpp).
-// Writes two CSV files. docs/training.md and docs/mixed_precision.md explain
-// the numbers; docs/benchmarks.md records them.
+// Writes two CSV files. --floor (CUDA) adds a lower bound for the fused step
+// from its parts timed alone (bench/step_floor.hpp) and a third CSV.
+// docs/training.md and docs/mixed_precision.md explain the numbers;
+// docs/benchmarks.md records them.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -15,6 +19,10 @@
 
 #include "bench/bench_model.hpp"
 #include "bench/bench_util.hpp"
+#include "bench/step_floor.hpp"
+#ifdef HG_WITH_CUDA
+#include "bench/step_floor_timing.hpp"
+#endif
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/math_mode.hpp"
@@ -44,6 +52,7 @@ struct Result {
   std::string graph_note;
   std::vector<prof::Entry> breakdown;  // per step
   double profiled_step_ms = 0;
+  int64_t parameters = 0;
 };
 
 // Model FLOPs of one training step (forward + backward = 3x forward):
@@ -69,32 +78,49 @@ double bf16_peak_tflops(const std::string& gpu_name) {
   return 0;
 }
 
-Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl attention, bool use_graph,
-           bool chunked_classifier, int64_t chunk_rows, bool recompute_gelu, const Size& s, int warmup, int iters,
-           int profile_steps) {
-  KernelModeScope scope(mode);
-  DecoderLMConfig c = bench::decoder_config(s, precision);
-  c.attention = attention;
-  c.recompute_gelu = recompute_gelu;
+// One benchmarked configuration: the device, the step's kernels and model,
+// and how long to measure.
+struct RunSettings {
+  Device device = Device::CPU;
+  KernelMode mode = KernelMode::Fused;
+  Precision precision = Precision::FP32;
+  AttentionImpl attention = AttentionImpl::Auto;
+  bool use_graph = true;
+  bool chunked_classifier = true;
+  int64_t chunk_rows = 0;  // 0: the classifier's default
+  bool recompute_gelu = false;
+  Size size{};
+  int warmup = 3, iters = 10, profile_steps = 3;
+};
+
+Result run(const RunSettings& rs) {
+  const Device dev = rs.device;
+  const Size& s = rs.size;
+  KernelModeScope scope(rs.mode);
+  DecoderLMConfig c = bench::decoder_config(s, rs.precision);
+  c.attention = rs.attention;
+  c.recompute_gelu = rs.recompute_gelu;
   DecoderLM model(c);
   model.to(dev);
   AdamWOptions adamw;
   adamw.max_grad_norm = 1.0;  // clipping inside the multi-tensor update
   AdamW opt(model.parameters(), adamw);
   TrainStepOptions options;
-  options.use_graph = use_graph;
-  options.chunked_classifier = chunked_classifier;
-  options.classifier_chunk_rows = chunk_rows;
+  options.use_graph = rs.use_graph;
+  options.chunked_classifier = rs.chunked_classifier;
+  options.classifier_chunk_rows = rs.chunk_rows;
   TrainStep step(model, opt, options);
   // Two input sets, so no step sees the previous step's batch.
   std::vector<Tensor> ids, targets;
   bench::random_batches(s, 2, 2, dev, ids, targets);
   Result r;
   if (dev == Device::CUDA) gpu::reset_peak_memory();
-  r.timing = bench::time_op(dev, 2, warmup, iters, [&](int i) { step.run(ids[i], targets[i]); });
+  r.timing = bench::time_op(dev, 2, rs.warmup, rs.iters, [&](int i) { step.run(ids[i], targets[i]); });
   if (dev == Device::CUDA) r.peak_mib = static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20);
   r.graph = step.graph_active();
   r.graph_note = step.graph_note();
+  r.parameters = model.num_parameters();
+  const int profile_steps = rs.profile_steps;
   if (profile_steps <= 0) return r;
 
   // The breakdown needs every op launched (and synchronized) on its own: no graph.
@@ -113,6 +139,106 @@ Result run(Device dev, KernelMode mode, Precision precision, AttentionImpl atten
   }
   prof::reset();
   return r;
+}
+
+// A CSV text field: quoted (the descriptions hold commas).
+std::string quoted(const std::string& text) { return "\"" + text + "\""; }
+
+#ifdef HG_WITH_CUDA
+// The floor of the fused step beside its measured time: a table of the
+// parts (GEMMs, attention, memory-bound ops at copy speed), then the GEMMs
+// and the byte counts one by one, each also a CSV row.
+void report_floor(const bench::FloorShape& f, const bench::FloorTimes& t, double step_ms, bench::Csv& csv) {
+  const double L = double(f.size.layers);
+  const double attention_ms = L * (t.attention_fwd_ms + t.attention_bwd_ms);
+  const double gemm_ms = t.gemm_ms(), memory_ms = t.memory_ms(), sum = gemm_ms + attention_ms + memory_ms;
+  double bytes = 0, flops = 0;
+  int64_t gemm_calls = 0;
+  for (const bench::FloorBytes& b : t.bytes) bytes += b.bytes;
+  for (const bench::FloorTimedGemm& g : t.gemms) flops += g.gemm.flops(), gemm_calls += g.gemm.per_step;
+  std::printf("\nfloor of the fused step (each part alone, CUDA events, median; %lld classifier rows per chunk)\n",
+              (long long)f.chunk_rows);
+  std::printf("%-34s %9s %7s  %s\n", "part", "ms", "share", "what");
+  const auto part = [&](const char* name, double ms, const std::string& what) {
+    std::printf("%-34s %9.3f %6.1f%%  %s\n", name, ms, 100 * ms / sum, what.c_str());
+    csv.row("part", quoted(name), "", ms, 100 * ms / sum, "", quoted(what));
+  };
+  char text[160];
+  std::snprintf(text, sizeof text, "%lld GEMMs, %.3f TFLOP at %.0f TFLOP/s", (long long)gemm_calls, flops / 1e12,
+                flops / (gemm_ms * 1e-3) / 1e12);
+  part("GEMMs (plain epilogues)", gemm_ms, text);
+  std::snprintf(text, sizeof text, "%lld layers x (fwd %.3f + bwd %.3f ms)", (long long)f.size.layers,
+                t.attention_fwd_ms, t.attention_bwd_ms);
+  part("attention fwd + bwd", attention_ms, text);
+  std::snprintf(text, sizeof text, "%.3f GB at %.0f GB/s (best copy: %s)", bytes / 1e9, t.copy_gbps,
+                t.copy_name.c_str());
+  part("memory-bound ops at copy speed", memory_ms, text);
+  std::printf("%-34s %9.3f\n", "floor sum", sum);
+  std::printf("%-34s %9.3f  = %.2f x the floor, %.3f ms above it\n", "fused step (median)", step_ms, step_ms / sum,
+              step_ms - sum);
+  // The row pass alone on one chunk: read once + written once is its floor.
+  const double chunk = t.rows_chunk_bytes;
+  std::printf("classifier row pass alone on one chunk (%.1f MB of logits; GB/s: the chunk read once and written "
+              "once over the time): floor %.3f ms\n",
+              chunk / 1e6, t.bytes_ms(2 * chunk));
+  for (const auto& [name, ms] : t.row_pass_ms) {
+    std::printf("  %-30s %7.3f ms %6.0f GB/s\n", name.c_str(), ms, bench::gbps(2 * chunk, ms));
+    csv.row("row pass", quoted(name + ", one chunk"), 1, ms, "", 2 * chunk, "");
+  }
+  csv.row("total", quoted("floor sum"), "", sum, 100.0, "", "");
+  csv.row("total", quoted("fused step"), "", step_ms, 100 * step_ms / sum, "", quoted("median of the timed steps"));
+
+  std::printf("\n%-28s %6s %6s %6s %6s %9s %9s %8s\n", "GEMM", "M", "N", "K", "calls", "ms each", "ms/step", "TFLOP/s");
+  for (const bench::FloorTimedGemm& g : t.gemms) {
+    const double each_tflops = g.gemm.flops() / double(g.gemm.per_step) / (g.ms * 1e-3) / 1e12;
+    std::printf("%-28s %6lld %6lld %6lld %6lld %9.4f %9.3f %8.1f\n", g.gemm.name.c_str(), (long long)g.gemm.m,
+                (long long)g.gemm.n, (long long)g.gemm.k, (long long)g.gemm.per_step, g.ms,
+                g.ms * double(g.gemm.per_step), each_tflops);
+    csv.row("gemm", quoted(g.gemm.name), g.gemm.per_step, g.ms * double(g.gemm.per_step),
+            100 * g.ms * g.gemm.per_step / sum, "",
+            quoted(std::to_string(g.gemm.m) + "x" + std::to_string(g.gemm.n) + "x" + std::to_string(g.gemm.k)));
+  }
+  std::printf("\n%-20s %9s %9s  %s\n", "memory-bound op", "MB/step", "ms/step", "bytes counted");
+  for (const bench::FloorBytes& b : t.bytes) {
+    std::printf("%-20s %9.1f %9.3f  %s\n", b.op.c_str(), b.bytes / 1e6, t.bytes_ms(b.bytes), b.count.c_str());
+    csv.row("bytes", quoted(b.op), "", t.bytes_ms(b.bytes), 100 * t.bytes_ms(b.bytes) / sum, b.bytes, quoted(b.count));
+  }
+}
+#endif
+
+// --floor for the CUDA step of size s that `results` timed: the floor's
+// shape, two consistency checks against the model, the parts timed, the report.
+void run_floor(const Size& s, Precision precision, int64_t chunk_rows_flag, const std::map<KernelMode, Result>& results,
+               int warmup, int iters, const std::string& path) {
+#ifdef HG_WITH_CUDA
+  const char* op = "bench_train --floor";
+  KernelModeScope scope(KernelMode::Fused);
+  const DType act = precision == Precision::BF16 ? DType::BF16 : DType::F32;
+  bench::FloorShape f;
+  f.size = s;
+  f.ffn = 4 * s.d_model;
+  f.act_bytes = static_cast<int64_t>(dtype_size(act));
+  const int64_t rows = s.batch * s.seq;
+  f.chunk_rows =
+      std::min(rows, chunk_rows_flag > 0 ? chunk_rows_flag : default_classifier_chunk_rows(s.vocab, act, Device::CUDA));
+  // Every Linear's GEMMs once: their FLOPs are the model count's GEMM part.
+  double gemm_flops = 0;
+  for (const bench::FloorGemm& g : bench::floor_gemms(f)) gemm_flops += g.flops();
+  const double tokens = double(rows), attention_flops = 12.0 * double(s.layers * s.seq * s.d_model) * tokens;
+  const double linear_flops = model_flops_per_step(s, f.ffn) - attention_flops;
+  HG_CHECK(std::abs(gemm_flops - linear_flops) <= 1e-9 * linear_flops, op, "the floor's GEMMs do ", gemm_flops,
+           " FLOPs per step, the model's Linears ", linear_flops);
+  const Result& fused = results.at(KernelMode::Fused);
+  HG_CHECK(bench::floor_params(f).all == fused.parameters, op, "the floor counts ", bench::floor_params(f).all,
+           " parameters, the model has ", fused.parameters);
+  const bench::FloorTimes t = bench::time_floor(f, act, precision == Precision::BF16, warmup, iters);
+  bench::Csv csv(path, "kind,name,calls_per_step,ms_per_step,pct_of_floor,bytes_per_step,what");
+  report_floor(f, t, fused.timing.median_ms, csv);
+  std::printf("wrote %s\n", path.c_str());
+#else
+  (void)s, (void)precision, (void)chunk_rows_flag, (void)results, (void)warmup, (void)iters, (void)path;
+  fail("bench_train --floor", "this build has no CUDA");
+#endif
 }
 
 std::vector<KernelMode> modes_for(const std::string& kernels) {
@@ -137,6 +263,8 @@ int main(int argc, char** argv) {
   int64_t classifier_chunk_rows = 0;
   double peak_tflops = 0;
   std::string csv_path = "bench_train.csv", breakdown_path = "bench_train_breakdown.csv";
+  bool floor = false;
+  std::string floor_path = "bench_train_floor.csv";
   app.add_option("--device", devices, "auto (cpu, plus cuda when present), cpu, cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--precision", precision_name_arg,
@@ -187,6 +315,11 @@ int main(int argc, char** argv) {
       ->check(cli::real_range(1e-3, 1e6));
   app.add_option("--csv", csv_path, "summary CSV")->capture_default_str();
   app.add_option("--breakdown-csv", breakdown_path, "per-op-kind CSV")->capture_default_str();
+  app.add_flag("--floor", floor,
+               "CUDA, fused step with the chunked classifier: also time every GEMM, the attention and a device copy "
+               "alone and print the step against the sum of its parts (GEMMs, attention, other ops' bytes at copy "
+               "speed)");
+  app.add_option("--floor-csv", floor_path, "CSV of the --floor parts")->capture_default_str();
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
@@ -216,6 +349,13 @@ int main(int argc, char** argv) {
           cli::usage_error("--precision", precision_name_arg, ": ", e.what());
         }
     }
+    if (floor) {
+      if (kernels == "unfused") cli::usage_error("--floor", "describes the fused step: use --kernels fused or both");
+      if (classifier != "chunked")
+        cli::usage_error("--floor", "describes the step with the chunked classifier, not --classifier composed");
+      if (std::find(devs.begin(), devs.end(), Device::CUDA) == devs.end())
+        cli::usage_error("--floor", "times the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
+    }
     if (tf32) set_allow_tf32(true);
 
     bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
@@ -244,9 +384,20 @@ int main(int argc, char** argv) {
                   peak > 0 ? "" : (dev == Device::CUDA ? "; MFU n/a: unknown GPU, pass --peak-tflops" : ""));
       const std::vector<KernelMode> modes = modes_for(kernels);
       std::map<KernelMode, Result> results;
-      for (KernelMode mode : modes)
-        results[mode] = run(dev, mode, precision, parse_attention_impl(attention), !no_graph, classifier == "chunked",
-                            classifier_chunk_rows, recompute_gelu, s, warmup, iters, profile_steps);
+      for (KernelMode mode : modes) {
+        RunSettings rs;
+        rs.device = dev;
+        rs.mode = mode;
+        rs.precision = precision;
+        rs.attention = parse_attention_impl(attention);
+        rs.use_graph = !no_graph;
+        rs.chunked_classifier = classifier == "chunked";
+        rs.chunk_rows = classifier_chunk_rows;
+        rs.recompute_gelu = recompute_gelu;
+        rs.size = s;
+        rs.warmup = warmup, rs.iters = iters, rs.profile_steps = profile_steps;
+        results[mode] = run(rs);
+      }
       const double tokens = static_cast<double>(s.batch * s.seq);
       for (KernelMode mode : modes) {
         const Result& r = results[mode];
@@ -261,6 +412,8 @@ int main(int argc, char** argv) {
                 tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
                 r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);
       }
+      if (floor && dev == Device::CUDA)
+        run_floor(s, precision, classifier_chunk_rows, results, warmup, iters, floor_path);
       if (profile_steps <= 0) continue;
       // Breakdown side by side, kinds in the first mode's order.
       std::printf("%-14s", "op kind");

@@ -1,15 +1,23 @@
 // Cross-entropy without saved probabilities (API and contract:
 // cuda/cross_entropy_lse_kernels.hpp; the math: docs/cross_entropy.md).
 // One block per row, any vocabulary size (threads stride over V, so V need
-// not be a multiple of anything).
+// not be a multiple of anything). The classifier's row pass also comes
+// staged: the row read once into shared memory (cuda/lse_rows_staged.cuh,
+// docs/classifier.md).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/cuda_runtime.hpp"
+#include "core/error.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/launch.cuh"
+#include "cuda/lse_rows_staged.cuh"
 #include "cuda/reduce.cuh"
+#include "cuda/row_span.hpp"
 #include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
@@ -17,13 +25,6 @@ namespace {
 
 constexpr int kRowThreads = 256;
 constexpr int kSumThreads = 1024;
-
-// -1: ignored row; -2: not a class (the loss becomes NaN); else the class.
-__device__ __forceinline__ int64_t target_class(float t, int64_t vocab, int64_t ignore_index) {
-  if (t == static_cast<float>(ignore_index)) return -1;
-  if (!(t >= 0.f && t < static_cast<float>(vocab)) || t != floorf(t)) return -2;
-  return static_cast<int64_t>(t);
-}
 
 // row_loss[row] = log s - (x[target] - m); counted[row] = 1 unless ignored.
 template <class T>
@@ -115,6 +116,22 @@ __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int6
   if (threadIdx.x == 0) row_loss[row] = target == -2 ? NAN : log_s - (x_t - m);
 }
 
+// The longest staged row of T on this device (0: none; below sm_90 there
+// are no bulk copies). Allows the kernel the most dynamic shared memory and
+// prefers shared memory over L1, which it does not use.
+template <class T>
+int64_t staged_max_vocab() {
+  static const int64_t max_vocab = [] {
+    auto kernel = lse_rows_grad_staged<T>;
+    if (!runs_sm90_code(kernel)) return int64_t{0};
+    const size_t limit = allow_max_dynamic_smem(kernel);
+    HG_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    return limit > 32 ? static_cast<int64_t>((limit - 32) / sizeof(T)) : int64_t{0};
+  }();
+  return max_vocab;
+}
+
 __global__ void count_targets(const float* __restrict__ targets, int64_t rows, int64_t ignore_index,
                               float* __restrict__ inv_count) {
   __shared__ float scratch[32];
@@ -179,15 +196,32 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
   HG_CUDA_CHECK_LAUNCH("count_targets");
 }
 
+int64_t cross_entropy_staged_max_vocab(DType dtype) {
+  int64_t n = 0;
+  with_logits_type(dtype, [&](auto zero) { n = staged_max_vocab<decltype(zero)>(); });
+  return n;
+}
+
 void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
-                                 Tensor& row_loss) {
+                                 Tensor& row_loss, RowPassKernel kernel) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const bool fits = vocab <= cross_entropy_staged_max_vocab(logits.dtype());
+  HG_CHECK(kernel != RowPassKernel::Staged || fits, "cross_entropy_lse_rows_grad", "a staged row of ", vocab, " ",
+           dtype_name(logits.dtype()), " elements does not fit in this device's shared memory (at most ",
+           cross_entropy_staged_max_vocab(logits.dtype()), "); RowPassKernel::Best falls back to the strided kernel");
   if (rows == 0) return;
   with_logits_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
+    T* x = static_cast<T*>(logits.raw_data());
+    if (fits && kernel != RowPassKernel::Strided) {
+      lse_rows_grad_staged<T>
+          <<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
+              x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
+      HG_CUDA_CHECK_LAUNCH("lse_rows_grad_staged");
+      return;
+    }
     lse_rows_grad<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
-        static_cast<T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index, inv_count.data<float>(),
-        row_loss.data<float>());
+        x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
     HG_CUDA_CHECK_LAUNCH("lse_rows_grad");
   });
 }

@@ -31,12 +31,25 @@ void cross_entropy_lse_backward(const Tensor& logits, const Tensor& targets, int
 // One block, fixed order (the count is exact: integers below 2^24).
 void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Tensor& inv_count);
 
+// The row pass's kernels. Staged: a block per row holds the row in shared
+// memory, so it reads the logits once (sm_90+, V up to
+// cross_entropy_staged_max_vocab). Strided: a block per row reads them three
+// times (max, sum, g), at any V. The same arithmetic but for the order of
+// the sum of exponentials (within the same float64 bounds, not the same
+// bits). Best: staged where the row fits, else strided.
+enum class RowPassKernel { Best, Staged, Strided };
+
+// The longest row of `dtype` (F32 or BF16) the staged row pass holds on the
+// current device; 0 where it cannot run.
+int64_t cross_entropy_staged_max_vocab(DType dtype);
+
 // logits (rows, V) F32 or BF16, overwritten in place by
 // (softmax - onehot) * inv_count (zero rows where the target is
 // ignore_index); row_loss (rows,) F32 = log s - (x_t - m), 0 where ignored,
-// NaN for a target that is neither a class nor ignore_index.
+// NaN for a target that is neither a class nor ignore_index. Staged where
+// the row does not fit: hg::Error.
 void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
-                                 Tensor& row_loss);
+                                 Tensor& row_loss, RowPassKernel kernel = RowPassKernel::Best);
 
 // loss (0-d F32) = inv_count * sum of row_loss (rows,), one block, fixed order.
 void cross_entropy_sum_row_losses(const Tensor& row_loss, const Tensor& inv_count, Tensor& loss);

@@ -104,7 +104,8 @@ void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t
   no_cuda("gpu::cross_entropy_fused");
 }
 void cross_entropy_count_targets(const Tensor&, int64_t, Tensor&) { no_cuda("gpu::cross_entropy_count_targets"); }
-void cross_entropy_lse_rows_grad(Tensor&, const Tensor&, int64_t, const Tensor&, Tensor&) {
+int64_t cross_entropy_staged_max_vocab(DType) { no_cuda("gpu::cross_entropy_staged_max_vocab"); }
+void cross_entropy_lse_rows_grad(Tensor&, const Tensor&, int64_t, const Tensor&, Tensor&, RowPassKernel) {
   no_cuda("gpu::cross_entropy_lse_rows_grad");
 }
 void cross_entropy_sum_row_losses(const Tensor&, const Tensor&, Tensor&) {

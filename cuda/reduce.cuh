@@ -48,25 +48,36 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return block_reduce(v, scratch, WarpMax{}, -INFINITY);
 }
 
-// log sum_j exp(x_j - m) over a row that the block walks (x(j) loads element
-// j as float; m is the row max). The terms equal to the max are counted
-// exactly and the rest summed apart, so log1p keeps the digits of a confident
-// row, where the sum is 1 + tiny and a float sum would round the tiny part
-// away (the target's gradient p - 1 is then that tiny part).
-template <class Load>
-__device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* scratch) {
+// The sum behind log sum_j exp(x_j - m) (m: the row max) for a thread that
+// walks its own elements. The terms equal to the max are counted exactly and
+// the rest summed apart, so log1p keeps the digits of a confident row, where
+// the sum is 1 + tiny and a float sum would round the tiny part away (the
+// target's gradient p - 1 is then that tiny part).
+struct ShiftedExpSum {
+  float m;
   float rest = 0.0f, at_max = 0.0f;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-    const float v = x(j);
+  __device__ __forceinline__ void add(float v) {
     if (v == m) {
       at_max += 1.0f;
     } else {
       rest += expf(v - m);
     }
   }
-  rest = block_sum(rest, scratch);
-  at_max = block_sum(at_max, scratch);
-  return log1pf((at_max - 1.0f) + rest);
+  // Every thread of the block: log sum_j exp(x_j - m) over the block's terms.
+  __device__ __forceinline__ float log_sum(float* scratch) {
+    rest = block_sum(rest, scratch);
+    at_max = block_sum(at_max, scratch);
+    return log1pf((at_max - 1.0f) + rest);
+  }
+};
+
+// log sum_j exp(x_j - m) over a row that the block walks (x(j) loads element
+// j as float), thread t taking j = t, t + blockDim.x, ...
+template <class Load>
+__device__ float block_log_sum_exp_shifted(int64_t n, float m, Load x, float* scratch) {
+  ShiftedExpSum sum{m};
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum.add(x(j));
+  return sum.log_sum(scratch);
 }
 
 }  // namespace hg::gpu

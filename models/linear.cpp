@@ -146,7 +146,7 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
     be.reduce(ReduceOp::Sum, dy2, 0, db);
   }
   if (has_bias_) {
-    // A bf16 db (GeluBackward's column sums with bf16 out) is widened first: the grad accumulates in f32.
+    // The grad accumulates in its own dtype (a given db of another dtype is converted first).
     if (db.dtype() != bias.grad.dtype()) db = db.to(bias.grad.dtype());
     be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
   }
@@ -159,9 +159,9 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
   if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
     dx_args.epilogue = GemmEpilogue::GeluBackward;
     dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
-    // In dx's dtype (bf16 for bf16 activations), the column sums of the
-    // rounded dx; the caller widens it into the f32 grad.
-    *dpre_sum = Tensor::empty({in_}, dy.dtype(), dy.device());
+    // The column sums of the rounded dx, summed and kept in f32 for bf16
+    // activations (no bf16 rounding of the sums, no widening pass after).
+    *dpre_sum = Tensor::empty({in_}, dy.dtype() == DType::BF16 ? DType::F32 : dy.dtype(), dy.device());
     dx_args.bias_grad = dpre_sum;
   }
   be.gemm(dy2, weight_for(dy), dx, dx_args);

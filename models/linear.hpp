@@ -40,7 +40,7 @@ class Linear : public Module {
   // For the Linear that consumes gelu(pre): its dW and db as backward(), and
   // d pre = (dy W) * gelu'(pre) from one GEMM, whose column sums (the
   // producing Linear's bias gradient) land in dpre_sum ((in_features,), in
-  // dy's dtype: bf16 for bf16 dy; backward_with_bias_grad widens it).
+  // dy's dtype, f32 for bf16 dy: the f32 sums of the rounded dx columns).
   Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum);
   // Activation recomputation: drop the saved forward input, and give the
   // backward a recomputed one (the shape and dtype of the forward's).

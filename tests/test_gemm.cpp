@@ -385,6 +385,37 @@ TEST_CASE("CUDA gemm: a bf16 bias with f32 out is refused, an f32 bias with bf16
   CHECK_THAT_ERROR([&] { cuda_backend().gemm(a, b, out_f32, args); }, "bias has dtype");
 }
 
+// The first FFN linear's bias gradient (models/linear.cpp): GeluBackward
+// with bf16 out and an f32 bias_grad sums the rounded out columns in f32 and
+// writes them in f32. Against the float64 sums of the same bf16 out values:
+// a float32 sum of M terms in any order is within (M + 8) 2^-24 sum |out|
+// (at M 300 about 1.8e-5 of it); a bf16 rounding of the sum (2^-9 of the
+// sum, whose magnitude is near sqrt(M) |out| beside sum |out| ~ M |out|)
+// exceeds that bound in most columns.
+TEST_CASE("CUDA gemm: GeluBackward's f32 bias gradient over bf16 out is the f32 sum of the out columns",
+          "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  Generator gen(6);
+  const int64_t m = 300, n = 72, k = 40;
+  const Tensor a = Tensor::randn({m, k}, gen, DType::BF16, Device::CUDA);
+  const Tensor b = Tensor::randn({k, n}, gen, DType::BF16, Device::CUDA);
+  Tensor aux = Tensor::randn({m, n}, gen, DType::BF16, Device::CUDA);
+  Tensor out = Tensor::zeros({m, n}, DType::BF16, Device::CUDA);
+  Tensor bias_grad = Tensor::full({n}, 99.0, DType::F32, Device::CUDA);
+  GemmArgs args;
+  args.epilogue = GemmEpilogue::GeluBackward;
+  args.aux = &aux;
+  args.bias_grad = &bias_grad;
+  cuda_backend().gemm(a, b, out, args);
+  const auto o = f64(out).to_vector(), got = f64(bias_grad).to_vector();
+  for (int64_t j = 0; j < n; ++j) {
+    double sum = 0, magnitude = 0;
+    for (int64_t i = 0; i < m; ++i) sum += o[i * n + j], magnitude += std::abs(o[i * n + j]);
+    INFO("column " << j << " sum " << sum << " got " << got[j]);
+    CHECK(std::abs(got[j] - sum) <= double(m + 8) * std::ldexp(magnitude, -24));
+  }
+}
+
 TEST_CASE("CUDA gemm: unaligned views (2-byte offsets) and batched operands", "[gemm][cuda]") {
   HG_REQUIRE_GPU();
   Generator gen(9);
