@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
@@ -72,19 +71,6 @@ bool runs_sm90_code(Kernel kernel) {
   return attr.ptxVersion >= 90 && attr.binaryVersion >= 90;
 }
 
-// Whether `kernel` may be launched programmatically (PDL): its code on this
-// device is sm_90 code, where it waits for the kernel before it
-// (cuda/grid_dependency.cuh compiles to nothing below sm_90). Asked of the
-// runtime once per kernel.
-template <class Kernel>
-bool waits_for_prior_grids(Kernel kernel) {
-  thread_local std::map<const void*, bool> known;
-  const void* key = reinterpret_cast<const void*>(kernel);
-  auto it = known.find(key);
-  if (it == known.end()) it = known.emplace(key, runs_sm90_code(kernel)).first;
-  return it->second;
-}
-
 // The static shared memory of one block of `kernel`.
 template <class Kernel>
 int static_smem_bytes(Kernel kernel) {
@@ -110,36 +96,6 @@ inline cudaLaunchAttribute cluster_attribute(int C) {
   a.id = cudaLaunchAttributeClusterDimension;
   a.val.clusterDim.x = C, a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
   return a;
-}
-
-// The attributes of one launch: a cluster of C blocks along x (C > 1), and a
-// programmatic dependent launch (pdl: only for a kernel that calls
-// wait_for_prior_grids of cuda/grid_dependency.cuh before its first access,
-// and whose waits_for_prior_grids is true).
-struct LaunchAttributes {
-  cudaLaunchAttribute list[2];
-  unsigned count = 0;
-  LaunchAttributes(int C, bool pdl) {
-    if (C > 1) list[count++] = cluster_attribute(C);
-    if (pdl) {
-      cudaLaunchAttribute a{};
-      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      a.val.programmaticStreamSerializationAllowed = 1;
-      list[count++] = a;
-    }
-  }
-};
-
-// A launch on the handgrad stream with those attributes.
-inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, LaunchAttributes& attrs) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream();
-  config.attrs = attrs.count > 0 ? attrs.list : nullptr;
-  config.numAttrs = attrs.count;
-  return config;
 }
 
 // A launch on the handgrad stream with a cluster shape, or (null) none.

@@ -43,8 +43,7 @@ namespace {
 // arguments), and back.
 constexpr uint32_t code_of(const LnKernel& k) {
   return uint32_t(k.rows) | uint32_t(k.one_pass_stats) << 2 | uint32_t(k.bf16_packed) << 3 |
-         uint32_t(k.bf16_8_byte_access) << 4 | uint32_t(k.params_in_shared_memory) << 5 | uint32_t(k.pdl) << 6 |
-         uint32_t(k.stage_kb) << 7;
+         uint32_t(k.bf16_8_byte_access) << 4 | uint32_t(k.params_in_shared_memory) << 5 | uint32_t(k.stage_kb) << 6;
 }
 constexpr LnKernel kernel_of(uint32_t c) {
   LnKernel k;
@@ -53,8 +52,7 @@ constexpr LnKernel kernel_of(uint32_t c) {
   k.bf16_packed = (c >> 3) & 1;
   k.bf16_8_byte_access = (c >> 4) & 1;
   k.params_in_shared_memory = (c >> 5) & 1;
-  k.pdl = (c >> 6) & 1;
-  k.stage_kb = static_cast<int>(c >> 7);
+  k.stage_kb = static_cast<int>(c >> 6);
   return k;
 }
 constexpr uint32_t kInRegistersCode = code_of(ln::kInRegisters);
@@ -239,11 +237,9 @@ struct Forward {
   template <class Kernel>
   bool launch_staged(Kernel kernel, int G, int R, const StagedPlan& plan, int least) const {
     HG_CHECK(plan.stages >= least, kOp, least, " staged row(s) of ", a.D, " elements do not fit in shared memory");
-    LaunchAttributes attrs(1, kKernel.pdl && waits_for_prior_grids(kernel));
-    const cudaLaunchConfig_t config =
-        launch_config(dim3(persistent_grid(a.rows, R, plan.blocks_per_sm)), dim3(G * R), plan.smem, attrs);
-    HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y),
-                                     a.mean, a.rstd, a.rows, a.D, a.eps, plan.stages));
+    kernel<<<persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, stream()>>>(
+        static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
+        plan.stages);
     HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_kernel");
     return true;
   }
@@ -279,15 +275,8 @@ struct Forward {
 
   template <class Kernel>
   void launch(Kernel kernel, int threads, int blocks) const {
-    if constexpr (kKernel.pdl) {  // (the resident kernels only: they wait for the kernel before)
-      LaunchAttributes attrs(1, waits_for_prior_grids(kernel));
-      const cudaLaunchConfig_t config = launch_config(dim3(blocks), dim3(threads), 0, attrs);
-      HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.x), a.gamma, a.beta,
-                                       static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps));
-    } else {
-      kernel<<<blocks, threads, 0, stream()>>>(static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y),
-                                               a.mean, a.rstd, a.rows, a.D, a.eps);
-    }
+    kernel<<<blocks, threads, 0, stream()>>>(static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean,
+                                             a.rstd, a.rows, a.D, a.eps);
     HG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   }
 };
@@ -320,9 +309,7 @@ struct Backward {
   template <int EPT, int G, int R>
   void resident() const {
     if constexpr (kKernel.rows == LnRows::Staged) {
-      // Below sm_90, or rows too wide for two stages: rows in registers
-      // (ln_fallback; PDL, which changes no result, kept).
-      if (!staged<EPT, G, R>()) in_registers<EPT, G, R>();
+      if (!staged<EPT, G, R>()) in_registers<EPT, G, R>();  // below sm_90, or rows too wide for two stages
     } else {
       in_registers<EPT, G, R>();
     }
@@ -334,7 +321,7 @@ struct Backward {
     static const int per_sm = capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
     const int blocks = persistent_grid(a.rows, R, per_sm);
     with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
-      launch(kernel, dim3(blocks), G * R, kSmem, 1, partial_dgamma, partial_dbeta);
+      launch(kernel, dim3(blocks), G * R, kSmem, nullptr, partial_dgamma, partial_dbeta);
     });
   }
   // x and dy of S rows per group staged in shared memory by bulk copies
@@ -357,7 +344,7 @@ struct Backward {
     if (asked_per_sm < 1) return false;
     const int blocks = persistent_grid(a.rows, Staged::kGroups, capped(asked_per_sm, Staged::kThreads));
     with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
-      launch(kernel, dim3(blocks), Staged::kThreads, smem, 1, partial_dgamma, partial_dbeta);
+      launch(kernel, dim3(blocks), Staged::kThreads, smem, nullptr, partial_dgamma, partial_dbeta);
     });
     return true;
   }
@@ -367,7 +354,7 @@ struct Backward {
     static const int per_sm = capped(blocks_per_sm(kernel, G, 0, kOp), G);
     const int blocks = persistent_grid(a.rows, 1, per_sm);
     with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
-      launch(kernel, dim3(blocks), G, 0, 1, partial_dgamma, partial_dbeta);
+      launch(kernel, dim3(blocks), G, 0, nullptr, partial_dgamma, partial_dbeta);
     });
   }
   // Rows of 16385 .. kMaxCluster * 16384 on sm_90+: a cluster per row, each
@@ -382,7 +369,8 @@ struct Backward {
     if (C == 0) return false;
     const int clusters = static_cast<int>(std::min<int64_t>(a.rows, fit[C]));
     with_partials(clusters, [&](float* partial_dgamma, float* partial_dbeta) {
-      launch(kernel, dim3(C * clusters), kThreads, kSmem, C, partial_dgamma, partial_dbeta);
+      cudaLaunchAttribute cluster_dim = cluster_attribute(C);
+      launch(kernel, dim3(C * clusters), kThreads, kSmem, &cluster_dim, partial_dgamma, partial_dbeta);
     });
     return true;
   }
@@ -406,23 +394,18 @@ struct Backward {
       partial_dbeta = partial_dgamma + int64_t(n_partials) * a.D;
       launch_kernel1(partial_dgamma, partial_dbeta);
     }
-    // Kernel 2 (PDL: launched while kernel 1 drains; it waits for kernel 1's rows).
-    LaunchAttributes attrs(1,
-                           kKernel.pdl && n_partials > 0 && waits_for_prior_grids(layernorm_reduce_partials_kernel<>));
-    const cudaLaunchConfig_t config =
-        launch_config(dim3((a.D + kReduceCols - 1) / kReduceCols), dim3(kReduceCols, kReduceLanes), 0, attrs);
-    HG_CUDA_CHECK(cudaLaunchKernelEx(&config, layernorm_reduce_partials_kernel<>,
-                                     static_cast<const float*>(partial_dgamma),
-                                     static_cast<const float*>(partial_dbeta), n_partials, a.D, a.dgamma, a.dbeta));
+    const dim3 reduce_block(kReduceCols, kReduceLanes);
+    const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
+    layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(partial_dgamma, partial_dbeta,
+                                                                                 n_partials, a.D, a.dgamma, a.dbeta);
     HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
   }
 
-  // Launches kernel 1, in clusters of C blocks where C > 1.
+  // Launches kernel 1 (`cluster_dim`: the cluster shape, or null for none).
   template <class... Params>
-  void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, int C, float* partial_dgamma,
-              float* partial_dbeta) const {
-    LaunchAttributes attrs(C, kKernel.pdl && waits_for_prior_grids(kernel));
-    const cudaLaunchConfig_t config = launch_config(grid, dim3(threads), smem, attrs);
+  void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim,
+              float* partial_dgamma, float* partial_dbeta) const {
+    const cudaLaunchConfig_t config = launch_config(grid, threads, smem, cluster_dim);
     HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.gamma,
                                      a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows,
                                      a.D));

@@ -11,7 +11,6 @@
 // terms and dx: cuda/layernorm_dx_terms.cuh.
 #include <cstdint>
 
-#include "cuda/grid_dependency.cuh"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -22,11 +21,8 @@ namespace {
 // Rows (CLUSTER: row slices) of up to CAP = G * EPT elements: x and dy held
 // in registers, read once. Each group keeps its running partials in shared
 // memory (CAP floats of dgamma, then CAP of dbeta); at the end the block adds
-// its R groups in group order into its partial row, or, CLUSTER_SUMS (whole
-// rows, blocks in clusters), the cluster adds its blocks' sums into one
-// partial row (write_cluster_partials; a lab candidate that lost on the H200:
-// bench/lab/layernorm.md).
-template <class T, int VEC, int EPT, int G, int R, bool CLUSTER, bool CLUSTER_SUMS = false>
+// its R groups in group order into its partial row.
+template <class T, int VEC, int EPT, int G, int R, bool CLUSTER>
 __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
@@ -36,13 +32,10 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   static_assert(!CLUSTER || R == 1, "a cluster block holds one row slice");
-  static_assert(!(CLUSTER && CLUSTER_SUMS), "cluster rows write a partial row per cluster already");
   extern __shared__ float4 acc_storage[];  // R * 2 * CAP floats
   __shared__ GroupScratch<G, R> scratch;
   __shared__ float slots[2][kMaxRowSums];  // CLUSTER: exchange of block sums
   int parity = 0;
-  wait_for_prior_grids();
-  allow_dependent_grids();
 
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const int t = grp.t;
@@ -84,13 +77,8 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     dx_in_registers<T, VEC, NV, G>(dx + start, gamma_p, xh, g_dy, row_len, t, rs, k, acc_dgamma, acc_dbeta);
   }
 
-  if constexpr (CLUSTER_SUMS) {
-    write_cluster_partials<R>(reinterpret_cast<float*>(acc_storage), 2 * CAP, CAP, len, D, partial_dgamma,
-                              partial_dbeta);
-  } else {
-    write_block_partials<R, CAP>(reinterpret_cast<const float*>(acc_storage), len, block_dgamma, block_dbeta);
-    cluster_exit_barrier<CLUSTER>();
-  }
+  write_block_partials<R, CAP>(reinterpret_cast<const float*>(acc_storage), len, block_dgamma, block_dbeta);
+  cluster_exit_barrier<CLUSTER>();
 }
 
 // Rows of any length, one block of G threads per row, in chunks of G * EPT,
@@ -182,27 +170,22 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
 
 // Backward, kernel 2: dgamma[c] = sum over partial rows p of
 // partial_dgamma[p][c] (same for dbeta), in a fixed order: thread (tx, ty)
-// sums p = ty, ty + LANES, ... ascending, then one thread adds the LANES
-// results in ty order. Nothing depends on timing: bitwise the same on every
-// run. A block takes COLS columns (production: 32 x 32; narrower blocks
-// spread few columns over more SMs, and sum in another order).
+// sums p = ty, ty + 32, ... ascending, then one thread adds the 32 results in
+// ty order. Nothing depends on timing: bitwise the same on every run.
 constexpr int kReduceCols = 32;
 constexpr int kReduceLanes = 32;
 
-template <int COLS = kReduceCols, int LANES = kReduceLanes>
-__global__ void __launch_bounds__(COLS* LANES)
+__global__ void __launch_bounds__(kReduceCols* kReduceLanes)
     layernorm_reduce_partials_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
                                      int n_partials, int D, float* __restrict__ dgamma, float* __restrict__ dbeta) {
-  __shared__ float sum_g[LANES][COLS + 1];
-  __shared__ float sum_b[LANES][COLS + 1];
-  wait_for_prior_grids();  // kernel 1's partial rows (when launched programmatically)
-  allow_dependent_grids();
+  __shared__ float sum_g[kReduceLanes][kReduceCols + 1];
+  __shared__ float sum_b[kReduceLanes][kReduceCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * COLS + tx;
+  const int c = blockIdx.x * kReduceCols + tx;
   float a = 0.0f, b = 0.0f;
   if (c < D) {
 #pragma unroll 4
-    for (int p = ty; p < n_partials; p += LANES) {
+    for (int p = ty; p < n_partials; p += kReduceLanes) {
       a += partial_dgamma[static_cast<int64_t>(p) * D + c];
       b += partial_dbeta[static_cast<int64_t>(p) * D + c];
     }
@@ -213,7 +196,7 @@ __global__ void __launch_bounds__(COLS* LANES)
   if (ty == 0 && c < D) {
     float sg = 0.0f, sb = 0.0f;
 #pragma unroll
-    for (int l = 0; l < LANES; ++l) sg += sum_g[l][tx], sb += sum_b[l][tx];
+    for (int l = 0; l < kReduceLanes; ++l) sg += sum_g[l][tx], sb += sum_b[l][tx];
     dgamma[c] = sg;
     dbeta[c] = sb;
   }

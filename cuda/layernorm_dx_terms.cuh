@@ -132,50 +132,5 @@ __device__ __forceinline__ void write_block_partials(const float* acc, int len, 
   }
 }
 
-// Lab candidate (bench/lab/layernorm.md: 2-10% slower than one partial row
-// a block on the H200). After the last row, with the block in a
-// thread-block cluster (sm_90+;
-// consecutive blocks, 1-D): the cluster adds its blocks' partials through
-// distributed shared memory and writes one partial row, that of its rank in
-// the grid (gridDim.x / cluster size rows in all), so kernel 2 reads a
-// cluster's worth fewer rows. Group r of this block holds its dgamma at acc +
-// r * group_stride and its dbeta `half` floats further, columns [0, len).
-// Fixed order: groups 0..R-1 within a block, then blocks by rank, so the sums
-// are the same every run. Ends with a cluster barrier: no block leaves while
-// another may still read its shared memory.
-template <int R>
-__device__ __forceinline__ void write_cluster_partials(float* acc, int group_stride, int half, int len, int D,
-                                                       float* partial_dgamma, float* partial_dbeta) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __syncthreads();
-  for (int c = threadIdx.x; c < len; c += blockDim.x) {  // the block's sum into group 0's slots
-    float sg = 0.0f, sb = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; ++r) sg += acc[r * group_stride + c], sb += acc[r * group_stride + half + c];
-    acc[c] = sg;
-    acc[half + c] = sb;
-  }
-  const cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every block's sums are visible cluster-wide
-  const int C = static_cast<int>(cluster.num_blocks());
-  const int slice = (len + C - 1) / C;
-  const int c0 = static_cast<int>(cluster.block_rank()) * slice, c1 = min(len, c0 + slice);
-  const int64_t row = static_cast<int64_t>(cg::this_grid().cluster_rank()) * D;
-  for (int c = c0 + static_cast<int>(threadIdx.x); c < c1; c += blockDim.x) {
-    float sg = 0.0f, sb = 0.0f;
-    for (int q = 0; q < C; ++q) {
-      const float* remote = cluster.map_shared_rank(acc, q);
-      sg += remote[c];
-      sb += remote[half + c];
-    }
-    partial_dgamma[row + c] = sg;
-    partial_dbeta[row + c] = sb;
-  }
-  cluster.sync();
-#else
-  __trap();  // never launched: the host runs clusters only from sm_90+ code
-#endif
-}
-
 }  // namespace
 }  // namespace hg::gpu

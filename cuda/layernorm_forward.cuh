@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/grid_dependency.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -78,8 +77,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   __shared__ GroupScratch<G, R> scratch;
-  wait_for_prior_grids();  // programmatic launches: the previous kernel's writes are visible
-  allow_dependent_grids();
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;
@@ -233,10 +230,8 @@ __device__ __forceinline__ void normalise_ffma(const Row& h, int len, const Mome
 // as floats, or, PACKED (bf16 only), as its raw 16-byte words;
 // SHARED_PARAMS (warp rows): gamma and beta read from the block's
 // ParamCopy of each.
-// MIN_BLOCKS: blocks the registers must leave room for on one SM.
-template <class T, int VEC, int EPT, int G, int R, bool PACKED, bool SHARED_PARAMS,
-          int MIN_BLOCKS = min_blocks_for(G* R)>
-__global__ void __launch_bounds__((G * R), MIN_BLOCKS)
+template <class T, int VEC, int EPT, int G, int R, bool PACKED, bool SHARED_PARAMS>
+__global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_forward_one_pass_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                       const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                       float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
@@ -245,8 +240,6 @@ __global__ void __launch_bounds__((G * R), MIN_BLOCKS)
   static_assert(!PACKED || std::is_same_v<T, __nv_bfloat16>, "packed rows are bf16 rows");
   static_assert(!SHARED_PARAMS || G == 32, "parameter copies are for warp rows");
   __shared__ GroupScratch<G, R> scratch;
-  wait_for_prior_grids();  // programmatic launches: the previous kernel's writes are visible
-  allow_dependent_grids();
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const float inv_d = 1.0f / static_cast<float>(D);
   const int64_t row_stride = static_cast<int64_t>(gridDim.x) * R;

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/grid_dependency.cuh"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -118,10 +117,7 @@ __device__ __forceinline__ void spill_accumulators(float* acc, int D, int t, con
 // block makes the same number of trips (a group out of rows makes empty ones)
 // so that all named barriers stay matched (see layernorm_backward_kernel).
 // SHARED_GAMMA (warp rows): gamma read from a copy in shared memory.
-// CLUSTER_SUMS (blocks in clusters; lab only): the cluster adds its blocks'
-// sums into one partial row (write_cluster_partials).
-template <class T, int VEC, int EPT, int G, int R, int S, int MIN_BLOCKS, bool SHARED_GAMMA = false,
-          bool CLUSTER_SUMS = false>
+template <class T, int VEC, int EPT, int G, int R, int S, int MIN_BLOCKS, bool SHARED_GAMMA = false>
 __global__ void __launch_bounds__((G * R), MIN_BLOCKS)
     layernorm_backward_staged_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ gamma,
                                      const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
@@ -135,8 +131,6 @@ __global__ void __launch_bounds__((G * R), MIN_BLOCKS)
   __shared__ uint64_t stage_bars[R][S];
   using GammaCopy = ParamCopy<VEC, NV, G>;
   __shared__ float4 gamma_copy[SHARED_GAMMA ? GammaCopy::kFloat4s : 1];
-  wait_for_prior_grids();
-  allow_dependent_grids();
 
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const int t = grp.t;
@@ -192,10 +186,6 @@ __global__ void __launch_bounds__((G * R), MIN_BLOCKS)
   __syncthreads();
   float* acc = reinterpret_cast<float*>(stage_storage);
   spill_accumulators<VEC, NV, G>(acc + size_t(grp.group) * 2 * D, D, t, acc_dgamma, acc_dbeta);
-  if constexpr (CLUSTER_SUMS) {
-    write_cluster_partials<R>(acc, 2 * D, D, D, D, partial_dgamma, partial_dbeta);
-    return;
-  }
   __syncthreads();
   float* block_dgamma = partial_dgamma + static_cast<int64_t>(blockIdx.x) * D;
   float* block_dbeta = partial_dbeta + static_cast<int64_t>(blockIdx.x) * D;

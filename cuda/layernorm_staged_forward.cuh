@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/grid_dependency.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -98,8 +97,6 @@ __global__ void __launch_bounds__((G * R), staged_min_blocks(G, R))
   __shared__ uint64_t stage_bars[R][kMaxRowStages];
   using Copy = ParamCopy<VEC, NV, G>;
   __shared__ float4 param_copy[2][SHARED_PARAMS ? Copy::kFloat4s : 1];
-  wait_for_prior_grids();  // programmatic launches: the previous kernel's writes are visible
-  allow_dependent_grids();
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const uint32_t row_bytes = static_cast<uint32_t>(D) * sizeof(T);
   RowRing<T> ring = RowRing<T>::of_group(staged_rows, grp.group, stages, row_bytes, stage_bars[grp.group]);

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/grid_dependency.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/layernorm_staged_forward.cuh"
@@ -64,8 +63,6 @@ __global__ void __launch_bounds__((G * R), staged_min_blocks(G, R))
   extern __shared__ __align__(128) unsigned char staged_rows[];  // R rings of `stages` rows
   __shared__ GroupScratch<G, R> scratch;
   __shared__ uint64_t stage_bars[R][kMaxRowStages];
-  wait_for_prior_grids();  // programmatic launches: the previous kernel's writes are visible
-  allow_dependent_grids();
   const RowGroup<G> grp = row_group<G, R>(scratch);
   const uint32_t row_bytes = static_cast<uint32_t>(D) * sizeof(T);
   RowRing<T> ring = RowRing<T>::of_group(staged_rows, grp.group, stages, row_bytes, stage_bars[grp.group]);

@@ -45,15 +45,11 @@ struct LnKernel {
   // Staged forward: the bytes in flight per SM the ring depth aims at, in KB;
   // 0 for the fewest stages (2). The staged backward sizes its own rings.
   int stage_kb = 64;
-  // Programmatic dependent launches (sm_90+): each kernel may start while the
-  // one before it on the stream drains, waiting (griddepcontrol.wait) before
-  // it reads anything (cuda/grid_dependency.cuh).
-  bool pdl = false;
 
   constexpr bool operator==(const LnKernel& o) const {
     return rows == o.rows && one_pass_stats == o.one_pass_stats && bf16_packed == o.bf16_packed &&
            bf16_8_byte_access == o.bf16_8_byte_access && params_in_shared_memory == o.params_in_shared_memory &&
-           stage_kb == o.stage_kb && pdl == o.pdl;
+           stage_kb == o.stage_kb;
   }
   constexpr bool operator!=(const LnKernel& o) const { return !(*this == o); }
 };
@@ -67,7 +63,6 @@ constexpr LnKernel rows_of(LnRows rows) {
 }
 constexpr LnKernel with_8_byte_bf16(LnKernel k) { return k.bf16_8_byte_access = true, k; }
 constexpr LnKernel with_params_in_shared_memory(LnKernel k) { return k.params_in_shared_memory = true, k; }
-constexpr LnKernel with_pdl(LnKernel k) { return k.pdl = true, k; }
 
 // Rows in registers; the forward takes two-pass statistics.
 constexpr LnKernel kInRegisters = rows_of(LnRows::InRegisters);
@@ -144,23 +139,18 @@ constexpr LnTable kProduction[kMemorySystems] = {
        kInRegisters, kInRegisters, kInRegisters, kInRegisters},
       {kInRegisters, kInRegisters, kStagedSharedParams, kInRegisters8ByteBf16,  // bf16
        kInRegisters8ByteBf16, kInRegisters8ByteBf16, kStaged8ByteBf16, kStaged8ByteBf16}}},
-    // HBM3e (H200): every entry launched programmatically (PDL: +1-14%,
-    // bench/lab/layernorm.md, 2026-11-29)
-    {// forward
-     {{with_pdl(kStagedSharedParams), with_pdl(kStagedSharedParams), with_pdl(kStagedSharedParams),
-       with_pdl(kOnePass),  // f32
-       with_pdl(kOnePass), with_pdl(kOnePass), with_pdl(kOnePass), with_pdl(kOnePass)},
-      {with_pdl(kOnePassPackedBf16SharedParams), with_pdl(kOnePassPackedBf16SharedParams),
-       with_pdl(kOnePassPackedBf16SharedParams), with_pdl(kOnePassPackedBf16),  // bf16
-       with_pdl(kOnePassPackedBf16), with_pdl(kOnePassPackedBf16), with_pdl(kOnePassPackedBf16),
-       with_pdl(kOnePassPackedBf16)}},
+    // HBM3e (H200)
+    {                                                                            // forward
+     {{kStagedSharedParams, kStagedSharedParams, kStagedSharedParams, kOnePass,  // f32
+       kOnePass, kOnePass, kOnePass, kOnePass},
+      {kOnePassPackedBf16SharedParams, kOnePassPackedBf16SharedParams, kOnePassPackedBf16SharedParams,
+       kOnePassPackedBf16,  // bf16
+       kOnePassPackedBf16, kStagedTwoAStep, kOnePassPackedBf16, kOnePassPackedBf16}},
      // backward
-     {{with_pdl(kInRegisters), with_pdl(kInRegisters), with_pdl(kStagedSharedParams), with_pdl(kStaged),  // f32
-       with_pdl(kInRegisters), with_pdl(kInRegisters), with_pdl(kInRegisters), with_pdl(kInRegisters)},
-      {with_pdl(kInRegisters8ByteBf16), with_pdl(kInRegisters8ByteBf16), with_pdl(kInRegisters8ByteBf16),
-       with_pdl(kInRegisters8ByteBf16),  // bf16
-       with_pdl(kInRegisters8ByteBf16), with_pdl(kInRegisters8ByteBf16), with_pdl(kInRegisters8ByteBf16),
-       with_pdl(kStaged8ByteBf16)}}},
+     {{kInRegisters, kInRegisters, kStagedSharedParams, kInRegisters,  // f32
+       kInRegisters, kInRegisters, kInRegisters, kInRegisters},
+      {kInRegisters8ByteBf16, kInRegisters8ByteBf16, kStagedSharedParams, kInRegisters8ByteBf16,  // bf16
+       kInRegisters8ByteBf16, kInRegisters8ByteBf16, kInRegisters8ByteBf16, kStaged8ByteBf16}}},
 };
 }  // namespace ln_table_detail
 
@@ -181,14 +171,11 @@ constexpr LnKernel ln_production_kernel(MemorySystem m, LnPass pass, DType dtype
 
 // What a configuration runs where it cannot (a device or build below sm_90,
 // or a staged backward whose two stages do not fit a block): rows in
-// registers with the same bf16 access width, launched the ordinary way. A
-// configuration in registers without programmatic launches is its own
-// fallback.
+// registers with the same bf16 access width. A configuration in registers
+// is its own fallback.
 constexpr LnKernel ln_fallback(const LnKernel& k) {
-  LnKernel f = k;
-  f.pdl = false;
-  if (f.rows == LnRows::InRegisters) return f;
-  return f.bf16_8_byte_access ? ln::kInRegisters8ByteBf16 : ln::kInRegisters;
+  if (k.rows == LnRows::InRegisters) return k;
+  return k.bf16_8_byte_access ? ln::kInRegisters8ByteBf16 : ln::kInRegisters;
 }
 
 // Whether the kernels of k are compiled for (pass, dtype, width class): an
@@ -228,7 +215,6 @@ inline std::string ln_kernel_name(const LnKernel& k) {
   if (k.bf16_8_byte_access) s += ", bf16 8-byte";
   if (k.params_in_shared_memory) s += ", params in shared memory";
   if (k.rows != LnRows::InRegisters) s += ", " + std::to_string(k.stage_kb) + " KB in flight";
-  if (k.pdl) s += ", PDL";
   return s;
 }
 

@@ -76,22 +76,6 @@ TEST_CASE("layernorm table: width classes, memory systems, and what each entry m
   // Rows in registers are not compiled everywhere: the bf16 forward of
   // 1025-2048 runs one-pass packed rows on both memories.
   CHECK_FALSE(ln_kernel_compiled(ln::kInRegisters, LnPass::Forward, true, 3));
-  // Programmatic launches need sm_90: the fallback is the same rows
-  // launched the ordinary way (staged rows: rows in registers, same slots).
-  using ln::with_pdl;
-  CHECK(ln_fallback(with_pdl(ln::kInRegisters8ByteBf16)) == ln::kInRegisters8ByteBf16);
-  CHECK(ln_fallback(with_pdl(ln::kOnePassPackedBf16)) == ln::kOnePassPackedBf16);
-  CHECK(ln_fallback(with_pdl(ln::kStaged8ByteBf16)) == ln::kInRegisters8ByteBf16);
-  CHECK(with_pdl(ln::kInRegisters) != ln::kInRegisters);
-  CHECK(ln_kernel_name(with_pdl(ln::kInRegisters)) == "in registers, PDL");
-  // The HBM3e table launches every entry programmatically; HBM3's are
-  // ordinary launches (not measured there).
-  for (const LnPass pass : {LnPass::Forward, LnPass::Backward})
-    for (const bool bf16 : {false, true})
-      for (int c = 0; c < kLnWidthClasses; ++c) {
-        CHECK(ln_table_entry(MemorySystem::HBM3e, pass, bf16, c).pdl);
-        CHECK_FALSE(ln_table_entry(MemorySystem::HBM3, pass, bf16, c).pdl);
-      }
 }
 
 #ifdef HG_WITH_CUDA
@@ -307,16 +291,11 @@ bool width_selected(int64_t D) {
 // statistics, must be bitwise the fallback's. Two a step: a group with an
 // odd share of rows ends on a step with one row (and a second, empty one).
 
-// Programmatic launches (PDL) change no arithmetic either: a configuration
-// with them is held to the same checks against its fallback (the same
-// kernels launched the ordinary way).
-
-// The configurations compiled for (pass, dtype, D) that are not their own
-// fallback: staged rows, PDL.
+// The staged configurations compiled for (pass, dtype, D).
 std::vector<gpu::LnKernel> staged_configs(gpu::LnPass pass, DType dtype, int64_t D) {
   std::vector<gpu::LnKernel> out;
   for (const gpu::LnKernel& k : gpu::ln_compiled_kernels(pass, dtype, D))
-    if (k != gpu::ln_fallback(k)) out.push_back(k);
+    if (k.rows != gpu::LnRows::InRegisters) out.push_back(k);
   return out;
 }
 

@@ -22,7 +22,6 @@
 #include <map>
 #include <random>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -32,7 +31,6 @@
 #include "cuda/layernorm_staged_backward.cuh"
 #include "cuda/layernorm_staged_forward.cuh"
 #include "cuda/layernorm_staged_pair_forward.cuh"
-#include "cuda/layernorm_table.hpp"
 
 namespace lab {
 using namespace hg::gpu;
@@ -136,17 +134,13 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
                                partial_dbeta + static_cast<int64_t>(blockIdx.x) * D);
 }
 
-// Kernel 2 with narrow blocks (lab): 8 columns x 128 lanes a block, D / 8
-// blocks (96 at D = 768, where production's 32 x 32 runs 24).
-constexpr int kNarrowCols = 8, kNarrowLanes = 128;
-
 // ---- configurations -----------------------------------------------------------------
 
 enum class Pass { Forward, Backward };
 
 enum class Rows { InRegisters, Staged, StagedTwoAStep };
 struct Config {
-  std::string name;
+  const char* name;
   Pass pass;
   Rows rows = Rows::InRegisters;
   bool one_pass = false;       // forward: one-pass statistics, FFMA normalisation
@@ -158,17 +152,6 @@ struct Config {
   bool lean = false;           // backward, lab only: read-only loads, bf16 widened by masks
   bool wide = false;           // backward, lab only: 1024-thread blocks where 512 ran
   bool production = true;      // shipped in cuda/layernorm_table.hpp somewhere
-  // Candidates of 2026-11-29 (fresh: what --new runs beside production's entry):
-  bool cluster_sums = false;   // backward: blocks in clusters add their partials in distributed
-                               // shared memory, one partial row per cluster (write_cluster_partials)
-  bool pdl = false;            // programmatic dependent launches: a kernel starts while the one before drains
-  int depth = 0;               // staged backward: ring depth (0: StagedShape's), rows of G >= 256 threads
-  bool narrow_reduce = false;  // backward: kernel 2 in blocks of 8 columns x 128 lanes
-  // Forward one-pass: registers capped for twice the blocks a SM (2048 threads
-  // at most), more rows in flight; backward (cluster sums): blocks a SM not
-  // capped for the partial rows' sake, as many as fit.
-  bool more_blocks = false;
-  bool fresh = false;
 };
 
 Config fwd(const char* name) { return Config{name, Pass::Forward}; }
@@ -212,14 +195,12 @@ std::vector<Config> all_configs() {
     Config k = fwd("one-pass, bulk prefetch");
     k.one_pass = k.bulk_prefetch = true;
     k.production = false;
-    k.fresh = true;  // lab since 2026-11-26 (H100); timed on the H200 with --new
     c.push_back(k);
   }
   {
     Config k = fwd("one-pass, bf16 packed, bulk prefetch");
     k.one_pass = k.packed = k.bulk_prefetch = true;
     k.production = false;
-    k.fresh = true;  // lab since 2026-11-26 (H100); timed on the H200 with --new
     c.push_back(k);
   }
   c.push_back(bwd("in registers"));
@@ -255,7 +236,6 @@ std::vector<Config> all_configs() {
     Config k = bwd("lean, bulk prefetch");
     k.lean = k.bulk_prefetch = true;
     k.production = false;
-    k.fresh = true;  // lost on the H100 (2026-11-26); timed again on the H200 with --new
     c.push_back(k);
   }
   {
@@ -269,55 +249,6 @@ std::vector<Config> all_configs() {
     k.lean = k.bulk_prefetch = k.wide = true;
     k.production = false;
     c.push_back(k);
-  }
-  // Fresh candidates: the forward's launches overlapped (PDL); the
-  // backward's partial rows cut by clusters, its two kernels overlapped,
-  // deeper rings for wide staged rows.
-  const auto fresh = [&](Config k, bool pdl) {
-    k.production = false;
-    k.fresh = true;
-    k.pdl = pdl;
-    c.push_back(k);
-  };
-  for (const Config& base : std::vector<Config>(c)) {
-    if (!base.production) continue;
-    if (base.pass == Pass::Forward) {
-      if (base.name == "staged") continue;  // the 64 KB ring lost to registers on the H200
-      Config k = base;
-      k.name = base.name + ", PDL";
-      fresh(k, true);
-      if (base.one_pass) {
-        Config m = base;
-        m.more_blocks = true;
-        m.name = base.name + ", 2x blocks a SM, PDL";
-        fresh(m, true);
-      }
-    } else {
-      Config k = base;
-      k.cluster_sums = true;
-      k.name = base.name + ", cluster sums";
-      fresh(k, false);
-      k.name = base.name + ", cluster sums, PDL";
-      fresh(k, true);
-      Config p = base;
-      p.name = base.name + ", PDL";
-      fresh(p, true);
-      Config r = base;
-      r.cluster_sums = r.narrow_reduce = true;
-      r.name = base.name + ", cluster sums, PDL, narrow reduce";
-      fresh(r, true);
-      Config u = base;
-      u.cluster_sums = u.more_blocks = true;
-      u.name = base.name + ", cluster sums, PDL, blocks uncapped";
-      fresh(u, true);
-      if (base.rows == Rows::Staged && !base.shared_params) {
-        Config d = base;
-        d.cluster_sums = true;
-        d.depth = 3;
-        d.name = base.name + ", depth 3, cluster sums, PDL";
-        fresh(d, true);
-      }
-    }
   }
   return c;
 }
@@ -343,8 +274,7 @@ int persistent_grid(int64_t rows, int rows_per_block, int per_sm, int sms) {
 
 template <class Kernel>
 int occupancy(Kernel k, int threads, size_t smem) {
-  // (allowed whatever smem is: static and dynamic together past 48 KB need it too)
-  if (smem > 0) CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (smem > 48 * 1024) CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int n = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, threads, smem));
   return n;
@@ -363,64 +293,6 @@ StagedRoom staged_room(Kernel k, int threads) {
       cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, room.smem_per_block - room.static_smem));
   room.blocks_per_sm = occupancy(k, threads, 0);
   return room;
-}
-
-// Launches kern<<<blocks, threads, smem>>>(args...) with cudaLaunchKernelEx:
-// in clusters of C blocks where C > 1, programmatically (PDL) where pdl.
-template <class... Params, class... Args>
-void launch_ex(void (*kern)(Params...), int blocks, int threads, size_t smem, int C, bool pdl, Args... args) {
-  cudaLaunchAttribute attrs[2];
-  int n = 0;
-  if (C > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = unsigned(C), attrs[n].val.clusterDim.y = 1, attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(unsigned(threads));
-  config.dynamicSmemBytes = smem;
-  config.attrs = n > 0 ? attrs : nullptr;
-  config.numAttrs = unsigned(n);
-  CHECK_CUDA(cudaLaunchKernelEx(&config, kern, args...));
-}
-
-// The cluster size for a backward kernel 1 of `blocks` blocks (the grid
-// without clusters): of C = 2..8, the one that keeps the most of them
-// resident at once (clusters live in one GPC each), the largest on a tie;
-// 0 where none runs. The grid is then rounded down to a multiple of C.
-template <class Kernel>
-int cluster_for(Kernel kern, int threads, size_t smem, int blocks) {
-  static std::map<std::tuple<void*, int, size_t>, std::vector<int>> fits;
-  std::vector<int>& fit = fits[{reinterpret_cast<void*>(kern), threads, smem}];
-  if (fit.empty()) {
-    fit.assign(9, 0);
-    if (smem > 48 * 1024)
-      CHECK_CUDA(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    for (int C = 2; C <= 8; ++C) {
-      cudaLaunchAttribute a{};
-      a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = unsigned(C), a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config{};
-      config.gridDim = dim3(unsigned(C));
-      config.blockDim = dim3(unsigned(threads));
-      config.dynamicSmemBytes = smem;
-      config.attrs = &a;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&fit[C], kern, &config) != cudaSuccess) fit[C] = 0, (void)cudaGetLastError();
-    }
-  }
-  int best = 0, best_blocks = 0;
-  for (int C = 2; C <= 8; ++C) {
-    const int resident = std::min(blocks, fit[C] * C) / C * C;
-    if (resident > 0 && resident >= best_blocks) best = C, best_blocks = resident;
-  }
-  return best;
 }
 
 // Launches config c's pass on one buffer set; false where c does not apply.
@@ -448,7 +320,7 @@ struct Launch {
     if (c.rows == Rows::StagedTwoAStep) {
       auto kern = layernorm_forward_staged_pair_kernel<T, VEC, EPT, G, R>;
       return run_staged(kern, G, R,
-                        plan_staged_pairs(staged_room(kern, G * R), R, k.D * int(sizeof(T)), stage_kb * 1024), 2);
+                        plan_staged_pairs(staged_room(kern, G * R), R, k.D * int(sizeof(T)), stage_kb * 1024));
     }
     if (!c.one_pass) return plain(layernorm_forward_kernel<T, VEC, EPT, G, R>, G, R);
     if constexpr (kBf16) {
@@ -466,38 +338,33 @@ struct Launch {
       if (c.shared_params) return false;
       return plain(forward_one_pass_prefetch_kernel<T, VEC, EPT, G, R, PACKED>, G, R);
     }
-    constexpr int kMore = std::min(2 * min_blocks_for(G * R), 2048 / (G * R));
     if constexpr (G == 32) {
-      if (c.shared_params)
-        return c.more_blocks ? plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, true, kMore>, G, R)
-                             : plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, true>, G, R);
+      if (c.shared_params) return plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, true>, G, R);
     }
     if (c.shared_params) return false;
-    return c.more_blocks ? plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, false, kMore>, G, R)
-                         : plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, false>, G, R);
+    return plain(layernorm_forward_one_pass_kernel<T, VEC, EPT, G, R, PACKED, false>, G, R);
   }
   template <int EPT, int G, int R, bool SHARED>
   bool staged() const {
     auto kern = layernorm_forward_staged_kernel<T, VEC, EPT, G, R, SHARED>;
     const int target = c.fewest_stages ? 0 : stage_kb * 1024;
-    return run_staged(kern, G, R, plan_staged(staged_room(kern, G * R), R, k.D * int(sizeof(T)), target), 1);
+    return run_staged(kern, G, R, plan_staged(staged_room(kern, G * R), R, k.D * int(sizeof(T)), target));
   }
   template <class Kernel>
   bool plain(Kernel kern, int G, int R) const {
     static std::map<void*, int> per_sm;
     int& n = per_sm[reinterpret_cast<void*>(kern)];
     if (n == 0) n = occupancy(kern, G * R, 0);
-    launch_ex(kern, persistent_grid(k.rows, R, n, k.sms), G * R, 0, 1, c.pdl, static_cast<const T*>(b.x), b.gamma,
-              b.beta, static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps);
+    kern<<<persistent_grid(k.rows, R, n, k.sms), G * R>>>(static_cast<const T*>(b.x), b.gamma, b.beta,
+                                                          static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps);
     return true;
   }
   template <class Kernel>
-  // least: the stages a group needs (production's: 1 staged row, 2 two a step).
-  bool run_staged(Kernel kern, int G, int R, const StagedPlan& plan, int least) const {
-    if (plan.stages < least) return false;
-    launch_ex(kern, persistent_grid(k.rows, R, plan.blocks_per_sm, k.sms), G * R, plan.smem, 1, c.pdl,
-              static_cast<const T*>(b.x), b.gamma, b.beta, static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps,
-              plan.stages);
+  bool run_staged(Kernel kern, int G, int R, const StagedPlan& plan) const {
+    if (plan.stages < 2) return false;
+    kern<<<persistent_grid(k.rows, R, plan.blocks_per_sm, k.sms), G * R, plan.smem>>>(
+        static_cast<const T*>(b.x), b.gamma, b.beta, static_cast<T*>(b.y), b.mean, b.rstd, k.rows, k.D, k.eps,
+        plan.stages);
     return true;
   }
 
@@ -506,40 +373,28 @@ struct Launch {
   bool backward() const {
     if (c.rows == Rows::Staged) {
       using S = StagedShape<EPT, G, R>;
-      if (c.depth == 0) return staged_backward<EPT, G, S::kGroups, S::kDepth, S::kMinBlocks>();
-      if constexpr (G >= 256) {
-        if (c.depth == 3) return staged_backward<EPT, G, S::kGroups, 3, S::kMinBlocks>();
-      }
-      return false;
+      constexpr bool kWarp = G == 32;
+      if (c.shared_params && !kWarp) return false;
+      auto kern = c.shared_params
+                      ? layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, kWarp>
+                      : layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, false>;
+      const size_t smem = staged_smem_bytes(k.D, sizeof(T), S::kGroups, S::kDepth);
+      cudaFuncAttributes attr{};
+      CHECK_CUDA(cudaFuncGetAttributes(&attr, kern));
+      if (smem + attr.sharedSizeBytes > size_t(attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return false;
+      const int n = occupancy(kern, S::kThreads, smem);
+      if (n < 1) return false;
+      return with_partials(kern, persistent_grid(k.rows, S::kGroups, capped(n, S::kThreads), k.sms), S::kThreads, smem);
     }
     if (c.wide) {
       if constexpr (G * R == 512 && G >= 128) return lean<EPT, G, 2 * R>();
       else return false;
     }
     if (c.lean) return lean<EPT, G, R>();
+    auto kern = layernorm_backward_kernel<T, VEC, EPT, G, R, false>;
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
-    auto kern = c.cluster_sums ? layernorm_backward_kernel<T, VEC, EPT, G, R, false, true>
-                               : layernorm_backward_kernel<T, VEC, EPT, G, R, false, false>;
-    const int n = occupancy(kern, G * R, kSmem);
-    return with_partials(kern, persistent_grid(k.rows, R, c.more_blocks ? n : capped(n, G * R), k.sms), G * R, kSmem);
-  }
-  template <int EPT, int G, int R, int DEPTH, int MIN_BLOCKS>
-  bool staged_backward() const {
-    constexpr bool kWarp = G == 32;
-    if (c.shared_params && !kWarp) return false;
-    auto kern =
-        c.cluster_sums
-            ? (c.shared_params ? layernorm_backward_staged_kernel<T, VEC, EPT, G, R, DEPTH, MIN_BLOCKS, kWarp, true>
-                               : layernorm_backward_staged_kernel<T, VEC, EPT, G, R, DEPTH, MIN_BLOCKS, false, true>)
-            : (c.shared_params ? layernorm_backward_staged_kernel<T, VEC, EPT, G, R, DEPTH, MIN_BLOCKS, kWarp, false>
-                               : layernorm_backward_staged_kernel<T, VEC, EPT, G, R, DEPTH, MIN_BLOCKS, false, false>);
-    const size_t smem = staged_smem_bytes(k.D, sizeof(T), R, DEPTH);
-    cudaFuncAttributes attr{};
-    CHECK_CUDA(cudaFuncGetAttributes(&attr, kern));
-    if (smem + attr.sharedSizeBytes > size_t(attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return false;
-    const int n = occupancy(kern, G * R, smem);
-    if (n < 1) return false;
-    return with_partials(kern, persistent_grid(k.rows, R, c.more_blocks ? n : capped(n, G * R), k.sms), G * R, smem);
+    return with_partials(kern, persistent_grid(k.rows, R, capped(occupancy(kern, G * R, kSmem), G * R), k.sms), G * R,
+                         kSmem);
   }
   template <int EPT, int G, int R>
   bool lean() const {
@@ -549,39 +404,15 @@ struct Launch {
     return with_partials(kern, persistent_grid(k.rows, R, capped(occupancy(kern, G * R, kSmem), G * R), k.sms), G * R,
                          kSmem);
   }
-  // Kernel 1 on `blocks` blocks (cluster_sums: rounded down to clusters),
-  // then kernel 2 over its partial rows.
   template <class Kernel>
   bool with_partials(Kernel kern, int blocks, int threads, size_t smem) const {
-    int C = 1;
-    if (c.cluster_sums) {
-      C = cluster_for(kern, threads, smem, blocks);
-      if (C == 0) return false;
-      blocks = blocks / C * C;
-    }
-    const int partial_rows = blocks / C;
-    if (partial_rows > k.max_partials) return false;
+    if (blocks > k.max_partials) return false;
     float* pg = b.partials;
     float* pb = b.partials + int64_t(k.max_partials) * k.D;
-    launch_ex(kern, blocks, threads, smem, C, c.pdl, static_cast<const T*>(b.dy), static_cast<const T*>(b.x), b.gamma,
-              b.mean, b.rstd, static_cast<T*>(b.dx), pg, pb, k.rows, k.D);
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned((k.D + kReduceCols - 1) / kReduceCols));
-    config.blockDim = dim3(kReduceCols, kReduceLanes);
-    cudaLaunchAttribute pdl{};
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = c.pdl ? &pdl : nullptr;
-    config.numAttrs = c.pdl ? 1 : 0;
-    if (c.narrow_reduce) {
-      config.gridDim = dim3(unsigned((k.D + kNarrowCols - 1) / kNarrowCols));
-      config.blockDim = dim3(kNarrowCols, kNarrowLanes);
-    }
-    CHECK_CUDA(cudaLaunchKernelEx(&config,
-                                  c.narrow_reduce ? layernorm_reduce_partials_kernel<kNarrowCols, kNarrowLanes>
-                                                  : layernorm_reduce_partials_kernel<>,
-                                  static_cast<const float*>(pg), static_cast<const float*>(pb), partial_rows, k.D,
-                                  b.dgamma, b.dbeta));
+    kern<<<blocks, threads, smem>>>(static_cast<const T*>(b.dy), static_cast<const T*>(b.x), b.gamma, b.mean, b.rstd,
+                                    static_cast<T*>(b.dx), pg, pb, k.rows, k.D);
+    layernorm_reduce_partials_kernel<<<(k.D + kReduceCols - 1) / kReduceCols, dim3(kReduceCols, kReduceLanes)>>>(
+        pg, pb, blocks, k.D, b.dgamma, b.dbeta);
     return true;
   }
 };
@@ -648,8 +479,9 @@ HostMatrix make_matrix(int64_t n, bool bf16, std::mt19937& rng, float offset) {
   }
   return m;
 }
-std::vector<double> to_doubles(const std::vector<unsigned char>& raw, bool bf16) {
-  const int64_t n = int64_t(raw.size()) / (bf16 ? 2 : 4);
+std::vector<double> read_back(const void* dev, int64_t n, bool bf16) {
+  std::vector<unsigned char> raw(n * (bf16 ? 2 : 4));
+  CHECK_CUDA(cudaMemcpy(raw.data(), dev, raw.size(), cudaMemcpyDeviceToHost));
   std::vector<double> out(n);
   for (int64_t i = 0; i < n; ++i) {
     if (bf16) {
@@ -664,36 +496,11 @@ std::vector<double> to_doubles(const std::vector<unsigned char>& raw, bool bf16)
   }
   return out;
 }
-std::vector<double> read_back(const void* dev, int64_t n, bool bf16) {
-  std::vector<unsigned char> raw(n * (bf16 ? 2 : 4));
-  CHECK_CUDA(cudaMemcpy(raw.data(), dev, raw.size(), cudaMemcpyDeviceToHost));
-  return to_doubles(raw, bf16);
-}
-
-// Rows 0, step, 2 step, ... and the last row of a rows x D matrix on the
-// device (what a check reads back of a large case: rows spread over the
-// whole grid's share, in two copies); pick_rows: the same rows of a host one.
-std::vector<double> read_back_rows(const void* dev, int64_t rows, int D, bool bf16, int64_t step) {
-  const size_t row_bytes = size_t(D) * (bf16 ? 2 : 4);
-  const int64_t picked = (rows - 1) / step + 1;
-  std::vector<unsigned char> raw((picked + 1) * row_bytes);
-  CHECK_CUDA(cudaMemcpy2D(raw.data(), row_bytes, dev, row_bytes * step, row_bytes, picked, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(raw.data() + picked * row_bytes, static_cast<const char*>(dev) + (rows - 1) * row_bytes,
-                        row_bytes, cudaMemcpyDeviceToHost));
-  return to_doubles(raw, bf16);
-}
-std::vector<double> pick_rows(const std::vector<double>& m, int64_t rows, int D, int64_t step) {
-  std::vector<double> out;
-  for (int64_t r = 0; r < rows; r += step) out.insert(out.end(), m.begin() + r * D, m.begin() + (r + 1) * D);
-  out.insert(out.end(), m.end() - D, m.end());
-  return out;
-}
 
 // max |got - want| / max |want|.
 double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;  // (std::max would pass over a NaN)
     num = std::max(num, std::abs(got[i] - want[i]));
     den = std::max(den, std::abs(want[i]));
   }
@@ -737,26 +544,20 @@ Reference reference(const std::vector<float>& x, const std::vector<float>& dy, c
 struct Options {
   std::vector<std::pair<int64_t, int>> sizes;
   bool f32 = true, bf16 = true, fwd = true, bwd = true;
-  std::vector<std::string> configs;  // substring filters on names (any of them)
+  std::string configs;  // substring filter on names
   int iters = 30, warmup = 5, stage_kb = 64;
-  int calls = 0;  // calls per timed sample; 0: about 1 ms of work (the benchmarks' rule)
   bool lab_only = false;
-  bool fresh = false;  // --new: the fresh candidates and production's entry of each case
 };
 
 const char* kUsage =
-    "usage: layernorm_lab [--sizes RxD,...] [--dtypes f32,bf16] [--passes fwd,bwd] [--configs SUBSTRING,...]\n"
-    "                     [--lab-only] [--new] [--iters N] [--warmup N] [--calls N] [--stage-kb KB] [--help]\n"
+    "usage: layernorm_lab [--sizes RxD,...] [--dtypes f32,bf16] [--passes fwd,bwd] [--configs SUBSTRING]\n"
+    "                     [--lab-only] [--iters N] [--warmup N] [--stage-kb KB] [--help]\n"
     "  --sizes     rows x D cases, D in 1..16384 and D * elt a multiple of 16 (default: one case per\n"
     "              width class, 64 MiB of x in f32)\n"
     "  --dtypes    f32, bf16 or both (default both)\n"
     "  --passes    fwd, bwd or both (default both)\n"
-    "  --configs   only configurations whose name contains one of the SUBSTRINGs (e.g. staged,one-pass)\n"
+    "  --configs   only configurations whose name contains SUBSTRING (e.g. staged, one-pass)\n"
     "  --lab-only  only the configurations production does not ship (and 'in registers' to compare)\n"
-    "  --new       only the candidates of 2026-11-29 (cluster sums, PDL, depth 3) and, per case, the\n"
-    "              configuration production runs there on this GPU's memory system\n"
-    "  --calls     back-to-back calls per timed sample (default: about 1 ms of work, 1..64, as\n"
-    "              bench_layernorm times; the copy yardstick is timed the same way)\n"
     "  --iters     timed launches per case, median reported (default 30)\n"
     "  --warmup    untimed launches first (default 5)\n"
     "  --stage-kb  bytes in flight per SM the staged forwards aim at, KB (default 64, production's)\n"
@@ -801,10 +602,6 @@ Options parse(int argc, char** argv) {
       o.lab_only = true;
       continue;
     }
-    if (flag == "--new") {
-      o.fresh = true;
-      continue;
-    }
     const auto value = [&] {
       if (i + 1 >= argc) bad_flag(flag + " needs a value");
       return std::string(argv[++i]);
@@ -831,9 +628,7 @@ Options parse(int argc, char** argv) {
         else bad_flag("--passes takes fwd and bwd, got '" + p + "'");
       }
     } else if (flag == "--configs") {
-      o.configs = split(value());
-    } else if (flag == "--calls") {
-      o.calls = static_cast<int>(parse_int(flag, value(), 1, 1000));
+      o.configs = value();
     } else if (flag == "--iters") {
       o.iters = static_cast<int>(parse_int(flag, value(), 1, 100000));
     } else if (flag == "--warmup") {
@@ -862,37 +657,6 @@ struct Winner {
   double gbps = 0;
 };
 
-// The memory system whose table production runs on this GPU (as
-// hg::gpu::device_memory_system: peak DRAM GB/s against kHbm3eGbps).
-MemorySystem memory_system() {
-  const double gbps =
-      2.0 * attribute(cudaDevAttrMemoryClockRate) * 1e3 * (attribute(cudaDevAttrGlobalMemoryBusWidth) / 8) * 1e-9;
-  return gbps >= kHbm3eGbps ? MemorySystem::HBM3e : MemorySystem::HBM3;
-}
-
-// Whether lab configuration c is production's kernel k for its pass.
-bool is_entry(const Config& c, const LnKernel& k) {
-  if (c.lean || c.wide || c.bulk_prefetch || c.depth != 0 || c.narrow_reduce || c.more_blocks) return false;
-  if (c.cluster_sums || c.pdl != k.pdl) return false;
-  const Rows rows = k.rows == LnRows::InRegisters ? Rows::InRegisters
-                    : k.rows == LnRows::Staged    ? Rows::Staged
-                                                  : Rows::StagedTwoAStep;
-  if (c.rows != rows || c.shared_params != k.params_in_shared_memory) return false;
-  if (c.pass == Pass::Backward) return c.narrow == k.bf16_8_byte_access;
-  return c.one_pass == k.one_pass_stats && c.packed == k.bf16_packed && !c.narrow &&
-         c.fewest_stages == (k.rows == LnRows::Staged && k.stage_kb == 0);
-}
-
-// One measured row of the summary.
-struct Measured {
-  std::string name;
-  double pct = 0;
-};
-struct CaseSummary {
-  std::string what;  // "bf16 bwd 4096x1024"
-  Measured production, best_fresh, best;
-};
-
 int run(const Options& o) {
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
@@ -900,9 +664,6 @@ int run(const Options& o) {
   const double l2 = prop.l2CacheSize;
   std::printf("GPU: %s, %d SMs, L2 %.0f MB, sm_%d%d\n", prop.name, sms, l2 / 1e6, prop.major, prop.minor);
   if (prop.major < 9) std::printf("(below sm_90: staged configurations are skipped)\n");
-  const MemorySystem memory = memory_system();
-  std::printf("production table: %s (cuda/layernorm_table.hpp)\n", memory_system_name(memory));
-  std::vector<CaseSummary> summary;
   std::mt19937 rng(20261201);
   std::map<std::string, Winner> winners;  // "dtype pass class" -> best
   bool failed = false;
@@ -924,11 +685,6 @@ int run(const Options& o) {
       std::normal_distribution<float> pd(1.0f, 0.5f);
       for (int j = 0; j < D; ++j) gamma[j] = pd(rng), beta[j] = pd(rng) - 1.0f;
       const Reference ref = reference(x.value, dy.value, gamma, beta, rows, D, 1e-5);
-      // y and dx are checked on every row up to 4M elements, past that on
-      // every check_step-th row and the last (dgamma, dbeta sum all rows).
-      const int64_t check_step = std::max<int64_t>(1, n >> 22);
-      const std::vector<double> ref_y = pick_rows(ref.y, rows, D, check_step);
-      const std::vector<double> ref_dx = pick_rows(ref.dx, rows, D, check_step);
       std::vector<Buffers> bufs(sets);
       for (Buffers& b : bufs) {
         CHECK_CUDA(cudaMalloc(&b.x, mat));
@@ -951,73 +707,48 @@ int run(const Options& o) {
       CHECK_CUDA(cudaMemcpy(bt, beta.data(), D * 4, cudaMemcpyHostToDevice));
       for (Buffers& b : bufs) b.gamma = g, b.beta = bt, b.dgamma = dg, b.dbeta = db, b.partials = partials;
       const Case k{rows, D, 1e-5f, sms, max_partials};
-      // Calls per timed sample as bench_layernorm's (about 1 ms of work), the
-      // same for the copy yardstick: the best of cudaMemcpyAsync and the
-      // benchmarks' copy kernels on x's bytes.
-      const int calls = o.calls > 0 ? o.calls : calls_for(3.0 * double(mat));
-      const char* copy_name = "";
-      const double copy_ms = best_copy_ms(
-          o.warmup, o.iters, sets, calls, mat, sms, [&](int s) { return bufs[s].x; }, [&](int s) { return bufs[s].y; },
-          &copy_name);
-      const double copy_gbps = 2.0 * mat / (copy_ms * 1e6);
+      // The copy yardstick: the best of cudaMemcpyAsync and a float4 kernel on x's bytes.
+      const double memcpy_ms = median_ms(o.warmup, o.iters, sets, [&](int s) {
+        CHECK_CUDA(cudaMemcpyAsync(bufs[s].y, bufs[s].x, mat, cudaMemcpyDeviceToDevice));
+      });
+      const double kernel_ms = median_ms(o.warmup, o.iters, sets, [&](int s) {
+        copy_kernel<<<sms * 8, 512>>>(static_cast<const uint4*>(bufs[s].x), static_cast<uint4*>(bufs[s].y),
+                                      int64_t(mat / 16));
+      });
+      const double copy_gbps = 2.0 * mat / (std::min(memcpy_ms, kernel_ms) * 1e6);
       // Statistics for the backward: the production two-pass forward's.
       const Config base = fwd("in registers");
       for (const Buffers& b : bufs) launch(base, bf16, k, b, o.stage_kb);
-      std::printf("\n%s rows %lld x D %d (%d buffer sets, %d calls per sample), best copy %.0f GB/s (%s)\n",
-                  bf16 ? "bf16" : "f32", (long long)rows, D, sets, calls, copy_gbps, copy_name);
-      std::printf("  %-4s %-52s %9s %7s %10s\n", "pass", "configuration", "GB/s", "%copy", "max rel err");
-      const std::string dims = std::to_string(rows) + "x" + std::to_string(D);
-      CaseSummary sums[2] = {{std::string(bf16 ? "bf16" : "f32 ") + " fwd " + dims, {}, {}, {}},
-                             {std::string(bf16 ? "bf16" : "f32 ") + " bwd " + dims, {}, {}, {}}};
+      std::printf("\n%s rows %lld x D %d (%d buffer sets), best copy %.0f GB/s\n", bf16 ? "bf16" : "f32",
+                  (long long)rows, D, sets, copy_gbps);
+      std::printf("  %-4s %-42s %9s %7s %10s\n", "pass", "configuration", "GB/s", "%copy", "max rel err");
       for (const Config& c : all_configs()) {
         const bool is_fwd = c.pass == Pass::Forward;
         if ((is_fwd && !o.fwd) || (!is_fwd && !o.bwd)) continue;
-        const LnKernel entry =
-            ln_table_entry(memory, is_fwd ? LnPass::Forward : LnPass::Backward, bf16, ln_width_class(D));
-        const bool prod = is_entry(c, entry);
-        if (!o.configs.empty() && std::none_of(o.configs.begin(), o.configs.end(), [&](const std::string& f) {
-              return c.name.find(f) != std::string::npos;
-            }))
-          continue;
-        if (o.fresh && !c.fresh && !prod) continue;
-        if (o.lab_only && c.production && c.name != "in registers") continue;
+        if (!o.configs.empty() && std::string(c.name).find(o.configs) == std::string::npos) continue;
+        if (o.lab_only && c.production && std::string(c.name) != "in registers") continue;
         if (c.rows != Rows::InRegisters && prop.major < 9) continue;
         if (c.bulk_prefetch && prop.major < 9) continue;
-        // Check on set 0 (the backward on the statistics the forward above
-        // stored), its outputs poisoned with NaN first: whatever a kernel
-        // leaves unwritten fails the check.
-        CHECK_CUDA(cudaMemset(is_fwd ? bufs[0].y : bufs[0].dx, 0xff, mat));
-        CHECK_CUDA(cudaMemset(dg, 0xff, D * 4));
-        CHECK_CUDA(cudaMemset(db, 0xff, D * 4));
+        // Check on set 0 (the backward on the statistics the forward above stored).
         if (!launch(c, bf16, k, bufs[0], o.stage_kb)) continue;
         CHECK_CUDA(cudaDeviceSynchronize());
         CHECK_CUDA(cudaGetLastError());
         double err;
         if (is_fwd) {
-          err = rel_error(read_back_rows(bufs[0].y, rows, D, bf16, check_step), ref_y);
+          err = rel_error(read_back(bufs[0].y, n, bf16), ref.y);
         } else {
           err =
-              std::max({rel_error(read_back_rows(bufs[0].dx, rows, D, bf16, check_step), ref_dx),
+              std::max({rel_error(read_back(bufs[0].dx, n, bf16), ref.dx),
                         rel_error(read_back(dg, D, false), ref.dgamma), rel_error(read_back(db, D, false), ref.dbeta)});
         }
         if (is_fwd) launch(base, bf16, k, bufs[0], o.stage_kb);  // restore the statistics for the backward
         const double bound = bf16 ? 1e-2 : 1e-4;
-        const double ms =
-            median_ms_per_call(o.warmup, o.iters, sets, calls, [&](int s) { launch(c, bf16, k, bufs[s], o.stage_kb); });
+        const double ms = median_ms(o.warmup, o.iters, sets, [&](int s) { launch(c, bf16, k, bufs[s], o.stage_kb); });
         const double gbps = (is_fwd ? 2.0 : 3.0) * mat / (ms * 1e6);
-        const double pct = 100.0 * gbps / copy_gbps;
-        std::printf("  %-4s %-52s %9.0f %6.1f%% %10.2e%s%s\n", is_fwd ? "fwd" : "bwd", c.name.c_str(), gbps, pct, err,
-                    prod           ? "  *production"
-                    : c.production ? ""
-                                   : "  (lab)",
+        std::printf("  %-4s %-42s %9.0f %6.1f%% %10.2e%s%s\n", is_fwd ? "fwd" : "bwd", c.name, gbps,
+                    100.0 * gbps / copy_gbps, err, c.production ? "" : "  (lab)",
                     err > bound ? "  OVER THE BOUND" : "");
         if (err > bound) failed = true;
-        if (err <= bound) {
-          CaseSummary& cs = sums[is_fwd ? 0 : 1];
-          if (prod) cs.production = {c.name, pct};
-          if (c.fresh && pct > cs.best_fresh.pct) cs.best_fresh = {c.name, pct};
-          if (pct > cs.best.pct) cs.best = {c.name, pct};
-        }
         const std::string key =
             std::string(bf16 ? "bf16" : "f32 ") + " " + (is_fwd ? "fwd" : "bwd") + " D " + kClassNames[width_class(D)];
         Winner& w = winners[key];
@@ -1027,15 +758,7 @@ int run(const Options& o) {
         for (void* p : {b.x, b.dy, b.y, b.dx, static_cast<void*>(b.mean), static_cast<void*>(b.rstd)})
           CHECK_CUDA(cudaFree(p));
       for (float* p : {g, bt, dg, db, partials}) CHECK_CUDA(cudaFree(p));
-      for (const CaseSummary& cs : sums)
-        if (cs.best.pct > 0) summary.push_back(cs);
     }
-  std::printf("\nSummary on %s (%%copy; production: the %s table's entry; new: the best of 2026-11-29's)\n", prop.name,
-              memory_system_name(memory));
-  std::printf("  %-24s %6s  %6s %-50s %6s %s\n", "case", "prod", "new", "best new candidate", "best", "best overall");
-  for (const CaseSummary& cs : summary)
-    std::printf("  %-24s %6.1f  %6.1f %-50s %6.1f %s\n", cs.what.c_str(), cs.production.pct, cs.best_fresh.pct,
-                cs.best_fresh.name.c_str(), cs.best.pct, cs.best.name.c_str());
   std::printf("\nWinners on %s (a table entry is cuda/layernorm_table.hpp):\n", prop.name);
   for (const auto& [key, w] : winners) std::printf("  %-24s %-42s %9.0f GB/s\n", key.c_str(), w.name.c_str(), w.gbps);
   if (failed) {
