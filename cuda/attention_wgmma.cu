@@ -30,12 +30,9 @@
 #include "cuda/bulk_stage.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
+#include "cuda/wgmma.cuh"
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define HG_WGMMA_DEVICE 1
-#else
-#define HG_WGMMA_DEVICE 0
-#endif
+#define HG_WGMMA_DEVICE HG_SM90A_DEVICE  // cuda/wgmma.cuh: an sm_90a device compile
 
 namespace hg::gpu::attn {
 namespace {
@@ -64,138 +61,8 @@ struct Plan {
 };
 
 #if HG_WGMMA_DEVICE
-// ---- the instructions --------------------------------------------------------------
-
-__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
-}
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
-// Waits for the phase of `parity`. A phase that never completes (a lost
-// copy or arrival) traps after two seconds, so the call fails with a launch
-// error instead of hanging; the clock is read once per 1024 polls.
-__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  uint64_t start = 0;
-  for (uint32_t polls = 0; !done; ++polls) {
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(done)
-                 : "r"(shared_address(bar)), "r"(parity)
-                 : "memory");
-    if (!done && polls % 1024 == 1023) {
-      const uint64_t now = global_ns();
-      if (start == 0) start = now;
-      else if (now - start > 2000000000ull) __trap();
-    }
-  }
-}
-
-// One TMA box of a 4-D map at {c0 (column), c1 (row), c2 (head), c3
-// (batch)} into shared `dst`, counted against `bar`'s expected bytes (a box
-// past the tensor's end counts its full size: the hardware writes zeros).
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                         uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Keeps the compiler from reading an accumulator before wgmma_wait_all or
-// reusing an A register while a wgmma may still read it.
-__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
-
-// Shared memory matrix descriptors (PTX ISA "Matrix Descriptor Format"):
-// bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45
-// stride byte offset >> 4, 49-51 base offset (0: boxes are 1024-byte
-// aligned), 62-63 layout (1 = 128-byte swizzle).
-// K-major (q, k: rows of 64 bf16 = 128 bytes): 8-row groups 1024 bytes
-// apart; the leading offset is unused with a swizzle (1 by convention). A
-// k16 step moves the start 32 bytes along the row, a new box every 4 steps.
-__device__ __forceinline__ uint64_t desc_k_major(uint32_t addr) {
-  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// MN-major (v as the B of p v: the head dim contiguous, keys as rows of 128
-// bytes): 64 head-dim columns a row, the next 64 `lbo` bytes on (the next
-// box), 8-key groups 1024 bytes apart. A k16 step is 16 key rows.
-__device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t lbo) {
-  return uint64_t((addr >> 4) & 0x3FFF) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
-// The accumulator of wgmma m64nNk16: thread 32 w + 4 g + t (warp w of the
-// warpgroup, g = lane / 4, t = lane % 4) holds d[i], i < N / 2, at row
-// 16 w + g + acc_row(i), column 2 t + acc_col(i): mma.sync's m16n8 C
-// fragment, one per 8 columns. The register A of m64nNk16 has the same
-// layout, so columns 16 kk .. 16 kk + 15 of an accumulator are A fragment
-// kk as they stand: a[r] = pack(d[8 kk + 2 r], d[8 kk + 2 r + 1]).
-__device__ __forceinline__ int acc_row(int i) { return 8 * ((i >> 1) & 1); }
-__device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }
-
-// s[64 x 128] (+)= A[64 x 16] B[16 x 128], both from shared memory (K-major
-// descriptors); accumulate == 0 overwrites s.
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-               "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%"
-               "53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-               : "l"(a), "l"(b), "r"(accumulate));
-}
-
-// o[64 x 64] += A[64 x 16] B[16 x 64]: A from registers (bf16 pairs in the
-// accumulator layout), B from shared memory with N contiguous (imm-trans-b
-// 1: the MN-major descriptor). The accumulate predicate is set from a
-// register, as the lab measured it.
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-               "%28,%29,%30,%31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-
-// o[64 x 128] += A[64 x 16] B[16 x 128], as the m64n64 form above.
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,"
-               "%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%"
-               "53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
-}
-#endif  // HG_WGMMA_DEVICE
+using namespace sm90;  // the instructions: cuda/wgmma.cuh
+#endif
 
 // ---- the kernel ----------------------------------------------------------------------
 
@@ -277,7 +144,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
                desc_k_major(k_at + (kc / 4) * kKeys * kSwizzleBytes + step), kc > 0);
     }
     wgmma_commit();
-    wgmma_wait_all();
+    wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) fence_operand(sc[i]);
     // Keys past Tk and causally hidden keys to -inf (only on the tiles that
@@ -318,9 +185,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, kKeys * kSwizzleBytes));
+      wgmma_rs(o, pa[kk], desc_mn_major(v_at + kk * 16 * kSwizzleBytes, kKeys * kSwizzleBytes), 1);
     wgmma_commit();
-    wgmma_wait_all();
+    wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < DH / 2; ++i) fence_operand(o[i]);
 #pragma unroll
