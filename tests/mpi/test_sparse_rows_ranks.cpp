@@ -210,8 +210,7 @@ TEST_CASE("sparse embedding gradient = dense all-reduce within 1e-6 x sum |terms
   sparse_rows_match_dense(Device::CPU);
 }
 
-TEST_CASE("[cuda] sparse embedding gradient = dense all-reduce within 1e-6 x sum |terms|, bitwise across ranks "
-          "(NCCL; one process: NCCL with one rank)") {
+TEST_CASE("sparse embedding gradient = dense all-reduce, bitwise across ranks (NCCL)", "[cuda]") {
   HG_REQUIRE_GPU();
   if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
   sparse_rows_match_dense(Device::CUDA);
@@ -221,7 +220,7 @@ TEST_CASE("data-parallel step with the sparse embedding gradient = one process w
   step_matches_whole_batch(Device::CPU);
 }
 
-TEST_CASE("[cuda] data-parallel step with the sparse embedding gradient = one process with the whole batch (NCCL)") {
+TEST_CASE("data-parallel step with the sparse embedding gradient = whole batch (NCCL)", "[cuda]") {
   HG_REQUIRE_GPU();
   if (!cuda_ranks_available()) HG_SKIP("SKIPPED: needs NCCL and one GPU per rank on this host");
   step_matches_whole_batch(Device::CUDA);
