@@ -202,6 +202,12 @@ int64_t cross_entropy_staged_max_vocab(DType dtype) {
   return n;
 }
 
+int64_t cross_entropy_staged_min_vocab(DType dtype) {
+  HG_CHECK(dtype == DType::BF16 || dtype == DType::F32, "cross_entropy_staged_min_vocab",
+           "logits must be bf16 or f32, got ", dtype_name(dtype));
+  return int64_t{kStagedThreads} * 16 / int64_t(dtype_size(dtype));
+}
+
 void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t ignore_index, const Tensor& inv_count,
                                  Tensor& row_loss, RowPassKernel kernel) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
@@ -213,7 +219,9 @@ void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t 
   with_logits_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     T* x = static_cast<T*>(logits.raw_data());
-    if (fits && kernel != RowPassKernel::Strided) {
+    const bool staged = kernel == RowPassKernel::Staged || (kernel == RowPassKernel::Best && fits &&
+                                                            vocab >= cross_entropy_staged_min_vocab(logits.dtype()));
+    if (staged) {
       lse_rows_grad_staged<T>
           <<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
               x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());

@@ -36,12 +36,17 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
 // cross_entropy_staged_max_vocab). Strided: a block per row reads them three
 // times (max, sum, g), at any V. The same arithmetic but for the order of
 // the sum of exponentials (within the same float64 bounds, not the same
-// bits). Best: staged where the row fits, else strided.
+// bits). Best: staged where the row fits and is long enough to give each of
+// its threads a 16-byte word (cross_entropy_staged_min_vocab), else strided.
 enum class RowPassKernel { Best, Staged, Strided };
 
 // The longest row of `dtype` (F32 or BF16) the staged row pass holds on the
 // current device; 0 where it cannot run.
 int64_t cross_entropy_staged_max_vocab(DType dtype);
+// The shortest row of `dtype` that Best stages: shorter rows leave most of
+// the staged block's threads idle, where the strided kernel's smaller block
+// is faster (V 256 bf16, 8192 rows, H200: 0.022 against 0.067 ms).
+int64_t cross_entropy_staged_min_vocab(DType dtype);
 
 // logits (rows, V) F32 or BF16, overwritten in place by
 // (softmax - onehot) * inv_count (zero rows where the target is

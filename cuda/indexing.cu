@@ -1,5 +1,11 @@
 // Row gather and deterministic scatter-add for Embedding (see core/indexing.hpp).
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <memory>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
@@ -27,51 +33,16 @@ __global__ void gather_rows_kernel(const T* __restrict__ table, const float* __r
 }
 
 // ---- the CSR of scatter_add_rows built on the device (capturable) --------------
-// counts[r] = number of positions of row r (integer atomics: exact).
-__global__ void count_rows_kernel(const float* __restrict__ ids, int64_t n, int64_t v, int32_t* counts) {
+// For each position p: counts[r] += 1 (integer atomics: exact), the sort key
+// r (ids that name no row get v, sorted past every row), and p itself.
+__global__ void row_keys_kernel(const float* __restrict__ ids, int64_t n, int64_t v, int32_t* __restrict__ counts,
+                                int32_t* __restrict__ keys, int32_t* __restrict__ positions) {
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t r = row_of(ids[p], v);
     if (r >= 0) atomicAdd(&counts[r], 1);
-  }
-}
-
-// data[0..len) becomes its exclusive prefix sum; one block: each thread scans
-// a contiguous chunk, the chunk totals are scanned in shared memory.
-constexpr int kScanThreads = 1024;
-__global__ void exclusive_scan_kernel(int32_t* data, int64_t len) {
-  __shared__ int32_t sums[kScanThreads];
-  const int64_t chunk = (len + kScanThreads - 1) / kScanThreads;
-  const int64_t begin = threadIdx.x * chunk, end = begin + chunk < len ? begin + chunk : len;
-  int32_t local = 0;
-  for (int64_t i = begin; i < end; ++i) local += data[i];
-  sums[threadIdx.x] = local;
-  __syncthreads();
-  for (int offset = 1; offset < kScanThreads; offset <<= 1) {  // inclusive scan of the totals
-    const int32_t add = threadIdx.x >= offset ? sums[threadIdx.x - offset] : 0;
-    __syncthreads();
-    sums[threadIdx.x] += add;
-    __syncthreads();
-  }
-  int32_t running = sums[threadIdx.x] - local;
-  for (int64_t i = begin; i < end; ++i) {
-    const int32_t c = data[i];
-    data[i] = running;
-    running += c;
-  }
-}
-
-// positions[offsets[r] + k] = the k-th position (ascending) of row r: the
-// same order as the host CSR, so the sums are bitwise those of the host path.
-__global__ void place_rows_kernel(const float* __restrict__ ids, int64_t n, int64_t v,
-                                  const int32_t* __restrict__ offsets, int32_t* __restrict__ positions) {
-  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
-       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t r = row_of(ids[p], v);
-    if (r < 0) continue;
-    int32_t rank = 0;
-    for (int64_t q = 0; q < p; ++q) rank += row_of(ids[q], v) == r;
-    positions[offsets[r] + rank] = static_cast<int32_t>(p);
+    keys[p] = r >= 0 ? r : static_cast<int32_t>(v);
+    positions[p] = static_cast<int32_t>(p);
   }
 }
 
@@ -166,19 +137,37 @@ void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows,
 
 void scatter_add_rows_cuda_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) {
   const int64_t v = grad_table.size(0), n = ids.numel();
-  DeviceBuffer offsets(allocate(static_cast<size_t>(v + 1) * sizeof(int32_t)));
-  DeviceBuffer positions(allocate(static_cast<size_t>(n > 0 ? n : 1) * sizeof(int32_t)));
-  auto* off = static_cast<int32_t*>(offsets.get());
-  auto* pos = static_cast<int32_t*>(positions.get());
+  HG_CHECK(v < INT32_MAX && n < INT32_MAX, "scatter_add_rows", "at most ", INT32_MAX - 1, " rows and ids, got ", v,
+           " rows and ", n, " ids");
+  const int items = static_cast<int>(n), count = items > 0 ? items : 1;
+  // Integers each: counts (v + 1, then the offsets in place), keys in and
+  // out, positions in and out.
+  DeviceBuffer counts(allocate(static_cast<size_t>(v + 1) * sizeof(int32_t)));
+  DeviceBuffer keys(allocate(4 * static_cast<size_t>(count) * sizeof(int32_t)));
+  auto* off = static_cast<int32_t*>(counts.get());
+  int32_t* keys_in = static_cast<int32_t*>(keys.get());
+  int32_t* keys_out = keys_in + count;
+  int32_t* pos_in = keys_out + count;
+  int32_t* pos = pos_in + count;
   HG_CUDA_CHECK(cudaMemsetAsync(off, 0, static_cast<size_t>(v + 1) * sizeof(int32_t), stream()));
   const int threads = 256;
   const int blocks = static_cast<int>(n / threads + 1 < 4096 ? n / threads + 1 : 4096);
-  count_rows_kernel<<<blocks, threads, 0, stream()>>>(ids.data<float>(), n, v, off);
-  HG_CUDA_CHECK_LAUNCH("count_rows_kernel");
-  exclusive_scan_kernel<<<1, kScanThreads, 0, stream()>>>(off, v + 1);
-  HG_CUDA_CHECK_LAUNCH("exclusive_scan_kernel");
-  place_rows_kernel<<<blocks, threads, 0, stream()>>>(ids.data<float>(), n, v, off, pos);
-  HG_CUDA_CHECK_LAUNCH("place_rows_kernel");
+  row_keys_kernel<<<blocks, threads, 0, stream()>>>(ids.data<float>(), n, v, off, keys_in, pos_in);
+  HG_CUDA_CHECK_LAUNCH("row_keys_kernel");
+  // The offsets are the exclusive sum of the counts; a stable radix sort of
+  // the positions by row keeps each row's positions ascending, the order of
+  // the host CSR (so the sums are bitwise those of scatter_add_rows_cuda).
+  int end_bit = 1;
+  while ((int64_t{1} << end_bit) <= v) ++end_bit;  // keys 0..v
+  const int rows = static_cast<int>(v + 1);
+  size_t scan_bytes = 0, sort_bytes = 0;
+  HG_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, off, off, rows, stream()));
+  HG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys_in, keys_out, pos_in, pos, items, 0, end_bit,
+                                                stream()));
+  DeviceBuffer temp(allocate(std::max<size_t>({scan_bytes, sort_bytes, 1})));
+  HG_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.get(), scan_bytes, off, off, rows, stream()));
+  HG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys_in, keys_out, pos_in, pos, items, 0,
+                                                end_bit, stream()));
   launch_scatter(grad, off, pos, grad_table);
 }
 

@@ -18,8 +18,8 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
 void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows, Tensor& grad_table);
 
 // The same sums with the CSR built on the device from ids (N) F32 (a count,
-// a scan and a stable placement: the same ascending order, so bitwise the
-// result of scatter_add_rows_cuda); nothing crosses to the host, so a CUDA
+// a scan and a stable radix sort of the positions by row: the same ascending
+// order, so bitwise the result of scatter_add_rows_cuda); nothing crosses to the host, so a CUDA
 // graph can capture it. Ids that name no row are left out.
 void scatter_add_rows_cuda_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table);
 
