@@ -3,6 +3,7 @@
 // same kernels on the same values), blocks a graph uses are never handed to
 // allocations outside it, a capture broken by a host read leaves no trace,
 // and TrainStep's graph mode falls back to plain steps with identical results.
+#include <array>
 #include <cmath>
 #include <set>
 #include <string>
@@ -116,11 +117,15 @@ TEST_CASE("gather / scatter-add with ids checked on the device equal the host-ch
           "[graph][cuda]") {
   HG_REQUIRE_GPU();
   Generator gen(31);
-  for (int64_t v : {1, 7, 300, 5000}) {
-    INFO("V " << v);
-    const int64_t n = 1037, d = 45;  // many repeats per row; odd sizes
+  // Odd sizes, many repeats per row; the last: a batch of GPT-2's
+  // vocabulary, skewed like text (every third position one row), over
+  // several tiles of the sort.
+  for (const auto& [v, n, d] :
+       {std::array<int64_t, 3>{1, 1037, 45}, {7, 1037, 45}, {300, 1037, 45}, {5000, 1037, 45}, {50304, 40000, 5}}) {
+    INFO("V " << v << " N " << n);
     std::vector<double> id_values(static_cast<size_t>(n));
-    for (double& x : id_values) x = static_cast<double>(gen.next_u64() % static_cast<uint64_t>(v));
+    for (size_t p = 0; p < id_values.size(); ++p)
+      id_values[p] = p % 3 == 0 ? 220 % v : static_cast<double>(gen.next_u64() % static_cast<uint64_t>(v));
     const Tensor ids = Tensor::from_vector(id_values, {n}, DType::F32, Device::CUDA);
     const Tensor table = Tensor::randn({v, d}, gen, DType::F32, Device::CUDA);
     const Tensor grad = Tensor::randn({n, d}, gen, DType::F32, Device::CUDA);
