@@ -362,17 +362,21 @@ void store_from_double(DType t, void* p, int64_t i, double v) {
 // ---------------------------------------------------------------- transpose
 
 // x viewed as (A, n0, M, n1, B) becomes (A, n1, M, n0, B); Elem is any
-// trivially copyable type of the element's size.
+// trivially copyable type of the element's size. A pure copy: the rows
+// (a, i0) of x go to the threads (the attention's head splits and merges
+// are such copies of whole activations, which one thread moves at a
+// fraction of the memory's speed).
 template <class Elem>
 void transpose_typed(const Elem* x, Elem* y, int64_t A, int64_t n0, int64_t M, int64_t n1, int64_t B) {
-  for (int64_t a = 0; a < A; ++a)
-    for (int64_t i0 = 0; i0 < n0; ++i0)
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t i1 = 0; i1 < n1; ++i1) {
-          const Elem* src = x + (((a * n0 + i0) * M + m) * n1 + i1) * B;
-          Elem* dst = y + (((a * n1 + i1) * M + m) * n0 + i0) * B;
-          std::copy(src, src + B, dst);
-        }
+  for_rows(A * n0, M * n1 * B, [&](int64_t row) {
+    const int64_t a = row / n0, i0 = row % n0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i1 = 0; i1 < n1; ++i1) {
+        const Elem* src = x + (((a * n0 + i0) * M + m) * n1 + i1) * B;
+        Elem* dst = y + (((a * n1 + i1) * M + m) * n0 + i0) * B;
+        std::copy(src, src + B, dst);
+      }
+  });
 }
 
 template <class T>
