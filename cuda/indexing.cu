@@ -48,20 +48,25 @@ __global__ void row_keys_kernel(const float* __restrict__ ids, int64_t n, int64_
 
 // One thread owns grad_table[v, col]: it sums the grad rows of its positions
 // in ascending order, then adds once. No two threads touch the same element.
+// The grid runs over the sorted positions (rows: the row of each, ascending),
+// and only the first position of each row's run works, so rows no position
+// names cost no block (a batch names a few thousand of GPT-2's 50304 rows).
 // Real text is skewed (a space, "the", a comma own thousands of a batch's
 // positions), and one load at a time would keep such a row's threads waiting
 // on memory latency thousands of times in a row: the loads of kInFlight
 // positions are issued before their adds, which still run in position order.
 constexpr int kInFlight = 8;
 template <class T>
-__global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_t* __restrict__ offsets,
-                                        const int32_t* __restrict__ positions, int64_t d, T* __restrict__ grad_table) {
-  const int64_t v = blockIdx.x;
+__global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_t* __restrict__ rows,
+                                        const int32_t* __restrict__ offsets, const int32_t* __restrict__ positions,
+                                        int64_t v, int64_t d, T* __restrict__ grad_table) {
+  const int32_t first = blockIdx.x;
   const int64_t col = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int32_t begin = offsets[v], end = offsets[v + 1];
-  if (col >= d || begin == end) return;
+  const int32_t r = rows[first];
+  if (col >= d || r >= v || (first > 0 && rows[first - 1] == r)) return;
+  const int32_t end = offsets[r + 1];
   T acc = 0;
-  int32_t j = begin;
+  int32_t j = first;
   for (; j + kInFlight <= end; j += kInFlight) {
     T g[kInFlight];
 #pragma unroll
@@ -70,7 +75,7 @@ __global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_
     for (int k = 0; k < kInFlight; ++k) acc += g[k];
   }
   for (; j < end; ++j) acc += grad[static_cast<int64_t>(positions[j]) * d + col];
-  grad_table[v * d + col] += acc;
+  grad_table[r * d + col] += acc;
 }
 
 struct DeviceFree {
@@ -103,16 +108,20 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
-static void launch_scatter(const Tensor& grad, const int32_t* off, const int32_t* pos, Tensor& grad_table) {
+// The sums of the n sorted positions `pos` (row `rows[i]` each; rows
+// ascending, v for an id that names no row; offsets: each row's first slot).
+static void launch_scatter(const Tensor& grad, const int32_t* rows, const int32_t* off, const int32_t* pos, int64_t n,
+                           Tensor& grad_table) {
+  if (n == 0) return;
   const int64_t v = grad_table.size(0), d = grad_table.size(1);
   const int threads = 128;
-  const dim3 grid(static_cast<unsigned>(v), static_cast<unsigned>((d + threads - 1) / threads));
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((d + threads - 1) / threads));
   if (grad.dtype() == DType::F32) {
     scatter_add_rows_kernel<float>
-        <<<grid, threads, 0, stream()>>>(grad.data<float>(), off, pos, d, grad_table.data<float>());
+        <<<grid, threads, 0, stream()>>>(grad.data<float>(), rows, off, pos, v, d, grad_table.data<float>());
   } else {
     scatter_add_rows_kernel<double>
-        <<<grid, threads, 0, stream()>>>(grad.data<double>(), off, pos, d, grad_table.data<double>());
+        <<<grid, threads, 0, stream()>>>(grad.data<double>(), rows, off, pos, v, d, grad_table.data<double>());
   }
   HG_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
 }
@@ -125,13 +134,17 @@ void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows,
   std::vector<int32_t> offsets(static_cast<size_t>(v) + 1, 0);
   for (int32_t r : rows) ++offsets[r + 1];
   for (int64_t r = 0; r < v; ++r) offsets[r + 1] += offsets[r];
-  std::vector<int32_t> positions(rows.size());
+  std::vector<int32_t> positions(rows.size()), sorted_rows(rows.size());
   std::vector<int32_t> fill(offsets.begin(), offsets.end() - 1);
-  for (size_t p = 0; p < rows.size(); ++p) positions[fill[rows[p]]++] = static_cast<int32_t>(p);
+  for (size_t p = 0; p < rows.size(); ++p) {
+    sorted_rows[static_cast<size_t>(fill[rows[p]])] = rows[p];
+    positions[static_cast<size_t>(fill[rows[p]]++)] = static_cast<int32_t>(p);
+  }
+  DeviceBuffer d_rows = upload(sorted_rows);
   DeviceBuffer d_offsets = upload(offsets);
   DeviceBuffer d_positions = upload(positions);
-  launch_scatter(grad, static_cast<const int32_t*>(d_offsets.get()), static_cast<const int32_t*>(d_positions.get()),
-                 grad_table);
+  launch_scatter(grad, static_cast<const int32_t*>(d_rows.get()), static_cast<const int32_t*>(d_offsets.get()),
+                 static_cast<const int32_t*>(d_positions.get()), static_cast<int64_t>(rows.size()), grad_table);
   // The buffers go back to the caching allocator here; reuse is stream-ordered.
 }
 
@@ -168,7 +181,7 @@ void scatter_add_rows_cuda_device_ids(const Tensor& grad, const Tensor& ids, Ten
   HG_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.get(), scan_bytes, off, off, rows, stream()));
   HG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys_in, keys_out, pos_in, pos, items, 0,
                                                 end_bit, stream()));
-  launch_scatter(grad, off, pos, grad_table);
+  launch_scatter(grad, keys_out, off, pos, n, grad_table);
 }
 
 }  // namespace hg::gpu
