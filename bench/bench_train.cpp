@@ -89,6 +89,7 @@ struct RunSettings {
   bool chunked_classifier = true;
   int64_t chunk_rows = 0;  // 0: the classifier's default
   bool recompute_gelu = false;
+  bool recompute_layernorm = false;
   Size size{};
   int warmup = 3, iters = 10, profile_steps = 3;
 };
@@ -100,6 +101,7 @@ Result run(const RunSettings& rs) {
   DecoderLMConfig c = bench::decoder_config(s, rs.precision);
   c.attention = rs.attention;
   c.recompute_gelu = rs.recompute_gelu;
+  c.recompute_layernorm = rs.recompute_layernorm;
   DecoderLM model(c);
   model.to(dev);
   AdamWOptions adamw;
@@ -277,6 +279,10 @@ int main(int argc, char** argv) {
   bool recompute_gelu = false;
   app.add_flag("--recompute-gelu", recompute_gelu,
                "fused mode: each MLP recomputes gelu(pre) in its backward instead of keeping it (less memory)");
+  bool recompute_layernorm = false;
+  app.add_flag("--recompute-layernorm", recompute_layernorm,
+               "each layer's qkv projection and fc1 recompute their input, LN1's / LN2's output, in the backward "
+               "instead of keeping it (less memory; both kernel modes)");
   app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   app.add_option("--classifier", classifier,
                  "fused mode's head and loss: chunked (the chunked classifier, no (B*T, V) logits) or composed "
@@ -349,6 +355,13 @@ int main(int argc, char** argv) {
           cli::usage_error("--precision", precision_name_arg, ": ", e.what());
         }
     }
+    if (recompute_gelu && kernels == "unfused")
+      cli::usage_error("--recompute-gelu", "recomputes the GELU of fused mode's GEMM epilogue, which --kernels unfused "
+                                           "does not run (with --kernels both only the fused step recomputes it)");
+    for (Device dev : devs)
+      if (recompute_gelu && (dev == Device::CUDA ? gpu : cpu).d_model % 2 != 0)
+        cli::usage_error("--recompute-gelu",
+                         "needs an even model width (the GELU epilogue takes 4 x d_model % 8 == 0)");
     if (floor) {
       if (kernels == "unfused") cli::usage_error("--floor", "describes the fused step: use --kernels fused or both");
       if (classifier != "chunked")
@@ -379,7 +392,9 @@ int main(int argc, char** argv) {
                                     ? classifier_chunk_rows
                                     : default_classifier_chunk_rows(
                                           s.vocab, precision == Precision::BF16 ? DType::BF16 : DType::F32, dev)));
-      std::printf("\n");
+      std::printf("; recomputed in the backward: %s\n",
+                  recompute_gelu ? (recompute_layernorm ? "gelu(pre), LayerNorm outputs" : "gelu(pre)")
+                                 : (recompute_layernorm ? "LayerNorm outputs" : "nothing"));
       std::printf("model FLOPs per step %.3f TFLOP (6 N tokens + 12 L T d tokens)%s\n", flops / 1e12,
                   peak > 0 ? "" : (dev == Device::CUDA ? "; MFU n/a: unknown GPU, pass --peak-tflops" : ""));
       const std::vector<KernelMode> modes = modes_for(kernels);
@@ -394,6 +409,7 @@ int main(int argc, char** argv) {
         rs.chunked_classifier = classifier == "chunked";
         rs.chunk_rows = classifier_chunk_rows;
         rs.recompute_gelu = recompute_gelu;
+        rs.recompute_layernorm = recompute_layernorm;
         rs.size = s;
         rs.warmup = warmup, rs.iters = iters, rs.profile_steps = profile_steps;
         results[mode] = run(rs);

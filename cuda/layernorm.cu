@@ -423,7 +423,8 @@ struct ResidualForwardArgs : ForwardArgs {
   void* h;
 };
 
-template <class T, int VEC>
+// ADD false: y again from the stored h (a.x; a.r, a.h unused).
+template <class T, int VEC, bool ADD = true>
 struct ResidualForward {
   static constexpr const char* kOp = "residual_layernorm_forward_fused";
   static constexpr int wide_ept() { return Forward<T, VEC, kInRegistersCode>::wide_ept(); }
@@ -431,7 +432,7 @@ struct ResidualForward {
 
   template <int EPT, int G, int R>
   void resident() const {
-    auto kernel = residual_layernorm_forward_kernel<T, VEC, EPT, G, R>;
+    auto kernel = residual_layernorm_forward_kernel<T, VEC, EPT, G, R, ADD>;
     static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
     kernel<<<persistent_grid(a.rows, R, per_sm), G * R, 0, stream()>>>(
         static_cast<const T*>(a.x), static_cast<const T*>(a.r), a.gamma, a.beta, static_cast<T*>(a.h),
@@ -611,6 +612,20 @@ bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const
     return for_resident_width(a.D, ResidualForward<float, VecWidth<float>::value>{a});
   if (x.dtype() == DType::BF16 && residual_rows_fit<__nv_bfloat16>(x.size(1), ptrs))
     return for_resident_width(a.D, ResidualForward<__nv_bfloat16, VecWidth<__nv_bfloat16>::value>{a});
+  return false;
+}
+
+bool residual_layernorm_output_resident(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                        Tensor& mean, Tensor& rstd) {
+  const ResidualForwardArgs a{{h.raw_data(), gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
+                               rstd.data<float>(), h.size(0), int(std::min<int64_t>(h.size(1), INT_MAX)), eps},
+                              nullptr,
+                              nullptr};
+  const std::initializer_list<const void*> ptrs = {a.x, a.y, a.gamma, a.beta};
+  if (h.dtype() == DType::F32 && residual_rows_fit<float>(h.size(1), ptrs))
+    return for_resident_width(a.D, ResidualForward<float, VecWidth<float>::value, false>{a});
+  if (h.dtype() == DType::BF16 && residual_rows_fit<__nv_bfloat16>(h.size(1), ptrs))
+    return for_resident_width(a.D, ResidualForward<__nv_bfloat16, VecWidth<__nv_bfloat16>::value, false>{a});
   return false;
 }
 

@@ -19,7 +19,10 @@ namespace {
 // in registers (shift = h[row, 0], the held value of the group's thread 0):
 // y, mean and rstd are those layernorm_forward_kernel takes of the stored h.
 // x, r and h may alias (h = x or h = r): no __restrict__ on them.
-template <class T, int VEC, int EPT, int G, int R>
+// ADD false: x is an h this kernel stored before, loaded as it was held (the
+// same floats), r and h are unused: y, mean and rstd again, bitwise
+// (activation recomputation).
+template <class T, int VEC, int EPT, int G, int R, bool ADD = true>
 __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     residual_layernorm_forward_kernel(const T* x, const T* r, const float* __restrict__ gamma,
                                       const float* __restrict__ beta, T* h, T* __restrict__ y,
@@ -34,10 +37,11 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * R + grp.group; row < rows; row += row_stride) {
     const int64_t start = row * D;
     float v[NV][VEC];
-    add_rows_part<T, VEC, NV, G>(x + start, r + start, h + start, D, grp.t, v);
+    if constexpr (ADD) add_rows_part<T, VEC, NV, G>(x + start, r + start, h + start, D, grp.t, v);
+    else load_part<T, VEC, NV, G>(x + start, D, grp.t, 0.0f, v);  // minus 0: the held values exactly
     if (prefetch_next_row(G * R) && row + row_stride < rows) {
       prefetch_row_l2<T, G, EPT>(x + start + row_stride * D, D, grp.t);
-      prefetch_row_l2<T, G, EPT>(r + start + row_stride * D, D, grp.t);
+      if constexpr (ADD) prefetch_row_l2<T, G, EPT>(r + start + row_stride * D, D, grp.t);
     }
     // Thread 0 holds column 0; read from registers, not memory, where h may be x or r.
     const float shift = grp.first(v[0][0]);

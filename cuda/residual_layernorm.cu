@@ -27,8 +27,9 @@ constexpr int64_t kBackwardBlocks = 256;
 // the same thread writes it); the statistics are those of the stored h, so the
 // backward (which re-reads h) sees the same numbers. Mean: two passes (the
 // second sums h - m1, small even for rows offset by 1e4); variance: a third
-// pass over centred values.
-template <class T>
+// pass over centred values. ADD false: x is an h stored before and h is x
+// (r unused): y and the statistics again, bitwise (activation recomputation).
+template <class T, bool ADD = true>
 __global__ void residual_ln_forward(const T* x, const T* r, const float* __restrict__ gamma,
                                     const float* __restrict__ beta, float eps, int64_t rows, int64_t D, T* h,
                                     T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out) {
@@ -37,8 +38,13 @@ __global__ void residual_ln_forward(const T* x, const T* r, const float* __restr
     const int64_t base = row * D;
     float sum = 0.f;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-      const T hv = from_f<T>(to_f(x[base + j]) + to_f(r[base + j]));
-      h[base + j] = hv;
+      T hv;
+      if constexpr (ADD) {
+        hv = from_f<T>(to_f(x[base + j]) + to_f(r[base + j]));
+        h[base + j] = hv;
+      } else {
+        hv = x[base + j];
+      }
       sum += to_f(hv);
     }
     const float m1 = block_sum(sum, scratch) / static_cast<float>(D);
@@ -154,6 +160,23 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
   });
 }
 
+void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                     Tensor& mean, Tensor& rstd, ResidualLnKernel kernel) {
+  const int64_t rows = h.size(0), D = h.size(1);
+  if (rows == 0) return;
+  if (kernel == ResidualLnKernel::ResidentRows &&
+      residual_layernorm_output_resident(h, gamma, beta, eps, y, mean, rstd))
+    return;
+  with_storage(h.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    // The stored h is both the input and the h the later passes re-read; nothing writes it.
+    residual_ln_forward<T, false><<<grid_for_rows(rows), kThreads, 0, stream()>>>(
+        static_cast<const T*>(h.raw_data()), nullptr, gamma.data<float>(), beta.data<float>(), eps, rows, D,
+        static_cast<T*>(h.raw_data()), static_cast<T*>(y.raw_data()), mean.data<float>(), rstd.data<float>());
+    HG_CUDA_CHECK_LAUNCH("residual_ln_forward");
+  });
+}
+
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta, ResidualLnKernel kernel) {
@@ -190,6 +213,11 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta) {
   residual_layernorm_backward_fused(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, ResidualLnKernel::ResidentRows);
+}
+
+void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                     Tensor& mean, Tensor& rstd) {
+  residual_layernorm_output_fused(h, gamma, beta, eps, y, mean, rstd, ResidualLnKernel::ResidentRows);
 }
 
 }  // namespace hg::gpu

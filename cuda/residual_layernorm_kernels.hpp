@@ -28,6 +28,14 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta);
 
+// y, mean and rstd of an h that residual_layernorm_forward_fused stored,
+// again (activation recomputation): its kernels without the add, chosen as
+// it chooses them (the resident rows where h and y are 16-byte aligned rows
+// of D <= 16384), so y is bitwise the forward's wherever the forward's x and
+// r were aligned like h (whole tensors are). h, y: (rows, D) of one dtype.
+void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                     Tensor& mean, Tensor& rstd);
+
 // The same with the kernels named: OneBlockPerRow runs those on any rows
 // (tests compare them with the resident rows); ResidentRows is the
 // production choice above.
@@ -37,6 +45,8 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                        Tensor& dbeta, ResidualLnKernel kernel);
+void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                     Tensor& mean, Tensor& rstd, ResidualLnKernel kernel);
 
 // The resident rows (cuda/layernorm.cu), for the calls above: runs the case
 // and returns true where it qualifies (16-byte aligned rows of
@@ -46,6 +56,8 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
 // and reads it as it stores dh elsewhere.
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
+bool residual_layernorm_output_resident(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                        Tensor& mean, Tensor& rstd);
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                           const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
                                           Tensor& dbeta);

@@ -81,6 +81,7 @@ struct Options {
   bool unfused = false;
   std::string precision = "auto";  // auto, fp32, bf16
   std::string attention = "auto";  // auto, flash, softmax
+  bool recompute_gelu = false, recompute_layernorm = false;
   bool tf32 = false;
   bool no_graph = false;
   std::string device = "auto";
@@ -340,6 +341,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}))
       ->capture_default_str();
+  app.add_flag("--recompute-gelu", o.recompute_gelu,
+               "fused mode: each MLP recomputes gelu(pre) in its backward instead of keeping it (less memory)");
+  app.add_flag("--recompute-layernorm", o.recompute_layernorm,
+               "each layer's qkv projection and fc1 recompute their input, LN1's / LN2's output, in the backward "
+               "instead of keeping it (less memory)");
   app.add_option("--d-model", o.d_model, "model width")
       ->check(CLI::Range(int64_t{1}, int64_t{65536}))
       ->capture_default_str();
@@ -476,6 +482,13 @@ void validate(Options& o) {
                 o.batch * o.grad_accum, " sequences per step; at most 1048576 (lower --grad-accum or --batch)");
   if (o.d_model % o.heads != 0)
     usage_error("--heads", o.heads, ": must divide --d-model ", o.d_model, " (head width = d_model / heads)");
+  // What --recompute-gelu recomputes exists only where GELU runs in fc1's GEMM epilogue.
+  if (o.recompute_gelu && o.unfused)
+    usage_error("--recompute-gelu", "recomputes the GELU of fused mode's GEMM epilogue, which --unfused does not run "
+                                    "(--recompute-layernorm works in both modes)");
+  if (o.recompute_gelu && o.d_model % 2 != 0)
+    usage_error("--recompute-gelu", "needs an even --d-model (the GELU epilogue takes 4 x d_model % 8 == 0), got ",
+                o.d_model);
   if (o.task == "translate") {
     if (!translation::SubwordTokenizer::available())
       usage_error("--task", o.task,
@@ -636,6 +649,8 @@ DecoderLMConfig model_config(const Options& o, const Data& data, Precision preci
   cfg.seed = static_cast<uint64_t>(o.seed);
   cfg.precision = precision;
   cfg.attention = parse_attention_impl(o.attention);
+  cfg.recompute_gelu = o.recompute_gelu;
+  cfg.recompute_layernorm = o.recompute_layernorm;
   return cfg;
 }
 
@@ -1092,19 +1107,23 @@ void print_header(const Options& o, const Data& data, DecoderLM& model, Device d
                kernel_mode_name(kernel_mode()), model.num_parameters(), o.d_model, o.heads, o.layers, o.seq_len,
                o.batch);
   spdlog::info("precision {}{}", precision_name(precision), o.tf32 ? ", tf32 GEMMs" : "");
+  if (o.recompute_gelu || o.recompute_layernorm)
+    spdlog::info("recomputed in the backward: {}{}{}", o.recompute_gelu ? "gelu(pre)" : "",
+                 o.recompute_gelu && o.recompute_layernorm ? ", " : "",
+                 o.recompute_layernorm ? "LayerNorm outputs" : "");
   if (dev == Device::CPU) spdlog::info("cpu: {} thread(s), GEMM level {}", num_threads(), cpu::gemm_level());
   if (o.grad_accum > 1) spdlog::info("gradient accumulation: {} micro-batches of {} per step", o.grad_accum, o.batch);
 }
 
 // ---- 8. the run record (CHECKPOINT.json) and --eval-only ---------------------------------------
 // Flags that say how and where this invocation runs: never taken from a record.
+// clang-format off
 const std::set<std::string> kPerInvocation{
-    "checkpoint",    "resume",     "eval-only", "extend-schedule", "device",
-    "precision",     "tf32",       "no-graph",  "fused",           "unfused",
-    "attention",     "threads",    "log-level", "quiet",           "print-every",
-    "profile-steps", "ddp",        "zero",      "grad-dtype",      "bucket-mb",
-    "comm-timeout",  "check-sync", "beam",      "bleu-sentences",  "sparse-embedding-grad",
-    "zero-gather"};
+    "checkpoint", "resume", "eval-only", "extend-schedule", "device", "precision", "tf32", "no-graph",
+    "fused", "unfused", "attention", "recompute-gelu", "recompute-layernorm", "threads", "log-level",
+    "quiet", "print-every", "profile-steps", "ddp", "zero", "grad-dtype", "bucket-mb", "comm-timeout",
+    "check-sync", "beam", "bleu-sentences", "sparse-embedding-grad", "zero-gather"};
+// clang-format on
 // Taken from the record when not given, but free to change: resolve_schedule
 // checks the schedule's three against CHECKPOINT.schedule, and --batch is per
 // rank (a checkpoint resumes on another number of ranks with the global batch

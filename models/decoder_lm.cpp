@@ -25,6 +25,7 @@ DecoderLM::DecoderLM(const DecoderLMConfig& c)
                                                         c.dtype, c.ln_eps));
     layers.back()->attn.set_impl(c.attention);
     layers.back()->ffn.set_recompute_gelu(c.recompute_gelu);
+    layers.back()->set_recompute_layernorm(c.recompute_layernorm);
     register_module("layers." + std::to_string(i), *layers.back());
   }
   register_module("ln_f", ln_f);

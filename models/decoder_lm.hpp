@@ -35,6 +35,11 @@ struct DecoderLMConfig {
   // keeping it (models/feedforward.hpp): less activation memory, one more
   // elementwise pass per layer.
   bool recompute_gelu = false;
+  // Every mode: the qkv projection and fc1 of each layer recompute their
+  // input, LN1's / LN2's output, in the backward instead of keeping it
+  // (models/transformer_layer.hpp): 2 d_model fewer values per token and
+  // layer, one more LayerNorm forward each in the backward.
+  bool recompute_layernorm = false;
 };
 
 // A GPT-style decoder-only language model:

@@ -18,6 +18,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
   HG_PROFILE("layernorm", x.device());  // the op and the caching, one kind
   Tensor y = layernorm_forward(x, gamma.value, beta.value, eps_, &saved_);
   x_ = x;
+  residual_ = false;
   return y;
 }
 
@@ -39,6 +40,7 @@ ResidualLayerNormOutput LayerNorm::forward_residual(const Tensor& x, const Tenso
   HG_PROFILE("layernorm", x.device());
   ResidualLayerNormOutput out = residual_layernorm_forward(x, r, gamma.value, beta.value, eps_, &saved_);
   x_ = out.h;
+  residual_ = true;
   return out;
 }
 
@@ -54,6 +56,13 @@ Tensor LayerNorm::backward_residual(const Tensor& dy, const Tensor& dh_in) {
   accumulate_grads(g);
   release();
   return g.dx;
+}
+
+Tensor LayerNorm::recompute_output() {
+  HG_CHECK(x_.defined(), "LayerNorm::recompute_output", "no kept input: called before forward or after backward");
+  HG_PROFILE("layernorm", x_.device());
+  if (residual_) return residual_layernorm_output(x_, gamma.value, beta.value, eps_);
+  return layernorm_forward(x_, gamma.value, beta.value, eps_, nullptr);
 }
 
 void LayerNorm::release() {

@@ -27,6 +27,13 @@ class LayerNorm : public Module {
   // LayerNorm backward of dy, in one pass; accumulates dgamma / dbeta.
   Tensor backward_residual(const Tensor& dy, const Tensor& dh_in);
 
+  // The last forward's output again, from the kept input (x, or h of
+  // forward_residual) and nothing saved: for a consumer that did not keep it
+  // (TransformerLayer's recompute_layernorm). The forward's own op runs again
+  // (layernorm_forward, or residual_layernorm_output on h), so the output is
+  // bitwise the forward's. Before the backward only (it releases the input).
+  Tensor recompute_output();
+
   int64_t dim() const { return dim_; }
   double eps() const { return eps_; }
 
@@ -36,7 +43,8 @@ class LayerNorm : public Module {
  private:
   int64_t dim_;
   double eps_;
-  Tensor x_;  // saved by forward (h for forward_residual)
+  Tensor x_;               // saved by forward (h for forward_residual)
+  bool residual_ = false;  // whether x_ is forward_residual's h
   LayerNormSaved saved_;
   void accumulate_grads(const LayerNormGrads& g);
   void release();  // backward has used the saved state: free it for the rest of the backward

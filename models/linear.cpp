@@ -94,9 +94,13 @@ void Linear::save_input(const Tensor& x) {
   x_ = x;
   x_shape_ = x.shape();
   x_dtype_ = x.dtype();
+  recompute_input_ = nullptr;
 }
 
-void Linear::forget_input() { x_ = Tensor(); }
+void Linear::forget_input(std::function<Tensor()> recompute) {
+  x_ = Tensor();
+  recompute_input_ = std::move(recompute);
+}
 
 void Linear::restore_input(Tensor x) {
   HG_CHECK(x.defined() && x.shape() == x_shape_ && x.dtype() == x_dtype_, "Linear::restore_input",
@@ -117,6 +121,8 @@ Tensor Linear::backward_with_bias_grad(const Tensor& dy, const Tensor& db) {
 }
 
 Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum) {
+  // Before the profiler scope: the recompute is timed as the op it runs.
+  if (!x_.defined() && recompute_input_) restore_input(std::exchange(recompute_input_, nullptr)());
   HG_PROFILE("linear", dy.device());
   HG_CHECK(x_.defined(), "Linear::backward", "called before forward (or after forget_input without restore_input)");
   HG_CHECK(dy.defined(), "Linear::backward", "dy is an undefined tensor");

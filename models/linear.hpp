@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "core/module.hpp"
 #include "core/random.hpp"
@@ -43,9 +44,14 @@ class Linear : public Module {
   // dy's dtype, f32 for bf16 dy: the f32 sums of the rounded dx columns).
   Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum);
   // Activation recomputation: drop the saved forward input, and give the
-  // backward a recomputed one (the shape and dtype of the forward's).
-  void forget_input();
+  // backward a recomputed one (the shape and dtype of the forward's). With
+  // `recompute`, the backward calls it for the input when it starts (once:
+  // the input is released again after the dW GEMM, as a kept one is);
+  // without, restore_input must come first. The next forward keeps its input
+  // again and drops a pending `recompute`.
+  void forget_input(std::function<Tensor()> recompute = nullptr);
   void restore_input(Tensor x);
+  bool holds_input() const { return x_.defined(); }  // whether the forward input is in memory now
   // backward() for a layer whose bias gradient db (f32) is already summed.
   Tensor backward_with_bias_grad(const Tensor& dy, const Tensor& db);
 
@@ -59,7 +65,8 @@ class Linear : public Module {
  private:
   int64_t in_, out_;
   bool has_bias_;
-  Tensor x_;  // the last forward input
+  Tensor x_;                                 // the last forward input
+  std::function<Tensor()> recompute_input_;  // forget_input's, until the backward or the next forward
   Shape x_shape_;
   DType x_dtype_ = DType::F32;
 

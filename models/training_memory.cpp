@@ -27,7 +27,13 @@ TrainingMemory estimate_training_memory(const DecoderLMConfig& c, int64_t batch,
   // 12.4k-26.2k floats per token where this gives 13.9k-25.5k.
   const double d = static_cast<double>(c.d_model), heads = static_cast<double>(c.n_heads),
                t = static_cast<double>(seq_len), v = static_cast<double>(c.vocab_size);
-  const double per_token = static_cast<double>(c.n_layers) * (24.0 * d + 2.0 * heads * t) + 4.0 * v;
+  // Recomputed activations are not counted (in the backward one layer's
+  // come back at a time, within the estimate's margin): gelu(pre), the 4 d
+  // of the second FFN activation (fused mode only; unfused mode keeps it,
+  // so its peak only grows further past the estimate), and LN1's and LN2's
+  // outputs, 2 d.
+  const double per_layer = 24.0 * d - (c.recompute_gelu ? 4.0 * d : 0.0) - (c.recompute_layernorm ? 2.0 * d : 0.0);
+  const double per_token = static_cast<double>(c.n_layers) * (per_layer + 2.0 * heads * t) + 4.0 * v;
   m.per_sequence_bytes = activation * per_token * t;
   return m;
 }

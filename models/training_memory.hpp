@@ -21,8 +21,10 @@ struct TrainingMemory {
 };
 
 // A step on `batch` sequences of `seq_len` tokens. Calibrated against the
-// peak RSS of `train` on the CPU (fp32, softmax attention core), which it
-// undershoots by 0-15%: a configuration it says does not fit, does not.
+// peak RSS of `train` on the CPU (fp32, softmax attention core, nothing
+// recomputed), which it undershoots by 0-15%: a configuration it says does
+// not fit, does not. recompute_gelu / recompute_layernorm leave the
+// activations they recompute out of the count.
 TrainingMemory estimate_training_memory(const DecoderLMConfig& config, int64_t batch, int64_t seq_len);
 
 }  // namespace hg

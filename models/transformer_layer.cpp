@@ -31,10 +31,17 @@ TransformerLayer::TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn
 
 Tensor TransformerLayer::forward(const Tensor& x, const Tensor& key_padding_mask) {
   const Tensor a = attn_drop.forward(attn.forward(ln1.forward(x), key_padding_mask));
+  // LN1's output lives on only in the qkv projection: dropped there, it is
+  // freed with this statement's temporaries.
+  if (recompute_layernorm_) attn.qkv.forget_input([this] { return ln_output_rows(ln1); });
   // h = x + a and LN2(h) in one pass.
   const ResidualLayerNormOutput seam = ln2.forward_residual(x, a);
-  return residual_add(seam.h, ffn.forward(seam.y));
+  Tensor y = residual_add(seam.h, ffn.forward(seam.y));
+  if (recompute_layernorm_) ffn.fc1.forget_input([this] { return ln_output_rows(ln2); });
+  return y;
 }
+
+Tensor TransformerLayer::ln_output_rows(LayerNorm& ln) { return ln.recompute_output().reshape({-1, ln.dim()}); }
 
 Tensor TransformerLayer::forward_cached(const Tensor& x, KvCache& cache, int64_t layer) {
   const Tensor a = attn.forward_cached(ln1.apply(x), cache, layer);

@@ -16,6 +16,17 @@ namespace hg {
 // The first residual add and LN2 run as one op (LayerNorm::forward_residual),
 // whose backward also adds the residual gradient in the same pass.
 // Backward: the residual passes dy straight through and adds each branch's dx.
+//
+// recompute_layernorm: the qkv projection and fc1 do not keep their inputs
+// LN1(x) and LN2(h) between the forward and the backward (LayerNorm keeps
+// its own input x / h and the row statistics anyway); each Linear's
+// backward recomputes its input from them when it starts (one LayerNorm
+// forward, nothing saved) and releases it after its dW GEMM. That frees
+// 2 d values per token and layer, 2 bytes each in bf16 (gpt2s at B32:
+// 2 x 32768 x 768 x 2 = 100.7 MB a layer), for one more LayerNorm forward
+// each in the backward. Each recompute runs its forward's op again
+// (LayerNorm::recompute_output), so the gradients are bitwise those of the
+// layer that keeps the outputs, in every kernel mode and on every device.
 class TransformerLayer : public Module {
  public:
   TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn_hidden, Generator& gen, double dropout = 0.0,
@@ -27,11 +38,19 @@ class TransformerLayer : public Module {
   // layer's keys and values in cache layer `layer`; dropout off, nothing kept.
   Tensor forward_cached(const Tensor& x, KvCache& cache, int64_t layer);
 
+  void set_recompute_layernorm(bool on) { recompute_layernorm_ = on; }
+  bool recompute_layernorm() const { return recompute_layernorm_; }
+
   LayerNorm ln1;
   MultiHeadAttention attn;
   Dropout attn_drop;
   LayerNorm ln2;
   FeedForward ffn;
+
+ private:
+  bool recompute_layernorm_ = false;
+  // ln's forward output again, as (rows, d): the input its Linear consumed.
+  static Tensor ln_output_rows(LayerNorm& ln);
 };
 
 }  // namespace hg

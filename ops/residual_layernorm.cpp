@@ -13,6 +13,7 @@ namespace {
 
 constexpr const char* kForward = "residual_layernorm_forward";
 constexpr const char* kBackward = "residual_layernorm_backward";
+constexpr const char* kOutput = "residual_layernorm_output";
 
 void check_twin(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name, const char* op) {
   HG_CHECK(t.defined(), op, name, " is undefined");
@@ -43,6 +44,18 @@ void check_fused_vectors(const Tensor& x, const Tensor& gamma, const Tensor* bet
              ", expected f32 (", D, ",) on cuda for x ", x.describe());
   }
 }
+
+// The fused forward's checks of its input `name` (x, or h for the output
+// again), gamma, beta and eps; returns eps as the kernels take it.
+float check_fused_forward(const Tensor& x, const char* name, const Tensor& gamma, const Tensor& beta, double eps,
+                          const char* op) {
+  HG_CHECK(x.ndim() >= 1 && x.numel() > 0, op, name, " must be a non-empty (..., D) tensor, got ", x.describe());
+  check_fused_vectors(x, gamma, &beta, op);
+  const float e = static_cast<float>(eps);
+  HG_CHECK(std::isfinite(eps) && eps > 0 && std::isfinite(e) && e > 0, op,
+           "eps must be a finite positive float32, got ", eps);
+  return e;
+}
 #endif
 
 }  // namespace
@@ -58,11 +71,7 @@ ResidualLayerNormOutput residual_layernorm_forward(const Tensor& x, const Tensor
     return out;
   }
 #ifdef HG_WITH_CUDA
-  HG_CHECK(x.ndim() >= 1 && x.numel() > 0, kForward, "x must be a non-empty (..., D) tensor, got ", x.describe());
-  check_fused_vectors(x, gamma, &beta, kForward);
-  const float e = static_cast<float>(eps);
-  HG_CHECK(std::isfinite(eps) && eps > 0 && std::isfinite(e) && e > 0, kForward,
-           "eps must be a finite positive float32, got ", eps);
+  const float e = check_fused_forward(x, "x", gamma, beta, eps, kForward);
   const int64_t D = x.size(-1), rows = x.numel() / D;
   out.h = Tensor::empty(x.shape(), x.dtype(), x.device());
   out.y = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -78,6 +87,24 @@ ResidualLayerNormOutput residual_layernorm_forward(const Tensor& x, const Tensor
   fail(kForward, "x is on CUDA but handgrad was built without CUDA");
 #endif
   return out;
+}
+
+Tensor residual_layernorm_output(const Tensor& h, const Tensor& gamma, const Tensor& beta, double eps) {
+  HG_CHECK(h.defined(), kOutput, "h is undefined");
+  if (!use_fused_kernel(h)) return layernorm_forward(h, gamma, beta, eps, nullptr);
+  Tensor y;
+#ifdef HG_WITH_CUDA
+  const float e = check_fused_forward(h, "h", gamma, beta, eps, kOutput);
+  const int64_t D = h.size(-1), rows = h.numel() / D;
+  y = Tensor::empty(h.shape(), h.dtype(), h.device());
+  // The kernels write the statistics too: row-sized scratch, dropped here.
+  Tensor mean = Tensor::empty({rows}, DType::F32, h.device()), rstd = Tensor::empty({rows}, DType::F32, h.device());
+  Tensor y_rows = y.reshape({rows, D});
+  gpu::residual_layernorm_output_fused(h.reshape({rows, D}), gamma, beta, e, y_rows, mean, rstd);
+#else
+  fail(kOutput, "h is on CUDA but handgrad was built without CUDA");
+#endif
+  return y;
 }
 
 LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h, const Tensor& gamma,

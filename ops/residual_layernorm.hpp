@@ -19,6 +19,14 @@ struct ResidualLayerNormOutput {
 ResidualLayerNormOutput residual_layernorm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma,
                                                    const Tensor& beta, double eps, LayerNormSaved* saved);
 
+// y of residual_layernorm_forward again, from its output h alone (nothing
+// saved): for a caller that dropped y and kept h (activation recomputation).
+// The forward's path without the add, so y is bitwise the forward's: CUDA
+// fused mode the same kernels run on the stored h (where the forward's x and
+// r were 16-byte aligned as h: whole tensors are), elsewhere
+// layernorm_forward of h, as the forward composes it.
+Tensor residual_layernorm_output(const Tensor& h, const Tensor& gamma, const Tensor& beta, double eps);
+
 // dy: gradient of y; dh_in: gradient reaching h from the rest of the
 // network (the residual path), or an undefined tensor when there is none.
 // Returns dx = dh_in + LN_backward(dy) (the gradient of h, hence of both x

@@ -403,6 +403,127 @@ TEST_CASE("TransformerLayer: grads match finite differences, fused and unfused",
 }
 
 // ---------------------------------------------------------------------------
+// Recomputed LayerNorm outputs (TransformerLayer::set_recompute_layernorm).
+TEST_CASE("Linear forget_input with a recompute function: called once by the backward, dropped by a new forward",
+          "[models]") {
+  Generator g(31);
+  Linear lin(5, 4, g);
+  lin.to(DType::F64);
+  const Tensor x = Tensor::randn({3, 5}, g, DType::F64), dy = Tensor::randn({3, 4}, g, DType::F64);
+  lin.zero_grad();
+  lin.forward(x);
+  const Tensor dx_kept = lin.backward(dy), dw_kept = lin.weight.grad.clone();
+  int calls = 0;
+  auto same_x = [&] {
+    ++calls;
+    return x.clone();  // other storage, the same values
+  };
+  lin.zero_grad();
+  lin.forward(x);
+  lin.forget_input(same_x);
+  CHECK_FALSE(lin.holds_input());
+  CHECK(test::same_bytes(lin.backward(dy), dx_kept));
+  CHECK(test::same_bytes(lin.weight.grad, dw_kept));
+  CHECK(calls == 1);
+  CHECK_FALSE(lin.holds_input());  // released after the dW GEMM, as a kept input is
+  // A forward after forget_input keeps its own input: the pending recompute is not called.
+  lin.zero_grad();
+  lin.forward(x);
+  lin.forget_input(same_x);
+  lin.forward(x);
+  CHECK(lin.holds_input());
+  CHECK(test::same_bytes(lin.backward(dy), dx_kept));
+  CHECK(calls == 1);
+  // A recompute of another shape is refused, naming both.
+  lin.forward(x);
+  lin.forget_input([&] { return Tensor::zeros({2, 5}, DType::F64); });
+  CHECK_THROWS_WITH(lin.backward(dy),
+                    Catch::Contains("recomputed input must be f64 (3, 5) as in the forward, got f64 (2, 5)"));
+}
+
+namespace {
+
+// Every LayerNorm's gamma and beta moved off their 1 / 0 start (uniform in
+// [0.5, 1.5), the same draws for modules built alike), so that a recompute
+// reading the wrong gain or shift shows.
+void spread_layernorm_params(Module& m, uint64_t seed) {
+  Generator g(seed);
+  const auto ends_with = [](const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  };
+  for (auto& [name, p] : m.named_parameters())
+    if (ends_with(name, "gamma") || ends_with(name, "beta"))
+      p->value.copy_(Tensor::rand(p->value.shape(), g, DType::F64, Device::CPU, 0.5, 1.5));
+}
+
+// Every parameter gradient of two modules built alike, byte for byte.
+void check_same_grads(Module& a, Module& b) {
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO("grad of " << pa[i].first);
+    CHECK(test::same_bytes(pa[i].second->grad, pb[i].second->grad));
+  }
+}
+
+}  // namespace
+
+// On the CPU LN2's recompute runs layernorm_forward on the stored h, as the
+// residual forward composes it: both layers run the same float32 arithmetic
+// on the same values, so every output and gradient is bitwise the same, in
+// both kernel modes, with either attention core, with dropout and with
+// recompute_gelu on in both layers.
+TEST_CASE("TransformerLayer recompute_layernorm: float32 gradients bitwise the kept-input layer's", "[models]") {
+  const Tensor mask = Tensor::from_vector({0, 0, 0, 0, 0, 0, 0, -1e9}, {2, 1, 1, 4});
+  for (auto mode : {KernelMode::Fused, KernelMode::Unfused})
+    for (auto impl : {AttentionImpl::Softmax, AttentionImpl::Flash})
+      for (bool gelu : {false, true}) {
+        if (mode == KernelMode::Unfused && impl == AttentionImpl::Flash) continue;  // unfused composes softmax
+        KernelModeScope scope(mode);
+        INFO("mode " << kernel_mode_name(mode) << ", attention " << attention_impl_name(impl) << ", recompute_gelu "
+                     << gelu);
+        Generator g_kept(8), g(8);  // one seed: the same weights and dropout masks
+        TransformerLayer kept(8, 2, 16, g_kept, 0.3, 5), recomputed(8, 2, 16, g, 0.3, 5);
+        for (TransformerLayer* m : {&kept, &recomputed}) {
+          m->attn.set_impl(impl);
+          m->ffn.set_recompute_gelu(gelu);
+        }
+        recomputed.set_recompute_layernorm(true);
+        spread_layernorm_params(kept, 4);
+        spread_layernorm_params(recomputed, 4);
+        Generator data(9);
+        const Tensor x = Tensor::randn({2, 4, 8}, data), w = Tensor::randn({2, 4, 8}, data);
+        kept.zero_grad();
+        recomputed.zero_grad();
+        CHECK(test::same_bytes(kept.forward(x, mask), recomputed.forward(x, mask)));
+        CHECK(kept.attn.qkv.holds_input());
+        CHECK(kept.ffn.fc1.holds_input());
+        CHECK_FALSE(recomputed.attn.qkv.holds_input());  // LN1's output is gone ...
+        CHECK_FALSE(recomputed.ffn.fc1.holds_input());   // ... and LN2's
+        CHECK(test::same_bytes(kept.backward(w), recomputed.backward(w)));
+        check_same_grads(kept, recomputed);
+      }
+}
+
+TEST_CASE("TransformerLayer recompute_layernorm: grads match finite differences, fused and unfused", "[models]") {
+  Generator g(8);
+  TransformerLayer layer(8, 2, 16, g);
+  layer.to(DType::F64);
+  layer.set_recompute_layernorm(true);
+  spread_layernorm_params(layer, 4);
+  Tensor x = Tensor::randn({2, 4, 8}, g, DType::F64);
+  const Tensor mask = Tensor::from_vector({0, 0, 0, 0, 0, 0, 0, -1e9}, {2, 1, 1, 4}, DType::F64);
+  for (auto mode : {KernelMode::Fused, KernelMode::Unfused})
+    for (bool gelu : {false, true}) {
+      KernelModeScope scope(mode);
+      INFO("mode " << kernel_mode_name(mode) << ", recompute_gelu " << gelu);
+      layer.ffn.set_recompute_gelu(gelu);
+      check_module(
+          layer, x, [&](TransformerLayer& m, const Tensor& in) { return m.forward(in, mask); }, 200);
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Dropout > 0 in gradient checks. Each Dropout draws its mask from its own
 // seeded stream; reseeding every one of them before each forward gives every
 // finite-difference evaluation exactly the masks the analytic backward used.
@@ -786,6 +907,42 @@ TEST_CASE("training memory estimate: the parameter count of the built model, lin
     }
 }
 
+TEST_CASE("training memory estimate: recomputed activations are left out", "[models]") {
+  DecoderLMConfig c = tiny_config();
+  const int64_t seq = 6;
+  const double base = estimate_training_memory(c, 1, seq).per_sequence_bytes;
+  // fp32: 4 bytes a value, per token and layer 2 d LayerNorm outputs and the 4 d of gelu(pre).
+  const double per_d = 4.0 * static_cast<double>(c.n_layers * c.d_model * seq);
+  c.recompute_layernorm = true;
+  CHECK(estimate_training_memory(c, 1, seq).per_sequence_bytes == Approx(base - 2 * per_d));
+  c.recompute_gelu = true;
+  CHECK(estimate_training_memory(c, 1, seq).per_sequence_bytes == Approx(base - 6 * per_d));
+}
+
+// The whole model on the CPU: the same float32 step with and without the
+// recompute, bitwise (see the TransformerLayer case above).
+TEST_CASE("DecoderLM recompute_layernorm: CPU float32 gradients bitwise the kept run's", "[models][lm]") {
+  Tensor ids, targets;
+  fixed_batch(tiny_config(), 2, 5, &ids, &targets);
+  for (auto mode : {KernelMode::Fused, KernelMode::Unfused})
+    for (bool gelu : {false, true}) {
+      if (mode == KernelMode::Unfused && gelu) continue;  // recompute_gelu is fused mode's
+      KernelModeScope scope(mode);
+      INFO("mode " << kernel_mode_name(mode) << ", recompute_gelu " << gelu);
+      DecoderLMConfig c = tiny_config();
+      c.recompute_gelu = gelu;
+      DecoderLM kept(c);
+      c.recompute_layernorm = true;
+      DecoderLM recomputed(c);
+      spread_layernorm_params(kept, 4);
+      spread_layernorm_params(recomputed, 4);
+      const StepResult a = lm_step(kept, ids, targets), b = lm_step(recomputed, ids, targets);
+      CHECK(a.loss == b.loss);
+      CHECK(test::same_bytes(a.dembedded, b.dembedded));
+      check_same_grads(kept, recomputed);
+    }
+}
+
 TEST_CASE("DecoderLM tiny: every parameter and the input embeddings vs finite differences", "[models][lm]") {
   const DecoderLMConfig c = tiny_config();
   DecoderLM model(c);
@@ -960,6 +1117,50 @@ TEST_CASE("CUDA: DecoderLM paths against float64 after one step, with and withou
   check_lm_paths_on(Device::CUDA);
 }
 
+namespace {
+
+// The bf16 model and batch of the recompute cases: B 8, T 128 (1024 rows), vocab 64.
+DecoderLMConfig recompute_config(int64_t d_model, int64_t layers, Tensor* ids, Tensor* targets) {
+  DecoderLMConfig c;
+  c.vocab_size = 64;
+  c.max_seq_len = 128;
+  c.d_model = d_model;
+  c.n_heads = 2;
+  c.n_layers = layers;
+  c.seed = 5;
+  c.precision = Precision::BF16;
+  fixed_batch(c, 8, 128, ids, targets);
+  *ids = ids->to(Device::CUDA);
+  *targets = targets->to(Device::CUDA);
+  return c;
+}
+
+// One bf16 DecoderLM step on the GPU (fused mode) after a warm-up step, and
+// its peak memory in MiB. LayerNorm parameters spread off 1 / 0.
+StepResult bf16_step_with_peak(const DecoderLMConfig& c, const Tensor& ids, const Tensor& targets, double* peak_mib) {
+  DecoderLM model(c);
+  spread_layernorm_params(model, 4);
+  model.to(Device::CUDA);
+  lm_step(model, ids, targets);  // warm the allocator's cache
+  gpu::synchronize();
+  gpu::reset_peak_memory();
+  StepResult r = lm_step(model, ids, targets);
+  *peak_mib = static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20);
+  return r;
+}
+
+void check_same_steps(const StepResult& a, const StepResult& b) {
+  CHECK(a.loss == b.loss);
+  CHECK(test::same_bytes(a.dembedded, b.dembedded));
+  REQUIRE(a.grads.size() == b.grads.size());
+  for (size_t i = 0; i < a.grads.size(); ++i) {
+    INFO("grad of " << a.grads[i].first);
+    CHECK(test::same_bytes(a.grads[i].second, b.grads[i].second));
+  }
+}
+
+}  // namespace
+
 // bf16 on the GPU: the recomputed gelu(pre) rounds from the stored bf16 pre,
 // the forward's epilogue from the unrounded f32 sum, so fc2's weight gradient
 // sees inputs within one bf16 rounding (2^-8 relative) of the forward's; the
@@ -969,37 +1170,70 @@ TEST_CASE("CUDA: DecoderLM with recompute_gelu: gradients within bf16 rounding, 
           "[cuda][models][lm]") {
   HG_REQUIRE_GPU();
   KernelModeScope scope(KernelMode::Fused);
-  DecoderLMConfig c;
-  c.vocab_size = 64;
-  c.max_seq_len = 128;
-  c.d_model = 128;
-  c.n_heads = 2;
-  c.n_layers = 3;
-  c.seed = 5;
-  c.precision = Precision::BF16;
   Tensor ids, targets;
-  fixed_batch(c, 8, 128, &ids, &targets);
-  ids = ids.to(Device::CUDA);
-  targets = targets.to(Device::CUDA);
-  auto run = [&](bool recompute, double* peak_mib) {
-    DecoderLMConfig cc = c;
-    cc.recompute_gelu = recompute;
-    DecoderLM model(cc);
-    model.to(Device::CUDA);
-    lm_step(model, ids, targets);  // warm the allocator's cache
-    gpu::synchronize();
-    gpu::reset_peak_memory();
-    const StepResult r = lm_step(model, ids, targets);
-    *peak_mib = static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20);
-    return r;
-  };
+  DecoderLMConfig c = recompute_config(128, 3, &ids, &targets);
   double kept_mib = 0, recomputed_mib = 0;
-  const StepResult kept = run(false, &kept_mib);
-  const StepResult recomputed = run(true, &recomputed_mib);
+  const StepResult kept = bf16_step_with_peak(c, ids, targets, &kept_mib);
+  c.recompute_gelu = true;
+  const StepResult recomputed = bf16_step_with_peak(c, ids, targets, &recomputed_mib);
   compare_steps(kept, recomputed, 1e-3, 1e-2);
   // 3 layers x 1024 rows x 512 hidden x 2 bytes = 3 MiB of gelu outputs no longer kept.
   INFO("peak MiB kept " << kept_mib << ", recomputed " << recomputed_mib);
   CHECK(recomputed_mib <= kept_mib - 2.5);
+}
+
+// bf16, d_model 256: LN1's recompute is its own forward again, LN2's the
+// residual forward's resident kernel without the add on the stored h
+// (residual_layernorm_output): the gradients equal the kept run's bit for
+// bit, with recompute_gelu off and on.
+// Memory: 4 layers x 2 LayerNorm outputs x 1024 rows x 256 x 2 bytes = 4 MiB
+// not kept; the backward holds one of them again at a time (0.5 MiB).
+TEST_CASE("CUDA: DecoderLM with recompute_layernorm: bitwise the kept run's gradients, less peak memory",
+          "[cuda][models][lm]") {
+  HG_REQUIRE_GPU();
+  KernelModeScope scope(KernelMode::Fused);
+  Tensor ids, targets;
+  const DecoderLMConfig c = recompute_config(256, 4, &ids, &targets);
+  for (bool gelu : {false, true}) {
+    INFO("recompute_gelu " << gelu);
+    DecoderLMConfig cc = c;
+    cc.recompute_gelu = gelu;
+    double kept_mib = 0, recomputed_mib = 0;
+    const StepResult kept = bf16_step_with_peak(cc, ids, targets, &kept_mib);
+    cc.recompute_layernorm = true;
+    const StepResult recomputed = bf16_step_with_peak(cc, ids, targets, &recomputed_mib);
+    check_same_steps(kept, recomputed);
+    INFO("peak MiB kept " << kept_mib << ", recomputed " << recomputed_mib);
+    CHECK(recomputed_mib <= kept_mib - 3.0);
+  }
+}
+
+// Rows the resident kernels do not take (bf16 and f32 rows of 72 bytes, not
+// 16-byte rows): the residual forward runs its one-block-per-row kernel and
+// LN2's recompute the same kernel on h, so the gradients are bitwise the
+// kept run's here too.
+TEST_CASE("CUDA: DecoderLM with recompute_layernorm on rows off the resident kernels: bitwise the kept run's",
+          "[cuda][models][lm]") {
+  HG_REQUIRE_GPU();
+  KernelModeScope scope(KernelMode::Fused);
+  for (const auto& [precision, d] : {std::pair<Precision, int64_t>{Precision::BF16, 36}, {Precision::FP32, 18}}) {
+    INFO(precision_name(precision) << " d_model " << d);
+    DecoderLMConfig c = tiny_config();
+    c.d_model = d;
+    c.precision = precision;
+    Tensor ids, targets;
+    fixed_batch(c, 4, 6, &ids, &targets);
+    ids = ids.to(Device::CUDA);
+    targets = targets.to(Device::CUDA);
+    DecoderLM kept(c);
+    c.recompute_layernorm = true;
+    DecoderLM recomputed(c);
+    spread_layernorm_params(kept, 4);
+    spread_layernorm_params(recomputed, 4);
+    kept.to(Device::CUDA);
+    recomputed.to(Device::CUDA);
+    check_same_steps(lm_step(kept, ids, targets), lm_step(recomputed, ids, targets));
+  }
 }
 
 TEST_CASE("CUDA: same seed gives a bitwise identical loss curve on the GPU", "[cuda][models][lm]") {

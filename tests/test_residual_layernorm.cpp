@@ -243,6 +243,28 @@ TEST_CASE("residual_layernorm validates its inputs", "[residual_layernorm]") {
   CHECK_THROWS_AS(residual_layernorm_backward(Tensor::zeros({3, 8}), Tensor(), o.h, gamma, saved), Error);
 }
 
+// Activation recomputation: y again from the stored h alone.
+TEST_CASE("residual_layernorm_output: the forward's y again from h, bitwise, on the CPU paths",
+          "[residual_layernorm]") {
+  for (const DType dtype : {DType::F32, DType::F64})
+    for (const KernelMode mode : {KernelMode::Fused, KernelMode::Unfused})
+      for (const auto& [rows, D] : kShapes)
+        for (const Rows kind : {Rows::Random, Rows::Offset, Rows::Constant}) {
+          INFO(dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows " << rows << " D " << D << " kind "
+                                 << int(kind));
+          KernelModeScope scope(mode);
+          const Inputs in = make_inputs(rows, D, kind, 3 * D + rows);
+          const Tensor gamma = in.gamma.to(dtype), beta = in.beta.to(dtype);
+          const ResidualLayerNormOutput o =
+              residual_layernorm_forward(in.x.to(dtype), in.r.to(dtype), gamma, beta, kEps, nullptr);
+          CHECK(same_bytes(residual_layernorm_output(o.h, gamma, beta, kEps), o.y));
+        }
+  const Tensor h = Tensor::ones({4, 8});
+  CHECK_THROWS_AS(residual_layernorm_output(Tensor(), Tensor::ones({8}), Tensor::zeros({8}), kEps), Error);
+  CHECK_THROWS_AS(residual_layernorm_output(h, Tensor::ones({7}), Tensor::zeros({8}), kEps), Error);
+  CHECK_THROWS_AS(residual_layernorm_output(h, Tensor::ones({8}), Tensor::zeros({8}), -1.0), Error);
+}
+
 namespace {
 constexpr Kernel kKernels[] = {Kernel::ResidentRows, Kernel::OneBlockPerRow};
 }  // namespace
@@ -336,6 +358,47 @@ TEST_CASE("residual_layernorm CUDA resident forward is LayerNorm's two-pass forw
         CHECK(same_bytes(y, y_ln));
         CHECK(same_bytes(mean, mean_ln));
         CHECK(same_bytes(rstd, rstd_ln));
+      }
+#endif
+}
+
+// The forward's kernels without the add (ADD = false) on the h they stored:
+// y, mean and rstd bitwise the forward's, with each kernel family at every
+// layout width, and through the op in both modes (the fused op chooses the
+// family as the forward does: x, r, h and y are whole, aligned tensors).
+TEST_CASE("residual_layernorm_output CUDA: the forward's y again from h, bitwise, every kernel and layout",
+          "[residual_layernorm][cuda]") {
+  HG_REQUIRE_GPU();
+#ifdef HG_WITH_CUDA
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : kLayoutWidths)
+      for (const Rows kind : {Rows::Random, Rows::Offset, Rows::Constant}) {
+        const int64_t rows = std::min<int64_t>(rows_for(D), 301);
+        INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << " kind " << int(kind));
+        const Inputs in = make_inputs(rows, D, kind, 13 * D + int(kind));
+        const Tensor x = in.x.to(dtype).to(Device::CUDA), r = in.r.to(dtype).to(Device::CUDA);
+        const Tensor gamma = in.gamma.to(DType::F32).to(Device::CUDA), beta = in.beta.to(DType::F32).to(Device::CUDA);
+        const auto rows_f32 = [&] { return Tensor::empty({rows}, DType::F32, Device::CUDA); };
+        for (const Kernel kernel : kKernels) {
+          INFO(kernel_name(kernel));
+          Tensor h = Tensor::empty({rows, D}, dtype, Device::CUDA), y = Tensor::empty({rows, D}, dtype, Device::CUDA);
+          Tensor mean = rows_f32(), rstd = rows_f32();
+          gpu::residual_layernorm_forward_fused(x, r, gamma, beta, float(kEps), h, y, mean, rstd, kernel);
+          const Tensor h_before = h.clone();
+          Tensor y2 = Tensor::empty({rows, D}, dtype, Device::CUDA), mean2 = rows_f32(), rstd2 = rows_f32();
+          gpu::residual_layernorm_output_fused(h, gamma, beta, float(kEps), y2, mean2, rstd2, kernel);
+          CHECK(same_bytes(y2, y));
+          CHECK(same_bytes(mean2, mean));
+          CHECK(same_bytes(rstd2, rstd));
+          CHECK(same_bytes(h, h_before));  // read, never written
+        }
+        for (const KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
+          if (mode == KernelMode::Unfused && dtype == DType::BF16) continue;  // as above: CUDA unfused runs f32
+          INFO("op, " << kernel_mode_name(mode));
+          KernelModeScope scope(mode);
+          const ResidualLayerNormOutput o = residual_layernorm_forward(x, r, gamma, beta, kEps, nullptr);
+          CHECK(same_bytes(residual_layernorm_output(o.h, gamma, beta, kEps), o.y));
+        }
       }
 #endif
 }

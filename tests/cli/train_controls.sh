@@ -7,6 +7,9 @@
 #   3. The kind travels with the checkpoint: a resume with another kind is
 #      refused; without the flag the run record's kind continues; --extend-schedule continues
 #      linear and constant without a jump.
+#   4. --recompute-layernorm logs the losses of the run without it bit for bit
+#      (the CPU recomputes LayerNorm with the forward's kernel); with
+#      --recompute-gelu too within 1e-5; --unfused --recompute-gelu is refused.
 #
 #   train_controls.sh PATH/TO/train
 set -uo pipefail
@@ -77,6 +80,19 @@ check "linear extended: steps 11..20 at the floor 1e-4" \
   awk -F, 'NR > 1 && $1 > 10 && $3 != 0.0001 { bad = 1 } END { exit bad }' rlinear.csv
 check "constant extended: steps 6..20 at 1e-3" \
   awk -F, 'NR > 1 && $1 >= 6 && $3 != 0.001 { bad = 1 } END { exit bad }' rconstant.csv
+
+# ---- 4. recomputed activations: the same step
+"$train" "${tiny[@]}" --steps 12 --batch 8 --recompute-layernorm --log-csv ln.csv > ln.out 2>&1
+check "--recompute-layernorm: exit 0" [ $? == 0 ]
+check "--recompute-layernorm: the losses of the run without it, bit for bit" \
+  cmp -s <(tail -n +2 ln.csv | cut -d, -f2) <(tail -n +2 whole.csv | cut -d, -f2)
+"$train" "${tiny[@]}" --steps 12 --batch 8 --recompute-gelu --recompute-layernorm --log-csv both.csv > both.out 2>&1
+check "--recompute-gelu --recompute-layernorm: exit 0" [ $? == 0 ]
+both=$(max_rel_diff 2 both.csv whole.csv)
+check "--recompute-gelu --recompute-layernorm: losses within 1e-5 relative (got $both)" below "$both" 1e-5
+"$train" "${tiny[@]}" --steps 2 --unfused --recompute-gelu > unfused.out 2>&1
+check "--unfused --recompute-gelu: exit 2" [ $? == 2 ]
+check "--unfused --recompute-gelu: says why" grep -q -- "--recompute-gelu recomputes the GELU of fused mode" unfused.out
 
 if ((failures)); then
   for f in *.out; do echo "--- $f"; tail -5 "$f"; done
