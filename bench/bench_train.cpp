@@ -19,6 +19,7 @@
 
 #include "bench/bench_model.hpp"
 #include "bench/bench_util.hpp"
+#include "bench/kernel_trace.hpp"
 #include "bench/step_floor.hpp"
 #ifdef HG_WITH_CUDA
 #include "bench/step_floor_timing.hpp"
@@ -53,6 +54,8 @@ struct Result {
   std::vector<prof::Entry> breakdown;  // per step
   double profiled_step_ms = 0;
   int64_t parameters = 0;
+  bench::KernelTraceResult trace;  // --kernel-trace: totals over trace_steps steps
+  int trace_steps = 0;
 };
 
 // Model FLOPs of one training step (forward + backward = 3x forward):
@@ -92,12 +95,14 @@ struct RunSettings {
   bool recompute_layernorm = false;
   Size size{};
   int warmup = 3, iters = 10, profile_steps = 3;
+  int kernel_trace = 0;  // > 0: trace that many timed steps' kernels (CUDA)
 };
 
 Result run(const RunSettings& rs) {
   const Device dev = rs.device;
   const Size& s = rs.size;
   KernelModeScope scope(rs.mode);
+  if (rs.kernel_trace > 0) bench::kernel_trace_enable();  // before the graph is captured
   DecoderLMConfig c = bench::decoder_config(s, rs.precision);
   c.attention = rs.attention;
   c.recompute_gelu = rs.recompute_gelu;
@@ -122,6 +127,12 @@ Result run(const RunSettings& rs) {
   r.graph = step.graph_active();
   r.graph_note = step.graph_note();
   r.parameters = model.num_parameters();
+  if (rs.kernel_trace > 0) {
+    bench::kernel_trace_open();
+    for (int i = 0; i < rs.kernel_trace; ++i) step.run(ids[i % 2], targets[i % 2]);
+    r.trace = bench::kernel_trace_close();
+    r.trace_steps = rs.kernel_trace;
+  }
   const int profile_steps = rs.profile_steps;
   if (profile_steps <= 0) return r;
 
@@ -141,6 +152,24 @@ Result run(const RunSettings& rs) {
   }
   prof::reset();
   return r;
+}
+
+// --kernel-trace: the GPU's time a step by kernel (the `top` largest), and
+// the time no kernel ran.
+void report_kernel_trace(const Result& r, int top, double step_ms) {
+  const double steps = r.trace_steps;
+  const bench::KernelTraceResult& t = r.trace;
+  std::printf("\nkernels of the step (CUPTI, %d steps): %.0f launches a step; GPU busy %.3f of %.3f ms a step "
+              "(%.3f ms with nothing running; timed step median %.3f ms)\n",
+              r.trace_steps, t.launches / steps, t.busy_us / steps * 1e-3, t.span_us / steps * 1e-3,
+              (t.span_us - t.busy_us) / steps * 1e-3, step_ms);
+  std::printf("%10s %7s %9s  %s\n", "us/step", "calls", "us each", "kernel");
+  int shown = 0;
+  for (const bench::KernelTime& k : t.kernels) {
+    if (shown++ == top) break;
+    std::printf("%10.1f %7.1f %9.2f  %s\n", k.total_us / steps, k.calls / steps, k.total_us / k.calls,
+                k.name.substr(0, 100).c_str());
+  }
 }
 
 // A CSV text field: quoted (the descriptions hold commas).
@@ -267,6 +296,7 @@ int main(int argc, char** argv) {
   std::string csv_path = "bench_train.csv", breakdown_path = "bench_train_breakdown.csv";
   bool floor = false;
   std::string floor_path = "bench_train_floor.csv";
+  int kernel_trace = 0, kernel_trace_top = 30;
   app.add_option("--device", devices, "auto (cpu, plus cuda when present), cpu, cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--precision", precision_name_arg,
@@ -326,6 +356,14 @@ int main(int argc, char** argv) {
                "alone and print the step against the sum of its parts (GEMMs, attention, other ops' bytes at copy "
                "speed)");
   app.add_option("--floor-csv", floor_path, "CSV of the --floor parts")->capture_default_str();
+  app.add_option("--kernel-trace", kernel_trace,
+                 "CUDA: after timing, trace this many more steps' kernels with CUPTI and print each kernel's time a "
+                 "step and the time the GPU ran none (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
+  app.add_option("--kernel-trace-top", kernel_trace_top, "kernels listed by --kernel-trace")
+      ->capture_default_str()
+      ->check(cli::at_least(1));
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
@@ -368,6 +406,12 @@ int main(int argc, char** argv) {
         cli::usage_error("--floor", "describes the step with the chunked classifier, not --classifier composed");
       if (std::find(devs.begin(), devs.end(), Device::CUDA) == devs.end())
         cli::usage_error("--floor", "times the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
+    }
+    if (kernel_trace > 0) {
+      if (!bench::kernel_trace_available())
+        cli::usage_error("--kernel-trace", "needs CUPTI (CUDA's profiling library), which this build did not find");
+      if (std::find(devs.begin(), devs.end(), Device::CUDA) == devs.end())
+        cli::usage_error("--kernel-trace", "traces the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
     }
     if (tf32) set_allow_tf32(true);
 
@@ -412,6 +456,7 @@ int main(int argc, char** argv) {
         rs.recompute_layernorm = recompute_layernorm;
         rs.size = s;
         rs.warmup = warmup, rs.iters = iters, rs.profile_steps = profile_steps;
+        rs.kernel_trace = dev == Device::CUDA ? kernel_trace : 0;
         results[mode] = run(rs);
       }
       const double tokens = static_cast<double>(s.batch * s.seq);
@@ -424,6 +469,7 @@ int main(int argc, char** argv) {
                     r.peak_mib, tflops);
         if (peak > 0) std::printf("  MFU %5.1f%% of %.0f", 100 * mfu, peak);
         std::printf("\n         CUDA graph %s\n", r.graph_note.c_str());
+        if (r.trace_steps > 0) report_kernel_trace(r, kernel_trace_top, r.timing.median_ms);
         csv.row(device_name(dev), gpu_name, precision_name(precision), kernel_mode_name(mode), r.graph ? 1 : 0,
                 tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
                 r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);
