@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "cuda/attention_args.cuh"
+#include "cuda/attention_row_math.cuh"
 
 // ---- the one-kernel backward's dq order (cuda/attention_dq_order.cuh) ----------
 namespace hg::gpu::attn {
@@ -98,6 +99,12 @@ using attn::Args;
 using attn::kLn2;
 using attn::kLog2e;
 using attn::kMaskThreshold;
+// The quad reductions, bf16 packing and exp2 of the production kernels
+// (cuda/attention_row_math.cuh).
+using attn::exp2_ftz;
+using attn::pack;
+using attn::quad_max;
+using attn::quad_sum;
 
 // ---- shared row functions ----------------------------------------------------
 
@@ -120,16 +127,6 @@ __device__ __forceinline__ float logit2(const Args& a, const float* mask_row, in
 // of 1e4, whose ulp is 1e-3: docs/attention.md). 0 for removed keys.
 __device__ __forceinline__ float prob(float x2, float2 stats) {
   return x2 == -INFINITY ? 0.f : exp2f(x2 - stats.x) * stats.y;
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, f32 accumulate) ------
@@ -159,19 +156,6 @@ __device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (
     mma(acc[mt][n], a[mt], b[0], b[1]);
     mma(acc[mt][n + 1], a[mt], b[2], b[3]);
   }
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
-// far below what a bf16 probability can hold).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -27,8 +27,8 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "bench/lab/attention_lab_kernels.cuh"
 #include "cuda/attention_args.cuh"
+#include "cuda/attention_row_math.cuh"
 #include "cuda/bulk_stage.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -218,19 +218,19 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
       float mx = -INFINITY;
 #pragma unroll
       for (int i = 2 * h; i < KB / 2; i += 4) mx = fmaxf(mx, fmaxf(sc[i], sc[i + 1]));
-      const float m_new = fmaxf(m[h], lab_bf16::quad_max(mx) * c);
+      const float m_new = fmaxf(m[h], attn::quad_max(mx) * c);
       const float base2 = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-      alpha[h] = lab_bf16::exp2_ftz(m[h] - base2);
+      alpha[h] = attn::exp2_ftz(m[h] - base2);
       l[h] *= alpha[h];
       m[h] = m_new, neg_base[h] = -base2;
     }
 #pragma unroll
     for (int i = 0; i < KB / 2; i += 2) {
       const int h = (i >> 1) & 1;
-      const float p0 = lab_bf16::exp2_ftz(fmaf(sc[i], c, neg_base[h]));
-      const float p1 = lab_bf16::exp2_ftz(fmaf(sc[i + 1], c, neg_base[h]));
+      const float p0 = attn::exp2_ftz(fmaf(sc[i], c, neg_base[h]));
+      const float p1 = attn::exp2_ftz(fmaf(sc[i + 1], c, neg_base[h]));
       l[h] += p0 + p1;
-      pa[i / 8][(i % 8) / 2] = lab_bf16::pack(p0, p1);
+      pa[i / 8][(i % 8) / 2] = attn::pack(p0, p1);
     }
   };
   auto rescale = [&](const float(&alpha)[2]) {
@@ -312,14 +312,14 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   bf16* out = static_cast<bf16*>(a.out) + a.o_base(bh);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float total = lab_bf16::quad_sum(l[h]);
+    const float total = attn::quad_sum(l[h]);
     const int row = my_row + 8 * h;
     if (row >= a.tq) continue;
     const float inv = total == 0.f ? 0.f : 1.f / total;  // a row with every key removed is zeros
 #pragma unroll
     for (int i = 2 * h; i < DH / 2; i += 4)
       *reinterpret_cast<uint32_t*>(out + int64_t(row) * a.o_row + 2 * t + acc_col(i)) =
-          lab_bf16::pack(o[i] * inv, o[i + 1] * inv);
+          attn::pack(o[i] * inv, o[i + 1] * inv);
     if (t == 0) {
       a.lse[bh * a.tq + row] = total == 0.f ? -INFINITY : m[h] * attn::kLn2 + logf(total);
       a.stats[bh * a.tq + row] = make_float2(m[h], inv);
