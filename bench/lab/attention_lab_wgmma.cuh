@@ -19,8 +19,7 @@
 // row stats {base-2 max, 1 / sum} the production backward rebuilds p from.
 // No key-padding mask, scale > 0 (the launcher refuses the rest).
 // Only an sm_90a compile holds the device code; elsewhere the kernels trap.
-#include <cuda.h>  // CUtensorMap and its enums (types only: the encoder is fetched at run time)
-#include <cudaTypedefs.h>
+#include <cuda.h>  // CUtensorMap (a type only)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -29,6 +28,8 @@
 
 #include "cuda/attention_args.cuh"
 #include "cuda/attention_row_math.cuh"
+#include "cuda/attention_tensor_map.cuh"
+#include "cuda/attention_wgmma_kernel.cuh"
 #include "cuda/bulk_stage.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -37,6 +38,8 @@
 namespace hg::gpu::lab_wgmma {
 
 using attn::Args;
+using attn::kBoxCols;
+using attn::kSwizzleBytes;
 using bf16 = __nv_bfloat16;
 
 // A block: NC consumer warpgroups of 64 queries each (wgmma's M), then one
@@ -48,8 +51,6 @@ using bf16 = __nv_bfloat16;
 // overlap at 128-key tiles, dh 128, needs 211 and spills), so it is not used.
 constexpr int rows_of(int nc) { return 64 * nc; }
 constexpr int threads_of(int nc) { return 128 * nc + 32; }
-constexpr int kSwizzleBytes = 128;  // one row of a TMA box: 64 bf16
-constexpr int kBoxCols = kSwizzleBytes / 2;
 
 // Shared memory of one block (byte offsets from a 1024-byte aligned base:
 // the 128-byte swizzle repeats every 8 rows of 128 bytes, and both TMA and
@@ -411,38 +412,15 @@ __global__ void __launch_bounds__(128)
 
 // ---- host side ---------------------------------------------------------------------------
 
-// cuTensorMapEncodeTiled through the runtime (the lab links cudart only).
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A map of a bf16 tensor [batch][heads][rows][dh] with element strides
-// (row, head, batch): boxes of box_rows x 64 columns of one head, 128-byte
-// swizzle, zeros where a box passes the rows. False when the encoder
-// refuses (alignment: the address and byte strides multiples of 16).
+// The map of a bf16 tensor (attn::encode_map); false, with the reason on
+// stderr, when it cannot be encoded (no encoder in the driver, or an address
+// or byte stride that is not a multiple of 16).
 inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride,
                      int64_t head_stride, int64_t batch_stride, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) {
+  const CUresult r = attn::encode_map(map, p, dh, rows, heads, batch, row_stride, head_stride, batch_stride, box_rows);
+  if (r == CUDA_ERROR_NOT_FOUND)
     std::fprintf(stderr, "cuTensorMapEncodeTiled: not found through cudaGetDriverEntryPointByVersion\n");
-    return false;
-  }
-  const cuuint64_t dims[4] = {cuuint64_t(dh), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
-  const cuuint64_t strides[3] = {cuuint64_t(row_stride) * 2, cuuint64_t(head_stride) * 2, cuuint64_t(batch_stride) * 2};
-  const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(box_rows), 1, 1};
-  const cuuint32_t unit[4] = {1, 1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(p), dims, strides, box, unit,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
+  else if (r != CUDA_SUCCESS)
     std::fprintf(stderr,
                  "cuTensorMapEncodeTiled: error %d (dh %d, rows %d, heads %d, batch %lld, element strides %lld, "
                  "%lld, %lld, box rows %d)\n",
@@ -451,25 +429,40 @@ inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int head
   return r == CUDA_SUCCESS;
 }
 
-// The forward over bh = batch * heads heads of a. cudaErrorInvalidValue
-// for what the kernel does not do (a mask, scale <= 0, strides or addresses
-// the maps refuse); otherwise the launch's error.
-template <int DH, int KB, int ST, bool kOverlap, int NC = 2, bool kSplitN = false>
-cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+// A forward kernel over bh = batch * heads heads of a: blocks of `rows`
+// queries of `threads` threads, k and v in tiles of `keys`.
+// cudaErrorInvalidValue for what the kernels do not do (a mask, scale <= 0,
+// strides or addresses the maps refuse); otherwise the launch's error.
+template <class Kernel>
+cudaError_t launch_forward(Kernel kernel, int rows, int keys, int threads, size_t smem, int dh, const Args& a,
+                           int64_t bh, cudaStream_t stream) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
   CUtensorMap qmap, kmap, vmap;
-  if (!make_map(&qmap, a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, rows_of(NC)) ||
-      !make_map(&kmap, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB) ||
-      !make_map(&vmap, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KB))
+  if (!make_map(&qmap, a.q, dh, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, rows) ||
+      !make_map(&kmap, a.k, dh, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, keys) ||
+      !make_map(&vmap, a.v, dh, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, keys))
     return cudaErrorInvalidValue;
-  const auto kernel = forward_kernel<DH, KB, ST, kOverlap, NC, kSplitN>;
-  const size_t smem = Plan<DH, KB, ST, NC>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  const dim3 grid(unsigned((a.tq + rows_of(NC) - 1) / rows_of(NC)), unsigned(bh));
-  kernel<<<grid, threads_of(NC), smem, stream>>>(qmap, kmap, vmap, a);
+  const dim3 grid(unsigned((a.tq + rows - 1) / rows), unsigned(bh));
+  kernel<<<grid, threads, smem, stream>>>(qmap, kmap, vmap, a);
   return cudaGetLastError();
+}
+
+// A lab candidate (forward_kernel).
+template <int DH, int KB, int ST, bool kOverlap, int NC = 2, bool kSplitN = false>
+cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+  return launch_forward(forward_kernel<DH, KB, ST, kOverlap, NC, kSplitN>, rows_of(NC), KB, threads_of(NC),
+                        Plan<DH, KB, ST, NC>::kSmem, DH, a, bh, stream);
+}
+
+// The library's kernel itself (cuda/attention_wgmma_kernel.cuh), with the
+// launch shape cuda/attention_wgmma.cu gives it.
+template <int DH>
+cudaError_t forward_production(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+  return launch_forward(attn::forward_wgmma_kernel<DH>, attn::kRows, attn::kKeys, attn::kThreadsPerBlock,
+                        attn::Plan<DH>::kSmem, DH, a, bh, stream);
 }
 
 }  // namespace hg::gpu::lab_wgmma
