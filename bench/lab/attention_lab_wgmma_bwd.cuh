@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   if (!kDkDv) end = a.key_end(min(r0 + kRows, a.tq));
   if (kDkDv && a.causal) first = min(a.first_query(r0), a.tq) / KB;
   const int count = end > first * KB ? (end - first * KB + KB - 1) / KB : 0;
-  init_barriers(bars, ST, NC);
+  init_barriers(res_full, full, empty, ST, NC);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warp; one thread issues every copy
     if (threadIdx.x == 128 * NC && count > 0) {
