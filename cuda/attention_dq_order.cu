@@ -1,6 +1,6 @@
 // Host side of the one-kernel attention backward's dq order
 // (cuda/attention_dq_order.cuh): its workspace.
-#include "cuda/attention_dq_order.cuh"
+#include "cuda/attention_dq_workspace.hpp"
 
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"

@@ -1,8 +1,9 @@
 #pragma once
-// For the fused attention .cu files only: the fixed order in which the key
-// blocks of the one-kernel backward (the F32 kernels) add their dq partials
-// into a query tile, without floating-point atomics. Why it is
-// bitwise repeatable and why it cannot hang: docs/attention.md, "One kernel".
+// For the fused attention kernels (the library's F32 ones, the attention
+// lab's): the fixed order in which the key blocks of the one-kernel backward
+// (the F32 kernels) add their dq partials into a query tile, without
+// floating-point atomics. Why it is bitwise repeatable and why it cannot
+// hang: docs/attention.md, "One kernel".
 //
 // Work items are (head, key tile) in ascending order, handed out by an
 // integer ticket at block start (never by blockIdx: the order in which the
@@ -18,11 +19,12 @@
 // sums), head bh sums in slot bh % ring and key tile 0 of head bh first
 // waits until head bh - ring's last contributor has left the tile; ring =
 // heads_total (no slots) never waits. Every wait is on a smaller ticket.
+// Device code only, so that the attention lab runs these kernels' order
+// too; the library allocates it with cuda/attention_dq_workspace.hpp.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "core/tensor.hpp"
 #include "cuda/attention_args.cuh"
 
 namespace hg::gpu::attn {
@@ -95,13 +97,5 @@ struct DqOrder {
     if (threadIdx.x % 32 == 0) add_release(counter(bh, f), 1);
   }
 };
-
-// The memory of one launch's order: counters and ticket zeroed on the
-// stream, then `ring` slots of Tq x dh fp32 (ring 0 for none).
-struct DqWorkspace {
-  Tensor memory;
-  DqOrder order;
-};
-DqWorkspace dq_workspace(const Args& a, int64_t heads_total, int key_rows, int flush_rows, int warps, int ring, int dh);
 
 }  // namespace hg::gpu::attn

@@ -33,6 +33,7 @@
 
 #include "core/error.hpp"
 #include "cuda/attention_dq_order.cuh"
+#include "cuda/attention_dq_workspace.hpp"
 #include "cuda/attention_f32.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"

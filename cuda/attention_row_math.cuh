@@ -1,8 +1,9 @@
 #pragma once
-// For the BF16 fused attention .cu files (cuda/attention.cu, the mma.sync
-// kernels; cuda/attention_wgmma.cu, the sm_90a forward): the register-level
-// row arithmetic both share. A row of an m16 accumulator tile lives in the
-// four threads of a quad (lanes 4 g .. 4 g + 3).
+// For the BF16 fused attention kernels (cuda/attention.cu, the mma.sync
+// kernels; cuda/attention_wgmma_kernel.cuh, the sm_90a forward; the
+// attention lab's candidates, bench/lab/attention_lab*.cuh): the
+// register-level row arithmetic they share. A row of an m16 accumulator
+// tile lives in the four threads of a quad (lanes 4 g .. 4 g + 3).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

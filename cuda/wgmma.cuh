@@ -1,7 +1,7 @@
 // sm_90a instruction wrappers shared by the wgmma attention forward
-// (cuda/attention_wgmma.cu) and the attention lab's Hopper candidates
-// (bench/lab/attention_lab_wgmma.cuh): mbarriers, TMA tile loads, wgmma with
-// its shared-memory descriptors and accumulator layout. Only an sm_90a
+// (cuda/attention_wgmma_kernel.cuh) and the attention lab's Hopper
+// candidates (bench/lab/attention_lab_wgmma*.cuh): mbarriers, TMA tile
+// loads, wgmma with its shared-memory descriptors and accumulator layout. Only an sm_90a
 // device compile sees them (wgmma and the tensor-map copies exist nowhere
 // else); the includer tests HG_SM90A_DEVICE before using them.
 #pragma once
@@ -52,6 +52,18 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// A block's barriers: `once` for what is staged once (one arrival: the
+// producer's expect_tx), then st "full" ones (the same) and st "empty" ones
+// (every thread of `consumers` warpgroups arrives). The whole block calls it.
+__device__ __forceinline__ void init_barriers(uint64_t* once, uint64_t* full, uint64_t* empty, int st, int consumers) {
+  if (threadIdx.x == 0) {
+    barrier_init(once, 1);
+    for (int s = 0; s < st; ++s) barrier_init(full + s, 1), barrier_init(empty + s, 128 * consumers);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+}
+
 // One TMA box of a 4-D map at coordinates {c0 (column), c1 (row), c2 (head),
 // c3 (batch)} into shared `dst`, counted against `bar`'s expected bytes
 // (a box past the tensor's end still counts its full size: the hardware
@@ -75,6 +87,11 @@ __device__ __forceinline__ void wgmma_wait() {
 // reusing an A register while a wgmma may still read it.
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) fence_operand(x[i]);
+}
 
 // Shared memory matrix descriptors (PTX ISA "Matrix Descriptor Format";
 // CUTLASS's GmmaDescriptor): bits 0-13 start address >> 4, 16-29 leading

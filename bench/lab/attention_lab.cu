@@ -122,9 +122,10 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
-// Forward variants 9-12: the wgmma candidates of attention_lab_wgmma.cuh
-// (sm_90a, dh 64 and 128), 128 queries per block (two consumer warpgroups)
-// unless said: 9 128-key tiles in 2 stages, 10 64-key tiles in 2 stages, 11
+// Forward variants 9-13: the wgmma kernels (sm_90a, dh 64 and 128), 128
+// queries per block (two consumer warpgroups) unless said: 9 the library's
+// kernel (cuda/attention_wgmma_kernel.cuh: 128-key tiles in 2 stages), then
+// the candidates of attention_lab_wgmma.cuh: 10 64-key tiles in 2 stages, 11
 // 64-key tiles in 3 stages with the next tile's q k^T beside this tile's p
 // v, 12 192 queries per block (three consumer warpgroups) with 11's tiles at
 // dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread),
@@ -158,7 +159,7 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
     constexpr int kStages12 = kOverlap12 ? 3 : 2;
     cudaError_t e = cudaSuccess;
     switch (v - kWgmmaForwardFirst) {
-      case 0: e = w::forward<DH, 128, 2, false>(a, bh); break;
+      case 0: e = w::forward_production<DH>(a, bh); break;
       case 1: e = w::forward<DH, 64, 2, false>(a, bh); break;
       case 2: e = w::forward<DH, 64, 3, true>(a, bh); break;
       case 3: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;

@@ -12,80 +12,8 @@
 #include <cstdint>
 
 #include "cuda/attention_args.cuh"
-
-// ---- the one-kernel backward's dq order (cuda/attention_dq_order.cuh) ----------
-namespace hg::gpu::attn {
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Release: the writes this thread saw before (its warp's, through
-// __syncwarp) are visible at gpu scope before the counter moves.
-__device__ __forceinline__ void add_release(int* p, int v) {
-  asm volatile("fence.acq_rel.gpu;\nred.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-struct DqOrder {
-  int* counters;                // [heads_total][flush_tiles] warp arrivals; zero at launch
-  unsigned long long* ticket;   // next work item; zero at launch
-  float* slots;                 // [ring][Tq][dh] fp32, or null (F32: dq accumulates in place)
-  int ring;                     // slots (heads_total without slots: no head waits for another)
-  int key_tiles, key_rows;      // key tiles per head and keys per tile
-  int flush_tiles, flush_rows;  // query tiles per head and rows per tile (the unit of one wait)
-  int warps;                    // warps per block: each arrives once per tile
-
-  // The block's work item: (head, key tile) = divmod(ticket, key_tiles).
-  // Taken by a running block, so every smaller ticket is held by a block
-  // that is running or done.
-  __device__ int64_t take_ticket() const {
-    __shared__ unsigned long long item;
-    if (threadIdx.x == 0) item = atomicAdd(ticket, 1ull);
-    __syncthreads();
-    return static_cast<int64_t>(item);
-  }
-
-  // First query tile key tile kt contributes to: the one holding its first
-  // visible query. Key tile 0 starts at 0 so that every query tile has a
-  // contributor (rows that see no key get dq = 0 from it).
-  __device__ int first_flush(const Args& a, int kt) const {
-    return kt == 0 ? 0 : a.first_query(kt * key_rows) / flush_rows;
-  }
-
-  // The last key tile that contributes to query tile f: the contributors are
-  // exactly 0 .. last (first_flush grows with kt). Tile kt >= 1 contributes
-  // iff kt * key_rows - (Tk - Tq) < (f + 1) * flush_rows.
-  __device__ int last_contributor(const Args& a, int f) const {
-    if (!a.causal) return key_tiles - 1;
-    const int64_t x = int64_t(f + 1) * flush_rows + a.tk - a.tq;
-    const int64_t last = x <= 0 ? 0 : (x - 1) / key_rows;
-    return last < key_tiles - 1 ? static_cast<int>(last) : key_tiles - 1;
-  }
-
-  __device__ int* counter(int64_t bh, int f) const { return counters + bh * flush_tiles + f; }
-
-  // Until this warp may touch query tile f of head bh as key tile kt (lane 0
-  // spins, the warp then reads what the previous contributor wrote).
-  __device__ void wait_turn(int64_t bh, int kt, int f, int last) const {
-    if (threadIdx.x % 32 == 0) {
-      const int* c = kt > 0 ? counter(bh, f) : bh >= ring ? counter(bh - ring, f) : nullptr;
-      const int target = kt > 0 ? warps * kt : warps * (last + 1);
-      if (c != nullptr)
-        while (load_acquire(c) < target) __nanosleep(32);
-    }
-    __syncwarp();
-  }
-
-  // This warp's slice of query tile f is written.
-  __device__ void arrive(int64_t bh, int f) const {
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) add_release(counter(bh, f), 1);
-  }
-};
-
-}  // namespace hg::gpu::attn
+#include "cuda/attention_dq_order.cuh"  // DqOrder: the one-kernel backward's dq order
+#include "cuda/attention_row_math.cuh"
 
 // ---- BF16 (tensor cores) ----------------------------------------------------------
 namespace hg::gpu {
@@ -98,6 +26,12 @@ using attn::Args;
 using attn::kLn2;
 using attn::kLog2e;
 using attn::kMaskThreshold;
+// The quad reductions, bf16 packing and exp2 of the production kernels
+// (cuda/attention_row_math.cuh).
+using attn::exp2_ftz;
+using attn::pack;
+using attn::quad_max;
+using attn::quad_sum;
 
 // ---- shared row functions ----------------------------------------------------
 
@@ -120,16 +54,6 @@ __device__ __forceinline__ float logit2(const Args& a, const float* mask_row, in
 // of 1e4, whose ulp is 1e-3: docs/attention.md). 0 for removed keys.
 __device__ __forceinline__ float prob(float x2, float2 stats) {
   return x2 == -INFINITY ? 0.f : exp2f(x2 - stats.x) * stats.y;
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, f32 accumulate) ------
@@ -159,19 +83,6 @@ __device__ __forceinline__ void mma_x2(float (&acc)[MT][NB][4], const uint32_t (
     mma(acc[mt][n], a[mt], b[0], b[1]);
     mma(acc[mt][n + 1], a[mt], b[2], b[3]);
   }
-}
-
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
-// far below what a bf16 probability can hold).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
   if (!kDkDv) end = a.key_end(min(r0 + kRows, a.tq));
   if (kDkDv && a.causal) first = min(a.first_query(r0), a.tq) / KB;
   const int count = end > first * KB ? (end - first * KB + KB - 1) / KB : 0;
-  init_barriers(bars, ST, NC);
+  init_barriers(res_full, full, empty, ST, NC);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warp; one thread issues every copy
     if (threadIdx.x == 128 * NC && count > 0) {
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
           const int q = kDkDv ? col : row, k = kDkDv ? row : col;
           const bool seen = q < a.tq && k < a.tk && !(a.causal && k > q + a.tk - a.tq);
           const float2 sq = kDkDv ? st : row_stats[h];
-          const float p = seen ? lab_bf16::exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+          const float p = seen ? attn::exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
           x[i_acc] = p;
           y[i_acc] = p * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
         }
@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
     }
 #pragma unroll
     for (int e = 0; e < KB / 2; e += 2) {
-      if constexpr (kDkDv) pp[e / 8][(e % 8) / 2] = lab_bf16::pack(x[e], x[e + 1]);
-      pd[e / 8][(e % 8) / 2] = lab_bf16::pack(y[e], y[e + 1]);
+      if constexpr (kDkDv) pp[e / 8][(e % 8) / 2] = attn::pack(x[e], x[e + 1]);
+      pd[e / 8][(e % 8) / 2] = attn::pack(y[e], y[e + 1]);
     }
     wgmma_fence();
 #pragma unroll
@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 #pragma unroll
     for (int i = 2 * h; i < DH / 2; i += 4) {
       const int64_t at = int64_t(row) * ld + 2 * t + acc_col(i);
-      *reinterpret_cast<uint32_t*>(out1 + at) = lab_bf16::pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
-      if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = lab_bf16::pack(acc2[i], acc2[i + 1]);
+      *reinterpret_cast<uint32_t*>(out1 + at) = attn::pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
+      if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = attn::pack(acc2[i], acc2[i + 1]);
     }
   }
 #else
