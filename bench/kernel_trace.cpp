@@ -24,6 +24,9 @@ std::string short_kernel_name(const std::string& name) {
   std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status),
                                                    std::free);
   if (status == 0 && demangled) s = demangled.get();
+  // "(anonymous namespace)::" is scope, not a parameter list.
+  for (const std::string anon = "(anonymous namespace)::"; s.find(anon) != std::string::npos;)
+    s.erase(s.find(anon), anon.size());
   // Drop the parameter list, then every template argument list.
   std::string out;
   int depth = 0;
@@ -86,8 +89,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         g_records.push_back({m->start, m->end, "(memcpy)"});
         break;
       }
-      default:
-        break;
+      default: break;
     }
   }
   std::free(buffer);
