@@ -173,7 +173,7 @@ void report_kernel_trace(const Result& r, int top, double step_ms) {
 }
 
 // A CSV text field: quoted (the descriptions hold commas).
-std::string quoted(const std::string& text) { return "\"" + text + "\""; }
+[[maybe_unused]] std::string quoted(const std::string& text) { return "\"" + text + "\""; }
 
 #ifdef HG_WITH_CUDA
 // The floor of the fused step beside its measured time: a table of the

@@ -105,6 +105,7 @@ void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t
 }
 void cross_entropy_count_targets(const Tensor&, int64_t, Tensor&) { no_cuda("gpu::cross_entropy_count_targets"); }
 int64_t cross_entropy_staged_max_vocab(DType) { no_cuda("gpu::cross_entropy_staged_max_vocab"); }
+int64_t cross_entropy_staged_min_vocab(DType) { no_cuda("gpu::cross_entropy_staged_min_vocab"); }
 void cross_entropy_lse_rows_grad(Tensor&, const Tensor&, int64_t, const Tensor&, Tensor&, RowPassKernel) {
   no_cuda("gpu::cross_entropy_lse_rows_grad");
 }
