@@ -6,6 +6,9 @@
 #   scripts/gpu_compare.sh STAGE...   stages:
 #     train       bench_train (bench config, bf16 + fp32) | torch_train_step.py --config bench
 #     gpt2s       bench_train at GPT-2-small shape (bf16) | torch_train_step.py --config gpt2s
+#     step        the bf16 step against torch.compile with CUDA graphs: bench model, GPT-2 small
+#                 at B8 (with --floor and --kernel-trace) and B32 (plain, then --recompute-gelu
+#                 --recompute-layernorm)            | torch_train_step.py --variants compilecg-bf16-sdpa
 #     attention   bench_attention                          | torch_sdpa.py
 #     norms       bench_layernorm, bench_softmax           | torch_norms.py
 #     lab         bench/lab/softmax_lab, bench/lab/attention_lab (every kernel candidate against production)
@@ -63,6 +66,25 @@ for stage in "$@"; do
         --csv "$out/bench_train_gpt2s.csv" --breakdown-csv /dev/null
       torch_ref torch_train_gpt2s torch_train_step.py --config gpt2s --variants "${HG_TORCH_VARIANTS:-eager-bf16-sdpa}" \
         --json "$out/torch_train_gpt2s.json" ;;
+    step)
+      gpt2s=(--d-model 768 --heads 12 --layers 12 --seq-len 1024 --vocab 50304)
+      cg=compilecg-bf16-sdpa
+      run step_bench $b/bench_train --device cuda --precision bf16 --kernels fused --profile-steps 0 --iters 30 \
+        --csv "$out/step_bench.csv" --breakdown-csv /dev/null
+      torch_ref torch_step_bench torch_train_step.py --config bench --variants $cg --json "$out/torch_step_bench.json"
+      HG_TAIL=60 run step_gpt2s_b8 $b/bench_train --device cuda --precision bf16 --kernels fused --profile-steps 0 \
+        "${gpt2s[@]}" --batch 8 --floor --kernel-trace 10 --csv "$out/step_gpt2s_b8.csv" --breakdown-csv /dev/null \
+        --floor-csv "$out/step_gpt2s_b8_floor.csv"
+      torch_ref torch_step_gpt2s_b8 torch_train_step.py --config gpt2s --variants $cg \
+        --json "$out/torch_step_gpt2s_b8.json"
+      for flags in "" "--recompute-gelu --recompute-layernorm"; do
+        # shellcheck disable=SC2086  # the flags are words
+        run "step_gpt2s_b32${flags:+_recompute}" $b/bench_train --device cuda --precision bf16 --kernels fused \
+          --profile-steps 0 "${gpt2s[@]}" --batch 32 $flags --csv "$out/step_gpt2s_b32${flags:+_recompute}.csv" \
+          --breakdown-csv /dev/null
+      done
+      torch_ref torch_step_gpt2s_b32 torch_train_step.py --config gpt2s --batch 32 --variants $cg \
+        --json "$out/torch_step_gpt2s_b32.json" ;;
     attention)
       run bench_attention $b/bench_attention --seq 1024,4096 --max-unfused-seq 1024 --iters 10 \
         --csv "$out/bench_attention.csv"
@@ -134,7 +156,7 @@ for stage in "$@"; do
         done
       done
       python3 bench/torch_cpu_step.py --summary "$out" "$other" | tee "$out/cpu_step_summary.txt" ;;
-    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s attention norms residual accuracy python cpu cpu-step)" >&2
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s step attention norms residual accuracy python cpu cpu-step)" >&2
        exit 2 ;;
   esac
 done
