@@ -4,6 +4,7 @@
 
 #include "core/kernel_mode.hpp"
 #include "core/tensor_functions.hpp"
+#include "ops/attention_softmax_packed.hpp"
 #include "ops/softmax.hpp"
 
 namespace hg {
@@ -58,8 +59,7 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
   seq_ = t;
 
   const Tensor packed = qkv.forward(x.reshape({b * t, d_model_}));  // (B*T, 3d) = (B, T, 3, H, dh)
-  heads_ = Tensor();
-  probs_ = Tensor();
+  heads_ = packed_ = probs_ = Tensor();
   flash_ = AttentionSaved();
   if (used_flash(x)) {
     // The attention op reads q, k, v in place and writes (B, T, H, dh): no head split or merge.
@@ -68,6 +68,16 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
     options.causal = causal_;
     options.scale = scale_;
     const Tensor merged = attention_forward_packed(packed.reshape({b, t, 3 * d_model_}), h, options, &flash_);
+    return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
+  }
+  if (kernel_mode() == KernelMode::Fused && x.device() == Device::CPU) {
+    // The products read q, k, v in place and write (B, T, H, dh): no head split or merge.
+    SoftmaxOptions options;
+    options.mask = key_padding_mask;
+    options.causal = causal_;
+    options.scale = scale_;
+    packed_ = packed.reshape({b, t, 3 * d_model_});
+    const Tensor merged = attention_softmax_packed_forward(packed_, h, options, probs_);
     return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
   }
   heads_ = split_heads(packed.reshape({b, t, 3 * d_model_}), 3, h);  // (3, B, H, T, dh): q, k, v lead
@@ -123,6 +133,12 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
     // dq, dk, dv land straight in the (B, T, 3, H, dh) gradient of the QKV projection's output.
     const Tensor dpacked = attention_backward_packed(dmerged.reshape({b, t, d_model_}), flash_);
     flash_ = AttentionSaved();  // used up: the projection output and o go before the QKV backward
+    return qkv.backward(dpacked.reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
+  }
+  if (packed_.defined()) {  // the packed softmax path (fused, CPU)
+    const Tensor dpacked =
+        attention_softmax_packed_backward(dmerged.reshape({b, t, d_model_}), packed_, probs_, h, scale_);
+    packed_ = probs_ = Tensor();  // used up: freed before the QKV backward
     return qkv.backward(dpacked.reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
   }
   // dq, dk, dv are written straight into the slices of one (3, B, H, T, dh)

@@ -58,10 +58,11 @@ class MultiHeadAttention : public Module {
   // The softmax path's core on (B, H, Tq, dh) q and (B, H, Tk, dh) k, v:
   // P = softmax(scale q k^T + mask, causal), returns P v; P into *probs when given.
   Tensor softmax_core(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, Tensor* probs) const;
-  // Saved by forward: the softmax path's (3, B, H, T, dh) head-split
-  // projections and P, or the flash path's attention state (the packed
-  // (B, T, 3, H, dh) projection itself, its output and O(T) statistics).
-  Tensor heads_, probs_;
+  // Saved by forward: the softmax path's P with its (3, B, H, T, dh)
+  // head-split projections (composed) or the packed (B, T, 3, H, dh)
+  // projection itself (fused mode on the CPU), or the flash path's attention
+  // state (the packed projection, its output and O(T) statistics).
+  Tensor heads_, probs_, packed_;
   AttentionSaved flash_;
   int64_t batch_ = 0, seq_ = 0;
 };

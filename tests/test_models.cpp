@@ -1090,19 +1090,26 @@ TEST_CASE("profiler: records op kinds only when enabled", "[core][profiler]") {
     CHECK(e.calls > 0);
     CHECK(e.total_ms >= 0);
   }
-  for (const char* k : {"embedding", "layernorm", "linear", "matmul", "softmax", "layout", "residual"})
+  for (const char* k : {"embedding", "layernorm", "linear", "matmul", "softmax", "residual"})
     CHECK(std::find(kinds.begin(), kinds.end(), k) != kinds.end());
-  // Fused mode runs GELU in the GEMM epilogues (kind "linear"); unfused, it is its own kind.
+  // Fused mode runs GELU in the GEMM epilogues (kind "linear"), and the CPU
+  // attention's products read and write the packed layouts (no "layout"
+  // copies); unfused, both are kinds of their own.
   CHECK(std::find(kinds.begin(), kinds.end(), "gelu") == kinds.end());
+  CHECK(std::find(kinds.begin(), kinds.end(), "layout") == kinds.end());
   {
     KernelModeScope unfused(KernelMode::Unfused);
     prof::reset();
     prof::enable(true);
     lm_step(model, ids, targets);
     prof::enable(false);
-    bool gelu = false;
-    for (const auto& e : prof::entries()) gelu = gelu || e.kind == "gelu";
+    bool gelu = false, layout = false;
+    for (const auto& e : prof::entries()) {
+      gelu = gelu || e.kind == "gelu";
+      layout = layout || e.kind == "layout";
+    }
     CHECK(gelu);
+    CHECK(layout);
   }
   prof::reset();
 }

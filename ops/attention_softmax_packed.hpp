@@ -1,0 +1,23 @@
+#pragma once
+// Softmax attention that keeps its probabilities, on the packed layouts:
+// q, k, v read in place from the QKV projection's output (B, T, 3 H dh), the
+// output written as (B, T, H dh), the gradient as (B, T, 3 H dh). The fused
+// mode's CPU path for AttentionImpl::Softmax (models/attention.hpp): the same
+// products and softmax as the composed path, without its head split and
+// merge copies (ops/cpu/attention_softmax_packed_cpu.hpp). CPU, F32 or F64.
+#include <cstdint>
+
+#include "core/tensor.hpp"
+#include "ops/softmax.hpp"
+
+namespace hg {
+
+// The output; probs (B, H, T, T) = softmax(scale q k^T + mask (+ causal)) for
+// the backward.
+Tensor attention_softmax_packed_forward(const Tensor& qkv, int64_t heads, const SoftmaxOptions& options, Tensor& probs);
+
+// d qkv from dout (B, T, H dh), the forward's qkv and probs and its scale.
+Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
+                                         double scale);
+
+}  // namespace hg
