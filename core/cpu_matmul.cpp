@@ -132,6 +132,13 @@ void packed_product(const GemmBlock<T>& g, const Tiles& t, const MatmulEpilogue<
 
 }  // namespace
 
+bool matmul_runs_whole_products(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  MatmulShape s;
+  s.batch = batch, s.m = m, s.n = n, s.k = k;
+  const Tiles t = tiles_for(s);
+  return t.row_tiles * t.col_tiles == 1;
+}
+
 template <class T>
 void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb, bool accumulate,
             const MatmulEpilogue<T>* epilogue) {

@@ -19,6 +19,11 @@ struct MatmulEpilogue {
   std::function<void(int64_t r0, int64_t rows, int64_t c0, int64_t cols)> finish;
 };
 
+// Whether matmul runs each of `batch` products of m x n x k as one GEMM
+// (core/cpu_gemm.hpp) on one thread, the batch entries on the threads;
+// otherwise it cuts each product into tiles.
+bool matmul_runs_whole_products(int64_t batch, int64_t m, int64_t n, int64_t k);
+
 // C [+]= op(A) op(B) for every batch entry; results do not depend on the
 // thread count. An epilogue needs s.batch == 1.
 template <class T>

@@ -1,8 +1,9 @@
 // The packed softmax attention (ops/attention_softmax_packed.hpp): q, k, v
 // read in place from (B, T, 3 H dh) and the gradient written as such must
 // equal the composed path (split_heads, matmul, the softmax ops, merge_heads)
-// bit for bit, with and without mask and causal, at any thread count; bad
-// input is refused by name.
+// bit for bit, with and without mask and causal, at any thread count, also
+// where matmul would tile the products (few heads, long rows: the op runs
+// the composed path there); bad input is refused by name.
 #include <array>
 #include <vector>
 
@@ -48,7 +49,8 @@ TEST_CASE("packed softmax attention equals the composed path bit for bit", "[att
   Generator gen(71);
   const int saved_threads = num_threads();
   for (DType dt : {DType::F32, DType::F64})
-    for (const auto& [b, t, heads, dh] : std::vector<std::array<int64_t, 4>>{{2, 7, 3, 5}, {1, 33, 2, 16}, {3, 1, 1, 4}})
+    for (const auto& [b, t, heads, dh] : std::vector<std::array<int64_t, 4>>{
+             {2, 7, 3, 5}, {1, 33, 2, 16}, {3, 1, 1, 4}, {8, 20, 2, 16}, {1, 70, 2, 32}})
       for (bool causal : {false, true})
         for (bool masked : {false, true}) {
           INFO(dtype_name(dt) << " B " << b << " T " << t << " H " << heads << " dh " << dh << " causal " << causal
@@ -86,12 +88,17 @@ TEST_CASE("packed softmax attention: bad input names what is wrong", "[attention
                  "qkv must be (B, T, 3 * heads * head_dim) with heads 5"));
   CHECK(contains(thrown_message([&] { attention_softmax_packed_forward(qkv, 0, options, probs); }),
                  "heads must be positive"));
-  CHECK(contains(thrown_message([&] { attention_softmax_packed_forward(Tensor::zeros({2, 4, 12}, DType::BF16), 2,
-                                                                        options, probs); }),
+  CHECK(contains(thrown_message([&] {
+                   attention_softmax_packed_forward(Tensor::zeros({2, 4, 12}, DType::BF16), 2, options, probs);
+                 }),
                  "qkv must be f32 or f64"));
   const Tensor out = attention_softmax_packed_forward(qkv, 2, options, probs);
-  CHECK(contains(thrown_message([&] { attention_softmax_packed_backward(Tensor::zeros({2, 4, 5}), qkv, probs, 2, 1.0); }),
+  CHECK(contains(thrown_message([&] {
+                   attention_softmax_packed_backward(Tensor::zeros({2, 4, 5}), qkv, probs, 2, 1.0);
+                 }),
                  "dout must be a f32 CPU tensor of shape"));
-  CHECK(contains(thrown_message([&] { attention_softmax_packed_backward(out, qkv, Tensor::zeros({2, 2, 4, 3}), 2, 1.0); }),
+  CHECK(contains(thrown_message([&] {
+                   attention_softmax_packed_backward(out, qkv, Tensor::zeros({2, 2, 4, 3}), 2, 1.0);
+                 }),
                  "probs must be the forward's"));
 }

@@ -22,9 +22,8 @@ Heads heads_of(const Tensor& qkv, int64_t heads) {
 // C = op(A) op(B) for every (b, h), the blocks from `block(b, h)`.
 template <class T, class Block>
 void for_heads(const Heads& s, int64_t flops_each, const Block& block) {
-  parallel_for(s.batch * s.heads, s.batch * s.heads * flops_each, [&](int64_t task) {
-    gemm(block(task / s.heads, task % s.heads));
-  });
+  parallel_for(s.batch * s.heads, s.batch * s.heads * flops_each,
+               [&](int64_t task) { gemm(block(task / s.heads, task % s.heads)); });
 }
 
 template <class T>
