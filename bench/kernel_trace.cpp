@@ -128,7 +128,7 @@ KernelTraceResult kernel_trace_close() {
   if (records.empty()) return r;
   std::sort(records.begin(), records.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
   std::map<std::string, KernelTime> by_name;
-  uint64_t covered_end = records.front().start, busy = 0, last_end = 0;
+  uint64_t covered_end = records.front().start, busy = 0;
   for (const Interval& i : records) {
     KernelTime& k = by_name[short_kernel_name(i.name)];
     ++k.calls;
@@ -136,10 +136,9 @@ KernelTraceResult kernel_trace_close() {
     // Union of the intervals (they may overlap on other streams).
     const uint64_t from = std::max(i.start, covered_end);
     if (i.end > from) busy += i.end - from;
-    covered_end = std::max(covered_end, i.end);
-    last_end = std::max(last_end, i.end);
+    covered_end = std::max(covered_end, i.end);  // ends as the last end
   }
-  r.span_us = static_cast<double>(last_end - records.front().start) * 1e-3;
+  r.span_us = static_cast<double>(covered_end - records.front().start) * 1e-3;
   r.busy_us = static_cast<double>(busy) * 1e-3;
   for (auto& [name, k] : by_name) {
     k.name = name;
