@@ -70,7 +70,8 @@ Tensor MultiHeadAttention::forward(const Tensor& x, const Tensor& key_padding_ma
     const Tensor merged = attention_forward_packed(packed.reshape({b, t, 3 * d_model_}), h, options, &flash_);
     return proj.forward(merged.reshape({b * t, d_model_})).reshape({b, t, d_model_});
   }
-  if (kernel_mode() == KernelMode::Fused && x.device() == Device::CPU) {
+  if (kernel_mode() == KernelMode::Fused && x.device() == Device::CPU &&
+      attention_softmax_packed_suits(b, h, t, head_dim_)) {
     // The products read q, k, v in place and write (B, T, H, dh): no head split or merge.
     SoftmaxOptions options;
     options.mask = key_padding_mask;

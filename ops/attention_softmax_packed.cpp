@@ -2,8 +2,6 @@
 
 #include "core/cpu_matmul.hpp"
 #include "core/profiler.hpp"
-#include "core/tensor_functions.hpp"
-#include "ops/attention.hpp"
 #include "ops/cpu/attention_softmax_packed_cpu.hpp"
 
 namespace hg {
@@ -22,25 +20,16 @@ void check_qkv(const char* op, const Tensor& qkv, int64_t heads) {
            "qkv must be (B, T, 3 * heads * head_dim) with heads ", heads, ", got ", qkv.shape());
 }
 
-// Where matmul would cut each (batch, head) product into tiles (few heads,
-// long rows), one GEMM a head would leave threads idle and round
-// differently: those shapes run the composed path itself.
-bool runs_composed(const Tensor& qkv, int64_t heads) {
-  const int64_t t = qkv.size(1), dh = qkv.size(2) / (3 * heads);
-  return !cpu::matmul_runs_whole_products(qkv.size(0) * heads, t, t, dh);
-}
-
 }  // namespace
+
+bool attention_softmax_packed_suits(int64_t batch, int64_t heads, int64_t t, int64_t head_dim) {
+  return cpu::matmul_runs_whole_products(batch * heads, t, t, head_dim);
+}
 
 Tensor attention_softmax_packed_forward(const Tensor& qkv, int64_t heads, const SoftmaxOptions& options,
                                         Tensor& probs) {
   check_qkv(kForward, qkv, heads);
   const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
-  if (runs_composed(qkv, heads)) {
-    const Tensor split = split_heads(qkv, 3, heads);
-    probs = attention_softmax_forward(matmul(split[0], split[1], false, true), options);
-    return merge_heads(matmul(probs, split[2]));
-  }
   Tensor scores = Tensor::empty({b, heads, t, t}, qkv.dtype(), Device::CPU);
   {
     HG_PROFILE("matmul", Device::CPU);
@@ -65,18 +54,6 @@ Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, 
   HG_CHECK(probs.shape() == Shape({b, heads, t, t}) && probs.dtype() == qkv.dtype() && probs.device() == Device::CPU,
            kBackward, "probs must be the forward's ", Shape({b, heads, t, t}), " ", dtype_name(qkv.dtype()),
            " CPU tensor, got ", dtype_name(probs.dtype()), " ", probs.shape(), " on ", device_name(probs.device()));
-  if (runs_composed(qkv, heads)) {
-    const Tensor split = split_heads(qkv, 3, heads);
-    const Tensor q = split[0], k = split[1], v = split[2];
-    const Tensor dctx = split_heads(dout, 1, heads)[0];
-    const Tensor dscores = softmax_backward(matmul(dctx, v, false, true), probs, scale);
-    Tensor dheads = Tensor::empty({3, b, heads, t, width / heads}, qkv.dtype(), Device::CPU);
-    Tensor dq = dheads[0], dk = dheads[1], dv = dheads[2];
-    matmul_into(dscores, k, dq, false, false);
-    matmul_into(dscores, q, dk, true, false);
-    matmul_into(probs, dctx, dv, true, false);
-    return merge_heads(dheads);
-  }
   Tensor dprobs = Tensor::empty(probs.shape(), probs.dtype(), Device::CPU);
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), Device::CPU);
   {

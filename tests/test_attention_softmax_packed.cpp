@@ -1,9 +1,9 @@
 // The packed softmax attention (ops/attention_softmax_packed.hpp): q, k, v
 // read in place from (B, T, 3 H dh) and the gradient written as such must
 // equal the composed path (split_heads, matmul, the softmax ops, merge_heads)
-// bit for bit, with and without mask and causal, at any thread count, also
-// where matmul would tile the products (few heads, long rows: the op runs
-// the composed path there); bad input is refused by name.
+// bit for bit, with and without mask and causal, at any thread count, on the
+// shapes it suits (matmul runs the composed products one GEMM a head there);
+// bad input is refused by name.
 #include <array>
 #include <vector>
 
@@ -49,10 +49,11 @@ TEST_CASE("packed softmax attention equals the composed path bit for bit", "[att
   Generator gen(71);
   const int saved_threads = num_threads();
   for (DType dt : {DType::F32, DType::F64})
-    for (const auto& [b, t, heads, dh] : std::vector<std::array<int64_t, 4>>{
-             {2, 7, 3, 5}, {1, 33, 2, 16}, {3, 1, 1, 4}, {8, 20, 2, 16}, {1, 70, 2, 32}})
+    for (const auto& [b, t, heads, dh] :
+         std::vector<std::array<int64_t, 4>>{{2, 7, 3, 5}, {1, 33, 2, 16}, {3, 1, 1, 4}, {8, 20, 2, 16}})
       for (bool causal : {false, true})
         for (bool masked : {false, true}) {
+          REQUIRE(attention_softmax_packed_suits(b, heads, t, dh));
           INFO(dtype_name(dt) << " B " << b << " T " << t << " H " << heads << " dh " << dh << " causal " << causal
                               << " masked " << masked);
           const Tensor qkv = Tensor::randn({b, t, 3 * heads * dh}, gen, dt);
@@ -78,6 +79,16 @@ TEST_CASE("packed softmax attention equals the composed path bit for bit", "[att
           }
         }
   set_num_threads(saved_threads);
+}
+
+TEST_CASE("packed softmax attention suits the shapes matmul runs one GEMM a head", "[attention][packed]") {
+  // Few heads in all with long rows: matmul tiles each product, so the
+  // composed path keeps those shapes; 16 heads in all or short rows: whole.
+  CHECK_FALSE(attention_softmax_packed_suits(1, 2, 70, 32));
+  CHECK_FALSE(attention_softmax_packed_suits(1, 4, 1024, 64));
+  CHECK(attention_softmax_packed_suits(8, 2, 70, 32));
+  CHECK(attention_softmax_packed_suits(16, 4, 128, 64));
+  CHECK(attention_softmax_packed_suits(1, 2, 33, 16));
 }
 
 TEST_CASE("packed softmax attention: bad input names what is wrong", "[attention][packed][errors]") {

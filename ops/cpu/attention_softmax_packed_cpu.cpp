@@ -19,10 +19,11 @@ Heads heads_of(const Tensor& qkv, int64_t heads) {
   return {qkv.size(0), heads, qkv.size(1), qkv.size(2) / (3 * heads)};
 }
 
-// C = op(A) op(B) for every (b, h), the blocks from `block(b, h)`.
-template <class T, class Block>
-void for_heads(const Heads& s, int64_t flops_each, const Block& block) {
-  parallel_for(s.batch * s.heads, s.batch * s.heads * flops_each,
+// C = op(A) op(B) for every (b, h), the blocks from `block(b, h)`; each of
+// the four products does T x T x dh multiply-adds a head.
+template <class Block>
+void for_heads(const Heads& s, const Block& block) {
+  parallel_for(s.batch * s.heads, s.batch * s.heads * s.t * s.t * s.dh,
                [&](int64_t task) { gemm(block(task / s.heads, task % s.heads)); });
 }
 
@@ -42,7 +43,7 @@ void scores_typed(const Tensor& qkv, const Heads& s, Tensor& scores) {
   const T* x = qkv.data<T>();
   T* out = scores.data<T>();
   const int64_t ld = 3 * s.width();
-  for_heads<T>(s, s.t * s.t * s.dh, [&](int64_t b, int64_t h) {
+  for_heads(s, [&](int64_t b, int64_t h) {
     return product<T>(s.t, s.t, s.dh, x + s.qkv_at(b, h, 0), ld, false, x + s.qkv_at(b, h, 1), ld, true,
                       out + s.square_at(b, h), s.t);
   });
@@ -53,7 +54,7 @@ void context_typed(const Tensor& probs, const Tensor& qkv, const Heads& s, Tenso
   const T* p = probs.data<T>();
   const T* x = qkv.data<T>();
   T* o = out.data<T>();
-  for_heads<T>(s, s.t * s.t * s.dh, [&](int64_t b, int64_t h) {
+  for_heads(s, [&](int64_t b, int64_t h) {
     return product<T>(s.t, s.dh, s.t, p + s.square_at(b, h), s.t, false, x + s.qkv_at(b, h, 2), 3 * s.width(), false,
                       o + s.merged_at(b, h), s.width());
   });
@@ -68,11 +69,11 @@ void value_grads_typed(const Tensor& dout, const Tensor& probs, const Tensor& qk
   T* dp = dprobs.data<T>();
   T* dx = dqkv.data<T>();
   const int64_t ld = 3 * s.width();
-  for_heads<T>(s, s.t * s.t * s.dh, [&](int64_t b, int64_t h) {  // dP = dO v^T
+  for_heads(s, [&](int64_t b, int64_t h) {  // dP = dO v^T
     return product<T>(s.t, s.t, s.dh, dy + s.merged_at(b, h), s.width(), false, x + s.qkv_at(b, h, 2), ld, true,
                       dp + s.square_at(b, h), s.t);
   });
-  for_heads<T>(s, s.t * s.t * s.dh, [&](int64_t b, int64_t h) {  // dv = P^T dO
+  for_heads(s, [&](int64_t b, int64_t h) {  // dv = P^T dO
     return product<T>(s.t, s.dh, s.t, p + s.square_at(b, h), s.t, true, dy + s.merged_at(b, h), s.width(), false,
                       dx + s.qkv_at(b, h, 2), ld);
   });
@@ -84,11 +85,11 @@ void query_key_grads_typed(const Tensor& dscores, const Tensor& qkv, const Heads
   const T* x = qkv.data<T>();
   T* dx = dqkv.data<T>();
   const int64_t ld = 3 * s.width();
-  for_heads<T>(s, s.t * s.t * s.dh, [&](int64_t b, int64_t h) {  // dq = dS k
+  for_heads(s, [&](int64_t b, int64_t h) {  // dq = dS k
     return product<T>(s.t, s.dh, s.t, ds + s.square_at(b, h), s.t, false, x + s.qkv_at(b, h, 1), ld, false,
                       dx + s.qkv_at(b, h, 0), ld);
   });
-  for_heads<T>(s, s.t * s.t * s.dh, [&](int64_t b, int64_t h) {  // dk = dS^T q
+  for_heads(s, [&](int64_t b, int64_t h) {  // dk = dS^T q
     return product<T>(s.t, s.dh, s.t, ds + s.square_at(b, h), s.t, true, x + s.qkv_at(b, h, 0), ld, false,
                       dx + s.qkv_at(b, h, 1), ld);
   });
