@@ -90,11 +90,12 @@ inline std::vector<FloorBytes> floor_bytes(const FloorShape& f, bool bf16_copies
   const double P = double(p.all), Pc = bf16_copies ? double(p.linear) : 0.0;
   const double stats = 8 * N;  // mean and rstd, f32 per row
   return {
-      {"layernorm fwd", (L + 1) * (2 * N * d * E + stats), "ln1 x L + ln_f: read x, write y and row stats"},
-      {"layernorm bwd", (L + 1) * (3 * N * d * E + stats), "ln1 x L + ln_f: read dy, x, stats; write dx"},
-      {"residual+ln2 fwd", L * (4 * N * d * E + stats), "read x, a; write h = x + a, y, stats"},
-      {"residual+ln2 bwd", L * (4 * N * d * E + stats), "read dy of y, dy of h, h, stats; write dh"},
-      {"residual adds", L * 2 * 3 * N * d * E, "fwd h + ffn, bwd dh + dx of ln1: read 2, write 1"},
+      // Every residual add runs in a LayerNorm (docs/residual_layernorm.md, "In the model").
+      {"layernorm fwd", 2 * N * d * E + stats, "ln1 of layer 0: read x, write y and row stats"},
+      {"layernorm bwd", 3 * N * d * E + stats, "ln_f: read dy, x, stats; write dx"},
+      {"residual+ln fwd", 2 * L * (4 * N * d * E + stats),
+       "ln2 x L, ln1 of layers 1.. and ln_f: read x, r; write h = x + r, y, stats"},
+      {"residual+ln bwd", 2 * L * (4 * N * d * E + stats), "ln2, ln1 x L: read dy of y, dy of h, h, stats; write dh"},
       {"gelu aux", L * 2 * N * F * E, "fc1 epilogue writes pre, fc2 dgrad epilogue reads it"},
       {"bias grads", L * N * (3 * d + d + F + d) * E, "column sums over dy of qkv, proj, fc1 (pre), fc2"},
       {"embedding", N * d * (4 + E) + 4 * T * d + N * d * E + 8 * N * d + 8 * T * d,

@@ -47,9 +47,10 @@ struct GemmArgs {
   bool transpose_a = false, transpose_b = false;
   bool accumulate = false;  // out += product (beta = 1) instead of out = product
   GemmEpilogue epilogue = GemmEpilogue::None;
-  const Tensor* bias = nullptr;  // Bias, BiasGelu: (N,)
-  Tensor* aux = nullptr;         // BiasGelu: written (M, N); GeluBackward: read (M, N)
-  Tensor* bias_grad = nullptr;   // BiasGradA (M,), BiasGradB (N,), GeluBackward (N,) optional; always overwritten
+  const Tensor* bias = nullptr;       // Bias, BiasGelu: (N,)
+  Tensor* aux = nullptr;              // BiasGelu: written (M, N); GeluBackward: read (M, N)
+  Tensor* bias_grad = nullptr;        // BiasGradA (M,), BiasGradB (N,), GeluBackward (N,) optional; overwritten, or:
+  bool bias_grad_accumulate = false;  // bias_grad += the sums (one addition in bias_grad's dtype), not = the sums
 };
 
 // One multi-tensor AdamW step over many parameters (Backend::adamw_multi).

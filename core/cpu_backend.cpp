@@ -584,6 +584,17 @@ class CpuBackend final : public Backend {
     cpu::matmul(a.data<float>(), b.data<float>(), c, s, args.transpose_a, args.transpose_b, args.accumulate, &tile);
   }
 
+  // bias_grad = the sums of x over `dim` (2-D x), or with bias_grad_accumulate
+  // bias_grad += them: the sums first, then one addition.
+  void sum_into_bias_grad(const Tensor& x, int dim, const GemmArgs& args) {
+    const Shape keep = dim == 0 ? Shape{1, x.size(1)} : Shape{x.size(0), 1};
+    Tensor target = args.bias_grad->reshape(keep);
+    if (!args.bias_grad_accumulate) return reduce(ReduceOp::Sum, x, dim, target);
+    Tensor sums = Tensor::empty(keep, target.dtype());
+    reduce(ReduceOp::Sum, x, dim, sums);
+    zip(BinaryOp::Add, target, sums, target);
+  }
+
   // The epilogues composed from this backend's own passes: the reference the
   // cuBLASLt epilogues are tested against (tests/test_gemm.cpp), and the
   // float64 path.
@@ -595,10 +606,7 @@ class CpuBackend final : public Backend {
     if (a.dtype() == DType::F32 &&
         (e == GemmEpilogue::Bias || e == GemmEpilogue::BiasGelu || e == GemmEpilogue::GeluBackward)) {
       gemm_f32_tiles(a, b, out, args);
-      if (e == GemmEpilogue::GeluBackward && args.bias_grad) {
-        Tensor sums = args.bias_grad->reshape({1, out.size(1)});
-        reduce(ReduceOp::Sum, out, 0, sums);
-      }
+      if (e == GemmEpilogue::GeluBackward && args.bias_grad) sum_into_bias_grad(out, 0, args);
       return;
     }
     if (e == GemmEpilogue::GeluBackward) {
@@ -606,10 +614,7 @@ class CpuBackend final : public Backend {
       matmul(a, b, product, args.transpose_a, args.transpose_b, false);
       map(UnaryOp::GeluGrad, *args.aux, out);
       zip(BinaryOp::Mul, product, out, out);
-      if (args.bias_grad) {
-        Tensor sums = args.bias_grad->reshape({1, out.size(1)});
-        reduce(ReduceOp::Sum, out, 0, sums);
-      }
+      if (args.bias_grad) sum_into_bias_grad(out, 0, args);
       return;
     }
     matmul(a, b, out, args.transpose_a, args.transpose_b, args.accumulate);
@@ -618,16 +623,8 @@ class CpuBackend final : public Backend {
       zip(BinaryOp::Add, out, *args.bias, *args.aux);
       map(UnaryOp::Gelu, *args.aux, out);
     }
-    if (e == GemmEpilogue::BiasGradA) {  // sum over k of op(a) (M, K)
-      const int k_dim = args.transpose_a ? 0 : 1;
-      Tensor sums = args.bias_grad->reshape(k_dim == 0 ? Shape{1, a.size(1)} : Shape{a.size(0), 1});
-      reduce(ReduceOp::Sum, a, k_dim, sums);
-    }
-    if (e == GemmEpilogue::BiasGradB) {  // sum over k of op(b) (K, N)
-      const int k_dim = args.transpose_b ? 1 : 0;
-      Tensor sums = args.bias_grad->reshape(k_dim == 0 ? Shape{1, b.size(1)} : Shape{b.size(0), 1});
-      reduce(ReduceOp::Sum, b, k_dim, sums);
-    }
+    if (e == GemmEpilogue::BiasGradA) sum_into_bias_grad(a, args.transpose_a ? 0 : 1, args);  // over k of op(a)
+    if (e == GemmEpilogue::BiasGradB) sum_into_bias_grad(b, args.transpose_b ? 1 : 0, args);  // over k of op(b)
   }
 
   void gather_rows(const Tensor& table, const Tensor&, const std::vector<int32_t>& host_ids, Tensor& out) override {

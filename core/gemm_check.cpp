@@ -63,6 +63,8 @@ MatmulShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& out, cons
            " takes no bias_grad, but one was given");
   HG_CHECK(e == GemmEpilogue::GeluBackward || !takes_bias_grad(e) || args.bias_grad != nullptr, op, "epilogue ", name,
            " needs bias_grad");
+  HG_CHECK(args.bias_grad != nullptr || !args.bias_grad_accumulate, op, "bias_grad_accumulate is set but epilogue ",
+           name, " was given no bias_grad to add to");
   HG_CHECK(!(e == GemmEpilogue::GeluBackward && args.accumulate), op,
            "epilogue GeluBackward cannot accumulate (the GELU derivative would scale the old out too)");
   if (args.bias) check_vector(op, "bias", args.bias, s.n, out);

@@ -24,6 +24,7 @@
 #include "core/transpose_plan.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/gelu.cuh"
 #include "cuda/gemm_lt.hpp"
 #include "cuda/indexing_kernels.hpp"
 #include "cuda/launch.cuh"
@@ -110,8 +111,6 @@ __device__ __forceinline__ double d_pow(double a, double b) { return pow(a, b); 
 
 template <UnaryOp OP, class T>
 __device__ __forceinline__ T apply_unary(T x) {
-  // GELU, tanh approximation: 0.5 x (1 + tanh(c (x + a x^3))), c = sqrt(2 / pi).
-  constexpr T c = T(0.7978845608028654), a = T(0.044715);
   if constexpr (OP == UnaryOp::Identity) return x;
   else if constexpr (OP == UnaryOp::Neg) return -x;
   else if constexpr (OP == UnaryOp::Exp) return d_exp(x);
@@ -123,15 +122,9 @@ __device__ __forceinline__ T apply_unary(T x) {
   else if constexpr (OP == UnaryOp::Abs) return d_abs(x);
   else if constexpr (OP == UnaryOp::Relu) return x > T(0) ? x : T(0);
   else if constexpr (OP == UnaryOp::ReluGrad) return x > T(0) ? T(1) : T(0);
-  else if constexpr (OP == UnaryOp::Gelu) {
-    return T(0.5) * x * (T(1) + d_tanh(c * (x + a * x * x * x)));
-  } else if constexpr (OP == UnaryOp::GeluGrad) {
-    const T t = d_tanh(c * (x + a * x * x * x));
-    const T sech2 = T(1) - t * t;
-    // Far in the tails sech2 is exactly 0 while x^2 may overflow: 0 * inf would be NaN.
-    if (sech2 == T(0)) return T(0.5) * (T(1) + t);
-    return T(0.5) * (T(1) + t) + T(0.5) * x * sech2 * c * (T(1) + T(3) * a * x * x);
-  } else if constexpr (OP == UnaryOp::Tanh) return d_tanh(x);
+  else if constexpr (OP == UnaryOp::Gelu) return gpu::gelu_value(x);  // tanh form: cuda/gelu.cuh
+  else if constexpr (OP == UnaryOp::GeluGrad) return gpu::gelu_slope(x);
+  else if constexpr (OP == UnaryOp::Tanh) return d_tanh(x);
   else {
     static_assert(OP == UnaryOp::Sigmoid, "unhandled UnaryOp");
     // Never exponentiates a large positive number, so no inf / inf.

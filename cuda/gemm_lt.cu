@@ -1,5 +1,6 @@
 // Backend::gemm through cuBLASLt: cached plans, one workspace, the epilogue
-// mapping, and the deterministic bias-gradient sum that runs after the GEMM. Row-major <-> column-major: docs/gemm.md.
+// mapping, and the deterministic bias-gradient sums that run after the GEMM
+// (cuda/column_sum.cu), GELU backward's pass among them. Row-major <-> column-major: docs/gemm.md.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -15,6 +16,7 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/math_mode.hpp"
+#include "cuda/column_sum_kernels.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
@@ -58,94 +60,48 @@ int alignment_of(const void* p) {
   return 2;
 }
 
-// ---- bias gradients, summed after the GEMM: out[i] = sum_j x[i*si + j*sj] ----
+// ---- bias gradients, summed after the GEMM: out[i] (+)= sum_j x[i*si + j*sj] ----
 
 // One warp per output (row sums, sj == 1: the lanes read adjacent terms);
 // lanes take j = lane, lane + 32, ... and combine in a fixed shuffle tree, so
 // the result does not depend on timing.
 template <class T, class O>
 __global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out, int64_t count, int64_t len, int64_t si,
-                                   int64_t sj) {
+                                   int64_t sj, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
     float acc = 0.f;
     for (int64_t j = lane; j < len; j += 32) acc += to_f(x[i * si + j * sj]);
     for (int offset = 16; offset > 0; offset >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
-    if (lane == 0) out[i] = from_f<O>(acc);
+    if (lane == 0) out[i] = from_f<O>(accumulate ? to_f(out[i]) + acc : acc);
   }
 }
 
 template <class T>
-void launch_strided_sum_to(const void* x, const Tensor& out, int64_t count, int64_t len, int64_t si, int64_t sj) {
+void launch_strided_sum_to(const void* x, const Tensor& out, int64_t count, int64_t len, int64_t si, int64_t sj,
+                           bool accumulate) {
   const int threads = 256;
   const int64_t blocks = (count + threads / 32 - 1) / (threads / 32);
   const auto grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
   const T* xs = static_cast<const T*>(x);
   if (out.dtype() == DType::F32)
     strided_sum_kernel<T, float>
-        <<<grid, threads, 0, stream()>>>(xs, static_cast<float*>(out.raw_data()), count, len, si, sj);
+        <<<grid, threads, 0, stream()>>>(xs, static_cast<float*>(out.raw_data()), count, len, si, sj, accumulate);
   else
-    strided_sum_kernel<T, __nv_bfloat16>
-        <<<grid, threads, 0, stream()>>>(xs, static_cast<__nv_bfloat16*>(out.raw_data()), count, len, si, sj);
+    strided_sum_kernel<T, __nv_bfloat16><<<grid, threads, 0, stream()>>>(
+        xs, static_cast<__nv_bfloat16*>(out.raw_data()), count, len, si, sj, accumulate);
   HG_CUDA_CHECK_LAUNCH("strided_sum_kernel");
 }
 
 // Column sums (si == 1: outputs adjacent in memory, the terms of one output
-// sj apart): the warp-per-output kernel would read one element per 32-byte
-// sector there. Instead a thread per column sums a chunk of kColumnChunk
-// rows (a warp reads 32 adjacent columns of a row: coalesced), and a second
-// kernel adds the chunks' partial sums in chunk order: deterministic, no atomics.
-constexpr int64_t kColumnChunk = 64;
-constexpr int kColumnThreads = 256;
-
-template <class T>
-__global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t count, int64_t len,
-                                      int64_t sj) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
-  if (i >= count) return;
-  const int64_t end = (chunk + 1) * kColumnChunk < len ? (chunk + 1) * kColumnChunk : len;
-  float acc = 0.f;
-  for (int64_t j = chunk * kColumnChunk; j < end; ++j) acc += to_f(x[i + j * sj]);
-  partial[chunk * count + i] = acc;
-}
-
-template <class O>
-__global__ void column_finish_kernel(const float* __restrict__ partial, O* __restrict__ out, int64_t count,
-                                     int64_t chunks) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= count) return;
-  float acc = 0.f;
-  for (int64_t c = 0; c < chunks; ++c) acc += partial[c * count + i];
-  out[i] = from_f<O>(acc);
-}
-
-template <class T>
-void launch_column_sum(const void* x, const Tensor& out, int64_t count, int64_t len, int64_t sj) {
-  const int64_t chunks = (len + kColumnChunk - 1) / kColumnChunk;
-  Tensor partial = Tensor::empty({chunks, count}, DType::F32, Device::CUDA);
-  const auto blocks = static_cast<unsigned>((count + kColumnThreads - 1) / kColumnThreads);
-  column_partial_kernel<T><<<dim3(blocks, static_cast<unsigned>(chunks)), kColumnThreads, 0, stream()>>>(
-      static_cast<const T*>(x), partial.data<float>(), count, len, sj);
-  HG_CUDA_CHECK_LAUNCH("column_partial_kernel");
-  if (out.dtype() == DType::F32)
-    column_finish_kernel<float><<<blocks, kColumnThreads, 0, stream()>>>(
-        partial.data<float>(), static_cast<float*>(out.raw_data()), count, chunks);
-  else
-    column_finish_kernel<__nv_bfloat16><<<blocks, kColumnThreads, 0, stream()>>>(
-        partial.data<float>(), static_cast<__nv_bfloat16*>(out.raw_data()), count, chunks);
-  HG_CUDA_CHECK_LAUNCH("column_finish_kernel");
-}
-
-void strided_sum(const Tensor& x, const Tensor& out, int64_t count, int64_t len, int64_t si, int64_t sj) {
-  const bool columns = si == 1 && sj != 1 && len > 0 && len / kColumnChunk < 65535;
-  if (x.dtype() == DType::F32) {
-    if (columns) return launch_column_sum<float>(x.raw_data(), out, count, len, sj);
-    launch_strided_sum_to<float>(x.raw_data(), out, count, len, si, sj);
-  } else {
-    if (columns) return launch_column_sum<__nv_bfloat16>(x.raw_data(), out, count, len, sj);
-    launch_strided_sum_to<__nv_bfloat16>(x.raw_data(), out, count, len, si, sj);
-  }
+// sj apart) go to cuda/column_sum.cu: the warp-per-output kernel would read
+// one element per 32-byte sector there.
+void strided_sum(const Tensor& x, const Tensor& out, int64_t count, int64_t len, int64_t si, int64_t sj,
+                 bool accumulate) {
+  if (si == 1 && sj != 1) return column_sum(x, len, count, sj, out, accumulate);
+  if (x.dtype() == DType::F32) launch_strided_sum_to<float>(x.raw_data(), out, count, len, si, sj, accumulate);
+  else launch_strided_sum_to<__nv_bfloat16>(x.raw_data(), out, count, len, si, sj, accumulate);
 }
 
 // ---- plans ----------------------------------------------------------------------
@@ -349,7 +305,7 @@ void composed_epilogue(const Call& c) {
       Tensor slope = Tensor::empty(acc.shape(), DType::F32, Device::CUDA);
       be.map(UnaryOp::GeluGrad, as_f32(*args.aux), slope);
       be.zip(BinaryOp::Mul, acc, slope, acc);
-      if (args.bias_grad) strided_sum(acc, *args.bias_grad, c.s.n, c.s.m, 1, c.s.n);
+      if (args.bias_grad) strided_sum(acc, *args.bias_grad, c.s.n, c.s.m, 1, c.s.n, args.bias_grad_accumulate);
       break;
     }
     default: fail("cuda gemm", "composed_epilogue called for epilogue ", gemm_epilogue_name(args.epilogue));
@@ -359,7 +315,16 @@ void composed_epilogue(const Call& c) {
 
 }  // namespace
 
-void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape) {
+GeluBackwardRoute gelu_backward_route(const MatmulShape&, DType) {
+  // The pass reads the product and pre and writes dpre once (3 elements of
+  // traffic per output) and sums the columns on the way; the DGELU epilogue
+  // cost the H200 2x (bench shape) and 1.55x (GPT-2 small) the plain GEMM,
+  // and its output is read once more for the sums. bench_bias_grad times both.
+  return column_sum_clusters_run() ? GeluBackwardRoute::Pass : GeluBackwardRoute::Epilogue;
+}
+
+void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape,
+             GeluBackwardRoute route) {
   const char* op = "cuda gemm";
   // A 2-D b shared by every batch of an untransposed a: the batches are
   // consecutive rows of a and out, so one GEMM with batch * m rows does it all.
@@ -378,7 +343,7 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     one.b_shared = false;
     for (int64_t i = 0; i < s.batch; ++i) {
       Tensor out_i = out3[i];
-      gemm_lt(a3[i], b, out_i, args, one);
+      gemm_lt(a3[i], b, out_i, args, one, route);
     }
     return;
   }
@@ -403,6 +368,16 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
   // DGELU_BGRAD took 3.3-5x the plain GEMM's time and BGRADA/B 14-67% more,
   // where the GEMM without them plus one column-sum pass (strided_sum, fixed
   // order) reads the gradient once more at copy speed.
+  if (e == GemmEpilogue::GeluBackward && route == GeluBackwardRoute::Auto) route = gelu_backward_route(s, out.dtype());
+  if (e == GemmEpilogue::GeluBackward && route == GeluBackwardRoute::Pass) {
+    GemmArgs plain;
+    plain.transpose_a = args.transpose_a;
+    plain.transpose_b = args.transpose_b;
+    const Call product{a, b, out, plain, s, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
+    if (!try_run(product)) no_algorithm(product);
+    gelu_backward_pass(out, *args.aux, args.bias_grad, args.bias_grad_accumulate);
+    return;
+  }
   cublasLtEpilogue_t fused = CUBLASLT_EPILOGUE_DEFAULT;
   switch (e) {
     case GemmEpilogue::None:
@@ -420,9 +395,10 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
   }
   const int64_t m = s.m, n = s.n, k = s.k;
   const bool ta = args.transpose_a, tb = args.transpose_b;
-  if (e == GemmEpilogue::BiasGradA) strided_sum(a, *args.bias_grad, m, k, ta ? 1 : k, ta ? m : 1);
-  if (e == GemmEpilogue::BiasGradB) strided_sum(b, *args.bias_grad, n, k, tb ? k : 1, tb ? 1 : n);
-  if (e == GemmEpilogue::GeluBackward && args.bias_grad) strided_sum(out, *args.bias_grad, n, m, 1, n);
+  const bool add = args.bias_grad_accumulate;
+  if (e == GemmEpilogue::BiasGradA) strided_sum(a, *args.bias_grad, m, k, ta ? 1 : k, ta ? m : 1, add);
+  if (e == GemmEpilogue::BiasGradB) strided_sum(b, *args.bias_grad, n, k, tb ? k : 1, tb ? 1 : n, add);
+  if (e == GemmEpilogue::GeluBackward && args.bias_grad) strided_sum(out, *args.bias_grad, n, m, 1, n, add);
 }
 
 }  // namespace hg::gpu

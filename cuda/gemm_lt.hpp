@@ -12,8 +12,17 @@ namespace hg::gpu {
 // per shape / dtype / epilogue / alignment; the workspace is one block from
 // the caching allocator, held for the life of the process (safe to capture
 // in a CUDA graph). GELU epilogues need N % 8 == 0 (cuBLASLt's aux leading
-// dimension); bias gradients that cuBLASLt cannot fuse for a combination are
-// summed by a deterministic kernel after the GEMM instead.
-void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape);
+// dimension); bias gradients are summed by deterministic kernels after the
+// GEMM (cuda/column_sum_kernels.hpp), written or added (bias_grad_accumulate).
+//
+// GeluBackward runs one of two ways (docs/gemm.md): cuBLASLt's DGELU
+// epilogue, then the column sum of out for bias_grad; or the plain GEMM, then
+// one pass that scales out by gelu'(aux) and sums its columns
+// (gpu::gelu_backward_pass). gelu_backward_route picks for a shape (the one
+// switch point); bench_bias_grad asks for each by name to time them.
+enum class GeluBackwardRoute { Auto, Epilogue, Pass };
+GeluBackwardRoute gelu_backward_route(const MatmulShape& shape, DType out);
+void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape,
+             GeluBackwardRoute route = GeluBackwardRoute::Auto);
 
 }  // namespace hg::gpu

@@ -9,8 +9,10 @@
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "cuda/attention_kernels.hpp"
+#include "cuda/column_sum_kernels.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
+#include "cuda/gemm_lt.hpp"
 #include "cuda/indexing_kernels.hpp"
 #include "cuda/layernorm_kernels.hpp"
 #include "cuda/optim_kernels.hpp"
@@ -111,6 +113,16 @@ void cross_entropy_lse_rows_grad(Tensor&, const Tensor&, int64_t, const Tensor&,
 }
 void cross_entropy_sum_row_losses(const Tensor&, const Tensor&, Tensor&) {
   no_cuda("gpu::cross_entropy_sum_row_losses");
+}
+
+bool column_sum_clusters_run() { return false; }
+void column_sum(const Tensor&, int64_t, int64_t, int64_t, const Tensor&, bool, ColumnSumKernels) {
+  no_cuda("gpu::column_sum");
+}
+void gelu_backward_pass(const Tensor&, const Tensor&, const Tensor*, bool) { no_cuda("gpu::gelu_backward_pass"); }
+GeluBackwardRoute gelu_backward_route(const MatmulShape&, DType) { no_cuda("gpu::gelu_backward_route"); }
+void gemm_lt(const Tensor&, const Tensor&, Tensor&, const GemmArgs&, const MatmulShape&, GeluBackwardRoute) {
+  no_cuda("gpu::gemm_lt");
 }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }

@@ -57,13 +57,14 @@ Tensor DecoderLM::features_of_embedded(const Tensor& h, const Tensor& key_paddin
   embedded_from_ids_ = false;
   h_shape_ = h.shape();
   h_dtype_ = h.dtype();
-  Tensor x = config_.precision == Precision::BF16 ? h.to(DType::BF16) : h;
+  // Each layer leaves its last residual add to the next LayerNorm (ResidualStream).
+  ResidualStream x{config_.precision == Precision::BF16 ? h.to(DType::BF16) : h, Tensor()};
   for (auto& layer : layers) {
     values_needed(*layer);
-    x = layer->forward(x, key_padding_mask);
+    x = layer->forward_stream(std::move(x), key_padding_mask);
   }
   values_needed(ln_f);
-  Tensor features = ln_f.forward(x);
+  Tensor features = ln_f.forward_stream(std::move(x)).y;
   values_needed(head);  // every caller runs the head on the features next
   return features;
 }

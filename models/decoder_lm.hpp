@@ -44,6 +44,8 @@ struct DecoderLMConfig {
 
 // A GPT-style decoder-only language model:
 //   h = Dropout(Embedding(ids)); h = Layer_i(h) for each layer; logits = Head(LN_f(h))
+// Each layer's last residual add runs in the next LayerNorm's pass (the next
+// layer's LN1, or LN_f): TransformerLayer::forward_stream.
 // Under bf16 precision the embedding sum stays f32 and is rounded to bf16
 // once at the entry of forward_embedded; the layers, LN_f, the head and the
 // logits then run in bf16 (docs/mixed_precision.md). backward returns the

@@ -51,11 +51,10 @@ Tensor FeedForward::backward(const Tensor& dy) {
            x_shape_);
   const Tensor dout = drop.backward(dy.reshape({-1, d_model_}));
   if (pre_.defined()) {
-    Tensor db1;
     if (recompute_gelu_) fc2.restore_input(gelu(pre_));
-    const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_, db1);
+    const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_, fc1.bias.grad);
     pre_ = Tensor();  // used up: its memory can serve fc1's backward
-    return fc1.backward_with_bias_grad(dpre, db1).reshape(x_shape_);
+    return fc1.backward_bias_grad_added(dpre).reshape(x_shape_);
   }
   return fc1.backward(act.backward(fc2.backward(dout))).reshape(x_shape_);
 }

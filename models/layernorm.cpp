@@ -49,6 +49,11 @@ ResidualLayerNormOutput LayerNorm::apply_residual(const Tensor& x, const Tensor&
   return residual_layernorm_forward(x, r, gamma.value, beta.value, eps_, nullptr);
 }
 
+ResidualLayerNormOutput LayerNorm::forward_stream(ResidualStream s) {
+  if (s.branch.defined()) return forward_residual(s.h, s.branch);
+  return {s.h, forward(s.h)};
+}
+
 Tensor LayerNorm::backward_residual(const Tensor& dy, const Tensor& dh_in) {
   HG_PROFILE("layernorm", dy.device());
   HG_CHECK(x_.defined(), "LayerNorm::backward_residual", "backward called before forward");

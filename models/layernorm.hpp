@@ -7,6 +7,14 @@
 
 namespace hg {
 
+// The residual stream of a pre-LN model with its last add still pending: the
+// value is h + branch (branch undefined: h alone). The next LayerNorm forms
+// the sum in its own pass (LayerNorm::forward_stream), so no add runs alone.
+struct ResidualStream {
+  Tensor h;
+  Tensor branch;
+};
+
 // LayerNorm over the last dim as a module: y = gamma * xhat + beta with
 // gamma = 1 and beta = 0 at init. forward caches x and the per-row mean/rstd
 // (O(rows)); backward accumulates into gamma.grad / beta.grad and returns dx.
@@ -23,8 +31,14 @@ class LayerNorm : public Module {
   // and y = LN(h); h is this module's input for backward.
   ResidualLayerNormOutput forward_residual(const Tensor& x, const Tensor& r);
   ResidualLayerNormOutput apply_residual(const Tensor& x, const Tensor& r);  // for inference
-  // The gradient of h: dh_in (the residual path; may be undefined) plus the
-  // LayerNorm backward of dy, in one pass; accumulates dgamma / dbeta.
+  // LN of the stream's value: forward_residual(s.h, s.branch) where a branch
+  // is pending, else forward(s.h) (out.h is then s.h itself). Pass s with
+  // std::move: the branch, summed into out.h, is then freed on return.
+  ResidualLayerNormOutput forward_stream(ResidualStream s);
+  // The gradient of the input (x, or h): dh_in (the residual path; may be
+  // undefined) plus the LayerNorm backward of dy, in one pass; accumulates
+  // dgamma / dbeta. After either forward: both keep the same statistics
+  // (mean and rstd of the input rows), which is all the op reads.
   Tensor backward_residual(const Tensor& dy, const Tensor& dh_in);
 
   // The last forward's output again, from the kept input (x, or h of

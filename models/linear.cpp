@@ -30,6 +30,32 @@ void check_input(const char* op, const Tensor& x, const Tensor& w) {
   if (!mixed(x, w)) check_same_dtype(op, x, w);
 }
 
+// Where a GEMM's bias-gradient sums (in sums_dtype) go on their way into
+// `grad`: straight in (bias_grad_accumulate: grad += the sums, the one
+// addition a temp's add would make, so the same bits and no extra pass)
+// where they share grad's dtype and it is f32 or f64; otherwise into a temp,
+// added to grad in grad's dtype by finish().
+class BiasGradSink {
+ public:
+  BiasGradSink(Tensor& grad, DType sums_dtype) : grad_(grad) {
+    const bool direct = sums_dtype == grad.dtype() && (grad.dtype() == DType::F32 || grad.dtype() == DType::F64);
+    if (!direct) temp_ = Tensor::empty(grad.shape(), sums_dtype, grad.device());
+  }
+  void attach(GemmArgs& args) {
+    args.bias_grad = temp_.defined() ? &temp_ : &grad_;
+    args.bias_grad_accumulate = !temp_.defined();
+  }
+  void finish(Backend& be) {
+    if (!temp_.defined()) return;
+    const Tensor sums = temp_.dtype() == grad_.dtype() ? temp_ : temp_.to(grad_.dtype());
+    be.zip(BinaryOp::Add, grad_, sums, grad_);  // elementwise, in place
+  }
+
+ private:
+  Tensor& grad_;
+  Tensor temp_;
+};
+
 }  // namespace
 
 const Tensor& Linear::weight_for(const Tensor& x) { return mixed(x, weight.value) ? bf16_copy(weight) : weight.value; }
@@ -109,18 +135,18 @@ void Linear::restore_input(Tensor x) {
   x_ = std::move(x);
 }
 
-Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, nullptr, nullptr, nullptr); }
+Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, true, nullptr, nullptr); }
 
-Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& dpre_sum) {
-  return backward_impl(dy, nullptr, &pre, &dpre_sum);
+Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& producer_bias_grad) {
+  return backward_impl(dy, true, &pre, &producer_bias_grad);
 }
 
-Tensor Linear::backward_with_bias_grad(const Tensor& dy, const Tensor& db) {
-  HG_CHECK(has_bias_, "Linear::backward_with_bias_grad", "the layer has no bias");
-  return backward_impl(dy, &db, nullptr, nullptr);
+Tensor Linear::backward_bias_grad_added(const Tensor& dy) {
+  HG_CHECK(has_bias_, "Linear::backward_bias_grad_added", "the layer has no bias");
+  return backward_impl(dy, false, nullptr, nullptr);
 }
 
-Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Tensor* gelu_pre, Tensor* dpre_sum) {
+Tensor Linear::backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor* gelu_pre, Tensor* producer_bias_grad) {
   // Before the profiler scope: the recompute is timed as the op it runs.
   if (!x_.defined() && recompute_input_) restore_input(std::exchange(recompute_input_, nullptr)());
   HG_PROFILE("linear", dy.device());
@@ -140,21 +166,21 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
   GemmArgs dw;
   dw.transpose_a = true;
   dw.accumulate = true;
-  Tensor db = db_given != nullptr ? *db_given : Tensor();
-  if (has_bias_ && !db.defined() && kernel_mode() == KernelMode::Fused) {
-    db = Tensor::empty({out_}, bias.grad.dtype(), dy.device());
-    dw.epilogue = GemmEpilogue::BiasGradA;  // db = sum over rows of dy, in the same backend call
-    dw.bias_grad = &db;
-  }
-  be.gemm(dy2, x2, weight.grad, dw);
-  if (has_bias_ && !db.defined()) {
-    db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());  // f32 sum of bf16 dy
-    be.reduce(ReduceOp::Sum, dy2, 0, db);
-  }
-  if (has_bias_) {
-    // The grad accumulates in its own dtype (a given db of another dtype is converted first).
-    if (db.dtype() != bias.grad.dtype()) db = db.to(bias.grad.dtype());
-    be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
+  const bool sum_db = has_bias_ && sum_bias_grad;
+  if (sum_db && kernel_mode() == KernelMode::Fused) {
+    // db = sum over rows of dy (f32 for bf16 dy), added into bias.grad by the same backend call.
+    BiasGradSink db(bias.grad, bias.grad.dtype());
+    dw.epilogue = GemmEpilogue::BiasGradA;
+    db.attach(dw);
+    be.gemm(dy2, x2, weight.grad, dw);
+    db.finish(be);
+  } else {
+    be.gemm(dy2, x2, weight.grad, dw);
+    if (sum_db) {
+      Tensor db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());  // f32 sum of bf16 dy
+      be.reduce(ReduceOp::Sum, dy2, 0, db);
+      be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
+    }
   }
   // The forward input is used up: its memory can serve dx (stream order
   // keeps the dW GEMM's reads ahead of any reuse).
@@ -162,15 +188,19 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* db_given, const Ten
   x_ = Tensor();
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
   GemmArgs dx_args;
-  if (gelu_pre != nullptr) {  // dx is d gelu(pre): multiply by gelu'(pre) and sum its columns in the epilogue
-    dx_args.epilogue = GemmEpilogue::GeluBackward;
-    dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
-    // The column sums of the rounded dx, summed and kept in f32 for bf16
-    // activations (no bf16 rounding of the sums, no widening pass after).
-    *dpre_sum = Tensor::empty({in_}, dy.dtype() == DType::BF16 ? DType::F32 : dy.dtype(), dy.device());
-    dx_args.bias_grad = dpre_sum;
+  if (gelu_pre == nullptr) {
+    be.gemm(dy2, weight_for(dy), dx, dx_args);
+    return dx.reshape(x_shape_);
   }
+  // dx is d gelu(pre): multiplied by gelu'(pre), its columns summed into the
+  // producing layer's bias grad. The sums are of the rounded dx, in f32 for
+  // bf16 activations (no bf16 rounding of the sums, no widening pass after).
+  dx_args.epilogue = GemmEpilogue::GeluBackward;
+  dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
+  BiasGradSink dpre_sum(*producer_bias_grad, dy.dtype() == DType::BF16 ? DType::F32 : dy.dtype());
+  dpre_sum.attach(dx_args);
   be.gemm(dy2, weight_for(dy), dx, dx_args);
+  dpre_sum.finish(be);
   return dx.reshape(x_shape_);
 }
 

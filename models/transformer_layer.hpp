@@ -13,9 +13,12 @@ namespace hg {
 // Pre-LN decoder block (GPT-2 style):
 //   h = x + Dropout(Attention(LN1(x)))
 //   y = h + FeedForward(LN2(h))          (FeedForward ends in its own dropout)
-// The first residual add and LN2 run as one op (LayerNorm::forward_residual),
-// whose backward also adds the residual gradient in the same pass.
-// Backward: the residual passes dy straight through and adds each branch's dx.
+// Every residual add runs inside a LayerNorm's pass (LayerNorm::forward_residual),
+// whose backward adds the residual gradient in the same pass: h with LN2;
+// y, in a stack (forward_stream), with the next LayerNorm (the next layer's
+// LN1, or the model's final one), which also takes the layer's input as a
+// pending sum. Backward: the residual passes dy straight through; LN2's and
+// LN1's backward each add their branch's dx to it.
 //
 // recompute_layernorm: the qkv projection and fc1 do not keep their inputs
 // LN1(x) and LN2(h) between the forward and the backward (LayerNorm keeps
@@ -32,7 +35,13 @@ class TransformerLayer : public Module {
   TransformerLayer(int64_t d_model, int64_t n_heads, int64_t ffn_hidden, Generator& gen, double dropout = 0.0,
                    uint64_t dropout_seed = 0, DType dtype = DType::F32, double ln_eps = 1e-5);
 
-  Tensor forward(const Tensor& x, const Tensor& key_padding_mask = Tensor());  // (B, T, d)
+  // x: the input, (B, T, d), as a stream whose sum LN1 forms (pass it with
+  // std::move: its branch is freed then). Returns y as {h, FeedForward's
+  // output}: the sum is left to the next LayerNorm.
+  ResidualStream forward_stream(ResidualStream x, const Tensor& key_padding_mask = Tensor());
+  // A layer on its own: y formed here, by one residual add.
+  Tensor forward(const Tensor& x, const Tensor& key_padding_mask = Tensor());
+  // dy: the gradient of y (the output stream's value) -> that of x (the input's value).
   Tensor backward(const Tensor& dy);
   // Inference with a key/value cache: the new tokens x (B, T, d), this
   // layer's keys and values in cache layer `layer`; dropout off, nothing kept.

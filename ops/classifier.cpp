@@ -134,7 +134,10 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
   r.dh = Tensor::empty({n, d}, h.dtype(), dev);
   Backend& be = backend_for(dev);
   Tensor buffer = Tensor::empty({n > 0 ? chunk : 0, vocab}, h.dtype(), dev);  // one chunk of logits, reused
-  Tensor db = bias.defined() ? Tensor::empty({vocab}, bias_grad.dtype(), dev) : Tensor();
+  // An f32 / f64 bias_grad takes the column sums itself (bias_grad_accumulate:
+  // the one addition a temp's add would make); a bf16 one through a temp.
+  const bool add_in_gemm = bias_grad.defined() && (bias_grad.dtype() == DType::F32 || bias_grad.dtype() == DType::F64);
+  Tensor db = bias.defined() && !add_in_gemm ? Tensor::empty({vocab}, bias_grad.dtype(), dev) : Tensor();
   for (int64_t first = 0; first < n; first += chunk) {
     const int64_t rows = std::min(chunk, n - first);
     const Tensor h_c = h.slice(first, first + rows);
@@ -152,10 +155,11 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
     dw.accumulate = true;
     if (bias.defined()) {
       dw.epilogue = GemmEpilogue::BiasGradA;  // db = column sums of dlogits, from the same pass
-      dw.bias_grad = &db;
+      dw.bias_grad = add_in_gemm ? &bias_grad : &db;
+      dw.bias_grad_accumulate = add_in_gemm;
     }
     be.gemm(logits, h_c, weight_grad, dw);
-    if (bias.defined()) be.zip(BinaryOp::Add, bias_grad, db, bias_grad);
+    if (db.defined()) be.zip(BinaryOp::Add, bias_grad, db, bias_grad);
     Tensor dh_c = r.dh.slice(first, first + rows);
     be.gemm(logits, weight, dh_c, GemmArgs{});
   }

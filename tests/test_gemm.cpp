@@ -324,6 +324,61 @@ TEST_CASE("gemm rejects what it cannot do with a clear message", "[gemm]") {
   CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "different tensors");
   const Tensor a_bf16 = a.to(DType::BF16), b_bf16 = b.to(DType::BF16);
   CHECK_THAT_ERROR([&] { be.gemm(a_bf16, b_bf16, out, GemmArgs()); }, "f32 or f64");
+  args = GemmArgs();
+  args.bias_grad_accumulate = true;
+  CHECK_THAT_ERROR([&] { be.gemm(a, b, out, args); }, "no bias_grad to add to");
+}
+
+namespace {
+
+// bias_grad_accumulate: bias_grad += the sums, bit for bit the sums written
+// to a temp and then added to bias_grad by the backend's zip (what
+// models/linear.cpp did before the GEMM added them itself); out unchanged.
+void check_bias_grad_accumulate(Device dev, DType in, DType out_dtype, DType bg_dtype) {
+  Generator gen(77);
+  Backend& be = backend_for(dev);
+  const int64_t m = 37, n = 24, k = 70;
+  for (const GemmEpilogue e : {GemmEpilogue::BiasGradA, GemmEpilogue::BiasGradB, GemmEpilogue::GeluBackward})
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = (t & 1) != 0, tb = (t & 2) != 0;
+      INFO("epilogue " << gemm_epilogue_name(e) << " ta " << ta << " tb " << tb << " " << dtype_name(in) << " -> "
+                       << dtype_name(out_dtype) << ", bias_grad " << dtype_name(bg_dtype));
+      const Tensor a = Tensor::randn(ta ? Shape{k, m} : Shape{m, k}, gen, DType::F64).to(in).to(dev);
+      const Tensor b = Tensor::randn(tb ? Shape{n, k} : Shape{k, n}, gen, DType::F64).to(in).to(dev);
+      Tensor aux = Tensor::randn({m, n}, gen, DType::F64).to(out_dtype).to(dev);
+      const int64_t len = e == GemmEpilogue::BiasGradA ? m : n;
+      const Tensor start = Tensor::randn({len}, gen, DType::F64, Device::CPU, 0.0, 3.0).to(bg_dtype).to(dev);
+      Tensor out_written = Tensor::zeros({m, n}, out_dtype, dev), out_added = out_written.clone();
+      Tensor sums = Tensor::full({len}, 99.0, bg_dtype, dev), added = start.clone();
+      GemmArgs args;
+      args.transpose_a = ta;
+      args.transpose_b = tb;
+      args.epilogue = e;
+      if (e == GemmEpilogue::GeluBackward) args.aux = &aux;
+      args.bias_grad = &sums;
+      be.gemm(a, b, out_written, args);
+      Tensor composed = start.clone();
+      be.zip(BinaryOp::Add, composed, sums, composed);
+      args.bias_grad = &added;
+      args.bias_grad_accumulate = true;
+      be.gemm(a, b, out_added, args);
+      CHECK(hg::test::same_bytes(added, composed));
+      CHECK(hg::test::same_bytes(out_added, out_written));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("gemm bias_grad_accumulate on the CPU: bitwise the written sums plus one add", "[gemm]") {
+  check_bias_grad_accumulate(Device::CPU, DType::F32, DType::F32, DType::F32);
+  check_bias_grad_accumulate(Device::CPU, DType::F64, DType::F64, DType::F64);
+}
+
+TEST_CASE("CUDA gemm bias_grad_accumulate: bitwise the written sums plus one add", "[gemm][cuda]") {
+  HG_REQUIRE_GPU();
+  check_bias_grad_accumulate(Device::CUDA, DType::F32, DType::F32, DType::F32);
+  check_bias_grad_accumulate(Device::CUDA, DType::BF16, DType::BF16, DType::F32);
+  check_bias_grad_accumulate(Device::CUDA, DType::BF16, DType::F32, DType::F32);
 }
 
 TEST_CASE("gemm with batched operands and no epilogue equals matmul", "[gemm]") {

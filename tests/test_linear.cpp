@@ -1,10 +1,13 @@
 // Linear: forward against a plain loop, backward (dx, dW, db) against
-// float64 central finite differences, gradient accumulation, and bad input.
+// float64 central finite differences, gradient accumulation, the bias
+// gradients the GEMMs add into the grads, and bad input.
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
+#include "core/kernel_mode.hpp"
 #include "core/tensor_functions.hpp"
 #include "models/linear.hpp"
 #include "tests/test_util.hpp"
@@ -126,4 +129,77 @@ TEST_CASE("Linear rejects bad input", "[linear]") {
   REQUIRE_THROWS_AS(layer.backward(Tensor::zeros({3, 3})), hg::Error);  // dy rows differ
   REQUIRE_THROWS_AS(layer.backward(Tensor::zeros({2, 4})), hg::Error);  // dy features differ
   REQUIRE_THROWS_AS(Linear(0, 3, gen), hg::Error);
+}
+
+namespace {
+
+// The fused backward's bias gradients, added into bias.grad by the GEMMs
+// themselves (bias_grad_accumulate), against the sums written by the same
+// backend GEMM to a temp and then added to the grad: the same bits. db from
+// the dW GEMM (BiasGradA over dy), and the producing layer's db from the
+// GeluBackward GEMM (backward_to_gelu_input). x_dtype BF16: f32 parameters
+// serving bf16 activations (their bf16 copies), f32 sums and grads.
+void check_bias_grads_added_in_gemm(Device dev, DType param_dtype, DType x_dtype) {
+  INFO(hg::device_name(dev) << " params " << hg::dtype_name(param_dtype) << " activations " << hg::dtype_name(x_dtype));
+  hg::KernelModeScope fused(hg::KernelMode::Fused);
+  hg::Generator gen(35);
+  const int64_t rows = 70, in = 24, out = 40;
+  Linear layer(in, out, gen, true, param_dtype);
+  layer.to(dev);
+  hg::Backend& be = hg::backend_for(dev);
+  const Tensor x = Tensor::randn({rows, in}, gen, DType::F64).to(x_dtype).to(dev);
+  const Tensor dy = Tensor::randn({rows, out}, gen, DType::F64).to(x_dtype).to(dev);
+  const Tensor pre = Tensor::randn({rows, in}, gen, DType::F64).to(x_dtype).to(dev);
+  const Tensor bias_start = Tensor::randn({out}, gen, DType::F64).to(param_dtype).to(dev);
+  const Tensor producer_start = Tensor::randn({in}, gen, DType::F64).to(param_dtype).to(dev);
+  const DType sums_dtype = param_dtype;  // f32 sums of bf16 values
+
+  // The composition: the sums to temps, then one add each.
+  hg::GemmArgs dw;
+  dw.transpose_a = true;
+  dw.accumulate = true;
+  dw.epilogue = hg::GemmEpilogue::BiasGradA;
+  Tensor db = Tensor::empty({out}, sums_dtype, dev), dw_scratch = Tensor::zeros({out, in}, param_dtype, dev);
+  dw.bias_grad = &db;
+  be.gemm(dy, x, dw_scratch, dw);
+  Tensor bias_want = bias_start.clone();
+  be.zip(hg::BinaryOp::Add, bias_want, db, bias_want);
+  layer.forward(x);  // the bf16 weight copy exists from here
+  hg::GemmArgs gelu;
+  gelu.epilogue = hg::GemmEpilogue::GeluBackward;
+  Tensor aux = pre.clone(), dpre_sum = Tensor::empty({in}, sums_dtype, dev);
+  Tensor dx_want = Tensor::empty({rows, in}, x_dtype, dev);
+  gelu.aux = &aux;
+  gelu.bias_grad = &dpre_sum;
+  be.gemm(dy, layer.weight_for(dy), dx_want, gelu);
+  Tensor producer_want = producer_start.clone();
+  be.zip(hg::BinaryOp::Add, producer_want, dpre_sum, producer_want);
+
+  layer.bias.grad = bias_start.clone();
+  Tensor producer_grad = producer_start.clone();
+  const Tensor dx = layer.backward_to_gelu_input(dy, pre, producer_grad);
+  CHECK(hg::test::same_bytes(layer.bias.grad, bias_want));
+  CHECK(hg::test::same_bytes(producer_grad, producer_want));
+  CHECK(hg::test::same_bytes(dx, dx_want));
+  // A bf16 producer grad (bf16 parameters) takes the temp and the add in bf16.
+  if (x_dtype == DType::BF16) return;
+  layer.forward(x);
+  layer.bias.grad = bias_start.clone();
+  layer.backward(dy);
+  CHECK(hg::test::same_bytes(layer.bias.grad, bias_want));
+}
+
+}  // namespace
+
+TEST_CASE("Linear fused backward: bias grads added by the GEMMs are bitwise the sums plus one add", "[linear][grad]") {
+  check_bias_grads_added_in_gemm(Device::CPU, DType::F32, DType::F32);
+  check_bias_grads_added_in_gemm(Device::CPU, DType::F64, DType::F64);
+}
+
+TEST_CASE("CUDA Linear fused backward: bias grads added by the GEMMs are bitwise the sums plus one add",
+          "[linear][grad][cuda]") {
+  HG_REQUIRE_GPU();
+  check_bias_grads_added_in_gemm(Device::CUDA, DType::F32, DType::F32);
+  check_bias_grads_added_in_gemm(Device::CUDA, DType::F32, DType::BF16);
+  check_bias_grads_added_in_gemm(Device::CUDA, DType::BF16, DType::BF16);
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "core/kernel_mode.hpp"
+#include "core/tensor_functions.hpp"
 #include "ops/residual_layernorm.hpp"
 #include "tests/test_util.hpp"
 #ifdef HG_WITH_CUDA
@@ -222,6 +223,44 @@ const std::vector<std::pair<int64_t, int64_t>> kShapes = {{5, 1}, {7, 3}, {9, 10
 
 }  // namespace
 
+namespace {
+
+// The residual backward after a plain layernorm_forward (a LayerNorm whose
+// input was no pending sum, as the first layer's LN1): the two forwards save
+// the same statistics (mean and rstd of the input rows, float32 but for
+// float64), so dh is LayerNorm's backward plus dh_in, to the dh / dgamma /
+// dbeta bounds above. x is any stored row (the "h" of the statistics).
+void check_backward_after_plain_forward(Device dev, DType dtype, KernelMode mode, int64_t rows, int64_t D, Rows kind) {
+  INFO("plain forward: " << device_name(dev) << " " << dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows "
+                         << rows << " D " << D << " kind " << int(kind));
+  const Inputs in = make_inputs(rows, D, kind, 11 * D + rows + int(kind));
+  const DType math = math_dtype(dtype);
+  const Tensor x = in.x.to(dtype).to(dev), dy = in.wy.to(dtype).to(dev), dh_in = in.wh.to(dtype).to(dev);
+  const Tensor gamma = in.gamma.to(math).to(dev), beta = in.beta.to(math).to(dev);
+  KernelModeScope scope(mode);
+  LayerNormSaved saved;
+  layernorm_forward(x, gamma, beta, kEps, &saved);
+  const LayerNormGrads g = residual_layernorm_backward(dy, dh_in, x, gamma, saved);
+
+  LayerNormSaved ref_saved;
+  const Tensor x64 = f64(x), gamma64 = f64(gamma);
+  layernorm_forward(x64, gamma64, f64(beta), kEps, &ref_saved);
+  LayerNormGrads ref = layernorm_backward(f64(dy), x64, gamma64, ref_saved);
+  ref.dx = add(ref.dx, f64(dh_in));
+  CHECK(rel_error(f64(g.dx), ref.dx) <= (dtype == DType::BF16 ? std::ldexp(1.0, -8) : 1e-4));
+  CHECK(rel_error(f64(g.dgamma), ref.dgamma) <= 1e-4);
+  CHECK(rel_error(f64(g.dbeta), ref.dbeta) <= 1e-4);
+}
+
+}  // namespace
+
+TEST_CASE("residual_layernorm_backward after a plain layernorm_forward, CPU paths", "[residual_layernorm]") {
+  for (const auto& [rows, D] : kShapes)
+    for (const Rows kind : {Rows::Random, Rows::Offset, Rows::Constant})
+      for (const KernelMode mode : {KernelMode::Fused, KernelMode::Unfused})
+        check_backward_after_plain_forward(Device::CPU, DType::F32, mode, rows, D, kind);
+}
+
 TEST_CASE("residual_layernorm CPU paths match float64 on random and hostile rows", "[residual_layernorm]") {
   for (const auto& [rows, D] : kShapes)
     for (const Rows kind : {Rows::Random, Rows::Offset, Rows::Constant})
@@ -283,6 +322,22 @@ TEST_CASE("residual_layernorm CUDA fused (F32, BF16) and unfused match float64",
       }
     }
 #endif
+}
+
+// The op picks the resident rows or the one-block-per-row kernel as for a
+// residual forward: kShapes and kLayoutWidths reach both, with the plain
+// forward's own kernels (one-pass statistics in some bf16 widths) before them.
+TEST_CASE("residual_layernorm_backward CUDA after a plain layernorm_forward", "[residual_layernorm][cuda]") {
+  HG_REQUIRE_GPU();
+  for (const auto& [rows, D] : kShapes)
+    for (const Rows kind : {Rows::Random, Rows::Offset, Rows::Constant}) {
+      check_backward_after_plain_forward(Device::CUDA, DType::F32, KernelMode::Fused, rows, D, kind);
+      check_backward_after_plain_forward(Device::CUDA, DType::BF16, KernelMode::Fused, rows, D, kind);
+      check_backward_after_plain_forward(Device::CUDA, DType::F32, KernelMode::Unfused, rows, D, kind);
+    }
+  for (const DType dtype : {DType::F32, DType::BF16})
+    for (const int64_t D : {8, 256, 768, 1024, 1025, 4096, 16384, 16385})
+      check_backward_after_plain_forward(Device::CUDA, dtype, KernelMode::Fused, 301, D, Rows::Random);
 }
 
 #ifdef HG_WITH_CUDA
