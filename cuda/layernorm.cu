@@ -294,7 +294,26 @@ struct BackwardArgs {
   float* dbeta;
   int64_t rows;
   int D;
+  bool accumulate;  // ParamGradWrite::Accumulate: kernel 2 adds into dgamma / dbeta
 };
+
+// The arguments of a backward on (rows, D) tensors. A D past INT_MAX is
+// clamped here and never runs: check_rows_d refuses it, the resident
+// residual rows do not take it.
+BackwardArgs backward_args(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, ParamGradWrite write) {
+  return {dy.raw_data(),
+          x.raw_data(),
+          gamma.data<float>(),
+          mean.data<float>(),
+          rstd.data<float>(),
+          dx.raw_data(),
+          dgamma.data<float>(),
+          dbeta.data<float>(),
+          x.size(0),
+          int(std::min<int64_t>(x.size(1), INT_MAX)),
+          write == ParamGradWrite::Accumulate};
+}
 
 // The backward of configuration K (code_of) on rows of T, VEC elements a slot.
 template <class T, int VEC, uint32_t K>
@@ -380,7 +399,8 @@ struct Backward {
   static int capped(int per_sm, int threads) { return std::min(per_sm, std::max(2, 1024 / threads)); }
 
   // Kernel 1 through launch(partial_dgamma, partial_dbeta) into n_partials
-  // partial rows, then kernel 2. Partial sums, [2][n_partials][D]; the
+  // partial rows, then kernel 2, which writes (or adds into) dgamma / dbeta:
+  // every configuration's last store. Partial sums, [2][n_partials][D]; the
   // caching allocator makes this cheap, and everything runs on the one
   // stream, so freeing it at scope exit is safe.
   template <class LaunchKernel1>
@@ -396,8 +416,8 @@ struct Backward {
     }
     const dim3 reduce_block(kReduceCols, kReduceLanes);
     const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
-    layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(partial_dgamma, partial_dbeta,
-                                                                                 n_partials, a.D, a.dgamma, a.dbeta);
+    layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(
+        partial_dgamma, partial_dbeta, n_partials, a.D, a.dgamma, a.dbeta, a.accumulate);
     HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
   }
 
@@ -577,22 +597,22 @@ void layernorm_forward_fused(const Tensor& x, const Tensor& gamma, const Tensor&
 }
 
 void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                              const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const LnKernel& kernel) {
+                              const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const LnKernel& kernel,
+                              ParamGradWrite write) {
   constexpr const char* kOp = "layernorm_backward_fused";
   check_rows_d(kOp, x);
   HG_DCHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && gamma.dtype() == DType::F32 &&
                 dgamma.dtype() == DType::F32 && dbeta.dtype() == DType::F32,
             kOp, "dtypes: x ", dtype_name(x.dtype()), " dy ", dtype_name(dy.dtype()), " dx ", dtype_name(dx.dtype()),
             "; gamma, dgamma, dbeta must be f32");
-  const BackwardArgs a{dy.raw_data(), x.raw_data(),         gamma.data<float>(), mean.data<float>(), rstd.data<float>(),
-                       dx.raw_data(), dgamma.data<float>(), dbeta.data<float>(), x.size(0),          int(x.size(1))};
+  const BackwardArgs a = backward_args(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, write);
   if (a.D == 0) return;
   dispatch<Backward, LnPass::Backward>(x, a, {a.dy, a.x, a.dx, a.gamma}, kernel);
 }
 
 void layernorm_backward_fused(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                              const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  layernorm_backward_fused(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, production_kernel(LnPass::Backward, x));
+                              const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, ParamGradWrite write) {
+  layernorm_backward_fused(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, production_kernel(LnPass::Backward, x), write);
 }
 
 // The resident residual rows: 16-byte aligned rows of 1 <= D <= 16384.
@@ -631,24 +651,15 @@ bool residual_layernorm_output_resident(const Tensor& h, const Tensor& gamma, co
 
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                           const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                          Tensor& dbeta) {
-  const BackwardArgs a{dy.raw_data(),
-                       h.raw_data(),
-                       gamma.data<float>(),
-                       mean.data<float>(),
-                       rstd.data<float>(),
-                       dh.raw_data(),
-                       dgamma.data<float>(),
-                       dbeta.data<float>(),
-                       h.size(0),
-                       int(std::min<int64_t>(h.size(1), INT_MAX))};
+                                          Tensor& dbeta, ParamGradWrite write) {
+  const BackwardArgs a = backward_args(dy, h, gamma, mean, rstd, dh, dgamma, dbeta, write);  // x: h, dx: dh
   const void* in = dh_in != nullptr ? dh_in->raw_data() : nullptr;
   const std::initializer_list<const void*> ptrs = {a.dy, a.x, a.dx, a.gamma, in != nullptr ? in : a.dy};
   const bool f32 = h.dtype() == DType::F32;
   if (!(f32 ? residual_rows_fit<float>(h.size(1), ptrs) : residual_rows_fit<__nv_bfloat16>(h.size(1), ptrs)))
     return false;
   if (in == nullptr) {  // dh is LayerNorm's dx alone: the LayerNorm backward, its own production configuration
-    layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta);
+    layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta, write);
     return true;
   }
   // f32 rows of D <= 1024 (the warp rows) hold dh_in in registers next to h

@@ -13,6 +13,7 @@
 
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
+#include "cuda/param_grad_write.cuh"
 #include "cuda/vec.cuh"
 
 namespace hg::gpu {
@@ -172,12 +173,15 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
 // partial_dgamma[p][c] (same for dbeta), in a fixed order: thread (tx, ty)
 // sums p = ty, ty + 32, ... ascending, then one thread adds the 32 results in
 // ty order. Nothing depends on timing: bitwise the same on every run.
+// `accumulate`: each column's sum is added to what dgamma / dbeta hold
+// (cuda/param_grad_write.cuh) instead of overwriting it.
 constexpr int kReduceCols = 32;
 constexpr int kReduceLanes = 32;
 
 __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
     layernorm_reduce_partials_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
-                                     int n_partials, int D, float* __restrict__ dgamma, float* __restrict__ dbeta) {
+                                     int n_partials, int D, float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                     bool accumulate) {
   __shared__ float sum_g[kReduceLanes][kReduceCols + 1];
   __shared__ float sum_b[kReduceLanes][kReduceCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -197,8 +201,8 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
     float sg = 0.0f, sb = 0.0f;
 #pragma unroll
     for (int l = 0; l < kReduceLanes; ++l) sg += sum_g[l][tx], sb += sum_b[l][tx];
-    dgamma[c] = sg;
-    dbeta[c] = sb;
+    write_param_grad(dgamma + c, sg, accumulate);
+    write_param_grad(dbeta + c, sb, accumulate);
   }
 }
 

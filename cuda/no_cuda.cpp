@@ -74,7 +74,7 @@ void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float,
   no_cuda("gpu::layernorm_forward_fused");
 }
 void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
-                              Tensor&, Tensor&) {
+                              Tensor&, Tensor&, ParamGradWrite) {
   no_cuda("gpu::layernorm_backward_fused");
 }
 void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&,
@@ -82,7 +82,7 @@ void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float,
   no_cuda("gpu::layernorm_forward_fused");
 }
 void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
-                              Tensor&, Tensor&, const LnKernel&) {
+                              Tensor&, Tensor&, const LnKernel&, ParamGradWrite) {
   no_cuda("gpu::layernorm_backward_fused");
 }
 

@@ -11,6 +11,7 @@
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/param_grad_write.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/residual_layernorm_kernels.hpp"
 #include "cuda/storage_cast.cuh"
@@ -118,13 +119,14 @@ __global__ void residual_ln_backward(const T* __restrict__ dy, const T* dh_in, c
   }
 }
 
-// out[j] = sum over b < blocks of partial[b, j], b in order (one thread per column).
+// out[j] = sum over b < blocks of partial[b, j], b in order (one thread per
+// column); `accumulate`: out[j] plus that sum (cuda/param_grad_write.cuh).
 __global__ void sum_partial_columns(const float* __restrict__ partial, int64_t blocks, int64_t D,
-                                    float* __restrict__ out) {
+                                    float* __restrict__ out, bool accumulate) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < D; j += int64_t(gridDim.x) * blockDim.x) {
     float acc = 0.f;
     for (int64_t b = 0; b < blocks; ++b) acc += partial[b * D + j];
-    out[j] = acc;
+    write_param_grad(out + j, acc, accumulate);
   }
 }
 
@@ -179,12 +181,12 @@ void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const
 
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                       Tensor& dbeta, ResidualLnKernel kernel) {
+                                       Tensor& dbeta, ResidualLnKernel kernel, ParamGradWrite write) {
   const int64_t rows = h.size(0), D = h.size(1);
   const int64_t blocks = std::min(rows, kBackwardBlocks);
   if (blocks == 0) return;  // refused by the op's checks: LayerNorm needs rows
   if (kernel == ResidualLnKernel::ResidentRows &&
-      residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta))
+      residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, write))
     return;
   Tensor partials = Tensor::empty({2, blocks, D}, DType::F32, Device::CUDA);
   float* dg_partial = partials.data<float>();
@@ -198,9 +200,10 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
     HG_CUDA_CHECK_LAUNCH("residual_ln_backward");
   });
   const auto cols_grid = static_cast<unsigned>(std::min<int64_t>((D + kThreads - 1) / kThreads, 4096));
-  sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(dg_partial, blocks, D, dgamma.data<float>());
+  const bool accumulate = write == ParamGradWrite::Accumulate;
+  sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(dg_partial, blocks, D, dgamma.data<float>(), accumulate);
   HG_CUDA_CHECK_LAUNCH("sum_partial_columns");
-  sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(db_partial, blocks, D, dbeta.data<float>());
+  sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(db_partial, blocks, D, dbeta.data<float>(), accumulate);
   HG_CUDA_CHECK_LAUNCH("sum_partial_columns");
 }
 
@@ -211,8 +214,9 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
 
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                       Tensor& dbeta) {
-  residual_layernorm_backward_fused(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, ResidualLnKernel::ResidentRows);
+                                       Tensor& dbeta, ParamGradWrite write) {
+  residual_layernorm_backward_fused(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, ResidualLnKernel::ResidentRows,
+                                    write);
 }
 
 void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

@@ -4,6 +4,7 @@
 // these for CUDA tensors in fused mode after validating every input and
 // allocating every output.
 #include "core/tensor.hpp"
+#include "cuda/layernorm_kernels.hpp"
 
 namespace hg::gpu {
 
@@ -22,11 +23,12 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
 
 // dh = dh_in + LN_backward(dy) in one pass (dh_in may be nullptr: no residual
 // gradient; dh may be *dh_in). dy, h, dh, *dh_in: (rows, D) of h's dtype; dgamma, dbeta (D,)
-// F32, overwritten, summed deterministically (per-block partials, then a
-// fixed-order column sum; no float atomics).
+// F32, written as `write` says (cuda/layernorm_kernels.hpp), summed
+// deterministically (per-block partials, then a fixed-order column sum; no
+// float atomics).
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                       Tensor& dbeta);
+                                       Tensor& dbeta, ParamGradWrite write = ParamGradWrite::Overwrite);
 
 // y, mean and rstd of an h that residual_layernorm_forward_fused stored,
 // again (activation recomputation): its kernels without the add, chosen as
@@ -44,7 +46,8 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
                                       ResidualLnKernel kernel);
 void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                        const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                       Tensor& dbeta, ResidualLnKernel kernel);
+                                       Tensor& dbeta, ResidualLnKernel kernel,
+                                       ParamGradWrite write = ParamGradWrite::Overwrite);
 void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                      Tensor& mean, Tensor& rstd, ResidualLnKernel kernel);
 
@@ -60,6 +63,6 @@ bool residual_layernorm_output_resident(const Tensor& h, const Tensor& gamma, co
                                         Tensor& mean, Tensor& rstd);
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                           const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                          Tensor& dbeta);
+                                          Tensor& dbeta, ParamGradWrite write);
 
 }  // namespace hg::gpu

@@ -1,8 +1,6 @@
 #include "models/layernorm.hpp"
 
-#include "core/backend.hpp"
 #include "core/profiler.hpp"
-#include "core/tensor_functions.hpp"
 
 namespace hg {
 
@@ -30,10 +28,9 @@ Tensor LayerNorm::apply(const Tensor& x) {
 Tensor LayerNorm::backward(const Tensor& dy) {
   HG_PROFILE("layernorm", dy.device());  // the op and the grad accumulation
   HG_CHECK(x_.defined(), "LayerNorm::backward", "backward called before forward");
-  LayerNormGrads g = layernorm_backward(dy, x_, gamma.value, saved_);
-  accumulate_grads(g);
+  Tensor dx = layernorm_backward_accumulate(dy, x_, gamma.value, saved_, param_grads());
   release();
-  return g.dx;
+  return dx;
 }
 
 ResidualLayerNormOutput LayerNorm::forward_residual(const Tensor& x, const Tensor& r) {
@@ -57,10 +54,9 @@ ResidualLayerNormOutput LayerNorm::forward_stream(ResidualStream s) {
 Tensor LayerNorm::backward_residual(const Tensor& dy, const Tensor& dh_in) {
   HG_PROFILE("layernorm", dy.device());
   HG_CHECK(x_.defined(), "LayerNorm::backward_residual", "backward called before forward");
-  LayerNormGrads g = residual_layernorm_backward(dy, dh_in, x_, gamma.value, saved_);
-  accumulate_grads(g);
+  Tensor dh = residual_layernorm_backward_accumulate(dy, dh_in, x_, gamma.value, saved_, param_grads());
   release();
-  return g.dx;
+  return dh;
 }
 
 Tensor LayerNorm::recompute_output() {
@@ -75,11 +71,9 @@ void LayerNorm::release() {
   saved_ = LayerNormSaved();
 }
 
-void LayerNorm::accumulate_grads(const LayerNormGrads& g) {
+LayerNormParamGrads LayerNorm::param_grads() const {
   // In place: the grad tensors keep their storage (optimizers hold them).
-  Backend& be = backend_for(gamma.grad.device());
-  be.zip(BinaryOp::Add, gamma.grad, g.dgamma, gamma.grad);
-  be.zip(BinaryOp::Add, beta.grad, g.dbeta, beta.grad);
+  return {gamma.grad, beta.grad};
 }
 
 }  // namespace hg

@@ -60,8 +60,8 @@ class LayerNorm : public Module {
   Tensor x_;               // saved by forward (h for forward_residual)
   bool residual_ = false;  // whether x_ is forward_residual's h
   LayerNormSaved saved_;
-  void accumulate_grads(const LayerNormGrads& g);
-  void release();  // backward has used the saved state: free it for the rest of the backward
+  LayerNormParamGrads param_grads() const;  // where the backwards add dgamma / dbeta
+  void release();                           // backward has used the saved state: free it for the rest of the backward
 };
 
 }  // namespace hg

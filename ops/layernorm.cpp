@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/backend.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
 #include "cuda/layernorm_kernels.hpp"
@@ -16,6 +17,7 @@ namespace {
 
 constexpr const char* kForward = "layernorm_forward";
 constexpr const char* kBackward = "layernorm_backward";
+constexpr const char* kAccumulate = "layernorm_backward_accumulate";
 
 int64_t rows_of(const Tensor& x) { return x.numel() / x.size(-1); }
 
@@ -103,13 +105,14 @@ void fused_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, dou
   }
 }
 
+// `write` applies to the CUDA kernels (the CPU overwrites).
 void fused_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved,
-                    LayerNormGrads& g) {
+                    LayerNormGrads& g, gpu::ParamGradWrite write = gpu::ParamGradWrite::Overwrite) {
   const int64_t D = x.size(-1), rows = rows_of(x);
   if (x.is_cuda()) {
     Tensor dx_rows = g.dx.reshape({rows, D});
     gpu::layernorm_backward_fused(dy.reshape({rows, D}), x.reshape({rows, D}), gamma, saved.mean, saved.rstd, dx_rows,
-                                  g.dgamma, g.dbeta);
+                                  g.dgamma, g.dbeta, write);
   } else {
     cpu::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd, rows, D, g.dx, g.dgamma, g.dbeta);
   }
@@ -158,10 +161,12 @@ void layernorm_forward_into(const Tensor& x, const Tensor& gamma, const Tensor& 
   saved.rstd.copy_(rstd);
 }
 
-LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved) {
-  HG_PROFILE("layernorm", x.device());
-  check_backward(dy, x, gamma, saved);
-  if (dispatch_unfused(kBackward, x)) return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
+namespace {
+
+// layernorm_backward after its checks and its dispatch log.
+LayerNormGrads backward_grads(bool unfused, const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                              const LayerNormSaved& saved) {
+  if (unfused) return unfused::layernorm_backward(dy, x, gamma, saved.mean, saved.rstd);
   const int64_t D = x.size(-1);
   LayerNormGrads g;
   g.dx = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -169,6 +174,37 @@ LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tenso
   g.dbeta = Tensor::empty({D}, gamma.dtype(), x.device());
   fused_backward(dy, x, gamma, saved, g);
   return g;
+}
+
+}  // namespace
+
+LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved) {
+  HG_PROFILE("layernorm", x.device());
+  check_backward(dy, x, gamma, saved);
+  return backward_grads(dispatch_unfused(kBackward, x), dy, x, gamma, saved);
+}
+
+Tensor layernorm_backward_accumulate(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const LayerNormSaved& saved, const LayerNormParamGrads& into) {
+  HG_PROFILE("layernorm", x.device());
+  check_backward(dy, x, gamma, saved);
+  const Shape d_shape{x.size(-1)};
+  check_output(kAccumulate, "gamma grad", into.gamma, d_shape, gamma.dtype(), x.device());
+  check_output(kAccumulate, "beta grad", into.beta, d_shape, gamma.dtype(), x.device());
+  // The CUDA fused kernels add F32 grads themselves (checked F32 here, though
+  // the fused mode's gamma already is); elsewhere the temporaries are added.
+  const bool unfused = dispatch_unfused(kAccumulate, x);
+  if (unfused || !x.is_cuda() || into.gamma.dtype() != DType::F32) {
+    const LayerNormGrads g = backward_grads(unfused, dy, x, gamma, saved);
+    Backend& be = backend_for(x.device());
+    Tensor gamma_grad = into.gamma, beta_grad = into.beta;  // handles on the same storage
+    be.zip(BinaryOp::Add, gamma_grad, g.dgamma, gamma_grad);
+    be.zip(BinaryOp::Add, beta_grad, g.dbeta, beta_grad);
+    return g.dx;
+  }
+  LayerNormGrads g{Tensor::empty(x.shape(), x.dtype(), x.device()), into.gamma, into.beta};
+  fused_backward(dy, x, gamma, saved, g, gpu::ParamGradWrite::Accumulate);
+  return g.dx;
 }
 
 void layernorm_backward_into(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved,

@@ -26,6 +26,21 @@ Tensor layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& bet
 
 LayerNormGrads layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const LayerNormSaved& saved);
 
+// Parameter gradients a backward adds into, in place: a module's gamma.grad
+// and beta.grad. (D,) in gamma's dtype on x's device.
+struct LayerNormParamGrads {
+  Tensor gamma;  // += dgamma
+  Tensor beta;   // += dbeta
+};
+
+// layernorm_backward that adds dgamma / dbeta into `into` and returns dx.
+// The result is bitwise that of adding layernorm_backward's dgamma / dbeta
+// elementwise; CUDA fused mode with F32 grads adds them in the kernel that
+// sums them (no temporaries, no launches of their own), every other path
+// adds the temporaries elementwise.
+Tensor layernorm_backward_accumulate(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                     const LayerNormSaved& saved, const LayerNormParamGrads& into);
+
 // The same two, writing into memory the caller owns (PyTorch's, for
 // handgrad.torch): y like x; saved.mean / saved.rstd (rows,) and the grads
 // shaped as above, on x's device. Each output is checked (hg::Error) before

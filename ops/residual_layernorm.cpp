@@ -14,6 +14,7 @@ namespace {
 constexpr const char* kForward = "residual_layernorm_forward";
 constexpr const char* kBackward = "residual_layernorm_backward";
 constexpr const char* kOutput = "residual_layernorm_output";
+constexpr const char* kAccumulate = "residual_layernorm_backward_accumulate";
 
 void check_twin(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name, const char* op) {
   HG_CHECK(t.defined(), op, name, " is undefined");
@@ -56,7 +57,33 @@ float check_fused_forward(const Tensor& x, const char* name, const Tensor& gamma
            "eps must be a finite positive float32, got ", eps);
   return e;
 }
+
+// The fused backward's checks (after the twins'); dh = dh_in + LN_backward(dy)
+// and dgamma / dbeta written as `write` says.
+Tensor fused_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h, const Tensor& gamma,
+                      const LayerNormSaved& saved, Tensor& dgamma, Tensor& dbeta, gpu::ParamGradWrite write) {
+  check_fused_vectors(h, gamma, nullptr, kBackward);
+  const int64_t D = h.size(-1), rows = h.numel() / D;
+  for (const auto& [name, s] : {std::pair<const char*, const Tensor*>{"mean", &saved.mean}, {"rstd", &saved.rstd}})
+    HG_CHECK(s->defined() && s->shape() == Shape{rows} && s->dtype() == DType::F32 && s->is_cuda(), kBackward, "saved ",
+             name, " is ", s->defined() ? s->describe() : std::string("undefined"), ", expected f32 (", rows,
+             ",) on cuda (from residual_layernorm_forward with saved)");
+  Tensor dh = Tensor::empty(h.shape(), h.dtype(), h.device());
+  Tensor dh_rows = dh.reshape({rows, D});
+  const Tensor dh_in_rows = dh_in.defined() ? dh_in.reshape({rows, D}) : Tensor();
+  gpu::residual_layernorm_backward_fused(dy.reshape({rows, D}), dh_in.defined() ? &dh_in_rows : nullptr,
+                                         h.reshape({rows, D}), gamma, saved.mean, saved.rstd, dh_rows, dgamma, dbeta,
+                                         write);
+  return dh;
+}
 #endif
+
+// The checks of both backwards before they pick a path.
+void check_backward_inputs(const Tensor& dy, const Tensor& dh_in, const Tensor& h) {
+  HG_CHECK(h.defined(), kBackward, "h is undefined");
+  check_twin(dy, "dy", h, "h", kBackward);
+  if (dh_in.defined()) check_twin(dh_in, "dh_in", h, "h", kBackward);
+}
 
 }  // namespace
 
@@ -109,9 +136,7 @@ Tensor residual_layernorm_output(const Tensor& h, const Tensor& gamma, const Ten
 
 LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h, const Tensor& gamma,
                                            const LayerNormSaved& saved) {
-  HG_CHECK(h.defined(), kBackward, "h is undefined");
-  check_twin(dy, "dy", h, "h", kBackward);
-  if (dh_in.defined()) check_twin(dh_in, "dh_in", h, "h", kBackward);
+  check_backward_inputs(dy, dh_in, h);
   if (!use_fused_kernel(h)) {
     LayerNormGrads g = layernorm_backward(dy, h, gamma, saved);
     if (dh_in.defined()) g.dx = add_in_math_dtype(g.dx, dh_in);
@@ -119,24 +144,35 @@ LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in
   }
   LayerNormGrads g;
 #ifdef HG_WITH_CUDA
-  check_fused_vectors(h, gamma, nullptr, kBackward);
-  const int64_t D = h.size(-1), rows = h.numel() / D;
-  for (const auto& [name, s] : {std::pair<const char*, const Tensor*>{"mean", &saved.mean}, {"rstd", &saved.rstd}})
-    HG_CHECK(s->defined() && s->shape() == Shape{rows} && s->dtype() == DType::F32 && s->is_cuda(), kBackward, "saved ",
-             name, " is ", s->defined() ? s->describe() : std::string("undefined"), ", expected f32 (", rows,
-             ",) on cuda (from residual_layernorm_forward with saved)");
-  g.dx = Tensor::empty(h.shape(), h.dtype(), h.device());
-  g.dgamma = Tensor::empty({D}, DType::F32, h.device());
-  g.dbeta = Tensor::empty({D}, DType::F32, h.device());
-  Tensor dh_rows = g.dx.reshape({rows, D});
-  const Tensor dh_in_rows = dh_in.defined() ? dh_in.reshape({rows, D}) : Tensor();
-  gpu::residual_layernorm_backward_fused(dy.reshape({rows, D}), dh_in.defined() ? &dh_in_rows : nullptr,
-                                         h.reshape({rows, D}), gamma, saved.mean, saved.rstd, dh_rows, g.dgamma,
-                                         g.dbeta);
+  g.dgamma = Tensor::empty({h.size(-1)}, DType::F32, h.device());
+  g.dbeta = Tensor::empty({h.size(-1)}, DType::F32, h.device());
+  g.dx = fused_backward(dy, dh_in, h, gamma, saved, g.dgamma, g.dbeta, gpu::ParamGradWrite::Overwrite);
 #else
   fail(kBackward, "h is on CUDA but handgrad was built without CUDA");
 #endif
   return g;
+}
+
+Tensor residual_layernorm_backward_accumulate(const Tensor& dy, const Tensor& dh_in, const Tensor& h,
+                                              const Tensor& gamma, const LayerNormSaved& saved,
+                                              const LayerNormParamGrads& into) {
+  check_backward_inputs(dy, dh_in, h);
+  if (!use_fused_kernel(h)) {  // the composition residual_layernorm_backward runs, accumulating
+    Tensor dh = layernorm_backward_accumulate(dy, h, gamma, saved, into);
+    return dh_in.defined() ? add_in_math_dtype(dh, dh_in) : dh;
+  }
+  Tensor dh;
+#ifdef HG_WITH_CUDA
+  // The fused kernels take F32 gamma (checked with the saved statistics), so F32 grads.
+  const Shape d_shape{h.size(-1)};
+  check_output(kAccumulate, "gamma grad", into.gamma, d_shape, DType::F32, h.device());
+  check_output(kAccumulate, "beta grad", into.beta, d_shape, DType::F32, h.device());
+  Tensor dgamma = into.gamma, dbeta = into.beta;
+  dh = fused_backward(dy, dh_in, h, gamma, saved, dgamma, dbeta, gpu::ParamGradWrite::Accumulate);
+#else
+  fail(kAccumulate, "h is on CUDA but handgrad was built without CUDA");
+#endif
+  return dh;
 }
 
 }  // namespace hg

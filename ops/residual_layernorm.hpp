@@ -34,4 +34,12 @@ Tensor residual_layernorm_output(const Tensor& h, const Tensor& gamma, const Ten
 LayerNormGrads residual_layernorm_backward(const Tensor& dy, const Tensor& dh_in, const Tensor& h, const Tensor& gamma,
                                            const LayerNormSaved& saved);
 
+// residual_layernorm_backward that adds dgamma / dbeta into `into` (as
+// layernorm_backward_accumulate: bitwise the elementwise add of the returned
+// grads; CUDA fused mode adds them in its kernels) and returns dx, the
+// gradient of h.
+Tensor residual_layernorm_backward_accumulate(const Tensor& dy, const Tensor& dh_in, const Tensor& h,
+                                              const Tensor& gamma, const LayerNormSaved& saved,
+                                              const LayerNormParamGrads& into);
+
 }  // namespace hg

@@ -412,7 +412,7 @@ struct Launch {
     kern<<<blocks, threads, smem>>>(static_cast<const T*>(b.dy), static_cast<const T*>(b.x), b.gamma, b.mean, b.rstd,
                                     static_cast<T*>(b.dx), pg, pb, k.rows, k.D);
     layernorm_reduce_partials_kernel<<<(k.D + kReduceCols - 1) / kReduceCols, dim3(kReduceCols, kReduceLanes)>>>(
-        pg, pb, blocks, k.D, b.dgamma, b.dbeta);
+        pg, pb, blocks, k.D, b.dgamma, b.dbeta, false);
     return true;
   }
 };
