@@ -57,6 +57,13 @@ void Backend::transpose(const Tensor& x, int dim0, int dim1, Tensor& out) {
   out.copy_(host_out);
 }
 
+void Backend::zero_multi(const std::vector<Tensor>& outs) {
+  for (Tensor t : outs) {  // a handle: the copy fills the same storage
+    t.check_defined("Backend::zero_multi");
+    if (t.numel() > 0) fill(t, 0.0);
+  }
+}
+
 Backend& backend_for(Device device) {
   switch (device) {
     case Device::CPU: return cpu_backend();

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "core/backend.hpp"
 #include "core/checkpoint.hpp"
 
 namespace hg {
@@ -18,6 +19,17 @@ const Tensor& bf16_copy(Parameter& p) {
 
 void refresh_compute_copy(Parameter& p) {
   if (p.compute.defined()) p.compute.copy_(p.value);
+}
+
+void zero_grads(const std::vector<Parameter*>& params, const char* op) {
+  for (Device device : {Device::CPU, Device::CUDA}) {
+    std::vector<Tensor> grads;
+    for (Parameter* p : params) {
+      p->grad.check_defined(op);
+      if (p->grad.device() == device) grads.push_back(p->grad);
+    }
+    if (!grads.empty()) backend_for(device).zero_multi(grads);
+  }
 }
 
 // ---- the tree ----
@@ -62,9 +74,7 @@ int64_t Module::num_parameters() {
   return n;
 }
 
-void Module::zero_grad() {
-  for (Parameter* p : parameters()) p->grad.fill_(0.0);
-}
+void Module::zero_grad() { zero_grads(parameters(), "Module::zero_grad"); }
 
 void Module::to(Device device) {
   for (auto& entry : params_) {

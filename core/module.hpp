@@ -25,6 +25,9 @@ struct Parameter {
 const Tensor& bf16_copy(Parameter& p);
 // Rewrites p.compute from p.value when the copy exists (one cast pass).
 void refresh_compute_copy(Parameter& p);
+// Sets every grad of `params` to 0 with one Backend::zero_multi per device:
+// one launch on CUDA however many parameters. `op` names the caller in errors.
+void zero_grads(const std::vector<Parameter*>& params, const char* op);
 
 // Told, during a backward, which parameters' gradients have just become
 // final (nothing later in that backward adds to them): data parallelism

@@ -48,12 +48,7 @@ void Optimizer::refresh_compute_copies() {
   for (Parameter* p : params_) refresh_compute_copy(*p);
 }
 
-void Optimizer::zero_grad() {
-  for (Parameter* p : params_) {
-    p->grad.check_defined("Optimizer::zero_grad");
-    p->grad.fill_(0.0);
-  }
-}
+void Optimizer::zero_grad() { zero_grads(params_, "Optimizer::zero_grad"); }
 
 // ---- state files ----
 

@@ -732,6 +732,11 @@ class CudaBackend final : public Backend {
     fail("cuda fill", "unknown dtype ", static_cast<int>(out.dtype()));
   }
 
+  void zero_multi(const std::vector<Tensor>& outs) override {
+    for (const Tensor& t : outs) check_on_gpu("cuda zero_multi", t);
+    gpu::zero_multi(outs);
+  }
+
   void dropout_mask(Tensor& out, uint64_t seed, uint64_t counter, double p) override {
     check_on_gpu("cuda dropout_mask", out);
     HG_CHECK(p >= 0.0 && p < 1.0, "cuda dropout_mask", "p must be in [0, 1), got ", p);

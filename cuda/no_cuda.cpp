@@ -68,6 +68,7 @@ void adamw_step(float*, const float*, float*, float*, int64_t, float, float, flo
 }
 double sum_of_squares(const float*, int64_t) { no_cuda("gpu::sum_of_squares"); }
 void scale_inplace(float*, int64_t, float) { no_cuda("gpu::scale_inplace"); }
+void zero_multi(const std::vector<Tensor>&) { no_cuda("gpu::zero_multi"); }
 
 MemorySystem device_memory_system() { no_cuda("gpu::device_memory_system"); }
 void layernorm_forward_fused(const Tensor&, const Tensor&, const Tensor&, float, Tensor&, Tensor&, Tensor&) {

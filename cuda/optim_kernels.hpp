@@ -37,4 +37,9 @@ void scale_inplace(float* x, int64_t n, float s);
 void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state);
 void sum_of_squares_multi(const std::vector<Tensor>& xs, Tensor& out);
 
+// Backend::zero_multi on CUDA (cuda/multi_tensor_zero.cu): every tensor of
+// `outs` (on the GPU, any dtype, any offset) set to 0 in one launch per 192
+// tensors. Nothing is uploaded, so it may be called inside a graph capture.
+void zero_multi(const std::vector<Tensor>& outs);
+
 }  // namespace hg::gpu

@@ -3,6 +3,7 @@
 // same kernels on the same values), blocks a graph uses are never handed to
 // allocations outside it, a capture broken by a host read leaves no trace,
 // and TrainStep's graph mode falls back to plain steps with identical results.
+// That replayed steps clear the last step's gradients: test_zero_grad.cpp.
 #include <array>
 #include <cmath>
 #include <set>
