@@ -1,4 +1,5 @@
 // Whether a kernel launch may overlap the previous kernel (cuda/launch.cuh).
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -6,8 +7,15 @@
 
 namespace hg::gpu {
 
+namespace {
+std::atomic<bool> overlap{true};
+}  // namespace
+
+void set_kernel_overlap(bool on) { overlap = on; }
+bool kernel_overlap() { return overlap; }
+
 bool overlaps_previous_kernel(const void* kernel) {
-  if (compute_capability() < 90) return false;
+  if (!overlap || compute_capability() < 90) return false;
   // One attribute query per kernel: launches are on the hot path.
   static std::mutex mutex;
   static std::unordered_map<const void*, bool> known;
