@@ -304,11 +304,6 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   app.add_option("--kernels", kernels, "both, fused or unfused")->check(CLI::IsMember({"both", "fused", "unfused"}));
   app.add_flag("--tf32", tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
-  std::string kernel_overlap = "on";
-  app.add_option("--kernel-overlap", kernel_overlap,
-                 "CUDA, sm_90+: schedule each kernel while the one before it finishes (programmatic dependent launch)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   bool recompute_gelu = false;
@@ -419,7 +414,6 @@ int main(int argc, char** argv) {
         cli::usage_error("--kernel-trace", "traces the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
     }
     if (tf32) set_allow_tf32(true);
-    gpu::set_kernel_overlap(kernel_overlap == "on");
 
     bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
                              "min_ms,tokens_per_s,peak_mem_mib,model_tflop_per_step,mfu");

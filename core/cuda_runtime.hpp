@@ -98,13 +98,6 @@ int compute_capability();  // major * 10 + minor, e.g. 90 for an H100
 // (HBM3, 2619 MHz x 5120 bits by its datasheet) would give about 3350.
 double dram_peak_gbps();
 
-// Whether kernels are launched to overlap the end of the kernel before them
-// on sm_90+ (programmatic dependent launch, cuda/launch.cuh). On by default;
-// off makes every kernel wait for its predecessor to finish before it is
-// scheduled, as a plain launch does (to time the overlap, or to rule it out).
-void set_kernel_overlap(bool on);
-bool kernel_overlap();
-
 }  // namespace hg::gpu
 
 namespace hg::gpu {

@@ -310,7 +310,6 @@ constexpr float kLazyRescaleLog2 = 8.f;
 
 template <int DH, int KB, bool kQRegs>
 __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
-  wait_for_previous_kernel();
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // [kRowsBf16][S]
@@ -600,7 +599,6 @@ __device__ __forceinline__ void write_dkdv(const Args& a, int64_t koff, const fl
 // and edge tiles compile apart (as in the forward).
 template <int DH, int QB, int QS, int MT, bool kKVRegs>
 __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
-  wait_for_previous_kernel();
   constexpr int NT = kThreads, S = DH + 8, kKeys = 16 * MT * 4;
   static_assert(QB <= NT, "stage_queries: a thread per query row's stats");
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
@@ -713,7 +711,6 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_bf16_kernel(Args a) {
 // per half of the keys (its 4 warps).
 template <int DH, int QB>
 __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) {
-  wait_for_previous_kernel();
   constexpr int NT = 256, S = DH + 8, SP = QB + 8, kKeys = 128;
   constexpr int kStage = 2 * QB * S * 2 + QB * 12;  // bytes of one stage: q, do, stats, delta
   constexpr int kMT2 = 4, kDims2 = 32;              // phase 2: m16 tiles of keys, dims per warp
@@ -800,7 +797,6 @@ __global__ void __launch_bounds__(256) backward_dkdv_phased_bf16_kernel(Args a) 
 // fast tiles as in backward_dkdv_bf16_kernel.
 template <int DH, int KB, int KS, bool kSplit>
 __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
-  wait_for_previous_kernel();
   constexpr int S = DH + 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // [kRowsBf16][S]
@@ -940,7 +936,6 @@ __global__ void __launch_bounds__(kThreads) backward_dq_bf16_kernel(Args a) {
 // shuffle tree within the lanes.
 template <int DH>
 __global__ void delta_bf16_kernel(Args a, int64_t rows) {
-  wait_for_previous_kernel();
   constexpr int kLanes = DH / 8;
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
   float acc = 0.f;
@@ -985,7 +980,7 @@ template <int NT = kThreads, class Kernel, class... More>
 void launch_on(cudaStream_t on, Kernel kernel, dim3 blocks, size_t smem, const Args& a, const char* name,
                const More&... more) {
   allow_dynamic_smem(kernel, smem);
-  launch_on_stream(on, kernel, blocks, NT, smem, nullptr, a, more...);
+  kernel<<<blocks, NT, smem, on>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
 }
 template <int NT = kThreads, class Kernel, class... More>
@@ -1053,7 +1048,7 @@ void backward_bf16(const Args& a, int64_t bh) {
   static_assert(C.dq_keys % C.dq_sub == 0);
   const int64_t rows = bh * a.tq;
   const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
-  gpu::launch(delta_bf16_kernel<DH>, blocks, kThreads, 0, a, rows);
+  delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta");
   std::optional<SideStream> side;
   if (C.dq_beside) side.emplace();

@@ -260,7 +260,6 @@ __device__ __forceinline__ float prob(float x2, float2 stats) {
 
 template <int DH, int TY, int RM>
 __global__ void __launch_bounds__(16 * TY) forward_kernel(Args a) {
-  wait_for_previous_kernel();
   constexpr int BR = TY * RM, S = DH + 4, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   extern __shared__ __align__(16) float smem[];
   float* qs = smem;            // [BR][S]
@@ -359,7 +358,6 @@ __global__ void __launch_bounds__(16 * TY) forward_kernel(Args a) {
 // = p (dp - delta) is 0 exactly, as with the summed delta.
 template <int DH>
 __global__ void delta_kernel(Args a, int64_t rows) {
-  wait_for_previous_kernel();
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const int64_t at = a.o_base(r / a.tq) + (r % a.tq) * a.o_row;
@@ -378,7 +376,6 @@ __global__ void delta_kernel(Args a, int64_t rows) {
 // return at once.
 template <int DH, int TY, int RM>
 __global__ void __launch_bounds__(16 * TY) peaked_delta_kernel(Args a) {
-  wait_for_previous_kernel();
   constexpr int BR = TY * RM, S = DH + 4, NT = 16 * TY;
   extern __shared__ __align__(16) float smem[];
   float* qs = smem;            // [BR][S]
@@ -568,7 +565,6 @@ __device__ __forceinline__ void stage_query_tile(const DkdvTiles& t, const Args&
 // during dq = ds k and the dq add, which read none of them.
 template <int DH, int TY, int RM>
 __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder order) {
-  wait_for_previous_kernel();
   constexpr int BR = TY * RM, PS = BR + 4, NT = 16 * TY, N = DH / 16;
   static_assert(BR == kCols);
   extern __shared__ __align__(16) float smem[];
@@ -646,7 +642,6 @@ __global__ void __launch_bounds__(16 * TY) backward_dkdv_kernel(Args a, DqOrder 
 // order: the same bits.
 template <int DH>
 __global__ void __launch_bounds__(256) backward_split_kernel(Args a, DqOrder order) {
-  wait_for_previous_kernel();
   constexpr int TY = 8, RM = 8, BR = TY * RM, PS = BR + 4, NT = 256, N = DH / 16;
   constexpr int kDqTy = 16, kDqRm = 4;  // dq: backward_dkdv_kernel's geometry over all 256 threads
   static_assert(BR == kCols && kDqTy * kDqRm == kCols);
@@ -758,7 +753,7 @@ void launch(Kernel kernel, int threads, int64_t rows, int rows_per_block, int64_
   allow_dynamic_smem(kernel, smem);
   const dim3 grid(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(heads_total));
-  gpu::launch(kernel, grid, threads, smem, a, more...);
+  kernel<<<grid, threads, smem, stream()>>>(a, more...);
   HG_CUDA_CHECK_LAUNCH(name);
 }
 
@@ -778,7 +773,7 @@ template <int DH>
 void backward_f32(const Args& a, int64_t heads_total) {
   using T = Tiles<DH>;
   const int64_t rows = heads_total * a.tq;
-  gpu::launch(delta_kernel<DH>, static_cast<unsigned>((rows + 127) / 128), 128, 0, a, rows);
+  delta_kernel<DH><<<static_cast<unsigned>((rows + 127) / 128), 128, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta_f32");
   launch(peaked_delta_kernel<DH, T::kBwdTy, T::kBwdRm>, 16 * T::kBwdTy, a.tq, T::kBwdRows, heads_total, T::kDeltaSmem,
          a, "attention_peaked_delta_f32");

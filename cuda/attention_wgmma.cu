@@ -41,7 +41,7 @@ void launch(const Args& a, int64_t batch) {
   const auto kernel = forward_wgmma_kernel<DH>;
   allow_dynamic_smem(kernel, Plan<DH>::kSmem);
   const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(batch * a.heads));
-  gpu::launch(kernel, grid, kThreadsPerBlock, Plan<DH>::kSmem, qmap, kmap, vmap, a);
+  kernel<<<grid, kThreadsPerBlock, Plan<DH>::kSmem, stream()>>>(qmap, kmap, vmap, a);
   HG_CUDA_CHECK_LAUNCH("attention_forward_wgmma");
 }
 

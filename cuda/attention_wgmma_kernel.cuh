@@ -37,7 +37,6 @@
 #include "cuda/attention_row_math.cuh"
 #include "cuda/attention_tensor_map.cuh"  // kSwizzleBytes, kBoxCols
 #include "cuda/bulk_stage.cuh"
-#include "cuda/launch.cuh"
 #include "cuda/wgmma.cuh"
 
 #define HG_WGMMA_DEVICE HG_SM90A_DEVICE  // cuda/wgmma.cuh: an sm_90a device compile
@@ -313,7 +312,6 @@ template <int DH>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     forward_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, Args a) {
-  wait_for_previous_kernel();
   static_assert(DH == 64 || DH == 128);
 #if HG_WGMMA_DEVICE
   forward_body<DH, kRows, kKeys, kStages>(qmap, kmap, vmap, a);

@@ -51,7 +51,6 @@ template <class T, class O, int VEC, int U, bool GELU>
 __global__ void __launch_bounds__(kThreads)
     column_cluster_kernel(const T* x, const T* __restrict__ pre, T* dx, O* __restrict__ out, int64_t rows, int64_t cols,
                           int64_t ld, bool accumulate) {
-  wait_for_previous_kernel();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Shape = Tile<VEC>;
   const cg::cluster_group cluster = cg::this_cluster();
@@ -142,9 +141,10 @@ void launch_clusters(const T* x, const T* pre, T* dx, O* out, int64_t rows, int6
   const int64_t groups = (cols + kGroupCols - 1) / kGroupCols;
   const int C = cluster_size(rows, Tile<VEC>::TY * U);
   HG_CHECK(groups * C <= INT_MAX, "column_sum", cols, " columns need more blocks than one launch holds");
-  const cudaLaunchAttribute cluster_dim = cluster_attribute(C);
-  launch_on_stream(stream(), column_cluster_kernel<T, O, VEC, U, GELU>, dim3(static_cast<unsigned>(groups * C)),
-                   kThreads, 0, &cluster_dim, x, pre, dx, out, rows, cols, ld, accumulate);
+  cudaLaunchAttribute cluster_dim = cluster_attribute(C);
+  const cudaLaunchConfig_t config = launch_config(dim3(static_cast<unsigned>(groups * C)), kThreads, 0, &cluster_dim);
+  HG_CUDA_CHECK(cudaLaunchKernelEx(&config, column_cluster_kernel<T, O, VEC, U, GELU>, x, pre, dx, out, rows, cols, ld,
+                                   accumulate));
   HG_CUDA_CHECK_LAUNCH(GELU ? "column_cluster_kernel (GELU backward)" : "column_cluster_kernel");
 }
 
@@ -175,7 +175,6 @@ constexpr int kColumnThreads = 256;
 template <class T>
 __global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t cols, int64_t rows,
                                       int64_t ld, int64_t chunk_rows) {
-  wait_for_previous_kernel();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
   if (i >= cols) return;
   const int64_t end = (chunk + 1) * chunk_rows < rows ? (chunk + 1) * chunk_rows : rows;
@@ -187,7 +186,6 @@ __global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict
 template <class O>
 __global__ void column_finish_kernel(const float* __restrict__ partial, O* __restrict__ out, int64_t cols,
                                      int64_t chunks, bool accumulate) {
-  wait_for_previous_kernel();
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= cols) return;
   float acc = 0.f;
@@ -202,10 +200,11 @@ void two_pass(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, bool a
   const int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
   Tensor partial = Tensor::empty({chunks, cols}, DType::F32, Device::CUDA);
   const auto blocks = static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads);
-  launch(column_partial_kernel<T>, dim3(blocks, static_cast<unsigned>(chunks)), kColumnThreads, 0, x,
-         partial.data<float>(), cols, rows, ld, chunk_rows);
+  column_partial_kernel<T><<<dim3(blocks, static_cast<unsigned>(chunks)), kColumnThreads, 0, stream()>>>(
+      x, partial.data<float>(), cols, rows, ld, chunk_rows);
   HG_CUDA_CHECK_LAUNCH("column_partial_kernel");
-  launch(column_finish_kernel<O>, blocks, kColumnThreads, 0, partial.data<float>(), out, cols, chunks, accumulate);
+  column_finish_kernel<O>
+      <<<blocks, kColumnThreads, 0, stream()>>>(partial.data<float>(), out, cols, chunks, accumulate);
   HG_CUDA_CHECK_LAUNCH("column_finish_kernel");
 }
 

@@ -5,7 +5,6 @@
 #include "core/cuda_runtime.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/reduce.cuh"
 
 namespace hg::gpu {
@@ -18,7 +17,6 @@ constexpr int kSumThreads = 1024;
 __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits, const float* __restrict__ targets,
                                           int64_t vocab, int64_t ignore_index, float inv_count,
                                           float* __restrict__ dlogits, float* __restrict__ row_loss) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const float* x = logits + row * vocab;
@@ -47,7 +45,6 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits, cons
 // One block: thread i sums rows i, i + 1024, ... then a fixed block tree.
 __global__ void sum_rows_kernel(const float* __restrict__ row_loss, int64_t rows, float inv_count,
                                 float* __restrict__ loss) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   float acc = 0.0f;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) acc += row_loss[i];
@@ -65,10 +62,10 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t ro
                          float inv_count, Tensor& dlogits, Tensor& loss) {
   std::unique_ptr<void, DeviceFree> row_loss(allocate(static_cast<size_t>(rows) * sizeof(float)));
   float* row_loss_ptr = static_cast<float*>(row_loss.get());
-  launch(cross_entropy_rows_kernel, static_cast<unsigned>(rows), kRowThreads, 0, logits.data<float>(),
-         targets.data<float>(), vocab, ignore_index, inv_count, dlogits.data<float>(), row_loss_ptr);
+  cross_entropy_rows_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+      logits.data<float>(), targets.data<float>(), vocab, ignore_index, inv_count, dlogits.data<float>(), row_loss_ptr);
   HG_CUDA_CHECK_LAUNCH("cross_entropy_rows_kernel");
-  launch(sum_rows_kernel, 1, kSumThreads, 0, row_loss_ptr, rows, inv_count, loss.data<float>());
+  sum_rows_kernel<<<1, kSumThreads, 0, stream()>>>(row_loss_ptr, rows, inv_count, loss.data<float>());
   HG_CUDA_CHECK_LAUNCH("sum_rows_kernel");
 }
 

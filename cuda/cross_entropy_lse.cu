@@ -31,7 +31,6 @@ template <class T>
 __global__ void lse_rows(const T* __restrict__ logits, const float* __restrict__ targets, int64_t vocab,
                          int64_t ignore_index, float* __restrict__ row_stats, float* __restrict__ row_loss,
                          float* __restrict__ counted) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   const T* x = logits + row * vocab;
@@ -52,7 +51,6 @@ __global__ void lse_rows(const T* __restrict__ logits, const float* __restrict__
 // One block: fixed-order sums of the row losses and the counted rows.
 __global__ void lse_finish(const float* __restrict__ row_loss, const float* __restrict__ counted, int64_t rows,
                            float* __restrict__ loss, float* __restrict__ inv_count) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   float acc = 0.f, n = 0.f;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
@@ -75,7 +73,6 @@ template <class T>
 __global__ void lse_backward(const T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                              const float* __restrict__ row_stats, const float* __restrict__ inv_count, float dloss,
                              T* dlogits) {
-  wait_for_previous_kernel();
   const int64_t row = blockIdx.x;
   const T* x = logits + row * vocab;
   T* dx = dlogits + row * vocab;
@@ -96,7 +93,6 @@ __global__ void lse_backward(const T* logits, const float* __restrict__ targets,
 template <class T>
 __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                               const float* __restrict__ inv_count, float* __restrict__ row_loss) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   const int64_t row = blockIdx.x;
   T* x = logits + row * vocab;
@@ -138,7 +134,6 @@ int64_t staged_max_vocab() {
 
 __global__ void count_targets(const float* __restrict__ targets, int64_t rows, int64_t ignore_index,
                               float* __restrict__ inv_count) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   float n = 0.f;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) n += targets[i] != static_cast<float>(ignore_index);
@@ -148,7 +143,6 @@ __global__ void count_targets(const float* __restrict__ targets, int64_t rows, i
 
 __global__ void sum_row_losses(const float* __restrict__ row_loss, int64_t rows, const float* __restrict__ inv_count,
                                float* __restrict__ loss) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   float acc = 0.f;
   for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) acc += row_loss[i];
@@ -172,12 +166,14 @@ void cross_entropy_lse_forward(const Tensor& logits, const Tensor& targets, int6
   if (rows > 0) {
     with_logits_type(logits.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      launch(lse_rows<T>, static_cast<unsigned>(rows), kRowThreads, 0, static_cast<const T*>(logits.raw_data()),
-             targets.data<float>(), vocab, ignore_index, row_stats.data<float>(), row_loss, row_loss + rows);
+      lse_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+          static_cast<const T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index, row_stats.data<float>(),
+          row_loss, row_loss + rows);
       HG_CUDA_CHECK_LAUNCH("lse_rows");
     });
   }
-  launch(lse_finish, 1, kSumThreads, 0, row_loss, row_loss + rows, rows, loss.data<float>(), inv_count.data<float>());
+  lse_finish<<<1, kSumThreads, 0, stream()>>>(row_loss, row_loss + rows, rows, loss.data<float>(),
+                                              inv_count.data<float>());
   HG_CUDA_CHECK_LAUNCH("lse_finish");
 }
 
@@ -187,16 +183,16 @@ void cross_entropy_lse_backward(const Tensor& logits, const Tensor& targets, int
   if (rows == 0) return;
   with_logits_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    launch(lse_backward<T>, static_cast<unsigned>(rows), kRowThreads, 0, static_cast<const T*>(logits.raw_data()),
-           targets.data<float>(), vocab, ignore_index, row_stats.data<float>(), inv_count.data<float>(), dloss,
-           static_cast<T*>(dlogits.raw_data()));
+    lse_backward<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+        static_cast<const T*>(logits.raw_data()), targets.data<float>(), vocab, ignore_index, row_stats.data<float>(),
+        inv_count.data<float>(), dloss, static_cast<T*>(dlogits.raw_data()));
     HG_CUDA_CHECK_LAUNCH("lse_backward");
   });
 }
 
 void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Tensor& inv_count) {
-  launch(count_targets, 1, kSumThreads, 0, targets.data<float>(), targets.numel(), ignore_index,
-         inv_count.data<float>());
+  count_targets<<<1, kSumThreads, 0, stream()>>>(targets.data<float>(), targets.numel(), ignore_index,
+                                                 inv_count.data<float>());
   HG_CUDA_CHECK_LAUNCH("count_targets");
 }
 
@@ -226,21 +222,21 @@ void cross_entropy_lse_rows_grad(Tensor& logits, const Tensor& targets, int64_t 
     const bool staged = kernel == RowPassKernel::Staged || (kernel == RowPassKernel::Best && fits &&
                                                             vocab >= cross_entropy_staged_min_vocab(logits.dtype()));
     if (staged) {
-      launch(lse_rows_grad_staged<T>, static_cast<unsigned>(rows), kStagedThreads,
-             staged_row_bytes(vocab, int64_t(sizeof(T))), x, targets.data<float>(), vocab, ignore_index,
-             inv_count.data<float>(), row_loss.data<float>());
+      lse_rows_grad_staged<T>
+          <<<static_cast<unsigned>(rows), kStagedThreads, staged_row_bytes(vocab, int64_t(sizeof(T))), stream()>>>(
+              x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
       HG_CUDA_CHECK_LAUNCH("lse_rows_grad_staged");
       return;
     }
-    launch(lse_rows_grad<T>, static_cast<unsigned>(rows), kRowThreads, 0, x, targets.data<float>(), vocab, ignore_index,
-           inv_count.data<float>(), row_loss.data<float>());
+    lse_rows_grad<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream()>>>(
+        x, targets.data<float>(), vocab, ignore_index, inv_count.data<float>(), row_loss.data<float>());
     HG_CUDA_CHECK_LAUNCH("lse_rows_grad");
   });
 }
 
 void cross_entropy_sum_row_losses(const Tensor& row_loss, const Tensor& inv_count, Tensor& loss) {
-  launch(sum_row_losses, 1, kSumThreads, 0, row_loss.data<float>(), row_loss.numel(), inv_count.data<float>(),
-         loss.data<float>());
+  sum_row_losses<<<1, kSumThreads, 0, stream()>>>(row_loss.data<float>(), row_loss.numel(), inv_count.data<float>(),
+                                                  loss.data<float>());
   HG_CUDA_CHECK_LAUNCH("sum_row_losses");
 }
 

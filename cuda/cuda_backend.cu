@@ -27,7 +27,6 @@
 #include "cuda/gelu.cuh"
 #include "cuda/gemm_lt.hpp"
 #include "cuda/indexing_kernels.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/optim_kernels.hpp"
 
 namespace hg {
@@ -137,7 +136,6 @@ __device__ __forceinline__ T apply_unary(T x) {
 // x and y may alias (in-place map): each element is read before it is written.
 template <UnaryOp OP, class S>
 __global__ void map_kernel(const S* x, S* y, int64_t n) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] = narrow<S>(apply_unary<OP>(widen(x[i])));
 }
@@ -145,7 +143,6 @@ __global__ void map_kernel(const S* x, S* y, int64_t n) {
 // float4 loads and stores when both pointers are 16-byte aligned and n % 4 == 0.
 template <UnaryOp OP>
 __global__ void map_kernel_vec4(const float4* x, float4* y, int64_t n4) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
     float4 v = x[i];
     v.x = apply_unary<OP>(v.x);
@@ -160,7 +157,6 @@ __global__ void map_kernel_vec4(const float4* x, float4* y, int64_t n4) {
 // accesses reach about half the copy rate on the H200).
 template <UnaryOp OP>
 __global__ void map_kernel_bf16x8(const uint4* x, uint4* y, int64_t n8) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
     uint4 v = x[i];
     auto* h = reinterpret_cast<__nv_bfloat16*>(&v);
@@ -183,21 +179,21 @@ void launch_map(const Tensor& x, Tensor& out) {
     T* ys = static_cast<T*>(out.raw_data());
     if constexpr (std::is_same_v<T, float>) {
       if (vec4_ok(xs, ys, n)) {
-        gpu::launch(map_kernel_vec4<OP>, grid_for(n / 4), kThreads, 0, reinterpret_cast<const float4*>(xs),
-                    reinterpret_cast<float4*>(ys), n / 4);
+        map_kernel_vec4<OP><<<grid_for(n / 4), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const float4*>(xs),
+                                                                             reinterpret_cast<float4*>(ys), n / 4);
         HG_CUDA_CHECK_LAUNCH("map_kernel_vec4");
         return;
       }
     }
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
       if (n % 8 == 0 && reinterpret_cast<uintptr_t>(xs) % 16 == 0 && reinterpret_cast<uintptr_t>(ys) % 16 == 0) {
-        gpu::launch(map_kernel_bf16x8<OP>, grid_for(n / 8), kThreads, 0, reinterpret_cast<const uint4*>(xs),
-                    reinterpret_cast<uint4*>(ys), n / 8);
+        map_kernel_bf16x8<OP><<<grid_for(n / 8), kThreads, 0, gpu::stream()>>>(reinterpret_cast<const uint4*>(xs),
+                                                                               reinterpret_cast<uint4*>(ys), n / 8);
         HG_CUDA_CHECK_LAUNCH("map_kernel_bf16x8");
         return;
       }
     }
-    gpu::launch(map_kernel<OP, T>, grid_for(n), kThreads, 0, xs, ys, n);
+    map_kernel<OP, T><<<grid_for(n), kThreads, 0, gpu::stream()>>>(xs, ys, n);
     HG_CUDA_CHECK_LAUNCH("map_kernel");
   });
 }
@@ -224,7 +220,6 @@ __device__ __forceinline__ T apply_binary(T a, T b) {
 // Equal shapes: one flat pass (out may alias a or b).
 template <BinaryOp OP, class S>
 __global__ void zip_same_shape_kernel(const S* a, const S* b, S* out, int64_t n) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = narrow<S>(apply_binary<OP>(widen(a[i]), widen(b[i])));
 }
@@ -245,7 +240,6 @@ struct ZipGeometry {
 
 template <BinaryOp OP, class S, class I>
 __global__ void zip_broadcast_kernel(const S* a, const S* b, S* out, int64_t n, ZipGeometry<I> g) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     I rest = static_cast<I>(i), a_off = 0, b_off = 0;
 #pragma unroll
@@ -302,7 +296,7 @@ void launch_zip_broadcast(const T* a, const T* b, T* out, int64_t n, const std::
     g.a_stride[d] = static_cast<I>(dims[d].a_stride);
     g.b_stride[d] = static_cast<I>(dims[d].b_stride);
   }
-  gpu::launch(zip_broadcast_kernel<OP, T, I>, grid_for(n), kThreads, 0, a, b, out, n, g);
+  zip_broadcast_kernel<OP, T, I><<<grid_for(n), kThreads, 0, gpu::stream()>>>(a, b, out, n, g);
   HG_CUDA_CHECK_LAUNCH("zip_broadcast_kernel");
 }
 
@@ -315,7 +309,7 @@ void launch_zip(const Tensor& a, const Tensor& b, Tensor& out) {
     const T* bs = static_cast<const T*>(b.raw_data());
     T* os = static_cast<T*>(out.raw_data());
     if (a.numel() == n && b.numel() == n) {  // equal shapes up to size-1 dims
-      gpu::launch(zip_same_shape_kernel<OP, T>, grid_for(n), kThreads, 0, as, bs, os, n);
+      zip_same_shape_kernel<OP, T><<<grid_for(n), kThreads, 0, gpu::stream()>>>(as, bs, os, n);
       HG_CUDA_CHECK_LAUNCH("zip_same_shape_kernel");
       return;
     }
@@ -364,7 +358,6 @@ struct Reducer {
 // inner == 1, short rows: one warp per contiguous row.
 template <ReduceOp OP, class S, class O>
 __global__ void reduce_rows_warp_kernel(const S* __restrict__ x, O* __restrict__ out, int64_t rows, int64_t len) {
-  gpu::wait_for_previous_kernel();
   using T = math_t<S>;
   using R = Reducer<OP, T>;
   const int lane = threadIdx.x & 31;
@@ -382,7 +375,6 @@ __global__ void reduce_rows_warp_kernel(const S* __restrict__ x, O* __restrict__
 // inner == 1, long rows: one block per contiguous row.
 template <ReduceOp OP, class S, class O>
 __global__ void reduce_rows_block_kernel(const S* __restrict__ x, O* __restrict__ out, int64_t rows, int64_t len) {
-  gpu::wait_for_previous_kernel();
   using T = math_t<S>;
   using R = Reducer<OP, T>;
   __shared__ T warp_results[kThreads / 32];
@@ -411,7 +403,6 @@ constexpr int kColTileX = 32, kColTileY = 8;
 template <ReduceOp OP, class S, class O>
 __global__ void reduce_cols_kernel(const S* __restrict__ x, O* __restrict__ out, int64_t outer, int64_t len,
                                    int64_t inner) {
-  gpu::wait_for_previous_kernel();
   using T = math_t<S>;
   using R = Reducer<OP, T>;
   __shared__ T partial[kColTileY][kColTileX];
@@ -443,27 +434,27 @@ void launch_reduce(const Tensor& x, int dim, Tensor& out) {
   for (int d = 0; d < dim; ++d) outer *= x.shape()[d];
   for (int d = dim + 1; d < x.ndim(); ++d) inner *= x.shape()[d];
   const int64_t len = x.shape()[dim];
-  auto run = [&](auto in_zero, auto out_zero) {
+  auto launch = [&](auto in_zero, auto out_zero) {
     using S = decltype(in_zero);
     using O = decltype(out_zero);
     const S* xs = static_cast<const S*>(x.raw_data());
     O* os = static_cast<O*>(out.raw_data());
+    cudaStream_t s = gpu::stream();
     if (inner == 1 && len > 1024) {
-      gpu::launch(reduce_rows_block_kernel<OP, S, O>, grid_for(outer, 1), kThreads, 0, xs, os, outer, len);
+      reduce_rows_block_kernel<OP, S, O><<<grid_for(outer, 1), kThreads, 0, s>>>(xs, os, outer, len);
       HG_CUDA_CHECK_LAUNCH("reduce_rows_block_kernel");
     } else if (inner == 1) {
-      gpu::launch(reduce_rows_warp_kernel<OP, S, O>, grid_for(outer, kThreads / 32), kThreads, 0, xs, os, outer, len);
+      reduce_rows_warp_kernel<OP, S, O><<<grid_for(outer, kThreads / 32), kThreads, 0, s>>>(xs, os, outer, len);
       HG_CUDA_CHECK_LAUNCH("reduce_rows_warp_kernel");
     } else {
       const int64_t tiles = outer * ((inner + kColTileX - 1) / kColTileX);
-      gpu::launch(reduce_cols_kernel<OP, S, O>, grid_for(tiles, 1), dim3(kColTileX, kColTileY), 0, xs, os, outer, len,
-                  inner);
+      reduce_cols_kernel<OP, S, O><<<grid_for(tiles, 1), dim3(kColTileX, kColTileY), 0, s>>>(xs, os, outer, len, inner);
       HG_CUDA_CHECK_LAUNCH("reduce_cols_kernel");
     }
   };
   // bf16 input may reduce into an f32 output (e.g. a bias gradient); else out has x's dtype.
-  if (x.dtype() == DType::BF16 && out.dtype() == DType::F32) return run(__nv_bfloat16{}, float{});
-  with_arith_type(x.dtype(), [&](auto zero) { run(zero, zero); });
+  if (x.dtype() == DType::BF16 && out.dtype() == DType::F32) return launch(__nv_bfloat16{}, float{});
+  with_arith_type(x.dtype(), [&](auto zero) { launch(zero, zero); });
 }
 
 // ---- fill and cast -------------------------------------------------------------
@@ -472,14 +463,13 @@ void launch_reduce(const Tensor& x, int dim, Tensor& out) {
 // serves every dtype (the value is converted once, on the host).
 template <class Bits>
 __global__ void fill_kernel(Bits* out, int64_t n, Bits value) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = value;
 }
 
 template <class Bits>
 void launch_fill(void* out, int64_t n, Bits value) {
-  gpu::launch(fill_kernel<Bits>, grid_for(n), kThreads, 0, static_cast<Bits*>(out), n, value);
+  fill_kernel<Bits><<<grid_for(n), kThreads, 0, gpu::stream()>>>(static_cast<Bits*>(out), n, value);
   HG_CUDA_CHECK_LAUNCH("fill_kernel");
 }
 
@@ -488,15 +478,14 @@ void launch_fill(void* out, int64_t n, Bits value) {
 // (counter + i)-th uniform of the seed's stream is >= p, as on the host.
 template <class Bits>
 __global__ void dropout_mask_kernel(Bits* out, int64_t n, uint64_t key, uint64_t counter, double p, Bits keep) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = random_stream::uniform_at(key, counter + static_cast<uint64_t>(i)) >= p ? keep : Bits(0);
 }
 
 template <class Bits>
 void launch_dropout_mask(void* out, int64_t n, uint64_t seed, uint64_t counter, double p, Bits keep) {
-  gpu::launch(dropout_mask_kernel<Bits>, grid_for(n), kThreads, 0, static_cast<Bits*>(out), n, random_stream::key(seed),
-              counter, p, keep);
+  dropout_mask_kernel<Bits><<<grid_for(n), kThreads, 0, gpu::stream()>>>(static_cast<Bits*>(out), n,
+                                                                         random_stream::key(seed), counter, p, keep);
   HG_CUDA_CHECK_LAUNCH("dropout_mask_kernel");
 }
 
@@ -510,7 +499,6 @@ uint16_t half_bits(Half h) {
 
 template <class S, class D>
 __global__ void cast_kernel(const S* __restrict__ src, D* __restrict__ out, int64_t n) {
-  gpu::wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = narrow<D>(widen(src[i]));
 }
@@ -535,7 +523,6 @@ void with_storage_type(DType dtype, F&& f) {
 template <class Elem, class I>
 __global__ void transpose_kernel(const Elem* __restrict__ x, Elem* __restrict__ out, int64_t total, I n0, I M, I n1,
                                  I B) {
-  gpu::wait_for_previous_kernel();
   for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < total; o += int64_t(gridDim.x) * blockDim.x) {
     I t = static_cast<I>(o);
     const I b = t % B;
@@ -555,9 +542,9 @@ void launch_transpose(const void* x, void* out, int64_t total, int64_t n0, int64
   const auto* xs = static_cast<const Elem*>(x);
   auto* os = static_cast<Elem*>(out);
   if (total <= int64_t(UINT32_MAX))
-    gpu::launch(transpose_kernel<Elem, uint32_t>, grid_for(total), kThreads, 0, xs, os, total, uint32_t(n0),
-                uint32_t(M), uint32_t(n1), uint32_t(B));
-  else gpu::launch(transpose_kernel<Elem, int64_t>, grid_for(total), kThreads, 0, xs, os, total, n0, M, n1, B);
+    transpose_kernel<Elem, uint32_t><<<grid_for(total), kThreads, 0, gpu::stream()>>>(
+        xs, os, total, uint32_t(n0), uint32_t(M), uint32_t(n1), uint32_t(B));
+  else transpose_kernel<Elem, int64_t><<<grid_for(total), kThreads, 0, gpu::stream()>>>(xs, os, total, n0, M, n1, B);
   HG_CUDA_CHECK_LAUNCH("transpose_kernel");
 }
 
@@ -775,8 +762,8 @@ class CudaBackend final : public Backend {
       using S = decltype(src_zero);
       with_storage_type(out.dtype(), [&](auto out_zero) {
         using D = decltype(out_zero);
-        gpu::launch(cast_kernel<S, D>, grid_for(n), kThreads, 0, static_cast<const S*>(src.raw_data()),
-                    static_cast<D*>(out.raw_data()), n);
+        cast_kernel<S, D><<<grid_for(n), kThreads, 0, gpu::stream()>>>(static_cast<const S*>(src.raw_data()),
+                                                                       static_cast<D*>(out.raw_data()), n);
         HG_CUDA_CHECK_LAUNCH("cast_kernel");
       });
     });

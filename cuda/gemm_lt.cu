@@ -20,7 +20,6 @@
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
@@ -69,7 +68,6 @@ int alignment_of(const void* p) {
 template <class T, class O>
 __global__ void strided_sum_kernel(const T* __restrict__ x, O* __restrict__ out, int64_t count, int64_t len, int64_t si,
                                    int64_t sj, bool accumulate) {
-  wait_for_previous_kernel();
   const int lane = threadIdx.x & 31;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; i < count; i += warps) {
@@ -88,11 +86,11 @@ void launch_strided_sum_to(const void* x, const Tensor& out, int64_t count, int6
   const auto grid = static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
   const T* xs = static_cast<const T*>(x);
   if (out.dtype() == DType::F32)
-    launch(strided_sum_kernel<T, float>, grid, threads, 0, xs, static_cast<float*>(out.raw_data()), count, len, si, sj,
-           accumulate);
+    strided_sum_kernel<T, float>
+        <<<grid, threads, 0, stream()>>>(xs, static_cast<float*>(out.raw_data()), count, len, si, sj, accumulate);
   else
-    launch(strided_sum_kernel<T, __nv_bfloat16>, grid, threads, 0, xs, static_cast<__nv_bfloat16*>(out.raw_data()),
-           count, len, si, sj, accumulate);
+    strided_sum_kernel<T, __nv_bfloat16><<<grid, threads, 0, stream()>>>(
+        xs, static_cast<__nv_bfloat16*>(out.raw_data()), count, len, si, sj, accumulate);
   HG_CUDA_CHECK_LAUNCH("strided_sum_kernel");
 }
 

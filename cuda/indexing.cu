@@ -10,7 +10,6 @@
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/indexing_kernels.hpp"
-#include "cuda/launch.cuh"
 
 namespace hg::gpu {
 namespace {
@@ -25,7 +24,6 @@ __device__ __forceinline__ int32_t row_of(float id, int64_t v) {
 template <class T>
 __global__ void gather_rows_kernel(const T* __restrict__ table, const float* __restrict__ ids, int64_t n, int64_t d,
                                    int64_t v, T* __restrict__ out) {
-  wait_for_previous_kernel();
   const int64_t total = n * d;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -39,7 +37,6 @@ __global__ void gather_rows_kernel(const T* __restrict__ table, const float* __r
 // r (ids that name no row get v, sorted past every row), and p itself.
 __global__ void row_keys_kernel(const float* __restrict__ ids, int64_t n, int64_t v, int32_t* __restrict__ counts,
                                 int32_t* __restrict__ keys, int32_t* __restrict__ positions) {
-  wait_for_previous_kernel();
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t r = row_of(ids[p], v);
@@ -63,7 +60,6 @@ template <class T>
 __global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_t* __restrict__ rows,
                                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ positions,
                                         int64_t v, int64_t d, T* __restrict__ grad_table) {
-  wait_for_previous_kernel();
   const int32_t first = blockIdx.x;
   const int64_t col = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int32_t r = rows[first];
@@ -103,11 +99,11 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   const int64_t blocks64 = (n * d + threads - 1) / threads;
   const int blocks = static_cast<int>(blocks64 < 65535 * 8 ? blocks64 : 65535 * 8);
   if (table.dtype() == DType::F32) {
-    launch(gather_rows_kernel<float>, blocks, threads, 0, table.data<float>(), ids.data<float>(), n, d, table.size(0),
-           out.data<float>());
+    gather_rows_kernel<float><<<blocks, threads, 0, stream()>>>(table.data<float>(), ids.data<float>(), n, d,
+                                                                table.size(0), out.data<float>());
   } else {
-    launch(gather_rows_kernel<double>, blocks, threads, 0, table.data<double>(), ids.data<float>(), n, d, table.size(0),
-           out.data<double>());
+    gather_rows_kernel<double><<<blocks, threads, 0, stream()>>>(table.data<double>(), ids.data<float>(), n, d,
+                                                                 table.size(0), out.data<double>());
   }
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
@@ -121,11 +117,11 @@ static void launch_scatter(const Tensor& grad, const int32_t* rows, const int32_
   const int threads = 128;
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((d + threads - 1) / threads));
   if (grad.dtype() == DType::F32) {
-    launch(scatter_add_rows_kernel<float>, grid, threads, 0, grad.data<float>(), rows, off, pos, v, d,
-           grad_table.data<float>());
+    scatter_add_rows_kernel<float>
+        <<<grid, threads, 0, stream()>>>(grad.data<float>(), rows, off, pos, v, d, grad_table.data<float>());
   } else {
-    launch(scatter_add_rows_kernel<double>, grid, threads, 0, grad.data<double>(), rows, off, pos, v, d,
-           grad_table.data<double>());
+    scatter_add_rows_kernel<double>
+        <<<grid, threads, 0, stream()>>>(grad.data<double>(), rows, off, pos, v, d, grad_table.data<double>());
   }
   HG_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
 }
@@ -169,7 +165,7 @@ void scatter_add_rows_cuda_device_ids(const Tensor& grad, const Tensor& ids, Ten
   HG_CUDA_CHECK(cudaMemsetAsync(off, 0, static_cast<size_t>(v + 1) * sizeof(int32_t), stream()));
   const int threads = 256;
   const int blocks = static_cast<int>(n / threads + 1 < 4096 ? n / threads + 1 : 4096);
-  launch(row_keys_kernel, blocks, threads, 0, ids.data<float>(), n, v, off, keys_in, pos_in);
+  row_keys_kernel<<<blocks, threads, 0, stream()>>>(ids.data<float>(), n, v, off, keys_in, pos_in);
   HG_CUDA_CHECK_LAUNCH("row_keys_kernel");
   // The offsets are the exclusive sum of the counts; a stable radix sort of
   // the positions by row keeps each row's positions ascending, the order of

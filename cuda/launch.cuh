@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
@@ -99,47 +98,7 @@ inline cudaLaunchAttribute cluster_attribute(int C) {
   return a;
 }
 
-// ---- launches that overlap the previous kernel's end (sm_90+) ----------
-// Programmatic dependent launch: a kernel may be scheduled while the kernel
-// before it on the stream runs its last wave, instead of after it has
-// finished; inside a CUDA graph that hides most of the ~2 us between two
-// kernels. It is safe only because every handgrad kernel begins with
-// wait_for_previous_kernel(), which holds the whole block until the previous
-// kernel has finished and its writes are visible (so each kernel still sees
-// all the work queued before it). CTest `kernel_entry` checks that every
-// __global__ function in cuda/ begins so.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  // This block has started: the next kernel may be scheduled (its blocks
-  // then wait for this kernel to finish, above).
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Whether kernels on this device are launched to overlap the previous one:
-// sm_90+ and `kernel` built for it (code compiled for an older architecture
-// has no wait_for_previous_kernel instruction).
-bool overlaps_previous_kernel(const void* kernel);
-
-// Launch attributes: the cluster shape (null: none) and the overlap with the
-// previous kernel where the device and `kernel` support it.
-struct LaunchAttributes {
-  cudaLaunchAttribute list[2];
-  unsigned count = 0;
-  LaunchAttributes(const void* kernel, const cudaLaunchAttribute* cluster_dim) {
-    if (cluster_dim != nullptr) list[count++] = *cluster_dim;
-    if (overlaps_previous_kernel(kernel)) {
-      cudaLaunchAttribute& a = list[count++];
-      a = cudaLaunchAttribute{};
-      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      a.val.programmaticStreamSerializationAllowed = 1;
-    }
-  }
-};
-
-// A launch on the handgrad stream with a cluster shape, or (null) none,
-// that waits for the previous kernel to finish.
+// A launch on the handgrad stream with a cluster shape, or (null) none.
 inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
@@ -149,34 +108,6 @@ inline cudaLaunchConfig_t launch_config(dim3 grid, int threads, size_t smem, cud
   config.attrs = cluster_dim;
   config.numAttrs = cluster_dim != nullptr ? 1 : 0;
   return config;
-}
-
-// The launch configuration of `kernel` on `s` with `attrs` (kept alive by the caller).
-inline cudaLaunchConfig_t launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t s, LaunchAttributes& attrs) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = s;
-  config.attrs = attrs.list;
-  config.numAttrs = attrs.count;
-  return config;
-}
-
-// kernel<<<grid, block, smem, s>>>(args...), overlapping the previous kernel
-// where supported; `cluster_dim`: a cluster shape or null.
-template <class... Params, class... Args>
-void launch_on_stream(cudaStream_t s, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      const cudaLaunchAttribute* cluster_dim, Args&&... args) {
-  LaunchAttributes attrs(reinterpret_cast<const void*>(kernel), cluster_dim);
-  const cudaLaunchConfig_t config = launch_config(grid, block, smem, s, attrs);
-  HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-
-// The same on the handgrad stream without a cluster shape.
-template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
-  launch_on_stream(stream(), kernel, grid, block, smem, nullptr, std::forward<Args>(args)...);
 }
 
 }  // namespace hg::gpu

@@ -237,8 +237,9 @@ struct Forward {
   template <class Kernel>
   bool launch_staged(Kernel kernel, int G, int R, const StagedPlan& plan, int least) const {
     HG_CHECK(plan.stages >= least, kOp, least, " staged row(s) of ", a.D, " elements do not fit in shared memory");
-    gpu::launch(kernel, persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, static_cast<const T*>(a.x),
-                a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps, plan.stages);
+    kernel<<<persistent_grid(a.rows, R, plan.blocks_per_sm), G * R, plan.smem, stream()>>>(
+        static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps,
+        plan.stages);
     HG_CUDA_CHECK_LAUNCH("layernorm_forward_staged_kernel");
     return true;
   }
@@ -263,9 +264,10 @@ struct Forward {
       const int C = cluster_size_for(a.D, VEC, kCap, fit);
       if (C == 0) return false;
       const int clusters = static_cast<int>(std::min<int64_t>(a.rows, fit[C]));
-      const cudaLaunchAttribute cluster_dim = cluster_attribute(C);
-      launch_on_stream(stream(), kernel, dim3(C * clusters), kThreads, 0, &cluster_dim, static_cast<const T*>(a.x),
-                       a.gamma, a.beta, static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps);
+      cudaLaunchAttribute cluster_dim = cluster_attribute(C);
+      const cudaLaunchConfig_t config = launch_config(dim3(C * clusters), kThreads, 0, &cluster_dim);
+      HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.x), a.gamma, a.beta,
+                                       static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps));
       HG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel (clusters)");
       return true;
     }
@@ -273,8 +275,8 @@ struct Forward {
 
   template <class Kernel>
   void launch(Kernel kernel, int threads, int blocks) const {
-    gpu::launch(kernel, blocks, threads, 0, static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean,
-                a.rstd, a.rows, a.D, a.eps);
+    kernel<<<blocks, threads, 0, stream()>>>(static_cast<const T*>(a.x), a.gamma, a.beta, static_cast<T*>(a.y), a.mean,
+                                             a.rstd, a.rows, a.D, a.eps);
     HG_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
   }
 };
@@ -414,8 +416,8 @@ struct Backward {
     }
     const dim3 reduce_block(kReduceCols, kReduceLanes);
     const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
-    gpu::launch(layernorm_reduce_partials_kernel, reduce_grid, reduce_block, 0, partial_dgamma, partial_dbeta,
-                n_partials, a.D, a.dgamma, a.dbeta, a.accumulate);
+    layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(
+        partial_dgamma, partial_dbeta, n_partials, a.D, a.dgamma, a.dbeta, a.accumulate);
     HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
   }
 
@@ -423,9 +425,10 @@ struct Backward {
   template <class... Params>
   void launch(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaLaunchAttribute* cluster_dim,
               float* partial_dgamma, float* partial_dbeta) const {
-    launch_on_stream(stream(), kernel, grid, threads, smem, cluster_dim, static_cast<const T*>(a.dy),
-                     static_cast<const T*>(a.x), a.gamma, a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma,
-                     partial_dbeta, a.rows, a.D);
+    const cudaLaunchConfig_t config = launch_config(grid, threads, smem, cluster_dim);
+    HG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.dy), static_cast<const T*>(a.x), a.gamma,
+                                     a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows,
+                                     a.D));
     HG_CUDA_CHECK_LAUNCH("layernorm_backward_kernel");
   }
 };
@@ -451,9 +454,9 @@ struct ResidualForward {
   void resident() const {
     auto kernel = residual_layernorm_forward_kernel<T, VEC, EPT, G, R, ADD>;
     static const int per_sm = blocks_per_sm(kernel, G * R, 0, kOp);
-    gpu::launch(kernel, persistent_grid(a.rows, R, per_sm), G * R, 0, static_cast<const T*>(a.x),
-                static_cast<const T*>(a.r), a.gamma, a.beta, static_cast<T*>(a.h), static_cast<T*>(a.y), a.mean, a.rstd,
-                a.rows, a.D, a.eps);
+    kernel<<<persistent_grid(a.rows, R, per_sm), G * R, 0, stream()>>>(
+        static_cast<const T*>(a.x), static_cast<const T*>(a.r), a.gamma, a.beta, static_cast<T*>(a.h),
+        static_cast<T*>(a.y), a.mean, a.rstd, a.rows, a.D, a.eps);
     HG_CUDA_CHECK_LAUNCH("residual_layernorm_forward_kernel");
   }
 };
@@ -473,9 +476,9 @@ struct ResidualBackward {
     static const int per_sm = Ln::capped(blocks_per_sm(kernel, G * R, kSmem, kOp), G * R);
     const int blocks = persistent_grid(a.rows, R, per_sm);
     Ln{a}.with_partials(blocks, [&](float* partial_dgamma, float* partial_dbeta) {
-      gpu::launch(kernel, blocks, G * R, kSmem, static_cast<const T*>(a.dy), static_cast<const T*>(dh_in),
-                  static_cast<const T*>(a.x), a.gamma, a.mean, a.rstd, static_cast<T*>(a.dx), partial_dgamma,
-                  partial_dbeta, a.rows, a.D);
+      kernel<<<blocks, G * R, kSmem, stream()>>>(static_cast<const T*>(a.dy), static_cast<const T*>(dh_in),
+                                                 static_cast<const T*>(a.x), a.gamma, a.mean, a.rstd,
+                                                 static_cast<T*>(a.dx), partial_dgamma, partial_dbeta, a.rows, a.D);
       HG_CUDA_CHECK_LAUNCH("residual_layernorm_backward_kernel");
     });
   }

@@ -11,7 +11,6 @@
 // terms and dx: cuda/layernorm_dx_terms.cuh.
 #include <cstdint>
 
-#include "cuda/launch.cuh"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/param_grad_write.cuh"
@@ -30,7 +29,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
                               const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                               float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta, int64_t rows,
                               int D) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
@@ -94,7 +92,6 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
                                       const float* __restrict__ rstd, T* __restrict__ dx,
                                       float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta,
                                       int64_t rows, int D) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && G <= 1024, "bad LayerNorm config");
@@ -185,7 +182,6 @@ __global__ void __launch_bounds__(kReduceCols* kReduceLanes)
     layernorm_reduce_partials_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
                                      int n_partials, int D, float* __restrict__ dgamma, float* __restrict__ dbeta,
                                      bool accumulate) {
-  wait_for_previous_kernel();
   __shared__ float sum_g[kReduceLanes][kReduceCols + 1];
   __shared__ float sum_b[kReduceLanes][kReduceCols + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;

@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/launch.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -74,7 +73,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_forward_kernel(const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
                              T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
                              int64_t rows, int D, float eps) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
@@ -111,7 +109,6 @@ __global__ void __launch_bounds__(G, 1)
     layernorm_forward_cluster_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                      const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                      float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && G <= 1024, "bad LayerNorm config");
   __shared__ GroupScratch<G, 1> scratch;
@@ -144,7 +141,6 @@ __global__ void __launch_bounds__(G, min_blocks_for(G))
     layernorm_forward_chunked_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                      const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                      float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && G <= 1024, "bad LayerNorm config");
@@ -239,7 +235,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     layernorm_forward_one_pass_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                       const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                       float* __restrict__ rstd_out, int64_t rows, int D, float eps) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   static_assert(VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   static_assert(!PACKED || std::is_same_v<T, __nv_bfloat16>, "packed rows are bf16 rows");

@@ -7,7 +7,6 @@
 // docs/residual_layernorm.md, "Resident rows".
 #include <cstdint>
 
-#include "cuda/launch.cuh"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
@@ -29,7 +28,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
                                       const float* __restrict__ beta, T* h, T* __restrict__ y,
                                       float* __restrict__ mean_out, float* __restrict__ rstd_out, int64_t rows, int D,
                                       float eps) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");
   __shared__ GroupScratch<G, R> scratch;
@@ -112,7 +110,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
                                        const float* __restrict__ gamma, const float* __restrict__ mean,
                                        const float* __restrict__ rstd, T* dh, float* __restrict__ partial_dgamma,
                                        float* __restrict__ partial_dbeta, int64_t rows, int D) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   constexpr int CAP = G * EPT;
   static_assert(EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad LayerNorm config");

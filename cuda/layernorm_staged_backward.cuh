@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/launch.cuh"
 #include "cuda/layernorm_dx_terms.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -124,7 +123,6 @@ __global__ void __launch_bounds__((G * R), MIN_BLOCKS)
                                      const float* __restrict__ mean, const float* __restrict__ rstd, T* __restrict__ dx,
                                      float* __restrict__ partial_dgamma, float* __restrict__ partial_dbeta,
                                      int64_t rows, int D) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   static_assert(VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15 && S >= 2,
                 "bad staged LayerNorm config");

@@ -15,7 +15,6 @@
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/launch.cuh"
 #include "cuda/layernorm_moments.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/vec.cuh"
@@ -91,7 +90,6 @@ __global__ void __launch_bounds__((G * R), staged_min_blocks(G, R))
     layernorm_forward_staged_kernel(const T* __restrict__ x, const float* __restrict__ gamma,
                                     const float* __restrict__ beta, T* __restrict__ y, float* __restrict__ mean_out,
                                     float* __restrict__ rstd_out, int64_t rows, int D, float eps, int stages) {
-  wait_for_previous_kernel();
   constexpr int NV = EPT / VEC;
   static_assert(VEC > 1 && EPT % VEC == 0 && G % 32 == 0 && R * G <= 1024 && R <= 15, "bad staged LayerNorm config");
   extern __shared__ __align__(128) unsigned char staged_rows[];  // R rings of `stages` rows

@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/launch.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/row_span.hpp"
 #include "cuda/storage_cast.cuh"
@@ -124,7 +123,6 @@ template <class T>
 __global__ void __launch_bounds__(kStagedThreads, 2)
     lse_rows_grad_staged(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                          const float* __restrict__ inv_count, float* __restrict__ row_loss) {
-  wait_for_previous_kernel();
   extern __shared__ __align__(128) unsigned char staged_row[];
   __shared__ float scratch[32];
   __shared__ uint64_t landed;

@@ -14,7 +14,6 @@
 
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/optim_kernels.hpp"
 
 namespace hg::gpu {
@@ -63,7 +62,6 @@ __device__ double block_sum(double v) {
 
 __global__ void chunk_sum_squares(const TensorRef* __restrict__ tensors, const Chunk* __restrict__ chunks,
                                   double* __restrict__ partials) {
-  wait_for_previous_kernel();
   const Chunk c = chunks[blockIdx.x];
   const TensorRef t = tensors[c.tensor];
   const int64_t end = c.start + kChunk < t.n ? c.start + kChunk : t.n;
@@ -79,7 +77,6 @@ __global__ void chunk_sum_squares(const TensorRef* __restrict__ tensors, const C
 // One block: the norm from the partials, then this step's scalars.
 __global__ void finish_step_scalars(const double* __restrict__ partials, int count, double* __restrict__ state,
                                     double max_norm, double beta1, double beta2, int adamw) {
-  wait_for_previous_kernel();
   double acc = 0.0;
   for (int i = threadIdx.x; i < count; i += kThreads) acc += partials[i];
   acc = block_sum(acc);
@@ -100,7 +97,6 @@ __global__ void finish_step_scalars(const double* __restrict__ partials, int cou
 
 __global__ void chunk_adamw(const TensorRef* __restrict__ tensors, const Chunk* __restrict__ chunks,
                             const double* __restrict__ state, float beta1, float beta2, float eps, float weight_decay) {
-  wait_for_previous_kernel();
   if (state[kAdamWSkipped] != 0.0) return;
   const float lr = static_cast<float>(state[kAdamWLr]);
   const float scale = static_cast<float>(state[kAdamWClipScale]);
@@ -160,12 +156,12 @@ const Table& table_for(const std::vector<TensorRef>& refs) {
 
 void launch_sum_squares(const Table& t, double* out_state, const AdamWConfig* config) {
   if (t.chunk_count > 0) {
-    launch(chunk_sum_squares, t.chunk_count, kThreads, 0, t.tensors, t.chunks, t.partials);
+    chunk_sum_squares<<<t.chunk_count, kThreads, 0, stream()>>>(t.tensors, t.chunks, t.partials);
     HG_CUDA_CHECK_LAUNCH("chunk_sum_squares");
   }
-  launch(finish_step_scalars, 1, kThreads, 0, t.partials, t.chunk_count, out_state,
-         config ? config->max_grad_norm : 0.0, config ? config->beta1 : 0.0, config ? config->beta2 : 0.0,
-         config ? 1 : 0);
+  finish_step_scalars<<<1, kThreads, 0, stream()>>>(t.partials, t.chunk_count, out_state,
+                                                    config ? config->max_grad_norm : 0.0, config ? config->beta1 : 0.0,
+                                                    config ? config->beta2 : 0.0, config ? 1 : 0);
   HG_CUDA_CHECK_LAUNCH("finish_step_scalars");
 }
 
@@ -183,9 +179,9 @@ void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& sta
   const Table& t = table_for(refs);
   launch_sum_squares(t, state.data<double>(), &config);
   if (t.chunk_count == 0) return;
-  launch(chunk_adamw, t.chunk_count, kThreads, 0, t.tensors, t.chunks, state.data<double>(),
-         static_cast<float>(config.beta1), static_cast<float>(config.beta2), static_cast<float>(config.eps),
-         static_cast<float>(config.weight_decay));
+  chunk_adamw<<<t.chunk_count, kThreads, 0, stream()>>>(
+      t.tensors, t.chunks, state.data<double>(), static_cast<float>(config.beta1), static_cast<float>(config.beta2),
+      static_cast<float>(config.eps), static_cast<float>(config.weight_decay));
   HG_CUDA_CHECK_LAUNCH("chunk_adamw");
 }
 

@@ -9,7 +9,6 @@
 
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/optim_kernels.hpp"
 
 namespace hg::gpu {
@@ -31,7 +30,6 @@ struct ZeroTable {
 static_assert(sizeof(ZeroTable) <= 4000, "kernel arguments are limited to 4 KB");
 
 __global__ void zero_chunks(const __grid_constant__ ZeroTable table) {
-  wait_for_previous_kernel();
   const int block = static_cast<int>(blockIdx.x);
   int lo = 0, hi = table.count - 1;
   while (lo < hi) {
@@ -63,9 +61,9 @@ __global__ void zero_chunks(const __grid_constant__ ZeroTable table) {
 void zero_multi(const std::vector<Tensor>& outs) {
   ZeroTable table{};
   int64_t blocks = 0;
-  const auto flush = [&] {
+  const auto launch = [&] {
     if (table.count == 0) return;
-    gpu::launch(zero_chunks, static_cast<unsigned int>(blocks), kThreads, 0, table);
+    zero_chunks<<<static_cast<unsigned int>(blocks), kThreads, 0, stream()>>>(table);
     HG_CUDA_CHECK_LAUNCH("zero_chunks");
     table.count = 0;
     blocks = 0;
@@ -74,7 +72,7 @@ void zero_multi(const std::vector<Tensor>& outs) {
     const int64_t bytes = static_cast<int64_t>(t.nbytes());
     if (bytes == 0) continue;
     const int64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
-    if (table.count == kMaxTensors || blocks + chunks > kMaxBlocks) flush();
+    if (table.count == kMaxTensors || blocks + chunks > kMaxBlocks) launch();
     HG_CHECK(chunks <= kMaxBlocks, "cuda zero_multi", "a tensor of ", bytes, " bytes needs more than ", kMaxBlocks,
              " blocks");
     table.ptr[table.count] = static_cast<unsigned char*>(t.raw_data());
@@ -83,7 +81,7 @@ void zero_multi(const std::vector<Tensor>& outs) {
     ++table.count;
     blocks += chunks;
   }
-  flush();
+  launch();
 }
 
 }  // namespace hg::gpu

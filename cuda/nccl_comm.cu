@@ -12,7 +12,6 @@
 
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/nccl_comm.hpp"
 
 namespace hg::gpu::nccl {
@@ -105,13 +104,11 @@ struct PreMulSum {
 
 // The bf16 wire format of a bucket: out = bf16(premul * in), rounded to nearest even.
 __global__ void narrow_to_bf16(const float* in, float premul, __nv_bfloat16* out, size_t n) {
-  wait_for_previous_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = __float2bfloat16_rn(premul * in[i]);
 }
 
 __global__ void widen_from_bf16(const __nv_bfloat16* in, float* out, size_t n) {
-  wait_for_previous_kernel();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = __bfloat162float(in[i]);
 }
@@ -125,15 +122,15 @@ unsigned convert_blocks(size_t n) {
 
 void narrow(const float* in, float premul, uint16_t* out, size_t n) {
   if (n == 0) return;
-  launch_on_stream(state().comm_stream, narrow_to_bf16, convert_blocks(n), kConvertThreads, 0, nullptr, in, premul,
-                   reinterpret_cast<__nv_bfloat16*>(out), n);
+  narrow_to_bf16<<<convert_blocks(n), kConvertThreads, 0, state().comm_stream>>>(
+      in, premul, reinterpret_cast<__nv_bfloat16*>(out), n);
   HG_CUDA_CHECK_LAUNCH("narrow_to_bf16");
 }
 
 void widen(const uint16_t* in, float* out, size_t n) {
   if (n == 0) return;
-  launch_on_stream(state().comm_stream, widen_from_bf16, convert_blocks(n), kConvertThreads, 0, nullptr,
-                   reinterpret_cast<const __nv_bfloat16*>(in), out, n);
+  widen_from_bf16<<<convert_blocks(n), kConvertThreads, 0, state().comm_stream>>>(
+      reinterpret_cast<const __nv_bfloat16*>(in), out, n);
   HG_CUDA_CHECK_LAUNCH("widen_from_bf16");
 }
 

@@ -58,8 +58,6 @@ float Timer::stop_ms() { no_cuda("gpu::Timer::stop_ms"); }
 
 int sm_count() { no_cuda("gpu::sm_count"); }
 int compute_capability() { no_cuda("gpu::compute_capability"); }
-void set_kernel_overlap(bool) {}  // nothing is launched without CUDA
-bool kernel_overlap() { return false; }
 
 const char* device_name() { no_cuda("gpu::device_name"); }
 double dram_peak_gbps() { no_cuda("gpu::dram_peak_gbps"); }

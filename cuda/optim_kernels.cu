@@ -3,7 +3,6 @@
 // multi-tensor AdamW live in cuda/multi_tensor_adamw.cu.
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/optim_kernels.hpp"
 
 namespace hg::gpu {
@@ -20,7 +19,6 @@ unsigned int grid_for(int64_t n) {
 
 __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ v, int64_t n,
                            float lr, float momentum, float weight_decay) {
-  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float step = g[i] + weight_decay * p[i];
     if (v != nullptr) {
@@ -34,7 +32,6 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                              float* __restrict__ v, int64_t n, float lr, float beta1, float beta2, float eps,
                              float weight_decay, float bias_correction1, float bias_correction2) {
-  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float gi = g[i];
     float pi = p[i];
@@ -49,7 +46,6 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
 }
 
 __global__ void scale_kernel(float* __restrict__ x, int64_t n, float s) {
-  wait_for_previous_kernel();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= s;
 }
@@ -58,21 +54,21 @@ __global__ void scale_kernel(float* __restrict__ x, int64_t n, float s) {
 
 void sgd_step(float* p, const float* g, float* v, int64_t n, float lr, float momentum, float weight_decay) {
   if (n <= 0) return;
-  launch(sgd_kernel, grid_for(n), kThreads, 0, p, g, v, n, lr, momentum, weight_decay);
+  sgd_kernel<<<grid_for(n), kThreads, 0, stream()>>>(p, g, v, n, lr, momentum, weight_decay);
   HG_CUDA_CHECK_LAUNCH("sgd_kernel");
 }
 
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
                 float weight_decay, float bias_correction1, float bias_correction2) {
   if (n <= 0) return;
-  launch(adamw_kernel, grid_for(n), kThreads, 0, p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, bias_correction1,
-         bias_correction2);
+  adamw_kernel<<<grid_for(n), kThreads, 0, stream()>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                                       bias_correction1, bias_correction2);
   HG_CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 
 void scale_inplace(float* x, int64_t n, float s) {
   if (n <= 0) return;
-  launch(scale_kernel, grid_for(n), kThreads, 0, x, n, s);
+  scale_kernel<<<grid_for(n), kThreads, 0, stream()>>>(x, n, s);
   HG_CUDA_CHECK_LAUNCH("scale_kernel");
 }
 

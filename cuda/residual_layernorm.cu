@@ -11,7 +11,6 @@
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/param_grad_write.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/residual_layernorm_kernels.hpp"
@@ -35,7 +34,6 @@ template <class T, bool ADD = true>
 __global__ void residual_ln_forward(const T* x, const T* r, const float* __restrict__ gamma,
                                     const float* __restrict__ beta, float eps, int64_t rows, int64_t D, T* h,
                                     T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out) {
-  wait_for_previous_kernel();
   __shared__ float scratch[kThreads / 32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t base = row * D;
@@ -88,7 +86,6 @@ __global__ void residual_ln_backward(const T* __restrict__ dy, const T* dh_in, c
                                      const float* __restrict__ gamma, const float* __restrict__ mean,
                                      const float* __restrict__ rstd, int64_t rows, int64_t D, T* dh,
                                      float* __restrict__ dgamma_partial, float* __restrict__ dbeta_partial) {
-  wait_for_previous_kernel();
   __shared__ float scratch[kThreads / 32];
   float* dg = dgamma_partial + blockIdx.x * D;
   float* db = dbeta_partial + blockIdx.x * D;
@@ -126,7 +123,6 @@ __global__ void residual_ln_backward(const T* __restrict__ dy, const T* dh_in, c
 // column); `accumulate`: out[j] plus that sum (cuda/param_grad_write.cuh).
 __global__ void sum_partial_columns(const float* __restrict__ partial, int64_t blocks, int64_t D,
                                     float* __restrict__ out, bool accumulate) {
-  wait_for_previous_kernel();
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < D; j += int64_t(gridDim.x) * blockDim.x) {
     float acc = 0.f;
     for (int64_t b = 0; b < blocks; ++b) acc += partial[b * D + j];
@@ -158,9 +154,10 @@ void residual_layernorm_forward_fused(const Tensor& x, const Tensor& r, const Te
     return;
   with_storage(x.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    launch(residual_ln_forward<T>, grid_for_rows(rows), kThreads, 0, static_cast<const T*>(x.raw_data()),
-           static_cast<const T*>(r.raw_data()), gamma.data<float>(), beta.data<float>(), eps, rows, D,
-           static_cast<T*>(h.raw_data()), static_cast<T*>(y.raw_data()), mean.data<float>(), rstd.data<float>());
+    residual_ln_forward<T><<<grid_for_rows(rows), kThreads, 0, stream()>>>(
+        static_cast<const T*>(x.raw_data()), static_cast<const T*>(r.raw_data()), gamma.data<float>(),
+        beta.data<float>(), eps, rows, D, static_cast<T*>(h.raw_data()), static_cast<T*>(y.raw_data()),
+        mean.data<float>(), rstd.data<float>());
     HG_CUDA_CHECK_LAUNCH("residual_ln_forward");
   });
 }
@@ -175,9 +172,9 @@ void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const
   with_storage(h.dtype(), [&](auto zero) {
     using T = decltype(zero);
     // The stored h is both the input and the h the later passes re-read; nothing writes it.
-    launch(residual_ln_forward<T, false>, grid_for_rows(rows), kThreads, 0, static_cast<const T*>(h.raw_data()),
-           nullptr, gamma.data<float>(), beta.data<float>(), eps, rows, D, static_cast<T*>(h.raw_data()),
-           static_cast<T*>(y.raw_data()), mean.data<float>(), rstd.data<float>());
+    residual_ln_forward<T, false><<<grid_for_rows(rows), kThreads, 0, stream()>>>(
+        static_cast<const T*>(h.raw_data()), nullptr, gamma.data<float>(), beta.data<float>(), eps, rows, D,
+        static_cast<T*>(h.raw_data()), static_cast<T*>(y.raw_data()), mean.data<float>(), rstd.data<float>());
     HG_CUDA_CHECK_LAUNCH("residual_ln_forward");
   });
 }
@@ -196,17 +193,17 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
   float* db_partial = dg_partial + blocks * D;
   with_storage(h.dtype(), [&](auto zero) {
     using T = decltype(zero);
-    launch(residual_ln_backward<T>, static_cast<unsigned>(blocks), kThreads, 0, static_cast<const T*>(dy.raw_data()),
-           dh_in ? static_cast<const T*>(dh_in->raw_data()) : nullptr, static_cast<const T*>(h.raw_data()),
-           gamma.data<float>(), mean.data<float>(), rstd.data<float>(), rows, D, static_cast<T*>(dh.raw_data()),
-           dg_partial, db_partial);
+    residual_ln_backward<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(
+        static_cast<const T*>(dy.raw_data()), dh_in ? static_cast<const T*>(dh_in->raw_data()) : nullptr,
+        static_cast<const T*>(h.raw_data()), gamma.data<float>(), mean.data<float>(), rstd.data<float>(), rows, D,
+        static_cast<T*>(dh.raw_data()), dg_partial, db_partial);
     HG_CUDA_CHECK_LAUNCH("residual_ln_backward");
   });
   const auto cols_grid = static_cast<unsigned>(std::min<int64_t>((D + kThreads - 1) / kThreads, 4096));
   const bool accumulate = write == ParamGradWrite::Accumulate;
-  launch(sum_partial_columns, cols_grid, kThreads, 0, dg_partial, blocks, D, dgamma.data<float>(), accumulate);
+  sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(dg_partial, blocks, D, dgamma.data<float>(), accumulate);
   HG_CUDA_CHECK_LAUNCH("sum_partial_columns");
-  launch(sum_partial_columns, cols_grid, kThreads, 0, db_partial, blocks, D, dbeta.data<float>(), accumulate);
+  sum_partial_columns<<<cols_grid, kThreads, 0, stream()>>>(db_partial, blocks, D, dbeta.data<float>(), accumulate);
   HG_CUDA_CHECK_LAUNCH("sum_partial_columns");
 }
 

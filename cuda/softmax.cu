@@ -21,7 +21,6 @@
 #include "core/error.hpp"
 #include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 #include "cuda/cuda_check.hpp"
-#include "cuda/launch.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_kernels.hpp"
 #include "cuda/vec.cuh"
@@ -280,13 +279,11 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
 
 template <class T, int TPR, int W, int N, bool kLean>
 __global__ void __launch_bounds__(kLaneTeamBlock) softmax_forward_lanes_kernel(ForwardArgs<T> a) {
-  wait_for_previous_kernel();
   forward_rows_in_registers<T, W, N, kLean>(a, LaneTeam<TPR>{});
 }
 
 template <class T, int W, int N, bool kLean>
 __global__ void __launch_bounds__(kMaxBlock) softmax_forward_block_kernel(ForwardArgs<T> a) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   forward_rows_in_registers<T, W, N, kLean>(a, BlockTeam{scratch});
 }
@@ -296,7 +293,6 @@ __global__ void __launch_bounds__(kMaxBlock) softmax_forward_block_kernel(Forwar
 // x and writes y. Bytes: 2 reads + 1 write of the row.
 template <class T, int W>
 __global__ void __launch_bounds__(kMaxBlock) softmax_forward_streaming_kernel(ForwardArgs<T> a) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   const BlockTeam team{scratch};
   const int64_t stride = static_cast<int64_t>(blockDim.x) * W;
@@ -395,13 +391,11 @@ __device__ __forceinline__ void backward_rows_in_registers(const BackwardArgs<T>
 
 template <class T, int TPR, int W, int N>
 __global__ void __launch_bounds__(kLaneTeamBlock) softmax_backward_lanes_kernel(BackwardArgs<T> a) {
-  wait_for_previous_kernel();
   backward_rows_in_registers<T, W, N>(a, LaneTeam<TPR>{});
 }
 
 template <class T, int W, int N>
 __global__ void __launch_bounds__(kMaxBlock) softmax_backward_block_kernel(BackwardArgs<T> a) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   backward_rows_in_registers<T, W, N>(a, BlockTeam{scratch});
 }
@@ -409,7 +403,6 @@ __global__ void __launch_bounds__(kMaxBlock) softmax_backward_block_kernel(Backw
 // Rows of any length: pass 1 computes sum(dy * y), pass 2 re-reads and writes dx.
 template <class T, int W>
 __global__ void __launch_bounds__(kMaxBlock) softmax_backward_streaming_kernel(BackwardArgs<T> a) {
-  wait_for_previous_kernel();
   __shared__ float scratch[32];
   const BlockTeam team{scratch};
   const int64_t stride = static_cast<int64_t>(blockDim.x) * W;
@@ -486,18 +479,18 @@ struct ForwardLauncher {
   template <int TPR, int W, int N>
   void lanes() {
     const int rows_per_block = kLaneTeamBlock / TPR;
-    launch(softmax_forward_lanes_kernel<T, TPR, W, N, kLean>, grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0,
-           args);
+    softmax_forward_lanes_kernel<T, TPR, W, N, kLean>
+        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_lanes_kernel");
   }
   template <int W, int N>
   void block(unsigned threads) {
-    launch(softmax_forward_block_kernel<T, W, N, kLean>, grid_for(args.rows, 1), threads, 0, args);
+    softmax_forward_block_kernel<T, W, N, kLean><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_block_kernel");
   }
   template <int W>
   void streaming() {
-    launch(softmax_forward_streaming_kernel<T, W>, grid_for(args.rows, 1), kMaxBlock, 0, args);
+    softmax_forward_streaming_kernel<T, W><<<grid_for(args.rows, 1), kMaxBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_forward_streaming_kernel");
   }
 };
@@ -510,17 +503,18 @@ struct BackwardLauncher {
   template <int TPR, int W, int N>
   void lanes() {
     const int rows_per_block = kLaneTeamBlock / TPR;
-    launch(softmax_backward_lanes_kernel<T, TPR, W, N>, grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, args);
+    softmax_backward_lanes_kernel<T, TPR, W, N>
+        <<<grid_for(args.rows, rows_per_block), kLaneTeamBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_backward_lanes_kernel");
   }
   template <int W, int N>
   void block(unsigned threads) {
-    launch(softmax_backward_block_kernel<T, W, N>, grid_for(args.rows, 1), threads, 0, args);
+    softmax_backward_block_kernel<T, W, N><<<grid_for(args.rows, 1), threads, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_backward_block_kernel");
   }
   template <int W>
   void streaming() {
-    launch(softmax_backward_streaming_kernel<T, W>, grid_for(args.rows, 1), kMaxBlock, 0, args);
+    softmax_backward_streaming_kernel<T, W><<<grid_for(args.rows, 1), kMaxBlock, 0, stream()>>>(args);
     HG_CUDA_CHECK_LAUNCH("softmax_backward_streaming_kernel");
   }
 };

@@ -156,10 +156,7 @@ namespace {
 // Six steps of two copies of the model c (vocabulary 64, 16 tokens), one
 // replaying a CUDA graph after the warm-up steps, one plain: losses,
 // gradient norms and parameters bit for bit equal; a bad id still refused.
-// plain_without_overlap: the plain copy's kernels are launched without the
-// overlap with their predecessor (gpu::set_kernel_overlap), the graph's with it.
-void check_replay_equals_plain(const DecoderLMConfig& c, const TrainStepOptions& graph_on,
-                               bool plain_without_overlap = false) {
+void check_replay_equals_plain(const DecoderLMConfig& c, const TrainStepOptions& graph_on) {
   DecoderLM a(c), b(c);
   a.to(Device::CUDA);
   b.to(Device::CUDA);
@@ -179,11 +176,7 @@ void check_replay_equals_plain(const DecoderLMConfig& c, const TrainStepOptions&
     const Tensor t = Tensor::from_vector(targets, {2, 16}, DType::F32, Device::CUDA);
     oa.set_lr(1e-3 * (step + 1));  // a schedule: the replay must read the new lr
     ob.set_lr(1e-3 * (step + 1));
-    gpu::set_kernel_overlap(true);
-    const StepResult ra = sa.run(i, t);
-    gpu::set_kernel_overlap(!plain_without_overlap);
-    const StepResult rb = sb.run(i, t);
-    gpu::set_kernel_overlap(true);
+    const StepResult ra = sa.run(i, t), rb = sb.run(i, t);
     CHECK(ra.loss == rb.loss);
     CHECK(ra.grad_norm == rb.grad_norm);
   }
@@ -228,27 +221,6 @@ TEST_CASE("TrainStep: steps replayed from a CUDA graph equal plain steps bit for
       check_replay_equals_plain(c, graph_on);
     }
   }
-}
-
-// Every kernel begins by waiting for its predecessor (cuda/launch.cuh), so a
-// step whose kernels overlap the end of the kernel before them equals one
-// launched plainly, in a graph (programmatic edges) and outside it.
-TEST_CASE("TrainStep: kernels launched to overlap their predecessor give the plainly launched step bit for bit",
-          "[graph][cuda]") {
-  HG_REQUIRE_GPU();
-  for (Precision precision : {Precision::FP32, Precision::BF16}) {
-    INFO(precision_name(precision));
-    DecoderLMConfig c;
-    c.vocab_size = 64;
-    c.max_seq_len = 16;
-    c.d_model = 64;
-    c.n_heads = 2;
-    c.n_layers = 2;
-    c.seed = 7;
-    c.precision = precision;
-    check_replay_equals_plain(c, TrainStepOptions{}, /*plain_without_overlap=*/true);
-  }
-  CHECK(gpu::kernel_overlap());
 }
 
 // Head dim 128 in BF16: on a compute capability 9.0 GPU the attention
