@@ -1,6 +1,6 @@
 // Backend::gemm through cuBLASLt: cached plans, one workspace, the epilogue
 // mapping, and the deterministic bias-gradient sums that run after the GEMM
-// (cuda/column_sum.cu), GELU backward's pass among them. Row-major <-> column-major: docs/gemm.md.
+// (cuda/column_sum.cu). Row-major <-> column-major: docs/gemm.md.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -315,16 +315,7 @@ void composed_epilogue(const Call& c) {
 
 }  // namespace
 
-GeluBackwardRoute gelu_backward_route(const MatmulShape&, DType) {
-  // The pass reads the product and pre and writes dpre once (3 elements of
-  // traffic per output) and sums the columns on the way; the DGELU epilogue
-  // cost the H200 2x (bench shape) and 1.55x (GPT-2 small) the plain GEMM,
-  // and its output is read once more for the sums. bench_bias_grad times both.
-  return column_sum_clusters_run() ? GeluBackwardRoute::Pass : GeluBackwardRoute::Epilogue;
-}
-
-void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape,
-             GeluBackwardRoute route) {
+void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape) {
   const char* op = "cuda gemm";
   // A 2-D b shared by every batch of an untransposed a: the batches are
   // consecutive rows of a and out, so one GEMM with batch * m rows does it all.
@@ -343,7 +334,7 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     one.b_shared = false;
     for (int64_t i = 0; i < s.batch; ++i) {
       Tensor out_i = out3[i];
-      gemm_lt(a3[i], b, out_i, args, one, route);
+      gemm_lt(a3[i], b, out_i, args, one);
     }
     return;
   }
@@ -368,16 +359,6 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
   // DGELU_BGRAD took 3.3-5x the plain GEMM's time and BGRADA/B 14-67% more,
   // where the GEMM without them plus one column-sum pass (strided_sum, fixed
   // order) reads the gradient once more at copy speed.
-  if (e == GemmEpilogue::GeluBackward && route == GeluBackwardRoute::Auto) route = gelu_backward_route(s, out.dtype());
-  if (e == GemmEpilogue::GeluBackward && route == GeluBackwardRoute::Pass) {
-    GemmArgs plain;
-    plain.transpose_a = args.transpose_a;
-    plain.transpose_b = args.transpose_b;
-    const Call product{a, b, out, plain, s, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
-    if (!try_run(product)) no_algorithm(product);
-    gelu_backward_pass(out, *args.aux, args.bias_grad, args.bias_grad_accumulate);
-    return;
-  }
   cublasLtEpilogue_t fused = CUBLASLT_EPILOGUE_DEFAULT;
   switch (e) {
     case GemmEpilogue::None:

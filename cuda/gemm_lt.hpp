@@ -14,15 +14,6 @@ namespace hg::gpu {
 // in a CUDA graph). GELU epilogues need N % 8 == 0 (cuBLASLt's aux leading
 // dimension); bias gradients are summed by deterministic kernels after the
 // GEMM (cuda/column_sum_kernels.hpp), written or added (bias_grad_accumulate).
-//
-// GeluBackward runs one of two ways (docs/gemm.md): cuBLASLt's DGELU
-// epilogue, then the column sum of out for bias_grad; or the plain GEMM, then
-// one pass that scales out by gelu'(aux) and sums its columns
-// (gpu::gelu_backward_pass). gelu_backward_route picks for a shape (the one
-// switch point); bench_bias_grad asks for each by name to time them.
-enum class GeluBackwardRoute { Auto, Epilogue, Pass };
-GeluBackwardRoute gelu_backward_route(const MatmulShape& shape, DType out);
-void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape,
-             GeluBackwardRoute route = GeluBackwardRoute::Auto);
+void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape);
 
 }  // namespace hg::gpu

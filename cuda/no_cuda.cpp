@@ -116,15 +116,8 @@ void cross_entropy_sum_row_losses(const Tensor&, const Tensor&, Tensor&) {
   no_cuda("gpu::cross_entropy_sum_row_losses");
 }
 
-bool column_sum_clusters_run() { return false; }
-void column_sum(const Tensor&, int64_t, int64_t, int64_t, const Tensor&, bool, ColumnSumKernels) {
-  no_cuda("gpu::column_sum");
-}
-void gelu_backward_pass(const Tensor&, const Tensor&, const Tensor*, bool) { no_cuda("gpu::gelu_backward_pass"); }
-GeluBackwardRoute gelu_backward_route(const MatmulShape&, DType) { no_cuda("gpu::gelu_backward_route"); }
-void gemm_lt(const Tensor&, const Tensor&, Tensor&, const GemmArgs&, const MatmulShape&, GeluBackwardRoute) {
-  no_cuda("gpu::gemm_lt");
-}
+void column_sum(const Tensor&, int64_t, int64_t, int64_t, const Tensor&, bool) { no_cuda("gpu::column_sum"); }
+void gemm_lt(const Tensor&, const Tensor&, Tensor&, const GemmArgs&, const MatmulShape&) { no_cuda("gpu::gemm_lt"); }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }
 void scatter_add_rows_cuda_device_ids(const Tensor&, const Tensor&, Tensor&) {
