@@ -17,6 +17,17 @@ struct LayerNormOutputs {
   Tensor y, mean, rstd, dx, dgamma, dbeta;
 };
 
+// The six as float64 host values (host_values): what the comparisons read.
+// D is dgamma's length, the rows mean's.
+struct LayerNormValues {
+  std::vector<double> y, mean, rstd, dx, dgamma, dbeta;
+};
+
+inline LayerNormValues host_values(const LayerNormOutputs& o) {
+  return {host_values(o.y),  host_values(o.mean),   host_values(o.rstd),
+          host_values(o.dx), host_values(o.dgamma), host_values(o.dbeta)};
+}
+
 inline LayerNormOutputs layernorm_forward_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                    const Tensor& dy, double eps) {
   LayerNormSaved saved;
@@ -31,15 +42,26 @@ inline LayerNormOutputs layernorm_forward_backward(const Tensor& x, const Tensor
   return out;
 }
 
+// body(r) for every row r of D elements, rows in pieces of about 2^16
+// elements on the library's threads (for_pieces, test_util.hpp).
+template <class Body>
+void for_rows(int64_t rows, int64_t D, const Body& body) {
+  for_pieces(rows, std::max<int64_t>(1, kPiece / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) body(r);
+  });
+}
+
 // LayerNorm forward in plain float64 loops, straight from the definition
 // (two passes: mean, then the mean of squared deviations), sharing no code
 // with the library: the independent reference for y, mean and rstd.
-// x: (..., D), gamma and beta (D), any dtype and device.
-inline LayerNormOutputs plain_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
-  const int64_t D = x.size(-1), rows = x.numel() / D;
-  const std::vector<double> xs = x.to_vector(), g = gamma.to_vector(), b = beta.to_vector();
-  std::vector<double> y(xs.size()), mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
+// xs: rows of D values, g and b: D values; fills y, mean and rstd of out.
+inline void plain_layernorm_forward(const std::vector<double>& xs, const std::vector<double>& g,
+                                    const std::vector<double>& b, double eps, LayerNormValues& out) {
+  const int64_t D = static_cast<int64_t>(g.size()), rows = D == 0 ? 0 : static_cast<int64_t>(xs.size()) / D;
+  out.y.assign(xs.size(), 0.0);
+  out.mean.assign(static_cast<size_t>(rows), 0.0);
+  out.rstd.assign(static_cast<size_t>(rows), 0.0);
+  for_rows(rows, D, [&](int64_t r) {
     const double* row = xs.data() + r * D;
     double sum = 0;
     for (int64_t j = 0; j < D; ++j) sum += row[j];
@@ -47,14 +69,21 @@ inline LayerNormOutputs plain_layernorm_forward(const Tensor& x, const Tensor& g
     double sq = 0;
     for (int64_t j = 0; j < D; ++j) sq += (row[j] - mu) * (row[j] - mu);
     const double rs = 1.0 / std::sqrt(sq / static_cast<double>(D) + eps);
-    for (int64_t j = 0; j < D; ++j) y[r * D + j] = g[j] * ((row[j] - mu) * rs) + b[j];
-    mean[r] = mu;
-    rstd[r] = rs;
-  }
+    for (int64_t j = 0; j < D; ++j) out.y[r * D + j] = g[j] * ((row[j] - mu) * rs) + b[j];
+    out.mean[r] = mu;
+    out.rstd[r] = rs;
+  });
+}
+
+// The same on tensors: x (..., D), gamma and beta (D), any dtype and device.
+inline LayerNormOutputs plain_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  const int64_t D = x.size(-1), rows = x.numel() / D;
+  LayerNormValues v;
+  plain_layernorm_forward(host_values(x), host_values(gamma), host_values(beta), eps, v);
   LayerNormOutputs out;  // statistics are (rows,), as the op saves them
-  out.y = Tensor::from_vector(y, x.shape(), DType::F64);
-  out.mean = Tensor::from_vector(mean, {rows}, DType::F64);
-  out.rstd = Tensor::from_vector(rstd, {rows}, DType::F64);
+  out.y = host_tensor(v.y, x.shape(), DType::F64);
+  out.mean = host_tensor(v.mean, {rows}, DType::F64);
+  out.rstd = host_tensor(v.rstd, {rows}, DType::F64);
   return out;
 }
 
@@ -77,60 +106,76 @@ inline LayerNormOutputs layernorm_reference(const Tensor& x, const Tensor& gamma
 // The float32 outputs (in every storage dtype) against the float64 `want`:
 // mean in row standard deviations (test_util.hpp), rstd below tol_stats,
 // dgamma and dbeta below tol_params, as relative norm errors.
-inline void check_layernorm_stats_and_params(const LayerNormOutputs& got, const LayerNormOutputs& want,
-                                             double tol_stats, double tol_params) {
-  CHECK(mean_error_in_stddevs(f64(got.mean), want.mean, want.rstd) < tol_stats);
-  CHECK(rel_error(f64(got.rstd), want.rstd) < tol_stats);
-  CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
-  CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+inline void check_layernorm_stats_and_params(const LayerNormValues& got, const LayerNormValues& want, double tol_stats,
+                                             double tol_params) {
+  CHECK(mean_error_in_stddevs(got.mean, want.mean, want.rstd) < tol_stats);
+  CHECK(rel_error(got.rstd, want.rstd) < tol_stats);
+  CHECK(rel_error(got.dgamma, want.dgamma) < tol_params);
+  CHECK(rel_error(got.dbeta, want.dbeta) < tol_params);
 }
 
 // Every output of `got` against the float64 `want`, as relative norm errors:
 // y and dx below tol_out, rstd below tol_stats (the mean measured in row
 // standard deviations, test_util.hpp), dgamma and dbeta below tol_params.
-inline void check_layernorm_outputs(const LayerNormOutputs& got, const LayerNormOutputs& want, double tol_out,
+inline void check_layernorm_outputs(const LayerNormValues& got, const LayerNormValues& want, double tol_out,
                                     double tol_stats, double tol_params) {
-  CHECK(rel_error(f64(got.y), want.y) < tol_out);
-  CHECK(rel_error(f64(got.dx), want.dx) < tol_out);
+  CHECK(rel_error(got.y, want.y) < tol_out);
+  CHECK(rel_error(got.dx, want.dx) < tol_out);
   check_layernorm_stats_and_params(got, want, tol_stats, tol_params);
 }
+inline void check_layernorm_outputs(const LayerNormOutputs& got, const LayerNormOutputs& want, double tol_out,
+                                    double tol_stats, double tol_params) {
+  check_layernorm_outputs(host_values(got), host_values(want), tol_out, tol_stats, tol_params);
+}
 
-// The largest relative norm error of a row of got (rows of its last dim)
-// against want: rows of very different magnitudes (a 1e30 row among O(1)
-// rows) are each held to the bound, where the relative norm error of the
-// whole tensor would see only the rows with the largest values (dx and rstd
-// scale with 1 / row stddev).
-inline double worst_row_rel_error(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.shape() == want.shape());
-  const int64_t D = got.ndim() > 1 ? got.size(-1) : 1, rows = got.numel() / D;
-  const std::vector<double> a = got.to_vector(), b = want.to_vector();
-  double worst = 0;
-  for (int64_t r = 0; r < rows; ++r) {
+// The largest relative norm error of a row of D values of got against want:
+// rows of very different magnitudes (a 1e30 row among O(1) rows) are each
+// held to the bound, where the relative norm error of the whole tensor would
+// see only the rows with the largest values (dx and rstd scale with 1 / row
+// stddev).
+inline double worst_row_rel_error(const std::vector<double>& a, const std::vector<double>& b, int64_t D) {
+  REQUIRE(a.size() == b.size());
+  const int64_t rows = static_cast<int64_t>(a.size()) / D;
+  std::vector<double> row_error(static_cast<size_t>(rows));
+  for_rows(rows, D, [&](int64_t r) {
     double diff = 0, norm = 0;
     for (int64_t j = r * D; j < (r + 1) * D; ++j) diff += (a[j] - b[j]) * (a[j] - b[j]), norm += b[j] * b[j];
     // A zero row (y of D = 1 with beta 0, dx of D = 1) must be matched exactly.
-    worst = std::max(worst, norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? INFINITY : 0.0));
-  }
+    row_error[r] = norm > 0 ? std::sqrt(diff / norm) : (diff > 0 ? INFINITY : 0.0);
+  });
+  double worst = 0;
+  for (const double e : row_error) worst = std::max(worst, e);
   return worst;
+}
+// The same for tensors, in rows of their last dim.
+inline double worst_row_rel_error(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.shape() == want.shape());
+  return worst_row_rel_error(host_values(got), host_values(want), got.ndim() > 1 ? got.size(-1) : 1);
 }
 
 // check_layernorm_outputs row by row: y, dx and rstd of each row within its
 // own bounds (worst_row_rel_error); the mean in row standard deviations,
 // beyond the rounding of storing it (half an ulp, up to 2^-24 |mean| in
 // float32: 3e-6 row standard deviations for 1e30 + N(0, 1e28^2)).
-inline void check_layernorm_rows(const LayerNormOutputs& got, const LayerNormOutputs& want, double tol_out,
-                                 double tol_stats, double tol_params) {
-  CHECK(worst_row_rel_error(f64(got.y), want.y) < tol_out);
-  CHECK(worst_row_rel_error(f64(got.dx), want.dx) < tol_out);
-  CHECK(worst_row_rel_error(f64(got.rstd), want.rstd) < tol_stats);
-  const double unit = std::ldexp(1.0, got.mean.dtype() == DType::F64 ? -53 : -24);
-  const std::vector<double> m = got.mean.to_vector(), w = want.mean.to_vector(), r = want.rstd.to_vector();
+// mean_unit: 2^-24 for float32 statistics, 2^-53 for float64.
+inline void check_layernorm_rows(const LayerNormValues& got, const LayerNormValues& want, double mean_unit,
+                                 double tol_out, double tol_stats, double tol_params) {
+  const int64_t D = static_cast<int64_t>(want.dgamma.size());
+  CHECK(worst_row_rel_error(got.y, want.y, D) < tol_out);
+  CHECK(worst_row_rel_error(got.dx, want.dx, D) < tol_out);
+  CHECK(worst_row_rel_error(got.rstd, want.rstd, 1) < tol_stats);
+  const std::vector<double>&m = got.mean, &w = want.mean, &r = want.rstd;
   for (size_t i = 0; i < m.size(); ++i) {
     INFO("row " << i << " mean " << m[i] << " want " << w[i]);
-    CHECK(std::abs(m[i] - w[i]) * r[i] < tol_stats + unit * std::abs(w[i]) * r[i]);
+    CHECK(std::abs(m[i] - w[i]) * r[i] < tol_stats + mean_unit * std::abs(w[i]) * r[i]);
   }
-  CHECK(rel_error(f64(got.dgamma), want.dgamma) < tol_params);
-  CHECK(rel_error(f64(got.dbeta), want.dbeta) < tol_params);
+  CHECK(rel_error(got.dgamma, want.dgamma) < tol_params);
+  CHECK(rel_error(got.dbeta, want.dbeta) < tol_params);
+}
+inline void check_layernorm_rows(const LayerNormOutputs& got, const LayerNormOutputs& want, double tol_out,
+                                 double tol_stats, double tol_params) {
+  const double unit = std::ldexp(1.0, got.mean.dtype() == DType::F64 ? -53 : -24);
+  check_layernorm_rows(host_values(got), host_values(want), unit, tol_out, tol_stats, tol_params);
 }
 
 // bf16 paths: y and dx against the reference rounded to bf16, in ulps
@@ -146,13 +191,14 @@ struct LayerNormSlack {
   std::vector<double> y, dx;
 };
 
-inline LayerNormSlack layernorm_bf16_slack(const LayerNormOutputs& want, const Tensor& x, const Tensor& gamma,
-                                           const Tensor& beta, const Tensor& dy) {
-  const int64_t D = x.size(-1), rows = x.numel() / D;
-  const std::vector<double> xs = x.to_vector(), g = gamma.to_vector(), b = beta.to_vector(), dys = dy.to_vector();
-  const std::vector<double> mean = want.mean.to_vector(), rstd = want.rstd.to_vector();
+// xs, dys: the stored x and dy (rows of D values); g, b: gamma and beta.
+inline LayerNormSlack layernorm_bf16_slack(const LayerNormValues& want, const std::vector<double>& xs,
+                                           const std::vector<double>& g, const std::vector<double>& b,
+                                           const std::vector<double>& dys) {
+  const int64_t D = static_cast<int64_t>(g.size()), rows = static_cast<int64_t>(xs.size()) / D;
+  const std::vector<double>&mean = want.mean, &rstd = want.rstd;
   LayerNormSlack slack{std::vector<double>(xs.size()), std::vector<double>(xs.size())};
-  for (int64_t r = 0; r < rows; ++r) {
+  for_rows(rows, D, [&](int64_t r) {
     const double shift = 1 + std::abs(mean[r]) * rstd[r];
     double a = 0, bsum = 0;
     for (int64_t j = 0; j < D; ++j) {
@@ -166,23 +212,36 @@ inline LayerNormSlack layernorm_bf16_slack(const LayerNormOutputs& want, const T
       slack.y[i] = kF32Slack * (std::abs(g[j]) * (xhat + shift) + std::abs(b[j]));
       slack.dx[i] = kF32Slack * rstd[r] * (std::abs(g[j] * dys[i]) + a + (xhat + shift) * bsum);
     }
-  }
+  });
   return slack;
 }
+inline LayerNormSlack layernorm_bf16_slack(const LayerNormOutputs& want, const Tensor& x, const Tensor& gamma,
+                                           const Tensor& beta, const Tensor& dy) {
+  LayerNormValues w;
+  w.mean = host_values(want.mean);
+  w.rstd = host_values(want.rstd);
+  return layernorm_bf16_slack(w, host_values(x), host_values(gamma), host_values(beta), host_values(dy));
+}
 
-inline void check_layernorm_bf16(const LayerNormOutputs& got, const LayerNormOutputs& want, const Tensor& x,
-                                 const Tensor& gamma, const Tensor& beta, const Tensor& dy, double tol_stats,
-                                 double tol_params) {
-  const LayerNormSlack slack = layernorm_bf16_slack(want, x, gamma, beta, dy);
+inline void check_layernorm_bf16(const LayerNormValues& got, const LayerNormValues& want, const LayerNormSlack& slack,
+                                 double tol_stats, double tol_params) {
   {
     INFO("y");
-    HG_CHECK_BF16(f64(got.y).to_vector(), want.y.to_vector(), slack.y);
+    HG_CHECK_BF16(got.y, want.y, slack.y);
   }
   {
     INFO("dx");
-    HG_CHECK_BF16(f64(got.dx).to_vector(), want.dx.to_vector(), slack.dx);
+    HG_CHECK_BF16(got.dx, want.dx, slack.dx);
   }
   check_layernorm_stats_and_params(got, want, tol_stats, tol_params);
+}
+inline void check_layernorm_bf16(const LayerNormOutputs& got, const LayerNormOutputs& want, const Tensor& x,
+                                 const Tensor& gamma, const Tensor& beta, const Tensor& dy, double tol_stats,
+                                 double tol_params) {
+  const LayerNormValues w = host_values(want);
+  check_layernorm_bf16(host_values(got), w,
+                       layernorm_bf16_slack(w, host_values(x), host_values(gamma), host_values(beta), host_values(dy)),
+                       tol_stats, tol_params);
 }
 
 }  // namespace hg::test
