@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "core/backend.hpp"
+#include "core/bias_grad_sink.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
@@ -29,32 +30,6 @@ void check_input(const char* op, const Tensor& x, const Tensor& w) {
   check_same_device(op, x, w);
   if (!mixed(x, w)) check_same_dtype(op, x, w);
 }
-
-// Where a GEMM's bias-gradient sums (in sums_dtype) go on their way into
-// `grad`: straight in (bias_grad_accumulate: grad += the sums, the one
-// addition a temp's add would make, so the same bits and no extra pass)
-// where they share grad's dtype and it is f32 or f64; otherwise into a temp,
-// added to grad in grad's dtype by finish().
-class BiasGradSink {
- public:
-  BiasGradSink(Tensor& grad, DType sums_dtype) : grad_(grad) {
-    const bool direct = sums_dtype == grad.dtype() && (grad.dtype() == DType::F32 || grad.dtype() == DType::F64);
-    if (!direct) temp_ = Tensor::empty(grad.shape(), sums_dtype, grad.device());
-  }
-  void attach(GemmArgs& args) {
-    args.bias_grad = temp_.defined() ? &temp_ : &grad_;
-    args.bias_grad_accumulate = !temp_.defined();
-  }
-  void finish(Backend& be) {
-    if (!temp_.defined()) return;
-    const Tensor sums = temp_.dtype() == grad_.dtype() ? temp_ : temp_.to(grad_.dtype());
-    be.zip(BinaryOp::Add, grad_, sums, grad_);  // elementwise, in place
-  }
-
- private:
-  Tensor& grad_;
-  Tensor temp_;
-};
 
 }  // namespace
 

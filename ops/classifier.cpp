@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/bias_grad_sink.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
@@ -134,10 +136,8 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
   r.dh = Tensor::empty({n, d}, h.dtype(), dev);
   Backend& be = backend_for(dev);
   Tensor buffer = Tensor::empty({n > 0 ? chunk : 0, vocab}, h.dtype(), dev);  // one chunk of logits, reused
-  // An f32 / f64 bias_grad takes the column sums itself (bias_grad_accumulate:
-  // the one addition a temp's add would make); a bf16 one through a temp.
-  const bool add_in_gemm = bias_grad.defined() && (bias_grad.dtype() == DType::F32 || bias_grad.dtype() == DType::F64);
-  Tensor db = bias.defined() && !add_in_gemm ? Tensor::empty({vocab}, bias_grad.dtype(), dev) : Tensor();
+  std::optional<BiasGradSink> db;  // the column sums of dlogits, into bias_grad
+  if (bias.defined()) db.emplace(bias_grad, bias_grad.dtype());
   for (int64_t first = 0; first < n; first += chunk) {
     const int64_t rows = std::min(chunk, n - first);
     const Tensor h_c = h.slice(first, first + rows);
@@ -153,13 +153,12 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
     GemmArgs dw;
     dw.transpose_a = true;
     dw.accumulate = true;
-    if (bias.defined()) {
+    if (db) {
       dw.epilogue = GemmEpilogue::BiasGradA;  // db = column sums of dlogits, from the same pass
-      dw.bias_grad = add_in_gemm ? &bias_grad : &db;
-      dw.bias_grad_accumulate = add_in_gemm;
+      db->attach(dw);
     }
     be.gemm(logits, h_c, weight_grad, dw);
-    if (db.defined()) be.zip(BinaryOp::Add, bias_grad, db, bias_grad);
+    if (db) db->finish(be);
     Tensor dh_c = r.dh.slice(first, first + rows);
     be.gemm(logits, weight, dh_c, GemmArgs{});
   }
