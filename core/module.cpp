@@ -22,14 +22,13 @@ void refresh_compute_copy(Parameter& p) {
 }
 
 void zero_grads(const std::vector<Parameter*>& params, const char* op) {
-  for (Device device : {Device::CPU, Device::CUDA}) {
-    std::vector<Tensor> grads;
-    for (Parameter* p : params) {
-      p->grad.check_defined(op);
-      if (p->grad.device() == device) grads.push_back(p->grad);
-    }
-    if (!grads.empty()) backend_for(device).zero_multi(grads);
+  std::vector<Tensor> on_cpu, on_cuda;  // every grad checked before any is cleared
+  for (Parameter* p : params) {
+    p->grad.check_defined(op);
+    (p->grad.device() == Device::CPU ? on_cpu : on_cuda).push_back(p->grad);
   }
+  if (!on_cpu.empty()) backend_for(Device::CPU).zero_multi(on_cpu);
+  if (!on_cuda.empty()) backend_for(Device::CUDA).zero_multi(on_cuda);
 }
 
 // ---- the tree ----
