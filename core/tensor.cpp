@@ -1,5 +1,6 @@
 #include "core/tensor.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -10,12 +11,13 @@
 #include "core/backend.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/half.hpp"
+#include "core/parallel.hpp"
 
 namespace hg {
 
 namespace {
 
-// ---- host conversions of single elements (used by from_vector, at/set, to_vector) ----
+// ---- host conversions of single elements (used by at/set) ----
 
 double read_element(const void* base, DType dtype, int64_t i) {
   switch (dtype) {
@@ -34,6 +36,16 @@ void write_element(void* base, DType dtype, int64_t i, double value) {
     case DType::BF16: static_cast<bf16_t*>(base)[i] = float_to_bf16(static_cast<float>(value)); break;
     case DType::F16: static_cast<f16_t*>(base)[i] = float_to_half(static_cast<float>(value)); break;
   }
+}
+
+// body(begin, end) over [0, n) in fixed pieces on the library's threads: the
+// element conversions of from_vector / to_vector, which tests run on millions
+// of elements. Each element is converted alone, so the thread count changes
+// nothing.
+template <class Body>
+void for_element_pieces(int64_t n, const Body& body) {
+  constexpr int64_t kPiece = int64_t(1) << 16;
+  parallel_for(pieces(n, kPiece), n, [&](int64_t p) { body(p * kPiece, std::min(n, (p + 1) * kPiece)); });
 }
 
 void copy_any(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
@@ -109,7 +121,18 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
     fail("Tensor::from_vector", "got ", values.size(), " values for shape ", shape, " (", shape_numel(shape),
          " elements)");
   Tensor host = empty(shape, dtype, Device::CPU);
-  for (size_t i = 0; i < values.size(); ++i) write_element(host.raw_data(), dtype, static_cast<int64_t>(i), values[i]);
+  const auto narrow = [&](auto* p, auto convert) {
+    for_element_pieces(host.numel(), [&](int64_t b, int64_t e) {
+      std::transform(values.begin() + b, values.begin() + e, p + b, convert);
+    });
+  };
+  const auto through_float = [](auto to) { return [to](double v) { return to(static_cast<float>(v)); }; };
+  switch (dtype) {
+    case DType::F32: narrow(host.data<float>(), [](double v) { return static_cast<float>(v); }); break;
+    case DType::F64: narrow(host.data<double>(), [](double v) { return v; }); break;
+    case DType::BF16: narrow(host.data<bf16_t>(), through_float(float_to_bf16)); break;
+    case DType::F16: narrow(host.data<f16_t>(), through_float(float_to_half)); break;
+  }
   return host.to(device);
 }
 
@@ -264,8 +287,18 @@ void Tensor::set(std::initializer_list<int64_t> index, double value) {
 std::vector<double> Tensor::to_vector() const {
   check_defined("Tensor::to_vector");
   const Tensor host = to(Device::CPU);
-  std::vector<double> out(static_cast<size_t>(numel()));
-  for (int64_t i = 0; i < numel(); ++i) out[i] = read_element(host.raw_data(), dtype_, i);
+  const int64_t n = numel();
+  std::vector<double> out(static_cast<size_t>(n));
+  const auto widen = [&](const auto* p, auto convert) {
+    for_element_pieces(n, [&](int64_t b, int64_t e) { std::transform(p + b, p + e, out.begin() + b, convert); });
+  };
+  const auto same = [](auto v) { return static_cast<double>(v); };
+  switch (dtype_) {
+    case DType::F32: widen(host.data<float>(), same); break;
+    case DType::F64: widen(host.data<double>(), same); break;
+    case DType::BF16: widen(host.data<bf16_t>(), bf16_to_float); break;
+    case DType::F16: widen(host.data<f16_t>(), half_to_float); break;
+  }
   return out;
 }
 

@@ -17,15 +17,15 @@ struct LayerNormOutputs {
   Tensor y, mean, rstd, dx, dgamma, dbeta;
 };
 
-// The six as float64 host values (host_values): what the comparisons read.
+// The six as float64 host values: what the comparisons read.
 // D is dgamma's length, the rows mean's.
 struct LayerNormValues {
   std::vector<double> y, mean, rstd, dx, dgamma, dbeta;
 };
 
-inline LayerNormValues host_values(const LayerNormOutputs& o) {
-  return {host_values(o.y),  host_values(o.mean),   host_values(o.rstd),
-          host_values(o.dx), host_values(o.dgamma), host_values(o.dbeta)};
+inline LayerNormValues values_of(const LayerNormOutputs& o) {
+  return {o.y.to_vector(),  o.mean.to_vector(),   o.rstd.to_vector(),
+          o.dx.to_vector(), o.dgamma.to_vector(), o.dbeta.to_vector()};
 }
 
 inline LayerNormOutputs layernorm_forward_backward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
@@ -79,11 +79,11 @@ inline void plain_layernorm_forward(const std::vector<double>& xs, const std::ve
 inline LayerNormOutputs plain_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
   const int64_t D = x.size(-1), rows = x.numel() / D;
   LayerNormValues v;
-  plain_layernorm_forward(host_values(x), host_values(gamma), host_values(beta), eps, v);
+  plain_layernorm_forward(x.to_vector(), gamma.to_vector(), beta.to_vector(), eps, v);
   LayerNormOutputs out;  // statistics are (rows,), as the op saves them
-  out.y = host_tensor(v.y, x.shape(), DType::F64);
-  out.mean = host_tensor(v.mean, {rows}, DType::F64);
-  out.rstd = host_tensor(v.rstd, {rows}, DType::F64);
+  out.y = Tensor::from_vector(v.y, x.shape(), DType::F64);
+  out.mean = Tensor::from_vector(v.mean, {rows}, DType::F64);
+  out.rstd = Tensor::from_vector(v.rstd, {rows}, DType::F64);
   return out;
 }
 
@@ -125,7 +125,7 @@ inline void check_layernorm_outputs(const LayerNormValues& got, const LayerNormV
 }
 inline void check_layernorm_outputs(const LayerNormOutputs& got, const LayerNormOutputs& want, double tol_out,
                                     double tol_stats, double tol_params) {
-  check_layernorm_outputs(host_values(got), host_values(want), tol_out, tol_stats, tol_params);
+  check_layernorm_outputs(values_of(got), values_of(want), tol_out, tol_stats, tol_params);
 }
 
 // The largest relative norm error of a row of D values of got against want:
@@ -150,7 +150,7 @@ inline double worst_row_rel_error(const std::vector<double>& a, const std::vecto
 // The same for tensors, in rows of their last dim.
 inline double worst_row_rel_error(const Tensor& got, const Tensor& want) {
   REQUIRE(got.shape() == want.shape());
-  return worst_row_rel_error(host_values(got), host_values(want), got.ndim() > 1 ? got.size(-1) : 1);
+  return worst_row_rel_error(got.to_vector(), want.to_vector(), got.ndim() > 1 ? got.size(-1) : 1);
 }
 
 // check_layernorm_outputs row by row: y, dx and rstd of each row within its
@@ -175,7 +175,7 @@ inline void check_layernorm_rows(const LayerNormValues& got, const LayerNormValu
 inline void check_layernorm_rows(const LayerNormOutputs& got, const LayerNormOutputs& want, double tol_out,
                                  double tol_stats, double tol_params) {
   const double unit = std::ldexp(1.0, got.mean.dtype() == DType::F64 ? -53 : -24);
-  check_layernorm_rows(host_values(got), host_values(want), unit, tol_out, tol_stats, tol_params);
+  check_layernorm_rows(values_of(got), values_of(want), unit, tol_out, tol_stats, tol_params);
 }
 
 // bf16 paths: y and dx against the reference rounded to bf16, in ulps
@@ -218,9 +218,9 @@ inline LayerNormSlack layernorm_bf16_slack(const LayerNormValues& want, const st
 inline LayerNormSlack layernorm_bf16_slack(const LayerNormOutputs& want, const Tensor& x, const Tensor& gamma,
                                            const Tensor& beta, const Tensor& dy) {
   LayerNormValues w;
-  w.mean = host_values(want.mean);
-  w.rstd = host_values(want.rstd);
-  return layernorm_bf16_slack(w, host_values(x), host_values(gamma), host_values(beta), host_values(dy));
+  w.mean = want.mean.to_vector();
+  w.rstd = want.rstd.to_vector();
+  return layernorm_bf16_slack(w, x.to_vector(), gamma.to_vector(), beta.to_vector(), dy.to_vector());
 }
 
 inline void check_layernorm_bf16(const LayerNormValues& got, const LayerNormValues& want, const LayerNormSlack& slack,
@@ -238,9 +238,9 @@ inline void check_layernorm_bf16(const LayerNormValues& got, const LayerNormValu
 inline void check_layernorm_bf16(const LayerNormOutputs& got, const LayerNormOutputs& want, const Tensor& x,
                                  const Tensor& gamma, const Tensor& beta, const Tensor& dy, double tol_stats,
                                  double tol_params) {
-  const LayerNormValues w = host_values(want);
-  check_layernorm_bf16(host_values(got), w,
-                       layernorm_bf16_slack(w, host_values(x), host_values(gamma), host_values(beta), host_values(dy)),
+  const LayerNormValues w = values_of(want);
+  check_layernorm_bf16(values_of(got), w,
+                       layernorm_bf16_slack(w, x.to_vector(), gamma.to_vector(), beta.to_vector(), dy.to_vector()),
                        tol_stats, tol_params);
 }
 

@@ -86,8 +86,6 @@ namespace {
 
 using namespace hg;
 using hg::test::all_finite;
-using hg::test::host_tensor;
-using hg::test::host_values;
 using hg::test::rel_error;
 using hg::test::same_bytes;
 
@@ -129,7 +127,7 @@ struct Draw {
 
 // The numbers `values` become when stored in dtype.
 std::vector<double> rounded(const std::vector<double>& values, DType dtype) {
-  return host_values(host_tensor(values, {static_cast<int64_t>(values.size())}, dtype));
+  return Tensor::from_vector(values, {static_cast<int64_t>(values.size())}, dtype).to_vector();
 }
 
 // n values of N(mean, stddev^2), stream `stream` of `seed`: Marsaglia's
@@ -185,10 +183,10 @@ Case make_case(int64_t rows, int64_t D, DType dtype, uint64_t seed, const Draw& 
 // (rows, D) on the GPU in `dtype`; offset_view: a view starting one element
 // into its storage, so the row starts are not 16-byte aligned.
 Tensor gpu_matrix(const std::vector<double>& values, int64_t rows, int64_t D, DType dtype, bool offset_view) {
-  if (!offset_view) return host_tensor(values, {rows, D}, dtype).to(Device::CUDA);
+  if (!offset_view) return Tensor::from_vector(values, {rows, D}, dtype).to(Device::CUDA);
   std::vector<double> flat(values.size() + 1, 0.0);
   std::copy(values.begin(), values.end(), flat.begin() + 1);
-  return host_tensor(flat, {rows * D + 1}, dtype).to(Device::CUDA).slice(1, rows * D + 1).reshape({rows, D});
+  return Tensor::from_vector(flat, {rows * D + 1}, dtype).to(Device::CUDA).slice(1, rows * D + 1).reshape({rows, D});
 }
 
 struct Inputs {
@@ -196,8 +194,10 @@ struct Inputs {
 };
 
 Inputs upload(const Case& c, bool offset_view) {
-  return {gpu_matrix(c.x, c.rows, c.D, c.dtype, offset_view), host_tensor(c.gamma, {c.D}, DType::F32).to(Device::CUDA),
-          host_tensor(c.beta, {c.D}, DType::F32).to(Device::CUDA), gpu_matrix(c.dy, c.rows, c.D, c.dtype, false)};
+  return {gpu_matrix(c.x, c.rows, c.D, c.dtype, offset_view),
+          Tensor::from_vector(c.gamma, {c.D}, DType::F32).to(Device::CUDA),
+          Tensor::from_vector(c.beta, {c.D}, DType::F32).to(Device::CUDA),
+          gpu_matrix(c.dy, c.rows, c.D, c.dtype, false)};
 }
 
 // The float64 reference on a case's stored values: forward from plain
@@ -210,9 +210,11 @@ struct Reference {
 };
 
 Reference reference(const Case& c) {
-  const Tensor x = host_tensor(c.x, {c.rows, c.D}, DType::F64), dy = host_tensor(c.dy, {c.rows, c.D}, DType::F64);
-  const Tensor gamma = host_tensor(c.gamma, {c.D}, DType::F64), beta = host_tensor(c.beta, {c.D}, DType::F64);
-  Reference r{host_values(hg::test::layernorm_reference(x, gamma, beta, dy, kEps)), {}};
+  const Tensor x = Tensor::from_vector(c.x, {c.rows, c.D}, DType::F64),
+               dy = Tensor::from_vector(c.dy, {c.rows, c.D}, DType::F64);
+  const Tensor gamma = Tensor::from_vector(c.gamma, {c.D}, DType::F64),
+               beta = Tensor::from_vector(c.beta, {c.D}, DType::F64);
+  Reference r{values_of(hg::test::layernorm_reference(x, gamma, beta, dy, kEps)), {}};
   if (c.dtype == DType::BF16) r.slack = hg::test::layernorm_bf16_slack(r.want, c.x, c.gamma, c.beta, c.dy);
   return r;
 }
@@ -281,7 +283,7 @@ std::vector<Configs> configs_for(int64_t D, DType dtype, bool offset_view) {
 //   rounded to bf16, and equal to it on >= 99% of the elements
 //   (tests/bf16_ulps.hpp derives the bound).
 void check_outputs(const Case& c, const Outputs& out, const Reference& ref) {
-  const Values got = host_values(out);
+  const Values got = values_of(out);
   REQUIRE(all_finite(got.y));
   REQUIRE(all_finite(got.mean));
   REQUIRE(all_finite(got.rstd));
@@ -390,9 +392,9 @@ struct ForwardInputs {
   Tensor x, gamma, beta;
 };
 ForwardInputs forward_inputs(const Case& drawn, DType dtype) {
-  return {host_tensor(drawn.x, {drawn.rows, drawn.D}, dtype).to(Device::CUDA),
-          host_tensor(drawn.gamma, {drawn.D}, DType::F32).to(Device::CUDA),
-          host_tensor(drawn.beta, {drawn.D}, DType::F32).to(Device::CUDA)};
+  return {Tensor::from_vector(drawn.x, {drawn.rows, drawn.D}, dtype).to(Device::CUDA),
+          Tensor::from_vector(drawn.gamma, {drawn.D}, DType::F32).to(Device::CUDA),
+          Tensor::from_vector(drawn.beta, {drawn.D}, DType::F32).to(Device::CUDA)};
 }
 Draw forward_only(Draw how = {}) {
   how.with_dy = false;
@@ -528,7 +530,7 @@ TEST_CASE("layernorm kernels: large offsets and constant rows in the block layou
       const Inputs in = upload(c, false);
       for (const Configs& k : configs_for(D, DType::F32, false)) {
         INFO("offset " << s.offset << " stddev " << s.stddev << " D " << D << " " << describe(k));
-        const Values got = host_values(run_kernels(in, k));
+        const Values got = values_of(run_kernels(in, k));
         REQUIRE(all_finite(got.y));
         REQUIRE(all_finite(got.dx));
         REQUIRE(all_finite(got.dgamma));
@@ -579,7 +581,7 @@ TEST_CASE("layernorm kernels: rows whose squares overflow float32, and tiny rows
           for (const Configs& k : configs_for(D, dtype, offset_view)) {
             INFO(range.name << " dtype " << dtype_name(dtype) << " D " << D << (offset_view ? " offset view " : " ")
                             << describe(k));
-            const Values got = host_values(run_kernels(in, k));
+            const Values got = values_of(run_kernels(in, k));
             REQUIRE(all_finite(got.y));
             REQUIRE(all_finite(got.rstd));
             REQUIRE(all_finite(got.dx));
@@ -613,7 +615,7 @@ TEST_CASE("layernorm kernels: rows holding NaN give NaN rows", "[layernorm][cuda
                     {},
                     {}};
         forward_with(in.x, in.gamma, in.beta, out.y, out.mean, out.rstd, k.forward);
-        const std::vector<double> y = host_values(out.y), rstd = host_values(out.rstd);
+        const std::vector<double> y = out.y.to_vector(), rstd = out.rstd.to_vector();
         CHECK(std::isnan(rstd[1]));
         CHECK(std::isfinite(rstd[0]));
         CHECK(std::isfinite(rstd[2]));
@@ -731,7 +733,7 @@ TEST_CASE("layernorm kernels: staged forward configurations are bitwise their fa
           check_staged_matches(in, k);
           if (h.stddev == 0.0) {  // a constant row: x - shift is exactly 0, so y is beta exactly
             const ForwardOutputs staged = run_forward(in.x, in.gamma, in.beta, k);
-            const std::vector<double> y = host_values(staged.y), beta = host_values(in.beta.to(dtype));
+            const std::vector<double> y = staged.y.to_vector(), beta = in.beta.to(dtype).to_vector();
             for (int64_t r = 0; r < in.x.size(0); r += 97)
               CHECK(std::equal(beta.begin(), beta.end(), y.begin() + r * D));
           }
@@ -765,7 +767,7 @@ Grads backward_as(const gpu::LnKernel& k, const Tensor& dy, const Tensor& x, con
 std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Tensor& dy, const Tensor& x,
                                                                        const Tensor& mean, const Tensor& rstd) {
   const int64_t rows = x.size(0), D = x.size(1);
-  const std::vector<double> xs = host_values(x), ds = host_values(dy), m = host_values(mean), r = host_values(rstd);
+  const std::vector<double> xs = x.to_vector(), ds = dy.to_vector(), m = mean.to_vector(), r = rstd.to_vector();
   std::vector<double> c(rows, 0.0), sg(D, 0.0), sb(D, 0.0);
   hg::test::for_rows(rows, D, [&](int64_t i) {
     for (int64_t col = 0; col < D; ++col) c[i] += (xs[i * D + col] - m[i]) * r[i];
@@ -842,8 +844,8 @@ TEST_CASE("layernorm kernels: staged backward configurations against their fallb
             CHECK(same_bytes(got.dx, again.dx));
             CHECK(same_bytes(got.dgamma, again.dgamma));
             CHECK(same_bytes(got.dbeta, again.dbeta));
-            const std::vector<double> g_staged = host_values(got.dgamma), g_resident = host_values(want.dgamma);
-            const std::vector<double> b_staged = host_values(got.dbeta), b_resident = host_values(want.dbeta);
+            const std::vector<double> g_staged = got.dgamma.to_vector(), g_resident = want.dgamma.to_vector();
+            const std::vector<double> b_staged = got.dbeta.to_vector(), b_resident = want.dbeta.to_vector();
             if (rows == 0) {  // kernel 2 alone writes the zeros
               CHECK(g_staged == std::vector<double>(D, 0.0));
               CHECK(b_staged == std::vector<double>(D, 0.0));

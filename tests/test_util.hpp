@@ -37,49 +37,6 @@ void for_pieces(int64_t n, int64_t chunk, const Body& body) {
 }
 constexpr int64_t kPiece = int64_t(1) << 16;
 
-// Every element of t as float64, row-major: one copy to the host, then one
-// typed pass. Tensor::to_vector goes through the generic accessor element by
-// element, several times slower on the millions of elements the kernel
-// tests compare.
-inline std::vector<double> host_values(const Tensor& t) {
-  const Tensor h = t.to(Device::CPU);
-  const int64_t n = h.numel();
-  std::vector<double> out(static_cast<size_t>(n));
-  if (n == 0) return out;
-  const auto widen = [&](const auto* p, auto convert) {
-    for_pieces(n, kPiece, [&](int64_t b, int64_t e) { std::transform(p + b, p + e, out.begin() + b, convert); });
-  };
-  const auto same = [](auto v) { return static_cast<double>(v); };
-  switch (h.dtype()) {
-    case DType::F32: widen(h.data<float>(), same); break;
-    case DType::F64: widen(h.data<double>(), same); break;
-    case DType::BF16: widen(h.data<bf16_t>(), bf16_to_float); break;
-    case DType::F16: widen(h.data<f16_t>(), half_to_float); break;
-  }
-  return out;
-}
-
-// A CPU tensor of `dtype` holding `values`, each stored as
-// Tensor::from_vector stores it (16-bit types through float), in one typed
-// pass: host_values(host_tensor(v, ...)) are the stored numbers.
-inline Tensor host_tensor(const std::vector<double>& values, const Shape& shape, DType dtype) {
-  Tensor t = Tensor::empty(shape, dtype, Device::CPU);
-  REQUIRE(static_cast<size_t>(t.numel()) == values.size());
-  if (values.empty()) return t;
-  const auto narrow = [&](auto* p, auto convert) {
-    for_pieces(t.numel(), kPiece,
-               [&](int64_t b, int64_t e) { std::transform(values.begin() + b, values.begin() + e, p + b, convert); });
-  };
-  const auto through_float = [](auto to) { return [to](double v) { return to(static_cast<float>(v)); }; };
-  switch (dtype) {
-    case DType::F32: narrow(t.data<float>(), [](double v) { return static_cast<float>(v); }); break;
-    case DType::F64: narrow(t.data<double>(), [](double v) { return v; }); break;
-    case DType::BF16: narrow(t.data<bf16_t>(), through_float(float_to_bf16)); break;
-    case DType::F16: narrow(t.data<f16_t>(), through_float(float_to_half)); break;
-  }
-  return t;
-}
-
 // rel_error (core/gradcheck.hpp) of host values: ||a - b|| / max(||a||, ||b||),
 // the sums taken per piece (for_pieces) and added in piece order.
 inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
@@ -144,12 +101,12 @@ inline double mean_error_in_stddevs(const std::vector<double>& m, const std::vec
 }
 inline double mean_error_in_stddevs(const Tensor& mean, const Tensor& want_mean, const Tensor& want_rstd) {
   REQUIRE(mean.shape() == want_mean.shape());
-  return mean_error_in_stddevs(host_values(mean), host_values(want_mean), host_values(want_rstd));
+  return mean_error_in_stddevs(mean.to_vector(), want_mean.to_vector(), want_rstd.to_vector());
 }
 
 inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
-  const auto va = host_values(a), vb = host_values(b);
+  const auto va = a.to_vector(), vb = b.to_vector();
   double m = 0;
   for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
   return m;
@@ -164,7 +121,7 @@ inline bool all_finite(const std::vector<double>& values) {
   });
   return std::all_of(finite.begin(), finite.end(), [](char f) { return f != 0; });
 }
-inline bool all_finite(const Tensor& t) { return all_finite(host_values(t)); }
+inline bool all_finite(const Tensor& t) { return all_finite(t.to_vector()); }
 
 // Byte for byte (host copies of tensors of one shape and dtype): -0 and +0
 // differ, a NaN equals the same NaN. The check of "the same bits".
@@ -178,7 +135,7 @@ inline bool same_bytes(const Tensor& a, const Tensor& b) {
 // takes (exact: every storage type widens to float64 exactly).
 inline Tensor f64(const Tensor& t) {
   if (t.dtype() == DType::F64) return t.to(Device::CPU);
-  return host_tensor(host_values(t), t.shape(), DType::F64);
+  return Tensor::from_vector(t.to_vector(), t.shape(), DType::F64);
 }
 
 // The message of the exception `f` throws, or "" when it returns normally
