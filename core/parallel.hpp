@@ -39,4 +39,12 @@ void parallel_for(int64_t tasks, int64_t work, const Body& body) {
 // Number of fixed-size pieces of `chunk` covering n (at least 1).
 inline int64_t pieces(int64_t n, int64_t chunk) { return std::max<int64_t>(1, (n + chunk - 1) / chunk); }
 
+// body(begin, end) for the pieces of `chunk` elements covering [0, n), on
+// parallel_for's threads: the pieces depend on n alone, so per-piece results
+// combined in piece order are the same at any thread count.
+template <class Body>
+void for_pieces(int64_t n, int64_t chunk, const Body& body) {
+  parallel_for(pieces(n, chunk), n, [&](int64_t p) { body(p * chunk, std::min(n, (p + 1) * chunk)); });
+}
+
 }  // namespace hg

@@ -38,15 +38,10 @@ void write_element(void* base, DType dtype, int64_t i, double value) {
   }
 }
 
-// body(begin, end) over [0, n) in fixed pieces on the library's threads: the
-// element conversions of from_vector / to_vector, which tests run on millions
-// of elements. Each element is converted alone, so the thread count changes
-// nothing.
-template <class Body>
-void for_element_pieces(int64_t n, const Body& body) {
-  constexpr int64_t kPiece = int64_t(1) << 16;
-  parallel_for(pieces(n, kPiece), n, [&](int64_t p) { body(p * kPiece, std::min(n, (p + 1) * kPiece)); });
-}
+// Element conversions (from_vector, to_vector) run in pieces of this many
+// elements on the library's threads: tests convert millions at a time. Each
+// element is converted alone, so the thread count changes nothing.
+constexpr int64_t kConvertPiece = int64_t(1) << 16;
 
 void copy_any(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
@@ -122,9 +117,8 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
          " elements)");
   Tensor host = empty(shape, dtype, Device::CPU);
   const auto narrow = [&](auto* p, auto convert) {
-    for_element_pieces(host.numel(), [&](int64_t b, int64_t e) {
-      std::transform(values.begin() + b, values.begin() + e, p + b, convert);
-    });
+    for_pieces(host.numel(), kConvertPiece,
+               [&](int64_t b, int64_t e) { std::transform(values.begin() + b, values.begin() + e, p + b, convert); });
   };
   const auto through_float = [](auto to) { return [to](double v) { return to(static_cast<float>(v)); }; };
   switch (dtype) {
@@ -290,7 +284,7 @@ std::vector<double> Tensor::to_vector() const {
   const int64_t n = numel();
   std::vector<double> out(static_cast<size_t>(n));
   const auto widen = [&](const auto* p, auto convert) {
-    for_element_pieces(n, [&](int64_t b, int64_t e) { std::transform(p + b, p + e, out.begin() + b, convert); });
+    for_pieces(n, kConvertPiece, [&](int64_t b, int64_t e) { std::transform(p + b, p + e, out.begin() + b, convert); });
   };
   const auto same = [](auto v) { return static_cast<double>(v); };
   switch (dtype_) {

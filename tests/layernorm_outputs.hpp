@@ -43,7 +43,7 @@ inline LayerNormOutputs layernorm_forward_backward(const Tensor& x, const Tensor
 }
 
 // body(r) for every row r of D elements, rows in pieces of about 2^16
-// elements on the library's threads (for_pieces, test_util.hpp).
+// elements on the library's threads (hg::for_pieces, core/parallel.hpp).
 template <class Body>
 void for_rows(int64_t rows, int64_t D, const Body& body) {
   for_pieces(rows, std::max<int64_t>(1, kPiece / std::max<int64_t>(D, 1)), [&](int64_t begin, int64_t end) {

@@ -139,7 +139,7 @@ std::vector<double> rounded(const std::vector<double>& values, DType dtype) {
 // ~2^17 of them): the same values at any thread count.
 std::vector<double> normals(uint64_t seed, uint64_t stream, int64_t n, double mean, double stddev) {
   std::vector<double> v(static_cast<size_t>(n));
-  hg::test::for_pieces(n, hg::test::kPiece, [&](int64_t begin, int64_t end) {
+  hg::for_pieces(n, hg::test::kPiece, [&](int64_t begin, int64_t end) {
     Generator gen(seed);
     gen.set_state(seed, (stream << 48) + (static_cast<uint64_t>(begin / hg::test::kPiece) << 24));
     for (int64_t i = begin; i < end;) {
@@ -774,7 +774,7 @@ std::pair<std::vector<double>, std::vector<double>> column_term_scales(const Ten
     c[i] /= static_cast<double>(D);
   });
   // Columns in pieces, each summed over the rows in order.
-  hg::test::for_pieces(D, 64, [&](int64_t begin, int64_t end) {
+  hg::for_pieces(D, 64, [&](int64_t begin, int64_t end) {
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t col = begin; col < end; ++col) {
         const double d = ds[i * D + col];

@@ -26,15 +26,9 @@ using hg::numerical_grad;
 using hg::rel_error;
 using hg::weighted_sum;
 
-// body(begin, end) for the pieces of [0, n) of `chunk` elements, on the
-// library's threads (core/parallel.hpp). The pieces depend on n alone, so
-// per-piece results combined in piece order are the same at any thread
-// count. For the per-element passes of the kernel tests (millions of
-// elements, once per configuration); body must not use Catch2 assertions.
-template <class Body>
-void for_pieces(int64_t n, int64_t chunk, const Body& body) {
-  parallel_for(pieces(n, chunk), n, [&](int64_t p) { body(p * chunk, std::min(n, (p + 1) * chunk)); });
-}
+// The per-element passes of the kernel tests (millions of elements, once per
+// configuration) run in pieces of kPiece on hg::for_pieces' threads; their
+// bodies must not use Catch2 assertions.
 constexpr int64_t kPiece = int64_t(1) << 16;
 
 // rel_error (core/gradcheck.hpp) of host values: ||a - b|| / max(||a||, ||b||),
