@@ -1,6 +1,6 @@
 // Column sums, out[j] (+)= sum_i x[i * ld + j]: the bias gradients after a
-// GEMM. Deterministic: every order of addition is fixed by the shape, no
-// atomics. docs/gemm.md.
+// GEMM. Deterministic: every order of addition is fixed by the shape (the
+// one atomic counts blocks, it adds no values). docs/gemm.md.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -8,60 +8,50 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/column_sum.cuh"
 #include "cuda/column_sum_kernels.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
 namespace {
 
-// ---- two launches ------------------------------------------------------------------
-//
-// A thread per column sums a chunk of rows (a warp reads 32 adjacent columns
-// of a row: coalesced), and a second kernel adds the chunks' partial sums in
-// chunk order.
-constexpr int64_t kColumnChunk = 64;
-constexpr int64_t kMaxChunks = 65535;  // grid.y
-constexpr int kColumnThreads = 256;
+// One launch of cuda/column_sum.cuh's kernel per slab of kMaxTiles tiles.
+// 16 row lanes of 16-byte loads and about two blocks per SM: enough loads in
+// flight to stream at copy speed on wide inputs, and few enough chunk sums
+// for the last block (bench/lab/column_sum_lab times the alternatives).
+constexpr int kLanes = 16;
+constexpr int64_t kTargetBlocks = 256;
+constexpr int64_t kMaxTiles = 4096;  // tile counters; wider inputs are summed in slabs of tiles
 
-template <class T>
-__global__ void column_partial_kernel(const T* __restrict__ x, float* __restrict__ partial, int64_t cols, int64_t rows,
-                                      int64_t ld, int64_t chunk_rows) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x, chunk = blockIdx.y;
-  if (i >= cols) return;
-  const int64_t end = (chunk + 1) * chunk_rows < rows ? (chunk + 1) * chunk_rows : rows;
-  float acc = 0.f;
-  // Unrolled so that several rows' loads are in flight; the adds stay in row order.
-#pragma unroll 8
-  for (int64_t j = chunk * chunk_rows; j < end; ++j) acc += to_f(x[i + j * ld]);
-  partial[chunk * cols + i] = acc;
+// Per-tile arrival counters. Every count is back at zero when a kernel ends,
+// so kernels that run one after another on handgrad's one stream share them.
+__device__ unsigned int g_tile_arrivals[kMaxTiles];
+
+template <class T, class O, int V>
+void launch_columns(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, bool accumulate) {
+  constexpr int64_t kTileCols = kColumnGroups * V;
+  unsigned int* arrivals = nullptr;
+  HG_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&arrivals), g_tile_arrivals));
+  for (int64_t first = 0; first < cols; first += kMaxTiles * kTileCols) {
+    const int64_t width = std::min(cols - first, kMaxTiles * kTileCols);
+    const int64_t tiles = (width + kTileCols - 1) / kTileCols;
+    const ColumnChunks c = column_chunks(rows, tiles, kTargetBlocks, kLanes);
+    Tensor scratch = Tensor::empty({c.chunks, width}, DType::F32, Device::CUDA);
+    column_sum_kernel<T, O, V, kLanes>
+        <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(c.chunks)), kColumnGroups * kLanes, 0, stream()>>>(
+            x + first, out + first, scratch.data<float>(), arrivals, rows, width, ld, c.rows_per_chunk,
+            static_cast<int>(c.chunks), accumulate);
+    HG_CUDA_CHECK_LAUNCH("column_sum_kernel");
+  }
 }
 
-template <class O>
-__global__ void column_finish_kernel(const float* __restrict__ partial, O* __restrict__ out, int64_t cols,
-                                     int64_t chunks, bool accumulate) {
-  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i >= cols) return;
-  float acc = 0.f;
-  // Unrolled so that several chunks' loads are in flight; the adds stay in chunk order.
-#pragma unroll 8
-  for (int64_t c = 0; c < chunks; ++c) acc += partial[c * cols + i];
-  out[i] = from_f<O>(accumulate ? to_f(out[i]) + acc : acc);
-}
-
+// 16-byte loads when every row's columns start 16-byte aligned and V divides the width.
 template <class T, class O>
-void two_pass(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, bool accumulate) {
-  // Chunks of 64 rows; longer ones only past 65535 chunks (4M rows).
-  const int64_t chunk_rows = std::max(kColumnChunk, (rows + kMaxChunks - 1) / kMaxChunks);
-  const int64_t chunks = std::max<int64_t>(1, (rows + chunk_rows - 1) / chunk_rows);
-  Tensor partial = Tensor::empty({chunks, cols}, DType::F32, Device::CUDA);
-  const auto blocks = static_cast<unsigned>((cols + kColumnThreads - 1) / kColumnThreads);
-  column_partial_kernel<T><<<dim3(blocks, static_cast<unsigned>(chunks)), kColumnThreads, 0, stream()>>>(
-      x, partial.data<float>(), cols, rows, ld, chunk_rows);
-  HG_CUDA_CHECK_LAUNCH("column_partial_kernel");
-  column_finish_kernel<O>
-      <<<blocks, kColumnThreads, 0, stream()>>>(partial.data<float>(), out, cols, chunks, accumulate);
-  HG_CUDA_CHECK_LAUNCH("column_finish_kernel");
+void sum_columns(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, bool accumulate) {
+  constexpr int V = 16 / sizeof(T);
+  const bool vector = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ld % V == 0 && cols % V == 0;
+  if (vector) launch_columns<T, O, V>(x, out, rows, cols, ld, accumulate);
+  else launch_columns<T, O, 1>(x, out, rows, cols, ld, accumulate);
 }
 
 // ---- dispatch ---------------------------------------------------------------------
@@ -90,8 +80,9 @@ void column_sum(const Tensor& x, int64_t rows, int64_t cols, int64_t ld, const T
            x.describe(), "; expected CUDA storage of ", rows, " rows of ", cols, " columns, ", ld, " apart");
   check_out(out, cols);
   if (cols == 0) return;
-  with_type(x, "x",
-            [&](auto* xs) { with_type(out, "out", [&](auto* os) { two_pass(xs, os, rows, cols, ld, accumulate); }); });
+  with_type(x, "x", [&](auto* xs) {
+    with_type(out, "out", [&](auto* os) { sum_columns(xs, os, rows, cols, ld, accumulate); });
+  });
 }
 
 }  // namespace hg::gpu

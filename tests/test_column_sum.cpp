@@ -117,6 +117,30 @@ TEST_CASE("CUDA column_sum: accumulate adds onto out, bitwise the written sums p
     }
 }
 
+// Past 4096 tiles of columns the sums run as several launches over slabs of
+// the width, sharing the per-tile arrival counters; every launch must leave
+// them at zero for the next (a count left behind makes a later tile finish
+// early, with chunks missing). Rows 0 and 1 too.
+TEST_CASE("CUDA column_sum: widths of several slabs, one launch after another, zero and one row",
+          "[cuda][column_sum]") {
+  HG_REQUIRE_GPU();
+  Generator gen(45);
+  for (const auto& [rows, cols] : {std::tuple<int64_t, int64_t>{3, 140001},  // odd: element loads, 2 slabs
+                                   {40, 1048584},                            // 16-byte loads: 2 slabs (bf16), 3 (f32)
+                                   {0, 300},
+                                   {1, 300},
+                                   {2000, 300}})
+    for (const DType in : {DType::F32, DType::BF16}) {
+      INFO("rows " << rows << " cols " << cols << " " << dtype_name(in));
+      const Tensor x = Tensor::randn({rows, cols}, gen, DType::F32, Device::CUDA).to(in);
+      const Tensor start = Tensor::randn({cols}, gen, DType::F32, Device::CUDA);
+      Tensor out = start.clone();
+      gpu::column_sum(x, rows, cols, cols, out, true);
+      CHECK(worst_ratio(f64(x).to_vector(), rows, cols, cols, f64(start).to_vector(), f64(out).to_vector(), false) <=
+            1.0);
+    }
+}
+
 TEST_CASE("CUDA column_sum: a NaN reaches its own column only", "[cuda][column_sum]") {
   HG_REQUIRE_GPU();
   Generator gen(44);

@@ -1,12 +1,15 @@
 #pragma once
-// What every bench/lab program shares: the CUDA error check, the timing loop
-// and the copy kernel of the bandwidth yardstick. CUDA runtime only.
+// What every bench/lab program shares: the CUDA error check, the timing loop,
+// the copy kernel of the bandwidth yardstick and the host-side conversions of
+// the CPU references. CUDA runtime only.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #define CHECK_CUDA(call)                                                                          \
@@ -19,6 +22,15 @@
   } while (0)
 
 namespace lab {
+
+// Host-side float <-> storage conversions (round to nearest even into bf16).
+inline float to_float(float v) { return v; }
+inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class T>
+T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return __float2bfloat16_rn(v);
+}
 
 // dst = src, 16 bytes per thread per step: the kernel side of the copy
 // yardstick (beside cudaMemcpyAsync) that memory-bound candidates are

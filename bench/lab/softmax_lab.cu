@@ -285,14 +285,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-float to_float(float v) { return v; }
-float to_float(bf16 v) { return __bfloat162float(v); }
-template <class T>
-T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return __float2bfloat16(v);
-}
-
 // Max over elements of |got - ref| / (|ref| + floor): the error printed and checked.
 template <class T>
 double check_rows(const std::vector<T>& x, const std::vector<T>& y, int64_t rows, int64_t tk, int64_t tq, float scale,
@@ -303,14 +295,14 @@ double check_rows(const std::vector<T>& x, const std::vector<T>& y, int64_t rows
     int64_t visible = tk;
     if (causal) visible = std::clamp<int64_t>(r % tq + tk - tq + 1, 0, tk);
     double m = -INFINITY;
-    for (int64_t k = 0; k < visible; ++k) m = std::max(m, double(scale) * to_float(x[r * tk + k]));
+    for (int64_t k = 0; k < visible; ++k) m = std::max(m, double(scale) * lab::to_float(x[r * tk + k]));
     double sum = 0;
     for (int64_t k = 0; k < tk; ++k) {
-      p[k] = k < visible ? std::exp(double(scale) * to_float(x[r * tk + k]) - m) : 0.0;
+      p[k] = k < visible ? std::exp(double(scale) * lab::to_float(x[r * tk + k]) - m) : 0.0;
       sum += p[k];
     }
     for (int64_t k = 0; k < tk; ++k) {
-      const double ref = visible > 0 ? p[k] / sum : 0.0, got = to_float(y[r * tk + k]);
+      const double ref = visible > 0 ? p[k] / sum : 0.0, got = lab::to_float(y[r * tk + k]);
       const double e = std::abs(got - ref) / (std::abs(ref) + 1e-6);
       worst = std::isnan(got) ? INFINITY : std::max(worst, e);
     }
@@ -330,7 +322,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
   std::normal_distribution<float> normal(0.f, 3.f);
   std::vector<T> host_x(n), host_y(n);
   for (int s = 0; s < sets; ++s) {
-    for (T& v : host_x) v = from_float<T>(normal(gen));
+    for (T& v : host_x) v = lab::from_float<T>(normal(gen));
     CHECK_CUDA(cudaMalloc(&x[s], bytes));
     CHECK_CUDA(cudaMalloc(&y[s], bytes));
     CHECK_CUDA(cudaMemcpy(x[s], host_x.data(), bytes, cudaMemcpyHostToDevice));
