@@ -1,8 +1,7 @@
 #pragma once
 // GELU (tanh approximation) and its derivative on the device: the one
-// formula behind UnaryOp::Gelu / GeluGrad (cuda/cuda_backend.cu) and the
-// GELU backward's pass (cuda/column_sum.cu), so the fused pass and the
-// composed epilogue compute gelu' the same way.
+// formula behind UnaryOp::Gelu / GeluGrad (cuda/cuda_backend.cu), which the
+// GEMM's composed epilogues use too (cuda/gemm_lt.cu).
 #include <cuda_runtime.h>
 
 namespace hg::gpu {
