@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -39,11 +40,27 @@ struct Options {
   int iters = 50;
 };
 
+void print_help() {
+  std::printf("column_sum_lab: the column-sum kernel (cuda/column_sum.cuh) at each shape of work, checked against\n"
+              "float64 and timed.\n"
+              "  --rows N[,...]       rows (default 8192,32768)\n"
+              "  --cols N[,...]       widths, multiples of 8 (bf16) or 4 (f32) (default 512,768,1536,2048,2304,3072)\n"
+              "  --dtypes bf16,f32    input dtypes (default both)\n"
+              "  --lanes L[,...]      row lanes a block: 4, 8 or 16 (default all)\n"
+              "  --targets N[,...]    blocks the chunking aims for (default 128,256,512,1024)\n"
+              "  --iters N            timed samples per case (default 50)\n"
+              "  --help               this text\n"
+              "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   lab::Flags f("column_sum_lab", argc, argv);
   while (f.next()) {
-    if (f.is("--rows")) o.rows = f.numbers(1, 1 << 20);
+    if (f.is("--help") || f.is("-h")) {
+      print_help();
+      std::exit(0);
+    } else if (f.is("--rows")) o.rows = f.numbers(1, 1 << 20);
     else if (f.is("--cols")) o.cols = f.numbers(1, 1 << 20);
     else if (f.is("--targets")) o.targets = f.numbers(1, 65535);
     else if (f.is("--lanes")) {
