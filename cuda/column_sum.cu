@@ -49,7 +49,7 @@ void launch_columns(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, 
 template <class T, class O>
 void sum_columns(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, bool accumulate) {
   constexpr int V = 16 / sizeof(T);
-  const bool vector = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ld % V == 0 && cols % V == 0;
+  const bool vector = aligned16(x) && ld % V == 0 && cols % V == 0;
   if (vector) launch_columns<T, O, V>(x, out, rows, cols, ld, accumulate);
   else launch_columns<T, O, 1>(x, out, rows, cols, ld, accumulate);
 }

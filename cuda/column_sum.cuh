@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/storage_cast.cuh"
+#include "cuda/vec.cuh"
 
 namespace hg::gpu {
 
@@ -34,32 +35,6 @@ inline ColumnChunks column_chunks(int64_t rows, int64_t tiles, int64_t target_bl
   const int64_t per = std::max<int64_t>(lanes, ((rows + want - 1) / want + lanes - 1) / lanes * lanes);
   return {per, std::max<int64_t>(1, (rows + per - 1) / per)};
 }
-
-template <class T, int V>
-struct Vec;  // V adjacent elements loaded as one 16-byte access (or one element when V == 1)
-template <class T>
-struct Vec<T, 1> {
-  static __device__ __forceinline__ void add(const T* p, float* acc) { acc[0] += to_f(*p); }
-};
-template <>
-struct Vec<float, 4> {
-  static __device__ __forceinline__ void add(const float* p, float* acc) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
-  }
-};
-template <>
-struct Vec<__nv_bfloat16, 8> {
-  static __device__ __forceinline__ void add(const __nv_bfloat16* p, float* acc) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 f = __bfloat1622float2(h[k]);
-      acc[2 * k] += f.x, acc[2 * k + 1] += f.y;
-    }
-  }
-};
 
 // Adds V adjacent float chunk sums (16-byte loads through L2 where V > 1).
 template <int V>
@@ -94,7 +69,12 @@ __global__ void __launch_bounds__(kColumnGroups* LANES)
     const int64_t begin = chunk * chunk_rows, end = begin + chunk_rows < rows ? begin + chunk_rows : rows;
     // Unrolled so that several rows' loads are in flight; the adds stay in row order.
 #pragma unroll 8
-    for (int64_t r = begin + lane; r < end; r += LANES) Vec<T, V>::add(x + r * ld + col, acc);
+    for (int64_t r = begin + lane; r < end; r += LANES) {
+      float v[V];
+      load_vec<V>(x + r * ld + col, v);  // one 16-byte load where V > 1
+#pragma unroll
+      for (int k = 0; k < V; ++k) acc[k] += v[k];
+    }
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) lane_sums[lane][group * V + k] = acc[k];
