@@ -2,6 +2,7 @@
 // cuda/optim_kernels.hpp for the formulas). The norm reductions and the
 // multi-tensor AdamW live in cuda/multi_tensor_adamw.cu.
 #include "core/cuda_runtime.hpp"
+#include "cuda/adamw_math.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/optim_kernels.hpp"
 
@@ -30,17 +31,12 @@ __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g, f
 }
 
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, int64_t n, float lr, float beta1, float beta2, float eps,
-                             float weight_decay, float bias_correction1, float bias_correction2) {
+                             float* __restrict__ v, int64_t n, AdamWScalars s) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gi = g[i];
-    float pi = p[i];
-    pi -= lr * weight_decay * pi;  // decoupled decay uses the pre-update value
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_element(g[i], pi, mi, vi, s);
     m[i] = mi;
     v[i] = vi;
-    pi -= lr * (mi / bias_correction1) / (sqrtf(vi / bias_correction2) + eps);
     p[i] = pi;
   }
 }
@@ -61,8 +57,8 @@ void sgd_step(float* p, const float* g, float* v, int64_t n, float lr, float mom
 void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
                 float weight_decay, float bias_correction1, float bias_correction2) {
   if (n <= 0) return;
-  adamw_kernel<<<grid_for(n), kThreads, 0, stream()>>>(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                                                       bias_correction1, bias_correction2);
+  const AdamWScalars s{lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2};
+  adamw_kernel<<<grid_for(n), kThreads, 0, stream()>>>(p, g, m, v, n, s);
   HG_CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 

@@ -38,15 +38,24 @@ struct Group {
   AdamWGroup view() const { return {p, g, m, v, copies}; }
 };
 
-Group make_group(DType dtype, Device device, uint64_t seed, bool with_copies) {
+// offset > 0: every tensor is a view starting `offset` elements into a larger
+// buffer (the same values), so no tensor is 16-byte aligned.
+Group make_group(DType dtype, Device device, uint64_t seed, bool with_copies, int64_t offset = 0) {
   Generator gen(seed);
   Group grp;
+  const auto placed = [&](const Tensor& t) {
+    if (offset == 0) return t;
+    const int64_t n = t.numel();
+    Tensor view = Tensor::zeros({n + offset}, t.dtype(), device).slice(offset, n + offset);
+    view.copy_(t);
+    return view;
+  };
   for (int64_t n : kSizes) {
-    grp.p.push_back(Tensor::randn({n}, gen, dtype, device));
-    grp.g.push_back(Tensor::randn({n}, gen, dtype, device, 0.0, 0.5));
-    grp.m.push_back(Tensor::zeros({n}, dtype, device));
-    grp.v.push_back(Tensor::zeros({n}, dtype, device));
-    grp.copies.push_back(with_copies && n != 3 ? Tensor::zeros({n}, DType::BF16, device) : Tensor());
+    grp.p.push_back(placed(Tensor::randn({n}, gen, dtype, device)));
+    grp.g.push_back(placed(Tensor::randn({n}, gen, dtype, device, 0.0, 0.5)));
+    grp.m.push_back(placed(Tensor::zeros({n}, dtype, device)));
+    grp.v.push_back(placed(Tensor::zeros({n}, dtype, device)));
+    grp.copies.push_back(with_copies && n != 3 ? placed(Tensor::zeros({n}, DType::BF16, device)) : Tensor());
   }
   return grp;
 }
@@ -242,42 +251,49 @@ TEST_CASE("AdamW with max_grad_norm clips inside step and reports the norm", "[o
 TEST_CASE("CUDA adamw_multi matches the per-tensor kernel bit for bit and is deterministic", "[optim][cuda]") {
   HG_REQUIRE_GPU();
 #ifdef HG_WITH_CUDA
-  for (const double max_norm : {0.0, 1.0}) {
-    INFO("max_grad_norm " << max_norm);
-    Group multi = make_group(DType::F32, Device::CUDA, 77, true), ref = make_group(DType::F32, Device::CUDA, 77, false);
-    const AdamWConfig cfg = config_with(max_norm);
-    Tensor state = make_state(Device::CUDA, 3e-3);
-    for (int step = 1; step <= 3; ++step) {
-      const double norm = norm_of(ref.g);
-      const float scale = max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
-      for (size_t i = 0; i < kSizes.size(); ++i) {
-        Tensor g = ref.g[i].clone();
-        if (scale != 1.0f) cuda_backend().zip(BinaryOp::Mul, g, Tensor::full({1}, scale, DType::F32, Device::CUDA), g);
-        gpu::adamw_step(ref.p[i].data<float>(), g.data<float>(), ref.m[i].data<float>(), ref.v[i].data<float>(),
-                        kSizes[i], 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, static_cast<float>(1 - std::pow(0.9, step)),
-                        static_cast<float>(1 - std::pow(0.95, step)));
+  // Offset 0 takes the kernels' 16-byte accesses, offset 1 their element-wise loops.
+  for (const int64_t offset : {0, 1})
+    for (const double max_norm : {0.0, 1.0}) {
+      INFO("max_grad_norm " << max_norm << ", tensors " << offset << " elements into their buffers");
+      Group multi = make_group(DType::F32, Device::CUDA, 77, true, offset),
+            ref = make_group(DType::F32, Device::CUDA, 77, false);
+      const AdamWConfig cfg = config_with(max_norm);
+      Tensor state = make_state(Device::CUDA, 3e-3);
+      for (int step = 1; step <= 3; ++step) {
+        const double norm = norm_of(ref.g);
+        const float scale = max_norm > 0 && norm > max_norm ? static_cast<float>(max_norm / norm) : 1.0f;
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          Tensor g = ref.g[i].clone();
+          if (scale != 1.0f)
+            cuda_backend().zip(BinaryOp::Mul, g, Tensor::full({1}, scale, DType::F32, Device::CUDA), g);
+          gpu::adamw_step(ref.p[i].data<float>(), g.data<float>(), ref.m[i].data<float>(), ref.v[i].data<float>(),
+                          kSizes[i], 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, static_cast<float>(1 - std::pow(0.9, step)),
+                          static_cast<float>(1 - std::pow(0.95, step)));
+        }
+        cuda_backend().adamw_multi(multi.view(), cfg, state);
+        const Tensor s = state.to(Device::CPU);
+        CHECK(std::abs(s.data<double>()[kAdamWGradNorm] - norm) <= 1e-12 * norm);
+        CHECK(static_cast<float>(s.data<double>()[kAdamWClipScale]) == scale);
       }
-      cuda_backend().adamw_multi(multi.view(), cfg, state);
-      const Tensor s = state.to(Device::CPU);
-      CHECK(std::abs(s.data<double>()[kAdamWGradNorm] - norm) <= 1e-12 * norm);
-      CHECK(static_cast<float>(s.data<double>()[kAdamWClipScale]) == scale);
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        INFO("tensor " << i << " of " << kSizes[i] << " elements");
+        CHECK(hg::test::same_bytes(multi.p[i], ref.p[i]));
+        CHECK(hg::test::same_bytes(multi.m[i], ref.m[i]));
+        CHECK(hg::test::same_bytes(multi.v[i], ref.v[i]));
+        if (multi.copies[i].defined()) CHECK(hg::test::same_bytes(multi.copies[i], multi.p[i].to(DType::BF16)));
+      }
     }
-    for (size_t i = 0; i < kSizes.size(); ++i) {
-      INFO("tensor " << i << " of " << kSizes[i] << " elements");
-      CHECK(hg::test::same_bytes(multi.p[i], ref.p[i]));
-      CHECK(hg::test::same_bytes(multi.m[i], ref.m[i]));
-      CHECK(hg::test::same_bytes(multi.v[i], ref.v[i]));
-      if (multi.copies[i].defined()) CHECK(hg::test::same_bytes(multi.copies[i], multi.p[i].to(DType::BF16)));
-    }
-  }
   // sum_of_squares: deterministic, and the double sum of the CPU within 1e-12.
-  Group grp = make_group(DType::F32, Device::CUDA, 9, false);
-  Tensor first = Tensor::zeros({1}, DType::F64, Device::CUDA), second = first.clone();
-  cuda_backend().sum_of_squares(grp.g, first);
-  cuda_backend().sum_of_squares(grp.g, second);
-  CHECK(hg::test::same_bytes(first, second));
-  const double want = std::pow(norm_of(grp.g), 2);
-  CHECK(std::abs(first.item() - want) <= 1e-12 * want);
+  for (const int64_t offset : {0, 1}) {
+    INFO("tensors " << offset << " elements into their buffers");
+    Group grp = make_group(DType::F32, Device::CUDA, 9, false, offset);
+    Tensor first = Tensor::zeros({1}, DType::F64, Device::CUDA), second = first.clone();
+    cuda_backend().sum_of_squares(grp.g, first);
+    cuda_backend().sum_of_squares(grp.g, second);
+    CHECK(hg::test::same_bytes(first, second));
+    const double want = std::pow(norm_of(grp.g), 2);
+    CHECK(std::abs(first.item() - want) <= 1e-12 * want);
+  }
   // A NaN gradient: nothing changes, the flag says so.
   Group nan_grp = make_group(DType::F32, Device::CUDA, 10, false);
   const Group before = make_group(DType::F32, Device::CUDA, 10, false);
