@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "core/device.hpp"
 
@@ -72,6 +73,28 @@ class Graph {
   void* exec_ = nullptr;
   int pool_ = 0;
   bool capturing_ = false;
+};
+
+// Work beside the handgrad stream. The constructor runs `work` (a function
+// that queues GPU work through handgrad's calls) with its launches going to a
+// second stream, which first waits for everything already queued; join()
+// makes the handgrad stream wait for all of it (the destructor joins when
+// join() was not called). For memory-bound work whose buffers nothing queued
+// in between touches, so that it runs next to compute-bound kernels: the
+// training step clears the gradients beside its forward. `work` must not
+// allocate or free device memory (the caching allocator relies on one
+// ordered stream). One Beside is open at a time. Legal inside a graph
+// capture: the second stream joins the capture.
+class Beside {
+ public:
+  explicit Beside(const std::function<void()>& work);
+  ~Beside();
+  Beside(const Beside&) = delete;
+  Beside& operator=(const Beside&) = delete;
+  void join();
+
+ private:
+  bool joined_ = false;
 };
 
 // Times GPU work with CUDA events recorded on the handgrad stream.

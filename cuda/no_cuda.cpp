@@ -51,6 +51,10 @@ void Graph::abort_capture() noexcept {}
 void Graph::replay() { no_cuda("gpu::Graph::replay"); }
 void Graph::reset() noexcept {}
 
+Beside::Beside(const std::function<void()>&) { no_cuda("gpu::Beside"); }
+Beside::~Beside() = default;
+void Beside::join() {}
+
 Timer::Timer() { no_cuda("gpu::Timer"); }
 Timer::~Timer() = default;
 void Timer::start() { no_cuda("gpu::Timer::start"); }

@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/side_stream.hpp"
 
 namespace hg::gpu {
 
@@ -88,6 +89,48 @@ void set_stream(intptr_t handle) {
 }
 
 void use_own_stream() { set_stream(kOwnStream); }
+
+namespace {
+
+const ForkJoin& beside_handles() {
+  static const ForkJoin h = create_fork_join();
+  return h;
+}
+
+std::atomic<bool> beside_open{false};
+
+}  // namespace
+
+Beside::Beside(const std::function<void()>& work) {
+  HG_CHECK(!beside_open.exchange(true), "gpu::Beside", "another Beside is still open; join it first");
+  try {
+    const ForkJoin& h = beside_handles();
+    h.fork();
+    struct Restore {  // stream() is the handgrad stream again however `work` ends
+      intptr_t handle;
+      ~Restore() { current_handle.store(handle, std::memory_order_relaxed); }
+    } restore{current_handle.load(std::memory_order_relaxed)};
+    current_handle.store(reinterpret_cast<intptr_t>(h.stream), std::memory_order_relaxed);
+    work();
+  } catch (...) {
+    join();
+    throw;
+  }
+}
+
+Beside::~Beside() {
+  if (joined_) return;
+  joined_ = true;
+  beside_open.store(false);
+  beside_handles().join_quietly();
+}
+
+void Beside::join() {
+  if (joined_) return;
+  joined_ = true;
+  beside_open.store(false);
+  beside_handles().join();
+}
 
 int device_count() {
   int n = 0;

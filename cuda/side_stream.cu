@@ -6,45 +6,48 @@
 
 namespace hg::gpu {
 
+ForkJoin create_fork_join() {
+  ForkJoin made;
+  HG_CUDA_CHECK(cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking));
+  HG_CUDA_CHECK(cudaEventCreateWithFlags(&made.forked, cudaEventDisableTiming));
+  HG_CUDA_CHECK(cudaEventCreateWithFlags(&made.done, cudaEventDisableTiming));
+  return made;
+}
+
 namespace {
 
-struct SideHandles {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t forked = nullptr, done = nullptr;
-};
-
-const SideHandles& side_handles() {
-  static const SideHandles h = [] {
-    SideHandles made;
-    HG_CUDA_CHECK(cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking));
-    HG_CUDA_CHECK(cudaEventCreateWithFlags(&made.forked, cudaEventDisableTiming));
-    HG_CUDA_CHECK(cudaEventCreateWithFlags(&made.done, cudaEventDisableTiming));
-    return made;
-  }();
+const ForkJoin& side_handles() {
+  static const ForkJoin h = create_fork_join();
   return h;
 }
 
 }  // namespace
 
-SideStream::SideStream() {
-  const SideHandles& h = side_handles();
-  HG_CUDA_CHECK(cudaEventRecord(h.forked, stream()));
-  HG_CUDA_CHECK(cudaStreamWaitEvent(h.stream, h.forked, 0));
+void ForkJoin::fork() const {
+  HG_CUDA_CHECK(cudaEventRecord(forked, hg::gpu::stream()));
+  HG_CUDA_CHECK(cudaStreamWaitEvent(stream, forked, 0));
 }
 
+void ForkJoin::join() const {
+  HG_CUDA_CHECK(cudaEventRecord(done, stream));
+  HG_CUDA_CHECK(cudaStreamWaitEvent(hg::gpu::stream(), done, 0));
+}
+
+void ForkJoin::join_quietly() const noexcept {
+  if (cudaEventRecord(done, stream) == cudaSuccess) cudaStreamWaitEvent(hg::gpu::stream(), done, 0);
+}
+
+SideStream::SideStream() { side_handles().fork(); }
+
 SideStream::~SideStream() {
-  if (joined_) return;
-  const SideHandles& h = side_handles();
-  if (cudaEventRecord(h.done, h.stream) == cudaSuccess) cudaStreamWaitEvent(stream(), h.done, 0);
+  if (!joined_) side_handles().join_quietly();
 }
 
 cudaStream_t SideStream::get() const { return side_handles().stream; }
 
 void SideStream::join() {
-  const SideHandles& h = side_handles();
   joined_ = true;
-  HG_CUDA_CHECK(cudaEventRecord(h.done, h.stream));
-  HG_CUDA_CHECK(cudaStreamWaitEvent(stream(), h.done, 0));
+  side_handles().join();
 }
 
 }  // namespace hg::gpu

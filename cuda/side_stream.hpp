@@ -12,6 +12,18 @@
 
 namespace hg::gpu {
 
+// A non-blocking stream with the two events of a fork and a join, made once
+// by each of its users (SideStream here, gpu::Beside in cuda/runtime.cu).
+struct ForkJoin {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+
+  void fork() const;                   // `stream` waits for all the work queued so far on stream()
+  void join() const;                   // stream() waits for all the work queued on `stream` since
+  void join_quietly() const noexcept;  // join() for destructors: errors are left to the next check
+};
+ForkJoin create_fork_join();
+
 class SideStream {
  public:
   SideStream();

@@ -49,7 +49,8 @@ Tensor TrainStep::on_device(const Tensor& t) const {
 
 void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight,
                                   const std::vector<double>& shares) {
-  model_.zero_grad();
+  if (device_ == Device::CUDA && options_.data_parallel == nullptr) clearing_.emplace([&] { model_.zero_grad(); });
+  else model_.zero_grad();
   const int64_t n = static_cast<int64_t>(shares.size()), rows = ids.size(0) / n;
   const bool chunked = options_.chunked_classifier && kernel_mode() == KernelMode::Fused;
   Tensor loss;  // grad_accum > 1: the sum of share * micro-batch loss, kept on the device
@@ -67,10 +68,17 @@ void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, doub
   if (options_.data_parallel) options_.data_parallel->end_backward();
 }
 
+void TrainStep::gradients_cleared() {
+  if (!clearing_) return;
+  clearing_->join();
+  clearing_.reset();
+}
+
 void TrainStep::loss_and_backward_composed(const Tensor& ids, const Tensor& targets, double dloss) {
   Tensor dlogits;
   {
     const Tensor logits = model_.forward(ids);
+    gradients_cleared();
     CrossEntropySaved saved;
     // The on-device form (rows counted on the GPU, nothing read back) in plain
     // and captured steps alike, so both run the same arithmetic; check_batch
@@ -85,6 +93,7 @@ void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targe
   Tensor dfeatures;
   {
     const Tensor features = model_.forward_features(ids);
+    gradients_cleared();
     const int64_t rows = features.size(0) * features.size(1);
     const Tensor h = features.reshape({rows, features.size(2)});
     Linear& head = model_.head;

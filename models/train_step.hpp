@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,11 @@ class TrainStep {
   // calls around the last); shares: each micro-batch's share of the step's
   // counted targets. The loss (their shares' sum) lands in loss_.
   void enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight, const std::vector<double>& shares);
+  // The gradients cleared before the first write into any of them. On CUDA
+  // without a data-parallel hook the clearing (one memory-bound launch over
+  // every gradient) runs beside the first forward and is joined here, after
+  // it; otherwise it ran in order before the forward and this does nothing.
+  void gradients_cleared();
   // Loss and backward of the two forms, the gradients those of dloss * loss; the loss lands in loss_.
   void loss_and_backward_composed(const Tensor& ids, const Tensor& targets, double dloss);
   void loss_and_backward_chunked(const Tensor& ids, const Tensor& targets, double dloss);
@@ -138,9 +144,10 @@ class TrainStep {
   bool try_graph_ = false;
   gpu::Graph graph_;
   std::string graph_note_;
-  Tensor ids_in_, targets_in_;  // graph mode: the inputs every replay reads
-  Tensor loss_;                 // 0-d, written by the step
-  Tensor graph_loss_;           // 0-d, written by every replay of the captured step
+  Tensor ids_in_, targets_in_;           // graph mode: the inputs every replay reads
+  Tensor loss_;                          // 0-d, written by the step
+  std::optional<gpu::Beside> clearing_;  // the gradients' clearing beside the forward, until gradients_cleared()
+  Tensor graph_loss_;                    // 0-d, written by every replay of the captured step
 };
 
 }  // namespace hg

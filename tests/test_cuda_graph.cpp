@@ -114,6 +114,43 @@ TEST_CASE("gpu::Graph: a destroyed graph's blocks return to the shared cache", "
   CHECK(gpu::memory_stats().device_mallocs == mallocs);
 }
 
+// gpu::Beside: the second stream starts after the work queued before it, the
+// handgrad stream continues after join() with it done, one Beside at a time,
+// and a capture takes the second stream's work into its graph.
+TEST_CASE("gpu::Beside: work on the second stream is ordered by its fork and its join, captured too", "[graph][cuda]") {
+  HG_REQUIRE_GPU();
+  const int64_t n = int64_t(1) << 22;  // 16 MiB: long enough for an unordered read to see the old value
+  Tensor a = Tensor::zeros({n}, DType::F32, Device::CUDA), b = Tensor::zeros({n}, DType::F32, Device::CUDA);
+  a.fill_(2.0);
+  {
+    gpu::Beside beside([&] { b.copy_(a); });  // after the fill: copies 2
+    beside.join();
+  }
+  a.copy_(add(a, b));  // after the join: 2 + 2
+  CHECK(hg::test::max_abs_diff(a, Tensor::full({n}, 4.0, DType::F32, Device::CUDA)) == 0);
+
+  {
+    gpu::Beside open([] {});
+    CHECK(contains(thrown_message([] { gpu::Beside second([] {}); }), "another Beside is still open"));
+    open.join();
+  }
+
+  gpu::Graph graph;
+  graph.begin_capture();
+  {
+    gpu::Beside beside([&] { b.fill_(0.0); });
+    a.fill_(1.0);
+    beside.join();
+    a.copy_(add(a, b));
+  }
+  graph.end_capture();
+  a.fill_(5.0);
+  b.fill_(7.0);
+  graph.replay();
+  CHECK(hg::test::max_abs_diff(a, Tensor::full({n}, 1.0, DType::F32, Device::CUDA)) == 0);
+  CHECK(hg::test::max_abs_diff(b, Tensor::zeros({n}, DType::F32, Device::CUDA)) == 0);
+}
+
 TEST_CASE("gather / scatter-add with ids checked on the device equal the host-checked ops bit for bit",
           "[graph][cuda]") {
   HG_REQUIRE_GPU();
