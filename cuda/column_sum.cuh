@@ -50,6 +50,15 @@ __device__ __forceinline__ void add_chunk_sums(const float* p, float* acc) {
   }
 }
 
+// Column c of a tile's lane sums added over the lanes, in lane order.
+template <int LANES, int COLS>
+__device__ __forceinline__ float sum_lanes(const float (&lane_sums)[LANES][COLS], int c) {
+  float sum = 0.f;
+#pragma unroll
+  for (int l = 0; l < LANES; ++l) sum += lane_sums[l][c];
+  return sum;
+}
+
 // arrivals: one counter per tile, zero before the launch and zero again
 // after it (the last block resets its tile's), so launches that run one
 // after another share them. chunk_sums: chunks x cols floats of scratch.
@@ -81,12 +90,8 @@ __global__ void __launch_bounds__(kColumnGroups* LANES)
   __syncthreads();
   // Thread t adds column t of the tile over the lanes, then its chunk sum goes to scratch.
   const int64_t tile_width = cols - tile_col < kTileCols ? cols - tile_col : kTileCols;
-  for (int c = threadIdx.x; c < tile_width; c += kThreads) {
-    float sum = 0.f;
-#pragma unroll
-    for (int l = 0; l < LANES; ++l) sum += lane_sums[l][c];
-    chunk_sums[int64_t(chunk) * cols + tile_col + c] = sum;
-  }
+  for (int c = threadIdx.x; c < tile_width; c += kThreads)
+    chunk_sums[int64_t(chunk) * cols + tile_col + c] = sum_lanes<LANES>(lane_sums, c);
   // Publish the chunk sums before counting this block in; the last block to arrive reads them all.
   __threadfence();
   __syncthreads();
@@ -107,9 +112,7 @@ __global__ void __launch_bounds__(kColumnGroups* LANES)
   for (int k = 0; k < V; ++k) lane_sums[lane][group * V + k] = total[k];
   __syncthreads();
   for (int c = threadIdx.x; c < tile_width; c += kThreads) {
-    float sum = 0.f;
-#pragma unroll
-    for (int l = 0; l < LANES; ++l) sum += lane_sums[l][c];
+    const float sum = sum_lanes<LANES>(lane_sums, c);
     O* dst = out + tile_col + c;
     *dst = from_f<O>(accumulate ? to_f(*dst) + sum : sum);
   }

@@ -63,6 +63,16 @@ __device__ double block_sum(double v) {
   return v;
 }
 
+// Chunk c's elements of its tensor end at `end`; those before `vector_end`
+// go 4 at a time (a multiple of 4 from the chunk's start, which is one too).
+struct ChunkSpan {
+  int64_t end, vector_end;
+};
+__device__ __forceinline__ ChunkSpan chunk_span(const TensorRef& t, const Chunk& c) {
+  const int64_t end = c.start + kChunk < t.n ? c.start + kChunk : t.n;
+  return {end, t.vec ? c.start + ((end - c.start) & ~int64_t(3)) : c.start};
+}
+
 // Each thread sums its own elements (4 an access where aligned), then the
 // block adds the threads' sums in a fixed tree: the order depends only on the
 // chunk, so the norm is the same bits every run.
@@ -70,8 +80,7 @@ __global__ void chunk_sum_squares(const TensorRef* __restrict__ tensors, const C
                                   double* __restrict__ partials) {
   const Chunk c = chunks[blockIdx.x];
   const TensorRef t = tensors[c.tensor];
-  const int64_t end = c.start + kChunk < t.n ? c.start + kChunk : t.n;
-  const int64_t vec_end = t.vec ? c.start + ((end - c.start) & ~int64_t(3)) : c.start;
+  const auto [end, vec_end] = chunk_span(t, c);
   double acc = 0.0;
   for (int64_t i = c.start + 4 * threadIdx.x; i < vec_end; i += 4 * kThreads) {
     const float4 g = __ldcs(reinterpret_cast<const float4*>(t.g + i));
@@ -117,11 +126,8 @@ __device__ __forceinline__ void adamw_vec4(const TensorRef& t, int64_t i, float4
   __stcs(reinterpret_cast<float4*>(t.v + i), v);
   __stcs(reinterpret_cast<float4*>(t.p + i), p);
   if (t.copy) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    __stcs(reinterpret_cast<uint2*>(t.copy + i), packed);
+    const float copy[4] = {p.x, p.y, p.z, p.w};
+    store_vec<4, Store::Streaming>(t.copy + i, copy);
   }
 }
 
@@ -141,8 +147,7 @@ __global__ void chunk_adamw(const TensorRef* __restrict__ tensors, const Chunk* 
       static_cast<float>(state[6])};
   const Chunk c = chunks[blockIdx.x];
   const TensorRef t = tensors[c.tensor];
-  const int64_t end = c.start + kChunk < t.n ? c.start + kChunk : t.n;
-  const int64_t vec_end = t.vec ? c.start + ((end - c.start) & ~int64_t(3)) : c.start;
+  const auto [end, vec_end] = chunk_span(t, c);
   for (int64_t base = c.start + 4 * threadIdx.x; base < vec_end; base += 4 * kThreads * kUnroll) {
     float4 g[kUnroll], p[kUnroll], m[kUnroll], v[kUnroll];
 #pragma unroll
