@@ -1,0 +1,284 @@
+#pragma once
+// The classifier row pass's lab candidates (bench/lab/classifier_lab.cu,
+// bench/lab/classifier.md). Every one keeps the contract of the product's
+// lse_rows_grad_staged (cuda/lse_rows_staged.cuh, included here, not
+// copied): g = (softmax - onehot(target)) * scale written over the logits,
+// row_loss per row, ignored rows zeroed with loss 0, NaN loss for a target
+// that is not a class, any row alignment (cuda/row_span.hpp). They differ in
+// how the work of a row is laid out:
+//   online          max and sum of exponentials in one pass over the shared
+//                   copy (a running max per thread, its sum rescaled when the
+//                   max rises), then the g pass: two passes where production
+//                   makes three.
+//   pieces          online, the row copied in P pieces with a barrier each, so
+//                   the one stats pass starts on piece 0 while the rest land.
+//   persistent      one block per SM walks rows blockIdx.x, + gridDim.x, ...
+//                   through two stages: the next row's bulk copy travels while
+//                   the current row is reduced and its g stored.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/bulk_stage.cuh"
+#include "cuda/lse_rows_staged.cuh"
+#include "cuda/wgmma.cuh"  // sm90::barrier_wait on an sm_90a build
+
+namespace lab {
+
+using hg::gpu::RowSpan;
+using hg::gpu::VecWidth;
+
+constexpr int kMaxPieces = 8;
+
+// Waits for the phase of `parity`; on an sm_90a build a phase that never
+// completes traps after two seconds (a launch error, not a hang).
+__device__ __forceinline__ void wait_phase(uint64_t* bar, uint32_t parity) {
+#if HG_SM90A_DEVICE
+  hg::gpu::sm90::barrier_wait(bar, parity);
+#else
+  hg::gpu::stage_wait(bar, parity);
+#endif
+}
+
+// A thread that wrote a stage's bytes (its edge elements) through the
+// generic proxy: orders those writes before a later bulk copy (the async
+// proxy) into the same stage, once the block has synchronised.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+struct RowStats {
+  float m, log_s;
+};
+
+// One thread's running max m, sum of exp(v - m) over its terms below m
+// (rest) and count of its terms equal to m (at_max): the max and the sum in
+// one pass. When the max rises, what was summed is rescaled by exp(old -
+// new), at most once per 16-byte word. The terms equal to the row max stay
+// counted exactly (ShiftedExpSum's reason, cuda/reduce.cuh).
+struct OnlineExpSum {
+  float m = -INFINITY, rest = 0.f, at_max = 0.f;
+
+  template <int W>
+  __device__ __forceinline__ void add(const float (&v)[W]) {
+    float word_max = v[0];
+#pragma unroll
+    for (int k = 1; k < W; ++k) word_max = fmaxf(word_max, v[k]);
+    if (word_max > m) {
+      rest = (rest + at_max) * expf(m - word_max);
+      at_max = 0.f;
+      m = word_max;
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (v[k] == m) at_max += 1.f;
+      else rest += expf(v[k] - m);
+    }
+  }
+  __device__ __forceinline__ void add(float v) {
+    const float one[1] = {v};
+    add(one);
+  }
+  // Every thread of the block: the row's max and log sum_j exp(x_j - max).
+  __device__ __forceinline__ RowStats combine(float* scratch) const {
+    const float row_max = hg::gpu::block_max(m, scratch);
+    hg::gpu::ShiftedExpSum sum{row_max};
+    if (m == row_max) sum.rest = rest, sum.at_max = at_max;
+    else sum.rest = (rest + at_max) * expf(m - row_max);
+    return {row_max, sum.log_sum(scratch)};
+  }
+};
+
+template <class T>
+__device__ __forceinline__ int64_t body_words(const RowSpan& span) {
+  return (span.body_end - span.head) / VecWidth<T>::value;
+}
+
+// This thread's 16-byte words [w0, w1) of the body (word 0 at span.head)
+// of the shared copy s into sum: words w0 + threadIdx.x, + blockDim.x, ...
+template <class T>
+__device__ __forceinline__ void add_words(OnlineExpSum& sum, const T* s, const RowSpan& span, int64_t w0, int64_t w1) {
+  constexpr int W = VecWidth<T>::value;
+  for (int64_t w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
+    float v[W];
+    hg::gpu::load_vec<W>(s + span.head + w * W, v);
+    sum.add(v);
+  }
+}
+
+// Every thread, given the row's stats: g over x from the complete shared
+// copy s (the arithmetic of the product's g pass, staged_row_grad), and the
+// row loss.
+template <class T>
+__device__ __forceinline__ float write_row_grad(const T* s, T* x, const RowSpan& span, int64_t vocab, int64_t target,
+                                                float scale, RowStats st) {
+  constexpr int W = VecWidth<T>::value;
+  const auto grad = [&](int64_t j, float v) {
+    const float z = (v - st.m) - st.log_s;
+    return (j == target ? expm1f(z) : expf(z)) * scale;
+  };
+  for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += int64_t(W) * blockDim.x) {
+    float v[W];
+    hg::gpu::load_vec<W>(s + j, v);
+    if (target >= j && target < j + W) {  // one word of the row: expm1 there only
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] = grad(j + k, v[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] = expf((v[k] - st.m) - st.log_s) * scale;
+    }
+    hg::gpu::store_vec<W>(x + j, v);
+  }
+  hg::gpu::for_edges(span, vocab, [&](int64_t j) { x[j] = hg::gpu::from_f<T>(grad(j, hg::gpu::to_f(s[j]))); });
+  return target == -2 ? NAN : st.log_s - (hg::gpu::to_f(s[target >= 0 ? target : 0]) - st.m);
+}
+
+// Every thread, once the row's shared copy s is complete (edges included):
+// the online stats pass, then the g pass.
+template <class T>
+__device__ __forceinline__ float online_row_grad(const T* s, T* x, const RowSpan& span, int64_t vocab, int64_t target,
+                                                 float scale, float* scratch) {
+  OnlineExpSum sum;
+  add_words(sum, s, span, 0, body_words<T>(span));
+  hg::gpu::for_edges(span, vocab, [&](int64_t j) { sum.add(hg::gpu::to_f(s[j])); });
+  return write_row_grad(s, x, span, vocab, target, scale, sum.combine(scratch));
+}
+
+// A block per row as production (512 threads, two blocks an SM, one staged
+// row of dynamic shared memory), the body copied in `pieces` (1..kMaxPieces)
+// nearly equal runs of 16-byte words, each counted against its own barrier;
+// the online stats pass takes each piece as it lands. pieces = 1: "online".
+template <class T>
+__global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
+    lse_rows_grad_pieces(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
+                         const float* __restrict__ inv_count, float* __restrict__ row_loss, int pieces) {
+  extern __shared__ __align__(128) unsigned char staged_row[];
+  __shared__ float scratch[32];
+  __shared__ uint64_t landed[kMaxPieces];
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * vocab;
+  const RowSpan span = hg::gpu::row_span_of(x, vocab);
+  const int64_t target = hg::gpu::target_class(targets[row], vocab, ignore_index);
+  if (target == -1) {
+    hg::gpu::zero_row(x, span, vocab);
+    if (threadIdx.x == 0) row_loss[row] = 0.f;
+    return;
+  }
+  constexpr int W = VecWidth<T>::value;
+  T* s = hg::gpu::stage_copy_of(staged_row, x);
+  const int64_t words = body_words<T>(span);
+  const auto first_word = [&](int p) { return words * p / pieces; };
+  if (threadIdx.x == 0)
+    for (int p = 0; p < pieces; ++p) hg::gpu::stage_barrier_init(&landed[p]);
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  if (threadIdx.x == 0) {
+    for (int p = 0; p < pieces; ++p) {
+      const int64_t at = span.head + first_word(p) * W;
+      const auto bytes = static_cast<uint32_t>((first_word(p + 1) - first_word(p)) * 16);
+      hg::gpu::stage_expect(&landed[p], bytes);  // 0 bytes: the phase completes here
+      if (bytes > 0) hg::gpu::stage_copy(s + at, x + at, bytes, &landed[p]);
+    }
+  }
+  OnlineExpSum sum;
+  hg::gpu::for_edges(span, vocab, [&](int64_t j) {
+    const T v = x[j];
+    s[j] = v;  // read back by this same thread in the g pass
+    sum.add(hg::gpu::to_f(v));
+  });
+  for (int p = 0; p < pieces; ++p) {
+    wait_phase(&landed[p], 0);
+    add_words(sum, s, span, first_word(p), first_word(p + 1));
+  }
+  const float loss = write_row_grad(s, x, span, vocab, target, inv_count[0], sum.combine(scratch));
+  if (threadIdx.x == 0) row_loss[row] = loss;
+}
+
+// The at most two edge elements (for_edges' mapping) a thread stages for a
+// row, held in registers from their load, issued early, to their store into
+// the row's stage an iteration later.
+template <class T>
+struct EdgeCarry {
+  T head{}, tail{};
+  __device__ __forceinline__ void load(const T* x, const RowSpan& span, int64_t vocab) {
+    if (threadIdx.x < span.head) head = x[threadIdx.x];
+    if (span.body_end + threadIdx.x < vocab) tail = x[span.body_end + threadIdx.x];
+  }
+  __device__ __forceinline__ void store(T* s, const RowSpan& span, int64_t vocab) const {
+    const bool has_head = threadIdx.x < span.head, has_tail = span.body_end + threadIdx.x < vocab;
+    if (has_head) s[threadIdx.x] = head;
+    if (has_tail) s[span.body_end + threadIdx.x] = tail;
+    if (has_head || has_tail) fence_proxy_async();
+  }
+};
+
+// One block of THREADS per SM (grid: a launch choice), rows blockIdx.x +
+// k gridDim.x for k = 0, 1, ... through a StageRing of 2 stages of
+// stage_bytes (staged_row_bytes) each. Use k of the ring is row k's copy:
+// every row, ignored ones too, is copied and waited for, so the phase of
+// stage k % 2 is always k / 2 and no copy is still landing when its stage is
+// refilled. Iteration k: a barrier (row k's edges are in, every read of row
+// k - 1's stage is done), row k + 1 issued into that stage, row k waited for
+// and computed, row k + 1's edges stored.
+template <class T, int THREADS, bool ONLINE>
+__global__ void __launch_bounds__(THREADS, 1)
+    lse_rows_grad_persistent(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
+                             const float* __restrict__ inv_count, float* __restrict__ row_loss, int64_t rows,
+                             uint32_t stage_bytes) {
+  extern __shared__ __align__(128) unsigned char stages[];
+  __shared__ float scratch[32];
+  __shared__ uint64_t bars[2];
+  const hg::gpu::StageRing<2> ring{bars};
+  if (int64_t(blockIdx.x) >= rows) return;
+  const auto row_of = [&](int64_t k) { return int64_t(blockIdx.x) + k * int64_t(gridDim.x); };
+  const auto stage_of = [&](int64_t k) {
+    return hg::gpu::stage_copy_of(stages + ring.stage(k) * stage_bytes, logits + row_of(k) * vocab);
+  };
+  const auto issue = [&](int64_t k) {  // thread 0: use k, row_of(k)'s body
+    const T* x = logits + row_of(k) * vocab;
+    const RowSpan span = hg::gpu::row_span_of(x, vocab);
+    const uint32_t bytes = hg::gpu::body_bytes<T>(span);
+    uint64_t* bar = ring.arm(k, bytes);  // 0 bytes (no body): the phase completes here
+    if (bytes > 0) hg::gpu::stage_copy(stage_of(k) + span.head, x + span.head, bytes, bar);
+  };
+  if (threadIdx.x == 0) ring.init();
+  __syncthreads();  // the barriers are initialised before anyone waits on them
+  if (threadIdx.x == 0) issue(0);
+  EdgeCarry<T> edges;
+  {
+    const T* x0 = logits + row_of(0) * vocab;
+    edges.load(x0, hg::gpu::row_span_of(x0, vocab), vocab);
+    edges.store(stage_of(0), hg::gpu::row_span_of(x0, vocab), vocab);
+  }
+  const float scale = inv_count[0];
+  float next_target = targets[row_of(0)];
+  for (int64_t k = 0; row_of(k) < rows; ++k) {
+    const int64_t row = row_of(k);
+    const float target_value = next_target;
+    __syncthreads();  // row k's edges are in its stage; every read of the other stage (row k - 1) is done
+    const bool more = row_of(k + 1) < rows;
+    if (more) {
+      if (threadIdx.x == 0) issue(k + 1);
+      const T* xn = logits + row_of(k + 1) * vocab;
+      edges.load(xn, hg::gpu::row_span_of(xn, vocab), vocab);
+      next_target = targets[row_of(k + 1)];  // loaded now, used next iteration
+    }
+    T* x = logits + row * vocab;
+    const RowSpan span = hg::gpu::row_span_of(x, vocab);
+    const int64_t target = hg::gpu::target_class(target_value, vocab, ignore_index);
+    wait_phase(bars + ring.stage(k), static_cast<uint32_t>((k / 2) & 1));  // StageRing's parity of use k
+    float loss = 0.f;
+    if (target == -1) hg::gpu::zero_row(x, span, vocab);
+    else if constexpr (ONLINE) loss = online_row_grad<T>(stage_of(k), x, span, vocab, target, scale, scratch);
+    else loss = hg::gpu::staged_row_grad<T>(stage_of(k), x, span, vocab, target, scale, scratch);
+    if (threadIdx.x == 0) row_loss[row] = loss;
+    if (more) {
+      const T* xn = logits + row_of(k + 1) * vocab;
+      edges.store(stage_of(k + 1), hg::gpu::row_span_of(xn, vocab), vocab);
+    }
+  }
+}
+
+}  // namespace lab
