@@ -25,6 +25,7 @@
 #include "bench/step_floor_timing.hpp"
 #endif
 #include "core/cuda_runtime.hpp"
+#include "core/gemm_algorithms.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/math_mode.hpp"
 #include "core/optim.hpp"
@@ -152,6 +153,23 @@ Result run(const RunSettings& rs) {
   }
   prof::reset();
   return r;
+}
+
+// What --gemm-algorithms measured chose: the shapes measured so far (each
+// once per process), those where a candidate beat the heuristic's first,
+// and one call of each shape summed under either choice.
+void report_gemm_choices() {
+  const std::vector<GemmAlgorithmChoice> choices = gemm_algorithm_choices();
+  int changed = 0;
+  double first_us = 0, chosen_us = 0;
+  for (const GemmAlgorithmChoice& c : choices) {
+    changed += c.chosen != 0;
+    first_us += c.first_us;
+    chosen_us += c.chosen_us;
+  }
+  std::printf("GEMM algorithms measured: %zu shapes, %d not the heuristic's first; one call of each: %.1f us with the "
+              "heuristic's first, %.1f us with the fastest\n",
+              choices.size(), changed, first_us, chosen_us);
 }
 
 // --kernel-trace: the GPU's time a step by kernel (the `top` largest), and
@@ -304,6 +322,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   app.add_option("--kernels", kernels, "both, fused or unfused")->check(CLI::IsMember({"both", "fused", "unfused"}));
   app.add_flag("--tf32", tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  std::string gemm_choice = "heuristic";
+  app.add_option("--gemm-algorithms", gemm_choice,
+                 "CUDA GEMMs: heuristic (cuBLASLt's first recommendation, the same in every run) or measured (the "
+                 "heuristic's candidates timed once per shape at start-up, the fastest kept)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"heuristic", "measured"}));
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   bool recompute_gelu = false;
@@ -414,6 +438,7 @@ int main(int argc, char** argv) {
         cli::usage_error("--kernel-trace", "traces the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
     }
     if (tf32) set_allow_tf32(true);
+    set_gemm_algorithms(parse_gemm_algorithms(gemm_choice));
 
     bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
                              "min_ms,tokens_per_s,peak_mem_mib,model_tflop_per_step,mfu");
@@ -474,6 +499,7 @@ int main(int argc, char** argv) {
                 tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
                 r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);
       }
+      if (dev == Device::CUDA && gemm_algorithms() == GemmAlgorithms::Measured) report_gemm_choices();
       if (floor && dev == Device::CUDA)
         run_floor(s, precision, classifier_chunk_rows, results, warmup, iters, floor_path);
       if (profile_steps <= 0) continue;

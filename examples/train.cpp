@@ -32,6 +32,7 @@
 
 #include "core/cpu_gemm.hpp"
 #include "core/cuda_runtime.hpp"
+#include "core/gemm_algorithms.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/logging.hpp"
 #include "core/math_mode.hpp"
@@ -83,6 +84,7 @@ struct Options {
   std::string attention = "auto";  // auto, flash, softmax
   bool recompute_gelu = false, recompute_layernorm = false;
   bool tf32 = false;
+  std::string gemm_algorithms = "heuristic";
   bool no_graph = false;
   std::string device = "auto";
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
@@ -337,6 +339,11 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
+  app.add_option("--gemm-algorithms", o.gemm_algorithms,
+                 "CUDA GEMMs: heuristic (cuBLASLt's first recommendation, the same in every run) or measured (the "
+                 "heuristic's candidates timed once per shape at start-up, the fastest kept)")
+      ->check(CLI::IsMember({"heuristic", "measured"}))
+      ->capture_default_str();
   app.add_flag("--no-graph", o.no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}))
@@ -1119,7 +1126,7 @@ void print_header(const Options& o, const Data& data, DecoderLM& model, Device d
 // Flags that say how and where this invocation runs: never taken from a record.
 // clang-format off
 const std::set<std::string> kPerInvocation{
-    "checkpoint", "resume", "eval-only", "extend-schedule", "device", "precision", "tf32", "no-graph",
+    "checkpoint", "resume", "eval-only", "extend-schedule", "device", "precision", "tf32", "gemm-algorithms", "no-graph",
     "fused", "unfused", "attention", "recompute-gelu", "recompute-layernorm", "threads", "log-level",
     "quiet", "print-every", "profile-steps", "ddp", "zero", "grad-dtype", "bucket-mb", "comm-timeout",
     "check-sync", "beam", "bleu-sentences", "sparse-embedding-grad", "zero-gather"};
@@ -1175,6 +1182,7 @@ int run(Options& o, CLI::App& app) {
     cli::usage_error("--precision", o.precision, ": ", e.what());
   }
   set_allow_tf32(o.tf32);
+  set_gemm_algorithms(parse_gemm_algorithms(o.gemm_algorithms));
   // Data parallel (mpirun -np N, or --ddp / --zero 1 with one rank): before any GPU work.
   const dist::World& world = cli::start_world(dev, o.dp);
   const bool use_dp = world.distributed() || o.dp.force || o.dp.zero == 1;
