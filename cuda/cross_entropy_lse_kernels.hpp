@@ -33,10 +33,11 @@ void cross_entropy_count_targets(const Tensor& targets, int64_t ignore_index, Te
 
 // The row pass's kernels. Staged: a block per row holds the row in shared
 // memory, so it reads the logits once (sm_90+, V up to
-// cross_entropy_staged_max_vocab). Strided: a block per row reads them three
-// times (max, sum, g), at any V. The same arithmetic but for the order of
-// the sum of exponentials (within the same float64 bounds, not the same
-// bits). Best: staged where the row fits and is long enough to give each of
+// cross_entropy_staged_max_vocab) and passes over its copy twice (max and
+// sum of exponentials together, then g). Strided: a block per row reads
+// them three times (max, sum, g), at any V. The same arithmetic but for how
+// the sum of exponentials is formed (within the same float64 bounds, not the
+// same bits). Best: staged where the row fits and is long enough to give each of
 // its threads a 16-byte word (cross_entropy_staged_min_vocab), else strided.
 enum class RowPassKernel { Best, Staged, Strided };
 

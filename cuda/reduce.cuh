@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/online_exp_sum.hpp"
+
 namespace hg::gpu {
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -70,6 +72,21 @@ struct ShiftedExpSum {
     return log1pf((at_max - 1.0f) + rest);
   }
 };
+
+// A row's max m and log sum_j exp(x_j - m), m and log s kept apart.
+struct RowStats {
+  float m, log_s;
+};
+
+// Every thread of the block, each with its OnlineExpSum over its own terms:
+// the row's stats. Each share is shifted to the row max, then summed as
+// ShiftedExpSum sums (the terms at the max counted exactly, log1p).
+__device__ __forceinline__ RowStats block_row_stats(OnlineExpSum share, float* scratch) {
+  const float row_max = block_max(share.m, scratch);
+  share.shift_to(row_max);
+  ShiftedExpSum sum{row_max, share.rest, share.at_max};
+  return {row_max, sum.log_sum(scratch)};
+}
 
 // log sum_j exp(x_j - m) over a row that the block walks (x(j) loads element
 // j as float), thread t taking j = t, t + blockDim.x, ...

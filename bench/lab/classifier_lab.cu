@@ -8,6 +8,7 @@
 // best device copy of those bytes. Links only the CUDA runtime.
 //
 //   classifier_lab                                   check, then rows 2560 and 8192 at V 50304, bf16
+//   classifier_lab --variants production,three_pass                 the one-pass stats against the former three passes
 //   classifier_lab --variants production,persistent2 --threads 1024 --rows 2560
 //   classifier_lab --check-only --dtypes bf16,f32
 #include <cuda_bf16.h>
@@ -34,7 +35,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using lab::kIgnoreIndex;
 
-const std::vector<std::string> kVariants{"production", "online", "pieces_online", "persistent2", "persistent2_online"};
+const std::vector<std::string> kVariants{"production", "three_pass", "pieces_online", "persistent2"};
 
 struct Options {
   std::vector<std::string> variants = kVariants, dtypes{"bf16"};
@@ -51,7 +52,7 @@ void print_help() {
   std::printf(
       "classifier_lab: the classifier's row pass (max, log-sum-exp, loss, g over the logits) as production runs\n"
       "it and as the lab's candidates do, checked against float64 and timed.\n"
-      "  --variants A,B,...   of production, online, pieces_online, persistent2, persistent2_online (default all)\n"
+      "  --variants A,B,...   of production, three_pass, pieces_online, persistent2 (default all)\n"
       "  --rows N[,...]       timed rows (default 2560,8192)\n"
       "  --vocab N[,...]      timed vocabularies (default 50304)\n"
       "  --dtypes bf16,f32    logits dtype (default bf16)\n"
@@ -137,7 +138,7 @@ struct Candidate {
   std::string name;
   int threads = 0;
   RowKernel<T> row = nullptr;        // production: a block per row
-  PiecesKernel<T> pieces = nullptr;  // online (1 piece), pieces_online: a block per row
+  PiecesKernel<T> pieces = nullptr;  // three_pass (1 piece), pieces_online: a block per row
   int n_pieces = 1;
   LoopKernel<T> loop = nullptr;  // persistent: `grid` blocks walk the rows
   std::string failure;           // the first failed check; a failed candidate is never the fastest
@@ -184,10 +185,9 @@ void set_up(const void* fn) {
   CHECK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
 }
 
-template <class T, bool ONLINE>
+template <class T>
 LoopKernel<T> persistent_kernel(int threads) {
-  return threads == 1024 ? lab::lse_rows_grad_persistent<T, 1024, ONLINE>
-                         : lab::lse_rows_grad_persistent<T, 512, ONLINE>;
+  return threads == 1024 ? lab::lse_rows_grad_persistent<T, 1024> : lab::lse_rows_grad_persistent<T, 512>;
 }
 
 template <class T>
@@ -196,15 +196,13 @@ std::vector<Candidate<T>> candidates(const Options& o) {
   constexpr int kRowThreads = hg::gpu::kStagedThreads;
   for (const std::string& v : o.variants) {
     if (v == "production") out.push_back({v, kRowThreads, hg::gpu::lse_rows_grad_staged<T>});
-    if (v == "online") out.push_back({v, kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, 1});
+    if (v == "three_pass") out.push_back({v, kRowThreads, nullptr, lab::lse_rows_grad_pieces<T, true>, 1});
     if (v == "pieces_online")
-      out.push_back({v + "/" + std::to_string(o.pieces), kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, o.pieces});
-    for (int64_t t : o.threads) {
-      const std::string name = v + "/" + std::to_string(t);
-      if (v == "persistent2") out.push_back({name, int(t), nullptr, nullptr, 1, persistent_kernel<T, false>(int(t))});
-      if (v == "persistent2_online")
-        out.push_back({name, int(t), nullptr, nullptr, 1, persistent_kernel<T, true>(int(t))});
-    }
+      out.push_back(
+          {v + "/" + std::to_string(o.pieces), kRowThreads, nullptr, lab::lse_rows_grad_pieces<T, false>, o.pieces});
+    for (int64_t t : o.threads)
+      if (v == "persistent2")
+        out.push_back({v + "/" + std::to_string(t), int(t), nullptr, nullptr, 1, persistent_kernel<T>(int(t))});
   }
   for (const Candidate<T>& c : out) set_up(c.fn());
   return out;

@@ -3,7 +3,9 @@
 // (the product test's hostile rows, tests/test_cross_entropy_lse.cpp): plain
 // N(0, 3) logits, an ignored row, huge logits N(0, 5000) (a spread of 1e4:
 // exp underflows for all but the top few), a target that is not a class, -inf
-// elements, a flat row (every element the max), a NaN logit. The bounds are
+// elements, a flat row (every element the max), a NaN logit, a rising row
+// (16 j / V plus N(0, 0.15) noise: the max comes late, so every thread's
+// running max rises word after word and its sum is rescaled). The bounds are
 // that test's: loss within 4e-5 + 1e-5 |loss|; g within
 // rel |g| + (4e-5 p + 1e-6) / n, rel = 2^-8 (bf16: one rounding of g) or 1e-5
 // (f32). Host code.
@@ -24,10 +26,10 @@ namespace lab {
 
 constexpr int64_t kIgnoreIndex = -100;
 
-enum RowKind { kPlain, kIgnored, kHuge, kBadTarget, kNegInf, kFlat, kNaN, kRowKinds };
+enum RowKind { kPlain, kIgnored, kHuge, kBadTarget, kNegInf, kFlat, kNaN, kRising, kRowKinds };
 
 // Row i's kind: every kind among the first rows, plain ones between.
-inline int row_kind(int64_t i) { return i % 8 < kRowKinds ? int(i % 8) : kPlain; }
+inline int row_kind(int64_t i) { return i % 10 < kRowKinds ? int(i % 10) : kPlain; }
 
 // Logits (already rounded to T, as float) and targets, rows x vocab.
 struct Rows {
@@ -50,6 +52,7 @@ Rows make_rows(int64_t rows, int64_t vocab, std::mt19937_64& rng, bool hostile) 
       float v = normal(rng) * (kind == kHuge ? 5000.f : 3.f);
       if (kind == kNegInf && j != t && j % 3 == 0) v = -inf;
       if (kind == kFlat) v = 2.5f;
+      if (kind == kRising) v = 16.f * float(j) / float(vocab) + 0.05f * v;
       x[j] = to_float(from_float<T>(v));
     }
     if (kind == kNaN) x[(t + 1) % vocab] = std::numeric_limits<float>::quiet_NaN();

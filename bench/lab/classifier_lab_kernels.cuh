@@ -4,14 +4,14 @@
 // lse_rows_grad_staged (cuda/lse_rows_staged.cuh, included here, not
 // copied): g = (softmax - onehot(target)) * scale written over the logits,
 // row_loss per row, ignored rows zeroed with loss 0, NaN loss for a target
-// that is not a class, any row alignment (cuda/row_span.hpp). They differ in
-// how the work of a row is laid out:
-//   online          max and sum of exponentials in one pass over the shared
-//                   copy (a running max per thread, its sum rescaled when the
-//                   max rises), then the g pass: two passes where production
-//                   makes three.
-//   pieces          online, the row copied in P pieces with a barrier each, so
-//                   the one stats pass starts on piece 0 while the rest land.
+// that is not a class, any row alignment (cuda/row_span.hpp). The product
+// takes the max and the sum of exponentials in one pass over the shared
+// copy (OnlineExpSum), then g; the candidates differ in how the work of a
+// row is laid out, and call the product's passes where they can:
+//   three_pass      the product's former arithmetic: the max in one pass, the
+//                   sum of exponentials shifted by it in a second, then g.
+//   pieces          the row copied in P pieces with a barrier each, so the
+//                   one stats pass starts on piece 0 while the rest land.
 //   persistent      one block per SM walks rows blockIdx.x, + gridDim.x, ...
 //                   through two stages: the next row's bulk copy travels while
 //                   the current row is reduced and its g stored.
@@ -50,108 +50,40 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
-struct RowStats {
-  float m, log_s;
-};
+using hg::gpu::RowStats;
 
-// One thread's running max m, sum of exp(v - m) over its terms below m
-// (rest) and count of its terms equal to m (at_max): the max and the sum in
-// one pass. When the max rises, what was summed is rescaled by exp(old -
-// new), at most once per 16-byte word. The terms equal to the row max stay
-// counted exactly (ShiftedExpSum's reason, cuda/reduce.cuh).
-struct OnlineExpSum {
-  float m = -INFINITY, rest = 0.f, at_max = 0.f;
-
-  template <int W>
-  __device__ __forceinline__ void add(const float (&v)[W]) {
-    float word_max = v[0];
-#pragma unroll
-    for (int k = 1; k < W; ++k) word_max = fmaxf(word_max, v[k]);
-    if (word_max > m) {
-      rest = (rest + at_max) * expf(m - word_max);
-      at_max = 0.f;
-      m = word_max;
-    }
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      if (v[k] == m) at_max += 1.f;
-      else rest += expf(v[k] - m);
-    }
-  }
-  __device__ __forceinline__ void add(float v) {
-    const float one[1] = {v};
-    add(one);
-  }
-  // Every thread of the block: the row's max and log sum_j exp(x_j - max).
-  __device__ __forceinline__ RowStats combine(float* scratch) const {
-    const float row_max = hg::gpu::block_max(m, scratch);
-    hg::gpu::ShiftedExpSum sum{row_max};
-    if (m == row_max) sum.rest = rest, sum.at_max = at_max;
-    else sum.rest = (rest + at_max) * expf(m - row_max);
-    return {row_max, sum.log_sum(scratch)};
-  }
-};
-
+// The product's former stats, two passes over the complete shared copy s:
+// the max, then the sum of exponentials shifted by it (ShiftedExpSum).
 template <class T>
-__device__ __forceinline__ int64_t body_words(const RowSpan& span) {
-  return (span.body_end - span.head) / VecWidth<T>::value;
-}
-
-// This thread's 16-byte words [w0, w1) of the body (word 0 at span.head)
-// of the shared copy s into sum: words w0 + threadIdx.x, + blockDim.x, ...
-template <class T>
-__device__ __forceinline__ void add_words(OnlineExpSum& sum, const T* s, const RowSpan& span, int64_t w0, int64_t w1) {
+__device__ __forceinline__ RowStats three_pass_stats(const T* s, const RowSpan& span, int64_t vocab, float* scratch) {
   constexpr int W = VecWidth<T>::value;
-  for (int64_t w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
-    float v[W];
-    hg::gpu::load_vec<W>(s + span.head + w * W, v);
-    sum.add(v);
-  }
-}
-
-// Every thread, given the row's stats: g over x from the complete shared
-// copy s (the arithmetic of the product's g pass, staged_row_grad), and the
-// row loss.
-template <class T>
-__device__ __forceinline__ float write_row_grad(const T* s, T* x, const RowSpan& span, int64_t vocab, int64_t target,
-                                                float scale, RowStats st) {
-  constexpr int W = VecWidth<T>::value;
-  const auto grad = [&](int64_t j, float v) {
-    const float z = (v - st.m) - st.log_s;
-    return (j == target ? expm1f(z) : expf(z)) * scale;
-  };
-  for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += int64_t(W) * blockDim.x) {
+  const int64_t first = span.head + int64_t(W) * threadIdx.x, stride = int64_t(W) * blockDim.x;
+  float m = -INFINITY;
+  for (int64_t j = first; j < span.body_end; j += stride) {
     float v[W];
     hg::gpu::load_vec<W>(s + j, v);
-    if (target >= j && target < j + W) {  // one word of the row: expm1 there only
 #pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = grad(j + k, v[k]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = expf((v[k] - st.m) - st.log_s) * scale;
-    }
-    hg::gpu::store_vec<W>(x + j, v);
+    for (int k = 0; k < W; ++k) m = fmaxf(m, v[k]);
   }
-  hg::gpu::for_edges(span, vocab, [&](int64_t j) { x[j] = hg::gpu::from_f<T>(grad(j, hg::gpu::to_f(s[j]))); });
-  return target == -2 ? NAN : st.log_s - (hg::gpu::to_f(s[target >= 0 ? target : 0]) - st.m);
-}
-
-// Every thread, once the row's shared copy s is complete (edges included):
-// the online stats pass, then the g pass.
-template <class T>
-__device__ __forceinline__ float online_row_grad(const T* s, T* x, const RowSpan& span, int64_t vocab, int64_t target,
-                                                 float scale, float* scratch) {
-  OnlineExpSum sum;
-  add_words(sum, s, span, 0, body_words<T>(span));
+  hg::gpu::for_edges(span, vocab, [&](int64_t j) { m = fmaxf(m, hg::gpu::to_f(s[j])); });
+  m = hg::gpu::block_max(m, scratch);
+  hg::gpu::ShiftedExpSum sum{m};
+  for (int64_t j = first; j < span.body_end; j += stride) {
+    float v[W];
+    hg::gpu::load_vec<W>(s + j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) sum.add(v[k]);
+  }
   hg::gpu::for_edges(span, vocab, [&](int64_t j) { sum.add(hg::gpu::to_f(s[j])); });
-  return write_row_grad(s, x, span, vocab, target, scale, sum.combine(scratch));
+  return {m, sum.log_sum(scratch)};
 }
 
 // A block per row as production (512 threads, two blocks an SM, one staged
 // row of dynamic shared memory), the body copied in `pieces` (1..kMaxPieces)
 // nearly equal runs of 16-byte words, each counted against its own barrier;
-// the online stats pass takes each piece as it lands. pieces = 1: "online".
-template <class T>
+// the one-pass stats (the product's OnlineExpSum and g pass) take each
+// piece as it lands. THREE_PASS: one piece, three_pass_stats once it is in.
+template <class T, bool THREE_PASS>
 __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
     lse_rows_grad_pieces(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                          const float* __restrict__ inv_count, float* __restrict__ row_loss, int pieces) {
@@ -169,7 +101,7 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
   }
   constexpr int W = VecWidth<T>::value;
   T* s = hg::gpu::stage_copy_of(staged_row, x);
-  const int64_t words = body_words<T>(span);
+  const int64_t words = hg::gpu::body_words<T>(span);
   const auto first_word = [&](int p) { return words * p / pieces; };
   if (threadIdx.x == 0)
     for (int p = 0; p < pieces; ++p) hg::gpu::stage_barrier_init(&landed[p]);
@@ -182,17 +114,20 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
       if (bytes > 0) hg::gpu::stage_copy(s + at, x + at, bytes, &landed[p]);
     }
   }
-  OnlineExpSum sum;
+  hg::gpu::OnlineExpSum share;
   hg::gpu::for_edges(span, vocab, [&](int64_t j) {
     const T v = x[j];
-    s[j] = v;  // read back by this same thread in the g pass
-    sum.add(hg::gpu::to_f(v));
+    s[j] = v;  // read back by this same thread in the later passes
+    if constexpr (!THREE_PASS) share.add(hg::gpu::to_f(v));
   });
   for (int p = 0; p < pieces; ++p) {
     wait_phase(&landed[p], 0);
-    add_words(sum, s, span, first_word(p), first_word(p + 1));
+    if constexpr (!THREE_PASS) hg::gpu::add_body_words(share, s, span, first_word(p), first_word(p + 1));
   }
-  const float loss = write_row_grad(s, x, span, vocab, target, inv_count[0], sum.combine(scratch));
+  RowStats st;
+  if constexpr (THREE_PASS) st = three_pass_stats<T>(s, span, vocab, scratch);
+  else st = hg::gpu::block_row_stats(share, scratch);
+  const float loss = hg::gpu::write_staged_grad(s, x, span, vocab, target, inv_count[0], st);
   if (threadIdx.x == 0) row_loss[row] = loss;
 }
 
@@ -221,8 +156,8 @@ struct EdgeCarry {
 // stage k % 2 is always k / 2 and no copy is still landing when its stage is
 // refilled. Iteration k: a barrier (row k's edges are in, every read of row
 // k - 1's stage is done), row k + 1 issued into that stage, row k waited for
-// and computed, row k + 1's edges stored.
-template <class T, int THREADS, bool ONLINE>
+// and computed (the product's staged_row_grad), row k + 1's edges stored.
+template <class T, int THREADS>
 __global__ void __launch_bounds__(THREADS, 1)
     lse_rows_grad_persistent(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                              const float* __restrict__ inv_count, float* __restrict__ row_loss, int64_t rows,
@@ -271,7 +206,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     wait_phase(bars + ring.stage(k), static_cast<uint32_t>((k / 2) & 1));  // StageRing's parity of use k
     float loss = 0.f;
     if (target == -1) hg::gpu::zero_row(x, span, vocab);
-    else if constexpr (ONLINE) loss = online_row_grad<T>(stage_of(k), x, span, vocab, target, scale, scratch);
     else loss = hg::gpu::staged_row_grad<T>(stage_of(k), x, span, vocab, target, scale, scratch);
     if (threadIdx.x == 0) row_loss[row] = loss;
     if (more) {
