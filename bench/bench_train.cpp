@@ -94,6 +94,7 @@ struct RunSettings {
   int64_t chunk_rows = 0;  // 0: the classifier's default
   bool recompute_gelu = false;
   bool recompute_layernorm = false;
+  bool weight_grads_beside = true;
   Size size{};
   int warmup = 3, iters = 10, profile_steps = 3;
   int kernel_trace = 0;  // > 0: trace that many timed steps' kernels (CUDA)
@@ -117,6 +118,7 @@ Result run(const RunSettings& rs) {
   options.use_graph = rs.use_graph;
   options.chunked_classifier = rs.chunked_classifier;
   options.classifier_chunk_rows = rs.chunk_rows;
+  options.weight_grads_beside = rs.weight_grads_beside;
   TrainStep step(model, opt, options);
   // Two input sets, so no step sees the previous step's batch.
   std::vector<Tensor> ids, targets;
@@ -338,6 +340,10 @@ int main(int argc, char** argv) {
                "each layer's qkv projection and fc1 recompute their input, LN1's / LN2's output, in the backward "
                "instead of keeping it (less memory; both kernel modes)");
   app.add_flag("--no-graph", no_graph, "launch every kernel each step instead of replaying a CUDA graph");
+  bool serial_weight_grads = false;
+  app.add_flag("--serial-weight-grads", serial_weight_grads,
+               "CUDA: each Linear's weight gradient on handgrad's stream before its input gradient, instead of "
+               "beside the backward on a second stream");
   app.add_option("--classifier", classifier,
                  "fused mode's head and loss: chunked (the chunked classifier, no (B*T, V) logits) or composed "
                  "(logits, cross-entropy, the head's backward, as unfused mode)")
@@ -479,6 +485,7 @@ int main(int argc, char** argv) {
         rs.chunk_rows = classifier_chunk_rows;
         rs.recompute_gelu = recompute_gelu;
         rs.recompute_layernorm = recompute_layernorm;
+        rs.weight_grads_beside = !serial_weight_grads;
         rs.size = s;
         rs.warmup = warmup, rs.iters = iters, rs.profile_steps = profile_steps;
         rs.kernel_trace = dev == Device::CUDA ? kernel_trace : 0;

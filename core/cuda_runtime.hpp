@@ -97,6 +97,11 @@ class Beside {
   bool joined_ = false;
 };
 
+// Whether a Beside's work is being queued now (stream() is its stream):
+// kernels with per-stream state (the GEMM workspace, the column sums'
+// counters and scratch) take their second set.
+bool beside_active();
+
 // Times GPU work with CUDA events recorded on the handgrad stream.
 class Timer {
  public:

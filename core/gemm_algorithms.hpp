@@ -28,12 +28,12 @@ GemmAlgorithms parse_gemm_algorithms(std::string_view name);
 
 // One shape's measurement under GemmAlgorithms::Measured.
 struct GemmAlgorithmChoice {
-  std::string gemm;         // dtypes, M x N x K, transposes, epilogue
-  std::string algorithm;    // the kept one's cuBLASLt configuration (id, tile, stages, split-K, ...)
-  int candidates = 0;       // algorithms timed
-  int chosen = 0;           // index among the heuristic's candidates (0: its first)
-  double first_us = 0.0;    // median time of the heuristic's first
-  double chosen_us = 0.0;   // and of the one kept
+  std::string gemm;        // dtypes, M x N x K, transposes, epilogue
+  std::string algorithm;   // the kept one's cuBLASLt configuration (id, tile, stages, split-K, ...)
+  int candidates = 0;      // algorithms timed
+  int chosen = 0;          // index among the heuristic's candidates (0: its first)
+  double first_us = 0.0;   // median time of the heuristic's first
+  double chosen_us = 0.0;  // and of the one kept
 };
 
 // Called by the backend once per measured shape; read by programs that

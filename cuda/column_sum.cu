@@ -24,23 +24,43 @@ constexpr int64_t kTargetBlocks = 256;
 constexpr int64_t kMaxTiles = 4096;  // tile counters; wider inputs are summed in slabs of tiles
 
 // Per-tile arrival counters. Every count is back at zero when a kernel ends,
-// so kernels that run one after another on handgrad's one stream share them.
+// so kernels that run one after another on one stream share them: one set
+// for handgrad's stream, one for a Beside's (core/cuda_runtime.hpp).
 __device__ unsigned int g_tile_arrivals[kMaxTiles];
+__device__ unsigned int g_tile_arrivals_beside[kMaxTiles];
+
+// The chunk sums' scratch beside handgrad's stream. The caching allocator
+// reuses a freed block in the order of handgrad's stream only, so this one
+// grows and never returns a block (each was taken after the Beside's fork,
+// so nothing earlier still uses it).
+float* beside_scratch(int64_t floats) {
+  static float* block = nullptr;
+  static int64_t capacity = 0;
+  if (floats > capacity) {
+    block = static_cast<float*>(allocate(size_t(floats) * sizeof(float)));
+    capacity = floats;
+  }
+  return block;
+}
 
 template <class T, class O, int V>
 void launch_columns(const T* x, O* out, int64_t rows, int64_t cols, int64_t ld, bool accumulate) {
   constexpr int64_t kTileCols = kColumnGroups * V;
+  const bool beside = beside_active();
   unsigned int* arrivals = nullptr;
-  HG_CUDA_CHECK(cudaGetSymbolAddress(reinterpret_cast<void**>(&arrivals), g_tile_arrivals));
+  HG_CUDA_CHECK(
+      cudaGetSymbolAddress(reinterpret_cast<void**>(&arrivals), beside ? g_tile_arrivals_beside : g_tile_arrivals));
   for (int64_t first = 0; first < cols; first += kMaxTiles * kTileCols) {
     const int64_t width = std::min(cols - first, kMaxTiles * kTileCols);
     const int64_t tiles = (width + kTileCols - 1) / kTileCols;
     const ColumnChunks c = column_chunks(rows, tiles, kTargetBlocks, kLanes);
-    Tensor scratch = Tensor::empty({c.chunks, width}, DType::F32, Device::CUDA);
+    Tensor scratch;  // on handgrad's stream, from the caching allocator
+    float* partial = beside ? beside_scratch(c.chunks * width)
+                            : (scratch = Tensor::empty({c.chunks, width}, DType::F32, Device::CUDA)).data<float>();
     column_sum_kernel<T, O, V, kLanes>
         <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(c.chunks)), kColumnGroups * kLanes, 0, stream()>>>(
-            x + first, out + first, scratch.data<float>(), arrivals, rows, width, ld, c.rows_per_chunk,
-            static_cast<int>(c.chunks), accumulate);
+            x + first, out + first, partial, arrivals, rows, width, ld, c.rows_per_chunk, static_cast<int>(c.chunks),
+            accumulate);
     HG_CUDA_CHECK_LAUNCH("column_sum_kernel");
   }
 }

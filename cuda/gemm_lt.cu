@@ -40,9 +40,14 @@ cublasLtHandle_t lt_handle() {
   return handle;
 }
 
+// One per stream a GEMM may run on: handgrad's, and a Beside's, whose GEMMs
+// can run at the same time (core/cuda_runtime.hpp).
 void* workspace() {
   static void* ws = allocate(kWorkspaceBytes);
-  return ws;
+  static void* beside_ws = nullptr;
+  if (!beside_active()) return ws;
+  if (!beside_ws) beside_ws = allocate(kWorkspaceBytes);  // never freed: safe on any stream
+  return beside_ws;
 }
 
 cudaDataType_t cuda_type(DType t) {

@@ -98,6 +98,7 @@ const ForkJoin& beside_handles() {
 }
 
 std::atomic<bool> beside_open{false};
+std::atomic<bool> beside_queuing{false};  // a Beside's work is being queued: stream() is its stream
 
 }  // namespace
 
@@ -111,6 +112,10 @@ Beside::Beside(const std::function<void()>& work) {
       ~Restore() { current_handle.store(handle, std::memory_order_relaxed); }
     } restore{current_handle.load(std::memory_order_relaxed)};
     current_handle.store(reinterpret_cast<intptr_t>(h.stream), std::memory_order_relaxed);
+    beside_queuing.store(true);
+    struct Queued {
+      ~Queued() { beside_queuing.store(false); }
+    } queued;
     work();
   } catch (...) {
     join();
@@ -124,6 +129,8 @@ Beside::~Beside() {
   beside_open.store(false);
   beside_handles().join_quietly();
 }
+
+bool beside_active() { return beside_queuing.load(); }
 
 void Beside::join() {
   if (joined_) return;

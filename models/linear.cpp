@@ -1,4 +1,5 @@
 #include "models/linear.hpp"
+#include "models/weight_grads_beside.hpp"
 
 #include <cmath>
 #include <utility>
@@ -142,13 +143,20 @@ Tensor Linear::backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor*
   dw.transpose_a = true;
   dw.accumulate = true;
   const bool sum_db = has_bias_ && sum_bias_grad;
-  if (sum_db && kernel_mode() == KernelMode::Fused) {
+  if (kernel_mode() == KernelMode::Fused) {
     // db = sum over rows of dy (f32 for bf16 dy), added into bias.grad by the same backend call.
-    BiasGradSink db(bias.grad, bias.grad.dtype());
-    dw.epilogue = GemmEpilogue::BiasGradA;
-    db.attach(dw);
-    be.gemm(dy2, x2, weight.grad, dw);
-    db.finish(be);
+    const auto weight_grads = [&] {
+      if (!sum_db) return be.gemm(dy2, x2, weight.grad, dw);
+      BiasGradSink db(bias.grad, bias.grad.dtype());
+      dw.epilogue = GemmEpilogue::BiasGradA;
+      db.attach(dw);
+      be.gemm(dy2, x2, weight.grad, dw);
+      db.finish(be);
+    };
+    // Beside the backward when the training step asks for it and the sums go
+    // straight into the grad (BiasGradSink allocates nothing then).
+    const bool direct = !sum_db || bias.grad.dtype() == DType::F32 || bias.grad.dtype() == DType::F64;
+    if (!direct || !WeightGradsBeside::run(weight_grads, {dy2, x2})) weight_grads();
   } else {
     be.gemm(dy2, x2, weight.grad, dw);
     if (sum_db) {
@@ -158,7 +166,7 @@ Tensor Linear::backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor*
     }
   }
   // The forward input is used up: its memory can serve dx (stream order
-  // keeps the dW GEMM's reads ahead of any reuse).
+  // keeps the dW GEMM's reads ahead of any reuse; beside, the scope keeps it).
   x2 = Tensor();
   x_ = Tensor();
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());

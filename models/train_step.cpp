@@ -1,4 +1,5 @@
 #include "models/train_step.hpp"
+#include "models/weight_grads_beside.hpp"
 
 #include <cmath>
 
@@ -53,6 +54,9 @@ void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, doub
   else model_.zero_grad();
   const int64_t n = static_cast<int64_t>(shares.size()), rows = ids.size(0) / n;
   const bool chunked = options_.chunked_classifier && kernel_mode() == KernelMode::Fused;
+  std::optional<WeightGradsBeside> weight_grads;  // joined before anything reads the gradients
+  if (device_ == Device::CUDA && options_.data_parallel == nullptr && options_.weight_grads_beside && !prof::enabled())
+    weight_grads.emplace();
   Tensor loss;  // grad_accum > 1: the sum of share * micro-batch loss, kept on the device
   for (int64_t m = 0; m < n; ++m) {
     // The data-parallel reduction runs during the last backward, once a step:
@@ -64,6 +68,7 @@ void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, doub
     else loss_and_backward_composed(ids_m, targets_m, shares[m]);
     if (n > 1) loss = m == 0 ? mul_scalar(loss_, shares[m]) : add(loss, mul_scalar(loss_, shares[m]));
   }
+  if (weight_grads) weight_grads->finish();
   if (n > 1) loss_ = loss;
   if (options_.data_parallel) options_.data_parallel->end_backward();
 }

@@ -49,6 +49,10 @@ struct TrainStepOptions {
   // data parallelism weighs ranks), so the step is the one step over all B
   // rows up to rounding. 1: no accumulation.
   int64_t grad_accum = 1;
+  // CUDA without data parallelism: each Linear's weight gradient runs beside
+  // the rest of the backward on a second stream (models/weight_grads_beside.hpp);
+  // the gradients are the same bit for bit either way.
+  bool weight_grads_beside = true;
 };
 
 // What one step measured, read back after the step has run.

@@ -15,6 +15,7 @@
 #include "core/profiler.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
+#include "models/weight_grads_beside.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/catch.hpp"
 #include "tests/test_util.hpp"
@@ -284,6 +285,47 @@ TEST_CASE("CUDA TrainStep: host batches equal device batches; another shape runs
   CHECK(sa.graph_active());
   CHECK(contains(sa.graph_note(), "for batches of shape (3, 12)"));
   CHECK(params_equal(a, b));
+}
+
+TEST_CASE("WeightGradsBeside: one scope at a time; without one, run() leaves the work to the caller", "[train_step]") {
+  bool ran = false;
+  CHECK_FALSE(WeightGradsBeside::run([&] { ran = true; }, {}));
+  CHECK_FALSE(ran);
+  {
+    WeightGradsBeside scope;
+    CHECK(contains(thrown_message([] { WeightGradsBeside second; }), "another scope is open"));
+    scope.finish();  // nothing queued: a no-op
+  }
+  WeightGradsBeside again;  // the first one closed
+}
+
+TEST_CASE("CUDA TrainStep: weight gradients beside the backward equal them in line, bit for bit",
+          "[train_step][cuda]") {
+  HG_REQUIRE_GPU();
+  for (const Precision precision : {Precision::FP32, Precision::BF16})
+    for (const bool graph : {true, false})
+      for (const int64_t accum : {int64_t(1), int64_t(3)}) {
+        INFO(precision_name(precision) << (graph ? ", graph" : ", plain") << ", grad_accum " << accum);
+        DecoderLMConfig c = tiny_config();
+        c.precision = precision;
+        DecoderLM a(c), b(c);
+        a.to(Device::CUDA);
+        b.to(Device::CUDA);
+        AdamW oa(a.parameters(), adamw(1.0)), ob(b.parameters(), adamw(1.0));
+        TrainStepOptions beside, in_line;
+        beside.use_graph = in_line.use_graph = graph;
+        beside.grad_accum = in_line.grad_accum = accum;
+        in_line.weight_grads_beside = false;
+        TrainStep sa(a, oa, beside), sb(b, ob, in_line);
+        for (uint64_t s = 0; s < 5; ++s) {
+          const Batch batch = make_batch(120 + s, Device::CUDA);
+          const StepResult ra = sa.run(batch.ids, batch.targets), rb = sb.run(batch.ids, batch.targets);
+          CHECK(ra.loss == rb.loss);
+          CHECK(ra.grad_norm == rb.grad_norm);
+        }
+        CHECK(sa.graph_active() == (graph && accum == 1));
+        CHECK(params_equal(a, b));
+      }
 }
 
 namespace {
