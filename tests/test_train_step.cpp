@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/optim.hpp"
 #include "core/profiler.hpp"
@@ -297,6 +298,38 @@ TEST_CASE("WeightGradsBeside: one scope at a time; without one, run() leaves the
     scope.finish();  // nothing queued: a no-op
   }
   WeightGradsBeside again;  // the first one closed
+}
+
+TEST_CASE("CUDA WeightGradsBeside: the operands of queued work stay alive until it is joined", "[train_step][cuda]") {
+  HG_REQUIRE_GPU();
+  Generator gen(7);
+  const int64_t n = 4096;
+  const Tensor b = Tensor::randn({n, n}, gen, DType::BF16, Device::CUDA);
+  Tensor want = Tensor::zeros({n, n}, DType::F32, Device::CUDA), got = want.clone();
+  GemmArgs add;
+  add.accumulate = true;
+  constexpr int kProducts = 8;  // ~1.5 ms of work beside: the handgrad stream runs ahead meanwhile
+  WeightGradsBeside scope;
+  const void* a_memory = nullptr;
+  {
+    const Tensor a = Tensor::randn({n, n}, gen, DType::BF16, Device::CUDA);
+    a_memory = a.raw_data();
+    for (int i = 0; i < kProducts; ++i) cuda_backend().gemm(a, b, want, add);  // in line, for reference
+    REQUIRE(WeightGradsBeside::run(
+        [&] {
+          for (int i = 0; i < kProducts; ++i) cuda_backend().gemm(a, b, got, add);
+        },
+        {a}));
+  }  // the caller's handle of a is gone: only the scope keeps its memory from the allocator
+  // Tensors of a's size, all alive at once, so every free block that could
+  // serve them is taken: a's among them, were it free, zeroed under the GEMMs.
+  std::vector<Tensor> others;
+  for (int i = 0; i < 8; ++i) {
+    others.push_back(Tensor::zeros({n, n}, DType::BF16, Device::CUDA));
+    CHECK(others.back().raw_data() != a_memory);  // not handed out before the join
+  }
+  scope.finish();
+  CHECK(hg::test::max_abs_diff(got, want) == 0.0);
 }
 
 TEST_CASE("CUDA TrainStep: weight gradients beside the backward equal them in line, bit for bit",
