@@ -22,14 +22,12 @@
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt.hpp"
+#include "cuda/gemm_lt_plan.hpp"
 #include "cuda/storage_cast.cuh"
 
 namespace hg::gpu {
-namespace {
 
-// cuBLASLt's recommendation for Hopper; held for the life of the process, so
-// the same pointer is used by every launch (and by a captured CUDA graph).
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+namespace gemm_lt_detail {
 
 cublasLtHandle_t lt_handle() {
   static cublasLtHandle_t handle = [] {
@@ -40,8 +38,6 @@ cublasLtHandle_t lt_handle() {
   return handle;
 }
 
-// One per stream a GEMM may run on: handgrad's, and a Beside's, whose GEMMs
-// can run at the same time (core/cuda_runtime.hpp).
 void* workspace() {
   static void* ws = allocate(kWorkspaceBytes);
   static void* beside_ws = nullptr;
@@ -49,6 +45,14 @@ void* workspace() {
   if (!beside_ws) beside_ws = allocate(kWorkspaceBytes);  // never freed: safe on any stream
   return beside_ws;
 }
+
+}  // namespace gemm_lt_detail
+
+namespace {
+
+using namespace gemm_lt_detail;
+
+constexpr int kMeasuredCandidates = 8;  // the heuristic offers at most 8 (bench/lab/gemm.md)
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -113,25 +117,8 @@ void strided_sum(const Tensor& x, const Tensor& out, int64_t count, int64_t len,
 
 // ---- plans ----------------------------------------------------------------------
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_d = nullptr;  // cuBLASLt's A = our b, B = our a
-  cublasLtMatmulAlgo_t algo{};
-  bool has_algo = false;
-};
-
 // Everything the descriptors and the algorithm's choice depend on.
 using PlanKey = std::array<int64_t, 18>;
-
-struct Call {
-  const Tensor& a;
-  const Tensor& b;
-  Tensor& out;
-  const GemmArgs& args;
-  const MatmulShape& s;
-  cublasLtEpilogue_t epilogue;
-  const Tensor* vec;  // bias (read) or bias gradient (written), or nullptr
-};
 
 cublasComputeType_t compute_type(DType operands) {
   return operands == DType::F32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -158,11 +145,6 @@ PlanKey key_of(const Call& c) {
           int64_t(gemm_algorithms())};
 }
 
-template <class V>
-void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {
-  HG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
-}
-
 // Bias / aux pointers live on the descriptor; they are refreshed every call.
 void set_pointers(const Plan& p, const Call& c) {
   if (c.vec) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, c.vec->raw_data());
@@ -180,131 +162,6 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
                                                      sizeof batch_stride));
   }
   return layout;
-}
-
-// ---- measured algorithm choice (GemmAlgorithms::Measured) ----------------------
-
-constexpr int kMeasuredCandidates = 8;  // the heuristic offers at most 8 (bench/lab/gemm.md)
-
-bool stream_capturing() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  HG_CUDA_CHECK(cudaStreamIsCapturing(stream(), &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-std::string describe(const Call& c) {
-  std::string s = std::string(dtype_name(c.a.dtype())) + " " + std::to_string(c.s.m) + "x" + std::to_string(c.s.n) +
-                  "x" + std::to_string(c.s.k);
-  if (c.s.batch > 1) s += " batch " + std::to_string(c.s.batch);
-  s += c.args.transpose_a ? " a^T" : " a";
-  s += c.args.transpose_b ? " b^T" : " b";
-  s += std::string(" -> ") + dtype_name(c.out.dtype()) + ", " + gemm_epilogue_name(c.args.epilogue);
-  if (c.args.accumulate) s += ", accumulate";
-  return s;
-}
-
-// The configuration cuBLASLt reports for an algorithm (enum values of cublasLt.h).
-std::string describe(const cublasLtMatmulAlgo_t& algo) {
-  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
-    size_t bytes = 0;  // each attribute has its own width (asked first); all are little-endian integers <= 8 bytes
-    uint64_t v = 0;
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &bytes) == CUBLAS_STATUS_SUCCESS &&
-        bytes <= sizeof v)
-      cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, bytes, &bytes);
-    return v;
-  };
-  return "id " + std::to_string(get(CUBLASLT_ALGO_CONFIG_ID)) + ", tile " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_TILE_ID)) + ", stages " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_STAGES_ID)) + ", split-K " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) + ", reduction " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) + ", cluster " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)) + ", swizzle " +
-         std::to_string(get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
-}
-
-// Buffers the timed launches write instead of the call's out (and aux, when
-// the epilogue writes it); raw device memory, so the caching allocator's
-// peak does not include them.
-struct Scratch {
-  void* out = nullptr;
-  void* aux = nullptr;
-  ~Scratch() {
-    cudaFree(out);
-    cudaFree(aux);
-  }
-  bool allocate(size_t out_bytes, size_t aux_bytes) {
-    if (cudaMalloc(&out, out_bytes) != cudaSuccess || (aux_bytes && cudaMalloc(&aux, aux_bytes) != cudaSuccess)) {
-      cudaGetLastError();  // clear the failed allocation
-      return false;
-    }
-    HG_CUDA_CHECK(cudaMemsetAsync(out, 0, out_bytes, stream()));
-    return true;
-  }
-};
-
-// Median of five samples, in microseconds a launch, of `algo` on the call's
-// operands into `out`; each sample runs enough launches for about 100 us.
-// Negative when cuBLASLt refuses the algorithm.
-double time_algorithm(const Plan& p, const cublasLtMatmulAlgo_t& algo, const Call& c, void* out) {
-  const float alpha = 1.f, beta = c.args.accumulate ? 1.f : 0.f;
-  const auto launch = [&] {
-    return cublasLtMatmul(lt_handle(), p.desc, &alpha, c.b.raw_data(), p.lt_a, c.a.raw_data(), p.lt_b, &beta, out,
-                          p.lt_d, out, p.lt_d, &algo, workspace(), kWorkspaceBytes, stream());
-  };
-  cudaEvent_t start = nullptr, stop = nullptr;
-  HG_CUDA_CHECK(cudaEventCreate(&start));
-  HG_CUDA_CHECK(cudaEventCreate(&stop));
-  const auto sample = [&](int launches) {
-    HG_CUDA_CHECK(cudaEventRecord(start, stream()));
-    for (int i = 0; i < launches; ++i) HG_CUBLAS_CHECK(launch());
-    HG_CUDA_CHECK(cudaEventRecord(stop, stream()));
-    HG_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    HG_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    return 1000.0 * ms / launches;
-  };
-  double us = -1.0;
-  if (launch() == CUBLAS_STATUS_SUCCESS) {
-    const int launches = std::clamp(static_cast<int>(100.0 / std::max(sample(1), 1.0)), 1, 50);
-    std::array<double, 5> samples{};
-    for (double& t : samples) t = sample(launches);
-    std::sort(samples.begin(), samples.end());
-    us = samples[2];
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return us;
-}
-
-// Index of the fastest of the heuristic's candidates, timed on the call's
-// operands; 0 (the heuristic's first) when scratch memory is short.
-int fastest_candidate(Plan& p, const Call& c, const cublasLtMatmulHeuristicResult_t* results, int found) {
-  const size_t out_bytes = size_t(c.s.batch * c.s.m * c.s.n) * dtype_size(c.out.dtype());
-  const bool writes_aux = c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-  Scratch scratch;
-  if (!scratch.allocate(out_bytes, writes_aux ? c.args.aux->nbytes() : 0)) {
-    spdlog::debug("cuda gemm: no memory to time the algorithms of {}; the heuristic's first is kept", describe(c));
-    return 0;
-  }
-  if (writes_aux) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, scratch.aux);
-  GemmAlgorithmChoice choice{describe(c), "", found, 0, 0.0, 0.0};
-  double best = -1.0;
-  for (int i = 0; i < found; ++i) {
-    const double us = time_algorithm(p, results[i].algo, c, scratch.out);
-    if (i == 0) choice.first_us = us;
-    if (us >= 0.0 && (best < 0.0 || us < best)) {
-      best = us;
-      choice.chosen = i;
-    }
-  }
-  if (best < 0.0) choice.chosen = 0;
-  choice.chosen_us = best;
-  const int chosen = choice.chosen;
-  choice.algorithm = describe(results[chosen].algo);
-  spdlog::debug("cuda gemm: {}: candidate {} of {} ({}), {:.1f} us (heuristic's first {:.1f} us)", choice.gemm,
-                choice.chosen, found, choice.algorithm, best, choice.first_us);
-  record_gemm_algorithm_choice(std::move(choice));
-  return chosen;
 }
 
 // Row-major out (M x N) = op(a) op(b) is column-major out^T (N x M) =
