@@ -13,8 +13,11 @@ namespace hg {
 class BiasGradSink {
  public:
   BiasGradSink(Tensor& grad, DType sums_dtype) : grad_(grad) {
-    const bool direct = sums_dtype == grad.dtype() && (grad.dtype() == DType::F32 || grad.dtype() == DType::F64);
-    if (!direct) temp_ = Tensor::empty(grad.shape(), sums_dtype, grad.device());
+    if (!adds_directly(grad, sums_dtype)) temp_ = Tensor::empty(grad.shape(), sums_dtype, grad.device());
+  }
+  // Whether the sums go straight into grad (no temporary is allocated).
+  static bool adds_directly(const Tensor& grad, DType sums_dtype) {
+    return sums_dtype == grad.dtype() && (grad.dtype() == DType::F32 || grad.dtype() == DType::F64);
   }
   // Points the GEMM's bias_grad at the grad or the temporary.
   void attach(GemmArgs& args) {

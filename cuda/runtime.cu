@@ -98,7 +98,6 @@ const ForkJoin& beside_handles() {
 }
 
 std::atomic<bool> beside_open{false};
-std::atomic<bool> beside_queuing{false};  // a Beside's work is being queued: stream() is its stream
 
 }  // namespace
 
@@ -112,10 +111,6 @@ Beside::Beside(const std::function<void()>& work) {
       ~Restore() { current_handle.store(handle, std::memory_order_relaxed); }
     } restore{current_handle.load(std::memory_order_relaxed)};
     current_handle.store(reinterpret_cast<intptr_t>(h.stream), std::memory_order_relaxed);
-    beside_queuing.store(true);
-    struct Queued {
-      ~Queued() { beside_queuing.store(false); }
-    } queued;
     work();
   } catch (...) {
     join();
@@ -130,7 +125,11 @@ Beside::~Beside() {
   beside_handles().join_quietly();
 }
 
-bool beside_active() { return beside_queuing.load(); }
+// stream() is a Beside's stream only while its work is queued.
+bool beside_active() {
+  return beside_open.load() &&
+         current_handle.load(std::memory_order_relaxed) == reinterpret_cast<intptr_t>(beside_handles().stream);
+}
 
 void Beside::join() {
   if (joined_) return;

@@ -153,9 +153,9 @@ Tensor Linear::backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor*
       be.gemm(dy2, x2, weight.grad, dw);
       db.finish(be);
     };
-    // Beside the backward when the training step asks for it and the sums go
-    // straight into the grad (BiasGradSink allocates nothing then).
-    const bool direct = !sum_db || bias.grad.dtype() == DType::F32 || bias.grad.dtype() == DType::F64;
+    // Beside the backward when the training step asks for it and the sink
+    // allocates nothing (work beside may not allocate).
+    const bool direct = !sum_db || BiasGradSink::adds_directly(bias.grad, bias.grad.dtype());
     if (!direct || !WeightGradsBeside::run(weight_grads, {dy2, x2})) weight_grads();
   } else {
     be.gemm(dy2, x2, weight.grad, dw);

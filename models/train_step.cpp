@@ -50,13 +50,12 @@ Tensor TrainStep::on_device(const Tensor& t) const {
 
 void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight,
                                   const std::vector<double>& shares) {
-  if (device_ == Device::CUDA && options_.data_parallel == nullptr) clearing_.emplace([&] { model_.zero_grad(); });
+  if (work_beside()) clearing_.emplace([&] { model_.zero_grad(); });
   else model_.zero_grad();
   const int64_t n = static_cast<int64_t>(shares.size()), rows = ids.size(0) / n;
   const bool chunked = options_.chunked_classifier && kernel_mode() == KernelMode::Fused;
   std::optional<WeightGradsBeside> weight_grads;  // joined before anything reads the gradients
-  if (device_ == Device::CUDA && options_.data_parallel == nullptr && options_.weight_grads_beside && !prof::enabled())
-    weight_grads.emplace();
+  if (work_beside() && options_.weight_grads_beside && !prof::enabled()) weight_grads.emplace();
   Tensor loss;  // grad_accum > 1: the sum of share * micro-batch loss, kept on the device
   for (int64_t m = 0; m < n; ++m) {
     // The data-parallel reduction runs during the last backward, once a step:

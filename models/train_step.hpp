@@ -138,6 +138,9 @@ class TrainStep {
   std::vector<double> check_batch(const Tensor& ids, const Tensor& targets) const;
   // A host batch copied to the model's device (the same tensor when already there).
   Tensor on_device(const Tensor& t) const;
+  // CUDA without a data-parallel hook (whose buckets follow the backward on
+  // handgrad's stream): work may run beside the step on a second stream.
+  bool work_beside() const { return device_ == Device::CUDA && options_.data_parallel == nullptr; }
 
   DecoderLM& model_;
   Optimizer& optimizer_;
