@@ -71,22 +71,12 @@ void print_help() {
 Options parse(int argc, char** argv) {
   Options o;
   lab::Flags f("classifier_lab", argc, argv);
-  const auto names = [&](const std::vector<std::string>& allowed) {
-    std::vector<std::string> out = lab::split(f.value());
-    for (const std::string& v : out)
-      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-        std::string list;
-        for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
-        f.fail(f.flag() + ": '" + v + "' is not one of " + list);
-      }
-    return out;
-  };
   while (f.next()) {
     if (f.is("--help") || f.is("-h")) {
       print_help();
       std::exit(0);
-    } else if (f.is("--variants")) o.variants = names(kVariants);
-    else if (f.is("--dtypes")) o.dtypes = names({"bf16", "f32"});
+    } else if (f.is("--variants")) o.variants = f.choices(kVariants);
+    else if (f.is("--dtypes")) o.dtypes = f.choices({"bf16", "f32"});
     else if (f.is("--rows")) o.rows = f.numbers(1, 1 << 20);
     else if (f.is("--vocab")) o.vocab = f.numbers(1, 1 << 20);
     else if (f.is("--check-vocab")) o.check_vocab = f.numbers(1, 1 << 20);

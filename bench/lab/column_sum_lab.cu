@@ -68,9 +68,7 @@ Options parse(int argc, char** argv) {
       for (int64_t l : o.lanes)
         if (l != 4 && l != 8 && l != 16) f.fail("--lanes: " + std::to_string(l) + " is not one of 4, 8, 16");
     } else if (f.is("--dtypes")) {
-      o.dtypes = lab::split(f.value());
-      for (const std::string& d : o.dtypes)
-        if (d != "bf16" && d != "f32") f.fail("--dtypes: '" + d + "' is not bf16 or f32");
+      o.dtypes = f.choices({"bf16", "f32"});
     } else if (f.is("--iters")) o.iters = int(f.number(3, 100000));
     else f.unknown();
   }

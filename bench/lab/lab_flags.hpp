@@ -2,6 +2,7 @@
 // The command line of a lab program: the flag loop, whole-number and list
 // values, and the usage error every lab gives for a bad flag (a message
 // naming the flag and what is allowed, exit status 2). Host code only.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +50,18 @@ class Flags {
   std::vector<int64_t> numbers(int64_t lo, int64_t hi) {
     std::vector<int64_t> out;
     for (const std::string& item : split(value())) out.push_back(parse(item, flag_, lo, hi));
+    return out;
+  }
+
+  // A comma-separated list of names, each one of `allowed`.
+  std::vector<std::string> choices(const std::vector<std::string>& allowed) {
+    std::vector<std::string> out = split(value());
+    for (const std::string& v : out)
+      if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+        std::string list;
+        for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
+        fail(flag_ + ": '" + v + "' is not one of " + list);
+      }
     return out;
   }
 

@@ -261,9 +261,7 @@ Options parse(int argc, char** argv) {
     } else if (f.is("--sizes")) {
       sizes = f.value();
     } else if (f.is("--dtypes")) {
-      o.dtypes = lab::split(f.value());
-      for (const std::string& d : o.dtypes)
-        if (d != "f32" && d != "bf16") f.fail("--dtypes: unknown dtype '" + d + "' (allowed: f32, bf16)");
+      o.dtypes = f.choices({"f32", "bf16"});
     } else if (f.is("--iters")) {
       o.iters = int(f.number(1, 100000));
     } else if (f.is("--warmup")) {
