@@ -162,16 +162,18 @@ Result run(const RunSettings& rs) {
 // and one call of each shape summed under either choice.
 void report_gemm_choices() {
   const std::vector<GemmAlgorithmChoice> choices = gemm_algorithm_choices();
-  int changed = 0;
+  int changed = 0, from_file = 0;
   double first_us = 0, chosen_us = 0;
   for (const GemmAlgorithmChoice& c : choices) {
     changed += c.chosen != 0;
+    from_file += c.from_file;
     first_us += c.first_us;
     chosen_us += c.chosen_us;
   }
-  std::printf("GEMM algorithms measured: %zu shapes, %d not the heuristic's first; one call of each: %.1f us with the "
-              "heuristic's first, %.1f us with the fastest\n",
-              choices.size(), changed, first_us, chosen_us);
+  std::printf(
+      "GEMM algorithms measured: %zu shapes (%d from the algorithm file), %d not the heuristic's first; one call "
+      "of each: %.1f us with the heuristic's first, %.1f us with the fastest\n",
+      choices.size(), from_file, changed, first_us, chosen_us);
 }
 
 // --kernel-trace: the GPU's time a step by kernel (the `top` largest), and
@@ -330,6 +332,10 @@ int main(int argc, char** argv) {
                  "heuristic's candidates timed once per shape at start-up, the fastest kept)")
       ->capture_default_str()
       ->check(CLI::IsMember({"heuristic", "measured"}));
+  std::string gemm_file;
+  app.add_option("--gemm-algorithm-file", gemm_file,
+                 "with --gemm-algorithms measured: keep the choices in this JSON file; shapes it holds for this GPU "
+                 "and cuBLASLt are taken from it untimed, so runs sharing the file use the same algorithms");
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   bool recompute_gelu = false;
@@ -445,6 +451,15 @@ int main(int argc, char** argv) {
     }
     if (tf32) set_allow_tf32(true);
     set_gemm_algorithms(parse_gemm_algorithms(gemm_choice));
+    if (!gemm_file.empty()) {
+      if (gemm_algorithms() != GemmAlgorithms::Measured)
+        cli::usage_error("--gemm-algorithm-file", "keeps measured choices: needs --gemm-algorithms measured");
+      try {
+        set_gemm_algorithm_file(gemm_file);
+      } catch (const Error& e) {
+        cli::usage_error("--gemm-algorithm-file", gemm_file, ": ", e.what());
+      }
+    }
 
     bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
                              "min_ms,tokens_per_s,peak_mem_mib,model_tflop_per_step,mfu");

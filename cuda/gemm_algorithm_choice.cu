@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/cuda_runtime.hpp"
+#include "core/gemm_algorithm_file.hpp"
 #include "core/gemm_algorithms.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/gemm_lt_plan.hpp"
@@ -24,6 +25,10 @@ std::string describe(const Call& c) {
   s += c.args.transpose_b ? " b^T" : " b";
   s += std::string(" -> ") + dtype_name(c.out.dtype()) + ", " + gemm_epilogue_name(c.args.epilogue);
   if (c.args.accumulate) s += ", accumulate";
+  s += ", aligned " + std::to_string(alignment_of(c.a.raw_data())) + "/" +
+       std::to_string(alignment_of(c.b.raw_data())) + "/" + std::to_string(alignment_of(c.out.raw_data()));
+  if (c.vec) s += "/" + std::to_string(alignment_of(c.vec->raw_data()));
+  if (c.args.aux) s += "/" + std::to_string(alignment_of(c.args.aux->raw_data()));
   return s;
 }
 
@@ -100,6 +105,25 @@ double time_algorithm(const Plan& p, const cublasLtMatmulAlgo_t& algo, const Cal
   return us;
 }
 
+// The saved choice of this shape, when the algorithm file has one that still
+// names the same candidate list (same count, same configuration at its
+// index); -1 otherwise.
+int saved_candidate(const GemmAlgorithmFile& file, const std::string& gemm,
+                    const cublasLtMatmulHeuristicResult_t* results, int found) {
+  SavedGemmAlgorithm saved;
+  if (!file.find(device_name(), static_cast<int64_t>(cublasLtGetVersion()), gemm, saved)) return -1;
+  if (saved.candidates == found && saved.candidate < found &&
+      describe(results[saved.candidate].algo) == saved.algorithm) {
+    record_gemm_algorithm_choice(
+        {gemm, saved.algorithm, found, saved.candidate, saved.first_us, saved.chosen_us, /*from_file=*/true});
+    return saved.candidate;
+  }
+  spdlog::warn("cuda gemm: the choice {} holds for {} does not match cuBLASLt's candidates now ({} offered, {} saved, "
+               "'{}' at index {}); measured again",
+               file.path(), gemm, found, saved.candidates, saved.algorithm, saved.candidate);
+  return -1;
+}
+
 }  // namespace
 
 bool stream_capturing() {
@@ -109,15 +133,20 @@ bool stream_capturing() {
 }
 
 int fastest_candidate(Plan& p, const Call& c, const cublasLtMatmulHeuristicResult_t* results, int found) {
+  const std::shared_ptr<GemmAlgorithmFile> file = gemm_algorithm_file();
+  GemmAlgorithmChoice choice{describe(c), "", found, 0, 0.0, 0.0};
+  if (file) {
+    const int saved = saved_candidate(*file, choice.gemm, results, found);
+    if (saved >= 0) return saved;
+  }
   const size_t out_bytes = size_t(c.s.batch * c.s.m * c.s.n) * dtype_size(c.out.dtype());
   const bool writes_aux = c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   Scratch scratch;
   if (!scratch.allocate(out_bytes, writes_aux ? c.args.aux->nbytes() : 0)) {
-    spdlog::debug("cuda gemm: no memory to time the algorithms of {}; the heuristic's first is kept", describe(c));
+    spdlog::debug("cuda gemm: no memory to time the algorithms of {}; the heuristic's first is kept", choice.gemm);
     return 0;
   }
   if (writes_aux) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, scratch.aux);
-  GemmAlgorithmChoice choice{describe(c), "", found, 0, 0.0, 0.0};
   double best = -1.0;
   for (int i = 0; i < found; ++i) {
     const double us = time_algorithm(p, results[i].algo, c, scratch.out);
@@ -133,6 +162,9 @@ int fastest_candidate(Plan& p, const Call& c, const cublasLtMatmulHeuristicResul
   choice.algorithm = describe(results[chosen].algo);
   spdlog::debug("cuda gemm: {}: candidate {} of {} ({}), {:.1f} us (heuristic's first {:.1f} us)", choice.gemm,
                 choice.chosen, found, choice.algorithm, best, choice.first_us);
+  if (file)
+    file->save({device_name(), static_cast<int64_t>(cublasLtGetVersion()), choice.gemm, chosen, found, choice.algorithm,
+                choice.first_us, choice.chosen_us});
   record_gemm_algorithm_choice(std::move(choice));
   return chosen;
 }

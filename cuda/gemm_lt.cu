@@ -64,13 +64,6 @@ cudaDataType_t cuda_type(DType t) {
   fail("gemm", "unknown dtype ", static_cast<int>(t));
 }
 
-int alignment_of(const void* p) {
-  const auto v = reinterpret_cast<uintptr_t>(p);
-  for (int a : {16, 8, 4})
-    if (v % a == 0) return a;
-  return 2;
-}
-
 // ---- bias gradients, summed after the GEMM: out[i] (+)= sum_j x[i*si + j*sj] ----
 
 // One warp per output (row sums, sj == 1: the lanes read adjacent terms);
@@ -118,7 +111,7 @@ void strided_sum(const Tensor& x, const Tensor& out, int64_t count, int64_t len,
 // ---- plans ----------------------------------------------------------------------
 
 // Everything the descriptors and the algorithm's choice depend on.
-using PlanKey = std::array<int64_t, 18>;
+using PlanKey = std::array<int64_t, 19>;
 
 cublasComputeType_t compute_type(DType operands) {
   return operands == DType::F32 && allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -142,7 +135,8 @@ PlanKey key_of(const Call& c) {
           alignment_of(c.out.raw_data()),
           c.vec ? alignment_of(c.vec->raw_data()) : 0,
           c.args.aux ? alignment_of(c.args.aux->raw_data()) : 0,
-          int64_t(gemm_algorithms())};
+          int64_t(gemm_algorithms()),
+          gemm_algorithm_file_generation()};
 }
 
 // Bias / aux pointers live on the descriptor; they are refreshed every call.

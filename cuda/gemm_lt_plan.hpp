@@ -5,6 +5,7 @@
 #include <cublasLt.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/backend.hpp"
 #include "core/matmul_shape.hpp"
@@ -37,6 +38,15 @@ struct Call {
   cublasLtEpilogue_t epilogue;
   const Tensor* vec;  // bias (read) or bias gradient (written), or nullptr
 };
+
+// The largest of 16, 8, 4 and 2 bytes that p is aligned to: cuBLASLt's
+// candidates depend on it, so plans (and saved choices) are kept per alignment.
+inline int alignment_of(const void* p) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  for (int a : {16, 8, 4})
+    if (v % a == 0) return a;
+  return 2;
+}
 
 template <class V>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const V& v) {

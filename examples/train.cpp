@@ -85,6 +85,7 @@ struct Options {
   bool recompute_gelu = false, recompute_layernorm = false;
   bool tf32 = false;
   std::string gemm_algorithms = "heuristic";
+  std::string gemm_algorithm_file;  // --gemm-algorithm-file: measured choices kept across runs
   bool no_graph = false;
   std::string device = "auto";
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
@@ -344,6 +345,9 @@ void add_flags(CLI::App& app, Options& o) {
                  "heuristic's candidates timed once per shape at start-up, the fastest kept)")
       ->check(CLI::IsMember({"heuristic", "measured"}))
       ->capture_default_str();
+  app.add_option("--gemm-algorithm-file", o.gemm_algorithm_file,
+                 "with --gemm-algorithms measured: keep the choices in this JSON file; shapes it holds for this GPU "
+                 "and cuBLASLt are taken from it untimed, so runs sharing the file use the same algorithms");
   app.add_flag("--no-graph", o.no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}))
@@ -1126,8 +1130,8 @@ void print_header(const Options& o, const Data& data, DecoderLM& model, Device d
 // Flags that say how and where this invocation runs: never taken from a record.
 // clang-format off
 const std::set<std::string> kPerInvocation{
-    "checkpoint", "resume", "eval-only", "extend-schedule", "device", "precision", "tf32", "gemm-algorithms", "no-graph",
-    "fused", "unfused", "attention", "recompute-gelu", "recompute-layernorm", "threads", "log-level",
+    "checkpoint", "resume", "eval-only", "extend-schedule", "device", "precision", "tf32", "gemm-algorithms",
+    "gemm-algorithm-file", "no-graph", "fused", "unfused", "attention", "recompute-gelu", "recompute-layernorm", "threads", "log-level",
     "quiet", "print-every", "profile-steps", "ddp", "zero", "grad-dtype", "bucket-mb", "comm-timeout",
     "check-sync", "beam", "bleu-sentences", "sparse-embedding-grad", "zero-gather"};
 // clang-format on
@@ -1183,6 +1187,15 @@ int run(Options& o, CLI::App& app) {
   }
   set_allow_tf32(o.tf32);
   set_gemm_algorithms(parse_gemm_algorithms(o.gemm_algorithms));
+  if (!o.gemm_algorithm_file.empty()) {
+    if (gemm_algorithms() != GemmAlgorithms::Measured)
+      cli::usage_error("--gemm-algorithm-file", "keeps measured choices: needs --gemm-algorithms measured");
+    try {
+      set_gemm_algorithm_file(o.gemm_algorithm_file);
+    } catch (const Error& e) {
+      cli::usage_error("--gemm-algorithm-file", o.gemm_algorithm_file, ": ", e.what());
+    }
+  }
   // Data parallel (mpirun -np N, or --ddp / --zero 1 with one rank): before any GPU work.
   const dist::World& world = cli::start_world(dev, o.dp);
   const bool use_dp = world.distributed() || o.dp.force || o.dp.zero == 1;

@@ -42,9 +42,11 @@
 #include "core/backend.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/cuda_runtime.hpp"
+#include "core/gemm_algorithm_file.hpp"
 #include "core/gemm_algorithms.hpp"
 #include "core/math_mode.hpp"
 #include "core/matmul_shape.hpp"
+#include "tests/test_files.hpp"
 #include "tests/test_util.hpp"
 
 using namespace hg;
@@ -508,6 +510,51 @@ TEST_CASE("CUDA gemm, measured algorithms: a shape first seen in a graph capture
   cpu_backend().matmul(f64(a), f64(b), want, false, false);
   // K = 72 products of N(0,1) bf16 values in fp32: far under 1e-3.
   CHECK(hg::test::max_abs_diff(f64(got), want) < 1e-3);
+}
+
+TEST_CASE("CUDA gemm, measured algorithms with a file: a saved shape is taken untimed, same bits; a stale entry is "
+          "measured again",
+          "[gemm][cuda][measured]") {
+  HG_REQUIRE_GPU();
+  MeasuredGemms measured;
+  const auto dir = hg::test::make_temp_dir("gemm_file_cuda");
+  const std::string path = (dir / "gemms.json").string();
+  Generator gen(80);
+  const Tensor a = Tensor::randn({288, 640}, gen, DType::BF16, Device::CUDA);
+  const Tensor b = Tensor::randn({640, 576}, gen, DType::BF16, Device::CUDA);
+  const auto run = [&] {
+    Tensor out = Tensor::zeros({288, 576}, DType::BF16, Device::CUDA);
+    cuda_backend().gemm(a, b, out, GemmArgs());
+    return out;
+  };
+  set_gemm_algorithm_file(path);
+  const Tensor measured_out = run();
+  const GemmAlgorithmChoice timed = gemm_algorithm_choices().back();
+  CHECK_FALSE(timed.from_file);
+  CHECK(gemm_algorithm_file()->size() == 1);
+  SavedGemmAlgorithm saved = gemm_algorithm_file()->entries().front();
+  CHECK(saved.gemm == timed.gemm);
+  CHECK(saved.device == gpu::device_name());
+  CHECK(saved.candidate == timed.chosen);
+  CHECK(saved.algorithm == timed.algorithm);
+
+  set_gemm_algorithm_file(path);  // as a later process would: the shape is planned again, from the file
+  const Tensor again = run();
+  const GemmAlgorithmChoice reused = gemm_algorithm_choices().back();
+  CHECK(reused.from_file);
+  CHECK(reused.chosen == timed.chosen);
+  CHECK(hg::test::max_abs_diff(measured_out, again) == 0.0);
+
+  // An entry whose configuration no longer matches the candidate at its index is measured again and replaced.
+  saved.algorithm = "id 999999";
+  gemm_algorithm_file()->save(saved);
+  set_gemm_algorithm_file(path);
+  run();
+  CHECK_FALSE(gemm_algorithm_choices().back().from_file);
+  REQUIRE(gemm_algorithm_file()->size() == 1);
+  CHECK(gemm_algorithm_file()->entries().front().algorithm != "id 999999");
+  set_gemm_algorithm_file("");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("CUDA gemm: a bf16 bias with f32 out is refused, an f32 bias with bf16 out works", "[gemm][cuda]") {
