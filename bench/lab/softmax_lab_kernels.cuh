@@ -15,6 +15,7 @@
 #include "cuda/layernorm_staged_forward.cuh"  // RowRing, plan_staged: the LayerNorm staged forward's ring
 #include "cuda/reduce.cuh"
 #include "cuda/vec.cuh"
+#include "cuda/wgmma.cuh"  // sm90::barrier_wait: a wait that traps after two seconds
 
 namespace softmax_lab {
 
@@ -334,7 +335,12 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
       if (span.mask != nullptr && k0 < visible) hg::gpu::load_vec<W, Load::ReadOnly>(span.mask + k0, v[i]);
     }
   }
+#if HG_SM90A_DEVICE  // a lost copy or a wrong byte count fails the launch instead of hanging
+  hg::gpu::sm90::barrier_wait(ring.bars + ring.stage, ring.parity);
+  const T* xs = reinterpret_cast<const T*>(ring.at(ring.stage));
+#else
   const T* xs = ring.wait();
+#endif
   const float* ms = reinterpret_cast<const float*>(xs + a.tk);
 #pragma unroll
   for (int i = 0; i < N; ++i) {
