@@ -17,9 +17,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bench/lab/lab_flags.hpp"
@@ -43,29 +45,49 @@ struct Config {
   int staged_kb;      // > 0: the staged layout, its rings aiming at this many KB in flight a SM
   int staged_ept;     // staged layout: keys a thread holds at most (16 or 32)
   bool staged_mask;   // staged layout: the mask row staged with x (else loaded through L1)
+  bool resident;      // register layouts: a grid of the blocks that fit at once, looping over the rows
   bool production;    // cuda/softmax.cu's kVectorForward
 };
 constexpr XLoad kNc = XLoad::ReadOnly, kNoL1 = XLoad::NoL1, kNoL1P = XLoad::NoL1Prefetch256;
+// {name, lean, streaming, lane_max_keys, block_elems, rows_per_team, x_load,
+//  staged_kb, staged_ept, staged_mask, resident, production}
 constexpr Config kConfigs[] = {
-    {"exact", false, false, 0, 16, 1, kNc, 0, 0, false, false},
-    {"lean", true, false, 0, 16, 1, kNc, 0, 0, false, false},
-    {"lean+evict-first", true, true, 0, 16, 1, kNc, 0, 0, false, false},
-    {"lean, block team past 512", true, false, 512, 16, 1, kNc, 0, 0, false, true},
-    {"lean, block past 512, 32 a thread", true, false, 512, 32, 1, kNc, 0, 0, false, false},
-    {"lean, two rows a team", true, false, 0, 16, 2, kNc, 0, 0, false, false},
-    {"lean, block past 512, two rows", true, false, 512, 16, 2, kNc, 0, 0, false, false},
-    {"lean, block past 512, x no L1", true, false, 512, 16, 1, kNoL1, 0, 0, false, false},
-    {"lean, block past 512, x no L1 L2:256B", true, false, 512, 16, 1, kNoL1P, 0, 0, false, false},
-    {"staged, 32 KB a SM", true, false, 0, 0, 1, kNc, 32, 32, false, false},
-    {"staged, 96 KB a SM", true, false, 0, 0, 1, kNc, 96, 32, false, false},
-    {"staged, 96 KB a SM, 16 a thread", true, false, 0, 0, 1, kNc, 96, 16, false, false},
-    {"staged, 96 KB a SM, evict-first", true, true, 0, 0, 1, kNc, 96, 32, false, false},
-    {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false},
-    {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false},
+    {"exact", false, false, 0, 16, 1, kNc, 0, 0, false, false, false},
+    {"lean", true, false, 0, 16, 1, kNc, 0, 0, false, false, false},
+    {"lean+evict-first", true, true, 0, 16, 1, kNc, 0, 0, false, false, false},
+    {"lean, block team past 512", true, false, 512, 16, 1, kNc, 0, 0, false, false, true},
+    {"lean, block past 512, 32 a thread", true, false, 512, 32, 1, kNc, 0, 0, false, false, false},
+    {"lean, two rows a team", true, false, 0, 16, 2, kNc, 0, 0, false, false, false},
+    {"lean, block past 512, two rows", true, false, 512, 16, 2, kNc, 0, 0, false, false, false},
+    {"lean, block past 512, resident grid", true, false, 512, 16, 1, kNc, 0, 0, false, true, false},
+    {"lean, block past 512, two rows, res.", true, false, 512, 16, 2, kNc, 0, 0, false, true, false},
+    {"lean, block past 512, x no L1", true, false, 512, 16, 1, kNoL1, 0, 0, false, false, false},
+    {"lean, block past 512, x no L1 L2:256B", true, false, 512, 16, 1, kNoL1P, 0, 0, false, false, false},
+    {"staged, 32 KB a SM", true, false, 0, 0, 1, kNc, 32, 32, false, false, false},
+    {"staged, 96 KB a SM", true, false, 0, 0, 1, kNc, 96, 32, false, false, false},
+    {"staged, 96 KB a SM, 16 a thread", true, false, 0, 0, 1, kNc, 96, 16, false, false, false},
+    {"staged, 96 KB a SM, evict-first", true, true, 0, 0, 1, kNc, 96, 32, false, false, false},
+    {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false, false},
+    {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false, false},
 };
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 unsigned grid_for(int64_t rows, int64_t per_block) { return unsigned((rows + per_block - 1) / per_block); }
+
+// `grid`, or with a resident grid at most the blocks of fn (of `threads`)
+// that fit the GPU at once; the kernels loop over the rows. The fit is
+// asked once per kernel and block size (outside the timed launches).
+unsigned capped(unsigned grid, bool resident, const void* fn, int threads) {
+  if (!resident) return grid;
+  static std::map<std::pair<const void*, int>, unsigned> fit;
+  const auto [at, fresh] = fit.try_emplace({fn, threads}, 0u);
+  if (fresh) {
+    int per_sm = 0;
+    CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, 0));
+    at->second = unsigned(per_sm * lab::device_attribute(cudaDevAttrMultiProcessorCount));
+  }
+  return std::min(grid, at->second);
+}
 
 template <int V>
 using I = std::integral_constant<int, V>;
@@ -73,18 +95,20 @@ using I = std::integral_constant<int, V>;
 // cuda/softmax.cu's dispatch for 16-byte rows (W elements), Tk <= 16384, with
 // K rows a team and BlockElems keys a block-team thread.
 template <class T, bool kLean, bool kStreaming, int K, int BlockElems, XLoad L = XLoad::ReadOnly>
-void launch_registers(const Args<T>& a, int lane_max_keys, cudaStream_t s) {
+void launch_registers(const Config& c, const Args<T>& a, cudaStream_t s) {
   constexpr int W = 16 / sizeof(T);
   const int64_t tk = a.tk;
   auto lanes = [&](auto tpr, auto n) {
     constexpr int TPR = decltype(tpr)::value, N = decltype(n)::value;
-    lanes_kernel<T, TPR, W, N, K, kLean, kStreaming, L>
-        <<<grid_for(a.rows, K * kLaneTeamBlock / TPR), kLaneTeamBlock, 0, s>>>(a);
+    auto* kernel = lanes_kernel<T, TPR, W, N, K, kLean, kStreaming, L>;
+    const unsigned grid = grid_for(a.rows, K * kLaneTeamBlock / TPR);
+    kernel<<<capped(grid, c.resident, reinterpret_cast<const void*>(kernel), kLaneTeamBlock), kLaneTeamBlock, 0, s>>>(
+        a);
   };
   if (tk <= 8 * W) return lanes(I<8>{}, I<1>{});
   if (tk <= 16 * W) return lanes(I<16>{}, I<1>{});
   if (tk <= 32 * W) return lanes(I<32>{}, I<1>{});
-  if (lane_max_keys == 0 || tk <= lane_max_keys) {
+  if (c.lane_max_keys == 0 || tk <= c.lane_max_keys) {
     if (tk <= 64 * W) return lanes(I<32>{}, I<2>{});
     if (tk <= 128 * W) return lanes(I<32>{}, I<4>{});
     if constexpr (W <= 4) {
@@ -93,20 +117,21 @@ void launch_registers(const Args<T>& a, int lane_max_keys, cudaStream_t s) {
   }
   constexpr int kN = BlockElems / W;
   const int64_t warps = ((tk + kN * W - 1) / (kN * W) + 31) / 32;
-  const int64_t threads = std::min<int64_t>(warps * 32, kMaxBlock);
-  block_kernel<T, W, kN, K, kLean, kStreaming, L><<<grid_for(a.rows, K), unsigned(threads), 0, s>>>(a);
+  const int threads = int(std::min<int64_t>(warps * 32, kMaxBlock));
+  auto* kernel = block_kernel<T, W, kN, K, kLean, kStreaming, L>;
+  kernel<<<capped(grid_for(a.rows, K), c.resident, reinterpret_cast<const void*>(kernel), threads), threads, 0, s>>>(a);
 }
 
 template <class T>
 void launch_registers(const Config& c, const Args<T>& a, cudaStream_t s) {
-  if (!c.lean) return launch_registers<T, false, false, 1, 16>(a, c.lane_max_keys, s);
-  if (c.streaming) return launch_registers<T, true, true, 1, 16>(a, c.lane_max_keys, s);
-  if (c.rows_per_team == 2) return launch_registers<T, true, false, 2, 16>(a, c.lane_max_keys, s);
-  if (c.block_elems == 32) return launch_registers<T, true, false, 1, 32>(a, c.lane_max_keys, s);
-  if (c.x_load == XLoad::NoL1) return launch_registers<T, true, false, 1, 16, XLoad::NoL1>(a, c.lane_max_keys, s);
+  if (!c.lean) return launch_registers<T, false, false, 1, 16>(c, a, s);
+  if (c.streaming) return launch_registers<T, true, true, 1, 16>(c, a, s);
+  if (c.rows_per_team == 2) return launch_registers<T, true, false, 2, 16>(c, a, s);
+  if (c.block_elems == 32) return launch_registers<T, true, false, 1, 32>(c, a, s);
+  if (c.x_load == XLoad::NoL1) return launch_registers<T, true, false, 1, 16, XLoad::NoL1>(c, a, s);
   if (c.x_load == XLoad::NoL1Prefetch256)
-    return launch_registers<T, true, false, 1, 16, XLoad::NoL1Prefetch256>(a, c.lane_max_keys, s);
-  launch_registers<T, true, false, 1, 16>(a, c.lane_max_keys, s);
+    return launch_registers<T, true, false, 1, 16, XLoad::NoL1Prefetch256>(c, a, s);
+  launch_registers<T, true, false, 1, 16>(c, a, s);
 }
 
 using lab::device_attribute;
