@@ -253,6 +253,7 @@ struct Options {
   int iters = 30, warmup = 5;
   bool causal = false;
   bool mask = true;
+  std::string only;  // run only the candidates whose name holds this (and production)
 };
 
 void print_help() {
@@ -263,6 +264,7 @@ void print_help() {
               "  --iters N            timed samples per case (default 30); --warmup N (default 5)\n"
               "  --causal             causal rows (keys past the diagonal masked)\n"
               "  --no-mask            no key-padding mask (default: a (B, 1, 1, T) mask)\n"
+              "  --only TEXT          only the candidates whose name contains TEXT, and production\n"
               "  --help               this text\n"
               "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
 }
@@ -287,9 +289,18 @@ Options parse(int argc, char** argv) {
       o.causal = true;
     } else if (f.is("--no-mask")) {
       o.mask = false;
+    } else if (f.is("--only")) {
+      o.only = f.value();
     } else {
       f.unknown();
     }
+  }
+  if (!o.only.empty() && std::none_of(std::begin(kConfigs), std::end(kConfigs), [&](const Config& c) {
+        return !c.production && std::string(c.name).find(o.only) != std::string::npos;
+      })) {
+    std::string names;
+    for (const Config& c : kConfigs) names += std::string(names.empty() ? "" : "; ") + c.name;
+    f.fail("--only: no candidate's name contains '" + o.only + "' (candidates: " + names + ")");
   }
   for (const std::string& s : lab::split(sizes)) {
     const std::vector<std::string> p = lab::split(s, 'x');
@@ -484,6 +495,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
   double best_ms = 0;
   for (int c = 0; c < kConfigCount; ++c) {
     const Config& cfg = kConfigs[c];
+    if (!cfg.production && std::string(cfg.name).find(o.only) == std::string::npos) continue;
     const Prepared<T> prep = prepare<T>(cfg, rows, tk);
     if (!prep.applies()) {
       std::printf("  %c %-38s %s\n", cfg.production ? '*' : ' ', cfg.name, prep.note().c_str());
