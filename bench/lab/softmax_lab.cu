@@ -437,7 +437,7 @@ double run_and_check(const Prepared<T>& prep, const Problem<T>& p, T* x, T* y, c
   const size_t bytes = p.x.size() * sizeof(T);
   CHECK_CUDA(cudaMemcpy(x, p.x.data(), bytes, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(y, 0xff, bytes));  // NaN poison: an unwritten element fails the check
-  prep.launch({x, y, mask, p.rows(), p.tk, p.tq, p.heads * p.tq, p.scale, p.causal}, nullptr);
+  prep.launch({x, y, mask, p.rows(), p.tk, p.tq, p.heads * p.tq, p.tk, 0, p.scale, p.causal}, nullptr);
   CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<T> out(p.x.size());
   CHECK_CUDA(cudaMemcpy(out.data(), y, bytes, cudaMemcpyDeviceToHost));
@@ -507,7 +507,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
     const bool pass = e <= bound;
     ok &= pass;
     const double ms = lab::median_ms(o.warmup, o.iters, sets, [&](int s) {
-      prep.launch({x[s], y[s], mask, rows, tk, Tn, H * Tn, p.scale, o.causal}, nullptr);
+      prep.launch({x[s], y[s], mask, rows, tk, Tn, H * Tn, tk, 0, p.scale, o.causal}, nullptr);
     });
     if (pass && (best < 0 || ms < best_ms)) best = c, best_ms = ms;
     std::printf("  %c %-38s %8.1f us %7.0f GB/s %5.1f%% of copy  max rel err %.2e %s  %s\n", cfg.production ? '*' : ' ',

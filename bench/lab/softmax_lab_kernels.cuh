@@ -1,15 +1,18 @@
 #pragma once
-// The softmax lab's forward kernels (bench/lab/softmax_lab.cu times them):
-// the register layouts of cuda/softmax.cu with an optional second row per
-// team, and the staged layout, whose rows reach shared memory by bulk copies
-// (cuda/bulk_stage.cuh) while the group works on the row before. All read
-// 16-byte rows (Tk * sizeof(T) a multiple of 16, 16-byte aligned x, y and
-// mask); the product sends other rows to its scalar path.
+// The softmax lab's forward kernels (bench/lab/softmax_lab.cu launches and
+// times them): the register layouts of cuda/softmax.cu with an optional
+// second row per team and a choice of x loads (the launch picks the grid:
+// a block per team's rows, or only the resident blocks), and the staged
+// layout, whose rows reach shared memory by bulk copies (cuda/bulk_stage.cuh)
+// while the group works on the row before. All read 16-byte rows (Tk *
+// sizeof(T) a multiple of 16, 16-byte aligned x, y and mask); the product
+// sends other rows to its scalar path.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/bulk_stage.cuh"
 #include "cuda/layernorm_staged_forward.cuh"  // RowRing, plan_staged: the LayerNorm staged forward's ring
@@ -40,14 +43,16 @@ __device__ __forceinline__ float exp2_approx(float v) {
 // As cuda/softmax.cu: -inf at or below the threshold, a NaN mask value stays NaN.
 __device__ __forceinline__ float additive_mask(float m) { return m > kMaskThreshold ? m : m - INFINITY; }
 
-// Scores (B, H, Tq, Tk) as rows; mask: a (B, 1, 1, Tk) key-padding mask
-// (batch stride Tk, query stride 0), or null.
+// Scores (B, H, Tq, Tk) as rows; mask: additive, F32, row (b, q)'s at
+// mask + b * mask_batch_stride + q * mask_query_stride (the lab's
+// (B, 1, 1, Tk) key-padding mask: Tk and 0), or null.
 template <class T>
 struct Args {
   const T* x;
   T* y;
   const float* mask;
   int64_t rows, tk, tq, rows_per_batch;  // rows_per_batch = H * Tq
+  int64_t mask_batch_stride, mask_query_stride;
   float scale;
   bool causal;
 };
@@ -63,10 +68,12 @@ struct RowSpan {
 template <class T>
 __device__ __forceinline__ RowSpan row_span(const Args<T>& a, int64_t row) {
   RowSpan s{nullptr, a.tk};
+  if (a.mask == nullptr && !a.causal) return s;
   const uint32_t r = static_cast<uint32_t>(row);
-  if (a.mask != nullptr) s.mask = a.mask + (r / static_cast<uint32_t>(a.rows_per_batch)) * a.tk;
+  const int64_t b = r / static_cast<uint32_t>(a.rows_per_batch), q = r % static_cast<uint32_t>(a.tq);
+  if (a.mask != nullptr) s.mask = a.mask + b * a.mask_batch_stride + q * a.mask_query_stride;
   if (a.causal) {
-    const int64_t n = int64_t(r % static_cast<uint32_t>(a.tq)) + a.tk - a.tq + 1;
+    const int64_t n = q + a.tk - a.tq + 1;
     s.visible = n < 0 ? 0 : (n > a.tk ? a.tk : n);
   }
   return s;
@@ -154,6 +161,23 @@ struct LaneTeam {
   }
 };
 
+struct WarpMaxNan {
+  __device__ float operator()(float v) const {
+    float one[1] = {v};
+    LaneTeam<32>{}.max(one);
+    return one[0];
+  }
+};
+
+struct BlockSync {
+  __device__ void operator()() const { __syncthreads(); }
+};
+// Named barrier `id` of `threads` threads (a group of a block).
+struct GroupSync {
+  int id, threads;
+  __device__ void operator()() const { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
+};
+
 // `warps` warps of consecutive threads from `first_warp` own a row; the
 // warps meet in `scratch` (K * warps floats) behind `sync` (the block's
 // barrier, or a group's named barrier).
@@ -164,6 +188,10 @@ struct WarpsTeam {
   Sync sync;
   template <int K, bool kMax>
   __device__ void reduce(float (&v)[K]) const {
+    if constexpr (K == 1 && std::is_same_v<Sync, BlockSync>) {  // one row a block: cuda/softmax.cu's BlockTeam
+      v[0] = kMax ? hg::gpu::block_reduce(v[0], scratch, WarpMaxNan{}, -INFINITY) : hg::gpu::block_sum(v[0], scratch);
+      return;
+    }
     const LaneTeam<32> lanes;
     if constexpr (kMax) lanes.max(v);
     else lanes.sum(v);
@@ -188,15 +216,6 @@ struct WarpsTeam {
   __device__ void sum(float (&v)[K]) const {
     reduce<K, false>(v);
   }
-};
-
-struct BlockSync {
-  __device__ void operator()() const { __syncthreads(); }
-};
-// Named barrier `id` of `threads` threads (a group of a block).
-struct GroupSync {
-  int id, threads;
-  __device__ void operator()() const { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory"); }
 };
 
 // The whole block owns a row. scratch: K * 32 floats.
