@@ -438,7 +438,13 @@ double run_and_check(const Prepared<T>& prep, const Problem<T>& p, T* x, T* y, c
   CHECK_CUDA(cudaMemcpy(x, p.x.data(), bytes, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemset(y, 0xff, bytes));  // NaN poison: an unwritten element fails the check
   prep.launch({x, y, mask, p.rows(), p.tk, p.tq, p.heads * p.tq, p.tk, 0, p.scale, p.causal}, nullptr);
-  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaError_t e = cudaGetLastError();  // the launch itself (its shared memory, its block size)
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {  // a trap (a stage that never lands) or a bad launch: name the candidate
+    std::fprintf(stderr, "softmax_lab: candidate '%s' at Tk %lld: %s\n", prep.c->name, (long long)p.tk,
+                 cudaGetErrorString(e));
+    std::exit(1);
+  }
   std::vector<T> out(p.x.size());
   CHECK_CUDA(cudaMemcpy(out.data(), y, bytes, cudaMemcpyDeviceToHost));
   return check_rows(p, out);
