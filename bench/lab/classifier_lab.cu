@@ -96,12 +96,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-int device_attribute(cudaDeviceAttr what) {
-  int device = 0, v = 0;
-  CHECK_CUDA(cudaGetDevice(&device));
-  CHECK_CUDA(cudaDeviceGetAttribute(&v, what, device));
-  return v;
-}
+using lab::device_attribute;
 
 // ---- candidates ---------------------------------------------------------------------
 
@@ -165,16 +160,6 @@ struct Candidate {
   }
 };
 
-// As the product sets its kernel up (cross_entropy_lse.cu, staged_max_vocab):
-// all the dynamic shared memory a block may have, and shared memory over L1.
-void set_up(const void* fn) {
-  cudaFuncAttributes attr{};
-  CHECK_CUDA(cudaFuncGetAttributes(&attr, fn));
-  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - int(attr.sharedSizeBytes);
-  CHECK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
-  CHECK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-}
-
 template <class T>
 LoopKernel<T> persistent_kernel(int threads) {
   return threads == 1024 ? lab::lse_rows_grad_persistent<T, 1024> : lab::lse_rows_grad_persistent<T, 512>;
@@ -194,7 +179,7 @@ std::vector<Candidate<T>> candidates(const Options& o) {
       if (v == "persistent2")
         out.push_back({v + "/" + std::to_string(t), int(t), nullptr, nullptr, 1, persistent_kernel<T>(int(t))});
   }
-  for (const Candidate<T>& c : out) set_up(c.fn());
+  for (const Candidate<T>& c : out) lab::allow_all_shared_memory(c.fn());  // as cross_entropy_lse.cu
   return out;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // What every bench/lab program shares: the CUDA error check, the timing loop,
-// the copy kernel of the bandwidth yardstick and the host-side conversions of
-// the CPU references. CUDA runtime only.
+// device attributes, the shared-memory set-up of staged kernels, the copy kernel of the bandwidth yardstick and the
+// host-side conversions of the CPU references. CUDA runtime only.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,6 +30,24 @@ template <class T>
 T from_float(float v) {
   if constexpr (std::is_same_v<T, float>) return v;
   else return __float2bfloat16_rn(v);
+}
+
+// An attribute of the current device.
+inline int device_attribute(cudaDeviceAttr what) {
+  int device = 0, v = 0;
+  CHECK_CUDA(cudaGetDevice(&device));
+  CHECK_CUDA(cudaDeviceGetAttribute(&v, what, device));
+  return v;
+}
+
+// As the product sets up its shared-memory staged kernels: all the dynamic
+// shared memory a block of fn may have, and shared memory over L1.
+inline void allow_all_shared_memory(const void* fn) {
+  cudaFuncAttributes attr{};
+  CHECK_CUDA(cudaFuncGetAttributes(&attr, fn));
+  const int limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) - int(attr.sharedSizeBytes);
+  CHECK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  CHECK_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
 }
 
 // dst = src, 16 bytes per thread per step: the kernel side of the copy
