@@ -134,6 +134,86 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
                                partial_dbeta + static_cast<int64_t>(blockIdx.x) * D);
 }
 
+// Kernel 2 with the partial rows read 16 bytes at a time and spread over
+// many blocks: a block sums 8 columns (two float4 quads) over LANES row lanes,
+// lane l taking partial rows l, l + LANES, ... ascending; the lanes are then
+// added by a fixed shuffle tree inside each warp and the warps in warp order.
+// D / 8 blocks (96 at 768 columns, where layernorm_reduce_partials_kernel
+// runs 24) and every partial row of a lane in flight at once. Nothing
+// depends on timing: bitwise the same on every run. PDL: launched as a
+// programmatic dependent of kernel 1, it waits for kernel 1 to finish (and
+// its partial rows to be visible) before its first read. D % 4 == 0.
+constexpr int kWideQuads = 2;
+template <int LANES>
+__global__ void __launch_bounds__(kWideQuads* LANES)
+    reduce_partials_wide_kernel(const float* __restrict__ partial_dgamma, const float* __restrict__ partial_dbeta,
+                                int n_partials, int D, float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                bool accumulate) {
+  constexpr int kWarps = kWideQuads * LANES / 32;
+  static_assert(kWideQuads * LANES % 32 == 0 && kWarps <= 32, "bad wide reduce shape");
+  __shared__ float4 warp_sums[2][kWarps][kWideQuads];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op unless launched as a dependent
+#endif
+  const int q = threadIdx.x % kWideQuads, lane = threadIdx.x / kWideQuads;
+  const int col = (blockIdx.x * kWideQuads + q) * 4;
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+  if (col < D) {
+#pragma unroll 8
+    for (int p = lane; p < n_partials; p += LANES) {
+      const float4 g = __ldcg(reinterpret_cast<const float4*>(partial_dgamma + int64_t(p) * D + col));
+      const float4 e = __ldcg(reinterpret_cast<const float4*>(partial_dbeta + int64_t(p) * D + col));
+      a.x += g.x, a.y += g.y, a.z += g.z, a.w += g.w;
+      b.x += e.x, b.y += e.y, b.z += e.z, b.w += e.w;
+    }
+  }
+  // The lanes of one quad inside a warp: thread bits above log2(kWideQuads).
+#pragma unroll
+  for (int off = 16; off >= kWideQuads; off /= 2) {
+    a.x += __shfl_xor_sync(~0u, a.x, off), a.y += __shfl_xor_sync(~0u, a.y, off);
+    a.z += __shfl_xor_sync(~0u, a.z, off), a.w += __shfl_xor_sync(~0u, a.w, off);
+    b.x += __shfl_xor_sync(~0u, b.x, off), b.y += __shfl_xor_sync(~0u, b.y, off);
+    b.z += __shfl_xor_sync(~0u, b.z, off), b.w += __shfl_xor_sync(~0u, b.w, off);
+  }
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 < kWideQuads) warp_sums[0][warp][q] = a, warp_sums[1][warp][q] = b;
+  __syncthreads();
+  if (threadIdx.x < kWideQuads && col < D) {
+    float sg[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float4 g = warp_sums[0][w][q], e = warp_sums[1][w][q];
+      sg[0] += g.x, sg[1] += g.y, sg[2] += g.z, sg[3] += g.w;
+      sb[0] += e.x, sb[1] += e.y, sb[2] += e.z, sb[3] += e.w;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      write_param_grad(dgamma + col + k, sg[k], accumulate), write_param_grad(dbeta + col + k, sb[k], accumulate);
+  }
+}
+constexpr int kWideLanes = 128;
+
+// The staged backward (layernorm_backward_staged_kernel, unchanged) on
+// bigger blocks and deeper rings, for fewer partial rows: warp rows in two
+// blocks of 8 groups a SM (production: four of 4), wider rows in one block
+// of up to 1024 threads a SM (production: one or two of 512), each ring 3
+// stages deep where the widest row of the layout fits (else 2), groups
+// halved until two stages fit in `kBudget` bytes per block.
+template <int EPT, int G, int ELT>
+struct FewPartialsShape {
+  static constexpr int kBlocksPerSm = G == 32 ? 2 : 1;
+  static constexpr int kBudget = 200 * 1024 / kBlocksPerSm;
+  static constexpr int kRowBytes = G * EPT * ELT;  // the widest row of the layout
+  static constexpr int groups() {
+    int r = (G == 32 ? 256 : 1024) / G;
+    while (r > 1 && r * 2 * 2 * kRowBytes > kBudget) r /= 2;
+    return r;
+  }
+  static constexpr int kGroups = groups();
+  static constexpr int kDepth = kGroups * 3 * 2 * kRowBytes <= kBudget ? 3 : 2;
+  static constexpr int kThreads = G * kGroups;
+};
+
 // ---- configurations -----------------------------------------------------------------
 
 enum class Pass { Forward, Backward };
@@ -151,6 +231,9 @@ struct Config {
   bool bulk_prefetch = false;  // lab only: next row asked of L2 by bulk prefetches
   bool lean = false;           // backward, lab only: read-only loads, bf16 widened by masks
   bool wide = false;           // backward, lab only: 1024-thread blocks where 512 ran
+  bool few_partials = false;   // backward, lab only: staged on FewPartialsShape's blocks
+  bool wide_reduce = false;    // backward, lab only: kernel 2 is reduce_partials_wide_kernel
+  bool pdl = false;            // backward, lab only: kernel 2 launched as a programmatic dependent
   bool production = true;      // shipped in cuda/layernorm_table.hpp somewhere
 };
 
@@ -250,6 +333,33 @@ std::vector<Config> all_configs() {
     k.production = false;
     c.push_back(k);
   }
+  // Lab only: where the backward's fixed costs go (bench/lab/layernorm.md,
+  // "The backward's fixed costs on the H200"). Production's H200 kernel 1s
+  // with the wide kernel 2:
+  for (const bool staged : {true, false}) {
+    Config k = bwd(staged ? "staged, gamma in smem, wide reduce" : "in registers, bf16 8-byte, wide reduce");
+    k.rows = staged ? Rows::Staged : Rows::InRegisters;
+    k.shared_params = staged;
+    k.narrow = !staged;
+    k.wide_reduce = true;
+    k.production = false;
+    c.push_back(k);
+  }
+  for (const bool narrow : {false, true})
+    for (const int variant : {0, 1, 2}) {  // kernel 2: production's, wide, wide as a dependent launch
+      static const char* kNames[2][3] = {
+          {"staged few partials", "staged few partials, wide reduce", "staged few partials, wide reduce, PDL"},
+          {"staged few partials, bf16 8-byte", "staged few partials, bf16 8-byte, wide reduce",
+           "staged few partials, bf16 8-byte, wide reduce, PDL"}};
+      Config k = bwd(kNames[narrow][variant]);
+      k.rows = Rows::Staged;
+      k.few_partials = true;
+      k.narrow = narrow;
+      k.wide_reduce = variant >= 1;
+      k.pdl = variant == 2;
+      k.production = false;
+      c.push_back(k);
+    }
   return c;
 }
 
@@ -371,6 +481,7 @@ struct Launch {
   static int capped(int per_sm, int threads) { return std::min(per_sm, std::max(2, 1024 / threads)); }
   template <int EPT, int G, int R>
   bool backward() const {
+    if (c.few_partials) return few_partials<EPT, G>();
     if (c.rows == Rows::Staged) {
       using S = StagedShape<EPT, G, R>;
       constexpr bool kWarp = G == 32;
@@ -378,13 +489,7 @@ struct Launch {
       auto kern = c.shared_params
                       ? layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, kWarp>
                       : layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kMinBlocks, false>;
-      const size_t smem = staged_smem_bytes(k.D, sizeof(T), S::kGroups, S::kDepth);
-      cudaFuncAttributes attr{};
-      CHECK_CUDA(cudaFuncGetAttributes(&attr, kern));
-      if (smem + attr.sharedSizeBytes > size_t(attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return false;
-      const int n = occupancy(kern, S::kThreads, smem);
-      if (n < 1) return false;
-      return with_partials(kern, persistent_grid(k.rows, S::kGroups, capped(n, S::kThreads), k.sms), S::kThreads, smem);
+      return staged_backward(kern, S::kGroups, S::kThreads, S::kDepth, capped(1 << 20, S::kThreads));
     }
     if (c.wide) {
       if constexpr (G * R == 512 && G >= 128) return lean<EPT, G, 2 * R>();
@@ -395,6 +500,25 @@ struct Launch {
     constexpr size_t kSmem = sizeof(float) * R * 2 * G * EPT;
     return with_partials(kern, persistent_grid(k.rows, R, capped(occupancy(kern, G * R, kSmem), G * R), k.sms), G * R,
                          kSmem);
+  }
+  template <int EPT, int G>
+  bool few_partials() const {
+    using S = FewPartialsShape<EPT, G, int(sizeof(T))>;
+    constexpr bool kWarp = G == 32;
+    auto kern = layernorm_backward_staged_kernel<T, VEC, EPT, G, S::kGroups, S::kDepth, S::kBlocksPerSm, kWarp>;
+    return staged_backward(kern, S::kGroups, S::kThreads, S::kDepth, S::kBlocksPerSm);
+  }
+  // A staged backward kernel 1 of `groups` rings of `depth` stages, at most
+  // `most_per_sm` blocks a SM; false where its stages do not fit a block.
+  template <class Kernel>
+  bool staged_backward(Kernel kern, int groups, int threads, int depth, int most_per_sm) const {
+    const size_t smem = staged_smem_bytes(k.D, sizeof(T), groups, depth);
+    cudaFuncAttributes attr{};
+    CHECK_CUDA(cudaFuncGetAttributes(&attr, kern));
+    if (smem + attr.sharedSizeBytes > size_t(attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin))) return false;
+    const int n = occupancy(kern, threads, smem);
+    if (n < 1) return false;
+    return with_partials(kern, persistent_grid(k.rows, groups, std::min(n, most_per_sm), k.sms), threads, smem);
   }
   template <int EPT, int G, int R>
   bool lean() const {
@@ -411,8 +535,28 @@ struct Launch {
     float* pb = b.partials + int64_t(k.max_partials) * k.D;
     kern<<<blocks, threads, smem>>>(static_cast<const T*>(b.dy), static_cast<const T*>(b.x), b.gamma, b.mean, b.rstd,
                                     static_cast<T*>(b.dx), pg, pb, k.rows, k.D);
+    if (c.wide_reduce) return wide_reduce(pg, pb, blocks);
     layernorm_reduce_partials_kernel<<<(k.D + kReduceCols - 1) / kReduceCols, dim3(kReduceCols, kReduceLanes)>>>(
         pg, pb, blocks, k.D, b.dgamma, b.dbeta, false);
+    return true;
+  }
+  bool wide_reduce(const float* pg, const float* pb, int n_partials) const {
+    constexpr int kCols = 4 * kWideQuads;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3((k.D + kCols - 1) / kCols);
+    config.blockDim = dim3(kWideQuads * kWideLanes);
+    cudaLaunchAttribute dependent{};
+    dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    dependent.val.programmaticStreamSerializationAllowed = 1;
+    if (c.pdl) config.attrs = &dependent, config.numAttrs = 1;
+    const cudaError_t e = cudaLaunchKernelEx(&config, reduce_partials_wide_kernel<kWideLanes>, pg, pb, n_partials, k.D,
+                                             b.dgamma, b.dbeta, false);
+    if (e != cudaSuccess && c.pdl) {  // a runtime that refuses the dependent launch: the configuration is skipped
+      (void)cudaGetLastError();
+      std::printf("  (%s: dependent launch refused: %s)\n", c.name, cudaGetErrorString(e));
+      return false;
+    }
+    CHECK_CUDA(e);
     return true;
   }
 };
@@ -497,6 +641,18 @@ std::vector<double> read_back(const void* dev, int64_t n, bool bf16) {
   return out;
 }
 
+// A pass's outputs on one buffer set as raw bytes: y (forward) or dx,
+// dgamma, dbeta (backward), for the run-to-run comparison.
+std::vector<unsigned char> outputs(bool forward, const Buffers& b, size_t bytes, int D) {
+  std::vector<unsigned char> out(bytes + (forward ? 0 : size_t(2) * D * 4));
+  CHECK_CUDA(cudaMemcpy(out.data(), forward ? b.y : b.dx, bytes, cudaMemcpyDeviceToHost));
+  if (!forward) {
+    CHECK_CUDA(cudaMemcpy(out.data() + bytes, b.dgamma, size_t(D) * 4, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(out.data() + bytes + size_t(D) * 4, b.dbeta, size_t(D) * 4, cudaMemcpyDeviceToHost));
+  }
+  return out;
+}
+
 // max |got - want| / max |want|.
 double rel_error(const std::vector<double>& got, const std::vector<double>& want) {
   double num = 0, den = 0;
@@ -561,8 +717,9 @@ const char* kUsage =
     "  --iters     timed launches per case, median reported (default 30)\n"
     "  --warmup    untimed launches first (default 5)\n"
     "  --stage-kb  bytes in flight per SM the staged forwards aim at, KB (default 64, production's)\n"
-    "Each configuration is checked against a float64 CPU reference first; an error over the bound\n"
-    "(f32 1e-4, bf16 1e-2 of the largest output) stops the program with status 1.\n";
+    "Each configuration is checked against a float64 CPU reference first, and after its timing run\n"
+    "once more on the same inputs for bitwise the same outputs; an error over the bound (f32 1e-4,\n"
+    "bf16 1e-2 of the largest output) or a different second result ends the program with status 1.\n";
 
 [[noreturn]] void bad_flag(const std::string& what) {
   std::fprintf(stderr, "layernorm_lab: %s\n%s", what.c_str(), kUsage);
@@ -721,7 +878,7 @@ int run(const Options& o) {
       for (const Buffers& b : bufs) launch(base, bf16, k, b, o.stage_kb);
       std::printf("\n%s rows %lld x D %d (%d buffer sets), best copy %.0f GB/s\n", bf16 ? "bf16" : "f32",
                   (long long)rows, D, sets, copy_gbps);
-      std::printf("  %-4s %-42s %9s %7s %10s\n", "pass", "configuration", "GB/s", "%copy", "max rel err");
+      std::printf("  %-4s %-50s %9s %7s %10s\n", "pass", "configuration", "GB/s", "%copy", "max rel err");
       for (const Config& c : all_configs()) {
         const bool is_fwd = c.pass == Pass::Forward;
         if ((is_fwd && !o.fwd) || (!is_fwd && !o.bwd)) continue;
@@ -741,14 +898,20 @@ int run(const Options& o) {
               std::max({rel_error(read_back(bufs[0].dx, n, bf16), ref.dx),
                         rel_error(read_back(dg, D, false), ref.dgamma), rel_error(read_back(db, D, false), ref.dbeta)});
         }
+        const std::vector<unsigned char> first = outputs(is_fwd, bufs[0], n * elt, D);
         if (is_fwd) launch(base, bf16, k, bufs[0], o.stage_kb);  // restore the statistics for the backward
         const double bound = bf16 ? 1e-2 : 1e-4;
         const double ms = median_ms(o.warmup, o.iters, sets, [&](int s) { launch(c, bf16, k, bufs[s], o.stage_kb); });
+        // Run to run: the same inputs again give bitwise the same outputs (fixed order of every sum).
+        launch(c, bf16, k, bufs[0], o.stage_kb);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        const bool same = outputs(is_fwd, bufs[0], n * elt, D) == first;
+        if (is_fwd) launch(base, bf16, k, bufs[0], o.stage_kb);
         const double gbps = (is_fwd ? 2.0 : 3.0) * mat / (ms * 1e6);
-        std::printf("  %-4s %-42s %9.0f %6.1f%% %10.2e%s%s\n", is_fwd ? "fwd" : "bwd", c.name, gbps,
-                    100.0 * gbps / copy_gbps, err, c.production ? "" : "  (lab)",
-                    err > bound ? "  OVER THE BOUND" : "");
-        if (err > bound) failed = true;
+        std::printf("  %-4s %-50s %9.0f %6.1f%% %10.2e%s%s%s\n", is_fwd ? "fwd" : "bwd", c.name, gbps,
+                    100.0 * gbps / copy_gbps, err, c.production ? "" : "  (lab)", err > bound ? "  OVER THE BOUND" : "",
+                    same ? "" : "  NOT DETERMINISTIC");
+        if (err > bound || !same) failed = true;
         const std::string key =
             std::string(bf16 ? "bf16" : "f32 ") + " " + (is_fwd ? "fwd" : "bwd") + " D " + kClassNames[width_class(D)];
         Winner& w = winners[key];
@@ -760,7 +923,7 @@ int run(const Options& o) {
       for (float* p : {g, bt, dg, db, partials}) CHECK_CUDA(cudaFree(p));
     }
   std::printf("\nWinners on %s (a table entry is cuda/layernorm_table.hpp):\n", prop.name);
-  for (const auto& [key, w] : winners) std::printf("  %-24s %-42s %9.0f GB/s\n", key.c_str(), w.name.c_str(), w.gbps);
+  for (const auto& [key, w] : winners) std::printf("  %-24s %-50s %9.0f GB/s\n", key.c_str(), w.name.c_str(), w.gbps);
   if (failed) {
     std::fprintf(stderr, "layernorm_lab: some configuration is over its error bound (marked above)\n");
     return 1;
