@@ -90,9 +90,10 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
 // sum 8 columns (two float4 quads, from column 8 slot) over LANES row lanes,
 // lane l taking partial rows l, l + LANES, ... ascending; the lanes are then
 // added by a fixed shuffle tree inside each warp and the warps in warp
-// order. Nothing depends on timing: bitwise the same on every run. D % 4 == 0.
+// order. Nothing depends on timing: bitwise the same on every run (UNROLL,
+// the rows of a lane in flight at once, only groups the loads). D % 4 == 0.
 constexpr int kWideQuads = 2;
-template <int LANES>
+template <int LANES, int UNROLL>
 __device__ __forceinline__ void sum_partial_columns(const float* __restrict__ partial_dgamma,
                                                     const float* __restrict__ partial_dbeta, int n_partials, int D,
                                                     int slot, float* __restrict__ dgamma, float* __restrict__ dbeta) {
@@ -103,7 +104,7 @@ __device__ __forceinline__ void sum_partial_columns(const float* __restrict__ pa
   const int col = (slot * kWideQuads + q) * 4;
   float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
   if (col < D) {
-#pragma unroll 8
+#pragma unroll UNROLL
     for (int p = lane; p < n_partials; p += LANES) {
       const float4 g = __ldcg(reinterpret_cast<const float4*>(partial_dgamma + int64_t(p) * D + col));
       const float4 e = __ldcg(reinterpret_cast<const float4*>(partial_dbeta + int64_t(p) * D + col));
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kWideQuads* LANES)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op unless launched as a dependent
 #endif
-  sum_partial_columns<LANES>(partial_dgamma, partial_dbeta, n_partials, D, blockIdx.x, dgamma, dbeta);
+  sum_partial_columns<LANES, 8>(partial_dgamma, partial_dbeta, n_partials, D, blockIdx.x, dgamma, dbeta);
 }
 constexpr int kWideLanes = 128;
 
@@ -167,7 +168,9 @@ __device__ unsigned int g_fused_arrivals[2];
 // r, r + reducers, ... as the wide kernel 2 does; no second launch. The wait
 // needs the grid resident at once (a persistent grid, as every backward
 // here launches: the blocks still to arrive are running). The last reducer
-// to finish zeroes the counters for the next launch.
+// to finish zeroes the counters for the next launch. Two rows a lane in
+// flight: unrolled 8 like kernel 2, the epilogue took a 56-register kernel
+// to 104 (ptxas, sm_90); unrolled 2, to 69.
 template <int THREADS>
 __device__ __forceinline__ void reduce_in_last_blocks(const float* partial_dgamma, const float* partial_dbeta, int D,
                                                       const FusedSums& f) {
@@ -186,7 +189,7 @@ __device__ __forceinline__ void reduce_in_last_blocks(const float* partial_dgamm
   __syncthreads();
   __threadfence();
   for (int slot = r; slot < slots; slot += reducers)
-    sum_partial_columns<THREADS / kWideQuads>(partial_dgamma, partial_dbeta, n, D, slot, f.dgamma, f.dbeta);
+    sum_partial_columns<THREADS / kWideQuads, 2>(partial_dgamma, partial_dbeta, n, D, slot, f.dgamma, f.dbeta);
   if (threadIdx.x == 0 && atomicAdd(&f.arrivals[1], 1u) == static_cast<unsigned int>(reducers - 1))
     f.arrivals[0] = 0, f.arrivals[1] = 0;
 }
