@@ -58,28 +58,47 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
     dst[i] = src[i];
 }
 
-// Median milliseconds of `iters` samples of fn(set) on the default stream,
-// timed by CUDA events after `warmup` untimed ones; the input set rotates
-// (sample % sets) so that sets larger than the L2 are read from memory.
+// Milliseconds of fn(set) between CUDA events on the default stream, after
+// `warmup` untimed calls; the input set rotates (call % sets) so that sets
+// larger than the L2 are read from memory. EACH: one sample per call; else
+// one sample of all `iters` calls queued back to back.
 template <class Fn>
-double median_ms(int warmup, int iters, int sets, Fn&& fn) {
+std::vector<float> event_samples(int warmup, int iters, int sets, bool each, Fn&& fn) {
   cudaEvent_t start, stop;
   CHECK_CUDA(cudaEventCreate(&start));
   CHECK_CUDA(cudaEventCreate(&stop));
   for (int i = 0; i < warmup; ++i) fn(i % sets);
-  std::vector<float> ms(iters);
-  for (int i = 0; i < iters; ++i) {
+  if (!each) CHECK_CUDA(cudaDeviceSynchronize());
+  const int samples = each ? iters : 1, calls = each ? 1 : iters;
+  std::vector<float> ms(samples);
+  for (int s = 0, i = 0; s < samples; ++s) {
     CHECK_CUDA(cudaEventRecord(start));
-    fn((warmup + i) % sets);
+    for (int c = 0; c < calls; ++c, ++i) fn((warmup + i) % sets);
     CHECK_CUDA(cudaEventRecord(stop));
     CHECK_CUDA(cudaEventSynchronize(stop));
-    CHECK_CUDA(cudaEventElapsedTime(&ms[i], start, stop));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[s], start, stop));
   }
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaEventDestroy(start));
   CHECK_CUDA(cudaEventDestroy(stop));
+  return ms;
+}
+
+// Median milliseconds of `iters` samples of one call each.
+template <class Fn>
+double median_ms(int warmup, int iters, int sets, Fn&& fn) {
+  std::vector<float> ms = event_samples(warmup, iters, sets, true, fn);
   std::sort(ms.begin(), ms.end());
   return ms[iters / 2];
+}
+
+// Mean milliseconds of `iters` calls queued back to back. median_ms pays the
+// host's launch latency in every sample (its start event runs on an idle GPU
+// before the first launch arrives); here it is paid once, as in a step whose
+// launches are queued ahead of the GPU.
+template <class Fn>
+double back_to_back_ms(int warmup, int iters, int sets, Fn&& fn) {
+  return event_samples(warmup, iters, sets, false, fn)[0] / iters;
 }
 
 }  // namespace lab
