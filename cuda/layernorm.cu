@@ -27,6 +27,7 @@
 #include "cuda/layernorm_backward.cuh"
 #include "cuda/layernorm_forward.cuh"
 #include "cuda/layernorm_kernels.hpp"
+#include "cuda/layernorm_partial_columns.cuh"
 #include "cuda/layernorm_residual.cuh"
 #include "cuda/layernorm_rows.cuh"
 #include "cuda/layernorm_staged_backward.cuh"
@@ -413,6 +414,13 @@ struct Backward {
       partial_dgamma = partials.data<float>();
       partial_dbeta = partial_dgamma + int64_t(n_partials) * a.D;
       launch_kernel1(partial_dgamma, partial_dbeta);
+    }
+    if (a.D % 4 == 0) {  // partial rows of 16-byte aligned floats: 16-byte loads over D / 8 blocks
+      const int grid = static_cast<int>((a.D + kWideReduceCols - 1) / kWideReduceCols);
+      layernorm_reduce_partials_wide_kernel<<<grid, kWideReduceThreads, 0, stream()>>>(
+          partial_dgamma, partial_dbeta, n_partials, a.D, a.dgamma, a.dbeta, a.accumulate);
+      HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_wide_kernel");
+      return;
     }
     const dim3 reduce_block(kReduceCols, kReduceLanes);
     const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;

@@ -149,7 +149,7 @@ constexpr LnTable kProduction[kMemorySystems] = {
      // backward
      {{kInRegisters, kInRegisters, kStagedSharedParams, kInRegisters,  // f32
        kInRegisters, kInRegisters, kInRegisters, kInRegisters},
-      {kInRegisters8ByteBf16, kInRegisters8ByteBf16, kStagedSharedParams, kInRegisters8ByteBf16,  // bf16
+      {kInRegisters8ByteBf16, kInRegisters8ByteBf16, kInRegisters8ByteBf16, kInRegisters8ByteBf16,  // bf16
        kInRegisters8ByteBf16, kInRegisters8ByteBf16, kInRegisters8ByteBf16, kStaged8ByteBf16}}},
 };
 }  // namespace ln_table_detail

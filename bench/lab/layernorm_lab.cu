@@ -28,6 +28,7 @@
 #include "bench/lab/lab_util.cuh"
 #include "cuda/layernorm_backward.cuh"
 #include "cuda/layernorm_forward.cuh"
+#include "cuda/layernorm_partial_columns.cuh"
 #include "cuda/layernorm_staged_backward.cuh"
 #include "cuda/layernorm_staged_forward.cuh"
 #include "cuda/layernorm_staged_pair_forward.cuh"
@@ -86,57 +87,6 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   }
 }
 
-// The wide kernel 2's sums, 16 bytes a load: the block's 2 * LANES threads
-// sum 8 columns (two float4 quads, from column 8 slot) over LANES row lanes,
-// lane l taking partial rows l, l + LANES, ... ascending; the lanes are then
-// added by a fixed shuffle tree inside each warp and the warps in warp
-// order. Nothing depends on timing: bitwise the same on every run (UNROLL,
-// the rows of a lane in flight at once, only groups the loads). D % 4 == 0.
-constexpr int kWideQuads = 2;
-template <int LANES, int UNROLL>
-__device__ __forceinline__ void sum_partial_columns(const float* __restrict__ partial_dgamma,
-                                                    const float* __restrict__ partial_dbeta, int n_partials, int D,
-                                                    int slot, float* __restrict__ dgamma, float* __restrict__ dbeta) {
-  constexpr int kWarps = kWideQuads * LANES / 32;
-  static_assert(kWideQuads * LANES % 32 == 0 && kWarps <= 32, "bad wide reduce shape");
-  __shared__ float4 warp_sums[2][kWarps][kWideQuads];
-  const int q = threadIdx.x % kWideQuads, lane = threadIdx.x / kWideQuads;
-  const int col = (slot * kWideQuads + q) * 4;
-  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-  if (col < D) {
-#pragma unroll UNROLL
-    for (int p = lane; p < n_partials; p += LANES) {
-      const float4 g = __ldcg(reinterpret_cast<const float4*>(partial_dgamma + int64_t(p) * D + col));
-      const float4 e = __ldcg(reinterpret_cast<const float4*>(partial_dbeta + int64_t(p) * D + col));
-      a.x += g.x, a.y += g.y, a.z += g.z, a.w += g.w;
-      b.x += e.x, b.y += e.y, b.z += e.z, b.w += e.w;
-    }
-  }
-  // The lanes of one quad inside a warp: thread bits above log2(kWideQuads).
-#pragma unroll
-  for (int off = 16; off >= kWideQuads; off /= 2) {
-    a.x += __shfl_xor_sync(~0u, a.x, off), a.y += __shfl_xor_sync(~0u, a.y, off);
-    a.z += __shfl_xor_sync(~0u, a.z, off), a.w += __shfl_xor_sync(~0u, a.w, off);
-    b.x += __shfl_xor_sync(~0u, b.x, off), b.y += __shfl_xor_sync(~0u, b.y, off);
-    b.z += __shfl_xor_sync(~0u, b.z, off), b.w += __shfl_xor_sync(~0u, b.w, off);
-  }
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 < kWideQuads) warp_sums[0][warp][q] = a, warp_sums[1][warp][q] = b;
-  __syncthreads();
-  if (threadIdx.x < kWideQuads && col < D) {
-    float sg[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float4 g = warp_sums[0][w][q], e = warp_sums[1][w][q];
-      sg[0] += g.x, sg[1] += g.y, sg[2] += g.z, sg[3] += g.w;
-      sb[0] += e.x, sb[1] += e.y, sb[2] += e.z, sb[3] += e.w;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) dgamma[col + k] = sg[k], dbeta[col + k] = sb[k];
-  }
-  __syncthreads();  // warp_sums is free for the next slot
-}
-
 // Kernel 2 with 16-byte loads over many blocks: block s sums column slot s
 // (D / 8 blocks: 96 at 768 columns, where layernorm_reduce_partials_kernel
 // runs 24), every partial row of a lane in flight at once. PDL: launched as
@@ -149,7 +99,7 @@ __global__ void __launch_bounds__(kWideQuads* LANES)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // no-op unless launched as a dependent
 #endif
-  sum_partial_columns<LANES, 8>(partial_dgamma, partial_dbeta, n_partials, D, blockIdx.x, dgamma, dbeta);
+  sum_partial_columns<LANES, 8>(partial_dgamma, partial_dbeta, n_partials, D, blockIdx.x, dgamma, dbeta, false);
 }
 constexpr int kWideLanes = 128;
 
@@ -189,7 +139,7 @@ __device__ __forceinline__ void reduce_in_last_blocks(const float* partial_dgamm
   __syncthreads();
   __threadfence();
   for (int slot = r; slot < slots; slot += reducers)
-    sum_partial_columns<THREADS / kWideQuads, 2>(partial_dgamma, partial_dbeta, n, D, slot, f.dgamma, f.dbeta);
+    sum_partial_columns<THREADS / kWideQuads, 2>(partial_dgamma, partial_dbeta, n, D, slot, f.dgamma, f.dbeta, false);
   if (threadIdx.x == 0 && atomicAdd(&f.arrivals[1], 1u) == static_cast<unsigned int>(reducers - 1))
     f.arrivals[0] = 0, f.arrivals[1] = 0;
 }
