@@ -34,6 +34,7 @@
 #include "cuda/layernorm_staged_forward.cuh"
 #include "cuda/layernorm_staged_pair_forward.cuh"
 #include "cuda/residual_layernorm_kernels.hpp"
+#include "cuda/staged_room.cuh"
 #include "cuda/vec.cuh"
 
 namespace hg::gpu {
@@ -146,21 +147,6 @@ int cluster_size_for(int D, int VEC, int CAP, const std::array<int, kMaxCluster 
   for (int C = 2; C <= kMaxCluster; ++C)
     if (cluster_slice(D, C, VEC) <= CAP && fit[C] * C > fit[best] * best) best = C;
   return best;
-}
-
-// The room a staged forward kernel has for its rings on this device, or
-// nothing where it cannot run (bulk copies exist only in sm_90 code). Allows
-// it the most dynamic shared memory.
-template <class Kernel>
-std::optional<StagedRoom> staged_room(Kernel kernel, int threads, const char* op) {
-  if (!runs_sm90_code(kernel)) return std::nullopt;
-  StagedRoom room{};
-  room.static_smem = static_smem_bytes(kernel);
-  room.smem_per_block = room.static_smem + static_cast<int>(allow_max_dynamic_smem(kernel));
-  room.smem_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-  room.reserved_per_block = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock);
-  room.blocks_per_sm = blocks_per_sm(kernel, threads, 0, op);
-  return room;
 }
 
 // ---- forward --------------------------------------------------------------------------

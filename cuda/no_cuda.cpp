@@ -93,6 +93,9 @@ void layernorm_backward_fused(const Tensor&, const Tensor&, const Tensor&, const
 }
 
 void softmax_forward_fused(const Tensor&, const SoftmaxRows&, Tensor&) { no_cuda("gpu::softmax_forward_fused"); }
+bool softmax_forward_is_staged(const Tensor&, const SoftmaxRows&, const Tensor&) {
+  no_cuda("gpu::softmax_forward_is_staged");
+}
 void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, float, Tensor&) {
   no_cuda("gpu::softmax_backward_fused");
 }

@@ -16,13 +16,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <type_traits>
 
 #include "core/error.hpp"
-#include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
 #include "cuda/cuda_check.hpp"
 #include "cuda/reduce.cuh"
 #include "cuda/softmax_kernels.hpp"
+#include "cuda/softmax_row_math.cuh"
+#include "cuda/softmax_staged_forward.cuh"
+#include "cuda/staged_room.cuh"
 #include "cuda/vec.cuh"
 
 namespace hg::gpu {
@@ -38,49 +43,8 @@ constexpr int kMaxBlock = 1024;      // block-team and streaming layouts
 constexpr int kForwardBlockElems = 16;
 constexpr int kBackwardBlockElems = 16;
 constexpr int kBackwardScalarBlockElems = 8;
-constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
 
-// ---- numerics -----------------------------------------------------------------
-
-// max that returns NaN when either input is NaN (fmaxf would drop it and hide
-// a NaN row behind a finite answer).
-__device__ __forceinline__ float max_nan(float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-#else
-  return (a != a || b != b) ? a + b : fmaxf(a, b);
-#endif
-}
-
-// What a mask value adds to z: itself, or -inf at or below the threshold.
-// Subtracting inf (rather than returning -inf) keeps a NaN mask value NaN,
-// exactly as the CPU path does.
-__device__ __forceinline__ float additive_mask(float m) { return m > kMaskThreshold ? m : m - INFINITY; }
-
-// ---- who owns a row ---------------------------------------------------------------
-
-// TPR consecutive lanes of a warp own one row. Shuffles with xor offsets below
-// TPR stay inside the team; all 32 lanes always take part (no early exit).
-template <int TPR>
-struct LaneTeam {
-  static_assert(TPR >= 1 && TPR <= 32 && (TPR & (TPR - 1)) == 0, "TPR is a power of two <= 32");
-  __device__ int rank() const { return threadIdx.x % TPR; }
-  __device__ int size() const { return TPR; }
-  __device__ int slot() const { return threadIdx.x / TPR; }  // which of the block's rows
-  __device__ int rows_per_block() const { return blockDim.x / TPR; }
-  __device__ float max(float v) const {
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
-    return v;
-  }
-  __device__ float sum(float v) const {
-#pragma unroll
-    for (int off = TPR / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-  }
-};
+// ---- who owns a row (LaneTeam: cuda/softmax_row_math.cuh) ----------------------------
 
 struct WarpMaxNan {
   __device__ float operator()(float v) const { return LaneTeam<32>{}.max(v); }
@@ -98,45 +62,6 @@ struct BlockTeam {
 };
 
 // ---- forward --------------------------------------------------------------------
-
-template <class T>
-struct ForwardArgs {
-  const T* x;
-  T* y;
-  const float* mask;                     // null: no mask
-  int64_t rows, tk, tq, rows_per_batch;  // rows_per_batch = heads * tq
-  int64_t mask_batch_stride, mask_query_stride;
-  float scale;
-  bool causal;
-  bool index32;  // row coordinates fit 32-bit division (much cheaper than 64-bit)
-};
-
-// The part of a row's setup that depends on its (batch, query) coordinates.
-struct RowSpan {
-  const float* mask;  // this row's mask, or null
-  int64_t visible;    // keys [0, visible) can be seen; the rest are masked without a load
-};
-
-template <class T>
-__device__ __forceinline__ RowSpan row_span(const ForwardArgs<T>& a, int64_t row) {
-  RowSpan s{nullptr, a.tk};
-  if (a.mask == nullptr && !a.causal) return s;
-  int64_t b, q;
-  if (a.index32) {
-    const uint32_t r = static_cast<uint32_t>(row);
-    b = r / static_cast<uint32_t>(a.rows_per_batch);
-    q = r % static_cast<uint32_t>(a.tq);
-  } else {
-    b = row / a.rows_per_batch;
-    q = row % a.tq;
-  }
-  if (a.mask != nullptr) s.mask = a.mask + b * a.mask_batch_stride + q * a.mask_query_stride;
-  if (a.causal) {
-    const int64_t n = q + a.tk - a.tq + 1;  // keys k <= q + (tk - tq)
-    s.visible = n < 0 ? 0 : (n > a.tk ? a.tk : n);
-  }
-  return s;
-}
 
 // z for the W keys starting at k0 (all < tk): scale * x + mask, -inf past `visible`.
 template <class T, int W>
@@ -173,16 +98,6 @@ constexpr SoftmaxForwardConfig kVectorForward[2] = {{true, 512}, {true, 512}};
 // Rows read one element at a time: the exact arithmetic of the CPU path.
 constexpr SoftmaxForwardConfig kScalarForward = {false, 0};
 
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^v by the SFU (max relative error ~2^-22; results below 2^-126 flush to
-// 0, which a probability never misses next to its row's 1 / sum).
-__device__ __forceinline__ float exp2_approx(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
-}
-
 // load_z with one FFMA per element (scale x + mask rounded once, not twice:
 // within an ulp of z of the CPU path), bf16 widened by masks, and the
 // per-key causal test only in the chunk that straddles `visible`.
@@ -204,17 +119,6 @@ __device__ __forceinline__ void load_z_lean(const T* x_row, const RowSpan& span,
     for (int j = 0; j < W; ++j)
       if (k0 + j >= span.visible) z[j] = -INFINITY;
 }
-
-// The row max becomes the exp shift. A fully masked row (max = -inf) shifts by
-// 0 instead, so exp(-inf - 0) = 0, its sum is 0 and 1/sum is replaced by 0:
-// zeros, not (-inf) - (-inf) = NaN. A NaN max leaves everything NaN.
-struct Normaliser {
-  float shift;
-  bool all_masked;
-  __device__ explicit Normaliser(float row_max)
-      : shift(row_max == -INFINITY ? 0.0f : row_max), all_masked(row_max == -INFINITY) {}
-  __device__ float inverse(float row_sum) const { return all_masked ? 0.0f : 1.0f / row_sum; }
-};
 
 // Row held in registers: chunk i of a thread covers keys [(rank + i * size) * W, +W).
 // Requires tk <= size * N * W and, for W > 1, tk % W == 0 (chunks never straddle tk).
@@ -241,27 +145,7 @@ __device__ __forceinline__ void forward_rows_in_registers(const ForwardArgs<T>& 
       }
     }
 
-    float row_max = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-      for (int j = 0; j < W; ++j) row_max = max_nan(row_max, v[i][j]);
-    const Normaliser norm(team.max(row_max));
-
-    float row_sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        // lean: exp(z - shift) = 2^((z - shift) log2e). The difference comes
-        // first: z log2e - shift log2e in one FFMA would leave the rounding
-        // of shift log2e (an ulp of 2^77 at logits of 1e30) in the max key's
-        // exponent, whose exp must be exactly 1.
-        if constexpr (kLean) v[i][j] = exp2_approx((v[i][j] - norm.shift) * kLog2e);
-        else v[i][j] = expf(v[i][j] - norm.shift);
-        row_sum += v[i][j];
-      }
-    const float inv = norm.inverse(team.sum(row_sum));
+    const float inv = exp_and_inverse<W, N, kLean>(team, v);
 
     if (!valid) continue;
     T* y_row = a.y + row * a.tk;
@@ -519,35 +403,99 @@ struct BackwardLauncher {
   }
 };
 
+// Non-causal 16-byte rows of kStagedForwardMinTk..kStagedSoftmaxMaxTk keys
+// go to the staged forward (cuda/softmax_staged_forward.cuh) where the device
+// and the compiled code are sm_90+: on the H200 it beat the register layouts
+// there by 3.5 to ~15 points of the copy rate; at Tk 512 and on causal rows the
+// register layouts win (docs/softmax.md).
+constexpr int64_t kStagedForwardMinTk = 1024;
+// Bytes in flight a SM the rings aim at (bench/lab/softmax.md: "96 KB a SM").
+constexpr int kStagedForwardTargetBytes = 96 * 1024;
+
+// The staged forward's kernel and plan for `a` (16-byte rows), or nothing
+// where it does not apply (causal, Tk out of range, row numbers past 32-bit
+// division, below sm_90, a row too big for shared memory).
+template <class T>
+struct StagedForward {
+  StagedSoftmaxKernel<T> k;
+  StagedPlan plan;
+};
+
+template <class T>
+std::optional<StagedForward<T>> staged_forward_plan(const ForwardArgs<T>& a) {
+  if (a.causal || !a.index32 || a.tk < kStagedForwardMinTk || a.tk > kStagedSoftmaxMaxTk) return std::nullopt;
+  const StagedSoftmaxKernel<T> k = staged_softmax_kernel<T, kStagedForwardMinTk>(a.tk);
+  if (k.kernel == nullptr) return std::nullopt;
+  // One look at the device and the kernel's compiled code per kernel
+  // (nullopt below sm_90), under a lock: forwards may run on several threads.
+  static std::mutex lock;
+  static std::map<const void*, std::optional<StagedRoom>> rooms;
+  std::optional<StagedRoom> room;
+  {
+    const std::lock_guard<std::mutex> hold(lock);
+    const void* key = reinterpret_cast<const void*>(k.kernel);
+    auto at = rooms.find(key);
+    if (at == rooms.end()) at = rooms.emplace(key, staged_room(k.kernel, k.G * k.R, "softmax_forward_fused")).first;
+    room = at->second;
+  }
+  if (!room) return std::nullopt;
+  const StagedPlan plan =
+      plan_staged(*room, k.R, static_cast<int>(a.tk * int64_t(sizeof(T))), kStagedForwardTargetBytes);
+  if (plan.stages < 1) return std::nullopt;  // the register layouts take it
+  return StagedForward<T>{k, plan};
+}
+
+template <class T>
+void launch_staged_forward(const ForwardArgs<T>& a, const StagedForward<T>& s) {
+  const int64_t resident = int64_t(s.plan.blocks_per_sm) * sm_count();
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(resident, ceil_div(a.rows, s.k.R)));
+  s.k.kernel<<<grid, s.k.G * s.k.R, s.plan.smem, stream()>>>(a, s.plan.stages);
+  HG_CUDA_CHECK_LAUNCH("softmax_forward_staged_kernel");
+}
+
+template <class T>
+ForwardArgs<T> forward_args(const Tensor& x, const SoftmaxRows& l, const Tensor& y) {
+  return {static_cast<const T*>(x.raw_data()),
+          static_cast<T*>(y.raw_data()),
+          l.mask != nullptr ? l.mask->data<float>() : nullptr,
+          l.rows,
+          l.tk,
+          l.tq,
+          l.heads * l.tq,
+          l.mask_batch_stride,
+          l.mask_query_stride,
+          static_cast<float>(l.scale),
+          l.causal,
+          l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX};
+}
+
+// 16-byte access needs every row start 16-byte aligned: Tk a multiple of
+// the vector width and aligned base pointers (a mask row is read V floats
+// at a time, so its strides must keep 16-byte alignment too).
+template <class T>
+bool vector_rows(const ForwardArgs<T>& a) {
+  return a.tk % VecWidth<T>::value == 0 && aligned16(a.x) && aligned16(a.y) &&
+         (a.mask == nullptr || (aligned16(a.mask) && a.mask_batch_stride % 4 == 0 && a.mask_query_stride % 4 == 0));
+}
+
 template <class T>
 void forward_typed(const Tensor& x, const SoftmaxRows& l, Tensor& y) {
   constexpr int V = VecWidth<T>::value;
-  const float* mask = l.mask != nullptr ? l.mask->data<float>() : nullptr;
-  const ForwardArgs<T> args{static_cast<const T*>(x.raw_data()),
-                            static_cast<T*>(y.raw_data()),
-                            mask,
-                            l.rows,
-                            l.tk,
-                            l.tq,
-                            l.heads * l.tq,
-                            l.mask_batch_stride,
-                            l.mask_query_stride,
-                            static_cast<float>(l.scale),
-                            l.causal,
-                            l.rows <= UINT32_MAX && l.heads * l.tq <= UINT32_MAX};
-  // 16-byte access needs every row start 16-byte aligned: Tk a multiple of
-  // the vector width and aligned base pointers (a mask row is read V floats
-  // at a time, so its strides must keep 16-byte alignment too).
-  const bool vector_ok =
-      l.tk % V == 0 && aligned16(x.raw_data()) && aligned16(y.raw_data()) &&
-      (mask == nullptr || (aligned16(mask) && l.mask_batch_stride % 4 == 0 && l.mask_query_stride % 4 == 0));
-  if (vector_ok) {
+  const ForwardArgs<T> args = forward_args<T>(x, l, y);
+  if (vector_rows(args)) {
+    if (const auto staged = staged_forward_plan(args)) return launch_staged_forward(args, *staged);
     constexpr SoftmaxForwardConfig C = kVectorForward[std::is_same_v<T, bf16>];
     ForwardLauncher<T, C.lean, C.lane_max_keys> launcher{args};
     return dispatch<V, kForwardBlockElems>(l.tk, launcher);
   }
   ForwardLauncher<T, kScalarForward.lean, kScalarForward.lane_max_keys> launcher{args};
   dispatch<1, kForwardBlockElems>(l.tk, launcher);
+}
+
+template <class T>
+bool forward_is_staged(const Tensor& x, const SoftmaxRows& l, const Tensor& y) {
+  const ForwardArgs<T> args = forward_args<T>(x, l, y);
+  return vector_rows(args) && staged_forward_plan(args).has_value();
 }
 
 template <class T>
@@ -589,6 +537,11 @@ void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y
   if (layout.rows == 0) return;
   if (x.dtype() == DType::F32) return forward_typed<float>(x, layout, y);
   forward_typed<bf16>(x, layout, y);
+}
+
+bool softmax_forward_is_staged(const Tensor& x, const SoftmaxRows& layout, const Tensor& y) {
+  if (layout.rows == 0) return false;
+  return x.dtype() == DType::F32 ? forward_is_staged<float>(x, layout, y) : forward_is_staged<bf16>(x, layout, y);
 }
 
 void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx) {

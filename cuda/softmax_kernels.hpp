@@ -13,6 +13,11 @@ namespace hg::gpu {
 // A row with every key masked is written as zeros.
 void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y);
 
+// Whether softmax_forward_fused(x, layout, y) runs the staged forward
+// (sm_90+, non-causal 16-byte rows of Tk 1024..16384; docs/softmax.md):
+// what the tests check the layout choice with.
+bool softmax_forward_is_staged(const Tensor& x, const SoftmaxRows& layout, const Tensor& y);
+
 // dx = scale * y * (dy - sum(dy * y)) per row; dy, y, dx all F32 or all BF16.
 void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx);
 

@@ -3,6 +3,9 @@
 // lanes with 1-8 chunks, block team, streaming), in f32 and bf16, on aligned
 // tensors (16-byte path) and on views one element off (scalar path). Outputs
 // are poisoned with NaN first, so an element the kernel fails to write shows.
+// The staged forward (sm_90+, non-causal 16-byte rows of Tk 1024..16384)
+// has its own case: padding mask, hostile rows, run to run, and against the
+// register layout on the same rows.
 // The op-level tests (every path against float64, hostile inputs, errors)
 // are in tests/test_softmax.cpp.
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_runtime.hpp"
 #include "core/tensor.hpp"
 #include "cuda/softmax_kernels.hpp"
 #include "ops/softmax.hpp"
@@ -27,7 +31,7 @@ using hg::Tensor;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-enum class Variant { Plain, PaddingCausal, FullMaskHostile, HugeLogits };
+enum class Variant { Plain, PaddingCausal, FullMaskHostile, HugeLogits, PaddingHostile };
 
 struct Case {
   int64_t b, h, tq, tk;
@@ -121,6 +125,22 @@ Tensor device_view(const Shape& shape, DType dtype, int64_t offset, const Tensor
 
 void check_case(const Case& c, Variant variant, const Tensor& x, const Tensor& dy, Tensor& y, Tensor& dx,
                 const hg::SoftmaxRows& l, int64_t tk, DType dtype);
+void check_staged(const Tensor& x, const Tensor& y, const hg::SoftmaxRows& l, const Shape& shape, DType dtype,
+                  int64_t offset);
+
+// Batch 1 of PaddingHostile (its keys past tk - tk / 3 masked): a NaN score
+// at a visible key (row (1, 0, 0)) and at a masked one ((1, 0, 1)): NaN rows;
+// logits of +-1e30 ((1, 0, 2)); a constant row ((1, 0, 3)); one key of 1e30
+// ((1, 1, 0)).
+void set_hostile_rows(Tensor& x, int64_t tk) {
+  x.set({1, 0, 0, 5}, kNaN);
+  x.set({1, 0, 1, tk - 1}, kNaN);
+  for (int64_t k = 0; k < tk; ++k) {
+    x.set({1, 0, 2, k}, k % 3 == 0 ? 1e30 : -1e30);
+    x.set({1, 0, 3, k}, 2.5);
+  }
+  x.set({1, 1, 0, 7}, 1e30);
+}
 
 void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t seed) {
   hg::Generator gen(seed);
@@ -150,6 +170,17 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
       c = {2, 2, 3, tk, &mask64, 3 * tk, tk, false, 0.125};
       break;
     }
+    case Variant::PaddingHostile: {  // (B, 1, 1, Tk) padding mask, non-causal, Tq = 4: the staged forward's rows
+      std::vector<double> m(static_cast<size_t>(3 * tk));
+      for (int64_t k = 0; k < tk; ++k) {
+        m[k] = k % 2 == 0 ? -kInf : -1e9;                                  // batch 0: every key masked
+        m[tk + k] = k >= tk - tk / 3 ? -kInf : (k % 5 == 1 ? -1e4 : 0.0);  // batch 1: a padded tail, biases
+        m[2 * tk + k] = gen.uniform() < 0.1 ? -kInf : -2.0 * gen.uniform();
+      }
+      mask64 = Tensor::from_vector(m, {3, 1, 1, tk}, DType::F64);
+      c = {3, 2, 4, tk, &mask64, tk, 0, false, 0.125};
+      break;
+    }
   }
   const Shape shape{c.b, c.h, c.tq, c.tk};
   INFO("variant " << static_cast<int>(variant) << " tk " << tk << " dtype " << hg::dtype_name(dtype) << " offset "
@@ -157,6 +188,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
 
   Tensor x_host = Tensor::randn(shape, gen, DType::F32, Device::CPU, 0.0, variant == Variant::HugeLogits ? 1e30 : 3.0);
   if (variant == Variant::FullMaskHostile) x_host.set({0, 0, 1, tk / 2}, kNaN);  // row 1: NaN at a visible key
+  if (variant == Variant::PaddingHostile) set_hostile_rows(x_host, tk);
   const Tensor dy_host = Tensor::randn(shape, gen, DType::F32);
   const Tensor x = device_view(shape, dtype, offset, &x_host);
   const Tensor dy = device_view(shape, dtype, offset, &dy_host);
@@ -176,6 +208,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   l.causal = c.causal;
   l.scale = static_cast<float>(c.scale);
   check_case(c, variant, x, dy, y, dx, l, tk, dtype);
+  if (variant == Variant::PaddingHostile) check_staged(x, y, l, shape, dtype, offset);
 }
 
 // One forward and backward of run_case's inputs, against float64.
@@ -222,6 +255,51 @@ void check_case(const Case& c, Variant variant, const Tensor& x, const Tensor& d
     CHECK(not_zero == 0);
     CHECK(not_nan == 0);
   }
+  if (variant == Variant::PaddingHostile) {
+    const int64_t batch = c.h * c.tq * tk;
+    size_t not_zero = 0, not_nan = 0;
+    for (int64_t i = 0; i < batch; ++i) not_zero += y_got[i] != 0.0 || dx_got[i] != 0.0;  // batch 0: zeros
+    for (int64_t i = batch; i < batch + 2 * tk; ++i) not_nan += !std::isnan(y_got[i]);    // rows (1, 0, 0..1)
+    CHECK(not_zero == 0);
+    CHECK(not_nan == 0);
+  }
+}
+
+// Equal bit for bit: the same value, sign of zero and NaN-ness.
+size_t bitwise_mismatches(const std::vector<double>& a, const std::vector<double>& b) {
+  size_t n = a.size() != b.size();
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    n += std::isnan(a[i]) ? !std::isnan(b[i]) : !(a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]));
+  return n;
+}
+
+// Where the staged forward applies (sm_90+, 16-byte rows, non-causal,
+// Tk 1024..16384) it must be the one chosen, give the same bits on a second
+// run, and agree with the register layout on the same rows: the layout
+// with Tq = 1 and causal (every key visible, the same numbers) is never
+// staged. Not bitwise there: the max and each exp are the same FFMA and
+// ex2, but the staged groups sum a row's exps in another order (bf16 Tk
+// 1024: a warp of 32 keys a lane against 64 threads of 16), so 1 / sum may
+// differ in its last bit; f32 within the float64 bound, bf16 within 1 ulp
+// on all and equal on >= 99%.
+void check_staged(const Tensor& x, const Tensor& y, const hg::SoftmaxRows& l, const Shape& shape, DType dtype,
+                  int64_t offset) {
+  const bool staged = hg::gpu::compute_capability() >= 90 && offset == 0 && !l.causal && l.tk >= 1024 && l.tk <= 16384;
+  CHECK(hg::gpu::softmax_forward_is_staged(x, l, y) == staged);
+  Tensor again = device_view(shape, dtype, offset, nullptr);
+  hg::gpu::softmax_forward_fused(x, l, again);
+  CHECK(bitwise_mismatches(again.to_vector(), y.to_vector()) == 0);
+
+  hg::SoftmaxRows registers = l;
+  registers.heads = l.heads * l.tq;
+  registers.tq = 1;
+  registers.causal = true;
+  CHECK_FALSE(hg::gpu::softmax_forward_is_staged(x, registers, y));
+  Tensor y_registers = device_view(shape, dtype, offset, nullptr);
+  hg::gpu::softmax_forward_fused(x, registers, y_registers);
+  const std::vector<double> got = y.to_vector(), want = y_registers.to_vector();
+  if (dtype == DType::F32) check_close(got, want, 1e-5, 2e-5);
+  else HG_CHECK_BF16(got, want, hg::test::softmax_y_slack(want));
 }
 
 }  // namespace
@@ -250,4 +328,16 @@ TEST_CASE("fused softmax kernels stay finite at logits of 1e30", "[softmax][cuda
   for (const int64_t tk : {8, 64, 256, 512, 1000, 1024, 4096, 16392})
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t offset : {0, 1}) run_case(Variant::HugeLogits, tk, dtype, offset, seed++);
+}
+
+// The staged forward's rows (the attention padding mask (B, 1, 1, Tk),
+// non-causal) at the sizes it was measured on, with hostile rows; offset 1
+// (a misaligned view) and Tk 512 must not take it and stay correct, and the
+// causal boundary case above covers causal rows at these Tk.
+TEST_CASE("staged softmax forward: padding mask, hostile rows, run to run, register layout", "[softmax][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 9500;
+  for (const int64_t tk : {512, 1024, 2048, 4096})
+    for (const DType dtype : {DType::F32, DType::BF16})
+      for (const int64_t offset : {0, 1}) run_case(Variant::PaddingHostile, tk, dtype, offset, seed++);
 }

@@ -34,6 +34,12 @@ using namespace softmax_lab;
 
 // ---- candidates ---------------------------------------------------------------
 
+// Production (cuda/softmax.cu) runs the register layout of kVectorForward
+// except where its staged forward (cuda/softmax_staged_forward.cuh, the lab's
+// "staged, 96 KB a SM") applies: sm_90+, non-causal, Tk 1024..16384.
+enum class Prod { No, Registers, Staged };
+constexpr Prod kNo = Prod::No;
+
 struct Config {
   const char* name;
   bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2 e
@@ -46,31 +52,40 @@ struct Config {
   int staged_ept;     // staged layout: keys a thread holds at most (16 or 32)
   bool staged_mask;   // staged layout: the mask row staged with x (else loaded through L1)
   bool resident;      // register layouts: a grid of the blocks that fit at once, looping over the rows
-  bool production;    // cuda/softmax.cu's kVectorForward
+  Prod production;    // what cuda/softmax.cu runs of it
 };
 constexpr XLoad kNc = XLoad::ReadOnly, kNoL1 = XLoad::NoL1, kNoL1P = XLoad::NoL1Prefetch256;
 // {name, lean, streaming, lane_max_keys, block_elems, rows_per_team, x_load,
 //  staged_kb, staged_ept, staged_mask, resident, production}
 constexpr Config kConfigs[] = {
-    {"exact", false, false, 0, 16, 1, kNc, 0, 0, false, false, false},
-    {"lean", true, false, 0, 16, 1, kNc, 0, 0, false, false, false},
-    {"lean+evict-first", true, true, 0, 16, 1, kNc, 0, 0, false, false, false},
-    {"lean, block team past 512", true, false, 512, 16, 1, kNc, 0, 0, false, false, true},
-    {"lean, block past 512, 32 a thread", true, false, 512, 32, 1, kNc, 0, 0, false, false, false},
-    {"lean, two rows a team", true, false, 0, 16, 2, kNc, 0, 0, false, false, false},
-    {"lean, block past 512, two rows", true, false, 512, 16, 2, kNc, 0, 0, false, false, false},
-    {"lean, block past 512, resident grid", true, false, 512, 16, 1, kNc, 0, 0, false, true, false},
-    {"lean, block past 512, two rows, res.", true, false, 512, 16, 2, kNc, 0, 0, false, true, false},
-    {"lean, block past 512, x no L1", true, false, 512, 16, 1, kNoL1, 0, 0, false, false, false},
-    {"lean, block past 512, x no L1 L2:256B", true, false, 512, 16, 1, kNoL1P, 0, 0, false, false, false},
-    {"staged, 32 KB a SM", true, false, 0, 0, 1, kNc, 32, 32, false, false, false},
-    {"staged, 96 KB a SM", true, false, 0, 0, 1, kNc, 96, 32, false, false, false},
-    {"staged, 96 KB a SM, 16 a thread", true, false, 0, 0, 1, kNc, 96, 16, false, false, false},
-    {"staged, 96 KB a SM, evict-first", true, true, 0, 0, 1, kNc, 96, 32, false, false, false},
-    {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false, false},
-    {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false, false},
+    {"exact", false, false, 0, 16, 1, kNc, 0, 0, false, false, kNo},
+    {"lean", true, false, 0, 16, 1, kNc, 0, 0, false, false, kNo},
+    {"lean+evict-first", true, true, 0, 16, 1, kNc, 0, 0, false, false, kNo},
+    {"lean, block team past 512", true, false, 512, 16, 1, kNc, 0, 0, false, false, Prod::Registers},
+    {"lean, block past 512, 32 a thread", true, false, 512, 32, 1, kNc, 0, 0, false, false, kNo},
+    {"lean, two rows a team", true, false, 0, 16, 2, kNc, 0, 0, false, false, kNo},
+    {"lean, block past 512, two rows", true, false, 512, 16, 2, kNc, 0, 0, false, false, kNo},
+    {"lean, block past 512, resident grid", true, false, 512, 16, 1, kNc, 0, 0, false, true, kNo},
+    {"lean, block past 512, two rows, res.", true, false, 512, 16, 2, kNc, 0, 0, false, true, kNo},
+    {"lean, block past 512, x no L1", true, false, 512, 16, 1, kNoL1, 0, 0, false, false, kNo},
+    {"lean, block past 512, x no L1 L2:256B", true, false, 512, 16, 1, kNoL1P, 0, 0, false, false, kNo},
+    {"staged, 32 KB a SM", true, false, 0, 0, 1, kNc, 32, 32, false, false, kNo},
+    {"staged, 96 KB a SM", true, false, 0, 0, 1, kNc, 96, 32, false, false, Prod::Staged},
+    {"staged, 96 KB a SM, 16 a thread", true, false, 0, 0, 1, kNc, 96, 16, false, false, kNo},
+    {"staged, 96 KB a SM, evict-first", true, true, 0, 0, 1, kNc, 96, 32, false, false, kNo},
+    {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false, kNo},
+    {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false, kNo},
 };
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
+
+// Whether cuda/softmax.cu runs candidate c on the lab's rows (16-byte rows,
+// mask strides Tk and 0) of tk keys: its staged forward where that applies,
+// else its register layout.
+bool runs_in_production(const Config& c, int64_t tk, bool causal) {
+  const bool staged = lab::device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && !causal && tk >= 1024 &&
+                      tk <= hg::gpu::kStagedSoftmaxMaxTk;
+  return c.production == (staged ? Prod::Staged : Prod::Registers);
+}
 
 unsigned grid_for(int64_t rows, int64_t per_block) { return unsigned((rows + per_block - 1) / per_block); }
 
@@ -141,8 +156,12 @@ using lab::device_attribute;
 // does not apply (empty when it does).
 template <class T>
 struct Staged {
-  void (*kernel)(Args<T>, int) = nullptr;
+  void (*kernel)(Args<T>, int) = nullptr;                   // a lab kernel, or
+  void (*product)(hg::gpu::ForwardArgs<T>, int) = nullptr;  // cuda/softmax_staged_forward.cuh's
   int G = 0, R = 0;
+  const void* fn() const {
+    return product ? reinterpret_cast<const void*>(product) : reinterpret_cast<const void*>(kernel);
+  }
   hg::gpu::StagedPlan plan;
   int grid = 0;
   std::string why;
@@ -156,6 +175,11 @@ template <class T, bool kStreaming, int EPT, bool kStageMask>
 Staged<T> staged_kernel_for(int64_t tk) {
   constexpr int W = 16 / sizeof(T), NF = EPT / W;
   Staged<T> k;
+  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask) {  // the product's kernel
+    const hg::gpu::StagedSoftmaxKernel<T> p = hg::gpu::staged_softmax_kernel<T>(tk);
+    k.product = p.kernel, k.G = p.G, k.R = p.R;
+    return k;
+  }
   auto pick = [&](auto g, auto n, auto r) {
     k.kernel = staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask>;
     k.G = decltype(g)::value, k.R = decltype(r)::value;
@@ -194,19 +218,19 @@ Staged<T> staged_plan(const Config& c, int64_t rows, int64_t tk) {
     k.why = "bulk copies need sm_90";
     return k;
   }
-  if (k.kernel == nullptr || (tk * int64_t(sizeof(T))) % 16 != 0) {
+  if (k.fn() == nullptr || (tk * int64_t(sizeof(T))) % 16 != 0) {
     k.why = "rows past Tk 16384 or not whole 16-byte words";
     return k;
   }
-  lab::allow_all_shared_memory(reinterpret_cast<const void*>(k.kernel));
+  lab::allow_all_shared_memory(k.fn());
   cudaFuncAttributes attr{};
-  CHECK_CUDA(cudaFuncGetAttributes(&attr, k.kernel));
+  CHECK_CUDA(cudaFuncGetAttributes(&attr, k.fn()));
   hg::gpu::StagedRoom room{};
   room.static_smem = int(attr.sharedSizeBytes);
   room.smem_per_block = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   room.smem_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   room.reserved_per_block = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock);
-  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&room.blocks_per_sm, k.kernel, k.G * k.R, 0));
+  CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&room.blocks_per_sm, k.fn(), k.G * k.R, 0));
   // A stage: a row of x, then (staged_mask) its mask row; the target counts both.
   const int stage_bytes = int(tk * (sizeof(T) + (c.staged_mask ? sizeof(float) : 0)));
   k.plan = hg::gpu::plan_staged(room, k.R, stage_bytes, c.staged_kb * 1024);
@@ -234,7 +258,14 @@ struct Prepared {
   }
   void launch(const Args<T>& a, cudaStream_t s) const {
     if (!c->staged_kb) return launch_registers(*c, a, s);
-    staged.kernel<<<staged.grid, staged.G * staged.R, staged.plan.smem, s>>>(a, staged.plan.stages);
+    if (staged.product) {  // the lab's rows keep row numbers below 2^32 (index32)
+      const hg::gpu::ForwardArgs<T> pa{
+          a.x,     a.y,      a.mask, a.rows, a.tk, a.tq, a.rows_per_batch, a.mask_batch_stride, a.mask_query_stride,
+          a.scale, a.causal, true};
+      staged.product<<<staged.grid, staged.G * staged.R, staged.plan.smem, s>>>(pa, staged.plan.stages);
+    } else {
+      staged.kernel<<<staged.grid, staged.G * staged.R, staged.plan.smem, s>>>(a, staged.plan.stages);
+    }
   }
 };
 
@@ -296,7 +327,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (!o.only.empty() && std::none_of(std::begin(kConfigs), std::end(kConfigs), [&](const Config& c) {
-        return !c.production && std::string(c.name).find(o.only) != std::string::npos;
+        return c.production == kNo && std::string(c.name).find(o.only) != std::string::npos;
       })) {
     std::string names;
     for (const Config& c : kConfigs) names += std::string(names.empty() ? "" : "; ") + c.name;
@@ -501,10 +532,11 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
   double best_ms = 0;
   for (int c = 0; c < kConfigCount; ++c) {
     const Config& cfg = kConfigs[c];
-    if (!cfg.production && std::string(cfg.name).find(o.only) == std::string::npos) continue;
+    if (cfg.production == kNo && std::string(cfg.name).find(o.only) == std::string::npos) continue;
     const Prepared<T> prep = prepare<T>(cfg, rows, tk);
+    const char star = runs_in_production(cfg, tk, o.causal) ? '*' : ' ';
     if (!prep.applies()) {
-      std::printf("  %c %-38s %s\n", cfg.production ? '*' : ' ', cfg.name, prep.note().c_str());
+      std::printf("  %c %-38s %s\n", star, cfg.name, prep.note().c_str());
       continue;
     }
     // The timed problem's last set (p.x holds its x), then the hostile rows.
@@ -516,13 +548,12 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
       prep.launch({x[s], y[s], mask, rows, tk, Tn, H * Tn, tk, 0, p.scale, o.causal}, nullptr);
     });
     if (pass && (best < 0 || ms < best_ms)) best = c, best_ms = ms;
-    std::printf("  %c %-38s %8.1f us %7.0f GB/s %5.1f%% of copy  max rel err %.2e %s  %s\n", cfg.production ? '*' : ' ',
-                cfg.name, ms * 1e3, moved / ms / 1e6, 100 * copy_ms / ms, e, pass ? "ok" : "FAILED",
-                prep.note().c_str());
+    std::printf("  %c %-38s %8.1f us %7.0f GB/s %5.1f%% of copy  max rel err %.2e %s  %s\n", star, cfg.name, ms * 1e3,
+                moved / ms / 1e6, 100 * copy_ms / ms, e, pass ? "ok" : "FAILED", prep.note().c_str());
   }
   if (best >= 0)
     std::printf("  winner: %s (%.1f%% of copy)%s\n", kConfigs[best].name, 100 * copy_ms / best_ms,
-                kConfigs[best].production ? " (production)" : "");
+                runs_in_production(kConfigs[best], tk, o.causal) ? " (production)" : "");
   for (int s = 0; s < sets; ++s) {
     CHECK_CUDA(cudaFree(x[s]));
     CHECK_CUDA(cudaFree(y[s]));
@@ -544,8 +575,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  std::printf("softmax_lab on %s (sm_%d%d, L2 %d MiB); * = production (cuda/softmax.cu kVectorForward)\n", prop.name,
-              prop.major, prop.minor, l2 >> 20);
+  std::printf("softmax_lab on %s (sm_%d%d, L2 %d MiB); * = production (cuda/softmax.cu: staged where it applies, else "
+              "kVectorForward)\n",
+              prop.name, prop.major, prop.minor, l2 >> 20);
   bool ok = true;
   for (const std::string& d : o.dtypes)
     for (size_t i = 0; i < o.t.size(); ++i)

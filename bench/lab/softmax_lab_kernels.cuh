@@ -14,11 +14,15 @@
 #include <cstdint>
 #include <type_traits>
 
+// First: sm90::barrier_wait, a stage wait that traps after two seconds,
+// which the product's staged kernel below takes where HG_SM90A_DEVICE is set.
+#include "cuda/wgmma.cuh"
+
 #include "cuda/bulk_stage.cuh"
-#include "cuda/layernorm_staged_forward.cuh"  // RowRing, plan_staged: the LayerNorm staged forward's ring
 #include "cuda/reduce.cuh"
+#include "cuda/row_ring.cuh"                // RowRing, plan_staged
+#include "cuda/softmax_staged_forward.cuh"  // the product's staged forward: the "staged, 32 / 96 KB a SM" rows
 #include "cuda/vec.cuh"
-#include "cuda/wgmma.cuh"  // sm90::barrier_wait: a wait that traps after two seconds
 
 namespace softmax_lab {
 
@@ -383,9 +387,12 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
   }
 }
 
-// A group of G threads (one warp, or G / 32 warps meeting at a named
-// barrier) owns a row at a time, R groups a block, a resident grid. Each
-// group keeps a ring of `stages` rows (cuda/layernorm_staged_forward.cuh's
+// The lab's variants of the product's staged forward
+// (cuda/softmax_staged_forward.cuh, which the "staged, 32 / 96 KB a SM"
+// rows launch): at most 16 keys a thread, evict-first stores of y, or the
+// mask staged with x. A group of G threads (one warp, or G / 32 warps
+// meeting at a named barrier) owns a row at a time, R groups a block, a
+// resident grid. Each group keeps a ring of `stages` rows (cuda/row_ring.cuh's
 // RowRing) filled by one bulk copy a row (fill_stage). Per row the group
 // takes z into registers (staged_scores), syncs, refills the stage with the
 // row `stages` rows ahead, then reduces and stores from registers as the
