@@ -52,14 +52,10 @@ std::vector<SavedGemmAlgorithm> parse(const std::string& text, const std::string
   for (size_t i = 0; i < j["entries"].size(); ++i) {
     const json& e = j["entries"][i];
     if (!e.is_object()) fail(kOp, path, ": entry ", i, " is not an object");
-    SavedGemmAlgorithm s{field<std::string>(e, "device", path, i),
-                         field<int64_t>(e, "cublaslt", path, i),
-                         field<std::string>(e, "gemm", path, i),
-                         field<int>(e, "candidate", path, i),
-                         field<int>(e, "candidates", path, i),
-                         field<std::string>(e, "algorithm", path, i),
-                         field<double>(e, "first_us", path, i),
-                         field<double>(e, "chosen_us", path, i)};
+    SavedGemmAlgorithm s{field<std::string>(e, "device", path, i), field<int64_t>(e, "cublaslt", path, i),
+                         field<std::string>(e, "gemm", path, i),   field<int>(e, "candidate", path, i),
+                         field<int>(e, "candidates", path, i),     field<std::string>(e, "algorithm", path, i),
+                         field<double>(e, "first_us", path, i),    field<double>(e, "chosen_us", path, i)};
     if (s.candidates < 1 || s.candidate < 0 || s.candidate >= s.candidates)
       fail(kOp, path, ": entry ", i, " has candidate ", s.candidate, " of ", s.candidates,
            "; expected 0 <= candidate < candidates");

@@ -12,13 +12,13 @@
 namespace hg {
 
 struct SavedGemmAlgorithm {
-  std::string device;      // the GPU's name, as cudaGetDeviceProperties gives it
-  int64_t library = 0;     // cublasLtGetVersion()
-  std::string gemm;        // the shape as GemmAlgorithmChoice::gemm describes it
-  int candidate = 0;       // index of the kept one among the heuristic's candidates
-  int candidates = 0;      // how many the heuristic offered
-  std::string algorithm;   // the kept one's configuration, checked again when the entry is used
-  double first_us = 0.0;   // median times when it was measured
+  std::string device;     // the GPU's name, as cudaGetDeviceProperties gives it
+  int64_t library = 0;    // cublasLtGetVersion()
+  std::string gemm;       // the shape as GemmAlgorithmChoice::gemm describes it
+  int candidate = 0;      // index of the kept one among the heuristic's candidates
+  int candidates = 0;     // how many the heuristic offered
+  std::string algorithm;  // the kept one's configuration, checked again when the entry is used
+  double first_us = 0.0;  // median times when it was measured
   double chosen_us = 0.0;
 };
 
