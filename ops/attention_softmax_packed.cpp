@@ -38,12 +38,12 @@ Tensor attention_softmax_packed_forward(const Tensor& qkv, int64_t heads, const 
   probs = attention_softmax_forward(scores, options);  // checks the mask against (B, H, T, T)
   Tensor out = Tensor::empty({b, t, width}, qkv.dtype(), Device::CPU);
   HG_PROFILE("matmul", Device::CPU);
-  cpu::packed_context(probs, qkv, heads, out);
+  cpu::packed_context(probs, qkv, heads, options.causal, out);
   return out;
 }
 
 Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                                         double scale) {
+                                         double scale, bool causal) {
   check_qkv(kBackward, qkv, heads);
   const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
   dout.check_defined(kBackward);
@@ -58,11 +58,11 @@ Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, 
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), Device::CPU);
   {
     HG_PROFILE("matmul", Device::CPU);
-    cpu::packed_value_grads(dout, probs, qkv, heads, dprobs, dqkv);
+    cpu::packed_value_grads(dout, probs, qkv, heads, causal, dprobs, dqkv);
   }
   const Tensor dscores = softmax_backward(dprobs, probs, scale);
   HG_PROFILE("matmul", Device::CPU);
-  cpu::packed_query_key_grads(dscores, qkv, heads, dqkv);
+  cpu::packed_query_key_grads(dscores, qkv, heads, causal, dqkv);
   return dqkv;
 }
 

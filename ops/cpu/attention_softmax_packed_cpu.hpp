@@ -15,15 +15,16 @@ namespace hg::cpu {
 // scores (B, H, T, T) = q k^T.
 void packed_scores(const Tensor& qkv, int64_t heads, Tensor& scores);
 
-// out (B, T, H dh) = probs v; probs (B, H, T, T).
-void packed_context(const Tensor& probs, const Tensor& qkv, int64_t heads, Tensor& out);
+// out (B, T, H dh) = probs v; probs (B, H, T, T). `causal`: probs hide keys
+// k > q (exactly 0 there), which the products over keys or queries leave out.
+void packed_context(const Tensor& probs, const Tensor& qkv, int64_t heads, bool causal, Tensor& out);
 
 // dprobs (B, H, T, T) = dout v^T, and the v slots of dqkv = probs^T dout;
 // dout (B, T, H dh).
-void packed_value_grads(const Tensor& dout, const Tensor& probs, const Tensor& qkv, int64_t heads, Tensor& dprobs,
-                        Tensor& dqkv);
+void packed_value_grads(const Tensor& dout, const Tensor& probs, const Tensor& qkv, int64_t heads, bool causal,
+                        Tensor& dprobs, Tensor& dqkv);
 
 // The q and k slots of dqkv: dq = dscores k, dk = dscores^T q.
-void packed_query_key_grads(const Tensor& dscores, const Tensor& qkv, int64_t heads, Tensor& dqkv);
+void packed_query_key_grads(const Tensor& dscores, const Tensor& qkv, int64_t heads, bool causal, Tensor& dqkv);
 
 }  // namespace hg::cpu
