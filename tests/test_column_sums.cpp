@@ -58,10 +58,10 @@ TEST_CASE("column sums carry inf and NaN as the double sums do", "[cpu][reduce]"
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const int64_t rows = 3, cols = 11;
   std::vector<float> x(static_cast<size_t>(rows * cols), 1.f);
-  x[0] = kInf;                   // column 0: inf
-  x[cols + 1] = -kInf;           // column 1: -inf
-  x[2] = kInf, x[cols + 2] = -kInf;  // column 2: inf - inf = NaN
-  x[2 * cols + 9] = std::nanf("");   // column 9 (the scalar tail): NaN
+  x[0] = kInf;                            // column 0: inf
+  x[cols + 1] = -kInf;                    // column 1: -inf
+  x[2] = kInf, x[cols + 2] = -kInf;       // column 2: inf - inf = NaN
+  x[2 * cols + 9] = std::nanf("");        // column 9 (the scalar tail): NaN
   x[2 * cols + 3] = 3e38f, x[3] = 3e38f;  // column 3: above float's range, finite in double -> inf
   std::vector<float> y(static_cast<size_t>(cols));
   hg::cpu::column_sums(x.data(), rows, cols, cols, 1.0, y.data());
