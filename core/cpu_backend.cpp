@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/column_sums.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/cpu_math.hpp"
 #include "core/cpu_matmul.hpp"
@@ -283,6 +285,21 @@ constexpr int64_t kReduceChunk = int64_t(1) << 16;
 // Columns per task when reducing over a leading dim.
 constexpr int64_t kReduceColumns = 256;
 
+// float32 sums over a leading dim (bias gradients): core/column_sums.hpp,
+// the same double sums as below, vectorised. Each column's sum does not
+// depend on which task adds it, so the columns are cut per thread (at least
+// kReduceColumns a task, multiples of 16): one thread reads whole rows in
+// memory order (a 2048 x 1024 sum in half the time of 256-column blocks).
+void float_column_sums(const float* x, float* y, int64_t outer, int64_t len, int64_t inner, double scale) {
+  const int64_t per_thread = (inner + num_threads() - 1) / num_threads();
+  const int64_t width = std::max(kReduceColumns, (per_thread + 15) / 16 * 16);
+  const int64_t column_pieces = pieces(inner, width);
+  parallel_for(outer * column_pieces, outer * len * inner, [&](int64_t t) {
+    const int64_t o = t / column_pieces, c0 = (t % column_pieces) * width;
+    cpu::column_sums(x + o * len * inner + c0, len, std::min(inner, c0 + width) - c0, inner, scale, y + o * inner + c0);
+  });
+}
+
 // x viewed as (outer, len, inner). inner == 1 (the last dim) reduces each
 // contiguous run at once; otherwise rows of length inner are combined one
 // after another, so every pass reads memory in order.
@@ -314,6 +331,8 @@ void reduce_typed(ReduceOp op, const T* x, T* y, int64_t outer, int64_t len, int
     for_rows(outer, len, [&](int64_t o) { y[o] = static_cast<T>(reduce_run(op, x + o * len, len) * scale); });
     return;
   }
+  if constexpr (std::is_same_v<T, float>)
+    if (is_sum) return float_column_sums(x, y, outer, len, inner, scale);
   // Tasks own blocks of columns.
   const int64_t column_pieces = pieces(inner, kReduceColumns);
   parallel_for(outer * column_pieces, outer * len * inner, [&](int64_t t) {

@@ -138,7 +138,7 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
   }
   if (packed_.defined()) {  // the packed softmax path (fused, CPU)
     const Tensor dpacked =
-        attention_softmax_packed_backward(dmerged.reshape({b, t, d_model_}), packed_, probs_, h, scale_);
+        attention_softmax_packed_backward(dmerged.reshape({b, t, d_model_}), packed_, probs_, h, scale_, causal_);
     packed_ = probs_ = Tensor();  // used up: freed before the QKV backward
     return qkv.backward(dpacked.reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
   }

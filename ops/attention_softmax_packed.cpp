@@ -28,22 +28,19 @@ bool attention_softmax_packed_suits(int64_t batch, int64_t heads, int64_t t, int
 
 Tensor attention_softmax_packed_forward(const Tensor& qkv, int64_t heads, const SoftmaxOptions& options,
                                         Tensor& probs) {
+  HG_PROFILE("attention", Device::CPU);
   check_qkv(kForward, qkv, heads);
   const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
-  Tensor scores = Tensor::empty({b, heads, t, t}, qkv.dtype(), Device::CPU);
-  {
-    HG_PROFILE("matmul", Device::CPU);
-    cpu::packed_scores(qkv, heads, scores);
-  }
-  probs = attention_softmax_forward(scores, options);  // checks the mask against (B, H, T, T)
+  probs = Tensor::empty({b, heads, t, t}, qkv.dtype(), Device::CPU);
+  const SoftmaxRows layout = attention_softmax_rows(probs, options);  // checks the mask against (B, H, T, T)
   Tensor out = Tensor::empty({b, t, width}, qkv.dtype(), Device::CPU);
-  HG_PROFILE("matmul", Device::CPU);
-  cpu::packed_context(probs, qkv, heads, out);
+  cpu::packed_forward(qkv, heads, layout, probs, out);
   return out;
 }
 
 Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                                         double scale) {
+                                         double scale, bool causal) {
+  HG_PROFILE("attention", Device::CPU);
   check_qkv(kBackward, qkv, heads);
   const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
   dout.check_defined(kBackward);
@@ -54,15 +51,9 @@ Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, 
   HG_CHECK(probs.shape() == Shape({b, heads, t, t}) && probs.dtype() == qkv.dtype() && probs.device() == Device::CPU,
            kBackward, "probs must be the forward's ", Shape({b, heads, t, t}), " ", dtype_name(qkv.dtype()),
            " CPU tensor, got ", dtype_name(probs.dtype()), " ", probs.shape(), " on ", device_name(probs.device()));
-  Tensor dprobs = Tensor::empty(probs.shape(), probs.dtype(), Device::CPU);
+  check_softmax_backward_scale(scale, qkv.dtype());
   Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), Device::CPU);
-  {
-    HG_PROFILE("matmul", Device::CPU);
-    cpu::packed_value_grads(dout, probs, qkv, heads, dprobs, dqkv);
-  }
-  const Tensor dscores = softmax_backward(dprobs, probs, scale);
-  HG_PROFILE("matmul", Device::CPU);
-  cpu::packed_query_key_grads(dscores, qkv, heads, dqkv);
+  cpu::packed_backward(dout, qkv, probs, heads, scale, causal, dqkv);
   return dqkv;
 }
 

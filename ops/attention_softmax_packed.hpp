@@ -24,8 +24,10 @@ bool attention_softmax_packed_suits(int64_t batch, int64_t heads, int64_t t, int
 // the backward.
 Tensor attention_softmax_packed_forward(const Tensor& qkv, int64_t heads, const SoftmaxOptions& options, Tensor& probs);
 
-// d qkv from dout (B, T, H dh), the forward's qkv and probs and its scale.
+// d qkv from dout (B, T, H dh), the forward's qkv and probs, its scale and
+// whether it was causal (the products then leave out the hidden keys, whose
+// probabilities are 0: bit for bit the full products for finite inputs).
 Tensor attention_softmax_packed_backward(const Tensor& dout, const Tensor& qkv, const Tensor& probs, int64_t heads,
-                                         double scale);
+                                         double scale, bool causal);
 
 }  // namespace hg

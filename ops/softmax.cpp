@@ -165,6 +165,14 @@ void attention_softmax_forward_into(const Tensor& scores, const SoftmaxOptions& 
   run_forward_into(attention_call(scores, options), y);
 }
 
+SoftmaxRows attention_softmax_rows(const Tensor& scores, const SoftmaxOptions& options) {
+  SoftmaxRows layout = layout_of(attention_call(scores, options));
+  layout.mask = options.mask.defined() ? &options.mask : nullptr;  // the call's copy goes with it
+  return layout;
+}
+
+void check_softmax_backward_scale(double scale, DType dtype) { check_scale(scale, dtype, kBackwardOp); }
+
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale) {
   HG_PROFILE("softmax", y.device());
   check_backward(dy, y, scale);

@@ -40,4 +40,12 @@ Tensor softmax_backward(const Tensor& dy, const Tensor& y, double scale = 1.0);
 void attention_softmax_forward_into(const Tensor& scores, const SoftmaxOptions& options, Tensor& y);
 void softmax_backward_into(const Tensor& dy, const Tensor& y, double scale, Tensor& dx);
 
+// For a fused caller that runs the softmax rows itself (the CPU's packed
+// attention): the checks attention_softmax_forward makes of scores (here
+// any tensor of the scores' shape, dtype and device, such as the output)
+// and options, and the row layout of the scores; its mask points into
+// `options`. Plus the scale check of softmax_backward.
+SoftmaxRows attention_softmax_rows(const Tensor& scores, const SoftmaxOptions& options);
+void check_softmax_backward_scale(double scale, DType dtype);
+
 }  // namespace hg

@@ -19,7 +19,8 @@
 #     cpu         the CPU backend on this machine's cores: test_cpu_gemm / test_cpu_threads,
 #                 bench_cpu_kernels and bench_train --device cpu at 1 and all threads, the main
 #                 job (train --device cpu) at 1, 2 and all threads | torch_cpu.py
-#     cpu-step    the CPU training step: test_cpu_gemm / test_cpu_threads / test_gemm, bench_cpu_gemm
+#     cpu-step    the CPU training step: test_cpu_gemm / test_cpu_threads / test_gemm /
+#                 test_attention_softmax_packed / test_column_sums, bench_cpu_gemm
 #                 (the step's Linear GEMMs at every GEMM level), then bench_train
 #                 --device cpu --cpu-model small and medium at 1 and all threads, with the level's
 #                 default float32 GEMM kernel and its other one (HG_GEMM_LEVEL), in three rounds
@@ -130,8 +131,11 @@ for stage in "$@"; do
       n=$(nproc)
       { lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400; uptime; } | tee "$out/cpu.txt"
       cmake --build "$build" -j"$n" --target bench_train bench_cpu_gemm test_cpu_gemm test_cpu_threads test_gemm \
-        > "$out/cpu_step_build.log" 2>&1 || { echo "cpu-step build FAILED"; status=1; }
-      run cpu_step_tests bash -c "$build/tests/test_cpu_gemm && $build/tests/test_cpu_threads && $build/tests/test_gemm"
+        test_attention_softmax_packed test_column_sums > "$out/cpu_step_build.log" 2>&1 ||
+        { echo "cpu-step build FAILED"; status=1; }
+      # The packed attention's bitwise claim and the column sums' AVX-512 clone are checked on this CPU's level.
+      run cpu_step_tests bash -c "$build/tests/test_cpu_gemm && $build/tests/test_cpu_threads && $build/tests/test_gemm \
+        && $build/tests/test_attention_softmax_packed && $build/tests/test_column_sums"
       # The other float32 GEMM kernel of this CPU's level, for the same-binary comparison.
       other=x86-64-v3-hg
       grep -qw avx512f /proc/cpuinfo && other=x86-64-v4-hg

@@ -1145,8 +1145,13 @@ TEST_CASE("profiler: records op kinds only when enabled", "[core][profiler]") {
     CHECK(e.calls > 0);
     CHECK(e.total_ms >= 0);
   }
-  for (const char* k : {"embedding", "layernorm", "linear", "matmul", "softmax"})
+  for (const char* k : {"embedding", "layernorm", "linear", "attention"})
     CHECK(std::find(kinds.begin(), kinds.end(), k) != kinds.end());
+  // Fused, the CPU's softmax attention runs its products and softmax rows a
+  // head at a time in one op (kind "attention"); unfused, they are ops of
+  // their own.
+  CHECK(std::find(kinds.begin(), kinds.end(), "matmul") == kinds.end());
+  CHECK(std::find(kinds.begin(), kinds.end(), "softmax") == kinds.end());
   // Every residual add of the step runs in a LayerNorm's pass (kind
   // "layernorm"), the seams between the layers included: none on its own.
   CHECK(std::find(kinds.begin(), kinds.end(), "residual") == kinds.end());
@@ -1161,13 +1166,17 @@ TEST_CASE("profiler: records op kinds only when enabled", "[core][profiler]") {
     prof::enable(true);
     lm_step(model, ids, targets);
     prof::enable(false);
-    bool gelu = false, layout = false;
+    bool gelu = false, layout = false, matmul = false, softmax = false;
     for (const auto& e : prof::entries()) {
       gelu = gelu || e.kind == "gelu";
       layout = layout || e.kind == "layout";
+      matmul = matmul || e.kind == "matmul";
+      softmax = softmax || e.kind == "softmax";
     }
     CHECK(gelu);
     CHECK(layout);
+    CHECK(matmul);
+    CHECK(softmax);
   }
   prof::reset();
 }

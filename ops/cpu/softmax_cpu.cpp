@@ -103,6 +103,7 @@ HG_SIMD_INLINE bool row_in_registers(int64_t last, const Scores& scores, const W
   return true;
 }
 
+// Rows [r0, r1); xs and ys point at row r0.
 HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const SoftmaxRows& l, int64_t r0, int64_t r1,
                                      float* ys) {
   constexpr float inf = std::numeric_limits<float>::infinity();
@@ -113,9 +114,9 @@ HG_SIMD_CLONES void forward_rows_f32(const float* xs, const float* mask, const S
   int64_t b = r0 / batch_rows, in_batch = r0 % batch_rows, q = r0 % l.tq;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t visible = causally_visible_keys(l, q);
-    const float* xr = xs + r * l.tk;
+    const float* xr = xs + (r - r0) * l.tk;
     const float* mr = mask ? mask + b * l.mask_batch_stride + q * l.mask_query_stride : nullptr;
-    float* z = ys + r * l.tk;
+    float* z = ys + (r - r0) * l.tk;
     if (++q == l.tq) q = 0;
     if (++in_batch == batch_rows) in_batch = 0, ++b;
     // z = scale * x (+ mask: a value at or below the threshold masks its key
@@ -207,17 +208,16 @@ HG_SIMD_CLONES void backward_rows_f32(const float* dys, const float* ys, int64_t
 }
 
 // ---------------------------------------------------------------- float64
+// Rows [r0, r1); xs and ys point at row r0.
 template <class T>
-void forward_rows(const Tensor& x, const SoftmaxRows& l, int64_t r0, int64_t r1, Tensor& y) {
+void forward_rows(const T* xs, const SoftmaxRows& l, int64_t r0, int64_t r1, T* ys) {
   constexpr T inf = std::numeric_limits<T>::infinity();
-  const T* xs = x.data<T>();
-  T* ys = y.data<T>();
   const T* mask = l.mask ? l.mask->data<T>() : nullptr;
   const T scale = static_cast<T>(l.scale);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t b = r / (l.heads * l.tq), q = r % l.tq;
-    ConstRow<T> xr(xs + r * l.tk, l.tk);
-    Row<T> z(ys + r * l.tk, l.tk);  // y's row holds z until it is normalised
+    ConstRow<T> xr(xs + (r - r0) * l.tk, l.tk);
+    Row<T> z(ys + (r - r0) * l.tk, l.tk);  // y's row holds z until it is normalised
 
     // Causally hidden keys are not read at all (as in the CUDA kernel): they
     // are -inf whatever the score, so only [0, visible) is computed.
@@ -255,10 +255,7 @@ void forward_rows(const Tensor& x, const SoftmaxRows& l, int64_t r0, int64_t r1,
 }
 
 template <class T>
-void backward_rows(const Tensor& dy, const Tensor& y, int64_t tk, double scale, int64_t r0, int64_t r1, Tensor& dx) {
-  const T* dys = dy.data<T>();
-  const T* ys = y.data<T>();
-  T* dxs = dx.data<T>();
+void backward_rows(const T* dys, const T* ys, int64_t tk, double scale, int64_t r0, int64_t r1, T* dxs) {
   const T s = static_cast<T>(scale);
   for (int64_t r = r0; r < r1; ++r) {
     ConstRow<T> dyr(dys + r * tk, tk), yr(ys + r * tk, tk);
@@ -270,16 +267,32 @@ void backward_rows(const Tensor& dy, const Tensor& y, int64_t tk, double scale, 
 
 }  // namespace
 
+void softmax_forward_rows(const float* x, const SoftmaxRows& layout, int64_t r0, int64_t r1, float* y) {
+  forward_rows_f32(x, layout.mask ? layout.mask->data<float>() : nullptr, layout, r0, r1, y);
+}
+
+void softmax_forward_rows(const double* x, const SoftmaxRows& layout, int64_t r0, int64_t r1, double* y) {
+  forward_rows<double>(x, layout, r0, r1, y);
+}
+
+void softmax_backward_rows(const float* dy, const float* y, int64_t rows, int64_t tk, double scale, float* dx) {
+  backward_rows_f32(dy, y, tk, static_cast<float>(scale), 0, rows, dx);
+}
+
+void softmax_backward_rows(const double* dy, const double* y, int64_t rows, int64_t tk, double scale, double* dx) {
+  backward_rows<double>(dy, y, tk, scale, 0, rows, dx);
+}
+
 void softmax_forward(const Tensor& x, const SoftmaxRows& layout, Tensor& y) {
   switch (x.dtype()) {
     case DType::F32:
       return for_row_tasks(layout.rows, layout.tk, [&](int64_t r0, int64_t r1) {
-        forward_rows_f32(x.data<float>(), layout.mask ? layout.mask->data<float>() : nullptr, layout, r0, r1,
-                         y.data<float>());
+        softmax_forward_rows(x.data<float>() + r0 * layout.tk, layout, r0, r1, y.data<float>() + r0 * layout.tk);
       });
     case DType::F64:
-      return for_row_tasks(layout.rows, layout.tk,
-                           [&](int64_t r0, int64_t r1) { forward_rows<double>(x, layout, r0, r1, y); });
+      return for_row_tasks(layout.rows, layout.tk, [&](int64_t r0, int64_t r1) {
+        softmax_forward_rows(x.data<double>() + r0 * layout.tk, layout, r0, r1, y.data<double>() + r0 * layout.tk);
+      });
     default: fail("softmax (cpu)", "dtype ", dtype_name(x.dtype()), " is not supported on the CPU (F32/F64)");
   }
 }
@@ -291,8 +304,9 @@ void softmax_backward(const Tensor& dy, const Tensor& y, int64_t tk, double scal
         backward_rows_f32(dy.data<float>(), y.data<float>(), tk, static_cast<float>(scale), r0, r1, dx.data<float>());
       });
     case DType::F64:
-      return for_row_tasks(y.numel() / tk, tk,
-                           [&](int64_t r0, int64_t r1) { backward_rows<double>(dy, y, tk, scale, r0, r1, dx); });
+      return for_row_tasks(y.numel() / tk, tk, [&](int64_t r0, int64_t r1) {
+        backward_rows<double>(dy.data<double>(), y.data<double>(), tk, scale, r0, r1, dx.data<double>());
+      });
     default: fail("softmax_backward (cpu)", "dtype ", dtype_name(y.dtype()), " is not supported on the CPU (F32/F64)");
   }
 }

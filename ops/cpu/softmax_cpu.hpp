@@ -15,4 +15,14 @@ void softmax_forward(const Tensor& x, const SoftmaxRows& layout, Tensor& y);
 // dx = scale * y * (dy - sum(dy * y)) per row of length tk.
 void softmax_backward(const Tensor& dy, const Tensor& y, int64_t tk, double scale, Tensor& dx);
 
+// The same rows on the calling thread, for a caller that runs a few rows at a
+// time while they are in cache (ops/cpu/attention_softmax_packed_cpu.cpp):
+// rows [r0, r1) of the layout, x and y pointing at row r0 (x may be a buffer
+// of the caller's own); each row gets exactly softmax_forward's operations.
+void softmax_forward_rows(const float* x, const SoftmaxRows& layout, int64_t r0, int64_t r1, float* y);
+void softmax_forward_rows(const double* x, const SoftmaxRows& layout, int64_t r0, int64_t r1, double* y);
+// `rows` rows of tk as softmax_backward computes them; dx may be dy.
+void softmax_backward_rows(const float* dy, const float* y, int64_t rows, int64_t tk, double scale, float* dx);
+void softmax_backward_rows(const double* dy, const double* y, int64_t rows, int64_t tk, double scale, double* dx);
+
 }  // namespace hg::cpu
