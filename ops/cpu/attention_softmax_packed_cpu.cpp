@@ -97,13 +97,31 @@ void over_queries(const Heads& s, bool skip, const T* square, const T* queries, 
   });
 }
 
-// A T x T buffer of the calling thread's own, kept for its next head.
+// A T x T buffer for one head. Up to kKeptHeadBytes it is the calling
+// thread's own, kept for its next head (no allocation per head); a larger
+// one (T past 1448 in f64, reached where batch x heads fills the threads)
+// lives only as long as this object, so that one long-sequence call does
+// not leave every pool thread holding T^2 elements.
+constexpr size_t kKeptHeadBytes = size_t(16) << 20;
 template <class T>
-T* head_buffer(int64_t t) {
-  thread_local std::vector<T> buffer;
-  if (buffer.size() < static_cast<size_t>(t * t)) buffer.resize(static_cast<size_t>(t * t));
-  return buffer.data();
-}
+class HeadBuffer {
+ public:
+  explicit HeadBuffer(int64_t t) {
+    const auto n = static_cast<size_t>(t * t);
+    std::vector<T>& buffer = n * sizeof(T) <= kKeptHeadBytes ? kept() : own_;
+    if (buffer.size() < n) buffer.resize(n);
+    data_ = buffer.data();
+  }
+  T* data() const { return data_; }
+
+ private:
+  static std::vector<T>& kept() {
+    thread_local std::vector<T> buffer;
+    return buffer;
+  }
+  std::vector<T> own_;
+  T* data_ = nullptr;
+};
 
 // One task per (batch, head), everything of that head in it.
 template <class Body>
@@ -120,7 +138,8 @@ void forward_typed(const Tensor& qkv, const Heads& s, const SoftmaxRows& layout,
   const int64_t ld = 3 * s.width();
   const bool skip = skips_hidden<T>(s, layout.causal);
   for_heads(s, [&](int64_t b, int64_t h) {
-    T* scores = head_buffer<T>(s.t);
+    const HeadBuffer<T> buffer(s.t);
+    T* scores = buffer.data();
     gemm(product<T>(s.t, s.t, s.dh, x + s.qkv_at(b, h, 0), ld, false, x + s.qkv_at(b, h, 1), ld, true, scores, s.t));
     const int64_t row = (b * s.heads + h) * s.t;  // the head's first row of probs
     softmax_forward_rows(scores, layout, row, row + s.t, p + s.square_at(b, h));
@@ -140,7 +159,8 @@ void backward_typed(const Tensor& dout, const Tensor& qkv, const Tensor& probs, 
   for_heads(s, [&](int64_t b, int64_t h) {
     const T* ph = p + s.square_at(b, h);
     const T* dyh = dy + s.merged_at(b, h);
-    T* ds = head_buffer<T>(s.t);
+    const HeadBuffer<T> buffer(s.t);
+    T* ds = buffer.data();
     // dP = dO v^T in full (the softmax backward reads every entry), then dS in place.
     gemm(product<T>(s.t, s.t, s.dh, dyh, s.width(), false, x + s.qkv_at(b, h, 2), ld, true, ds, s.t));
     over_queries<T>(s, skip, ph, dyh, s.width(), dx + s.qkv_at(b, h, 2), ld);  // dv = P^T dO
