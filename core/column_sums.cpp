@@ -22,13 +22,13 @@ HG_SIMD_INLINE Doubles4 widen(const float* p) {
   return __builtin_convertvector(v, Doubles4);
 }
 
-}  // namespace
-
 HG_SIMD_INLINE Doubles4 load(const double* p) {
   Doubles4 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+
+}  // namespace
 
 // A row at a time into the double sums (rows are read whole, in memory
 // order, so the hardware prefetchers follow); the full vectors of kWidth
