@@ -32,6 +32,7 @@
 #include "core/precision.hpp"
 #include "core/profiler.hpp"
 #include "examples/common/cli.hpp"
+#include "examples/common/gemm_flags.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
 #include "ops/classifier.hpp"
@@ -326,16 +327,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}));
   app.add_option("--kernels", kernels, "both, fused or unfused")->check(CLI::IsMember({"both", "fused", "unfused"}));
   app.add_flag("--tf32", tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
-  std::string gemm_choice = "heuristic";
-  app.add_option("--gemm-algorithms", gemm_choice,
-                 "CUDA GEMMs: heuristic (cuBLASLt's first recommendation, the same in every run) or measured (the "
-                 "heuristic's candidates timed once per shape at start-up, the fastest kept)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"heuristic", "measured"}));
-  std::string gemm_file;
-  app.add_option("--gemm-algorithm-file", gemm_file,
-                 "with --gemm-algorithms measured: keep the choices in this JSON file; shapes it holds for this GPU "
-                 "and cuBLASLt are taken from it untimed, so runs sharing the file use the same algorithms");
+  cli::GemmFlags gemm;
+  cli::add_gemm_flags(app, gemm);
   app.add_option("--attention", attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}));
   bool recompute_gelu = false;
@@ -450,16 +443,7 @@ int main(int argc, char** argv) {
         cli::usage_error("--kernel-trace", "traces the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
     }
     if (tf32) set_allow_tf32(true);
-    set_gemm_algorithms(parse_gemm_algorithms(gemm_choice));
-    if (!gemm_file.empty()) {
-      if (gemm_algorithms() != GemmAlgorithms::Measured)
-        cli::usage_error("--gemm-algorithm-file", "keeps measured choices: needs --gemm-algorithms measured");
-      try {
-        set_gemm_algorithm_file(gemm_file);
-      } catch (const Error& e) {
-        cli::usage_error("--gemm-algorithm-file", gemm_file, ": ", e.what());
-      }
-    }
+    cli::apply_gemm_flags(gemm);
 
     bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
                              "min_ms,tokens_per_s,peak_mem_mib,model_tflop_per_step,mfu");

@@ -32,7 +32,6 @@
 
 #include "core/cpu_gemm.hpp"
 #include "core/cuda_runtime.hpp"
-#include "core/gemm_algorithms.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/logging.hpp"
 #include "core/math_mode.hpp"
@@ -47,6 +46,7 @@
 #include "examples/common/cli.hpp"
 #include "examples/common/data_parallel.hpp"
 #include "examples/common/flag_json.hpp"
+#include "examples/common/gemm_flags.hpp"
 #include "examples/common/host_memory.hpp"
 #include "examples/common/lr_schedule.hpp"
 #include "examples/common/plot.hpp"
@@ -84,8 +84,7 @@ struct Options {
   std::string attention = "auto";  // auto, flash, softmax
   bool recompute_gelu = false, recompute_layernorm = false;
   bool tf32 = false;
-  std::string gemm_algorithms = "heuristic";
-  std::string gemm_algorithm_file;  // --gemm-algorithm-file: measured choices kept across runs
+  cli::GemmFlags gemm;  // --gemm-algorithms, --gemm-algorithm-file
   bool no_graph = false;
   std::string device = "auto";
   int64_t d_model = 64, heads = 4, layers = 2, seq_len = 64, batch = 32;
@@ -340,14 +339,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   app.add_flag("--tf32", o.tf32, "let fp32 GEMMs use TF32 tensor cores (off: exact FP32)");
-  app.add_option("--gemm-algorithms", o.gemm_algorithms,
-                 "CUDA GEMMs: heuristic (cuBLASLt's first recommendation, the same in every run) or measured (the "
-                 "heuristic's candidates timed once per shape at start-up, the fastest kept)")
-      ->check(CLI::IsMember({"heuristic", "measured"}))
-      ->capture_default_str();
-  app.add_option("--gemm-algorithm-file", o.gemm_algorithm_file,
-                 "with --gemm-algorithms measured: keep the choices in this JSON file; shapes it holds for this GPU "
-                 "and cuBLASLt are taken from it untimed, so runs sharing the file use the same algorithms");
+  cli::add_gemm_flags(app, o.gemm);
   app.add_flag("--no-graph", o.no_graph, "launch every kernel each step instead of replaying a CUDA graph");
   app.add_option("--attention", o.attention, "fused-mode attention core: auto (flash on CUDA), flash, softmax")
       ->check(CLI::IsMember({"auto", "flash", "softmax"}))
@@ -1131,8 +1123,8 @@ void print_header(const Options& o, const Data& data, DecoderLM& model, Device d
 // clang-format off
 const std::set<std::string> kPerInvocation{
     "checkpoint", "resume", "eval-only", "extend-schedule", "device", "precision", "tf32", "gemm-algorithms",
-    "gemm-algorithm-file", "no-graph", "fused", "unfused", "attention", "recompute-gelu", "recompute-layernorm", "threads", "log-level",
-    "quiet", "print-every", "profile-steps", "ddp", "zero", "grad-dtype", "bucket-mb", "comm-timeout",
+    "gemm-algorithm-file", "no-graph", "fused", "unfused", "attention", "recompute-gelu", "recompute-layernorm",
+    "threads", "log-level", "quiet", "print-every", "profile-steps", "ddp", "zero", "grad-dtype", "bucket-mb", "comm-timeout",
     "check-sync", "beam", "bleu-sentences", "sparse-embedding-grad", "zero-gather"};
 // clang-format on
 // Taken from the record when not given, but free to change: resolve_schedule
@@ -1186,16 +1178,7 @@ int run(Options& o, CLI::App& app) {
     cli::usage_error("--precision", o.precision, ": ", e.what());
   }
   set_allow_tf32(o.tf32);
-  set_gemm_algorithms(parse_gemm_algorithms(o.gemm_algorithms));
-  if (!o.gemm_algorithm_file.empty()) {
-    if (gemm_algorithms() != GemmAlgorithms::Measured)
-      cli::usage_error("--gemm-algorithm-file", "keeps measured choices: needs --gemm-algorithms measured");
-    try {
-      set_gemm_algorithm_file(o.gemm_algorithm_file);
-    } catch (const Error& e) {
-      cli::usage_error("--gemm-algorithm-file", o.gemm_algorithm_file, ": ", e.what());
-    }
-  }
+  cli::apply_gemm_flags(o.gemm);
   // Data parallel (mpirun -np N, or --ddp / --zero 1 with one rank): before any GPU work.
   const dist::World& world = cli::start_world(dev, o.dp);
   const bool use_dp = world.distributed() || o.dp.force || o.dp.zero == 1;
