@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -105,23 +106,19 @@ double time_algorithm(const Plan& p, const cublasLtMatmulAlgo_t& algo, const Cal
   return us;
 }
 
-// The saved choice of this shape, when the algorithm file has one that still
-// names the same candidate list (same count, same configuration at its
-// index); -1 otherwise.
-int saved_candidate(const GemmAlgorithmFile& file, const std::string& gemm,
-                    const cublasLtMatmulHeuristicResult_t* results, int found) {
+// The file's entry for this shape, when it still names the same candidate
+// list (same count, same configuration at its index); nullopt otherwise.
+std::optional<SavedGemmAlgorithm> saved_choice(const GemmAlgorithmFile& file, int64_t library, const std::string& gemm,
+                                               const cublasLtMatmulHeuristicResult_t* results, int found) {
   SavedGemmAlgorithm saved;
-  if (!file.find(device_name(), static_cast<int64_t>(cublasLtGetVersion()), gemm, saved)) return -1;
+  if (!file.find(device_name(), library, gemm, saved)) return std::nullopt;
   if (saved.candidates == found && saved.candidate < found &&
-      describe(results[saved.candidate].algo) == saved.algorithm) {
-    record_gemm_algorithm_choice(
-        {gemm, saved.algorithm, found, saved.candidate, saved.first_us, saved.chosen_us, /*from_file=*/true});
-    return saved.candidate;
-  }
+      describe(results[saved.candidate].algo) == saved.algorithm)
+    return saved;
   spdlog::warn("cuda gemm: the choice {} holds for {} does not match cuBLASLt's candidates now ({} offered, {} saved, "
                "'{}' at index {}); measured again",
                file.path(), gemm, found, saved.candidates, saved.algorithm, saved.candidate);
-  return -1;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -134,10 +131,14 @@ bool stream_capturing() {
 
 int fastest_candidate(Plan& p, const Call& c, const cublasLtMatmulHeuristicResult_t* results, int found) {
   const std::shared_ptr<GemmAlgorithmFile> file = gemm_algorithm_file();
+  const auto library = static_cast<int64_t>(cublasLtGetVersion());
   GemmAlgorithmChoice choice{describe(c), "", found, 0, 0.0, 0.0};
   if (file) {
-    const int saved = saved_candidate(*file, choice.gemm, results, found);
-    if (saved >= 0) return saved;
+    if (const std::optional<SavedGemmAlgorithm> saved = saved_choice(*file, library, choice.gemm, results, found)) {
+      record_gemm_algorithm_choice({choice.gemm, saved->algorithm, found, saved->candidate, saved->first_us,
+                                    saved->chosen_us, /*from_file=*/true});
+      return saved->candidate;
+    }
   }
   const size_t out_bytes = size_t(c.s.batch * c.s.m * c.s.n) * dtype_size(c.out.dtype());
   const bool writes_aux = c.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
@@ -163,8 +164,8 @@ int fastest_candidate(Plan& p, const Call& c, const cublasLtMatmulHeuristicResul
   spdlog::debug("cuda gemm: {}: candidate {} of {} ({}), {:.1f} us (heuristic's first {:.1f} us)", choice.gemm,
                 choice.chosen, found, choice.algorithm, best, choice.first_us);
   if (file)
-    file->save({device_name(), static_cast<int64_t>(cublasLtGetVersion()), choice.gemm, chosen, found, choice.algorithm,
-                choice.first_us, choice.chosen_us});
+    file->save(
+        {device_name(), library, choice.gemm, chosen, found, choice.algorithm, choice.first_us, choice.chosen_us});
   record_gemm_algorithm_choice(std::move(choice));
   return chosen;
 }
