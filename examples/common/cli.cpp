@@ -105,22 +105,35 @@ void check_writable(const std::string& path, const std::string& flag) {
   const fs::path p(path);
   std::error_code ec;
   if (fs::is_directory(p, ec)) usage_error(flag, path, ": is a directory, expected a file path");
-  if (fs::exists(p, ec)) {
-    const int fd = ::open(path.c_str(), O_WRONLY);  // neither truncates nor writes
-    if (fd < 0) usage_error(flag, path, ": the file exists and cannot be written: ", std::strerror(errno));
-    ::close(fd);
-    return;
-  }
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) usage_error(flag, path, ": directory '", dir.string(), "' does not exist");
-  if (::access(dir.c_str(), W_OK) != 0) usage_error(flag, path, ": directory '", dir.string(), "' is not writable");
-  // access() trusts the mode bits, which /proc, /sys and read-only mounts do
-  // not honour: only creating the file shows that it can be written. It is
-  // removed at once (the program writes it later, as a whole).
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
-  if (fd < 0) usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
-  ::close(fd);
-  ::unlink(path.c_str());
+  // Every rank of a data-parallel job checks the same paths at once: a probe
+  // file another rank just created (EEXIST) or just removed (ENOENT) says
+  // nothing about this path, so those two outcomes are looked at again.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (fs::exists(p, ec)) {
+      const int fd = ::open(path.c_str(), O_WRONLY);  // neither truncates nor writes
+      if (fd >= 0) {
+        ::close(fd);
+        return;
+      }
+      if (errno == ENOENT) continue;
+      usage_error(flag, path, ": the file exists and cannot be written: ", std::strerror(errno));
+    }
+    if (!fs::is_directory(dir, ec)) usage_error(flag, path, ": directory '", dir.string(), "' does not exist");
+    if (::access(dir.c_str(), W_OK) != 0) usage_error(flag, path, ": directory '", dir.string(), "' is not writable");
+    // access() trusts the mode bits, which /proc, /sys and read-only mounts do
+    // not honour: only creating the file shows that it can be written. It is
+    // removed at once (the program writes it later, as a whole).
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      return;
+    }
+    if (errno == EEXIST) continue;
+    usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
+  }
+  usage_error(flag, path, ": the file keeps appearing and disappearing (another program creates and removes it)");
 }
 
 }  // namespace hg::cli
