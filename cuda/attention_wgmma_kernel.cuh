@@ -190,10 +190,10 @@ __device__ __forceinline__ void pv_done(float (&o)[DH / 2], uint32_t (&pa)[KB / 
 // A consumer thread's tiles from `first` to `tiles` (those its warpgroup
 // sees none of): waited for and released, so that the stage protocol is the
 // same for every consumer.
-template <int ST>
+template <int ST, bool kTrap = true>
 __device__ __forceinline__ void release_unseen(uint64_t* full, uint64_t* empty, int first, int tiles) {
   for (int tile = first; tile < tiles; ++tile) {
-    barrier_wait(full + tile % ST, uint32_t((tile / ST) & 1));
+    barrier_wait<kTrap>(full + tile % ST, uint32_t((tile / ST) & 1));
     barrier_arrive(empty + tile % ST);
   }
 }
@@ -222,6 +222,16 @@ __device__ __forceinline__ void store_rows(const Args& a, int64_t bh, int my_row
   }
 }
 
+// A Loop may move registers to the consumers (kConsumerRegisters > 0): its
+// block then has a whole producer warpgroup (2 ROWS + 128 threads), which
+// keeps kProducerRegisters a thread and gives the rest away (setmaxnreg);
+// its consumers' waits exit instead of trapping (barrier_wait<false>).
+template <class Loop>
+constexpr bool splits_registers() {
+  if constexpr (std::is_void_v<Loop>) return false;
+  else return Loop::kConsumerRegisters > 0;
+}
+
 // One block of the forward, for blocks of ROWS queries (ROWS / 64 consumer
 // warpgroups and the producer warp: 2 ROWS + 32 threads) and k, v tiles of
 // KB keys in ST stages. The library's kernel runs it at kRows, kKeys,
@@ -235,6 +245,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
   static_assert((DH == 64 || DH == 128) && ROWS % 64 == 0 && (KB == 64 || KB == 128) && ST >= 2);
   using P = ForwardPlan<DH, ROWS, KB, ST>;
   constexpr int kConsumers = ROWS / 64;  // warpgroups
+  constexpr bool kSplit = splits_registers<Loop>();
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
   uint64_t* bars = reinterpret_cast<uint64_t*>(raw + (base + P::kBarOffset - shared_address(raw)));
@@ -248,12 +259,14 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
   init_barriers(q_full, full, empty, ST, kConsumers);
 
   if (threadIdx.x >= 128 * kConsumers) {  // the producer warp; one thread issues every copy
+    if constexpr (kSplit) registers_decrease<Loop::kProducerRegisters>();
     if (threadIdx.x == 128 * kConsumers && tiles > 0) {
       load_tiles<DH, ROWS, KB, ST>(qmap, kmap, vmap, a, base, kv_at, q_full, full, empty, bh, q_block, tiles);
     }
     return;
   }
 
+  if constexpr (kSplit) registers_increase<Loop::kConsumerRegisters>();
   // Consumer warpgroup cw: queries row0 .. row0 + 63; this thread's rows
   // my_row and my_row + 8, its columns 2 t + acc_col.
   const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
@@ -268,7 +281,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
 #pragma unroll
   for (int i = 0; i < DH / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // running base-2 max, this thread's partial sums
-  if (tiles > 0) barrier_wait(q_full, 0);
+  if (tiles > 0) barrier_wait<!kSplit>(q_full, 0);
   const uint32_t q_at = base + 64 * cw * kSwizzleBytes;  // this warpgroup's rows in every q box
 
   if constexpr (!std::is_void_v<Loop>) {
@@ -303,7 +316,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
       barrier_arrive(empty + s);  // this thread's reads of the stage are done
     }
   }
-  release_unseen<ST>(full, empty, my_tiles, tiles);
+  release_unseen<ST, !kSplit>(full, empty, my_tiles, tiles);
   store_rows<DH>(a, bh, my_row, t, o, m, l);
 }
 #endif  // HG_WGMMA_DEVICE

@@ -18,6 +18,12 @@
 #define HG_SM90A_DEVICE 0
 #endif
 
+namespace hg::gpu::sm90 {
+// Set by a barrier_wait<false> that gave up; each .cu has its own (internal
+// linkage), which its host code reads after a launch.
+static __device__ unsigned int wait_timed_out = 0;
+}  // namespace hg::gpu::sm90
+
 #if HG_SM90A_DEVICE
 namespace hg::gpu::sm90 {
 
@@ -35,7 +41,10 @@ __device__ __forceinline__ uint64_t global_ns() {
 // Waits for the phase of `parity`. A phase that never completes (a wrong
 // byte count, a lost copy or arrival) traps after two seconds, so the call
 // fails with a launch error instead of hanging; the clock is read once per
-// 1024 polls.
+// 1024 polls. kTrap false: the thread sets wait_timed_out and exits instead,
+// for code after registers_increase: a trap there makes ptxas (nvcc 13.0)
+// size that code to the launch bound again, and it spills.
+template <bool kTrap = true>
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   uint64_t start = 0;
@@ -47,7 +56,14 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
     if (!done && polls % 1024 == 1023) {
       const uint64_t now = global_ns();
       if (start == 0) start = now;
-      else if (now - start > 2000000000ull) __trap();
+      else if (now - start > 2000000000ull) {
+        if constexpr (kTrap) {
+          __trap();
+        } else {
+          wait_timed_out = 1;
+          asm volatile("exit;");
+        }
+      }
     }
   }
 }
@@ -75,6 +91,20 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       "[%6];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
       : "memory");
+}
+
+// Moves registers between a block's warpgroups (every thread of the
+// warpgroup runs it): a producer gives back what it does not need so that
+// the consumers hold more than the launch bound's share. ptxas sizes the
+// code after it to N only where it sits inside the branch of that
+// warpgroup's role; issued before the branch, the consumer code spills.
+template <int N>
+__device__ __forceinline__ void registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

@@ -122,7 +122,7 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
-// Forward variants 9-13: the wgmma kernels (sm_90a, dh 64 and 128), 128
+// Forward variants 9-15: the wgmma kernels (sm_90a, dh 64 and 128), 128
 // queries per block (two consumer warpgroups) unless said: 9 the library's
 // kernel (cuda/attention_wgmma_kernel.cuh: 128-key tiles in 2 stages), then
 // the candidates of attention_lab_wgmma.cuh: 10 64-key tiles in 2 stages, 11
@@ -130,9 +130,11 @@ constexpr int kBf16BackwardProduction = 10;
 // v, 12 192 queries per block (three consumer warpgroups) with 11's tiles at
 // dh 64 and 10's at dh 128 (the overlap spills at 128 registers a thread),
 // 13 11 with p v in two n64 halves at dh 128 (no leading byte offset in the
-// MN-major descriptor; the same kernel as 11 at dh 64).
-constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 5;
-constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 2;
+// MN-major descriptor; the same kernel as 11 at dh 64); 14 the overlap on
+// 128-key tiles in 2 stages with a producer warpgroup that gives the
+// consumers 240 registers a thread (setmaxnreg), 15 14 in 3 stages.
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 7;
+constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 4;
 bool is_wgmma(bool bf16, bool backward, int v) {
   return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
 }
@@ -163,7 +165,9 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
       case 1: e = w::forward<DH, 64, 2, false>(a, bh); break;
       case 2: e = w::forward<DH, 64, 3, true>(a, bh); break;
       case 3: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;
-      default: e = w::forward<DH, 64, 3, true, 2, true>(a, bh); break;
+      case 4: e = w::forward<DH, 64, 3, true, 2, true>(a, bh); break;
+      case 5: e = w::forward_split<DH, 128, 2>(a, bh); break;
+      default: e = w::forward_split<DH, 128, 3>(a, bh); break;
     }
     CHECK_CUDA(e);
   } else {
@@ -172,11 +176,15 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
   }
 }
 
-// Backward variants 11, 12: the wgmma kernels of attention_lab_wgmma_bwd.cuh
+// Backward variants 11-14: the wgmma kernels of attention_lab_wgmma_bwd.cuh
 // after the 16-byte delta kernel: dk/dv on 32-query tiles (two consumer
 // warpgroups, one at dh 128: the dk and dv accumulators take 128 registers
 // a thread), dq on 64-key tiles (two consumer warpgroups); 12 with the
-// MN-major products in n64 halves at dh 128.
+// MN-major products in n64 halves at dh 128; 13 both kernels with a producer
+// warpgroup that gives the two consumer warpgroups 240 registers a thread
+// (setmaxnreg), dk/dv on 64-query tiles at both head dims; 14 13 pipelined
+// (p while dp^T runs, dv += p^T do while ds is computed, the queries' stats
+// and delta staged beside the tiles).
 template <int DH>
 void wgmma_backward(int v, const Args& a, int64_t bh) {
   namespace w = hg::gpu::lab_wgmma;
@@ -185,8 +193,12 @@ void wgmma_backward(int v, const Args& a, int64_t bh) {
     b::delta_bf16_kernel<DH><<<unsigned((rows * (DH / 8) + 127) / 128), 128>>>(a, rows);
     CHECK_CUDA(cudaGetLastError());
     constexpr int kDkdvConsumers = DH == 128 ? 1 : 2;
-    CHECK_CUDA(v == kWgmmaBackwardFirst ? (w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh))
-                                        : (w::backward<DH, 32, kDkdvConsumers, 64, 2, true>(a, bh)));
+    switch (v - kWgmmaBackwardFirst) {
+      case 0: CHECK_CUDA((w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh))); break;
+      case 1: CHECK_CUDA((w::backward<DH, 32, kDkdvConsumers, 64, 2, true>(a, bh))); break;
+      case 2: CHECK_CUDA((w::backward<DH, 64, 2, 64, 2, false, true>(a, bh))); break;
+      default: CHECK_CUDA((w::backward<DH, 64, 2, 64, 2, false, true, true>(a, bh))); break;
+    }
   } else {
     std::fprintf(stderr, "wgmma backward: dh %d not built (64, 128)\n", DH);
     std::exit(1);
@@ -479,6 +491,19 @@ struct Options {
 
 bool g_sm90 = false;  // the device runs sm_90a code (the wgmma candidates)
 
+// A consumer of a register-split wgmma kernel whose stage wait gives up
+// exits instead of failing the launch (cuda/wgmma.cuh, barrier_wait<false>):
+// whether that happened since the last call (the flag is cleared).
+bool wait_timed_out() {
+  unsigned int flag = 0;
+  CHECK_CUDA(cudaMemcpyFromSymbol(&flag, hg::gpu::sm90::wait_timed_out, sizeof flag));
+  if (flag != 0) {
+    const unsigned int zero = 0;
+    CHECK_CUDA(cudaMemcpyToSymbol(hg::gpu::sm90::wait_timed_out, &zero, sizeof zero));
+  }
+  return flag != 0;
+}
+
 // The error of configuration c on a small problem (two heads, Tq = Tk = 300
 // unless given: edges of every tile size) against float64; max over o or dq, dk, dv. A wgmma
 // forward also has its lse checked (absolute error 1e-3) and the production
@@ -499,12 +524,22 @@ double check(const Config& c, int dh, bool causal, int64_t tq = 300, int64_t tk 
   const bool wgmma = is_wgmma(c.bf16, c.backward, c.variant) && !c.backward;
   // The backward reads the forward's o and stats: the production forward's.
   const Config fwd{c.bf16, false, c.bf16 ? kBf16ForwardProduction[dh == 32 ? 0 : dh == 64 ? 1 : 2] : 0};
+  // NaN poison: an unwritten element fails the check.
+  if (!c.backward) CHECK_CUDA(cudaMemset(b.o, 0xff, nq * elt));
   run(c.backward ? fwd : c, dh, a, heads);
   if (c.backward) {
-    CHECK_CUDA(cudaMemset(b.dq, 0xff, nq * elt));  // NaN poison: an unwritten element fails the check
+    CHECK_CUDA(cudaMemset(b.dq, 0xff, nq * elt));
+    CHECK_CUDA(cudaMemset(b.dk, 0xff, nk * elt));
+    CHECK_CUDA(cudaMemset(b.dv, 0xff, nk * elt));
     run(c, dh, a, heads);
   }
   CHECK_CUDA(cudaDeviceSynchronize());
+  if (wait_timed_out()) {
+    std::printf("    variant %2d at Tq %3lld Tk %3lld: a stage wait gave up after 2 s\n", c.variant, (long long)tq,
+                (long long)tk);
+    release(b);
+    return INFINITY;
+  }
   std::vector<double> o, lse, dq, dk, dv;
   reference(heads, tq, tk, dh, causal, scale, q, k, v, dout, o, lse, dq, dk, dv);
   auto grad_err = [&] {
@@ -674,6 +709,7 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
     for (const int v : ids) {
       const Config c{bf16_inputs, backward, v};
       const double ms = lab::median_ms(o.warmup, o.iters, sets, [&](int s) { run(c, dh, args[s], heads); });
+      if (wait_timed_out()) errors[v] = INFINITY, ok = false;  // a timed run whose stage wait gave up
       const bool pass = errors[v] <= bound;
       if (pass && (best < 0 || ms < best_ms)) best = v, best_ms = ms;
       std::printf("    %c variant %2d %9.3f ms %7.1f TFLOP/s  rel err %.2e %s%s\n", v == production ? '*' : ' ', v, ms,
@@ -701,8 +737,8 @@ Options parse(int argc, char** argv) {
           "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
-          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-13,\n"
-          "                         backward 11, 12), 'production' (default: all)\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-15,\n"
+          "                         backward 11-14), 'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"

@@ -46,14 +46,25 @@ using attn::kSwizzleBytes;
 using bf16 = __nv_bfloat16;
 
 // A block: NC consumer warpgroups of 64 queries each (wgmma's M), then one
-// producer warp (the rest of FlashAttention-3's producer warpgroup would
-// idle). Registers: at most 168 a thread at NC 2 (each of an SM's four
-// sub-partitions holds 16384, three of the block's nine warps), 128 at NC 3.
-// FlashAttention-3 gives its consumers 240 by setmaxnreg; ptxas of CUDA
-// 13.0 still allocated this code within the launch bound with it (the
-// overlap at 128-key tiles, dh 128, needs 211 and spills), so it is not used.
+// producer warp. Registers: ptxas bounds the code at 168 a thread at NC 2,
+// 128 at NC 3. With a whole producer warpgroup instead (threads_split), the
+// producer keeps kProducerRegisters and the consumers take the rest by
+// setmaxnreg, as FlashAttention-3 does: 240 a thread at NC 2 (384 threads
+// of 168 = 128 x 24 + 256 x 240), 160 at NC 3. The setmaxnreg must sit
+// inside each role's branch (cuda/wgmma.cuh), which is why forward_body
+// and backward_kernel issue it, not the kernels around them.
 constexpr int rows_of(int nc) { return 64 * nc; }
 constexpr int threads_of(int nc) { return 128 * nc + 32; }
+constexpr int threads_split(int nc) { return 128 * nc + 128; }
+constexpr int kProducerRegisters = 24;
+// What the consumers of a block of nc consumer warpgroups and a producer
+// warpgroup can take: the block's share of the register file (at most 255 a
+// thread, in steps of 8) less the producer's, split evenly.
+constexpr int consumer_registers(int nc) {
+  const int share = (65536 / threads_split(nc)) / 8 * 8;
+  const int per = (share * threads_split(nc) - 128 * kProducerRegisters) / (128 * nc) / 8 * 8;
+  return per > 240 ? 240 : per;
+}
 
 // Shared memory of one forward block: the library's plan
 // (cuda/attention_wgmma_kernel.cuh).
@@ -115,8 +126,10 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 // p v are in flight together, and the next softmax runs while p v still
 // does (o is rescaled once p v is done). kSplitN: p v in two n64 halves at
 // dh 128 (mma_mn).
-template <bool kSplitN>
+template <bool kSplitN, int kRegisters = 0>
 struct OverlapLoop {
+  // forward_body's register split (cuda/attention_wgmma_kernel.cuh); 0: none.
+  static constexpr int kConsumerRegisters = kRegisters, kProducerRegisters = lab_wgmma::kProducerRegisters;
   template <int DH, int ROWS, int KB, int ST>
   __device__ static void run(const attn::ConsumerTiles<DH>& s) {
 #if HG_LAB_WGMMA
@@ -151,7 +164,7 @@ struct OverlapLoop {
     float sc[KB / 2], alpha[2];
     uint32_t pa[KB / 16][4], pb[KB / 16][4];
     if (s.tiles == 0) return;
-    barrier_wait(s.full, 0);
+    barrier_wait<kRegisters == 0>(s.full, 0);
     issue_s(sc, 0);
     wgmma_wait<0>();
     fence_operands(sc);
@@ -161,7 +174,7 @@ struct OverlapLoop {
     // alternates between two register sets (a copy would write registers a
     // running wgmma reads); the last tile is peeled off.
     auto step = [&](uint32_t(&cur)[KB / 16][4], uint32_t(&nxt)[KB / 16][4], int tile) {
-      barrier_wait(s.full + (tile + 1) % ST, uint32_t(((tile + 1) / ST) & 1));
+      barrier_wait<kRegisters == 0>(s.full + (tile + 1) % ST, uint32_t(((tile + 1) / ST) & 1));
       issue_s(sc, tile + 1);
       issue_pv(cur, tile);
       wgmma_wait<1>();  // q k^T done (groups complete in order), p v may still run
@@ -196,6 +209,19 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
                    const __grid_constant__ CUtensorMap vmap, Args a) {
 #if HG_LAB_WGMMA
   attn::forward_body<DH, rows_of(NC), KB, ST, OverlapLoop<kSplitN>>(qmap, kmap, vmap, a);
+#else
+  __trap();
+#endif
+}
+
+// The overlap with a producer warpgroup that gives its registers to the
+// consumers (threads_split).
+template <int DH, int KB, int ST, int NC>
+__global__ void __launch_bounds__(threads_split(NC), 1)
+    overlap_split_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
+                         const __grid_constant__ CUtensorMap vmap, Args a) {
+#if HG_LAB_WGMMA
+  attn::forward_body<DH, rows_of(NC), KB, ST, OverlapLoop<false, consumer_registers(NC)>>(qmap, kmap, vmap, a);
 #else
   __trap();
 #endif
@@ -330,6 +356,13 @@ cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
     return launch_forward(overlap_kernel<DH, KB, ST, NC, kSplitN>, rows_of(NC), KB, threads_of(NC), smem, DH, a, bh,
                           stream);
   else return launch_forward(body_kernel<DH, KB, ST, NC>, rows_of(NC), KB, threads_of(NC), smem, DH, a, bh, stream);
+}
+
+// The overlapped candidate with the register split (overlap_split_kernel).
+template <int DH, int KB, int ST, int NC = 2>
+cudaError_t forward_split(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+  return launch_forward(overlap_split_kernel<DH, KB, ST, NC>, rows_of(NC), KB, threads_split(NC),
+                        Plan<DH, KB, ST, NC>::kSmem, DH, a, bh, stream);
 }
 
 // The library's kernel itself (cuda/attention_wgmma_kernel.cuh), with the
