@@ -42,21 +42,22 @@ constexpr Prod kNo = Prod::No;
 
 struct Config {
   const char* name;
-  bool lean;          // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2 e
-  bool streaming;     // y stored evict-first (st.global.cs)
-  int lane_max_keys;  // register layouts: rows longer than this go to the block team (0: no limit)
-  int block_elems;    // register layouts: keys a thread of the block team holds (16 or 32)
-  int rows_per_team;  // register layouts: rows a team holds at once (1 or 2)
-  XLoad x_load;       // register layouts: how x is loaded
-  int staged_kb;      // > 0: the staged layout, its rings aiming at this many KB in flight a SM
-  int staged_ept;     // staged layout: keys a thread holds at most (16 or 32)
-  bool staged_mask;   // staged layout: the mask row staged with x (else loaded through L1)
-  bool resident;      // register layouts: a grid of the blocks that fit at once, looping over the rows
-  Prod production;    // what cuda/softmax.cu runs of it
+  bool lean;               // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2 e
+  bool streaming;          // y stored evict-first (st.global.cs)
+  int lane_max_keys;       // register layouts: rows longer than this go to the block team (0: no limit)
+  int block_elems;         // register layouts: keys a thread of the block team holds (16 or 32)
+  int rows_per_team;       // register layouts: rows a team holds at once (1 or 2)
+  XLoad x_load;            // register layouts: how x is loaded
+  int staged_kb;           // > 0: the staged layout, its rings aiming at this many KB in flight a SM
+  int staged_ept;          // staged layout: keys a thread holds at most (16 or 32)
+  bool staged_mask;        // staged layout: the mask row staged with x (else loaded through L1)
+  bool resident;           // register layouts: a grid of the blocks that fit at once, looping over the rows
+  Prod production;         // what cuda/softmax.cu runs of it
+  bool kept_mask = false;  // staged layout: the mask row kept in registers while a group's rows share it
 };
 constexpr XLoad kNc = XLoad::ReadOnly, kNoL1 = XLoad::NoL1, kNoL1P = XLoad::NoL1Prefetch256;
 // {name, lean, streaming, lane_max_keys, block_elems, rows_per_team, x_load,
-//  staged_kb, staged_ept, staged_mask, resident, production}
+//  staged_kb, staged_ept, staged_mask, resident, production[, kept_mask]}
 constexpr Config kConfigs[] = {
     {"exact", false, false, 0, 16, 1, kNc, 0, 0, false, false, kNo},
     {"lean", true, false, 0, 16, 1, kNc, 0, 0, false, false, kNo},
@@ -75,6 +76,7 @@ constexpr Config kConfigs[] = {
     {"staged, 96 KB a SM, evict-first", true, true, 0, 0, 1, kNc, 96, 32, false, false, kNo},
     {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false, kNo},
     {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false, kNo},
+    {"staged, 96 KB a SM, mask kept", true, false, 0, 0, 1, kNc, 96, 32, false, false, kNo, true},
 };
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -171,17 +173,18 @@ struct Staged {
 // warp a row (4 a block) while tk <= 32 EPT, holding the fewest chunks of W
 // keys (a power of two) that cover the row; past that G = tk / EPT threads
 // (a power of two), EPT keys each.
-template <class T, bool kStreaming, int EPT, bool kStageMask>
+template <class T, bool kStreaming, int EPT, bool kStageMask, bool kKeepMask = false>
 Staged<T> staged_kernel_for(int64_t tk) {
   constexpr int W = 16 / sizeof(T), NF = EPT / W;
   Staged<T> k;
-  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask) {  // the product's kernel
+  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask && !kKeepMask) {  // product kernel
     const hg::gpu::StagedSoftmaxKernel<T> p = hg::gpu::staged_softmax_kernel<T>(tk);
     k.product = p.kernel, k.G = p.G, k.R = p.R;
     return k;
   }
   auto pick = [&](auto g, auto n, auto r) {
-    k.kernel = staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask>;
+    k.kernel =
+        staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask, kKeepMask>;
     k.G = decltype(g)::value, k.R = decltype(r)::value;
   };
   if (tk <= 32 * W) pick(I<32>{}, I<1>{}, I<4>{});
@@ -206,6 +209,7 @@ Staged<T> staged_kernel_for(const Config& c, int64_t tk) {
     return staged_kernel_for<T, false, 16, false>(tk);
   }
   if (c.staged_mask) return staged_kernel_for<T, false, 32, true>(tk);
+  if (c.kept_mask) return staged_kernel_for<T, false, 32, false, true>(tk);
   return staged_kernel_for<T, false, 32, false>(tk);
 }
 

@@ -343,15 +343,36 @@ __device__ __forceinline__ void fill_stage(const Args<T>& a, const hg::gpu::RowR
   if (mask) hg::gpu::stage_copy(ring.at(s) + a.tk * sizeof(T), span.mask, mask_bytes, ring.bars + s);
 }
 
+// The mask row a group keeps in registers (kKeepMask): `row` is where it
+// was read from (null: none yet), m its chunks as staged_scores lays out v.
+template <int N, int W>
+struct KeptMask {
+  const float* row = nullptr;
+  float m[N][W];
+};
+
 // z for this thread's N chunks of a staged row (chunk i at keys (t + i G) W):
 // the mask chunks first (L1/L2; their loads travel while the stage lands),
-// or, kStageMask, from the stage; x from the stage once it has landed.
-template <class T, int G, int N, bool kStageMask>
+// or, kStageMask, from the stage, or, kKeepMask, from `kept`, read again only
+// when the row's mask row is another one (a (B, 1, 1, Tk) mask: when the
+// group's next row is in another batch); x from the stage once it has landed.
+template <class T, int G, int N, bool kStageMask, bool kKeepMask = false>
 __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& span, const hg::gpu::RowRing<T>& ring,
-                                              int t, float (&v)[N][16 / sizeof(T)]) {
+                                              int t, float (&v)[N][16 / sizeof(T)],
+                                              KeptMask<N, 16 / sizeof(T)>* kept = nullptr) {
   constexpr int W = 16 / sizeof(T);
   const int visible = static_cast<int>(span.visible);
-  if constexpr (!kStageMask) {
+  if constexpr (kKeepMask) {
+    if (span.mask != nullptr && span.mask != kept->row) {  // uniform across the group: the same row
+      // Every key of the row (a causal row sees fewer): the next rows may see more.
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        const int k0 = (t + i * G) * W;
+        if (k0 < a.tk) hg::gpu::load_vec<W, Load::ReadOnly>(span.mask + k0, kept->m[i]);
+      }
+      kept->row = span.mask;
+    }
+  } else if constexpr (!kStageMask) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int k0 = (t + i * G) * W;
@@ -374,8 +395,10 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
       else hg::gpu::load_vec<W>(xs + k0, x);
       if (kStageMask && span.mask != nullptr) hg::gpu::load_vec<W>(ms + k0, v[i]);
 #pragma unroll
-      for (int j = 0; j < W; ++j)
-        v[i][j] = span.mask != nullptr ? fmaf(a.scale, x[j], additive_mask(v[i][j])) : x[j] * a.scale;
+      for (int j = 0; j < W; ++j) {
+        const float mask = kKeepMask ? kept->m[i][j] : v[i][j];
+        v[i][j] = span.mask != nullptr ? fmaf(a.scale, x[j], additive_mask(mask)) : x[j] * a.scale;
+      }
       if (k0 + W > visible)
 #pragma unroll
         for (int j = 0; j < W; ++j)
@@ -398,9 +421,11 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
 // row `stages` rows ahead, then reduces and stores from registers as the
 // register layouts do. Groups never wait for each other past the ring's
 // start. Lean arithmetic only. A stage holds a row of x (kStageMask: and
-// its mask row, Tk floats, after it).
-template <class T, int G, int N, int R, bool kStreaming, bool kStageMask>
+// its mask row, Tk floats, after it). kKeepMask: the mask row stays in
+// registers while the group's rows share it (staged_scores).
+template <class T, int G, int N, int R, bool kStreaming, bool kStageMask, bool kKeepMask = false>
 __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_kernel(Args<T> a, int stages) {
+  static_assert(!(kStageMask && kKeepMask));
   constexpr int W = 16 / sizeof(T);
   static_assert(G % 32 == 0 && G * R <= 1024 && R <= 15, "bad staged softmax config");
   extern __shared__ __align__(128) unsigned char staged_rows[];  // R rings of `stages` rows
@@ -424,10 +449,11 @@ __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_
   Team team{};
   if constexpr (G > 32) team = Team{scratch[group], G / 32, group * (G / 32), GroupSync{1 + group, G}};
 
+  KeptMask<N, W> kept;
   for (int64_t row = first; row < a.rows; row += stride) {
     const RowSpan span = row_span(a, row);
     float v[1][N][W];
-    staged_scores<T, G, N, kStageMask>(a, span, ring, t, v[0]);
+    staged_scores<T, G, N, kStageMask, kKeepMask>(a, span, ring, t, v[0], &kept);
     if constexpr (G == 32) __syncwarp();  // every thread has read the stage before its refill
     else GroupSync{1 + group, G}();
     if (t == 0 && next < a.rows) fill_stage<T, kStageMask>(a, ring, ring.stage, next);
