@@ -122,7 +122,7 @@ constexpr int kBf16ForwardVariants = 9, kBf16BackwardVariants = 11;
 // cuda/attention.cu's kBf16Forward / kBf16Backward: {dh 32, 64, 128}.
 constexpr int kBf16ForwardProduction[3] = {7, 7, 8};
 constexpr int kBf16BackwardProduction = 10;
-// Forward variants 9-15: the wgmma kernels (sm_90a, dh 64 and 128), 128
+// Forward variants 9-16: the wgmma kernels (sm_90a, dh 64 and 128), 128
 // queries per block (two consumer warpgroups) unless said: 9 the library's
 // kernel (cuda/attention_wgmma_kernel.cuh: 128-key tiles in 2 stages), then
 // the candidates of attention_lab_wgmma.cuh: 10 64-key tiles in 2 stages, 11
@@ -132,8 +132,10 @@ constexpr int kBf16BackwardProduction = 10;
 // 13 11 with p v in two n64 halves at dh 128 (no leading byte offset in the
 // MN-major descriptor; the same kernel as 11 at dh 64); 14 the overlap on
 // 128-key tiles in 2 stages with a producer warpgroup that gives the
-// consumers 240 registers a thread (setmaxnreg), 15 14 in 3 stages.
-constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 7;
+// consumers 240 registers a thread (setmaxnreg), 15 14 in 3 stages, 16 14
+// with the two consumer warpgroups taking turns to issue their products
+// (ping-pong).
+constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 8;
 constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 4;
 bool is_wgmma(bool bf16, bool backward, int v) {
   return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
@@ -167,7 +169,8 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
       case 3: e = w::forward<DH, 64, kStages12, kOverlap12, 3>(a, bh); break;
       case 4: e = w::forward<DH, 64, 3, true, 2, true>(a, bh); break;
       case 5: e = w::forward_split<DH, 128, 2>(a, bh); break;
-      default: e = w::forward_split<DH, 128, 3>(a, bh); break;
+      case 6: e = w::forward_split<DH, 128, 3>(a, bh); break;
+      default: e = w::forward_split<DH, 128, 2, 2, true>(a, bh); break;
     }
     CHECK_CUDA(e);
   } else {
@@ -737,7 +740,7 @@ Options parse(int argc, char** argv) {
           "  --tokens N             B * H timed = N / T * width / dh instead (bench_attention's shapes: 16384)\n"
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
-          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-15,\n"
+          "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-16,\n"
           "                         backward 11-14), 'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"

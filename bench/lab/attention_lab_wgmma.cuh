@@ -126,7 +126,15 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 // p v are in flight together, and the next softmax runs while p v still
 // does (o is rescaled once p v is done). kSplitN: p v in two n64 halves at
 // dh 128 (mma_mn).
-template <bool kSplitN, int kRegisters = 0>
+//
+// kPingPong (two consumer warpgroups): the warpgroups also take turns to
+// issue their products (FlashAttention-3's ping-pong), so that one's softmax
+// runs while the other's products do. Warpgroup w waits at named barrier
+// 1 + w before it issues and then lets the other go (bar.arrive at 2 - w);
+// the first turn is the first warpgroup's. Both must issue equally often,
+// so a block whose warpgroups see different tile counts (causal rows with
+// Tq != Tk, rows past Tq) runs without the turns.
+template <bool kSplitN, int kRegisters = 0, bool kPingPong = false>
 struct OverlapLoop {
   // forward_body's register split (cuda/attention_wgmma_kernel.cuh); 0: none.
   static constexpr int kConsumerRegisters = kRegisters, kProducerRegisters = lab_wgmma::kProducerRegisters;
@@ -135,6 +143,27 @@ struct OverlapLoop {
 #if HG_LAB_WGMMA
     using P = attn::ForwardPlan<DH, ROWS, KB, ST>;
     const Args& a = s.a;
+    static_assert(!kPingPong || ROWS == 128, "ping-pong takes turns between two consumer warpgroups");
+    const int cw = threadIdx.x / 128;
+    bool turns = false;
+    if constexpr (kPingPong) {
+      // The other warpgroup's tile count, as forward_body counts this one's.
+      const int q_block = s.row0 - 64 * cw, other_row0 = q_block + 64 * (1 - cw);
+      const int key_end = a.key_end(min(q_block + ROWS, a.tq));
+      const int other_end = other_row0 >= a.tq ? 0
+                            : a.causal         ? min(key_end, max(0, other_row0 + 64 + a.tk - a.tq))
+                                               : key_end;
+      turns = (other_end + KB - 1) / KB == s.tiles;
+    }
+    auto my_turn = [&] {
+      if (turns) asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory");
+    };
+    int turns_left = s.tiles + 1;  // issue points: the first q k^T, then one a tile
+    auto other_turn = [&] {
+      // The second warpgroup's last turn would be waited for by nobody.
+      if (turns && !(cw == 1 && --turns_left == 0)) asm volatile("bar.arrive %0, 256;" ::"r"(2 - cw) : "memory");
+    };
+    if (turns && cw == 1) asm volatile("bar.arrive 1, 256;" ::: "memory");  // the first turn is the first's
     auto k_of = [&](int tile) { return s.kv_at + (tile % ST) * P::kStageBytes; };
     auto issue_s = [&](float(&sc)[KB / 2], int tile) { attn::issue_qk<DH, ROWS, KB>(sc, s.q_at, k_of(tile)); };
     auto issue_pv = [&](uint32_t(&pa)[KB / 16][4], int tile) {
@@ -165,7 +194,9 @@ struct OverlapLoop {
     uint32_t pa[KB / 16][4], pb[KB / 16][4];
     if (s.tiles == 0) return;
     barrier_wait<kRegisters == 0>(s.full, 0);
+    my_turn();
     issue_s(sc, 0);
+    other_turn();
     wgmma_wait<0>();
     fence_operands(sc);
     softmax(sc, 0, pa, alpha);
@@ -175,8 +206,10 @@ struct OverlapLoop {
     // running wgmma reads); the last tile is peeled off.
     auto step = [&](uint32_t(&cur)[KB / 16][4], uint32_t(&nxt)[KB / 16][4], int tile) {
       barrier_wait<kRegisters == 0>(s.full + (tile + 1) % ST, uint32_t(((tile + 1) / ST) & 1));
+      my_turn();
       issue_s(sc, tile + 1);
       issue_pv(cur, tile);
+      other_turn();
       wgmma_wait<1>();  // q k^T done (groups complete in order), p v may still run
       fence_operands(sc);
       softmax(sc, tile + 1, nxt, alpha);
@@ -186,7 +219,9 @@ struct OverlapLoop {
       attn::rescale<DH>(s.o, alpha);
     };
     auto last = [&](uint32_t(&cur)[KB / 16][4], int tile) {
+      my_turn();
       issue_pv(cur, tile);
+      other_turn();
       wgmma_wait<0>();
       attn::pv_done<DH, KB>(s.o, cur);
       barrier_arrive(s.empty + tile % ST);
@@ -215,13 +250,14 @@ __global__ void __launch_bounds__(threads_of(NC), 1)
 }
 
 // The overlap with a producer warpgroup that gives its registers to the
-// consumers (threads_split).
-template <int DH, int KB, int ST, int NC>
+// consumers (threads_split); kPingPong: with the warpgroups' turns.
+template <int DH, int KB, int ST, int NC, bool kPingPong = false>
 __global__ void __launch_bounds__(threads_split(NC), 1)
     overlap_split_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, Args a) {
 #if HG_LAB_WGMMA
-  attn::forward_body<DH, rows_of(NC), KB, ST, OverlapLoop<false, consumer_registers(NC)>>(qmap, kmap, vmap, a);
+  attn::forward_body<DH, rows_of(NC), KB, ST, OverlapLoop<false, consumer_registers(NC), kPingPong>>(qmap, kmap, vmap,
+                                                                                                     a);
 #else
   __trap();
 #endif
@@ -358,10 +394,11 @@ cudaError_t forward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
   else return launch_forward(body_kernel<DH, KB, ST, NC>, rows_of(NC), KB, threads_of(NC), smem, DH, a, bh, stream);
 }
 
-// The overlapped candidate with the register split (overlap_split_kernel).
-template <int DH, int KB, int ST, int NC = 2>
+// The overlapped candidate with the register split (overlap_split_kernel),
+// kPingPong: and the warpgroups' turns.
+template <int DH, int KB, int ST, int NC = 2, bool kPingPong = false>
 cudaError_t forward_split(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
-  return launch_forward(overlap_split_kernel<DH, KB, ST, NC>, rows_of(NC), KB, threads_split(NC),
+  return launch_forward(overlap_split_kernel<DH, KB, ST, NC, kPingPong>, rows_of(NC), KB, threads_split(NC),
                         Plan<DH, KB, ST, NC>::kSmem, DH, a, bh, stream);
 }
 
