@@ -222,6 +222,12 @@ __device__ __forceinline__ void store_rows(const Args& a, int64_t bh, int my_row
   }
 }
 
+// The keys a consumer warpgroup of queries row0 .. row0 + 63 sees, of the
+// block's key_end: none past Tq, causally fewer.
+__device__ __forceinline__ int warpgroup_key_end(const Args& a, int row0, int key_end) {
+  return row0 >= a.tq ? 0 : a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
+}
+
 // A Loop may move registers to the consumers (kConsumerRegisters > 0): its
 // block then has a whole producer warpgroup (2 ROWS + 128 threads), which
 // keeps kProducerRegisters a thread and gives the rest away (setmaxnreg);
@@ -274,7 +280,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
   // Causal: tiles past this warpgroup's last visible key are only waited
   // for and released, so the stage protocol is the same for every
   // consumer; so are all tiles of a warpgroup whose rows all lie past Tq.
-  const int my_end = row0 >= a.tq ? 0 : a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
+  const int my_end = warpgroup_key_end(a, row0, key_end);
   const int my_tiles = (my_end + KB - 1) / KB;
   const float c = a.scale_log2;
   float o[DH / 2];

@@ -78,6 +78,20 @@ __device__ __forceinline__ const T* wait_softmax_stage(const RowRing<T>& ring) {
 #endif
 }
 
+// z of one chunk of W keys from k0 on, x already widened: scale x plus the
+// additive mask (`masked` false: scale x alone), -inf for the keys from
+// `visible` on. `mask` may be z itself (the mask loaded into z first).
+template <int W>
+__device__ __forceinline__ void staged_chunk_scores(float (&z)[W], const float (&x)[W], const float (&mask)[W],
+                                                    bool masked, float scale, int k0, int visible) {
+#pragma unroll
+  for (int j = 0; j < W; ++j) z[j] = masked ? fmaf(scale, x[j], additive_mask(mask[j])) : x[j] * scale;
+  if (k0 + W > visible)
+#pragma unroll
+    for (int j = 0; j < W; ++j)
+      if (k0 + j >= visible) z[j] = -INFINITY;
+}
+
 // z for this thread's N chunks of a staged row (chunk i at keys (t + i G) W):
 // the mask chunks first (their loads travel while the stage lands), then x
 // from the stage; one FFMA each, as load_z_lean of cuda/softmax.cu.
@@ -99,13 +113,7 @@ __device__ __forceinline__ void staged_scores(const ForwardArgs<T>& a, const Row
       float x[W];
       if constexpr (std::is_same_v<T, __nv_bfloat16>) widen_bf16x8(*reinterpret_cast<const uint4*>(xs + k0), x);
       else load_vec<W>(xs + k0, x);
-#pragma unroll
-      for (int j = 0; j < W; ++j)
-        v[i][j] = span.mask != nullptr ? fmaf(a.scale, x[j], additive_mask(v[i][j])) : x[j] * a.scale;
-      if (k0 + W > visible)
-#pragma unroll
-        for (int j = 0; j < W; ++j)
-          if (k0 + j >= visible) v[i][j] = -INFINITY;
+      staged_chunk_scores<W>(v[i], x, v[i], span.mask != nullptr, a.scale, k0, visible);
     } else {
 #pragma unroll
       for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;

@@ -69,12 +69,16 @@ __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // A block's barriers: `once` for what is staged once (one arrival: the
-// producer's expect_tx), then st "full" ones (the same) and st "empty" ones
-// (every thread of `consumers` warpgroups arrives). The whole block calls it.
-__device__ __forceinline__ void init_barriers(uint64_t* once, uint64_t* full, uint64_t* empty, int st, int consumers) {
+// producer's expect_tx), then st "full" ones (the same, plus
+// `extra_fill_arrivals` from threads that fill a stage by plain stores) and
+// st "empty" ones (every thread of `consumers` warpgroups arrives). The
+// whole block calls it.
+__device__ __forceinline__ void init_barriers(uint64_t* once, uint64_t* full, uint64_t* empty, int st, int consumers,
+                                              int extra_fill_arrivals = 0) {
   if (threadIdx.x == 0) {
     barrier_init(once, 1);
-    for (int s = 0; s < st; ++s) barrier_init(full + s, 1), barrier_init(empty + s, 128 * consumers);
+    for (int s = 0; s < st; ++s)
+      barrier_init(full + s, 1 + extra_fill_arrivals), barrier_init(empty + s, 128 * consumers);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();

@@ -150,10 +150,7 @@ struct OverlapLoop {
       // The other warpgroup's tile count, as forward_body counts this one's.
       const int q_block = s.row0 - 64 * cw, other_row0 = q_block + 64 * (1 - cw);
       const int key_end = a.key_end(min(q_block + ROWS, a.tq));
-      const int other_end = other_row0 >= a.tq ? 0
-                            : a.causal         ? min(key_end, max(0, other_row0 + 64 + a.tk - a.tq))
-                                               : key_end;
-      turns = (other_end + KB - 1) / KB == s.tiles;
+      turns = (attn::warpgroup_key_end(a, other_row0, key_end) + KB - 1) / KB == s.tiles;
     }
     auto my_turn = [&] {
       if (turns) asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory");

@@ -75,16 +75,7 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
   unsigned char* smem = raw + (base - shared_address(raw));
   float2* stage_stats = reinterpret_cast<float2*>(smem + P::kStatsOffset);
   float* stage_delta = reinterpret_cast<float*>(smem + P::kDeltaOffset);
-  if constexpr (kStagedStats) {
-    if (threadIdx.x == 0) {
-      barrier_init(res_full, 1);
-      for (int st = 0; st < ST; ++st) barrier_init(full + st, 1 + 32), barrier_init(empty + st, 128 * NC);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-  } else {
-    init_barriers(res_full, full, empty, ST, NC);
-  }
+  init_barriers(res_full, full, empty, ST, NC, kStagedStats ? 32 : 0);  // + the stats copier's warp
 
   if (threadIdx.x >= 128 * NC) {  // the producer warp (or warpgroup); one thread issues every copy
     if constexpr (kRegisters > 0) registers_decrease<kProducerRegisters>();

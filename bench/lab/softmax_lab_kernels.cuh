@@ -394,15 +394,8 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
       if constexpr (std::is_same_v<T, bf16>) hg::gpu::widen_bf16x8(*reinterpret_cast<const uint4*>(xs + k0), x);
       else hg::gpu::load_vec<W>(xs + k0, x);
       if (kStageMask && span.mask != nullptr) hg::gpu::load_vec<W>(ms + k0, v[i]);
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const float mask = kKeepMask ? kept->m[i][j] : v[i][j];
-        v[i][j] = span.mask != nullptr ? fmaf(a.scale, x[j], additive_mask(mask)) : x[j] * a.scale;
-      }
-      if (k0 + W > visible)
-#pragma unroll
-        for (int j = 0; j < W; ++j)
-          if (k0 + j >= visible) v[i][j] = -INFINITY;
+      hg::gpu::staged_chunk_scores<W>(v[i], x, kKeepMask ? kept->m[i] : v[i], span.mask != nullptr, a.scale, k0,
+                                      visible);
     } else {
 #pragma unroll
       for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;
