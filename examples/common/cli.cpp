@@ -106,34 +106,29 @@ void check_writable(const std::string& path, const std::string& flag) {
   std::error_code ec;
   if (fs::is_directory(p, ec)) usage_error(flag, path, ": is a directory, expected a file path");
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  // Every rank of a data-parallel job checks the same paths at once: a probe
-  // file another rank just created (EEXIST) or just removed (ENOENT) says
-  // nothing about this path, so those two outcomes are looked at again.
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    if (fs::exists(p, ec)) {
-      const int fd = ::open(path.c_str(), O_WRONLY);  // neither truncates nor writes
-      if (fd >= 0) {
-        ::close(fd);
-        return;
-      }
-      if (errno == ENOENT) continue;
-      usage_error(flag, path, ": the file exists and cannot be written: ", std::strerror(errno));
-    }
-    if (!fs::is_directory(dir, ec)) usage_error(flag, path, ": directory '", dir.string(), "' does not exist");
-    if (::access(dir.c_str(), W_OK) != 0) usage_error(flag, path, ": directory '", dir.string(), "' is not writable");
-    // access() trusts the mode bits, which /proc, /sys and read-only mounts do
-    // not honour: only creating the file shows that it can be written. It is
-    // removed at once (the program writes it later, as a whole).
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (!fs::is_directory(dir, ec)) usage_error(flag, path, ": directory '", dir.string(), "' does not exist");
+  if (fs::exists(p, ec)) {
+    const int fd = ::open(path.c_str(), O_WRONLY);  // neither truncates nor writes
     if (fd >= 0) {
       ::close(fd);
-      ::unlink(path.c_str());
       return;
     }
-    if (errno == EEXIST) continue;
-    usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
+    // Removed between the two calls: it is checked below as a new file.
+    if (errno != ENOENT) usage_error(flag, path, ": the file exists and cannot be written: ", std::strerror(errno));
   }
-  usage_error(flag, path, ": the file keeps appearing and disappearing (another program creates and removes it)");
+  const long name_max = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  const auto name_length = static_cast<long>(p.filename().string().size());
+  if (name_max > 0 && name_length > name_max)
+    usage_error(flag, path, ": the file name has ", name_length, " characters, at most ", name_max, " allowed here");
+  // access() trusts the mode bits, which /proc, /sys and read-only mounts do
+  // not honour: only creating a file shows that the folder takes one. The
+  // probe has a name of its own, never the path itself, so that every rank of
+  // a data-parallel job can check the same path at the same moment.
+  std::string probe = (dir / ".handgrad-write-probe-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) usage_error(flag, path, ": cannot create a file in '", dir.string(), "': ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 }  // namespace hg::cli

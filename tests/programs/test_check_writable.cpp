@@ -1,7 +1,7 @@
 // Output paths checked before any work (examples/common/cli.hpp,
 // check_writable): what is refused and why, that a check leaves nothing
 // behind and touches no existing file, and that ranks checking the same path
-// at the same moment do not refuse each other's probe file.
+// at the same moment do not refuse each other.
 #include <atomic>
 #include <filesystem>
 #include <string>
@@ -21,7 +21,7 @@ TEST_CASE("check_writable: a new file in an existing folder passes and is not le
   const auto dir = hg::test::make_temp_dir("check_writable_new");
   const auto path = (dir / "log.csv").string();
   check_writable(path, "--log-csv");
-  CHECK_FALSE(fs::exists(path));
+  CHECK(fs::is_empty(dir));         // neither the file nor the probe is left
   check_writable("", "--log-csv");  // empty: nothing to check
   fs::remove_all(dir);
 }
@@ -42,11 +42,14 @@ TEST_CASE("check_writable: a folder, or a path in a missing folder, is refused b
   const auto missing = (dir / "no" / "such" / "log.csv").string();
   CHECK_THROWS_AS(check_writable(missing, "--log-csv"), UsageError);
   CHECK_THROWS_WITH(check_writable(missing, "--log-csv"), Contains("directory '") && Contains("' does not exist"));
+  const auto too_long = (dir / std::string(300, 'x')).string();
+  CHECK_THROWS_WITH(check_writable(too_long, "--plot"),
+                    Contains("--plot " + too_long) && Contains("characters, at most"));
   fs::remove_all(dir);
 }
 
 // Every rank of `mpirun -np N train --log-csv x.csv` checks x.csv at once:
-// one rank's probe file, created and removed, must not fail another's check.
+// no rank's check may fail or disturb another's.
 TEST_CASE("check_writable: many checks of one path at the same moment all pass", "[cli]") {
   const auto dir = hg::test::make_temp_dir("check_writable_race");
   const auto path = (dir / "shared.csv").string();
@@ -65,6 +68,6 @@ TEST_CASE("check_writable: many checks of one path at the same moment all pass",
   for (auto& r : ranks) r.join();
   INFO(first_error);
   CHECK(refused.load() == 0);
-  CHECK_FALSE(fs::exists(path));
+  CHECK(fs::is_empty(dir));
   fs::remove_all(dir);
 }
