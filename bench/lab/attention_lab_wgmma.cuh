@@ -146,11 +146,11 @@ struct OverlapLoop {
     static_assert(!kPingPong || ROWS == 128, "ping-pong takes turns between two consumer warpgroups");
     const int cw = threadIdx.x / 128;
     bool turns = false;
-    if constexpr (kPingPong) {
+    if constexpr (kPingPong) {  // no turns without tiles: nobody would take the first
       // The other warpgroup's tile count, as forward_body counts this one's.
       const int q_block = s.row0 - 64 * cw, other_row0 = q_block + 64 * (1 - cw);
       const int key_end = a.key_end(min(q_block + ROWS, a.tq));
-      turns = (attn::warpgroup_key_end(a, other_row0, key_end) + KB - 1) / KB == s.tiles;
+      turns = s.tiles > 0 && (attn::warpgroup_key_end(a, other_row0, key_end) + KB - 1) / KB == s.tiles;
     }
     auto my_turn = [&] {
       if (turns) asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory");
