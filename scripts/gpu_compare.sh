@@ -11,7 +11,8 @@
 #                 --recompute-layernorm)            | torch_train_step.py --variants compilecg-bf16-sdpa
 #     attention   bench_attention                          | torch_sdpa.py
 #     norms       bench_layernorm, bench_softmax           | torch_norms.py
-#     lab         bench/lab/softmax_lab, bench/lab/attention_lab (every kernel candidate against production)
+#     lab         bench/lab/attention_lab (bf16, dh 64 and 128, plain and causal), softmax_lab and
+#                 layernorm_lab: every kernel candidate against production | torch_sdpa.py, torch_norms.py
 #     residual    bench_layernorm --residual (raw kernels, both residual kernel choices)
 #                                                          | bench/torch_residual_layernorm.py (eager, compile)
 #     accuracy    train --precision bf16 and fp32 on the built-in task (loss curves, held-out accuracy)
@@ -91,8 +92,24 @@ for stage in "$@"; do
         --csv "$out/bench_attention.csv"
       torch_ref torch_sdpa torch_sdpa.py --json "$out/torch_sdpa.json" ;;
     lab)
-      run softmax_lab build-gpu/bench/lab/softmax_lab
-      run attention_lab build-gpu/bench/lab/attention_lab --seq 1024,4096 ;;
+      # The candidates beside production at bench_attention's and bench_softmax's shapes,
+      # then the PyTorch figures of the same shapes. Each program runs under `timeout`:
+      # a candidate whose warps wait at a barrier nobody reaches hangs (its TMA stage
+      # waits give up after 2 s, a named barrier has no such limit).
+      cmake --build build-gpu -j"$(nproc)" --target attention_lab softmax_lab layernorm_lab \
+        > "$out/lab_build.log" 2>&1 || { echo "lab build FAILED"; status=1; }
+      lab=build-gpu/bench/lab
+      run attention_lab_self_test timeout 120 $lab/attention_lab --self-test
+      for causal in "" --causal; do
+        run "attention_lab_fwd${causal}" timeout 300 $lab/attention_lab --dtypes bf16 --directions fwd --dh 64,128 \
+          --tokens 16384 --seq 1024,4096 --variants "production,wgmma" $causal
+        run "attention_lab_bwd${causal}" timeout 300 $lab/attention_lab --dtypes bf16 --directions bwd --dh 64,128 \
+          --tokens 16384 --seq 1024,4096 --variants "production,wgmma" $causal
+      done
+      torch_ref torch_sdpa torch_sdpa.py
+      run softmax_lab timeout 300 $lab/softmax_lab --sizes 4x16x1024,2x16x2048,1x16x4096
+      run layernorm_lab timeout 300 $lab/layernorm_lab
+      torch_ref torch_norms torch_norms.py ;;
     norms)
       run bench_layernorm $b/bench_layernorm --device cuda --png '' --csv "$out/bench_layernorm.csv"
       run bench_softmax $b/bench_softmax --device cuda --png '' --csv "$out/bench_softmax.csv"
