@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <type_traits>
 
@@ -20,6 +21,16 @@ constexpr const char* kOp = "gemm algorithm file";
 constexpr const char* kFormat = "handgrad GEMM algorithms";
 constexpr int kVersion = 1;
 
+// Whether JSON value v is an integer that T holds: get<T>() would wrap one
+// that does not (4294967296 read as an int is 0).
+template <class T>
+bool integer_fits(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+  if (!v.is_number_integer()) return false;
+  const int64_t x = v.get<int64_t>();
+  return x >= int64_t(std::numeric_limits<T>::min()) && x <= int64_t(std::numeric_limits<T>::max());
+}
+
 // entry[key] as T; anything else names the file, the entry and the key.
 template <class T>
 T field(const json& entry, const char* key, const std::string& path, size_t index) {
@@ -28,11 +39,14 @@ T field(const json& entry, const char* key, const std::string& path, size_t inde
   if (ok) {
     if constexpr (std::is_same_v<T, std::string>) ok = it->is_string();
     else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
-    else ok = it->is_number_integer();
+    else ok = integer_fits<T>(*it);
   }
   if (!ok)
     fail(kOp, path, ": entry ", index, " needs \"", key, "\" as ",
-         std::is_same_v<T, std::string> ? "a string" : (std::is_floating_point_v<T> ? "a number" : "an integer"));
+         std::is_same_v<T, std::string> ? "a string"
+         : std::is_floating_point_v<T>  ? "a number"
+         : std::is_same_v<T, int>       ? "an integer in [-2^31, 2^31)"
+                                        : "an integer in [-2^63, 2^63)");
   return it->get<T>();
 }
 
@@ -43,9 +57,10 @@ std::vector<SavedGemmAlgorithm> parse(const std::string& text, const std::string
   } catch (const json::exception& e) {
     fail(kOp, path, " is not JSON (", e.what(), "); expected the file --gemm-algorithm-file writes");
   }
-  if (!j.is_object() || j.value("format", std::string()) != kFormat)
+  // (json::value would throw its own error for a "format" that is not a string.)
+  if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     fail(kOp, path, " is not a GEMM algorithm file: expected an object with \"format\": \"", kFormat, "\"");
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kVersion)
+  if (!j.contains("version") || j["version"] != kVersion)
     fail(kOp, path, ": unsupported \"version\" ", j.value("version", json()).dump(), "; this build reads ", kVersion);
   if (!j.contains("entries") || !j["entries"].is_array()) fail(kOp, path, ": \"entries\" must be an array");
   std::vector<SavedGemmAlgorithm> entries;

@@ -1,4 +1,4 @@
-// Replays every file under tests/corpus/{npy,checkpoint} (hand-made seeds and
+// Replays every file under tests/corpus/{npy,checkpoint,gemm_algorithms} (hand-made seeds and
 // any crasher the fuzzers found, see scripts/fuzz.sh) through the same parse
 // functions the fuzz targets drive. Each input must parse or throw hg::Error;
 // a parse must hold no more bytes than the input (bounded allocation) and
@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "core/checkpoint.hpp"
+#include "core/error.hpp"
+#include "core/gemm_algorithm_file.hpp"
 #include "core/npy.hpp"
 #include "tests/test_files.hpp"
 #include "tests/test_util.hpp"
@@ -135,4 +137,41 @@ TEST_CASE("checkpoint parse refuses hostile records behind a valid checksum with
       REQUIRE(msg.find(file) != std::string::npos);
     }
   }
+}
+
+// The GEMM algorithm file is read from a path: each input is copied to one,
+// loaded, and must either load (and the file it is rewritten as load to the
+// same entries) or be refused naming the path, with the file left as it was.
+TEST_CASE("gemm_algorithms corpus: every file loads and reads back, or is refused and left as it was") {
+  const auto files = corpus("gemm_algorithms");
+  REQUIRE(files.size() >= 10);
+  const auto dir = hg::test::make_temp_dir("corpus_gemm_algorithms");
+  const std::string path = (dir / "gemms.json").string();
+  for (const fs::path& p : files) {
+    const std::string name = p.filename().string();
+    INFO(name);
+    const std::string bytes = hg::test::read_bytes(p);
+    hg::test::write_bytes(path, bytes);
+    std::vector<hg::SavedGemmAlgorithm> entries;
+    bool ok = true;
+    try {
+      entries = hg::GemmAlgorithmFile(path).entries();
+    } catch (const hg::Error& e) {
+      ok = false;
+      REQUIRE(std::string(e.what()).find(path) != std::string::npos);
+      REQUIRE(hg::test::read_bytes(path) == bytes);
+    }
+    if (ok) {
+      const auto again = hg::GemmAlgorithmFile(path).entries();
+      REQUIRE(again.size() == entries.size());
+      for (size_t i = 0; i < entries.size(); ++i) {
+        REQUIRE(again[i].gemm == entries[i].gemm);
+        REQUIRE(again[i].candidate == entries[i].candidate);
+        REQUIRE(again[i].first_us == entries[i].first_us);
+      }
+    }
+    if (starts_with(name, "seed_valid_")) REQUIRE(ok);
+    else if (starts_with(name, "seed_")) REQUIRE_FALSE(ok);
+  }
+  fs::remove_all(dir);
 }

@@ -88,6 +88,22 @@ TEST_CASE("GemmAlgorithmFile: a bad file is refused with its path and the fault,
            R"([{"device": "d", "cublaslt": 1, "gemm": "g", "candidate": 2, "candidates": 2, "algorithm": "a",)"
            R"( "first_us": 1, "chosen_us": 1}]})",
        "candidate 2 of 2"},
+      // Values of the wrong type or past what the field holds: refused, never wrapped.
+      {R"({"format": 1, "version": 1, "entries": []})", "is not a GEMM algorithm file"},
+      {R"({"format": "handgrad GEMM algorithms", "version": 4294967297, "entries": []})",
+       "unsupported \"version\" 4294967297"},
+      {std::string(kHeader) +
+           R"([{"device": "d", "cublaslt": 1, "gemm": "g", "candidate": 4294967296, "candidates": 2,)"
+           R"( "algorithm": "a", "first_us": 1, "chosen_us": 1}]})",
+       "entry 0 needs \"candidate\" as an integer in [-2^31, 2^31)"},
+      {std::string(kHeader) +
+           R"([{"device": "d", "cublaslt": 18446744073709551615, "gemm": "g", "candidate": 0, "candidates": 2,)"
+           R"( "algorithm": "a", "first_us": 1, "chosen_us": 1}]})",
+       "entry 0 needs \"cublaslt\" as an integer in [-2^63, 2^63)"},
+      {std::string(kHeader) +
+           R"([{"device": "d", "cublaslt": 1, "gemm": "g", "candidate": 0, "candidates": 2, "algorithm": "a",)"
+           R"( "first_us": 1e400, "chosen_us": 1}]})",
+       "is not JSON"},  // a number past double's range: refused by the parser, never read as inf
   };
   for (const auto& c : cases) {
     INFO(c.text);
