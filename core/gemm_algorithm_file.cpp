@@ -5,13 +5,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <sstream>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/json_integer.hpp"
 
 namespace hg {
 namespace {
@@ -21,16 +21,6 @@ constexpr const char* kOp = "gemm algorithm file";
 constexpr const char* kFormat = "handgrad GEMM algorithms";
 constexpr int kVersion = 1;
 
-// Whether JSON value v is an integer that T holds: get<T>() would wrap one
-// that does not (4294967296 read as an int is 0).
-template <class T>
-bool integer_fits(const json& v) {
-  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
-  if (!v.is_number_integer()) return false;
-  const int64_t x = v.get<int64_t>();
-  return x >= int64_t(std::numeric_limits<T>::min()) && x <= int64_t(std::numeric_limits<T>::max());
-}
-
 // entry[key] as T; anything else names the file, the entry and the key.
 template <class T>
 T field(const json& entry, const char* key, const std::string& path, size_t index) {
@@ -39,7 +29,7 @@ T field(const json& entry, const char* key, const std::string& path, size_t inde
   if (ok) {
     if constexpr (std::is_same_v<T, std::string>) ok = it->is_string();
     else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
-    else ok = integer_fits<T>(*it);
+    else ok = json_integer_fits<T>(*it);
   }
   if (!ok)
     fail(kOp, path, ": entry ", index, " needs \"", key, "\" as ",

@@ -8,6 +8,7 @@
 
 #include "core/checkpoint.hpp"
 #include "core/error.hpp"
+#include "core/json_integer.hpp"
 #include "core/logging.hpp"
 #include "examples/common/flag_json.hpp"
 
@@ -32,12 +33,15 @@ T get(const nlohmann::json& j, const std::string& where, const char* key, const 
   const auto it = j.find(key);
   if (it == j.end()) fail(kOp, path, ": missing key '", where, key, "'");
   constexpr bool text = std::is_same<T, std::string>::value, whole = std::is_integral<T>::value;
-  const bool ok = text ? it->is_string() : whole ? it->is_number_integer() : it->is_number();
+  bool ok = it->is_number();
+  if constexpr (text) ok = it->is_string();
+  else if constexpr (whole) ok = json_integer_fits<T>(*it);
   if (!ok)
     fail(kOp, path, ": key '", where, key, "' is ", it->dump(), ", not ",
-         text    ? "a string"
-         : whole ? "a whole number"
-                 : "a number");
+         text                          ? "a string"
+         : !whole                      ? "a number"
+         : std::is_same<T, int>::value ? "a whole number in [-2^31, 2^31)"
+                                       : "a whole number in [-2^63, 2^63)");
   return it->get<T>();
 }
 

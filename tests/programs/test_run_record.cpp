@@ -120,6 +120,12 @@ TEST_CASE("run record: missing, damaged and foreign files are refused, naming th
                     Contains(path) && Contains("key 'model.n_layers' is \"four\", not a whole number"));
   CHECK_THROWS_WITH(load_run_record((edited_record(ck, [](json& j) { j["model"]["d_model"] = 96.5; }), ck)),
                     Contains("key 'model.d_model' is 96.5, not a whole number"));
+  // Past the field's range: refused as written, never read wrapped (as version 1, as a negative size).
+  CHECK_THROWS_WITH(load_run_record((edited_record(ck, [](json& j) { j["version"] = 4294967297LL; }), ck)),
+                    Contains("key 'version' is 4294967297, not a whole number in [-2^31, 2^31)"));
+  CHECK_THROWS_WITH(
+      load_run_record((edited_record(ck, [](json& j) { j["model"]["d_model"] = 9223372036854775808ULL; }), ck)),
+      Contains("key 'model.d_model' is 9223372036854775808, not a whole number in [-2^63, 2^63)"));
   CHECK_THROWS_WITH(load_run_record((edited_record(ck, [](json& j) { j["model"]["n_heads"] = 0; }), ck)),
                     Contains("model.n_heads is 0; must be at least 1"));
   CHECK_THROWS_WITH(load_run_record((edited_record(ck, [](json& j) { j["model"]["n_heads"] = 5; }), ck)),
