@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the three file loaders with libFuzzer (clang, ASan + UBSan), each for a
-# bounded time, starting from the seed corpus in tests/corpus/{npy,checkpoint,gemm_algorithms}.
+# Fuzzes the four file loaders with libFuzzer (clang, ASan + UBSan), each for a
+# bounded time, starting from the seed corpus in tests/corpus/{npy,checkpoint,gemm_algorithms,run_record}.
 #
 #   scripts/fuzz.sh                 60 s per target
 #   scripts/fuzz.sh --seconds 300   longer run
@@ -24,12 +24,12 @@ done
 build=build-fuzz
 cmake -S . -B "$build" -DCMAKE_CXX_COMPILER=clang++ -DHG_FUZZ=ON -DHG_ENABLE_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_npy fuzz_checkpoint fuzz_gemm_algorithms
+cmake --build "$build" -j"$(nproc)" --target fuzz_npy fuzz_checkpoint fuzz_gemm_algorithms fuzz_run_record
 
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 status=0
-for kind in npy checkpoint gemm_algorithms; do
+for kind in npy checkpoint gemm_algorithms run_record; do
   target="$build/tests/fuzz/fuzz_$kind"
   scratch="$build/corpus-$kind"
   artifacts="$build/artifacts-$kind/"

@@ -24,14 +24,6 @@ using hg::Tensor;
 
 namespace {
 
-std::vector<fs::path> corpus(const char* folder) {
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(fs::path(HG_SOURCE_DIR) / "tests" / "corpus" / folder))
-    if (e.is_regular_file()) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
 // Outcome of one parse: true parsed, false refused with hg::Error (anything else fails the test).
@@ -77,7 +69,7 @@ std::string sealed(const std::string& body) {
 }  // namespace
 
 TEST_CASE("npy corpus: every file parses or is refused with hg::Error") {
-  const auto files = corpus("npy");
+  const auto files = hg::test::corpus_files("npy");
   REQUIRE(files.size() >= 15);  // the seeds are there: the test cannot pass on an empty folder
   int parsed = 0;
   for (const fs::path& p : files) {
@@ -93,7 +85,7 @@ TEST_CASE("npy corpus: every file parses or is refused with hg::Error") {
 }
 
 TEST_CASE("checkpoint corpus: every file parses or is refused with hg::Error, as is and re-sealed") {
-  const auto files = corpus("checkpoint");
+  const auto files = hg::test::corpus_files("checkpoint");
   REQUIRE(files.size() >= 15);
   for (const fs::path& p : files) {
     const std::string name = p.filename().string();
@@ -143,7 +135,7 @@ TEST_CASE("checkpoint parse refuses hostile records behind a valid checksum with
 // loaded, and must either load (and the file it is rewritten as load to the
 // same entries) or be refused naming the path, with the file left as it was.
 TEST_CASE("gemm_algorithms corpus: every file loads and reads back, or is refused and left as it was") {
-  const auto files = corpus("gemm_algorithms");
+  const auto files = hg::test::corpus_files("gemm_algorithms");
   REQUIRE(files.size() >= 10);
   const auto dir = hg::test::make_temp_dir("corpus_gemm_algorithms");
   const std::string path = (dir / "gemms.json").string();

@@ -1,6 +1,7 @@
 // The run record beside a checkpoint (examples/common/run_record.hpp): a
 // round trip keeps every field, and a missing, damaged or foreign file is
-// refused with a message naming the file and what is wrong.
+// refused with a message naming the file and what is wrong; the corpus of
+// the fuzz target (tests/corpus/run_record) replayed.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -184,4 +185,39 @@ TEST_CASE("run record: taken back into the flags of a resumed run, checked again
   other.tokenizer = "bytes";
   CHECK_THROWS_WITH(hg::cli::check_run_record(r, other, ck), Catch::Contains("edited or damaged"));
   std::filesystem::remove_all(dir);
+}
+
+// The seeds and any finding of tests/fuzz/fuzz_run_record.cpp: each file
+// loads (and saved again, loads to the same record) or is refused with
+// hg::Error naming it. seed_valid_* must load, the other seed_* must not.
+TEST_CASE("run record corpus: every file loads and reads back, or is refused naming the file") {
+  namespace fs = std::filesystem;
+  const auto files = hg::test::corpus_files("run_record");
+  REQUIRE(files.size() >= 10);
+  const auto dir = hg::test::make_temp_dir("run_record_corpus");
+  const std::string ck = (dir / "lm").string();
+  for (const fs::path& p : files) {
+    const std::string name = p.filename().string();
+    INFO(name);
+    hg::test::write_bytes(run_record_path(ck), hg::test::read_bytes(p));
+    bool ok = true;
+    RunRecord r;
+    try {
+      r = load_run_record(ck);
+    } catch (const hg::Error& e) {
+      ok = false;
+      REQUIRE(std::string(e.what()).find(run_record_path(ck)) != std::string::npos);
+    }
+    if (ok) {
+      save_run_record(ck, r);
+      const RunRecord again = load_run_record(ck);
+      CHECK(again.flags == r.flags);
+      CHECK(again.task == r.task);
+      CHECK(again.model.d_model == r.model.d_model);
+      CHECK(again.model.ln_eps == r.model.ln_eps);
+    }
+    if (name.rfind("seed_valid_", 0) == 0) CHECK(ok);
+    else if (name.rfind("seed_", 0) == 0) CHECK_FALSE(ok);
+  }
+  fs::remove_all(dir);
 }
