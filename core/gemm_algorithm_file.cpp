@@ -31,12 +31,11 @@ T field(const json& entry, const char* key, const std::string& path, size_t inde
     else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
     else ok = json_integer_fits<T>(*it);
   }
-  if (!ok)
-    fail(kOp, path, ": entry ", index, " needs \"", key, "\" as ",
-         std::is_same_v<T, std::string> ? "a string"
-         : std::is_floating_point_v<T>  ? "a number"
-         : std::is_same_v<T, int>       ? "an integer in [-2^31, 2^31)"
-                                        : "an integer in [-2^63, 2^63)");
+  if (!ok) {
+    std::string expected = std::is_same_v<T, std::string> ? "a string" : "a number";
+    if constexpr (std::is_integral_v<T>) expected = std::string("an integer in ") + json_integer_range<T>();
+    fail(kOp, path, ": entry ", index, " needs \"", key, "\" as ", expected);
+  }
   return it->get<T>();
 }
 

@@ -5,6 +5,7 @@
 // different value from the one in the file.
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,13 @@ bool json_integer_fits(const nlohmann::json& v) {
   if (!v.is_number_integer()) return false;
   const int64_t x = v.get<int64_t>();
   return x >= int64_t(std::numeric_limits<T>::min()) && x <= int64_t(std::numeric_limits<T>::max());
+}
+
+// The range json_integer_fits<T> accepts, for messages.
+template <class T>
+constexpr const char* json_integer_range() {
+  static_assert(std::is_same_v<T, int> || std::is_same_v<T, int64_t>, "a range text for int and int64_t only");
+  return std::is_same_v<T, int> ? "[-2^31, 2^31)" : "[-2^63, 2^63)";
 }
 
 }  // namespace hg

@@ -36,12 +36,11 @@ T get(const nlohmann::json& j, const std::string& where, const char* key, const 
   bool ok = it->is_number();
   if constexpr (text) ok = it->is_string();
   else if constexpr (whole) ok = json_integer_fits<T>(*it);
-  if (!ok)
-    fail(kOp, path, ": key '", where, key, "' is ", it->dump(), ", not ",
-         text                          ? "a string"
-         : !whole                      ? "a number"
-         : std::is_same<T, int>::value ? "a whole number in [-2^31, 2^31)"
-                                       : "a whole number in [-2^63, 2^63)");
+  if (!ok) {
+    std::string expected = text ? "a string" : "a number";
+    if constexpr (whole) expected = std::string("a whole number in ") + json_integer_range<T>();
+    fail(kOp, path, ": key '", where, key, "' is ", it->dump(), ", not ", expected);
+  }
   return it->get<T>();
 }
 
