@@ -3,25 +3,16 @@
 // with hg::Error and left byte for byte as it was; a file that loads is
 // rewritten in the program's own form, which must load again to the same
 // entries (the file a run leaves behind is always readable by the next).
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/gemm_algorithm_file.hpp"
+#include "tests/test_files.hpp"
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 
 bool same(const std::vector<hg::SavedGemmAlgorithm>& a, const std::vector<hg::SavedGemmAlgorithm>& b) {
   if (a.size() != b.size()) return false;
@@ -36,19 +27,14 @@ bool same(const std::vector<hg::SavedGemmAlgorithm>& a, const std::vector<hg::Sa
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path =
-      (std::filesystem::temp_directory_path() / ("hg_fuzz_gemm_algorithms_" + std::to_string(::getpid()) + ".json"))
-          .string();
+  static const std::string path = (hg::test::make_temp_dir("fuzz_gemm_algorithms") / "gemms.json").string();
   const std::string bytes(reinterpret_cast<const char*>(data), size);
-  {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  hg::test::write_bytes(path, bytes);
   std::vector<hg::SavedGemmAlgorithm> entries;
   try {
     entries = hg::GemmAlgorithmFile(path).entries();
   } catch (const hg::Error&) {
-    if (read_file(path) != bytes) std::abort();  // a refused file is left as it was
+    if (hg::test::read_bytes(path) != bytes) std::abort();  // a refused file is left as it was
     return 0;
   }
   if (!same(hg::GemmAlgorithmFile(path).entries(), entries)) std::abort();  // the rewrite reads back

@@ -2,16 +2,13 @@
 // (hg::cli::load_run_record, what `train --resume` and `generate` read
 // first). Any file must load or be refused with hg::Error; a record that
 // loads is saved again and must load to the same record.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "core/error.hpp"
 #include "examples/common/run_record.hpp"
+#include "tests/test_files.hpp"
 
 namespace {
 
@@ -25,12 +22,8 @@ bool same(const hg::cli::RunRecord& a, const hg::cli::RunRecord& b) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string checkpoint =
-      (std::filesystem::temp_directory_path() / ("hg_fuzz_run_record_" + std::to_string(::getpid()))).string();
-  {
-    std::ofstream f(hg::cli::run_record_path(checkpoint), std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  static const std::string checkpoint = (hg::test::make_temp_dir("fuzz_run_record") / "lm").string();
+  hg::test::write_bytes(hg::cli::run_record_path(checkpoint), std::string(reinterpret_cast<const char*>(data), size));
   hg::cli::RunRecord record;
   try {
     record = hg::cli::load_run_record(checkpoint);
