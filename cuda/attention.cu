@@ -1042,14 +1042,16 @@ void forward_bf16(const Args& a, int64_t bh) {
          "attention_forward_bf16");
 }
 
+// wgmma: the sm_90a kernels after delta (cuda/attention_wgmma.cu).
 template <int DH>
-void backward_bf16(const Args& a, int64_t bh) {
+void backward_bf16(const Args& a, int64_t bh, bool wgmma) {
   constexpr Bf16BackwardConfig C = kBf16Backward[head_dim_index(DH)];
   static_assert(C.dq_keys % C.dq_sub == 0);
   const int64_t rows = bh * a.tq;
   const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
   delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta");
+  if (wgmma) return attn::backward_wgmma(a, bh / a.heads, DH);
   std::optional<SideStream> side;
   if (C.dq_beside) side.emplace();
   if constexpr (C.dkdv_phased) {
@@ -1072,9 +1074,9 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
 }
 
 template <int DH>
-void backward_for(const Args& a, int64_t bh, bool bf16_inputs) {
-  if (!bf16_inputs) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  backward_bf16<DH>(a, bh);
+void backward_for(const Args& a, int64_t bh, AttentionKernel kernel) {
+  if (kernel == AttentionKernel::F32) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
+  backward_bf16<DH>(a, bh, kernel == AttentionKernel::Wgmma);
 }
 
 template <class Fn>
@@ -1114,13 +1116,19 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
 
 }  // namespace
 
-AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
-                                                const AttentionLayout& layout) {
-  if (dtype != DType::BF16) return AttentionForwardKernel::F32;
+AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
+                                         const AttentionLayout& layout) {
+  if (dtype != DType::BF16) return AttentionKernel::F32;
   // The device is asked last: the rules alone decide most calls.
-  return wgmma_forward_applies(layout, q, k, v, true) && attn::wgmma_forward_available()
-             ? AttentionForwardKernel::Wgmma
-             : AttentionForwardKernel::MmaSync;
+  return wgmma_forward_applies(layout, q, k, v, true) && attn::wgmma_available() ? AttentionKernel::Wgmma
+                                                                                 : AttentionKernel::MmaSync;
+}
+
+AttentionKernel attention_backward_kernel(DType dtype, const void* dout, const void* q, const void* k, const void* v,
+                                          const AttentionLayout& layout) {
+  if (dtype != DType::BF16) return AttentionKernel::F32;
+  return wgmma_backward_applies(layout, q, k, v, dout, true) && attn::wgmma_available() ? AttentionKernel::Wgmma
+                                                                                        : AttentionKernel::MmaSync;
 }
 
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
@@ -1136,7 +1144,7 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
   a.out = out;
   a.lse = lse.data<float>();
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
-  if (attention_forward_kernel(dtype, q, k, v, layout) == AttentionForwardKernel::Wgmma)
+  if (attention_forward_kernel(dtype, q, k, v, layout) == AttentionKernel::Wgmma)
     return attn::forward_wgmma(a, layout.batch, static_cast<int>(layout.head_dim));
   const bool bf16_inputs = dtype == DType::BF16;
   by_head_dim(layout.head_dim,
@@ -1157,7 +1165,7 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
                                 {dv, "dv"}})
     check_aligned(p, name, op);
   Tensor delta = Tensor::empty({layout.heads_total() * layout.tq}, DType::F32, Device::CUDA);
-  const bool bf16_inputs = dtype == DType::BF16;
+  const AttentionKernel kernel = attention_backward_kernel(dtype, dout, q, k, v, layout);
   Args a = args_of(layout);
   a.q = q;
   a.k = k;
@@ -1169,8 +1177,7 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
   a.dv = dv;
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
   a.delta = delta.data<float>();
-  by_head_dim(layout.head_dim,
-              [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
+  by_head_dim(layout.head_dim, [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), kernel); });
 }
 
 }  // namespace hg::gpu

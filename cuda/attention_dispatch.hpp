@@ -1,6 +1,7 @@
 #pragma once
-// Which BF16 forward kernel a fused attention call runs: the sm_90a wgmma
-// forward (cuda/attention_wgmma.cu) or the mma.sync one (cuda/attention.cu).
+// Which BF16 kernels a fused attention call runs: the sm_90a wgmma forward
+// and backward (cuda/attention_wgmma.cu) or the mma.sync ones
+// (cuda/attention.cu).
 // Plain C++ without CUDA, so that the rules are tested on any machine
 // (tests/test_attention.cpp); cuda/attention.cu adds what only the device
 // knows. Why each rule: docs/attention.md, "Which forward kernel runs".
@@ -45,6 +46,15 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
          l.batch < (int64_t(1) << 31) && batch_outermost(l.q, l.tq, l.head_dim) &&
          batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) &&
          tma_addressable(k, l.kv) && tma_addressable(v, l.kv);
+}
+
+// Whether a BF16 backward with these operands takes the wgmma backward: a
+// call the wgmma forward takes, at head dim 128 (at 64 the mma.sync
+// backward is faster on the H200, docs/attention.md), with do (read at o's
+// strides) addressable by TMA too.
+inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
+                                   const void* dout, bool device_ready) {
+  return l.head_dim == 128 && wgmma_forward_applies(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
 }
 
 }  // namespace hg::gpu

@@ -21,9 +21,9 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
 // wgmma_forward_applies (cuda/attention_dispatch.hpp) and the device runs
 // it, else the mma.sync one. The pointers matter (TMA takes 16-byte aligned
 // bases).
-enum class AttentionForwardKernel { F32, MmaSync, Wgmma };
-AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
-                                                const AttentionLayout& layout);
+enum class AttentionKernel { F32, MmaSync, Wgmma };
+AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
+                                         const AttentionLayout& layout);
 
 // dq (layout.q), dk, dv (layout.kv) from dout (layout.o) without
 // floating-point atomics: BF16 runs one kernel for dk and dv per key tile and
@@ -31,5 +31,12 @@ AttentionForwardKernel attention_forward_kernel(DType dtype, const void* q, cons
 // fixed order (docs/attention.md, "One kernel"). Results are bitwise repeatable.
 void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
                         const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv);
+
+// The kernels attention_backward runs for a call, on the current device:
+// BF16 runs the sm_90a wgmma backward where wgmma_backward_applies
+// (cuda/attention_dispatch.hpp) and the device runs it, else the mma.sync
+// kernels.
+AttentionKernel attention_backward_kernel(DType dtype, const void* dout, const void* q, const void* k, const void* v,
+                                          const AttentionLayout& layout);
 
 }  // namespace hg::gpu

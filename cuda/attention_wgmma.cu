@@ -1,9 +1,10 @@
-// The BF16 flash attention forward on sm_90a (wgmma + TMA): the library's
-// launcher of the kernel in cuda/attention_wgmma_kernel.cuh (which the
-// attention lab runs too, as its forward variant 9). Only an sm_90a compile
-// holds the device code (cuda/CMakeLists.txt builds this file for 90a where
-// the build targets 90); elsewhere the kernel body is empty and
-// wgmma_forward_available() says no.
+// The BF16 flash attention forward and backward on sm_90a (wgmma + TMA):
+// the library's launchers of the kernels in cuda/attention_wgmma_kernel.cuh
+// and cuda/attention_wgmma_backward_kernel.cuh (which the attention lab runs
+// too, as its forward variant 9 and backward variant 14). Only an sm_90a
+// compile holds the device code (cuda/CMakeLists.txt builds this file for
+// 90a where the build targets 90); elsewhere the kernel bodies are empty and
+// wgmma_available() says no.
 #include <cuda.h>  // CUtensorMap, CUresult (types only: the encoder is fetched from the driver at run time)
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 #include "core/error.hpp"
 #include "cuda/attention_tensor_map.cuh"
 #include "cuda/attention_wgmma.cuh"
+#include "cuda/attention_wgmma_backward_kernel.cuh"
 #include "cuda/attention_wgmma_kernel.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
@@ -24,12 +26,12 @@ namespace {
 // checked what TMA needs (16-byte aligned base and byte strides); a refusal
 // is an error.
 CUtensorMap make_map(const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride, int64_t head_stride,
-                     int64_t batch_stride, int box_rows, const char* name) {
+                     int64_t batch_stride, int box_rows, const char* name, const char* op = "attention_forward") {
   CUtensorMap map;
   const CUresult r = encode_map(&map, p, dh, rows, heads, batch, row_stride, head_stride, batch_stride, box_rows);
-  HG_CHECK(r == CUDA_SUCCESS, "attention_forward", "cuTensorMapEncodeTiled refused ", name, " (error ", int(r), "; dh ",
-           dh, ", rows ", rows, ", heads ", heads, ", batch ", batch, ", element strides ", row_stride, ", ",
-           head_stride, ", ", batch_stride, ")");
+  HG_CHECK(r == CUDA_SUCCESS, op, "cuTensorMapEncodeTiled refused ", name, " (error ", int(r), "; dh ", dh, ", rows ",
+           rows, ", heads ", heads, ", batch ", batch, ", element strides ", row_stride, ", ", head_stride, ", ",
+           batch_stride, ")");
   return map;
 }
 
@@ -45,9 +47,42 @@ void launch(const Args& a, int64_t batch) {
   HG_CUDA_CHECK_LAUNCH("attention_forward_wgmma");
 }
 
+// The backward after delta is written: the dk/dv kernel (k, v resident; q,
+// do streamed), then the dq kernel (q, do resident; k, v streamed).
+template <int DH>
+void launch_backward(const Args& a, int64_t batch) {
+  const char* op = "attention_backward";
+  // Maps over the key rows (k, v), the query rows (q) and the output rows (do, at o's strides).
+  const auto keys = [&](const void* p, int box_rows, const char* name) {
+    return make_map(p, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, box_rows, name, op);
+  };
+  const auto queries = [&](const void* p, int box_rows, const char* name) {
+    return make_map(p, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, box_rows, name, op);
+  };
+  const auto outputs = [&](const void* p, int box_rows, const char* name) {
+    return make_map(p, DH, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, box_rows, name, op);
+  };
+  const CUtensorMap k_res = keys(a.k, kBackwardRows, "k"), v_res = keys(a.v, kBackwardRows, "v");
+  const CUtensorMap q_tile = queries(a.q, kBackwardTile, "q"), do_tile = outputs(a.dout, kBackwardTile, "dout");
+  const CUtensorMap q_res = queries(a.q, kBackwardRows, "q"), do_res = outputs(a.dout, kBackwardRows, "dout");
+  const CUtensorMap k_tile = keys(a.k, kBackwardTile, "k"), v_tile = keys(a.v, kBackwardTile, "v");
+  const auto dkdv = backward_wgmma_kernel<DH, true>;
+  const auto dq = backward_wgmma_kernel<DH, false>;
+  constexpr size_t kSmem = BackwardPlan<DH>::kSmem;
+  allow_dynamic_smem(dkdv, kSmem);
+  allow_dynamic_smem(dq, kSmem);
+  const unsigned heads_total = unsigned(batch * a.heads);
+  dkdv<<<dim3(unsigned((a.tk + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kSmem, stream()>>>(
+      k_res, v_res, q_tile, do_tile, a);
+  HG_CUDA_CHECK_LAUNCH("attention_backward_dkdv_wgmma");
+  dq<<<dim3(unsigned((a.tq + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kSmem, stream()>>>(
+      q_res, do_res, k_tile, v_tile, a);
+  HG_CUDA_CHECK_LAUNCH("attention_backward_dq_wgmma");
+}
+
 }  // namespace
 
-bool wgmma_forward_available() {
+bool wgmma_available() {
 #if defined(HG_WGMMA_BUILT)
   static const bool ok = compute_capability() == 90 && tensor_map_encoder() != nullptr;
   return ok;
@@ -60,6 +95,11 @@ void forward_wgmma(const Args& a, int64_t batch, int dh) {
   HG_CHECK(dh == 64 || dh == 128, "attention_forward", "the wgmma forward has head dims 64 and 128, not ", dh);
   if (dh == 64) launch<64>(a, batch);
   else launch<128>(a, batch);
+}
+
+void backward_wgmma(const Args& a, int64_t batch, int dh) {
+  HG_CHECK(dh == 128, "attention_backward", "the wgmma backward has head dim 128, not ", dh);
+  launch_backward<128>(a, batch);
 }
 
 }  // namespace hg::gpu::attn

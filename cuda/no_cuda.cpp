@@ -103,12 +103,16 @@ void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, floa
 void attention_forward(DType, const void*, const void*, const void*, const AttentionLayout&, void*, Tensor&, Tensor&) {
   no_cuda("gpu::attention_forward");
 }
-AttentionForwardKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&) {
+AttentionKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&) {
   no_cuda("gpu::attention_forward_kernel");
 }
 void attention_backward(DType, const void*, const void*, const void*, const void*, const void*, const Tensor&,
                         const AttentionLayout&, void*, void*, void*) {
   no_cuda("gpu::attention_backward");
+}
+AttentionKernel attention_backward_kernel(DType, const void*, const void*, const void*, const void*,
+                                          const AttentionLayout&) {
+  no_cuda("gpu::attention_backward_kernel");
 }
 
 void cross_entropy_fused(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, float, Tensor&, Tensor&) {

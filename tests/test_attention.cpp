@@ -1,6 +1,7 @@
 // Fused attention (ops/attention.hpp): float64 finite differences, every path
 // against a plain-loop float64 reference on random and hostile inputs,
 // repeatability, and bad-input errors.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -657,7 +658,7 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 
 namespace {
 
-using hg::gpu::AttentionForwardKernel;
+using hg::gpu::AttentionKernel;
 
 // The layout of a call with contiguous operands, or with k and v as the KV
 // cache's time-major (T, B, H, dh) block; a mask (only its presence counts).
@@ -728,8 +729,7 @@ bool wgmma_runs_here() {
   Problem p;
   p.tq = p.tk = 64, p.dh = 128, p.scale = 0.1;
   const char* at = aligned_address();
-  const bool runs =
-      hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionForwardKernel::Wgmma;
+  const bool runs = hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma;
   if (hg::gpu::compute_capability() == 90) CHECK(runs);  // a build for 90 holds the sm_90a kernel
   return runs;
 }
@@ -748,8 +748,7 @@ Outputs run_mma_sync(const Problem& p, const Inputs& in) {
   Problem masked = p;
   masked.mask = true;
   const char* at = aligned_address();
-  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(masked)) ==
-          AttentionForwardKernel::MmaSync);
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(masked)) == AttentionKernel::MmaSync);
   return run(p, zero, Device::CUDA, DType::BF16, KernelMode::Fused);
 }
 
@@ -767,13 +766,19 @@ void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& go
 
 }  // namespace
 
-TEST_CASE("attention: the BF16 forward takes the wgmma kernel exactly where its rules allow", "[attention]") {
+TEST_CASE("attention: the BF16 forward and backward take the wgmma kernels exactly where their rules allow",
+          "[attention]") {
   for (const DispatchCase& c : dispatch_cases()) {
     INFO(describe(c.p) << " scale " << c.p.scale << (c.time_major_kv ? " time-major k, v" : "")
                        << (c.base == aligned_address() ? "" : " misaligned"));
     const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
     CHECK(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/true) == c.wgmma);
     CHECK_FALSE(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/false));
+    // The backward: the forward's cases at head dim 128, with do TMA-aligned too.
+    const bool backward = c.wgmma && c.p.dh == 128;
+    CHECK(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, true) == backward);
+    CHECK_FALSE(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, false));
+    CHECK_FALSE(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, aligned_address() + 2, true));
   }
   // The packed (B, T, 3, H, dh) form training reads q, k, v from, o written (B, T, H, dh).
   Problem p;
@@ -785,7 +790,8 @@ TEST_CASE("attention: the BF16 forward takes the wgmma kernel exactly where its 
   CHECK(hg::gpu::wgmma_forward_applies(l, qkv, qkv + 2 * p.h * p.dh, qkv + 4 * p.h * p.dh, true));
 }
 
-TEST_CASE("attention: CUDA BF16 forward takes the wgmma kernel exactly where it applies", "[attention][cuda]") {
+TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exactly where they apply",
+          "[attention][cuda]") {
   HG_REQUIRE_GPU();
   const bool wgmma = wgmma_runs_here();
   for (const DispatchCase& c : dispatch_cases()) {
@@ -793,8 +799,11 @@ TEST_CASE("attention: CUDA BF16 forward takes the wgmma kernel exactly where it 
                        << (c.base == aligned_address() ? "" : " misaligned"));
     const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
     CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) ==
-          (c.wgmma && wgmma ? AttentionForwardKernel::Wgmma : AttentionForwardKernel::MmaSync));
-    CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionForwardKernel::F32);
+          (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
+    CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionKernel::F32);
+    CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
+          (c.wgmma && c.p.dh == 128 && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
+    CHECK(hg::gpu::attention_backward_kernel(DType::F32, c.base, c.base, c.base, c.base, l) == AttentionKernel::F32);
   }
 }
 
@@ -817,6 +826,35 @@ TEST_CASE("attention: CUDA BF16 wgmma forward at dh 128 against float64 and the 
       INFO(describe(p) << ": a second run");
       check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
       CHECK(got.lse.to_vector() == run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused).lse.to_vector());
+    }
+}
+
+// The wgmma backward (cuda/attention_wgmma_backward_kernel.cuh) at head dim
+// 128: blocks of 128 keys (dk/dv) or queries (dq) against streamed tiles of
+// 64, T short of, at and past both, causal or not, several batches and heads.
+// Against float64, against the mma.sync backward on the same inputs, and
+// bitwise equal on a second run.
+TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the mma.sync backward",
+          "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  uint64_t seed = 5600;
+  for (int64_t t : {1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 255, 256, 257, 300, 1000})
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.b = t >= 300 ? 1 : 2, p.h = t >= 300 ? 3 : 2, p.tq = p.tk = t, p.dh = 128, p.causal = causal;
+      p.scale = 1.0 / std::sqrt(128.0);
+      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+      const std::string what = describe(p);
+      check_close_bf16(got, reference(p, in), what);
+      const Outputs mma = run_mma_sync(p, in);
+      INFO(what << ": against the mma.sync backward");
+      CHECK(err(got.dq, mma.dq) < 2e-2);
+      CHECK(err(got.dk, mma.dk) < 2e-2);
+      CHECK(err(got.dv, mma.dv) < 2e-2);
+      INFO(what << ": a second run");
+      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
     }
 }
 
@@ -846,15 +884,20 @@ TEST_CASE("attention: CUDA BF16 wgmma forward on huge and tiny logits", "[attent
       check_bf16_fused(p, in, what);
       const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
       const Outputs mma = run_mma_sync(p, in);
-      INFO(what << ": against the mma.sync forward");
+      INFO(what << ": against the mma.sync forward and backward");
       CHECK(err(got.o, mma.o) < 8e-3);
       CHECK(err(got.lse, mma.lse) < 4e-6);
+      if (q_std < 1) {  // uniform rows (at logits of 1e4 the bf16 gradients are not comparable)
+        CHECK(err(got.dq, mma.dq) < 2e-2);
+        CHECK(err(got.dk, mma.dk) < 2e-2);
+        CHECK(err(got.dv, mma.dv) < 2e-2);
+      }
     }
 }
 
 // A NaN in q reaches only its own row; a NaN in key j reaches every query
 // that sees j (causal: rows j on), in o and lse; other heads stay finite.
-TEST_CASE("attention: CUDA BF16 wgmma forward propagates NaN scores to the rows that read them",
+TEST_CASE("attention: CUDA BF16 wgmma forward and backward propagate NaN scores to the rows that read them",
           "[attention][cuda][hostile]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
@@ -878,6 +921,28 @@ TEST_CASE("attention: CUDA BF16 wgmma forward propagates NaN scores to the rows 
       for (int64_t c = 0; c < p.dh; c += 31)
         CHECK(std::isnan(o[static_cast<size_t>((head * p.tq + i) * p.dh + c)]) == nan_row);
     }
+  // The backward's NaNs fall where the mma.sync backward's do, and the rest agree.
+  const Outputs mma = run_mma_sync(p, in);
+  const auto nan_at = [](const Tensor& t) {
+    std::vector<bool> at;
+    for (double x : t.to_vector()) at.push_back(std::isnan(x));
+    return at;
+  };
+  const auto finite_part = [&](const Tensor& t, const Tensor& nan_of) {
+    std::vector<double> v = t.to_vector();
+    const std::vector<bool> nan = nan_at(nan_of);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (nan[i]) v[i] = 0;
+    return Tensor::from_vector(v, t.shape(), DType::F64);
+  };
+  for (const auto& [mine, theirs, name] :
+       {std::tuple{&got.dq, &mma.dq, "dq"}, {&got.dk, &mma.dk, "dk"}, {&got.dv, &mma.dv, "dv"}}) {
+    INFO(name);
+    const std::vector<bool> nan = nan_at(*mine);
+    CHECK(nan == nan_at(*theirs));
+    CHECK(std::count(nan.begin(), nan.end(), true) > 0);
+    CHECK(err(finite_part(*mine, *theirs), finite_part(*theirs, *theirs)) < 2e-2);
+  }
 }
 
 TEST_CASE("attention: CUDA rejects head dims without a kernel", "[attention][cuda][errors]") {

@@ -14,8 +14,12 @@
 // streamed tile (MN-major). The scale multiplies dq and dk at the end.
 // The producer warp stages the resident rows once and the streamed tiles in
 // a ring of ST stages (TMA, 128-byte swizzle); the forward's stats and delta
-// are read from global memory by the consumers.
+// are read from global memory by the consumers. The library's kernel
+// (cuda/attention_wgmma_backward_kernel.cuh: these candidates' register
+// split, with the products of a tile overlapped) runs here as
+// backward_production.
 #include "bench/lab/attention_lab_wgmma.cuh"
+#include "cuda/attention_wgmma_backward_kernel.cuh"
 
 namespace hg::gpu::lab_wgmma {
 
@@ -25,11 +29,7 @@ struct BackwardPlan {
   static constexpr int kResBytes = kRows * DH * 2;  // one resident operand
   static constexpr int kTileBytes = KB * DH * 2;    // one streamed operand of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
-  // The streamed queries' stats (float2) and delta (float) of each stage,
-  // for the pipelined dk/dv kernel.
-  static constexpr int kStatsOffset = 2 * kResBytes + ST * kStageBytes;
-  static constexpr int kDeltaOffset = kStatsOffset + ST * KB * 8;
-  static constexpr int kBarOffset = kDeltaOffset + ST * KB * 4;
+  static constexpr int kBarOffset = 2 * kResBytes + ST * kStageBytes;
   static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * ST) * 8 + 1024;
 };
 
@@ -39,19 +39,12 @@ struct BackwardPlan {
 // kSplitN: the products with an MN-major tile in n64 halves (mma_mn).
 // kRegisters > 0: a producer warpgroup that gives the consumers kRegisters a
 // thread (threads_split, setmaxnreg); 0: a producer warp (threads_of).
-// kPipelined (with kRegisters): x and y in two wgmma groups, p computed while
-// y runs, and in dk/dv, dv += p^T do while ds is computed; the producer
-// warpgroup's second warp copies the streamed queries' stats and delta into
-// the stage (one more arrival on its "full" barrier), so that no global
-// load waits between the products.
-template <int DH, int KB, int ST, int NC, bool kDkDv, bool kSplitN, int kRegisters = 0, bool kPipelined = false>
+template <int DH, int KB, int ST, int NC, bool kDkDv, bool kSplitN, int kRegisters = 0>
 __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_of(NC), 1)
     backward_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
                     const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map, Args a) {
   static_assert((KB == 32 || KB == 64) && (DH == 64 || DH == 128) && ST >= 2);
   static_assert(kRegisters == 0 || kRegisters == consumer_registers(NC));
-  static_assert(!kPipelined || kRegisters > 0);
-  constexpr bool kStagedStats = kPipelined && kDkDv;
 #if HG_LAB_WGMMA
   using P = BackwardPlan<DH, KB, ST, NC>;
   constexpr int kRows = P::kRows;
@@ -72,10 +65,7 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
   if (kDkDv && a.causal) first = min(a.first_query(r0), a.tq) / KB;
   const int count = end > first * KB ? (end - first * KB + KB - 1) / KB : 0;
   const int64_t stat_base = bh * a.tq;  // stats and delta of query q at stat_base + q
-  unsigned char* smem = raw + (base - shared_address(raw));
-  float2* stage_stats = reinterpret_cast<float2*>(smem + P::kStatsOffset);
-  float* stage_delta = reinterpret_cast<float*>(smem + P::kDeltaOffset);
-  init_barriers(res_full, full, empty, ST, NC, kStagedStats ? 32 : 0);  // + the stats copier's warp
+  init_barriers(res_full, full, empty, ST, NC);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warp (or warpgroup); one thread issues every copy
     if constexpr (kRegisters > 0) registers_decrease<kProducerRegisters>();
@@ -94,23 +84,6 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
         for (int c = 0; c < DH / kBoxCols; ++c) {
           tma_load(b1_at + c * KB * kSwizzleBytes, &b1map, c * kBoxCols, (first + i) * KB, head, batch, full + s);
           tma_load(b2_at + c * KB * kSwizzleBytes, &b2map, c * kBoxCols, (first + i) * KB, head, batch, full + s);
-        }
-      }
-    }
-    if constexpr (kStagedStats) {
-      // The second producer warp: the stats and delta of each stage's
-      // queries ({0, 0} and 0 past Tq, where every p is 0), then its arrival.
-      if ((threadIdx.x - 128 * NC) / 32 == 1) {
-        const int lane = threadIdx.x % 32;
-        for (int i = 0; i < count; ++i) {
-          const int s = i % ST, q0 = (first + i) * KB;
-          if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));
-          for (int j = lane; j < KB; j += 32) {
-            const bool in = q0 + j < a.tq;
-            stage_stats[s * KB + j] = in ? a.stats[stat_base + q0 + j] : float2{};
-            stage_delta[s * KB + j] = in ? a.delta[stat_base + q0 + j] : 0.f;
-          }
-          barrier_arrive(full + s);  // releases the stores above to the consumers' wait
         }
       }
     }
@@ -149,7 +122,7 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
     }
     const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
     float x[KB / 2], y[KB / 2];
-    // x = a1 b1^T and y = a2 b2^T, each one wgmma group when pipelined.
+    // x = a1 b1^T and y = a2 b2^T.
     wgmma_fence();
 #pragma unroll
     for (int kc = 0; kc < DH / 16; ++kc) {
@@ -157,7 +130,6 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
       wgmma_ss(x, desc_k_major(a1_wg + (kc / 4) * kRows * kSwizzleBytes + step),
                desc_k_major(b1_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
     }
-    if constexpr (kPipelined) wgmma_commit();
 #pragma unroll
     for (int kc = 0; kc < DH / 16; ++kc) {
       const uint32_t step = (kc % 4) * 32;
@@ -172,93 +144,42 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
       return seen(q, k) ? attn::exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
     };
     uint32_t pp[kDkDv ? KB / 16 : 1][4], pd[KB / 16][4];
-    if constexpr (kPipelined) {
-      // p as soon as x is done (y may still run), then dv += p^T do beside
-      // ds; the streamed queries' stats and delta from the stage.
-      wgmma_wait<1>();
-      fence_operands(x);
-      const float2* tile_stats = stage_stats + s * KB;
-      const float* tile_delta = stage_delta + s * KB;
+    wgmma_wait<0>();
 #pragma unroll
-      for (int j = 0; j < KB / 8; ++j)
+    for (int e = 0; e < KB / 2; ++e) fence_operand(x[e]), fence_operand(y[e]);
+      // p and ds in place of x and y, as A fragments: pp (dk/dv only) and pd.
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + 8 * j + 2 * t + e;
-          const float2 st = kDkDv ? tile_stats[col - n0] : float2{};
+    for (int j = 0; j < KB / 8; ++j) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
-            x[i_acc] = kDkDv ? p_of(i_acc, col, row, st) : p_of(i_acc, row, col, row_stats[h]);
-          }
-        }
-      if constexpr (kDkDv) {
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a key (dq) or a query (dk/dv)
+        float2 st = {};
+        float dl = 0.f;
+        if (kDkDv && col < a.tq) st = a.stats[stat_base + col], dl = a.delta[stat_base + col];
 #pragma unroll
-        for (int e = 0; e < KB / 2; e += 2) pp[e / 8][(e % 8) / 2] = attn::pack(x[e], x[e + 1]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, kSplitN>(acc2, pp[kk], b2_at, kk, 1);  // dv += p^T do
-        wgmma_commit();
-        wgmma_wait<1>();  // y done (groups complete in order); dv may still run
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_operands(y);
-#pragma unroll
-      for (int j = 0; j < KB / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float dl = kDkDv ? tile_delta[8 * j + 2 * t + e] : 0.f;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i_acc = 4 * j + 2 * h + e;
-            y[i_acc] = x[i_acc] * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
-          }
-        }
-#pragma unroll
-      for (int e = 0; e < KB / 2; e += 2) pd[e / 8][(e % 8) / 2] = attn::pack(y[e], y[e + 1]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk) mma_mn<DH, KB, kSplitN>(acc1, pd[kk], b1_at, kk, 1);  // dk or dq
-      wgmma_commit();
-      wgmma_wait<0>();
-    } else {
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < KB / 2; ++e) fence_operand(x[e]), fence_operand(y[e]);
-        // p and ds in place of x and y, as A fragments: pp (dk/dv only) and pd.
-#pragma unroll
-      for (int j = 0; j < KB / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a key (dq) or a query (dk/dv)
-          float2 st = {};
-          float dl = 0.f;
-          if (kDkDv && col < a.tq) st = a.stats[stat_base + col], dl = a.delta[stat_base + col];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
-            const float p = kDkDv ? p_of(i_acc, col, row, st) : p_of(i_acc, row, col, row_stats[h]);
-            x[i_acc] = p;
-            y[i_acc] = p * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
-          }
+        for (int h = 0; h < 2; ++h) {
+          const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
+          const float p = kDkDv ? p_of(i_acc, col, row, st) : p_of(i_acc, row, col, row_stats[h]);
+          x[i_acc] = p;
+          y[i_acc] = p * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
         }
       }
-#pragma unroll
-      for (int e = 0; e < KB / 2; e += 2) {
-        if constexpr (kDkDv) pp[e / 8][(e % 8) / 2] = attn::pack(x[e], x[e + 1]);
-        pd[e / 8][(e % 8) / 2] = attn::pack(y[e], y[e + 1]);
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk) {
-        // dq += ds k, or dk += ds^T q: the streamed b1 tile, MN-major.
-        mma_mn<DH, KB, kSplitN>(acc1, pd[kk], b1_at, kk, 1);
-        if constexpr (kDkDv)  // dv += p^T do
-          mma_mn<DH, KB, kSplitN>(acc2, pp[kk], b2_at, kk, 1);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
     }
+#pragma unroll
+    for (int e = 0; e < KB / 2; e += 2) {
+      if constexpr (kDkDv) pp[e / 8][(e % 8) / 2] = attn::pack(x[e], x[e + 1]);
+      pd[e / 8][(e % 8) / 2] = attn::pack(y[e], y[e + 1]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk) {
+      // dq += ds k, or dk += ds^T q: the streamed b1 tile, MN-major.
+      mma_mn<DH, KB, kSplitN>(acc1, pd[kk], b1_at, kk, 1);
+      if constexpr (kDkDv)  // dv += p^T do
+        mma_mn<DH, KB, kSplitN>(acc2, pp[kk], b2_at, kk, 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
 #pragma unroll
     for (int e = 0; e < DH / 2; ++e) {
       fence_operand(acc1[e]);
@@ -294,18 +215,16 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
 #endif
 }
 
-// The backward over bh = batch * heads heads of a after a.delta is written
-// (the production delta kernel): the dk/dv kernel (KV query rows a tile,
-// NCV consumer warpgroups), then the dq kernel (KQ key rows a tile, NCQ);
-// kSplitRegisters: both with the register split, kPipelined: both
-// pipelined (backward_kernel).
-// cudaErrorInvalidValue for what the kernels do not do (see forward).
-template <int DH, int KV, int NCV, int KQ, int NCQ, bool kSplitN = false, bool kSplitRegisters = false,
-          bool kPipelined = false>
-cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+// The dk/dv kernel (KV query rows a tile, NCV resident warpgroups' rows),
+// then the dq kernel (KQ key rows a tile, NCQ), over bh = batch * heads heads
+// of a after a.delta is written (the production delta kernel), each on its
+// threads and shared memory. cudaErrorInvalidValue for what the kernels do
+// not do (see forward).
+template <int DH, int KV, int NCV, int KQ, int NCQ, class DkDv, class Dq>
+cudaError_t launch_backward(DkDv dkdv, int dkdv_threads, size_t dkdv_smem, Dq dq, int dq_threads, size_t dq_smem,
+                            const Args& a, int64_t bh, cudaStream_t stream) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
-  constexpr int kStages = 2;
   CUtensorMap k_res, v_res, q_tile, do_tile, q_res, do_res, k_tile, v_tile;
   if (!make_map(&k_res, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, rows_of(NCV)) ||
       !make_map(&v_res, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, rows_of(NCV)) ||
@@ -316,23 +235,40 @@ cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
       !make_map(&k_tile, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KQ) ||
       !make_map(&v_tile, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KQ))
     return cudaErrorInvalidValue;
-  constexpr int kRegsV = kSplitRegisters ? consumer_registers(NCV) : 0;
-  constexpr int kRegsQ = kSplitRegisters ? consumer_registers(NCQ) : 0;
-  constexpr int kThreadsV = kSplitRegisters ? threads_split(NCV) : threads_of(NCV);
-  constexpr int kThreadsQ = kSplitRegisters ? threads_split(NCQ) : threads_of(NCQ);
-  const auto dkdv = backward_kernel<DH, KV, kStages, NCV, true, kSplitN, kRegsV, kPipelined>;
-  const auto dq = backward_kernel<DH, KQ, kStages, NCQ, false, kSplitN, kRegsQ, kPipelined>;
-  const size_t dkdv_smem = BackwardPlan<DH, KV, kStages, NCV>::kSmem,
-               dq_smem = BackwardPlan<DH, KQ, kStages, NCQ>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkdv_smem));
   if (e == cudaSuccess) e = cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dq_smem));
   if (e != cudaSuccess) return e;
-  dkdv<<<dim3(unsigned((a.tk + rows_of(NCV) - 1) / rows_of(NCV)), unsigned(bh)), kThreadsV, dkdv_smem, stream>>>(
+  dkdv<<<dim3(unsigned((a.tk + rows_of(NCV) - 1) / rows_of(NCV)), unsigned(bh)), dkdv_threads, dkdv_smem, stream>>>(
       k_res, v_res, q_tile, do_tile, a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  dq<<<dim3(unsigned((a.tq + rows_of(NCQ) - 1) / rows_of(NCQ)), unsigned(bh)), kThreadsQ, dq_smem, stream>>>(
+  dq<<<dim3(unsigned((a.tq + rows_of(NCQ) - 1) / rows_of(NCQ)), unsigned(bh)), dq_threads, dq_smem, stream>>>(
       q_res, do_res, k_tile, v_tile, a);
   return cudaGetLastError();
+}
+
+// The candidates (backward_kernel): kSplitRegisters both kernels with the
+// register split.
+template <int DH, int KV, int NCV, int KQ, int NCQ, bool kSplitN = false, bool kSplitRegisters = false>
+cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+  constexpr int kStages = 2;
+  constexpr int kRegsV = kSplitRegisters ? consumer_registers(NCV) : 0;
+  constexpr int kRegsQ = kSplitRegisters ? consumer_registers(NCQ) : 0;
+  return launch_backward<DH, KV, NCV, KQ, NCQ>(
+      backward_kernel<DH, KV, kStages, NCV, true, kSplitN, kRegsV>,
+      kSplitRegisters ? threads_split(NCV) : threads_of(NCV), BackwardPlan<DH, KV, kStages, NCV>::kSmem,
+      backward_kernel<DH, KQ, kStages, NCQ, false, kSplitN, kRegsQ>,
+      kSplitRegisters ? threads_split(NCQ) : threads_of(NCQ), BackwardPlan<DH, KQ, kStages, NCQ>::kSmem, a, bh, stream);
+}
+
+// The library's backward (cuda/attention_wgmma_backward_kernel.cuh).
+template <int DH>
+cudaError_t backward_production(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
+  constexpr int kNc = attn::kBackwardConsumers, kTile = attn::kBackwardTile;
+  static_assert(rows_of(kNc) == attn::kBackwardRows);
+  constexpr size_t kSmem = attn::BackwardPlan<DH>::kSmem;
+  return launch_backward<DH, kTile, kNc, kTile, kNc>(attn::backward_wgmma_kernel<DH, true>, attn::kBackwardThreads,
+                                                     kSmem, attn::backward_wgmma_kernel<DH, false>,
+                                                     attn::kBackwardThreads, kSmem, a, bh, stream);
 }
 
 }  // namespace hg::gpu::lab_wgmma

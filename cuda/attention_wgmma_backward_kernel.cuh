@@ -1,0 +1,290 @@
+#pragma once
+// The BF16 flash attention backward on sm_90a (wgmma + TMA), after
+// FlashAttention-3: two kernels of one template, after the delta kernel of
+// cuda/attention.cu (delta = rowsum(do . o)), as the mma.sync backward
+// splits the work, so that no float atomics are needed and results repeat
+// bitwise:
+//   dk/dv: per block of 128 keys, q, do tiles of 64 queries streamed:
+//          s^T = k q^T, dp^T = v do^T, p^T from the forward's stats,
+//          dv += p^T do, ds^T = p^T (dp^T - delta), dk += ds^T q;
+//   dq:    per block of 128 queries, k, v tiles of 64 keys streamed:
+//          s = q k^T, dp = do v^T, p, ds = p (dp - delta), dq += ds k.
+// A block is two consumer warpgroups of 64 resident rows each (wgmma's M)
+// and a producer warpgroup that keeps 24 registers a thread and gives the
+// rest to the consumers (setmaxnreg: 240 a thread, room for dk and dv's
+// accumulators at dh 128). One producer thread stages the resident rows
+// once and the streamed tiles in a ring of 2 stages (TMA, 128-byte swizzle,
+// zeros past the tensor's ends); in dk/dv a second producer warp copies the
+// streamed queries' stats and delta into the stage beside them, so that no
+// global load waits between the products. Each tile's products overlap:
+// p is computed while dp runs, and dv += p^T do while ds is computed.
+// Launched by the library (cuda/attention_wgmma.cu) and, as backward
+// variant 14, by the attention lab (bench/lab/attention_lab.cu).
+// Only an sm_90a device compile holds the kernel's body; elsewhere it is
+// empty. Internal linkage, as cuda/attention_wgmma_kernel.cuh.
+#include <cuda.h>  // CUtensorMap (a type only)
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/attention_args.cuh"
+#include "cuda/attention_row_math.cuh"
+#include "cuda/attention_tensor_map.cuh"  // kSwizzleBytes, kBoxCols
+#include "cuda/bulk_stage.cuh"
+#include "cuda/wgmma.cuh"
+
+#define HG_WGMMA_DEVICE HG_SM90A_DEVICE  // cuda/wgmma.cuh: an sm_90a device compile
+
+namespace hg::gpu::attn {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kBackwardRows = 128;  // resident rows a block: keys (dk/dv) or queries (dq)
+constexpr int kBackwardTile = 64;   // streamed rows a stage
+constexpr int kBackwardStages = 2;
+constexpr int kBackwardConsumers = 2;                             // warpgroups
+constexpr int kBackwardThreads = 128 * kBackwardConsumers + 128;  // + the producer warpgroup
+constexpr int kBackwardProducerRegisters = 24;
+// The block's register file (65536) at one block a SM, 168 a thread in
+// steps of 8, less the producer's 24, split between the consumers.
+constexpr int kBackwardConsumerRegisters = 240;
+static_assert(128 * kBackwardProducerRegisters + 128 * kBackwardConsumers * kBackwardConsumerRegisters <=
+              kBackwardThreads * (65536 / kBackwardThreads / 8 * 8));
+
+// Shared memory, byte offsets from a 1024-byte aligned base: the two
+// resident operands, the stages (two streamed tiles each), each stage's
+// queries' stats (float2) and delta (float), the barriers.
+template <int DH>
+struct BackwardPlan {
+  static constexpr int kResBytes = kBackwardRows * DH * 2;
+  static constexpr int kTileBytes = kBackwardTile * DH * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kStatsOffset = 2 * kResBytes + kBackwardStages * kStageBytes;
+  static constexpr int kDeltaOffset = kStatsOffset + kBackwardStages * kBackwardTile * 8;
+  static constexpr int kBarOffset = kDeltaOffset + kBackwardStages * kBackwardTile * 4;
+  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * kBackwardStages) * 8 + 1024;
+};
+
+#if HG_WGMMA_DEVICE
+using namespace sm90;  // the instructions: cuda/wgmma.cuh
+
+// acc += a b for k16 step kk of a streamed tile whose MN-major b is DH / 64
+// boxes of [kBackwardTile][64] from b_at: one n = DH wgmma.
+template <int DH>
+__device__ __forceinline__ void mma_streamed(float (&acc)[DH / 2], const uint32_t (&a)[4], uint32_t b_at, int kk) {
+  wgmma_rs(acc, a, desc_mn_major(b_at + kk * 16 * kSwizzleBytes, kBackwardTile * kSwizzleBytes), 1);
+}
+#endif  // HG_WGMMA_DEVICE
+
+// kDkDv false: the dq kernel (resident a1 = q, a2 = do; streamed b1 = k,
+// b2 = v). True: the dk/dv kernel (resident a1 = k, a2 = v; streamed b1 = q,
+// b2 = do). x = a1 b1^T is s (or s^T), y = a2 b2^T is dp (or dp^T).
+template <int DH, bool kDkDv>
+__global__ void __launch_bounds__(kBackwardThreads, 1)
+    backward_wgmma_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
+                          const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map,
+                          Args a) {
+  static_assert(DH == 64 || DH == 128);
+#if HG_WGMMA_DEVICE
+  using P = BackwardPlan<DH>;
+  constexpr int KB = kBackwardTile, ST = kBackwardStages, NC = kBackwardConsumers;
+  extern __shared__ __align__(1024) unsigned char raw[];
+  const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
+  unsigned char* smem = raw + (base - shared_address(raw));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + P::kBarOffset);
+  uint64_t *res_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+  const uint32_t a2_at = base + P::kResBytes, stages_at = base + 2 * P::kResBytes;
+  float2* stage_stats = reinterpret_cast<float2*>(smem + P::kStatsOffset);
+  float* stage_delta = reinterpret_cast<float*>(smem + P::kDeltaOffset);
+
+  const int64_t bh = blockIdx.y;
+  // dq: causal blocks with the most keys (the last queries) first; dk/dv:
+  // the first keys see the most queries, so the natural order.
+  const int r0 = (a.causal && !kDkDv ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBackwardRows;
+  const int r_rows = kDkDv ? a.tk : a.tq, s_rows = kDkDv ? a.tq : a.tk;  // resident and streamed extents
+  // Streamed tiles first .. first + count - 1.
+  int first = 0, end = s_rows;
+  if (!kDkDv) end = a.key_end(min(r0 + kBackwardRows, a.tq));
+  if (kDkDv && a.causal) first = min(a.first_query(r0), a.tq) / KB;
+  const int count = end > first * KB ? (end - first * KB + KB - 1) / KB : 0;
+  const int64_t stat_base = bh * a.tq;                           // stats and delta of query q at stat_base + q
+  init_barriers(res_full, full, empty, ST, NC, kDkDv ? 32 : 0);  // + the stats copier's warp
+
+  if (threadIdx.x >= 128 * NC) {  // the producer warpgroup
+    registers_decrease<kBackwardProducerRegisters>();
+    const int warp = (threadIdx.x - 128 * NC) / 32;
+    if (threadIdx.x == 128 * NC && count > 0) {  // one thread issues every copy
+      const int head = int(bh % a.heads), batch = int(bh / a.heads);
+      stage_expect(res_full, 2 * P::kResBytes);
+      for (int c = 0; c < DH / kBoxCols; ++c) {
+        tma_load(base + c * kBackwardRows * kSwizzleBytes, &a1map, c * kBoxCols, r0, head, batch, res_full);
+        tma_load(a2_at + c * kBackwardRows * kSwizzleBytes, &a2map, c * kBoxCols, r0, head, batch, res_full);
+      }
+      for (int i = 0; i < count; ++i) {
+        const int s = i % ST;
+        if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));  // its last tile is read
+        stage_expect(full + s, P::kStageBytes);
+        const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
+        for (int c = 0; c < DH / kBoxCols; ++c) {
+          tma_load(b1_at + c * KB * kSwizzleBytes, &b1map, c * kBoxCols, (first + i) * KB, head, batch, full + s);
+          tma_load(b2_at + c * KB * kSwizzleBytes, &b2map, c * kBoxCols, (first + i) * KB, head, batch, full + s);
+        }
+      }
+      // Until the consumers release the last tiles: a consumer whose wait
+      // gives up exits without trapping (barrier_wait<false>, below), so this
+      // thread's wait is the one that turns a lost stage into a launch error.
+      for (int i = max(count, ST); i < count + ST; ++i) barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
+    }
+    if (kDkDv && warp == 1) {
+      // The stats and delta of each stage's queries ({0, 0} and 0 past Tq,
+      // where every p is 0), then this warp's arrival.
+      const int lane = threadIdx.x % 32;
+      for (int i = 0; i < count; ++i) {
+        const int s = i % ST, q0 = (first + i) * KB;
+        if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));
+        for (int j = lane; j < KB; j += 32) {
+          const bool in = q0 + j < a.tq;
+          stage_stats[s * KB + j] = in ? a.stats[stat_base + q0 + j] : float2{};
+          stage_delta[s * KB + j] = in ? a.delta[stat_base + q0 + j] : 0.f;
+        }
+        barrier_arrive(full + s);  // releases the stores above to the consumers' wait
+      }
+    }
+    return;
+  }
+
+  registers_increase<kBackwardConsumerRegisters>();
+  // Consumer warpgroup cw: resident rows row0 .. row0 + 63; this thread's
+  // rows my_row and my_row + 8, its streamed columns 2 t + acc_col.
+  const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int row0 = r0 + 64 * cw, my_row = row0 + 16 * w + g;
+  const float c = a.scale_log2;
+  float acc1[DH / 2], acc2[kDkDv ? DH / 2 : 1];  // dq, or dk and dv
+#pragma unroll
+  for (int i = 0; i < DH / 2; ++i) acc1[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < (kDkDv ? DH / 2 : 1); ++i) acc2[i] = 0.f;
+  // dq: the stats and delta of this thread's two query rows ({0, 0}, 0 past Tq).
+  float2 row_stats[2] = {};
+  float row_delta[2] = {};
+  if constexpr (!kDkDv) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (my_row + 8 * h < a.tq)
+        row_stats[h] = a.stats[stat_base + my_row + 8 * h], row_delta[h] = a.delta[stat_base + my_row + 8 * h];
+  }
+  if (count > 0) barrier_wait<false>(res_full, 0);
+  const uint32_t a1_wg = base + 64 * cw * kSwizzleBytes, a2_wg = a2_at + 64 * cw * kSwizzleBytes;
+  // Whether key k is seen by query q, and p from x at accumulator index
+  // i_acc (0 where unseen) with the query's stats sq.
+  auto seen = [&](int q, int k) { return q < a.tq && k < a.tk && !(a.causal && k > q + a.tk - a.tq); };
+  for (int i = 0; i < count; ++i) {
+    const int s = i % ST, n0 = (first + i) * KB;
+    barrier_wait<false>(full + s, uint32_t((i / ST) & 1));
+    if (row0 >= r_rows) {  // a warpgroup past the resident rows only keeps the stage protocol
+      barrier_arrive(empty + s);
+      continue;
+    }
+    const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
+    float x[KB / 2], y[KB / 2];
+    // x = a1 b1^T and y = a2 b2^T, one wgmma group each.
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      const uint32_t step = (kc % 4) * 32;  // 16 columns of a 128-byte swizzled row
+      wgmma_ss(x, desc_k_major(a1_wg + (kc / 4) * kBackwardRows * kSwizzleBytes + step),
+               desc_k_major(b1_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kc = 0; kc < DH / 16; ++kc) {
+      const uint32_t step = (kc % 4) * 32;
+      wgmma_ss(y, desc_k_major(a2_wg + (kc / 4) * kBackwardRows * kSwizzleBytes + step),
+               desc_k_major(b2_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
+    }
+    wgmma_commit();
+    // p as soon as x is done (y may still run).
+    wgmma_wait<1>();
+    fence_operands(x);
+    const float2* tile_stats = stage_stats + s * KB;
+    const float* tile_delta = stage_delta + s * KB;
+#pragma unroll
+    for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a query (dk/dv) or a key (dq)
+        const float2 st = kDkDv ? tile_stats[col - n0] : float2{};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
+          const int q = kDkDv ? col : row, k = kDkDv ? row : col;
+          const float2 sq = kDkDv ? st : row_stats[h];
+          x[i_acc] = seen(q, k) ? exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+        }
+      }
+    uint32_t pp[kDkDv ? KB / 16 : 1][4], pd[KB / 16][4];
+    if constexpr (kDkDv) {
+      // dv += p^T do beside ds.
+#pragma unroll
+      for (int e = 0; e < KB / 2; e += 2) pp[e / 8][(e % 8) / 2] = pack(x[e], x[e + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH>(acc2, pp[kk], b2_at, kk);
+      wgmma_commit();
+      wgmma_wait<1>();  // y done (groups complete in order); dv may still run
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_operands(y);
+#pragma unroll
+    for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float dl = kDkDv ? tile_delta[8 * j + 2 * t + e] : 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i_acc = 4 * j + 2 * h + e;
+          y[i_acc] = x[i_acc] * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
+        }
+      }
+#pragma unroll
+    for (int e = 0; e < KB / 2; e += 2) pd[e / 8][(e % 8) / 2] = pack(y[e], y[e + 1]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH>(acc1, pd[kk], b1_at, kk);  // dk or dq
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(acc1);
+    if constexpr (kDkDv) fence_operands(acc2);
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        fence_operand(pd[kk][r]);
+        if constexpr (kDkDv) fence_operand(pp[kk][r]);
+      }
+    barrier_arrive(empty + s);  // this thread's reads of the stage are done
+  }
+
+  // dq (or dk) times the scale, dv; rows past the resident extent unwritten.
+  bf16* out1 = static_cast<bf16*>(kDkDv ? a.dk : a.dq) + (kDkDv ? a.kv_base(bh) : a.q_base(bh));
+  bf16* out2 = static_cast<bf16*>(a.dv) + a.kv_base(bh);
+  const int64_t ld = kDkDv ? a.kv_row : a.q_row;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = my_row + 8 * h;
+    if (row >= r_rows) continue;
+#pragma unroll
+    for (int i = 2 * h; i < DH / 2; i += 4) {
+      const int64_t at = int64_t(row) * ld + 2 * t + acc_col(i);
+      *reinterpret_cast<uint32_t*>(out1 + at) = pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
+      if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = pack(acc2[i], acc2[i + 1]);
+    }
+  }
+#endif  // HG_WGMMA_DEVICE
+}
+
+}  // namespace
+}  // namespace hg::gpu::attn
