@@ -96,6 +96,9 @@ void softmax_forward_fused(const Tensor&, const SoftmaxRows&, Tensor&) { no_cuda
 bool softmax_forward_is_staged(const Tensor&, const SoftmaxRows&, const Tensor&) {
   no_cuda("gpu::softmax_forward_is_staged");
 }
+bool softmax_forward_keeps_mask_row(const Tensor&, const SoftmaxRows&, const Tensor&) {
+  no_cuda("gpu::softmax_forward_keeps_mask_row");
+}
 void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, float, Tensor&) {
   no_cuda("gpu::softmax_backward_fused");
 }

@@ -421,10 +421,19 @@ struct StagedForward {
   StagedPlan plan;
 };
 
+// Whether the staged forward keeps the mask row in registers: the rows of
+// a batch share one mask row (a (B, 1, 1, Tk) or (1, 1, 1, Tk) mask, query
+// stride 0) and the rows are long enough for it to pay (kStagedKeptMaskMinTk).
+template <class T>
+bool staged_keeps_mask_row(const ForwardArgs<T>& a) {
+  return a.mask != nullptr && a.mask_query_stride == 0 && a.tk >= kStagedKeptMaskMinTk;
+}
+
 template <class T>
 std::optional<StagedForward<T>> staged_forward_plan(const ForwardArgs<T>& a) {
   if (a.causal || !a.index32 || a.tk < kStagedForwardMinTk || a.tk > kStagedSoftmaxMaxTk) return std::nullopt;
-  const StagedSoftmaxKernel<T> k = staged_softmax_kernel<T, kStagedForwardMinTk>(a.tk);
+  const StagedSoftmaxKernel<T> k = staged_keeps_mask_row(a) ? staged_softmax_kernel<T, kStagedKeptMaskMinTk, true>(a.tk)
+                                                            : staged_softmax_kernel<T, kStagedForwardMinTk>(a.tk);
   if (k.kernel == nullptr) return std::nullopt;
   // One look at the device and the kernel's compiled code per kernel
   // (nullopt below sm_90), under a lock: forwards may run on several threads.
@@ -499,6 +508,11 @@ bool forward_is_staged(const Tensor& x, const SoftmaxRows& l, const Tensor& y) {
 }
 
 template <class T>
+bool forward_keeps_mask_row(const Tensor& x, const SoftmaxRows& l, const Tensor& y) {
+  return forward_is_staged<T>(x, l, y) && staged_keeps_mask_row(forward_args<T>(x, l, y));
+}
+
+template <class T>
 void backward_typed(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx) {
   constexpr int V = VecWidth<T>::value;
   BackwardLauncher<T> launcher{BackwardArgs<T>{static_cast<const T*>(dy.raw_data()),
@@ -542,6 +556,12 @@ void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y
 bool softmax_forward_is_staged(const Tensor& x, const SoftmaxRows& layout, const Tensor& y) {
   if (layout.rows == 0) return false;
   return x.dtype() == DType::F32 ? forward_is_staged<float>(x, layout, y) : forward_is_staged<bf16>(x, layout, y);
+}
+
+bool softmax_forward_keeps_mask_row(const Tensor& x, const SoftmaxRows& layout, const Tensor& y) {
+  if (layout.rows == 0) return false;
+  return x.dtype() == DType::F32 ? forward_keeps_mask_row<float>(x, layout, y)
+                                 : forward_keeps_mask_row<bf16>(x, layout, y);
 }
 
 void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx) {

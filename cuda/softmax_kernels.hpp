@@ -18,6 +18,10 @@ void softmax_forward_fused(const Tensor& x, const SoftmaxRows& layout, Tensor& y
 // what the tests check the layout choice with.
 bool softmax_forward_is_staged(const Tensor& x, const SoftmaxRows& layout, const Tensor& y);
 
+// Whether that staged forward keeps the mask row in registers across the
+// rows that share it (a mask of query stride 0, Tk >= 2048; docs/softmax.md).
+bool softmax_forward_keeps_mask_row(const Tensor& x, const SoftmaxRows& layout, const Tensor& y);
+
 // dx = scale * y * (dy - sum(dy * y)) per row; dy, y, dx all F32 or all BF16.
 void softmax_backward_fused(const Tensor& dy, const Tensor& y, int64_t rows, int64_t tk, float scale, Tensor& dx);
 

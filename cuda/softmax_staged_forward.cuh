@@ -7,7 +7,9 @@
 // stages (cuda/row_ring.cuh). Per row: the mask loads (L1) issued, wait for
 // the stage, z into registers, group sync, refill the stage with the row
 // `stages` ahead, then the lean max, exp, sum and store from registers, with
-// the register layouts' arithmetic (cuda/softmax_row_math.cuh). Causal rows
+// the register layouts' arithmetic (cuda/softmax_row_math.cuh). kKeepMask:
+// the mask row stays in registers while the group's rows share it (a
+// (B, 1, 1, Tk) mask: every row of a batch reads the same one). Causal rows
 // copy only their visible keys (rounded up to 16 bytes); the product sends
 // causal rows to the register layouts, where they are faster, and
 // bench/lab/softmax_lab times both. Why it wins: docs/softmax.md.
@@ -29,6 +31,12 @@ namespace {
 // have no staged kernel.
 constexpr int kStagedSoftmaxKeys = 32;
 constexpr int64_t kStagedSoftmaxMaxTk = 512 * kStagedSoftmaxKeys;
+// From this Tk (groups of 64 threads and more) cuda/softmax.cu launches the
+// kKeepMask kernel where a batch's rows share a mask row: on the H200 it
+// gained up to 6 points of the copy rate at Tk 2048 and 4096, and lost 1.3
+// at f32 Tk 1024, where its registers cost a block a SM
+// (bench/lab/softmax.md, "mask kept").
+constexpr int64_t kStagedKeptMaskMinTk = 2048;
 
 // G / 32 warps of a group meeting at named barrier `bar` (G threads) in
 // `scratch` (a float a warp). Every thread of the group gets the result.
@@ -92,18 +100,40 @@ __device__ __forceinline__ void staged_chunk_scores(float (&z)[W], const float (
       if (k0 + j >= visible) z[j] = -INFINITY;
 }
 
+// The mask row a group keeps in registers (kKeepMask): `row` is where it
+// was read from (null: none yet), m its chunks as staged_scores lays out v.
+template <int N, int W>
+struct KeptMask {
+  const float* row = nullptr;
+  float m[N][W];
+};
+
 // z for this thread's N chunks of a staged row (chunk i at keys (t + i G) W):
-// the mask chunks first (their loads travel while the stage lands), then x
-// from the stage; one FFMA each, as load_z_lean of cuda/softmax.cu.
-template <class T, int G, int N>
+// the mask chunks first (their loads travel while the stage lands), or,
+// kKeepMask, from `kept`, read again only when this row's mask row is
+// another one; then x from the stage; one FFMA each, as load_z_lean of
+// cuda/softmax.cu.
+template <class T, int G, int N, bool kKeepMask>
 __device__ __forceinline__ void staged_scores(const ForwardArgs<T>& a, const RowSpan& span, const RowRing<T>& ring,
-                                              int t, float (&v)[N][16 / sizeof(T)]) {
+                                              int t, float (&v)[N][16 / sizeof(T)], KeptMask<N, 16 / sizeof(T)>& kept) {
   constexpr int W = 16 / sizeof(T);
   const int visible = static_cast<int>(span.visible);
+  if constexpr (kKeepMask) {
+    if (span.mask != nullptr && span.mask != kept.row) {  // the group's threads agree: the same row
+      // Every key of the row (a causal row sees fewer): the next rows may see more.
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const int k0 = (t + i * G) * W;
-    if (span.mask != nullptr && k0 < visible) load_vec<W, Load::ReadOnly>(span.mask + k0, v[i]);
+      for (int i = 0; i < N; ++i) {
+        const int k0 = (t + i * G) * W;
+        if (k0 < a.tk) load_vec<W, Load::ReadOnly>(span.mask + k0, kept.m[i]);
+      }
+      kept.row = span.mask;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int k0 = (t + i * G) * W;
+      if (span.mask != nullptr && k0 < visible) load_vec<W, Load::ReadOnly>(span.mask + k0, v[i]);
+    }
   }
   const T* xs = wait_softmax_stage(ring);
 #pragma unroll
@@ -113,7 +143,7 @@ __device__ __forceinline__ void staged_scores(const ForwardArgs<T>& a, const Row
       float x[W];
       if constexpr (std::is_same_v<T, __nv_bfloat16>) widen_bf16x8(*reinterpret_cast<const uint4*>(xs + k0), x);
       else load_vec<W>(xs + k0, x);
-      staged_chunk_scores<W>(v[i], x, v[i], span.mask != nullptr, a.scale, k0, visible);
+      staged_chunk_scores<W>(v[i], x, kKeepMask ? kept.m[i] : v[i], span.mask != nullptr, a.scale, k0, visible);
     } else {
 #pragma unroll
       for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;
@@ -124,8 +154,8 @@ __device__ __forceinline__ void staged_scores(const ForwardArgs<T>& a, const Row
 // Rows of tk <= G * N * W keys (tk * sizeof(T) a multiple of 16, x, y, the
 // mask and its strides 16-byte aligned; a.index32), R groups of G threads a block,
 // `stages` rows in flight a group. Groups never wait for each other past
-// the ring's start.
-template <class T, int G, int N, int R>
+// the ring's start. kKeepMask: staged_scores keeps the mask row in registers.
+template <class T, int G, int N, int R, bool kKeepMask>
 __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1)
     softmax_forward_staged_kernel(ForwardArgs<T> a, int stages) {
   constexpr int W = 16 / sizeof(T);
@@ -149,10 +179,11 @@ __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1)
   Team team{};
   if constexpr (G > 32) team = Team{scratch[group], group * (G / 32), 1 + group, G};
 
+  KeptMask<N, W> kept;
   for (int64_t row = first; row < a.rows; row += stride) {
     const RowSpan span = row_span<T, true>(a, row);
     float v[N][W];
-    staged_scores<T, G, N>(a, span, ring, t, v);
+    staged_scores<T, G, N, kKeepMask>(a, span, ring, t, v, kept);
     if constexpr (G == 32) __syncwarp();  // every thread has read the stage before its refill
     else team.sync();
     if (t == 0 && next < a.rows) fill_softmax_stage(a, ring, ring.stage, next);
@@ -181,9 +212,9 @@ struct StagedSoftmaxKernel {
   int G = 0, R = 0;
 };
 
-template <class T, int G, int N, int R>
+template <class T, int G, int N, int R, bool kKeepMask>
 StagedSoftmaxKernel<T> staged_softmax_kernel_of() {
-  return {softmax_forward_staged_kernel<T, G, N, R>, G, R};
+  return {softmax_forward_staged_kernel<T, G, N, R, kKeepMask>, G, R};
 }
 
 // The staged kernel for rows of tk keys: a warp a row (4 a block) holding
@@ -191,22 +222,23 @@ StagedSoftmaxKernel<T> staged_softmax_kernel_of() {
 // fits 32 keys a lane (f32 Tk 1024, bf16 Tk 1024); past that G = tk / 32
 // threads (a power of two), 32 keys each, up to 512 threads (Tk 16384).
 // kFrom: the shortest row the caller asks for (tk >= kFrom); kernels only
-// for shorter rows are not compiled.
-template <class T, int64_t kFrom = 1>
+// for shorter rows are not compiled. kKeepMask: the kernel that keeps the
+// mask row in registers.
+template <class T, int64_t kFrom = 1, bool kKeepMask = false>
 StagedSoftmaxKernel<T> staged_softmax_kernel(int64_t tk) {
   constexpr int W = 16 / sizeof(T), NF = kStagedSoftmaxKeys / W;  // f32: 8 chunks, bf16: 4
   if constexpr (32 * W >= kFrom)
-    if (tk <= 32 * W) return staged_softmax_kernel_of<T, 32, 1, 4>();
+    if (tk <= 32 * W) return staged_softmax_kernel_of<T, 32, 1, 4, kKeepMask>();
   if constexpr (64 * W >= kFrom)
-    if (tk <= 64 * W) return staged_softmax_kernel_of<T, 32, 2, 4>();
+    if (tk <= 64 * W) return staged_softmax_kernel_of<T, 32, 2, 4, kKeepMask>();
   if constexpr (128 * W >= kFrom)
-    if (tk <= 128 * W) return staged_softmax_kernel_of<T, 32, 4, 4>();
-  if constexpr (NF >= 8)
-    if (tk <= 256 * W) return staged_softmax_kernel_of<T, 32, 8, 4>();
-  if (tk <= 64 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 64, NF, 2>();
-  if (tk <= 128 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 128, NF, 1>();
-  if (tk <= 256 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 256, NF, 1>();
-  if (tk <= 512 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 512, NF, 1>();
+    if (tk <= 128 * W) return staged_softmax_kernel_of<T, 32, 4, 4, kKeepMask>();
+  if constexpr (NF >= 8 && 256 * W >= kFrom)
+    if (tk <= 256 * W) return staged_softmax_kernel_of<T, 32, 8, 4, kKeepMask>();
+  if (tk <= 64 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 64, NF, 2, kKeepMask>();
+  if (tk <= 128 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 128, NF, 1, kKeepMask>();
+  if (tk <= 256 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 256, NF, 1, kKeepMask>();
+  if (tk <= 512 * kStagedSoftmaxKeys) return staged_softmax_kernel_of<T, 512, NF, 1, kKeepMask>();
   return {};
 }
 

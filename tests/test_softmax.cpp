@@ -419,9 +419,11 @@ TEST_CASE("softmax bf16 bound: float32 results rounded to nearest pass, truncate
 TEST_CASE("softmax CUDA paths agree with float64", "[softmax][cuda]") {
   HG_REQUIRE_GPU();
   uint64_t seed = 900;
-  std::vector<Config> configs = agreement_configs({1, 7, 33, 128, 1000, 4097, 16384});
-  configs.push_back({8, 8, 64, 128, MaskForm::KeyPadding, false, 0.125});  // many short rows
-  configs.push_back({2, 4, 48, 1024, MaskForm::Full, true, 0.125});        // many long rows
+  // Tk 2048 and 3000 with a (B,1,1,Tk) mask: the staged forward that keeps the mask row.
+  std::vector<Config> configs = agreement_configs({1, 7, 33, 128, 1000, 2048, 3000, 4097, 16384});
+  configs.push_back({8, 8, 64, 128, MaskForm::KeyPadding, false, 0.125});      // many short rows
+  configs.push_back({2, 4, 48, 1024, MaskForm::Full, true, 0.125});            // many long rows
+  configs.push_back({2, 2, 8, 2048, MaskForm::SharedKeyPadding, false, 0.5});  // one mask row for every row
   for (const Config& c : configs)
     for (const Path& p : kCudaPaths) check_path_agrees(p, c, seed++);
 }

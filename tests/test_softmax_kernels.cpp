@@ -4,8 +4,10 @@
 // tensors (16-byte path) and on views one element off (scalar path). Outputs
 // are poisoned with NaN first, so an element the kernel fails to write shows.
 // The staged forward (sm_90+, non-causal 16-byte rows of Tk 1024..16384)
-// has its own case: padding mask, hostile rows, run to run, and against the
-// register layout on the same rows.
+// has its own cases: padding mask, hostile rows, run to run, against the
+// register layout on the same rows, and with more rows than the GPU runs
+// groups at once (a mask row kept in registers must follow its group from
+// batch to batch).
 // The op-level tests (every path against float64, hostile inputs, errors)
 // are in tests/test_softmax.cpp.
 #include <algorithm>
@@ -31,7 +33,23 @@ using hg::Tensor;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-enum class Variant { Plain, PaddingCausal, FullMaskHostile, HugeLogits, PaddingHostile };
+// PaddingHostileManyRows: PaddingHostile's batches with so many rows that
+// every group of the staged forward handles rows of more than one batch.
+enum class Variant { Plain, PaddingCausal, FullMaskHostile, HugeLogits, PaddingHostile, PaddingHostileManyRows };
+
+bool padding_hostile(Variant v) { return v == Variant::PaddingHostile || v == Variant::PaddingHostileManyRows; }
+
+// Queries a head for PaddingHostileManyRows (2 heads): a batch's rows
+// outnumber the groups of tk / 32 threads or more (a staged thread holds at
+// most 32 keys) that fit the GPU at once, at most 2048 threads a SM. So the
+// resident grid's stride between a group's rows is less than a batch: every
+// group's first row is in batch 0 (fully masked) and its later rows reach
+// batches 1 and 2, whose masks differ; a kept mask row not read again for
+// another batch's row gives that row batch 0's zeros.
+int64_t many_rows_tq(int64_t tk) {
+  const int64_t groups = int64_t{hg::gpu::sm_count()} * 2048 * 32 / tk;
+  return groups / 2 + 1;
+}
 
 struct Case {
   int64_t b, h, tq, tk;
@@ -170,7 +188,8 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
       c = {2, 2, 3, tk, &mask64, 3 * tk, tk, false, 0.125};
       break;
     }
-    case Variant::PaddingHostile: {  // (B, 1, 1, Tk) padding mask, non-causal, Tq = 4: the staged forward's rows
+    case Variant::PaddingHostile:  // (B, 1, 1, Tk) padding mask, non-causal, Tq = 4: the staged forward's rows
+    case Variant::PaddingHostileManyRows: {
       std::vector<double> m(static_cast<size_t>(3 * tk));
       for (int64_t k = 0; k < tk; ++k) {
         m[k] = k % 2 == 0 ? -kInf : -1e9;                                  // batch 0: every key masked
@@ -178,7 +197,8 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
         m[2 * tk + k] = gen.uniform() < 0.1 ? -kInf : -2.0 * gen.uniform();
       }
       mask64 = Tensor::from_vector(m, {3, 1, 1, tk}, DType::F64);
-      c = {3, 2, 4, tk, &mask64, tk, 0, false, 0.125};
+      const int64_t tq = variant == Variant::PaddingHostile ? 4 : many_rows_tq(tk);
+      c = {3, 2, tq, tk, &mask64, tk, 0, false, 0.125};
       break;
     }
   }
@@ -188,7 +208,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
 
   Tensor x_host = Tensor::randn(shape, gen, DType::F32, Device::CPU, 0.0, variant == Variant::HugeLogits ? 1e30 : 3.0);
   if (variant == Variant::FullMaskHostile) x_host.set({0, 0, 1, tk / 2}, kNaN);  // row 1: NaN at a visible key
-  if (variant == Variant::PaddingHostile) set_hostile_rows(x_host, tk);
+  if (padding_hostile(variant)) set_hostile_rows(x_host, tk);
   const Tensor dy_host = Tensor::randn(shape, gen, DType::F32);
   const Tensor x = device_view(shape, dtype, offset, &x_host);
   const Tensor dy = device_view(shape, dtype, offset, &dy_host);
@@ -208,7 +228,7 @@ void run_case(Variant variant, int64_t tk, DType dtype, int64_t offset, uint64_t
   l.causal = c.causal;
   l.scale = static_cast<float>(c.scale);
   check_case(c, variant, x, dy, y, dx, l, tk, dtype);
-  if (variant == Variant::PaddingHostile) check_staged(x, y, l, shape, dtype, offset);
+  if (padding_hostile(variant)) check_staged(x, y, l, shape, dtype, offset);
 }
 
 // One forward and backward of run_case's inputs, against float64.
@@ -255,7 +275,7 @@ void check_case(const Case& c, Variant variant, const Tensor& x, const Tensor& d
     CHECK(not_zero == 0);
     CHECK(not_nan == 0);
   }
-  if (variant == Variant::PaddingHostile) {
+  if (padding_hostile(variant)) {
     const int64_t batch = c.h * c.tq * tk;
     size_t not_zero = 0, not_nan = 0;
     for (int64_t i = 0; i < batch; ++i) not_zero += y_got[i] != 0.0 || dx_got[i] != 0.0;  // batch 0: zeros
@@ -281,11 +301,14 @@ size_t bitwise_mismatches(const std::vector<double>& a, const std::vector<double
 // ex2, but the staged groups sum a row's exps in another order (bf16 Tk
 // 1024: a warp of 32 keys a lane against 64 threads of 16), so 1 / sum may
 // differ in its last bit; f32 within the float64 bound, bf16 within 1 ulp
-// on all and equal on >= 99%.
+// on all and equal on >= 99%. From Tk 2048 a mask of query stride 0 must
+// take the staged kernel that keeps the mask row in registers.
 void check_staged(const Tensor& x, const Tensor& y, const hg::SoftmaxRows& l, const Shape& shape, DType dtype,
                   int64_t offset) {
   const bool staged = hg::gpu::compute_capability() >= 90 && offset == 0 && !l.causal && l.tk >= 1024 && l.tk <= 16384;
+  const bool kept = staged && l.mask != nullptr && l.mask_query_stride == 0 && l.tk >= 2048;
   CHECK(hg::gpu::softmax_forward_is_staged(x, l, y) == staged);
+  CHECK(hg::gpu::softmax_forward_keeps_mask_row(x, l, y) == kept);
   Tensor again = device_view(shape, dtype, offset, nullptr);
   hg::gpu::softmax_forward_fused(x, l, again);
   CHECK(bitwise_mismatches(again.to_vector(), y.to_vector()) == 0);
@@ -331,13 +354,24 @@ TEST_CASE("fused softmax kernels stay finite at logits of 1e30", "[softmax][cuda
 }
 
 // The staged forward's rows (the attention padding mask (B, 1, 1, Tk),
-// non-causal) at the sizes it was measured on, with hostile rows; offset 1
-// (a misaligned view) and Tk 512 must not take it and stay correct, and the
+// non-causal) at the sizes it was measured on and at Tk 3000 (a row that
+// fills its group's chunks only in part), with hostile rows; offset 1 (a
+// misaligned view) and Tk 512 must not take it and stay correct, and the
 // causal boundary case above covers causal rows at these Tk.
 TEST_CASE("staged softmax forward: padding mask, hostile rows, run to run, register layout", "[softmax][cuda]") {
   HG_REQUIRE_GPU();
   uint64_t seed = 9500;
-  for (const int64_t tk : {512, 1024, 2048, 4096})
+  for (const int64_t tk : {512, 1024, 2048, 3000, 4096})
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t offset : {0, 1}) run_case(Variant::PaddingHostile, tk, dtype, offset, seed++);
+}
+
+// The kept mask row (Tk >= 2048) on rows that make every group of the
+// staged forward move from batch to batch (many_rows_tq): about 26M scores
+// a call, every one against float64.
+TEST_CASE("staged softmax forward: a kept mask row follows its group across batches", "[softmax][cuda]") {
+  HG_REQUIRE_GPU();
+  uint64_t seed = 9600;
+  for (const int64_t tk : {2048, 3000})
+    for (const DType dtype : {DType::F32, DType::BF16}) run_case(Variant::PaddingHostileManyRows, tk, dtype, 0, seed++);
 }

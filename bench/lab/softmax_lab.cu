@@ -36,8 +36,10 @@ using namespace softmax_lab;
 
 // Production (cuda/softmax.cu) runs the register layout of kVectorForward
 // except where its staged forward (cuda/softmax_staged_forward.cuh, the lab's
-// "staged, 96 KB a SM") applies: sm_90+, non-causal, Tk 1024..16384.
-enum class Prod { No, Registers, Staged };
+// "staged, 96 KB a SM") applies: sm_90+, non-causal, Tk 1024..16384; from
+// Tk 2048 with a padding mask it is the kernel that keeps the mask row
+// ("staged, 96 KB a SM, mask kept").
+enum class Prod { No, Registers, Staged, StagedKeptMask };
 constexpr Prod kNo = Prod::No;
 
 struct Config {
@@ -76,17 +78,19 @@ constexpr Config kConfigs[] = {
     {"staged, 96 KB a SM, evict-first", true, true, 0, 0, 1, kNc, 96, 32, false, false, kNo},
     {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false, kNo},
     {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false, kNo},
-    {"staged, 96 KB a SM, mask kept", true, false, 0, 0, 1, kNc, 96, 32, false, false, kNo, true},
+    {"staged, 96 KB a SM, mask kept", true, false, 0, 0, 1, kNc, 96, 32, false, false, Prod::StagedKeptMask, true},
 };
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Whether cuda/softmax.cu runs candidate c on the lab's rows (16-byte rows,
-// mask strides Tk and 0) of tk keys: its staged forward where that applies,
-// else its register layout.
-bool runs_in_production(const Config& c, int64_t tk, bool causal) {
+// mask strides Tk and 0, or no mask) of tk keys: its staged forward where
+// that applies (keeping the mask row from kStagedKeptMaskMinTk), else its
+// register layout.
+bool runs_in_production(const Config& c, int64_t tk, bool causal, bool mask) {
   const bool staged = lab::device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && !causal && tk >= 1024 &&
                       tk <= hg::gpu::kStagedSoftmaxMaxTk;
-  return c.production == (staged ? Prod::Staged : Prod::Registers);
+  const bool kept = staged && mask && tk >= hg::gpu::kStagedKeptMaskMinTk;
+  return c.production == (kept ? Prod::StagedKeptMask : staged ? Prod::Staged : Prod::Registers);
 }
 
 unsigned grid_for(int64_t rows, int64_t per_block) { return unsigned((rows + per_block - 1) / per_block); }
@@ -172,19 +176,19 @@ struct Staged {
 // The staged kernel for rows of tk keys at EPT keys a thread at most: a
 // warp a row (4 a block) while tk <= 32 EPT, holding the fewest chunks of W
 // keys (a power of two) that cover the row; past that G = tk / EPT threads
-// (a power of two), EPT keys each.
+// (a power of two), EPT keys each. kKeepMask: the product's kernel that
+// keeps the mask row in registers.
 template <class T, bool kStreaming, int EPT, bool kStageMask, bool kKeepMask = false>
 Staged<T> staged_kernel_for(int64_t tk) {
   constexpr int W = 16 / sizeof(T), NF = EPT / W;
   Staged<T> k;
-  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask && !kKeepMask) {  // product kernel
-    const hg::gpu::StagedSoftmaxKernel<T> p = hg::gpu::staged_softmax_kernel<T>(tk);
+  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask) {  // product kernel
+    const hg::gpu::StagedSoftmaxKernel<T> p = hg::gpu::staged_softmax_kernel<T, 1, kKeepMask>(tk);
     k.product = p.kernel, k.G = p.G, k.R = p.R;
     return k;
   }
   auto pick = [&](auto g, auto n, auto r) {
-    k.kernel =
-        staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask, kKeepMask>;
+    k.kernel = staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask>;
     k.G = decltype(g)::value, k.R = decltype(r)::value;
   };
   if (tk <= 32 * W) pick(I<32>{}, I<1>{}, I<4>{});
@@ -538,7 +542,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
     const Config& cfg = kConfigs[c];
     if (cfg.production == kNo && std::string(cfg.name).find(o.only) == std::string::npos) continue;
     const Prepared<T> prep = prepare<T>(cfg, rows, tk);
-    const char star = runs_in_production(cfg, tk, o.causal) ? '*' : ' ';
+    const char star = runs_in_production(cfg, tk, o.causal, o.mask) ? '*' : ' ';
     if (!prep.applies()) {
       std::printf("  %c %-38s %s\n", star, cfg.name, prep.note().c_str());
       continue;
@@ -557,7 +561,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
   }
   if (best >= 0)
     std::printf("  winner: %s (%.1f%% of copy)%s\n", kConfigs[best].name, 100 * copy_ms / best_ms,
-                runs_in_production(kConfigs[best], tk, o.causal) ? " (production)" : "");
+                runs_in_production(kConfigs[best], tk, o.causal, o.mask) ? " (production)" : "");
   for (int s = 0; s < sets; ++s) {
     CHECK_CUDA(cudaFree(x[s]));
     CHECK_CUDA(cudaFree(y[s]));
@@ -579,9 +583,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDevice(&device));
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   CHECK_CUDA(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  std::printf("softmax_lab on %s (sm_%d%d, L2 %d MiB); * = production (cuda/softmax.cu: staged where it applies, else "
-              "kVectorForward)\n",
-              prop.name, prop.major, prop.minor, l2 >> 20);
+  std::printf("softmax_lab on %s (sm_%d%d, L2 %d MiB); * = production (cuda/softmax.cu: staged where it applies, the "
+              "mask kept from Tk %lld, else kVectorForward)\n",
+              prop.name, prop.major, prop.minor, l2 >> 20, (long long)hg::gpu::kStagedKeptMaskMinTk);
   bool ok = true;
   for (const std::string& d : o.dtypes)
     for (size_t i = 0; i < o.t.size(); ++i)

@@ -343,36 +343,15 @@ __device__ __forceinline__ void fill_stage(const Args<T>& a, const hg::gpu::RowR
   if (mask) hg::gpu::stage_copy(ring.at(s) + a.tk * sizeof(T), span.mask, mask_bytes, ring.bars + s);
 }
 
-// The mask row a group keeps in registers (kKeepMask): `row` is where it
-// was read from (null: none yet), m its chunks as staged_scores lays out v.
-template <int N, int W>
-struct KeptMask {
-  const float* row = nullptr;
-  float m[N][W];
-};
-
 // z for this thread's N chunks of a staged row (chunk i at keys (t + i G) W):
 // the mask chunks first (L1/L2; their loads travel while the stage lands),
-// or, kStageMask, from the stage, or, kKeepMask, from `kept`, read again only
-// when the row's mask row is another one (a (B, 1, 1, Tk) mask: when the
-// group's next row is in another batch); x from the stage once it has landed.
-template <class T, int G, int N, bool kStageMask, bool kKeepMask = false>
+// or, kStageMask, from the stage; x from the stage once it has landed.
+template <class T, int G, int N, bool kStageMask>
 __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& span, const hg::gpu::RowRing<T>& ring,
-                                              int t, float (&v)[N][16 / sizeof(T)],
-                                              KeptMask<N, 16 / sizeof(T)>* kept = nullptr) {
+                                              int t, float (&v)[N][16 / sizeof(T)]) {
   constexpr int W = 16 / sizeof(T);
   const int visible = static_cast<int>(span.visible);
-  if constexpr (kKeepMask) {
-    if (span.mask != nullptr && span.mask != kept->row) {  // uniform across the group: the same row
-      // Every key of the row (a causal row sees fewer): the next rows may see more.
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int k0 = (t + i * G) * W;
-        if (k0 < a.tk) hg::gpu::load_vec<W, Load::ReadOnly>(span.mask + k0, kept->m[i]);
-      }
-      kept->row = span.mask;
-    }
-  } else if constexpr (!kStageMask) {
+  if constexpr (!kStageMask) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int k0 = (t + i * G) * W;
@@ -394,8 +373,7 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
       if constexpr (std::is_same_v<T, bf16>) hg::gpu::widen_bf16x8(*reinterpret_cast<const uint4*>(xs + k0), x);
       else hg::gpu::load_vec<W>(xs + k0, x);
       if (kStageMask && span.mask != nullptr) hg::gpu::load_vec<W>(ms + k0, v[i]);
-      hg::gpu::staged_chunk_scores<W>(v[i], x, kKeepMask ? kept->m[i] : v[i], span.mask != nullptr, a.scale, k0,
-                                      visible);
+      hg::gpu::staged_chunk_scores<W>(v[i], x, v[i], span.mask != nullptr, a.scale, k0, visible);
     } else {
 #pragma unroll
       for (int j = 0; j < W; ++j) v[i][j] = -INFINITY;
@@ -404,8 +382,8 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
 }
 
 // The lab's variants of the product's staged forward
-// (cuda/softmax_staged_forward.cuh, which the "staged, 32 / 96 KB a SM"
-// rows launch): at most 16 keys a thread, evict-first stores of y, or the
+// (cuda/softmax_staged_forward.cuh, which the "staged, 32 / 96 KB a SM" and
+// "mask kept" rows launch): at most 16 keys a thread, evict-first stores of y, or the
 // mask staged with x. A group of G threads (one warp, or G / 32 warps
 // meeting at a named barrier) owns a row at a time, R groups a block, a
 // resident grid. Each group keeps a ring of `stages` rows (cuda/row_ring.cuh's
@@ -414,11 +392,9 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
 // row `stages` rows ahead, then reduces and stores from registers as the
 // register layouts do. Groups never wait for each other past the ring's
 // start. Lean arithmetic only. A stage holds a row of x (kStageMask: and
-// its mask row, Tk floats, after it). kKeepMask: the mask row stays in
-// registers while the group's rows share it (staged_scores).
-template <class T, int G, int N, int R, bool kStreaming, bool kStageMask, bool kKeepMask = false>
+// its mask row, Tk floats, after it).
+template <class T, int G, int N, int R, bool kStreaming, bool kStageMask>
 __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_kernel(Args<T> a, int stages) {
-  static_assert(!(kStageMask && kKeepMask));
   constexpr int W = 16 / sizeof(T);
   static_assert(G % 32 == 0 && G * R <= 1024 && R <= 15, "bad staged softmax config");
   extern __shared__ __align__(128) unsigned char staged_rows[];  // R rings of `stages` rows
@@ -442,11 +418,10 @@ __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_
   Team team{};
   if constexpr (G > 32) team = Team{scratch[group], G / 32, group * (G / 32), GroupSync{1 + group, G}};
 
-  KeptMask<N, W> kept;
   for (int64_t row = first; row < a.rows; row += stride) {
     const RowSpan span = row_span(a, row);
     float v[1][N][W];
-    staged_scores<T, G, N, kStageMask, kKeepMask>(a, span, ring, t, v[0], &kept);
+    staged_scores<T, G, N, kStageMask>(a, span, ring, t, v[0]);
     if constexpr (G == 32) __syncwarp();  // every thread has read the stage before its refill
     else GroupSync{1 + group, G}();
     if (t == 0 && next < a.rows) fill_stage<T, kStageMask>(a, ring, ring.stage, next);
