@@ -13,8 +13,9 @@
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
 // repeatable results. Which tiles each head dim runs: the configuration
 // tables in the launcher section (kBf16Forward, kBf16Backward). On a
-// compute capability 9.0 GPU the BF16 forward is cuda/attention_wgmma.cu
-// (wgmma + TMA) where cuda/attention_dispatch.hpp's rules allow it.
+// compute capability 9.0 GPU the BF16 forward, and at head dim 128 the
+// backward after delta, are cuda/attention_wgmma.cu (wgmma + TMA) where
+// cuda/attention_dispatch.hpp's rules allow them.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -1,10 +1,10 @@
 #pragma once
 // Which BF16 kernels a fused attention call runs: the sm_90a wgmma forward
 // and backward (cuda/attention_wgmma.cu) or the mma.sync ones
-// (cuda/attention.cu).
-// Plain C++ without CUDA, so that the rules are tested on any machine
-// (tests/test_attention.cpp); cuda/attention.cu adds what only the device
-// knows. Why each rule: docs/attention.md, "Which forward kernel runs".
+// (cuda/attention.cu). Plain C++ without CUDA, so that the rules are tested
+// on any machine (tests/test_attention.cpp); cuda/attention.cu adds what
+// only the device knows. Why each rule: docs/attention.md, "Which kernel
+// runs".
 #include <cmath>
 #include <cstdint>
 
