@@ -37,6 +37,13 @@ anchors="${HG_ANCHORS:-../shared/anchors}"
 [[ -d $anchors ]] || anchors=.anchors
 variants="${HG_TORCH_VARIANTS:-eager-fp32,eager-fp32-sdpa,eager-bf16-sdpa}"
 build="${HG_BUILD:-build-gpu}"  # HG_BUILD: another build folder (a CPU-only one for the cpu-step stage)
+# A named folder that does not exist yet is configured as a CPU-only Release build
+# (the cpu-step stage needs no CUDA, and builds in a fraction of the time).
+if [[ -n ${HG_BUILD:-} && ! -f $build/CMakeCache.txt ]]; then
+  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+  cmake -S . -B "$build" "${gen[@]}" -DHG_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Release > "$out/configure.log" 2>&1 ||
+    { echo "configuring $build FAILED (see $out/configure.log)"; exit 1; }
+fi
 b=$build/bench
 status=0
 run() {  # log name, command...
@@ -177,7 +184,7 @@ for stage in "$@"; do
         done
       done
       python3 bench/torch_cpu_step.py --summary "$out" "$other" | tee "$out/cpu_step_summary.txt" ;;
-    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s step attention norms residual accuracy python cpu cpu-step)" >&2
+    *) echo "gpu_compare.sh: unknown stage '$stage' (allowed: train gpt2s step attention norms lab residual accuracy python cpu cpu-step)" >&2
        exit 2 ;;
   esac
 done
