@@ -832,8 +832,9 @@ TEST_CASE("attention: CUDA BF16 wgmma forward at dh 128 against float64 and the 
 // The wgmma backward (cuda/attention_wgmma_backward_kernel.cuh) at head dim
 // 128: blocks of 128 keys (dk/dv) or queries (dq) against streamed tiles of
 // 64, T short of, at and past both, causal or not, several batches and heads.
-// Against float64, against the mma.sync backward on the same inputs, and
-// bitwise equal on a second run.
+// Against float64, against the mma.sync kernels on the same inputs (o and
+// lse within the bf16 forward's 8e-3, gradients within 2e-2), and bitwise
+// equal on a second run.
 TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the mma.sync backward",
           "[attention][cuda]") {
   HG_REQUIRE_GPU();
@@ -848,11 +849,7 @@ TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the
       const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
       const std::string what = describe(p);
       check_close_bf16(got, reference(p, in), what);
-      const Outputs mma = run_mma_sync(p, in);
-      INFO(what << ": against the mma.sync backward");
-      CHECK(err(got.dq, mma.dq) < 2e-2);
-      CHECK(err(got.dk, mma.dk) < 2e-2);
-      CHECK(err(got.dv, mma.dv) < 2e-2);
+      check_close(got, run_mma_sync(p, in), 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
       INFO(what << ": a second run");
       check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
     }
@@ -928,20 +925,19 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward propagate NaN scores 
     for (double x : t.to_vector()) at.push_back(std::isnan(x));
     return at;
   };
-  const auto finite_part = [&](const Tensor& t, const Tensor& nan_of) {
+  const auto zeroed_at = [](const Tensor& t, const std::vector<bool>& at) {
     std::vector<double> v = t.to_vector();
-    const std::vector<bool> nan = nan_at(nan_of);
     for (size_t i = 0; i < v.size(); ++i)
-      if (nan[i]) v[i] = 0;
+      if (at[i]) v[i] = 0;
     return Tensor::from_vector(v, t.shape(), DType::F64);
   };
   for (const auto& [mine, theirs, name] :
        {std::tuple{&got.dq, &mma.dq, "dq"}, {&got.dk, &mma.dk, "dk"}, {&got.dv, &mma.dv, "dv"}}) {
     INFO(name);
-    const std::vector<bool> nan = nan_at(*mine);
-    CHECK(nan == nan_at(*theirs));
+    const std::vector<bool> nan = nan_at(*mine), their_nan = nan_at(*theirs);
+    CHECK(nan == their_nan);
     CHECK(std::count(nan.begin(), nan.end(), true) > 0);
-    CHECK(err(finite_part(*mine, *theirs), finite_part(*theirs, *theirs)) < 2e-2);
+    CHECK(err(zeroed_at(*mine, their_nan), zeroed_at(*theirs, their_nan)) < 2e-2);
   }
 }
 
