@@ -1052,7 +1052,12 @@ void backward_bf16(const Args& a, int64_t bh, bool wgmma) {
   const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
   delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta");
-  if (wgmma) return attn::backward_wgmma(a, bh / a.heads, DH);
+  if (wgmma) {  // dq beside dk/dv as well: 1.5-4% at T 1024 (bench/lab/attention.md)
+    SideStream side;
+    attn::backward_wgmma(a, bh / a.heads, DH, side.get());
+    side.join();
+    return;
+  }
   std::optional<SideStream> side;
   if (C.dq_beside) side.emplace();
   if constexpr (C.dkdv_phased) {

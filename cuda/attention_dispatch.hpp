@@ -12,8 +12,8 @@
 
 namespace hg::gpu {
 
-// At dh 64 the wgmma forward wins from here on; below it ties or loses
-// (H200 measurements, docs/attention.md). At dh 128 it wins at every T.
+// At dh 64 the wgmma kernels win from here on; below it they tie or lose
+// (H200 measurements, docs/attention.md). At dh 128 they win at every T.
 constexpr int64_t kWgmmaMinTokensDh64 = 2048;
 
 // The operand is addressed (batch, head, row) with the batch outermost: the
@@ -49,12 +49,12 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
 }
 
 // Whether a BF16 backward with these operands takes the wgmma backward: a
-// call the wgmma forward takes, at head dim 128 (at 64 the mma.sync
-// backward is faster on the H200, docs/attention.md), with do (read at o's
-// strides) addressable by TMA too.
+// call the wgmma forward takes (at dh 64 below T 2048 both wgmma kernels
+// trail the mma.sync ones on the H200, docs/attention.md), with do (read at
+// o's strides) addressable by TMA too.
 inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                    const void* dout, bool device_ready) {
-  return l.head_dim == 128 && wgmma_forward_applies(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
+  return wgmma_forward_applies(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
 }
 
 }  // namespace hg::gpu

@@ -48,9 +48,10 @@ void launch(const Args& a, int64_t batch) {
 }
 
 // The backward after delta is written: the dk/dv kernel (k, v resident; q,
-// do streamed), then the dq kernel (q, do resident; k, v streamed).
+// do streamed) on stream(), the dq kernel (q, do resident; k, v streamed) on
+// dq_stream.
 template <int DH>
-void launch_backward(const Args& a, int64_t batch) {
+void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   const char* op = "attention_backward";
   // Maps over the key rows (k, v), the query rows (q) and the output rows (do, at o's strides).
   const auto keys = [&](const void* p, int box_rows, const char* name) {
@@ -62,20 +63,21 @@ void launch_backward(const Args& a, int64_t batch) {
   const auto outputs = [&](const void* p, int box_rows, const char* name) {
     return make_map(p, DH, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, box_rows, name, op);
   };
+  constexpr int kQueryTile = backward_tile(DH, true), kKeyTile = backward_tile(DH, false);
   const CUtensorMap k_res = keys(a.k, kBackwardRows, "k"), v_res = keys(a.v, kBackwardRows, "v");
-  const CUtensorMap q_tile = queries(a.q, kBackwardTile, "q"), do_tile = outputs(a.dout, kBackwardTile, "dout");
+  const CUtensorMap q_tile = queries(a.q, kQueryTile, "q"), do_tile = outputs(a.dout, kQueryTile, "dout");
   const CUtensorMap q_res = queries(a.q, kBackwardRows, "q"), do_res = outputs(a.dout, kBackwardRows, "dout");
-  const CUtensorMap k_tile = keys(a.k, kBackwardTile, "k"), v_tile = keys(a.v, kBackwardTile, "v");
-  const auto dkdv = backward_wgmma_kernel<DH, true>;
-  const auto dq = backward_wgmma_kernel<DH, false>;
-  constexpr size_t kSmem = BackwardPlan<DH>::kSmem;
-  allow_dynamic_smem(dkdv, kSmem);
-  allow_dynamic_smem(dq, kSmem);
+  const CUtensorMap k_tile = keys(a.k, kKeyTile, "k"), v_tile = keys(a.v, kKeyTile, "v");
+  const auto dkdv = backward_wgmma_kernel<DH, true, kQueryTile>;
+  const auto dq = backward_wgmma_kernel<DH, false, kKeyTile>;
+  constexpr size_t kDkdvSmem = BackwardPlan<DH, kQueryTile>::kSmem, kDqSmem = BackwardPlan<DH, kKeyTile>::kSmem;
+  allow_dynamic_smem(dkdv, kDkdvSmem);
+  allow_dynamic_smem(dq, kDqSmem);
   const unsigned heads_total = unsigned(batch * a.heads);
-  dkdv<<<dim3(unsigned((a.tk + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kSmem, stream()>>>(
-      k_res, v_res, q_tile, do_tile, a);
+  dkdv<<<dim3(unsigned((a.tk + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kDkdvSmem,
+         stream()>>>(k_res, v_res, q_tile, do_tile, a);
   HG_CUDA_CHECK_LAUNCH("attention_backward_dkdv_wgmma");
-  dq<<<dim3(unsigned((a.tq + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kSmem, stream()>>>(
+  dq<<<dim3(unsigned((a.tq + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kDqSmem, dq_stream>>>(
       q_res, do_res, k_tile, v_tile, a);
   HG_CUDA_CHECK_LAUNCH("attention_backward_dq_wgmma");
 }
@@ -97,9 +99,10 @@ void forward_wgmma(const Args& a, int64_t batch, int dh) {
   else launch<128>(a, batch);
 }
 
-void backward_wgmma(const Args& a, int64_t batch, int dh) {
-  HG_CHECK(dh == 128, "attention_backward", "the wgmma backward has head dim 128, not ", dh);
-  launch_backward<128>(a, batch);
+void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream) {
+  HG_CHECK(dh == 64 || dh == 128, "attention_backward", "the wgmma backward has head dims 64 and 128, not ", dh);
+  if (dh == 64) launch_backward<64>(a, batch, dq_stream);
+  else launch_backward<128>(a, batch, dq_stream);
 }
 
 }  // namespace hg::gpu::attn

@@ -3,6 +3,8 @@
 // Hopper's own instructions (cuda/attention_wgmma.cu; sm_90a wgmma + TMA).
 // Which calls they take is decided in cuda/attention.cu (docs/attention.md,
 // "Which kernel runs").
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "cuda/attention_args.cuh"
@@ -20,9 +22,11 @@ bool wgmma_available();
 void forward_wgmma(const Args& a, int64_t batch, int dh);
 
 // dq (a.dq at q's strides), dk, dv (at k/v's) for a.heads heads of
-// `batch` batches at head dim 128 after a.delta is written, from do (a.dout
-// at o's strides), q, k, v and the forward's stats; the cases of
-// forward_wgmma. Two kernels, no float atomics: bitwise repeatable.
-void backward_wgmma(const Args& a, int64_t batch, int dh);
+// `batch` batches after a.delta is written, from do (a.dout at o's
+// strides), q, k, v and the forward's stats; the cases of forward_wgmma.
+// Two kernels, no float atomics: bitwise repeatable. dk/dv runs on
+// stream(), dq on dq_stream (the caller forks and joins a side stream, or
+// passes stream()).
+void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream);
 
 }  // namespace hg::gpu::attn

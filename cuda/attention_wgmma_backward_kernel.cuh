@@ -4,10 +4,10 @@
 // cuda/attention.cu (delta = rowsum(do . o)), as the mma.sync backward
 // splits the work, so that no float atomics are needed and results repeat
 // bitwise:
-//   dk/dv: per block of 128 keys, q, do tiles of 64 queries streamed:
+//   dk/dv: per block of 128 keys, q, do tiles of queries streamed:
 //          s^T = k q^T, dp^T = v do^T, p^T from the forward's stats,
 //          dv += p^T do, ds^T = p^T (dp^T - delta), dk += ds^T q;
-//   dq:    per block of 128 queries, k, v tiles of 64 keys streamed:
+//   dq:    per block of 128 queries, k, v tiles of keys streamed:
 //          s = q k^T, dp = do v^T, p, ds = p (dp - delta), dq += ds k.
 // A block is two consumer warpgroups of 64 resident rows each (wgmma's M)
 // and a producer warpgroup that keeps 24 registers a thread and gives the
@@ -42,7 +42,12 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kBackwardRows = 128;  // resident rows a block: keys (dk/dv) or queries (dq)
-constexpr int kBackwardTile = 64;   // streamed rows a stage
+// Streamed rows a stage in the library's kernels: 128 (wgmma n128 for s and
+// dp, half the barriers a row of 64) except dk/dv at dh 128, whose dk and dv
+// accumulators leave no registers for 128-query tiles. On the H200 128-key
+// tiles make the dq kernel 4-6% faster at dh 128; at dh 64 both kernels on
+// 128 rows are 2-3% faster than on 64 (bench/lab/attention.md).
+constexpr int backward_tile(int dh, bool dkdv) { return dkdv && dh == 128 ? 64 : 128; }
 constexpr int kBackwardStages = 2;
 constexpr int kBackwardConsumers = 2;                             // warpgroups
 constexpr int kBackwardThreads = 128 * kBackwardConsumers + 128;  // + the producer warpgroup
@@ -54,16 +59,16 @@ static_assert(128 * kBackwardProducerRegisters + 128 * kBackwardConsumers * kBac
               kBackwardThreads * (65536 / kBackwardThreads / 8 * 8));
 
 // Shared memory, byte offsets from a 1024-byte aligned base: the two
-// resident operands, the stages (two streamed tiles each), each stage's
-// queries' stats (float2) and delta (float), the barriers.
-template <int DH>
+// resident operands, the stages (two streamed tiles of KB rows each), each
+// stage's queries' stats (float2) and delta (float), the barriers.
+template <int DH, int KB>
 struct BackwardPlan {
   static constexpr int kResBytes = kBackwardRows * DH * 2;
-  static constexpr int kTileBytes = kBackwardTile * DH * 2;
+  static constexpr int kTileBytes = KB * DH * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kStatsOffset = 2 * kResBytes + kBackwardStages * kStageBytes;
-  static constexpr int kDeltaOffset = kStatsOffset + kBackwardStages * kBackwardTile * 8;
-  static constexpr int kBarOffset = kDeltaOffset + kBackwardStages * kBackwardTile * 4;
+  static constexpr int kDeltaOffset = kStatsOffset + kBackwardStages * KB * 8;
+  static constexpr int kBarOffset = kDeltaOffset + kBackwardStages * KB * 4;
   static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * kBackwardStages) * 8 + 1024;
 };
 
@@ -71,25 +76,26 @@ struct BackwardPlan {
 using namespace sm90;  // the instructions: cuda/wgmma.cuh
 
 // acc += a b for k16 step kk of a streamed tile whose MN-major b is DH / 64
-// boxes of [kBackwardTile][64] from b_at: one n = DH wgmma.
-template <int DH>
+// boxes of [KB][64] from b_at: one n = DH wgmma.
+template <int DH, int KB>
 __device__ __forceinline__ void mma_streamed(float (&acc)[DH / 2], const uint32_t (&a)[4], uint32_t b_at, int kk) {
-  wgmma_rs(acc, a, desc_mn_major(b_at + kk * 16 * kSwizzleBytes, kBackwardTile * kSwizzleBytes), 1);
+  wgmma_rs(acc, a, desc_mn_major(b_at + kk * 16 * kSwizzleBytes, KB * kSwizzleBytes), 1);
 }
 #endif  // HG_WGMMA_DEVICE
 
 // kDkDv false: the dq kernel (resident a1 = q, a2 = do; streamed b1 = k,
 // b2 = v). True: the dk/dv kernel (resident a1 = k, a2 = v; streamed b1 = q,
-// b2 = do). x = a1 b1^T is s (or s^T), y = a2 b2^T is dp (or dp^T).
-template <int DH, bool kDkDv>
+// b2 = do). x = a1 b1^T is s (or s^T), y = a2 b2^T is dp (or dp^T). KB:
+// streamed rows a stage (backward_tile for the library).
+template <int DH, bool kDkDv, int KB>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_wgmma_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
                           const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map,
                           Args a) {
-  static_assert(DH == 64 || DH == 128);
+  static_assert((DH == 64 || DH == 128) && (KB == 64 || KB == 128));
 #if HG_WGMMA_DEVICE
-  using P = BackwardPlan<DH>;
-  constexpr int KB = kBackwardTile, ST = kBackwardStages, NC = kBackwardConsumers;
+  using P = BackwardPlan<DH, KB>;
+  constexpr int ST = kBackwardStages, NC = kBackwardConsumers;
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
   unsigned char* smem = raw + (base - shared_address(raw));
@@ -231,7 +237,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       for (int e = 0; e < KB / 2; e += 2) pp[e / 8][(e % 8) / 2] = pack(x[e], x[e + 1]);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH>(acc2, pp[kk], b2_at, kk);
+      for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc2, pp[kk], b2_at, kk);
       wgmma_commit();
       wgmma_wait<1>();  // y done (groups complete in order); dv may still run
     } else {
@@ -253,7 +259,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     for (int e = 0; e < KB / 2; e += 2) pd[e / 8][(e % 8) / 2] = pack(y[e], y[e + 1]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH>(acc1, pd[kk], b1_at, kk);  // dk or dq
+    for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc1, pd[kk], b1_at, kk);  // dk or dq
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(acc1);

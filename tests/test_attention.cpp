@@ -774,9 +774,8 @@ TEST_CASE("attention: the BF16 forward and backward take the wgmma kernels exact
     const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
     CHECK(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/true) == c.wgmma);
     CHECK_FALSE(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/false));
-    // The backward: the forward's cases at head dim 128, with do TMA-aligned too.
-    const bool backward = c.wgmma && c.p.dh == 128;
-    CHECK(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, true) == backward);
+    // The backward: the forward's cases, with do TMA-aligned too.
+    CHECK(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, true) == c.wgmma);
     CHECK_FALSE(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, false));
     CHECK_FALSE(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, aligned_address() + 2, true));
   }
@@ -802,7 +801,7 @@ TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exac
           (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionKernel::F32);
     CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
-          (c.wgmma && c.p.dh == 128 && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
+          (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_backward_kernel(DType::F32, c.base, c.base, c.base, c.base, l) == AttentionKernel::F32);
   }
 }
@@ -831,7 +830,8 @@ TEST_CASE("attention: CUDA BF16 wgmma forward at dh 128 against float64 and the 
 
 // The wgmma backward (cuda/attention_wgmma_backward_kernel.cuh) at head dim
 // 128: blocks of 128 keys (dk/dv) or queries (dq) against streamed tiles of
-// 64, T short of, at and past both, causal or not, several batches and heads.
+// 64 queries or 128 keys, T short of, at and past each, causal or not,
+// several batches and heads.
 // Against float64, against the mma.sync kernels on the same inputs (o and
 // lse within the bf16 forward's 8e-3, gradients within 2e-2), and bitwise
 // equal on a second run.
@@ -855,14 +855,24 @@ TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the
     }
 }
 
-// Head dim 64 takes it from T 2048 on: once there, causal, two heads.
-TEST_CASE("attention: CUDA BF16 wgmma forward at dh 64, T 2048", "[attention][cuda]") {
+// Head dim 64 takes both from T 2048 on (both kernels on tiles of 128
+// streamed rows): at 2048 causal, and at 2111 (a last tile of 63) not,
+// against float64, the mma.sync kernels and a second run.
+TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 2048", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
-  Problem p;
-  p.b = 1, p.h = 2, p.tq = p.tk = 2048, p.dh = 64, p.causal = true, p.scale = 0.125;
-  const Inputs in = rounded_to_bf16(make_inputs(p, 5200));
-  check_wgmma_forward(p, in, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), describe(p));
+  uint64_t seed = 5200;
+  for (const auto& [t, causal] : {std::pair{int64_t(2048), true}, {int64_t(2111), false}}) {
+    Problem p;
+    p.b = 1, p.h = 2, p.tq = p.tk = t, p.dh = 64, p.causal = causal, p.scale = 0.125;
+    const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+    const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+    const std::string what = describe(p);
+    check_wgmma_forward(p, in, got, what);
+    check_close(got, run_mma_sync(p, in), 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
+    INFO(what << ": a second run");
+    check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+  }
 }
 
 // Huge and tiny logits: 1e4 (rows one-hot: the max must be taken before the

@@ -137,7 +137,7 @@ constexpr int kBf16BackwardProduction = 10;  // the mma.sync backward (every GPU
 // with the two consumer warpgroups taking turns to issue their products
 // (ping-pong).
 constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 8;
-constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 4;
+constexpr int kWgmmaBackwardFirst = kBf16BackwardVariants, kWgmmaBackwardVariants = 8;
 bool is_wgmma(bool bf16, bool backward, int v) {
   return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
 }
@@ -148,6 +148,33 @@ constexpr size_t dkdv_smem(int dh, int qb, int mt, int warps = 4) {
 }
 constexpr size_t dkdv_phased_smem(int dh, int qb) { return dkdv_smem(dh, qb, 1, 8) + 2 * 2 * 128 * (qb + 8); }
 constexpr size_t dq_smem(int dh, int kb) { return 2 * (2 * b::kRowsBf16 + 2 * 2 * kb) * (dh + 8); }
+
+// A second stream for a dq kernel beside dk/dv: side_fork() makes it wait
+// for the work queued so far on the default stream and returns it;
+// side_join() makes the default stream wait for it.
+struct Side {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+Side& side() {
+  static Side s = [] {
+    Side x;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaEventCreateWithFlags(&x.fork, cudaEventDisableTiming));
+    CHECK_CUDA(cudaEventCreateWithFlags(&x.join, cudaEventDisableTiming));
+    return x;
+  }();
+  return s;
+}
+cudaStream_t side_fork() {
+  CHECK_CUDA(cudaEventRecord(side().fork, nullptr));
+  CHECK_CUDA(cudaStreamWaitEvent(side().stream, side().fork));
+  return side().stream;
+}
+void side_join() {
+  CHECK_CUDA(cudaEventRecord(side().join, side().stream));
+  CHECK_CUDA(cudaStreamWaitEvent(nullptr, side().join));
+}
 
 template <int DH, int V>
 void bf16_forward(const Args& a, int64_t bh) {
@@ -180,16 +207,21 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
   }
 }
 
-// Backward variants 11-14: the wgmma kernels of attention_lab_wgmma_bwd.cuh
+// Backward variants 11-18: the wgmma kernels of attention_lab_wgmma_bwd.cuh
 // after the 16-byte delta kernel: dk/dv on 32-query tiles (two consumer
 // warpgroups, one at dh 128: the dk and dv accumulators take 128 registers
 // a thread), dq on 64-key tiles (two consumer warpgroups); 12 with the
 // MN-major products in n64 halves at dh 128; 13 both kernels with a producer
 // warpgroup that gives the two consumer warpgroups 240 registers a thread
 // (setmaxnreg), dk/dv on 64-query tiles at both head dims; 14 the library's
-// kernels (cuda/attention_wgmma_backward_kernel.cuh: 13 pipelined, p while
-// dp^T runs, dv += p^T do while ds is computed, the queries' stats and
-// delta staged beside the tiles; the production backward at dh 128).
+// kernels as the library runs them (cuda/attention_wgmma_backward_kernel.cuh:
+// 13 pipelined, p while dp^T runs, dv += p^T do while ds is computed, the
+// queries' stats and delta staged beside the tiles; 128 streamed rows but
+// in dk/dv at dh 128; dq on a second stream beside dk/dv); the same
+// kernels, dq after dk/dv on one stream, on other tiles: 15 64 rows in
+// both, 16 dk/dv on 128-query tiles at dh 64 (64 at dh 128: the
+// accumulators would not fit) and dq on 64-key tiles, 17 dk/dv on 64, dq on
+// 128, 18 the library's tiles.
 template <int DH>
 void wgmma_backward(int v, const Args& a, int64_t bh) {
   namespace w = hg::gpu::lab_wgmma;
@@ -198,10 +230,18 @@ void wgmma_backward(int v, const Args& a, int64_t bh) {
     b::delta_bf16_kernel<DH><<<unsigned((rows * (DH / 8) + 127) / 128), 128>>>(a, rows);
     CHECK_CUDA(cudaGetLastError());
     constexpr int kDkdvConsumers = DH == 128 ? 1 : 2;
+    constexpr int kWideQueryTile = DH == 64 ? 128 : 64;  // variant 16
     switch (v - kWgmmaBackwardFirst) {
       case 0: CHECK_CUDA((w::backward<DH, 32, kDkdvConsumers, 64, 2>(a, bh))); break;
       case 1: CHECK_CUDA((w::backward<DH, 32, kDkdvConsumers, 64, 2, true>(a, bh))); break;
       case 2: CHECK_CUDA((w::backward<DH, 64, 2, 64, 2, false, true>(a, bh))); break;
+      case 3:
+        CHECK_CUDA(w::backward_production<DH>(a, bh, nullptr, side_fork()));
+        side_join();
+        break;
+      case 4: CHECK_CUDA((w::backward_production<DH, 64, 64>(a, bh))); break;
+      case 5: CHECK_CUDA((w::backward_production<DH, kWideQueryTile, 64>(a, bh))); break;
+      case 6: CHECK_CUDA((w::backward_production<DH, 64, 128>(a, bh))); break;
       default: CHECK_CUDA(w::backward_production<DH>(a, bh)); break;
     }
   } else {
@@ -236,19 +276,7 @@ void bf16_backward(const Args& a, int64_t bh) {
     CHECK_CUDA(cudaGetLastError());
     return;
   }
-  static cudaStream_t side = nullptr;
-  static cudaEvent_t fork, join;
-  if (side == nullptr) {
-    CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  }
-  cudaStream_t dq_stream = nullptr;
-  if constexpr (T::kDqBeside) {
-    CHECK_CUDA(cudaEventRecord(fork, nullptr));
-    CHECK_CUDA(cudaStreamWaitEvent(side, fork));
-    dq_stream = side;
-  }
+  const cudaStream_t dq_stream = T::kDqBeside ? side_fork() : nullptr;
   if constexpr (T::kDkdvPhased) {
     launch_kernel(nullptr, b::backward_dkdv_phased_bf16_kernel<DH, kQB>, grid_of(a.tk, 128, bh), 256,
                   dkdv_phased_smem(DH, kQB), a);
@@ -258,10 +286,7 @@ void bf16_backward(const Args& a, int64_t bh) {
   }
   launch_kernel(dq_stream, b::backward_dq_bf16_kernel<DH, T::kDqKeys, T::kDqSub, T::kDqSplit, T::kLean>,
                 grid_of(a.tq, b::kRowsBf16, bh), 128, dq_smem(DH, T::kDqKeys), a);
-  if constexpr (T::kDqBeside) {
-    CHECK_CUDA(cudaEventRecord(join, side));
-    CHECK_CUDA(cudaStreamWaitEvent(nullptr, join));
-  }
+  if constexpr (T::kDqBeside) side_join();
 }
 
 // ---- F32 configurations ---------------------------------------------------------------
@@ -680,8 +705,8 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
   const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
                     : backward   ? kBf16BackwardVariants + (dh >= 64 ? kWgmmaBackwardVariants : 0)
                                  : kBf16ForwardVariants + (dh >= 64 ? kWgmmaForwardVariants : 0);
-  // On sm_90 the library runs the wgmma kernels at dh 128 (and the wgmma
-  // forward at dh 64 from T 2048, cuda/attention_dispatch.hpp).
+  // On sm_90 the library runs the wgmma kernels at dh 128 (and at dh 64
+  // from T 2048, cuda/attention_dispatch.hpp; marked here as below it).
   const bool wgmma_dh128 = bf16_inputs && dh == 128 && g_sm90;
   const int production = !bf16_inputs  ? (backward ? kF32BackwardProduction : 0)
                          : wgmma_dh128 ? (backward ? kWgmmaBackwardFirst + 3 : kWgmmaForwardFirst)
@@ -764,7 +789,7 @@ Options parse(int argc, char** argv) {
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
           "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-16,\n"
-          "                         backward 11-14), 'production' (default: all)\n"
+          "                         backward 11-18), 'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"

@@ -215,14 +215,14 @@ __global__ void __launch_bounds__(kRegisters > 0 ? threads_split(NC) : threads_o
 #endif
 }
 
-// The dk/dv kernel (KV query rows a tile, NCV resident warpgroups' rows),
-// then the dq kernel (KQ key rows a tile, NCQ), over bh = batch * heads heads
-// of a after a.delta is written (the production delta kernel), each on its
-// threads and shared memory. cudaErrorInvalidValue for what the kernels do
-// not do (see forward).
+// The dk/dv kernel (KV query rows a tile, NCV resident warpgroups' rows) on
+// `stream`, then the dq kernel (KQ key rows a tile, NCQ) on `dq_stream`, over
+// bh = batch * heads heads of a after a.delta is written (the production
+// delta kernel), each on its threads and shared memory.
+// cudaErrorInvalidValue for what the kernels do not do (see forward).
 template <int DH, int KV, int NCV, int KQ, int NCQ, class DkDv, class Dq>
 cudaError_t launch_backward(DkDv dkdv, int dkdv_threads, size_t dkdv_smem, Dq dq, int dq_threads, size_t dq_smem,
-                            const Args& a, int64_t bh, cudaStream_t stream) {
+                            const Args& a, int64_t bh, cudaStream_t stream, cudaStream_t dq_stream) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
   const int64_t batch = bh / a.heads;
   CUtensorMap k_res, v_res, q_tile, do_tile, q_res, do_res, k_tile, v_tile;
@@ -241,7 +241,7 @@ cudaError_t launch_backward(DkDv dkdv, int dkdv_threads, size_t dkdv_smem, Dq dq
   dkdv<<<dim3(unsigned((a.tk + rows_of(NCV) - 1) / rows_of(NCV)), unsigned(bh)), dkdv_threads, dkdv_smem, stream>>>(
       k_res, v_res, q_tile, do_tile, a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
-  dq<<<dim3(unsigned((a.tq + rows_of(NCQ) - 1) / rows_of(NCQ)), unsigned(bh)), dq_threads, dq_smem, stream>>>(
+  dq<<<dim3(unsigned((a.tq + rows_of(NCQ) - 1) / rows_of(NCQ)), unsigned(bh)), dq_threads, dq_smem, dq_stream>>>(
       q_res, do_res, k_tile, v_tile, a);
   return cudaGetLastError();
 }
@@ -253,22 +253,27 @@ cudaError_t backward(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
   constexpr int kStages = 2;
   constexpr int kRegsV = kSplitRegisters ? consumer_registers(NCV) : 0;
   constexpr int kRegsQ = kSplitRegisters ? consumer_registers(NCQ) : 0;
-  return launch_backward<DH, KV, NCV, KQ, NCQ>(
-      backward_kernel<DH, KV, kStages, NCV, true, kSplitN, kRegsV>,
-      kSplitRegisters ? threads_split(NCV) : threads_of(NCV), BackwardPlan<DH, KV, kStages, NCV>::kSmem,
-      backward_kernel<DH, KQ, kStages, NCQ, false, kSplitN, kRegsQ>,
-      kSplitRegisters ? threads_split(NCQ) : threads_of(NCQ), BackwardPlan<DH, KQ, kStages, NCQ>::kSmem, a, bh, stream);
+  return launch_backward<DH, KV, NCV, KQ, NCQ>(backward_kernel<DH, KV, kStages, NCV, true, kSplitN, kRegsV>,
+                                               kSplitRegisters ? threads_split(NCV) : threads_of(NCV),
+                                               BackwardPlan<DH, KV, kStages, NCV>::kSmem,
+                                               backward_kernel<DH, KQ, kStages, NCQ, false, kSplitN, kRegsQ>,
+                                               kSplitRegisters ? threads_split(NCQ) : threads_of(NCQ),
+                                               BackwardPlan<DH, KQ, kStages, NCQ>::kSmem, a, bh, stream, stream);
 }
 
-// The library's backward (cuda/attention_wgmma_backward_kernel.cuh).
-template <int DH>
-cudaError_t backward_production(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
-  constexpr int kNc = attn::kBackwardConsumers, kTile = attn::kBackwardTile;
+// The library's backward kernels (cuda/attention_wgmma_backward_kernel.cuh)
+// on KV-query tiles (dk/dv) and KQ-key tiles (dq); at the library's tiles
+// by default. dq on dq_stream (the caller forks and joins), else after
+// dk/dv on `stream`.
+template <int DH, int KV = attn::backward_tile(DH, true), int KQ = attn::backward_tile(DH, false)>
+cudaError_t backward_production(const Args& a, int64_t bh, cudaStream_t stream = nullptr,
+                                cudaStream_t dq_stream = nullptr) {
+  constexpr int kNc = attn::kBackwardConsumers;
   static_assert(rows_of(kNc) == attn::kBackwardRows);
-  constexpr size_t kSmem = attn::BackwardPlan<DH>::kSmem;
-  return launch_backward<DH, kTile, kNc, kTile, kNc>(attn::backward_wgmma_kernel<DH, true>, attn::kBackwardThreads,
-                                                     kSmem, attn::backward_wgmma_kernel<DH, false>,
-                                                     attn::kBackwardThreads, kSmem, a, bh, stream);
+  return launch_backward<DH, KV, kNc, KQ, kNc>(
+      attn::backward_wgmma_kernel<DH, true, KV>, attn::kBackwardThreads, attn::BackwardPlan<DH, KV>::kSmem,
+      attn::backward_wgmma_kernel<DH, false, KQ>, attn::kBackwardThreads, attn::BackwardPlan<DH, KQ>::kSmem, a, bh,
+      stream, dq_stream != nullptr ? dq_stream : stream);
 }
 
 }  // namespace hg::gpu::lab_wgmma
