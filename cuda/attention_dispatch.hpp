@@ -5,6 +5,7 @@
 // on any machine (tests/test_attention.cpp); cuda/attention.cu adds what
 // only the device knows. Why each rule: docs/attention.md, "Which kernel
 // runs".
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -37,12 +38,12 @@ inline bool tma_addressable(const void* p, const HeadStrides& s) {
 // with its sm_90a code and the driver's tensor-map encoder found.
 inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                   bool device_ready) {
-  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && l.tq >= kWgmmaMinTokensDh64);
+  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && std::min(l.tq, l.tk) >= kWgmmaMinTokensDh64);
   // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and
   // finite as a float keeps their order.
   const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
   const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
-  return device_ready && shape && scale && l.mask == nullptr && l.tq == l.tk && l.tq >= 1 &&
+  return device_ready && shape && scale && l.mask == nullptr && l.tq >= 1 && l.tk >= 1 &&
          l.batch < (int64_t(1) << 31) && batch_outermost(l.q, l.tq, l.head_dim) &&
          batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) &&
          tma_addressable(k, l.kv) && tma_addressable(v, l.kv);

@@ -649,7 +649,7 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 
 // ---------------------------------------------------------------------------
 // The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
-// and at head dim 64 from T 2048, without a mask, Tq = Tk, scale > 0, batch
+// and at head dim 64 from T 2048, without a mask, any Tq and Tk, scale > 0, batch
 // outermost and TMA-aligned operands, on a compute capability 9.0 device
 // (cuda/attention.cu). Its shapes are checked to take it there, then
 // against float64 (o, lse, and the mma.sync backward run from its o and
@@ -704,8 +704,8 @@ std::vector<DispatchCase> dispatch_cases() {
       Problem q = p;
       q.mask = true;
       cases.push_back({q, at, false, false});
-      q = p, q.tk = t + 1;
-      cases.push_back({q, at, false, false});
+      q = p, q.tk = t + 1;  // Tq != Tk (cross-attention, causal with the diagonal moved)
+      cases.push_back({q, at, false, true});
       q = p, q.scale = -0.09;
       cases.push_back({q, at, false, false});
       q = p, q.scale = 1e-60;  // 0 as a float
@@ -717,6 +717,13 @@ std::vector<DispatchCase> dispatch_cases() {
   for (const auto& [t, wgmma] :
        {std::pair{int64_t(300), false}, {int64_t(2047), false}, {int64_t(2048), true}, {int64_t(8192), true}}) {
     p.tq = p.tk = t;
+    cases.push_back({p, at, false, wgmma});
+  }
+  // Head dim 64 with Tq != Tk: both from 2048 on.
+  for (const auto& [tq, tk, wgmma] : {std::tuple{int64_t(2048), int64_t(2047), false},
+                                      {int64_t(1), int64_t(8192), false},
+                                      {int64_t(4096), int64_t(2048), true}}) {
+    p.tq = tq, p.tk = tk;
     cases.push_back({p, at, false, wgmma});
   }
   return cases;
@@ -873,6 +880,39 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 2048"
     INFO(what << ": a second run");
     check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
   }
+}
+
+// Tq != Tk, causal or not: more keys than queries (the causal diagonal
+// moved right), more queries than keys (the first Tq - Tk queries see no
+// key: o zero, lse -inf, their dq zero; at 333 / 200 causal a whole block
+// of 128 queries has no key tile), one query, one key; head dim 64 at 2048
+// and more either way. Against float64, the mma.sync kernels on the same
+// inputs, and a second run.
+TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  uint64_t seed = 5700;
+  struct Shape {
+    int64_t tq, tk, dh;
+  };
+  for (const Shape& sh : {Shape{200, 77, 128}, Shape{77, 200, 128}, Shape{333, 200, 128}, Shape{129, 300, 128},
+                          Shape{1, 300, 128}, Shape{300, 1, 128}, Shape{2048, 2300, 64}, Shape{2300, 2048, 64}})
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.b = 2, p.h = 2, p.tq = sh.tq, p.tk = sh.tk, p.dh = sh.dh, p.causal = causal;
+      if (sh.dh == 64) p.b = 1;
+      p.scale = 1.0 / std::sqrt(double(sh.dh));
+      const std::string what = describe(p);
+      INFO(what);
+      const char* at = aligned_address();
+      REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
+      REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
+      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+      check_close_bf16(got, reference(p, in), what);
+      check_close(got, run_mma_sync(p, in), 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
+      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+    }
 }
 
 // Huge and tiny logits: 1e4 (rows one-hot: the max must be taken before the
