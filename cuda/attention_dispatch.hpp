@@ -50,9 +50,9 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
 }
 
 // Whether a BF16 backward with these operands takes the wgmma backward: a
-// call the wgmma forward takes (at dh 64 below T 2048 both wgmma kernels
-// trail the mma.sync ones on the H200, docs/attention.md), with do (read at
-// o's strides) addressable by TMA too.
+// call the wgmma forward takes (at dh 64 below T 2048 the wgmma kernels tie
+// or trail the mma.sync ones on the H200, docs/attention.md), with do (read
+// at o's strides) addressable by TMA too.
 inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                    const void* dout, bool device_ready) {
   return wgmma_forward_applies(l, q, k, v, device_ready) && tma_addressable(dout, l.o);

@@ -42,11 +42,12 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kBackwardRows = 128;  // resident rows a block: keys (dk/dv) or queries (dq)
-// Streamed rows a stage in the library's kernels: 128 (wgmma n128 for s and
-// dp, half the barriers a row of 64) except dk/dv at dh 128, whose dk and dv
-// accumulators leave no registers for 128-query tiles. On the H200 128-key
-// tiles make the dq kernel 4-6% faster at dh 128; at dh 64 both kernels on
-// 128 rows are 2-3% faster than on 64 (bench/lab/attention.md).
+// Streamed rows a stage in the library's kernels: 128 (s and dp as wgmma
+// n128, half as many stage barriers as 64-row tiles take) except in dk/dv
+// at dh 128, whose dk and dv accumulators leave no registers for a
+// 128-query tile's scores. On the H200 128-key tiles make the whole
+// backward 4-6% faster at dh 128, and 128-row tiles in both kernels
+// 14-18% at dh 64 (bench/lab/attention.md).
 constexpr int backward_tile(int dh, bool dkdv) { return dkdv && dh == 128 ? 64 : 128; }
 constexpr int kBackwardStages = 2;
 constexpr int kBackwardConsumers = 2;                             // warpgroups
