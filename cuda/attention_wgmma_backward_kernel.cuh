@@ -60,17 +60,17 @@ static_assert(128 * kBackwardProducerRegisters + 128 * kBackwardConsumers * kBac
               kBackwardThreads * (65536 / kBackwardThreads / 8 * 8));
 
 // Shared memory, byte offsets from a 1024-byte aligned base: the two
-// resident operands, the stages (two streamed tiles of KB rows each), each
+// resident operands, ST stages (two streamed tiles of KB rows each), each
 // stage's queries' stats (float2) and delta (float), the barriers.
-template <int DH, int KB>
+template <int DH, int KB, int ST = kBackwardStages>
 struct BackwardPlan {
   static constexpr int kResBytes = kBackwardRows * DH * 2;
   static constexpr int kTileBytes = KB * DH * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kStatsOffset = 2 * kResBytes + kBackwardStages * kStageBytes;
-  static constexpr int kDeltaOffset = kStatsOffset + kBackwardStages * KB * 8;
-  static constexpr int kBarOffset = kDeltaOffset + kBackwardStages * KB * 4;
-  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * kBackwardStages) * 8 + 1024;
+  static constexpr int kStatsOffset = 2 * kResBytes + ST * kStageBytes;
+  static constexpr int kDeltaOffset = kStatsOffset + ST * KB * 8;
+  static constexpr int kBarOffset = kDeltaOffset + ST * KB * 4;
+  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * ST) * 8 + 1024;
 };
 
 #if HG_WGMMA_DEVICE
@@ -87,16 +87,16 @@ __device__ __forceinline__ void mma_streamed(float (&acc)[DH / 2], const uint32_
 // kDkDv false: the dq kernel (resident a1 = q, a2 = do; streamed b1 = k,
 // b2 = v). True: the dk/dv kernel (resident a1 = k, a2 = v; streamed b1 = q,
 // b2 = do). x = a1 b1^T is s (or s^T), y = a2 b2^T is dp (or dp^T). KB:
-// streamed rows a stage (backward_tile for the library).
-template <int DH, bool kDkDv, int KB>
+// streamed rows a stage (backward_tile for the library), ST stages.
+template <int DH, bool kDkDv, int KB, int ST = kBackwardStages>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_wgmma_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
                           const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map,
                           Args a) {
-  static_assert((DH == 64 || DH == 128) && (KB == 64 || KB == 128));
+  static_assert((DH == 64 || DH == 128) && (KB == 64 || KB == 128) && ST >= 2);
 #if HG_WGMMA_DEVICE
-  using P = BackwardPlan<DH, KB>;
-  constexpr int ST = kBackwardStages, NC = kBackwardConsumers;
+  using P = BackwardPlan<DH, KB, ST>;
+  constexpr int NC = kBackwardConsumers;
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
   unsigned char* smem = raw + (base - shared_address(raw));

@@ -14,9 +14,11 @@ namespace hg::gpu::lab_wgmma {
 // The library's backward kernels over bh = batch * heads heads of a after
 // a.delta is written (the production delta kernel): dk/dv on KV-query tiles
 // on `stream`, dq on KQ-key tiles on dq_stream (the caller forks and joins)
-// or after dk/dv on `stream`; at the library's tiles by default.
-// cudaErrorInvalidValue for what the kernels do not do (see forward).
-template <int DH, int KV = attn::backward_tile(DH, true), int KQ = attn::backward_tile(DH, false)>
+// or after dk/dv on `stream`; at the library's tiles and stages (SV in
+// dk/dv, SQ in dq) by default. cudaErrorInvalidValue for what the kernels
+// do not do (see forward).
+template <int DH, int KV = attn::backward_tile(DH, true), int KQ = attn::backward_tile(DH, false),
+          int SV = attn::kBackwardStages, int SQ = attn::kBackwardStages>
 cudaError_t backward_production(const Args& a, int64_t bh, cudaStream_t stream = nullptr,
                                 cudaStream_t dq_stream = nullptr) {
   if (a.mask != nullptr || !(a.scale_log2 > 0.f) || a.heads <= 0 || bh % a.heads != 0) return cudaErrorInvalidValue;
@@ -32,9 +34,9 @@ cudaError_t backward_production(const Args& a, int64_t bh, cudaStream_t stream =
       !make_map(&k_tile, a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KQ) ||
       !make_map(&v_tile, a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, KQ))
     return cudaErrorInvalidValue;
-  const auto dkdv = attn::backward_wgmma_kernel<DH, true, KV>;
-  const auto dq = attn::backward_wgmma_kernel<DH, false, KQ>;
-  constexpr size_t kDkdvSmem = attn::BackwardPlan<DH, KV>::kSmem, kDqSmem = attn::BackwardPlan<DH, KQ>::kSmem;
+  const auto dkdv = attn::backward_wgmma_kernel<DH, true, KV, SV>;
+  const auto dq = attn::backward_wgmma_kernel<DH, false, KQ, SQ>;
+  constexpr size_t kDkdvSmem = attn::BackwardPlan<DH, KV, SV>::kSmem, kDqSmem = attn::BackwardPlan<DH, KQ, SQ>::kSmem;
   cudaError_t e = cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDkdvSmem));
   if (e == cudaSuccess) e = cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDqSmem));
   if (e != cudaSuccess) return e;
