@@ -239,7 +239,8 @@ void wgmma_backward(int v, const Args& a, int64_t bh) {
       case 4: CHECK_CUDA(w::backward_production<DH>(a, bh)); break;
       default: {
         constexpr int kTv = hg::gpu::attn::backward_tile(DH, true), kTq = hg::gpu::attn::backward_tile(DH, false);
-        CHECK_CUDA((w::backward_production < DH, kTv, kTq, 3, DH == 64 ? 3 : 2 > (a, bh, nullptr, side_fork())));
+        constexpr int kDqStages = DH == 64 ? 3 : 2;  // 3 stages of 128 keys at dh 128 pass the shared memory
+        CHECK_CUDA((w::backward_production<DH, kTv, kTq, 3, kDqStages>(a, bh, nullptr, side_fork())));
         side_join();
         break;
       }
