@@ -30,7 +30,7 @@
 
 #include "cuda/attention_args.cuh"
 #include "cuda/attention_row_math.cuh"
-#include "cuda/attention_tensor_map.cuh"  // kSwizzleBytes, kBoxCols
+#include "cuda/attention_tensor_map.cuh"  // kSwizzleBytes
 #include "cuda/bulk_stage.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   static_assert((DH == 64 || DH == 128) && (KB == 64 || KB == 128) && ST >= 2);
 #if HG_WGMMA_DEVICE
   using P = BackwardPlan<DH, KB, ST>;
+  static_assert(P::kStageBytes == 2 * P::kTileBytes && P::kTileBytes == KB * DH * 2);  // load_tile_pairs' ring
   constexpr int NC = kBackwardConsumers;
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
@@ -125,20 +126,8 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     if (threadIdx.x == 128 * NC && count > 0) {  // one thread issues every copy
       const int head = int(bh % a.heads), batch = int(bh / a.heads);
       stage_expect(res_full, 2 * P::kResBytes);
-      for (int c = 0; c < DH / kBoxCols; ++c) {
-        tma_load(base + c * kBackwardRows * kSwizzleBytes, &a1map, c * kBoxCols, r0, head, batch, res_full);
-        tma_load(a2_at + c * kBackwardRows * kSwizzleBytes, &a2map, c * kBoxCols, r0, head, batch, res_full);
-      }
-      for (int i = 0; i < count; ++i) {
-        const int s = i % ST;
-        if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));  // its last tile is read
-        stage_expect(full + s, P::kStageBytes);
-        const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
-        for (int c = 0; c < DH / kBoxCols; ++c) {
-          tma_load(b1_at + c * KB * kSwizzleBytes, &b1map, c * kBoxCols, (first + i) * KB, head, batch, full + s);
-          tma_load(b2_at + c * KB * kSwizzleBytes, &b2map, c * kBoxCols, (first + i) * KB, head, batch, full + s);
-        }
-      }
+      tma_load_rows_pair<DH>(base, &a1map, a2_at, &a2map, kBackwardRows, r0, head, batch, res_full);
+      load_tile_pairs<DH, KB, ST>(&b1map, &b2map, stages_at, first, count, head, batch, full, empty);
       // Until the consumers release the last tiles: a consumer whose wait
       // gives up exits without trapping (barrier_wait<false>, below), so this
       // thread's wait is the one that turns a lost stage into a launch error.

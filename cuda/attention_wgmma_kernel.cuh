@@ -100,16 +100,8 @@ __device__ __forceinline__ void load_tiles(const CUtensorMap& qmap, const CUtens
   stage_expect(q_full, P::kQBytes);
   for (int c = 0; c < DH / kBoxCols; ++c)
     tma_load(base + c * ROWS * kSwizzleBytes, &qmap, c * kBoxCols, q_block, head, batch, q_full);
-  for (int tile = 0; tile < tiles; ++tile) {
-    const int s = tile % ST;
-    if (tile >= ST) barrier_wait(empty + s, uint32_t((tile / ST - 1) & 1));  // its last use is read
-    stage_expect(full + s, P::kStageBytes);
-    const uint32_t k_at = kv_at + s * P::kStageBytes, v_at = k_at + P::kTileBytes;
-    for (int c = 0; c < DH / kBoxCols; ++c) {
-      tma_load(k_at + c * KB * kSwizzleBytes, &kmap, c * kBoxCols, tile * KB, head, batch, full + s);
-      tma_load(v_at + c * KB * kSwizzleBytes, &vmap, c * kBoxCols, tile * KB, head, batch, full + s);
-    }
-  }
+  static_assert(P::kStageBytes == 2 * P::kTileBytes && P::kTileBytes == KB * DH * 2);  // load_tile_pairs' ring
+  load_tile_pairs<DH, KB, ST>(&kmap, &vmap, kv_at, 0, tiles, head, batch, full, empty);
 }
 
 // s = q k^T of one tile, issued and committed (one wgmma group): q the

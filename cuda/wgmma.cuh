@@ -1,7 +1,8 @@
-// sm_90a instruction wrappers shared by the wgmma attention forward
-// (cuda/attention_wgmma_kernel.cuh) and the attention lab's Hopper
-// candidates (bench/lab/attention_lab_wgmma*.cuh): mbarriers, TMA tile
-// loads, wgmma with its shared-memory descriptors and accumulator layout. Only an sm_90a
+// sm_90a instruction wrappers shared by the wgmma attention forward and
+// backward (cuda/attention_wgmma_kernel.cuh, _backward_kernel.cuh) and the
+// attention lab's Hopper candidates (bench/lab/attention_lab_wgmma*.cuh):
+// mbarriers, TMA tile loads and a producer's ring of them, wgmma with its
+// shared-memory descriptors and accumulator layout. Only an sm_90a
 // device compile sees them (wgmma and the tensor-map copies exist nowhere
 // else); the includer tests HG_SM90A_DEVICE before using them.
 #pragma once
@@ -95,6 +96,39 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, i
       "[%6];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(bar))
       : "memory");
+}
+
+// Rows row0 .. row0 + rows - 1 of one head of two bf16 operands [..][DH]
+// through their maps (boxes of `rows` x 64 columns, 128-byte swizzle): DH /
+// 64 boxes each, `rows` 128-byte rows apart, at dst1 and dst2, counted
+// against `bar`.
+template <int DH>
+__device__ __forceinline__ void tma_load_rows_pair(uint32_t dst1, const CUtensorMap* map1, uint32_t dst2,
+                                                   const CUtensorMap* map2, int rows, int row0, int head, int batch,
+                                                   uint64_t* bar) {
+  for (int c = 0; c < DH / 64; ++c) {
+    tma_load(dst1 + c * rows * 128, map1, c * 64, row0, head, batch, bar);
+    tma_load(dst2 + c * rows * 128, map2, c * 64, row0, head, batch, bar);
+  }
+}
+
+// One producer thread: tiles first .. first + count - 1 of KB rows of two
+// operands into a ring of ST stages at ring_at (a stage: map1's tile, then
+// map2's, KB * DH * 2 bytes each). A stage is refilled once its `empty`
+// barrier says its last tiles were read; its `full` barrier expects the
+// stage's bytes.
+template <int DH, int KB, int ST>
+__device__ __forceinline__ void load_tile_pairs(const CUtensorMap* map1, const CUtensorMap* map2, uint32_t ring_at,
+                                                int first, int count, int head, int batch, uint64_t* full,
+                                                uint64_t* empty) {
+  constexpr uint32_t kTileBytes = KB * DH * 2;
+  for (int i = 0; i < count; ++i) {
+    const int s = i % ST;
+    if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));  // its last tiles are read
+    stage_expect(full + s, 2 * kTileBytes);
+    const uint32_t at = ring_at + s * 2 * kTileBytes;
+    tma_load_rows_pair<DH>(at, map1, at + kTileBytes, map2, KB, (first + i) * KB, head, batch, full + s);
+  }
 }
 
 // Moves registers between a block's warpgroups (every thread of the
