@@ -771,6 +771,23 @@ void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& go
   CHECK(err(got.lse, mma.lse) < 4e-6);
 }
 
+// A call the wgmma forward and backward take, run and checked: against
+// float64, against the mma.sync kernels on the same inputs (o and lse within
+// the bf16 forward's 8e-3, gradients within 2e-2), and bitwise on a second
+// run. Returns both runs' outputs.
+struct WgmmaRun {
+  Outputs got, mma_sync;
+};
+WgmmaRun check_wgmma_run(const Problem& p, const Inputs& in) {
+  const std::string what = describe(p);
+  WgmmaRun r{run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), run_mma_sync(p, in)};
+  check_close_bf16(r.got, reference(p, in), what);
+  check_close(r.got, r.mma_sync, 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
+  INFO(what << ": a second run");
+  check_bitwise_repeat(r.got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("attention: the BF16 forward and backward take the wgmma kernels exactly where their rules allow",
@@ -852,13 +869,7 @@ TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the
       Problem p;
       p.b = t >= 300 ? 1 : 2, p.h = t >= 300 ? 3 : 2, p.tq = p.tk = t, p.dh = 128, p.causal = causal;
       p.scale = 1.0 / std::sqrt(128.0);
-      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
-      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
-      const std::string what = describe(p);
-      check_close_bf16(got, reference(p, in), what);
-      check_close(got, run_mma_sync(p, in), 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
-      INFO(what << ": a second run");
-      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+      check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
     }
 }
 
@@ -872,13 +883,9 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 2048"
   for (const auto& [t, causal] : {std::pair{int64_t(2048), true}, {int64_t(2111), false}}) {
     Problem p;
     p.b = 1, p.h = 2, p.tq = p.tk = t, p.dh = 64, p.causal = causal, p.scale = 0.125;
-    const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
-    const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
-    const std::string what = describe(p);
-    check_wgmma_forward(p, in, got, what);
-    check_close(got, run_mma_sync(p, in), 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
-    INFO(what << ": a second run");
-    check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+    const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
+    INFO(describe(p) << ": lse against the mma.sync forward's (fp32 arithmetic on the same exact products)");
+    CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
   }
 }
 
@@ -902,16 +909,11 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[att
       p.b = 2, p.h = 2, p.tq = sh.tq, p.tk = sh.tk, p.dh = sh.dh, p.causal = causal;
       if (sh.dh == 64) p.b = 1;
       p.scale = 1.0 / std::sqrt(double(sh.dh));
-      const std::string what = describe(p);
-      INFO(what);
+      INFO(describe(p));
       const char* at = aligned_address();
       REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
       REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
-      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
-      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
-      check_close_bf16(got, reference(p, in), what);
-      check_close(got, run_mma_sync(p, in), 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
-      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+      check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
     }
 }
 
