@@ -3,7 +3,10 @@
 // sizes of shared/anchors/torch_sdpa.py: B*T = tokens, H*dh = width.
 // TFLOP/s as that script counts them: forward 4*B*H*Tq*Tk*dh, backward 2.5x,
 // causal halves both. Peak extra memory: the most the allocator held above
-// the inputs during one forward + backward.
+// the inputs during one forward + backward. --key-mask adds a padding mask
+// (batch b pads its last (b % 4) T / 8 keys; FLOPs still count every key),
+// --mma-sync runs the mma.sync kernels where the wgmma ones would run.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,6 +17,7 @@
 #include "bench/bench_util.hpp"
 #include "core/cuda_runtime.hpp"
 #include "core/kernel_mode.hpp"
+#include "cuda/attention_kernels.hpp"
 #include "examples/common/cli.hpp"
 #include "ops/attention.hpp"
 
@@ -31,14 +35,24 @@ struct Result {
 constexpr int kSets = 2;
 struct Inputs {
   std::vector<Tensor> q, k, v, dout;
+  Tensor mask;  // (B, 1, 1, T) in the math dtype, or none
 };
 
-Inputs make_inputs(DType dtype, int64_t t, int64_t dh, int64_t tokens, int64_t width) {
+// Batch b's last (b % 4) * T / 8 keys removed (-inf), the rest 0.
+Tensor padding_mask(DType dtype, int64_t batch, int64_t t) {
+  std::vector<double> m(static_cast<size_t>(batch * t), 0.0);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = t - (b % 4) * t / 8; j < t; ++j) m[static_cast<size_t>(b * t + j)] = -INFINITY;
+  return Tensor::from_vector(m, {batch, 1, 1, t}, math_dtype(dtype)).to(Device::CUDA);
+}
+
+Inputs make_inputs(DType dtype, int64_t t, int64_t dh, int64_t tokens, int64_t width, bool key_mask) {
   Generator gen(1);
   Inputs in;
   for (int s = 0; s < kSets; ++s)
     for (auto* list : {&in.q, &in.k, &in.v, &in.dout})
       list->push_back(Tensor::randn({tokens / t, width / dh, t, dh}, gen, dtype, Device::CUDA));
+  if (key_mask) in.mask = padding_mask(dtype, tokens / t, t);
   return in;
 }
 
@@ -50,6 +64,7 @@ Result measure(const Inputs& in, bool causal, KernelMode mode, int warmup, int i
   const std::vector<Tensor>& dout = in.dout;
   AttentionOptions opt;
   opt.causal = causal;
+  opt.mask = in.mask;
   std::vector<AttentionSaved> saved(kSets);
   Result r;
   r.fwd = bench::time_op(Device::CUDA, kSets, warmup, iters,
@@ -76,7 +91,7 @@ int main(int argc, char** argv) {
   int64_t tokens = 16384, width = 2048;
   int warmup = 3, iters = 15;
   int64_t max_unfused_t = 4096;
-  bool fused_only = false;
+  bool fused_only = false, key_mask = false, mma_sync = false;
   std::string csv_path;
   std::vector<int64_t> seqs{512, 1024, 2048, 4096}, head_dims{64, 128};
   std::vector<std::string> dtypes{"bf16", "f32"};
@@ -91,14 +106,18 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed calls per case (median)")->check(CLI::Range(1, 100000));
   app.add_option("--max-unfused-seq", max_unfused_t, "skip the unfused path above this T (its memory grows as T^2)");
   app.add_flag("--fused-only", fused_only, "time only the fused path");
+  app.add_flag("--key-mask", key_mask, "a padding mask: batch b removes its last (b % 4) * T / 8 keys");
+  app.add_flag("--mma-sync", mma_sync, "BF16: the mma.sync kernels where the sm_90a wgmma ones would run");
   app.add_option("--csv", csv_path, "write every row here too");
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
     cli::require_cuda("bench_attention", "hg_op attention, bench_train --device cpu");
     if (!csv_path.empty()) cli::check_writable(csv_path, "--csv");
-    std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up\n", gpu::device_name(),
-                static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup);
+    gpu::allow_wgmma_attention(!mma_sync);
+    std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up%s%s\n", gpu::device_name(),
+                static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup,
+                key_mask ? "; padding mask" : "", mma_sync ? "; mma.sync kernels" : "");
     std::printf("%-5s %5s %4s %6s %-7s | %9s %9s | %8s %8s | %9s\n", "dtype", "T", "dh", "causal", "path", "fwd ms",
                 "bwd ms", "fwd TF/s", "bwd TF/s", "peak MiB");
     std::unique_ptr<bench::Csv> csv;
@@ -110,7 +129,7 @@ int main(int argc, char** argv) {
         for (int64_t t : seqs) {
           if (tokens % t != 0 || width % dh != 0) continue;
           const DType dtype = dt == "bf16" ? DType::BF16 : DType::F32;
-          const Inputs inputs = make_inputs(dtype, t, dh, tokens, width);
+          const Inputs inputs = make_inputs(dtype, t, dh, tokens, width, key_mask);
           for (bool causal : {false, true})
             for (KernelMode mode : {KernelMode::Fused, KernelMode::Unfused}) {
               if (mode == KernelMode::Unfused && (fused_only || t > max_unfused_t)) continue;

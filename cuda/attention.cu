@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -45,8 +46,7 @@ constexpr int kThreads = 128;  // 4 warps per block in every kernel
 using attn::Args;
 using attn::exp2_ftz;
 using attn::kLn2;
-using attn::kLog2e;
-using attn::kMaskThreshold;
+using attn::mask_term;
 using attn::pack;
 using attn::quad_max;
 using attn::quad_sum;
@@ -59,11 +59,7 @@ using attn::quad_sum;
 __device__ __forceinline__ float logit2(const Args& a, const float* mask_row, int i, int j, float s) {
   if (i >= a.tq || j >= a.tk || (a.causal && j > i + a.tk - a.tq)) return -INFINITY;
   float x = s * a.scale_log2;
-  if (mask_row != nullptr) {
-    const float m = mask_row[j];
-    x += m > kMaskThreshold ? m * kLog2e : m - INFINITY;  // a NaN mask value stays NaN
-  }
-  return x;
+  return mask_row == nullptr ? x : x + mask_term(mask_row[j]);
 }
 
 // p from a base-2 logit and the forward's row statistics {max, 1 / sum}: the
@@ -1122,19 +1118,28 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> wgmma_allowed{true};
+}  // namespace
+
+void allow_wgmma_attention(bool allowed) { wgmma_allowed.store(allowed); }
+bool wgmma_attention_allowed() { return wgmma_allowed.load(); }
+
 AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
                                          const AttentionLayout& layout) {
   if (dtype != DType::BF16) return AttentionKernel::F32;
   // The device is asked last: the rules alone decide most calls.
-  return wgmma_forward_applies(layout, q, k, v, true) && attn::wgmma_available() ? AttentionKernel::Wgmma
-                                                                                 : AttentionKernel::MmaSync;
+  return wgmma_attention_allowed() && wgmma_forward_applies(layout, q, k, v, true) && attn::wgmma_available()
+             ? AttentionKernel::Wgmma
+             : AttentionKernel::MmaSync;
 }
 
 AttentionKernel attention_backward_kernel(DType dtype, const void* dout, const void* q, const void* k, const void* v,
                                           const AttentionLayout& layout) {
   if (dtype != DType::BF16) return AttentionKernel::F32;
-  return wgmma_backward_applies(layout, q, k, v, dout, true) && attn::wgmma_available() ? AttentionKernel::Wgmma
-                                                                                        : AttentionKernel::MmaSync;
+  return wgmma_attention_allowed() && wgmma_backward_applies(layout, q, k, v, dout, true) && attn::wgmma_available()
+             ? AttentionKernel::Wgmma
+             : AttentionKernel::MmaSync;
 }
 
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,

@@ -14,6 +14,10 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
 
+// The base-2 term mask value m adds to a logit: m log2(e), or -inf where m
+// is at or below the threshold (the key is removed); a NaN stays NaN.
+__device__ __forceinline__ float mask_term(float m) { return m > kMaskThreshold ? m * kLog2e : m - INFINITY; }
+
 struct Args {
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;

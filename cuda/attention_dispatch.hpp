@@ -43,10 +43,10 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
   // finite as a float keeps their order.
   const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
   const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
-  return device_ready && shape && scale && l.mask == nullptr && l.tq >= 1 && l.tk >= 1 &&
-         l.batch < (int64_t(1) << 31) && batch_outermost(l.q, l.tq, l.head_dim) &&
-         batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) &&
-         tma_addressable(k, l.kv) && tma_addressable(v, l.kv);
+  return device_ready && shape && scale && l.tq >= 1 && l.tk >= 1 && l.batch < (int64_t(1) << 31) &&
+         batch_outermost(l.q, l.tq, l.head_dim) && batch_outermost(l.kv, l.tk, l.head_dim) &&
+         batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) && tma_addressable(k, l.kv) &&
+         tma_addressable(v, l.kv);
 }
 
 // Whether a BF16 backward with these operands takes the wgmma backward: a

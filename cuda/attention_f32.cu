@@ -238,8 +238,7 @@ __device__ __forceinline__ float row_sum(float x) {
 __device__ __forceinline__ float key_bias(const Args& a, const float* mask_row, int j) {
   if (j >= a.tk) return -INFINITY;
   if (mask_row == nullptr) return 0.f;
-  const float m = mask_row[j];
-  return m > kMaskThreshold ? m * kLog2e : m - INFINITY;
+  return mask_term(mask_row[j]);
 }
 
 // The base-2 logit of (query i, key j) from the raw score s and key j's bias;

@@ -22,6 +22,14 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
 // it, else the mma.sync one. The pointers matter (TMA takes 16-byte aligned
 // bases).
 enum class AttentionKernel { F32, MmaSync, Wgmma };
+
+// Whether BF16 calls may take the wgmma kernels where they apply (true
+// unless set otherwise): false runs the mma.sync kernels everywhere, as
+// torch.nn.attention.sdpa_kernel narrows SDPA's backends, to compare the two
+// on the same inputs (tests, benchmarks). For the whole process; not for a
+// change while another thread runs attention.
+void allow_wgmma_attention(bool allowed);
+bool wgmma_attention_allowed();
 AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
                                          const AttentionLayout& layout);
 

@@ -40,10 +40,11 @@ void launch(const Args& a, int64_t batch) {
   const CUtensorMap qmap = make_map(a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kRows, "q");
   const CUtensorMap kmap = make_map(a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kKeys, "k");
   const CUtensorMap vmap = make_map(a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kKeys, "v");
-  const auto kernel = forward_wgmma_kernel<DH>;
+  const bool masked = a.mask != nullptr;
+  const auto kernel = masked ? forward_wgmma_kernel<DH, true> : forward_wgmma_kernel<DH, false>;
   allow_dynamic_smem(kernel, Plan<DH>::kSmem);
   const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(batch * a.heads));
-  kernel<<<grid, kThreadsPerBlock, Plan<DH>::kSmem, stream()>>>(qmap, kmap, vmap, a);
+  kernel<<<grid, forward_threads(masked), Plan<DH>::kSmem, stream()>>>(qmap, kmap, vmap, a);
   HG_CUDA_CHECK_LAUNCH("attention_forward_wgmma");
 }
 
@@ -68,8 +69,11 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   const CUtensorMap q_tile = queries(a.q, kQueryTile, "q"), do_tile = outputs(a.dout, kQueryTile, "dout");
   const CUtensorMap q_res = queries(a.q, kBackwardRows, "q"), do_res = outputs(a.dout, kBackwardRows, "dout");
   const CUtensorMap k_tile = keys(a.k, kKeyTile, "k"), v_tile = keys(a.v, kKeyTile, "v");
-  const auto dkdv = backward_wgmma_kernel<DH, true, kQueryTile>;
-  const auto dq = backward_wgmma_kernel<DH, false, kKeyTile>;
+  const bool masked = a.mask != nullptr;
+  const auto dkdv = masked ? backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, true>
+                           : backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, false>;
+  const auto dq = masked ? backward_wgmma_kernel<DH, false, kKeyTile, kBackwardStages, true>
+                         : backward_wgmma_kernel<DH, false, kKeyTile, kBackwardStages, false>;
   constexpr size_t kDkdvSmem = BackwardPlan<DH, kQueryTile>::kSmem, kDqSmem = BackwardPlan<DH, kKeyTile>::kSmem;
   allow_dynamic_smem(dkdv, kDkdvSmem);
   allow_dynamic_smem(dq, kDqSmem);

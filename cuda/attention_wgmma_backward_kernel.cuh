@@ -61,7 +61,8 @@ static_assert(128 * kBackwardProducerRegisters + 128 * kBackwardConsumers * kBac
 
 // Shared memory, byte offsets from a 1024-byte aligned base: the two
 // resident operands, ST stages (two streamed tiles of KB rows each), each
-// stage's queries' stats (float2) and delta (float), the barriers.
+// stage's queries' stats (float2) and delta (float), the barriers, the
+// resident keys' mask terms (dk/dv with a mask).
 template <int DH, int KB, int ST = kBackwardStages>
 struct BackwardPlan {
   static constexpr int kResBytes = kBackwardRows * DH * 2;
@@ -70,7 +71,8 @@ struct BackwardPlan {
   static constexpr int kStatsOffset = 2 * kResBytes + ST * kStageBytes;
   static constexpr int kDeltaOffset = kStatsOffset + ST * KB * 8;
   static constexpr int kBarOffset = kDeltaOffset + ST * KB * 4;
-  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * ST) * 8 + 1024;
+  static constexpr int kKeyMaskOffset = kBarOffset + (1 + 2 * ST) * 8;
+  static constexpr size_t kSmem = size_t(kKeyMaskOffset) + kBackwardRows * 4 + 1024;
 };
 
 #if HG_WGMMA_DEVICE
@@ -88,7 +90,10 @@ __device__ __forceinline__ void mma_streamed(float (&acc)[DH / 2], const uint32_
 // b2 = v). True: the dk/dv kernel (resident a1 = k, a2 = v; streamed b1 = q,
 // b2 = do). x = a1 b1^T is s (or s^T), y = a2 b2^T is dp (or dp^T). KB:
 // streamed rows a stage (backward_tile for the library), ST stages.
-template <int DH, bool kDkDv, int KB, int ST = kBackwardStages>
+// kMasked: a.mask holds a row of additive key biases per batch; dk/dv reads
+// its resident keys' terms once, dq its streamed keys' from the stage (the
+// stats copier's warp writes them where dk/dv's delta goes).
+template <int DH, bool kDkDv, int KB, int ST = kBackwardStages, bool kMasked = false>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_wgmma_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
                           const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map,
@@ -106,6 +111,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   const uint32_t a2_at = base + P::kResBytes, stages_at = base + 2 * P::kResBytes;
   float2* stage_stats = reinterpret_cast<float2*>(smem + P::kStatsOffset);
   float* stage_delta = reinterpret_cast<float*>(smem + P::kDeltaOffset);
+  float* key_mask = reinterpret_cast<float*>(smem + P::kKeyMaskOffset);
 
   const int64_t bh = blockIdx.y;
   // dq: causal blocks with the most keys (the last queries) first; dk/dv:
@@ -117,8 +123,9 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   if (!kDkDv) end = a.key_end(min(r0 + kBackwardRows, a.tq));
   if (kDkDv && a.causal) first = min(a.first_query(r0), a.tq) / KB;
   const int count = end > first * KB ? (end - first * KB + KB - 1) / KB : 0;
-  const int64_t stat_base = bh * a.tq;                           // stats and delta of query q at stat_base + q
-  init_barriers(res_full, full, empty, ST, NC, kDkDv ? 32 : 0);  // + the stats copier's warp
+  const int64_t stat_base = bh * a.tq;        // stats and delta of query q at stat_base + q
+  constexpr bool kCopier = kDkDv || kMasked;  // a producer warp that fills each stage by plain stores
+  init_barriers(res_full, full, empty, ST, NC, kCopier ? 32 : 0);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warpgroup
     registers_decrease<kBackwardProducerRegisters>();
@@ -133,17 +140,27 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       // thread's wait is the one that turns a lost stage into a launch error.
       for (int i = max(count, ST); i < count + ST; ++i) barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
     }
-    if (kDkDv && warp == 1) {
-      // The stats and delta of each stage's queries ({0, 0} and 0 past Tq,
-      // where every p is 0), then this warp's arrival.
+    if (kCopier && warp == 1) {
+      // dk/dv: the stats and delta of each stage's queries ({0, 0} and 0
+      // past Tq, where every p is 0), with a mask the resident keys' terms
+      // first; dq: the mask terms of each stage's keys. Mask terms are -inf
+      // past Tk. Then this warp's arrival.
       const int lane = threadIdx.x % 32;
+      const float* mask_row = a.mask_row(bh);
+      if constexpr (kDkDv && kMasked)
+        for (int j = lane; j < kBackwardRows; j += 32)
+          key_mask[j] = r0 + j < a.tk ? mask_term(mask_row[r0 + j]) : -INFINITY;
       for (int i = 0; i < count; ++i) {
-        const int s = i % ST, q0 = (first + i) * KB;
+        const int s = i % ST, n0 = (first + i) * KB;
         if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));
         for (int j = lane; j < KB; j += 32) {
-          const bool in = q0 + j < a.tq;
-          stage_stats[s * KB + j] = in ? a.stats[stat_base + q0 + j] : float2{};
-          stage_delta[s * KB + j] = in ? a.delta[stat_base + q0 + j] : 0.f;
+          if constexpr (kDkDv) {
+            const bool in = n0 + j < a.tq;
+            stage_stats[s * KB + j] = in ? a.stats[stat_base + n0 + j] : float2{};
+            stage_delta[s * KB + j] = in ? a.delta[stat_base + n0 + j] : 0.f;
+          } else {
+            stage_delta[s * KB + j] = n0 + j < a.tk ? mask_term(mask_row[n0 + j]) : -INFINITY;
+          }
         }
         barrier_arrive(full + s);  // releases the stores above to the consumers' wait
       }
@@ -205,19 +222,26 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     wgmma_wait<1>();
     fence_operands(x);
     const float2* tile_stats = stage_stats + s * KB;
-    const float* tile_delta = stage_delta + s * KB;
+    const float* tile_delta = stage_delta + s * KB;  // dq with a mask: the keys' mask terms
 #pragma unroll
     for (int j = 0; j < KB / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a query (dk/dv) or a key (dq)
         const float2 st = kDkDv ? tile_stats[col - n0] : float2{};
+        const float col_mask = kMasked && !kDkDv ? tile_delta[col - n0] : 0.f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
           const int q = kDkDv ? col : row, k = kDkDv ? row : col;
           const float2 sq = kDkDv ? st : row_stats[h];
-          x[i_acc] = seen(q, k) ? exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+          if constexpr (kMasked) {
+            // The forward's base-2 logit and p, 0 where the mask removes the key.
+            const float x2 = fmaf(x[i_acc], c, kDkDv ? key_mask[row - r0] : col_mask);
+            x[i_acc] = seen(q, k) && x2 != -INFINITY ? exp2_ftz(x2 - sq.x) * sq.y : 0.f;
+          } else {
+            x[i_acc] = seen(q, k) ? exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+          }
         }
       }
     uint32_t pp[kDkDv ? KB / 16 : 1][4], pd[KB / 16][4];

@@ -51,6 +51,9 @@ constexpr int kKeys = 128;                               // keys a tile
 constexpr int kStages = 2;                               // k, v tiles in flight
 constexpr int kConsumers = 2;                            // warpgroups
 constexpr int kThreadsPerBlock = 128 * kConsumers + 32;  // + the producer warp
+// The masked kernel's block: a whole producer warpgroup, which gives the
+// consumers registers (MaskedRegisters, below).
+constexpr int forward_threads(bool masked) { return masked ? 128 * kConsumers + 128 : kThreadsPerBlock; }
 
 // Shared memory of a block of ROWS queries with k, v tiles of KB keys in ST
 // stages, byte offsets from a 1024-byte aligned base (the 128-byte swizzle
@@ -116,6 +119,25 @@ __device__ __forceinline__ void issue_qk(float (&sc)[KB / 2], uint32_t q_at, uin
              desc_k_major(k_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
   }
   wgmma_commit();
+}
+
+// Raw scores to base-2 logits: s c + the mask term (mask_term) of each
+// key, -inf past Tk (the mma.sync and F32 kernels' arithmetic, one fma);
+// online_softmax then takes them at c = 1. A consumer thread's key columns
+// are col0 + acc_col(i), col0 = the tile's first key + 2 t. The terms are
+// read once the scores are done: read beside q k^T, they spilled registers
+// at dh 128.
+template <int KB>
+__device__ __forceinline__ void add_mask_terms(float (&sc)[KB / 2], const float* mask_row, int col0, int tk, float c) {
+#pragma unroll
+  for (int i = 0; i < KB / 2; i += 4)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = col0 + acc_col(i + e);
+      const float term = col < tk ? mask_term(__ldg(mask_row + col)) : -INFINITY;
+      sc[i + e] = fmaf(sc[i + e], c, term);          // row my_row
+      sc[i + e + 2] = fmaf(sc[i + e + 2], c, term);  // row my_row + 8
+    }
 }
 
 // The online softmax of one tile's raw scores sc (removed keys at -inf):
@@ -220,15 +242,24 @@ __device__ __forceinline__ int warpgroup_key_end(const Args& a, int row0, int ke
   return row0 >= a.tq ? 0 : a.causal ? min(key_end, max(0, row0 + 64 + a.tk - a.tq)) : key_end;
 }
 
-// A Loop may move registers to the consumers (kConsumerRegisters > 0): its
-// block then has a whole producer warpgroup (2 ROWS + 128 threads), which
-// keeps kProducerRegisters a thread and gives the rest away (setmaxnreg);
-// its consumers' waits exit instead of trapping (barrier_wait<false>).
+// Registers moved from the producer to the consumers (setmaxnreg), 0 for
+// none. A block that moves them has a whole producer warpgroup (2 ROWS +
+// 128 threads), which keeps `producer` a thread and gives the rest away,
+// and its consumers' waits exit instead of trapping (barrier_wait<false>).
+// A Loop asks for it with kConsumerRegisters > 0 (the attention lab's
+// candidates); the masked kernel takes 240, as the backward does (at the
+// 168 of a 288-thread block its mask terms spill at dh 128).
 template <class Loop>
-constexpr bool splits_registers() {
-  if constexpr (std::is_void_v<Loop>) return false;
-  else return Loop::kConsumerRegisters > 0;
-}
+struct LoopRegisters {
+  static constexpr int producer = Loop::kProducerRegisters, consumer = Loop::kConsumerRegisters;
+};
+template <>
+struct LoopRegisters<void> {
+  static constexpr int producer = 0, consumer = 0;
+};
+struct MaskedRegisters {
+  static constexpr int producer = 24, consumer = 240;
+};
 
 // One block of the forward, for blocks of ROWS queries (ROWS / 64 consumer
 // warpgroups and the producer warp: 2 ROWS + 32 threads) and k, v tiles of
@@ -237,13 +268,15 @@ constexpr bool splits_registers() {
 // and with a Loop of its own (Loop::run<DH, ROWS, KB, ST>(ConsumerTiles))
 // in place of that loop. `a` is taken by value, as the kernel takes it
 // (through a reference nvcc 13.0 emitted other code).
-template <int DH, int ROWS, int KB, int ST, class Loop = void>
+template <int DH, int ROWS, int KB, int ST, class Loop = void, bool kMasked = false>
 __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUtensorMap& kmap, const CUtensorMap& vmap,
                                              Args a) {
   static_assert((DH == 64 || DH == 128) && ROWS % 64 == 0 && (KB == 64 || KB == 128) && ST >= 2);
+  static_assert(!kMasked || std::is_void_v<Loop>, "the key mask is the library's tile loop's");
   using P = ForwardPlan<DH, ROWS, KB, ST>;
   constexpr int kConsumers = ROWS / 64;  // warpgroups
-  constexpr bool kSplit = splits_registers<Loop>();
+  using Registers = std::conditional_t<kMasked, MaskedRegisters, LoopRegisters<Loop>>;
+  constexpr bool kSplit = Registers::consumer > 0;
   extern __shared__ __align__(1024) unsigned char raw[];
   const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;  // the first 1024-byte boundary
   uint64_t* bars = reinterpret_cast<uint64_t*>(raw + (base + P::kBarOffset - shared_address(raw)));
@@ -257,14 +290,18 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
   init_barriers(q_full, full, empty, ST, kConsumers);
 
   if (threadIdx.x >= 128 * kConsumers) {  // the producer warp; one thread issues every copy
-    if constexpr (kSplit) registers_decrease<Loop::kProducerRegisters>();
+    if constexpr (kSplit) registers_decrease<Registers::producer>();
     if (threadIdx.x == 128 * kConsumers && tiles > 0) {
       load_tiles<DH, ROWS, KB, ST>(qmap, kmap, vmap, a, base, kv_at, q_full, full, empty, bh, q_block, tiles);
+      // Split: until the consumers release the last tiles, so that a lost
+      // stage traps here (their own waits exit) and fails the launch.
+      if constexpr (kSplit)
+        for (int i = max(tiles, ST); i < tiles + ST; ++i) barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
     }
     return;
   }
 
-  if constexpr (kSplit) registers_increase<Loop::kConsumerRegisters>();
+  if constexpr (kSplit) registers_increase<Registers::consumer>();
   // Consumer warpgroup cw: queries row0 .. row0 + 63; this thread's rows
   // my_row and my_row + 8, its columns 2 t + acc_col.
   const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
@@ -291,13 +328,14 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
     for (int tile = 0; tile < my_tiles; ++tile) {
       const int s = tile % ST;
       const uint32_t k_at = kv_at + s * P::kStageBytes, v_at = k_at + P::kTileBytes;
-      barrier_wait(full + s, uint32_t((tile / ST) & 1));
+      barrier_wait<!kSplit>(full + s, uint32_t((tile / ST) & 1));
       issue_qk<DH, ROWS, KB>(sc, q_at, k_at);  // s = q k^T
       wgmma_wait<0>();
       fence_operands(sc);
+      const int n0 = tile * KB;
+      if constexpr (kMasked) add_mask_terms<KB>(sc, a.mask_row(bh), n0 + 2 * t, a.tk, c);
       // Keys past Tk and causally hidden keys to -inf (only on the tiles that
       // reach them; a row past Tq is never written).
-      const int n0 = tile * KB;
       if (n0 + KB > a.tk || (a.causal && n0 + KB - 1 > row0 + a.tk - a.tq)) {
 #pragma unroll
         for (int i = 0; i < KB / 2; ++i) {
@@ -306,7 +344,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
         }
       }
       float neg_base[2], alpha[2];
-      online_softmax<KB>(sc, pa, neg_base, alpha, m, l, c);
+      online_softmax<KB>(sc, pa, neg_base, alpha, m, l, kMasked ? 1.f : c);
       rescale<DH>(o, alpha);
       issue_pv<DH, KB>(o, pa, v_at);  // o += p v
       wgmma_wait<0>();
@@ -319,13 +357,14 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
 }
 #endif  // HG_WGMMA_DEVICE
 
-template <int DH>
-__global__ void __launch_bounds__(kThreadsPerBlock, 1)
+// kMasked: a.mask holds a row of additive key biases per batch.
+template <int DH, bool kMasked = false>
+__global__ void __launch_bounds__(forward_threads(kMasked), 1)
     forward_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, Args a) {
   static_assert(DH == 64 || DH == 128);
 #if HG_WGMMA_DEVICE
-  forward_body<DH, kRows, kKeys, kStages>(qmap, kmap, vmap, a);
+  forward_body<DH, kRows, kKeys, kStages, void, kMasked>(qmap, kmap, vmap, a);
 #endif  // HG_WGMMA_DEVICE
 }
 

@@ -106,6 +106,8 @@ void softmax_backward_fused(const Tensor&, const Tensor&, int64_t, int64_t, floa
 void attention_forward(DType, const void*, const void*, const void*, const AttentionLayout&, void*, Tensor&, Tensor&) {
   no_cuda("gpu::attention_forward");
 }
+void allow_wgmma_attention(bool) { no_cuda("gpu::allow_wgmma_attention"); }
+bool wgmma_attention_allowed() { no_cuda("gpu::wgmma_attention_allowed"); }
 AttentionKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&) {
   no_cuda("gpu::attention_forward_kernel");
 }

@@ -649,12 +649,12 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 
 // ---------------------------------------------------------------------------
 // The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
-// and at head dim 64 from T 2048, without a mask, any Tq and Tk, scale > 0, batch
-// outermost and TMA-aligned operands, on a compute capability 9.0 device
-// (cuda/attention.cu). Its shapes are checked to take it there, then
-// against float64 (o, lse, and the mma.sync backward run from its o and
-// stats) and against the mma.sync forward on the same inputs: a zero mask
-// sends a call there (it adds 0 to every logit).
+// and at head dim 64 from T 2048, with or without a key mask, any Tq and Tk,
+// scale > 0, batch outermost and TMA-aligned operands, on a compute
+// capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
+// it there, then against float64 (o, lse, and the backward run from its o
+// and stats) and against the mma.sync kernels on the same inputs
+// (allow_wgmma_attention(false) sends a call there).
 
 namespace {
 
@@ -702,8 +702,8 @@ std::vector<DispatchCase> dispatch_cases() {
       cases.push_back({p, at + 2, false, false});  // not 16-byte aligned for TMA
       cases.push_back({p, at, true, false});       // time-major k, v
       Problem q = p;
-      q.mask = true;
-      cases.push_back({q, at, false, false});
+      q.mask = true;  // a key mask
+      cases.push_back({q, at, false, true});
       q = p, q.tk = t + 1;  // Tq != Tk (cross-attention, causal with the diagonal moved)
       cases.push_back({q, at, false, true});
       q = p, q.scale = -0.09;
@@ -748,15 +748,21 @@ bool wgmma_test_runs() {
   return false;
 }
 
-// The same inputs with a mask of zeros: the mma.sync forward's result.
+// The mma.sync kernels everywhere while it lives.
+struct MmaSyncOnly {
+  MmaSyncOnly() { hg::gpu::allow_wgmma_attention(false); }
+  ~MmaSyncOnly() { hg::gpu::allow_wgmma_attention(true); }
+  MmaSyncOnly(const MmaSyncOnly&) = delete;
+  MmaSyncOnly& operator=(const MmaSyncOnly&) = delete;
+};
+
+// The same inputs through the mma.sync kernels.
 Outputs run_mma_sync(const Problem& p, const Inputs& in) {
-  Inputs zero = in;
-  zero.mask = Tensor::zeros({p.b, 1, 1, p.tk}, DType::F64);
-  Problem masked = p;
-  masked.mask = true;
+  MmaSyncOnly only;
   const char* at = aligned_address();
-  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(masked)) == AttentionKernel::MmaSync);
-  return run(p, zero, Device::CUDA, DType::BF16, KernelMode::Fused);
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::MmaSync);
+  REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::MmaSync);
+  return run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
 }
 
 // got (the wgmma forward) against float64 and against the mma.sync
@@ -828,6 +834,19 @@ TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exac
           (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_backward_kernel(DType::F32, c.base, c.base, c.base, c.base, l) == AttentionKernel::F32);
   }
+  CHECK(hg::gpu::wgmma_attention_allowed());
+  {
+    const MmaSyncOnly only;
+    CHECK_FALSE(hg::gpu::wgmma_attention_allowed());
+    for (const DispatchCase& c : dispatch_cases()) {
+      INFO(describe(c.p) << ": wgmma not allowed");
+      const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
+      CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) == AttentionKernel::MmaSync);
+      CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
+            AttentionKernel::MmaSync);
+    }
+  }
+  CHECK(hg::gpu::wgmma_attention_allowed());
 }
 
 // Head dim 128 at T from 1 to 300: a block of 128 queries (two warpgroups
@@ -889,31 +908,86 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 2048"
   }
 }
 
-// Tq != Tk, causal or not: more keys than queries (the causal diagonal
-// moved right), more queries than keys (the first Tq - Tk queries see no
-// key: o zero, lse -inf, their dq zero; at 333 / 200 causal a whole block
-// of 128 queries has no key tile), one query, one key; head dim 64 at 2048
-// and more either way. Against float64, the mma.sync kernels on the same
-// inputs, and a second run.
-TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[attention][cuda]") {
-  HG_REQUIRE_GPU();
-  if (!wgmma_test_runs()) return;
-  uint64_t seed = 5700;
-  struct Shape {
-    int64_t tq, tk, dh;
-  };
-  for (const Shape& sh : {Shape{200, 77, 128}, Shape{77, 200, 128}, Shape{333, 200, 128}, Shape{129, 300, 128},
-                          Shape{1, 300, 128}, Shape{300, 1, 128}, Shape{2048, 2300, 64}, Shape{2300, 2048, 64}})
+// Each shape (Tq, Tk, head dim), causal or not, through both wgmma kernels
+// (required), checked by check_wgmma_run: two batches at dh 128, one at dh
+// 64, and with a key mask one more (make_inputs masks the last batch fully).
+struct WgmmaShape {
+  int64_t tq, tk, dh;
+};
+void check_wgmma_shapes(std::initializer_list<WgmmaShape> shapes, bool mask, uint64_t seed) {
+  for (const WgmmaShape& sh : shapes)
     for (bool causal : {false, true}) {
       Problem p;
-      p.b = 2, p.h = 2, p.tq = sh.tq, p.tk = sh.tk, p.dh = sh.dh, p.causal = causal;
-      if (sh.dh == 64) p.b = 1;
-      p.scale = 1.0 / std::sqrt(double(sh.dh));
+      p.b = (sh.dh == 64 ? 1 : 2) + (mask ? 1 : 0), p.h = 2, p.tq = sh.tq, p.tk = sh.tk, p.dh = sh.dh;
+      p.causal = causal, p.mask = mask, p.scale = 1.0 / std::sqrt(double(sh.dh));
       INFO(describe(p));
       const char* at = aligned_address();
       REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
       REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
       check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
+    }
+}
+
+// Tq != Tk: more keys than queries (the causal diagonal moved right), more
+// queries than keys (the first Tq - Tk queries see no key: o zero, lse
+// -inf, their dq zero; at 333 / 200 causal a whole block of 128 queries has
+// no key tile), one query, one key; head dim 64 at 2048 and more either way.
+TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  check_wgmma_shapes({{200, 77, 128},
+                      {77, 200, 128},
+                      {333, 200, 128},
+                      {129, 300, 128},
+                      {1, 300, 128},
+                      {300, 1, 128},
+                      {2048, 2300, 64},
+                      {2300, 2048, 64}},
+                     /*mask=*/false, 5700);
+}
+
+// A key mask (biases of -2 and 0.5, keys removed by -inf or -1e9, the last
+// batch fully masked: make_inputs): the forward's logits become s * scale +
+// bias before the row max, dk/dv reads its resident keys' terms, dq its
+// streamed keys'. Head dim 128 across tile edges and with Tq != Tk, head
+// dim 64 from 2048.
+TEST_CASE("attention: CUDA BF16 wgmma forward and backward with a key mask", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  check_wgmma_shapes({{1, 1, 128},
+                      {65, 65, 128},
+                      {129, 129, 128},
+                      {300, 300, 128},
+                      {200, 333, 128},
+                      {333, 200, 128},
+                      {2048, 2048, 64},
+                      {2111, 2300, 64}},
+                     /*mask=*/true, 5800);
+}
+
+// A NaN mask value (batch 0, key 3; no causality, so every query reads it)
+// makes the whole batch NaN through the wgmma kernels, as through the
+// mma.sync ones: o, lse, dq, dk, dv; batch 1 stays finite.
+TEST_CASE("attention: CUDA BF16 wgmma kernels turn a NaN mask value's batch NaN like the mma.sync kernels",
+          "[attention][cuda][hostile]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  Problem p;
+  p.b = 2, p.h = 2, p.tq = p.tk = 200, p.dh = 128, p.mask = true, p.scale = 1.0 / std::sqrt(128.0);
+  Inputs in = rounded_to_bf16(make_inputs(p, 5900));
+  std::vector<double> m(static_cast<size_t>(p.b * p.tk), 0.0);
+  m[3] = std::numeric_limits<double>::quiet_NaN();
+  in.mask = Tensor::from_vector(m, {p.b, 1, 1, p.tk}, DType::F64);
+  const char* at = aligned_address();
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
+  const Outputs wgmma = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), mma = run_mma_sync(p, in);
+  for (const auto& [got, name] : {std::pair{&wgmma, "wgmma"}, {&mma, "mma.sync"}})
+    for (const Tensor* t : {&got->o, &got->lse, &got->dq, &got->dk, &got->dv}) {
+      INFO(name);
+      const std::vector<double> batch0 = (*t)[0].to_vector();
+      CHECK(std::count_if(batch0.begin(), batch0.end(), [](double x) { return std::isnan(x); }) ==
+            static_cast<std::ptrdiff_t>(batch0.size()));  // batch 0: NaN everywhere
+      CHECK(hg::test::all_finite((*t)[1]));               // batch 1: untouched
     }
 }
 
