@@ -14,7 +14,9 @@
 namespace hg::gpu {
 
 // At dh 64 the wgmma kernels win from here on; below it they tie or lose
-// (H200 measurements, docs/attention.md). At dh 128 they win at every T.
+// (H200 measurements, docs/attention.md). At dh 128 they win at every T, and
+// so they do at dh 64 with a key mask (the mma.sync kernels then take every
+// tile element by element).
 constexpr int64_t kWgmmaMinTokensDh64 = 2048;
 
 // The operand is addressed (batch, head, row) with the batch outermost: the
@@ -38,7 +40,8 @@ inline bool tma_addressable(const void* p, const HeadStrides& s) {
 // with its sm_90a code and the driver's tensor-map encoder found.
 inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                   bool device_ready) {
-  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && std::min(l.tq, l.tk) >= kWgmmaMinTokensDh64);
+  const bool shape =
+      l.head_dim == 128 || (l.head_dim == 64 && (l.mask != nullptr || std::min(l.tq, l.tk) >= kWgmmaMinTokensDh64));
   // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and
   // finite as a float keeps their order.
   const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);

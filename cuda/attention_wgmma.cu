@@ -50,8 +50,8 @@ void launch(const Args& a, int64_t batch) {
 
 // The backward after delta is written: the dk/dv kernel (k, v resident; q,
 // do streamed) on stream(), the dq kernel (q, do resident; k, v streamed) on
-// dq_stream.
-template <int DH>
+// dq_stream; kMasked, the kernels that read a.mask.
+template <int DH, bool kMasked>
 void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   const char* op = "attention_backward";
   // Maps over the key rows (k, v), the query rows (q) and the output rows (do, at o's strides).
@@ -69,11 +69,8 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   const CUtensorMap q_tile = queries(a.q, kQueryTile, "q"), do_tile = outputs(a.dout, kQueryTile, "dout");
   const CUtensorMap q_res = queries(a.q, kBackwardRows, "q"), do_res = outputs(a.dout, kBackwardRows, "dout");
   const CUtensorMap k_tile = keys(a.k, kKeyTile, "k"), v_tile = keys(a.v, kKeyTile, "v");
-  const bool masked = a.mask != nullptr;
-  const auto dkdv = masked ? backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, true>
-                           : backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, false>;
-  const auto dq = masked ? backward_wgmma_kernel<DH, false, kKeyTile, kBackwardStages, true>
-                         : backward_wgmma_kernel<DH, false, kKeyTile, kBackwardStages, false>;
+  const auto dkdv = backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, kMasked>;
+  const auto dq = backward_wgmma_kernel<DH, false, kKeyTile, kBackwardStages, kMasked>;
   constexpr size_t kDkdvSmem = BackwardPlan<DH, kQueryTile>::kSmem, kDqSmem = BackwardPlan<DH, kKeyTile>::kSmem;
   allow_dynamic_smem(dkdv, kDkdvSmem);
   allow_dynamic_smem(dq, kDqSmem);
@@ -84,6 +81,12 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   dq<<<dim3(unsigned((a.tq + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kDqSmem, dq_stream>>>(
       q_res, do_res, k_tile, v_tile, a);
   HG_CUDA_CHECK_LAUNCH("attention_backward_dq_wgmma");
+}
+
+template <int DH>
+void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
+  if (a.mask != nullptr) launch_backward<DH, true>(a, batch, dq_stream);
+  else launch_backward<DH, false>(a, batch, dq_stream);
 }
 
 }  // namespace

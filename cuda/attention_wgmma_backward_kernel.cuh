@@ -47,7 +47,9 @@ constexpr int kBackwardRows = 128;  // resident rows a block: keys (dk/dv) or qu
 // at dh 128, whose dk and dv accumulators leave no registers for a
 // 128-query tile's scores. On the H200 128-key tiles make the whole
 // backward 4-6% faster at dh 128, and 128-row tiles in both kernels
-// 14-18% at dh 64 (bench/lab/attention.md).
+// 14-18% at dh 64 (bench/lab/attention.md). With a key mask the same: at dh
+// 64 masked dk/dv on 128-query tiles serialises its wgmmas for want of
+// registers (ptxas C7512) and still beats 64-query tiles by 5-6%.
 constexpr int backward_tile(int dh, bool dkdv) { return dkdv && dh == 128 ? 64 : 128; }
 constexpr int kBackwardStages = 2;
 constexpr int kBackwardConsumers = 2;                             // warpgroups

@@ -59,14 +59,16 @@ constexpr int forward_threads(bool masked) { return masked ? 128 * kConsumers + 
 // stages, byte offsets from a 1024-byte aligned base (the 128-byte swizzle
 // repeats every 8 rows of 128 bytes, and TMA and wgmma both apply it to
 // address bits 4-6 xor 7-9, so every box starts on a 1024-byte boundary).
-// A [rows][DH] tile is DH / 64 boxes of [rows][64].
+// A [rows][DH] tile is DH / 64 boxes of [rows][64]. After the barriers,
+// each stage's keys' mask terms (the masked kernel).
 template <int DH, int ROWS, int KB, int ST>
 struct ForwardPlan {
   static constexpr int kQBytes = ROWS * DH * 2;
   static constexpr int kTileBytes = KB * DH * 2;  // k or v of one stage
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kBarOffset = kQBytes + ST * kStageBytes;
-  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * ST) * 8 + 1024;  // + the base's alignment
+  static constexpr int kMaskOffset = kBarOffset + (1 + 2 * ST) * 8;
+  static constexpr size_t kSmem = size_t(kMaskOffset) + ST * KB * 4 + 1024;  // + the base's alignment
 };
 template <int DH>
 using Plan = ForwardPlan<DH, kRows, kKeys, kStages>;
@@ -121,23 +123,18 @@ __device__ __forceinline__ void issue_qk(float (&sc)[KB / 2], uint32_t q_at, uin
   wgmma_commit();
 }
 
-// Raw scores to base-2 logits: s c + the mask term (mask_term) of each
-// key, -inf past Tk (the mma.sync and F32 kernels' arithmetic, one fma);
-// online_softmax then takes them at c = 1. A consumer thread's key columns
-// are col0 + acc_col(i), col0 = the tile's first key + 2 t. The terms are
-// read once the scores are done: read beside q k^T, they spilled registers
-// at dh 128.
+// Raw scores to base-2 logits: s c + each key's mask term (mask_term, -inf
+// past Tk; the mma.sync and F32 kernels' arithmetic, one fma), from the
+// stage's terms of the tile's keys; online_softmax then takes them at c = 1.
+// A consumer thread's key columns are 2 t + acc_col(i).
 template <int KB>
-__device__ __forceinline__ void add_mask_terms(float (&sc)[KB / 2], const float* mask_row, int col0, int tk, float c) {
+__device__ __forceinline__ void add_mask_terms(float (&sc)[KB / 2], const float* terms, int t, float c) {
 #pragma unroll
-  for (int i = 0; i < KB / 2; i += 4)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = col0 + acc_col(i + e);
-      const float term = col < tk ? mask_term(__ldg(mask_row + col)) : -INFINITY;
-      sc[i + e] = fmaf(sc[i + e], c, term);          // row my_row
-      sc[i + e + 2] = fmaf(sc[i + e + 2], c, term);  // row my_row + 8
-    }
+  for (int i = 0; i < KB / 2; i += 4) {
+    const float2 term = *reinterpret_cast<const float2*>(terms + 2 * t + acc_col(i));
+    sc[i] = fmaf(sc[i], c, term.x), sc[i + 1] = fmaf(sc[i + 1], c, term.y);          // row my_row
+    sc[i + 2] = fmaf(sc[i + 2], c, term.x), sc[i + 3] = fmaf(sc[i + 3], c, term.y);  // row my_row + 8
+  }
 }
 
 // The online softmax of one tile's raw scores sc (removed keys at -inf):
@@ -282,15 +279,30 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
   uint64_t* bars = reinterpret_cast<uint64_t*>(raw + (base + P::kBarOffset - shared_address(raw)));
   uint64_t *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
   const uint32_t kv_at = base + P::kQBytes;  // stage s: k at kv_at + s * kStageBytes, v kTileBytes on
+  float* stage_mask = reinterpret_cast<float*>(raw + (base + P::kMaskOffset - shared_address(raw)));
 
   const int64_t bh = blockIdx.y;
   const int q_block = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ROWS;  // long causal blocks first
   const int key_end = a.key_end(min(q_block + ROWS, a.tq));
   const int tiles = key_end > 0 ? (key_end + KB - 1) / KB : 0;
-  init_barriers(q_full, full, empty, ST, kConsumers);
+  init_barriers(q_full, full, empty, ST, kConsumers, kMasked ? 32 : 0);  // + the mask copier's warp
 
-  if (threadIdx.x >= 128 * kConsumers) {  // the producer warp; one thread issues every copy
+  if (threadIdx.x >= 128 * kConsumers) {  // the producer warp(s); one thread issues every copy
     if constexpr (kSplit) registers_decrease<Registers::producer>();
+    if constexpr (kMasked) {
+      // The producer's second warp: each stage's keys' mask terms, then its
+      // arrival on the stage (as the backward's stats copier).
+      if ((threadIdx.x - 128 * kConsumers) / 32 == 1) {
+        const float* mask_row = a.mask_row(bh);
+        for (int i = 0; i < tiles; ++i) {
+          const int s = i % ST, n0 = i * KB;
+          if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));
+          for (int j = threadIdx.x % 32; j < KB; j += 32)
+            stage_mask[s * KB + j] = n0 + j < a.tk ? mask_term(mask_row[n0 + j]) : -INFINITY;
+          barrier_arrive(full + s);  // releases the stores above to the consumers' wait
+        }
+      }
+    }
     if (threadIdx.x == 128 * kConsumers && tiles > 0) {
       load_tiles<DH, ROWS, KB, ST>(qmap, kmap, vmap, a, base, kv_at, q_full, full, empty, bh, q_block, tiles);
       // Split: until the consumers release the last tiles, so that a lost
@@ -332,8 +344,8 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
       issue_qk<DH, ROWS, KB>(sc, q_at, k_at);  // s = q k^T
       wgmma_wait<0>();
       fence_operands(sc);
+      if constexpr (kMasked) add_mask_terms<KB>(sc, stage_mask + s * KB, t, c);
       const int n0 = tile * KB;
-      if constexpr (kMasked) add_mask_terms<KB>(sc, a.mask_row(bh), n0 + 2 * t, a.tk, c);
       // Keys past Tk and causally hidden keys to -inf (only on the tiles that
       // reach them; a row past Tq is never written).
       if (n0 + KB > a.tk || (a.causal && n0 + KB - 1 > row0 + a.tk - a.tq)) {

@@ -689,7 +689,7 @@ struct DispatchCase {
 };
 
 // Head dim 128 at several T, causal or not, and each rule broken once;
-// head dim 64 on both sides of T 2048.
+// head dim 64 on both sides of T 2048, and with a key mask.
 std::vector<DispatchCase> dispatch_cases() {
   const char* at = aligned_address();
   std::vector<DispatchCase> cases;
@@ -718,6 +718,12 @@ std::vector<DispatchCase> dispatch_cases() {
        {std::pair{int64_t(300), false}, {int64_t(2047), false}, {int64_t(2048), true}, {int64_t(8192), true}}) {
     p.tq = p.tk = t;
     cases.push_back({p, at, false, wgmma});
+  }
+  // Head dim 64 with a key mask: any T.
+  for (const auto& [tq, tk] : {std::pair{int64_t(300), int64_t(300)}, {int64_t(1), int64_t(8192)}}) {
+    Problem q = p;
+    q.tq = tq, q.tk = tk, q.mask = true;
+    cases.push_back({q, at, false, true});
   }
   // Head dim 64 with Tq != Tk: both from 2048 on.
   for (const auto& [tq, tk, wgmma] : {std::tuple{int64_t(2048), int64_t(2047), false},
@@ -949,8 +955,7 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[att
 // A key mask (biases of -2 and 0.5, keys removed by -inf or -1e9, the last
 // batch fully masked: make_inputs): the forward's logits become s * scale +
 // bias before the row max, dk/dv reads its resident keys' terms, dq its
-// streamed keys'. Head dim 128 across tile edges and with Tq != Tk, head
-// dim 64 from 2048.
+// streamed keys'. Both head dims across tile edges and with Tq != Tk.
 TEST_CASE("attention: CUDA BF16 wgmma forward and backward with a key mask", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
@@ -960,7 +965,11 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward with a key mask", "[a
                       {300, 300, 128},
                       {200, 333, 128},
                       {333, 200, 128},
-                      {2048, 2048, 64},
+                      {1, 1, 64},
+                      {65, 65, 64},
+                      {300, 300, 64},
+                      {200, 333, 64},
+                      {333, 200, 64},
                       {2111, 2300, 64}},
                      /*mask=*/true, 5800);
 }
