@@ -15,12 +15,15 @@
 //     online softmax in registers (scale * log2(e) folded into one fma
 //     before exp2), then o += p v by wgmma with p from registers and v from
 //     shared memory through its transposed (MN-major) descriptor (rs).
+// With a key mask (kMasked) the producer is a warpgroup whose second warp
+// stages each tile's keys' mask terms, and s becomes base-2 logits
+// s * scale * log2(e) + term before the row max.
 // Outputs as the mma.sync forward writes them: o, the row log-sum-exp and
 // the row stats {base-2 max, 1 / sum} the backward rebuilds p from.
 // The kernel's steps are functions here so that the lab's candidates are
 // built from them too, but only where that leaves the kernel's machine code
-// as it was (nvcc 13.0 emitted other code for it when the key mask, the
-// block's setup or the consumer's state moved into functions, so those stay
+// as it was (nvcc 13.0 emitted other code for it when the Tk and causal
+// masking, the block's setup or the consumer's state moved into functions, so those stay
 // inline in forward_body; compare the cubin before and after a change here,
 // as docs/architecture.md says).
 // Only an sm_90a device compile holds the kernel's body; elsewhere it is
@@ -244,8 +247,9 @@ __device__ __forceinline__ int warpgroup_key_end(const Args& a, int row0, int ke
 // 128 threads), which keeps `producer` a thread and gives the rest away,
 // and its consumers' waits exit instead of trapping (barrier_wait<false>).
 // A Loop asks for it with kConsumerRegisters > 0 (the attention lab's
-// candidates); the masked kernel takes 240, as the backward does (at the
-// 168 of a 288-thread block its mask terms spill at dh 128).
+// candidates). The masked kernel's producer needs a second warp (the mask
+// terms' copier), so it takes a whole warpgroup and gives the consumers
+// 240, as the backward's block does.
 template <class Loop>
 struct LoopRegisters {
   static constexpr int producer = Loop::kProducerRegisters, consumer = Loop::kConsumerRegisters;
