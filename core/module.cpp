@@ -5,6 +5,7 @@
 
 #include "core/backend.hpp"
 #include "core/checkpoint.hpp"
+#include "core/packed_tensors.hpp"
 
 namespace hg {
 
@@ -15,6 +16,18 @@ const Tensor& bf16_copy(Parameter& p) {
   if (!p.compute.defined() || p.compute.device() != p.value.device() || p.compute.shape() != p.value.shape())
     p.compute = p.value.to(DType::BF16);
   return p.compute;
+}
+
+void make_bf16_copies(const std::vector<Parameter*>& params) {
+  if (params.empty()) return;
+  std::vector<Tensor> values;
+  for (Parameter* p : params) {
+    p->value.check_defined("make_bf16_copies");
+    check_same_device("make_bf16_copies", params.front()->value, p->value);
+    values.push_back(p->value);
+  }
+  const std::vector<Tensor> copies = packed_copies(values, params.front()->value.device(), DType::BF16);
+  for (size_t i = 0; i < params.size(); ++i) params[i]->compute = copies[i];
 }
 
 void refresh_compute_copy(Parameter& p) {
@@ -76,13 +89,31 @@ int64_t Module::num_parameters() {
 void Module::zero_grad() { zero_grads(parameters(), "Module::zero_grad"); }
 
 void Module::to(Device device) {
-  for (auto& entry : params_) {
-    entry.second->value = entry.second->value.to(device);
-    entry.second->grad = entry.second->grad.to(device);
-    entry.second->compute = Tensor();  // remade on the new device at first use
+  const std::vector<Parameter*> params = parameters();
+  std::vector<Tensor> values, grads;
+  bool moves = false;  // a tree already on `device` keeps its tensors, as Tensor::to does
+  for (Parameter* p : params) {
+    values.push_back(p->value);
+    grads.push_back(p->grad);
+    moves = moves || p->value.device() != device || p->grad.device() != device;
   }
+  if (moves) {
+    // The whole tree's values, and its gradients, each in one buffer per
+    // dtype (core/packed_tensors.hpp: no allocator rounding per parameter).
+    values = packed_copies(values, device);
+    grads = packed_copies(grads, device);
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i]->value = values[i];
+    params[i]->grad = grads[i];
+    params[i]->compute = Tensor();  // remade on the new device at first use
+  }
+  device_changed(device);
+}
+
+void Module::device_changed(Device device) {
   on_device_change(device);
-  for (auto& entry : children_) entry.second->to(device);
+  for (auto& entry : children_) entry.second->device_changed(device);
 }
 
 void Module::to(DType dtype) {

@@ -13,8 +13,9 @@ class Module;
 // A trainable tensor and its gradient (same shape, dtype, device).
 // Modules accumulate into grad in backward(); zero_grad() clears it.
 // Under bf16 precision a module that feeds the value to a GEMM also keeps a
-// bf16 copy in `compute` (made by bf16_copy() on first use); every optimizer
-// step and Module::load refresh it, Module::to drops it. value and grad stay f32.
+// bf16 copy in `compute` (made by bf16_copy() on first use, or beforehand by
+// make_bf16_copies); every optimizer step and Module::load refresh it,
+// Module::to drops it. value and grad stay f32.
 struct Parameter {
   Tensor value;
   Tensor grad;
@@ -23,6 +24,10 @@ struct Parameter {
 
 // The bf16 copy of p.value, made on first use on value's device.
 const Tensor& bf16_copy(Parameter& p);
+// The bf16 copies of every parameter of `params` (values on one device) made
+// now, cut out of one buffer (core/packed_tensors.hpp) instead of one
+// allocation each at first use.
+void make_bf16_copies(const std::vector<Parameter*>& params);
 // Rewrites p.compute from p.value when the copy exists (one cast pass).
 void refresh_compute_copy(Parameter& p);
 // Sets every grad of `params` to 0 with one Backend::zero_multi per device:
@@ -57,8 +62,10 @@ class Module {
   int64_t num_parameters();
 
   void zero_grad();
-  void to(Device device);  // moves values and grads of the whole tree
-  void to(DType dtype);    // casts values and grads (e.g. F64 for gradient checks)
+  // Moves values and grads of the whole tree, each into one buffer per dtype
+  // (core/packed_tensors.hpp); a tree already on `device` keeps its tensors.
+  void to(Device device);
+  void to(DType dtype);  // casts values and grads (e.g. F64 for gradient checks)
   void train(bool on = true);
   void eval() { train(false); }
   bool training() const { return training_; }
@@ -81,6 +88,7 @@ class Module {
 
  private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter*>>& out);
+  void device_changed(Device device);  // on_device_change of this module and every descendant
   std::vector<std::pair<std::string, Parameter*>> params_;
   std::vector<std::pair<std::string, Module*>> children_;
   bool training_ = true;

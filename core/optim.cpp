@@ -6,6 +6,7 @@
 #include "core/backend.hpp"
 #include "core/checkpoint.hpp"
 #include "core/optimizer_ops.hpp"
+#include "core/packed_tensors.hpp"
 
 namespace hg {
 
@@ -132,16 +133,23 @@ AdamW::AdamW(std::vector<Parameter*> params, AdamWOptions options) : Optimizer(s
   HG_CHECK(options.max_grad_norm >= 0 && std::isfinite(options.max_grad_norm), "AdamW",
            "max_grad_norm must be finite and >= 0 (0 = no clipping), got ", options.max_grad_norm);
   lr_ = options.lr;
+  std::vector<Tensor> values;
   for (Parameter* p : params_) {
     check_param(*p, "AdamW");
-    m_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device()));
-    v_.push_back(Tensor::zeros(p->value.shape(), p->value.dtype(), p->value.device()));
+    values.push_back(p->value);
+  }
+  // Each moment in one buffer per dtype (core/packed_tensors.hpp).
+  const Device device = device_of(params_, "AdamW");
+  m_ = packed_zeros_like(values, device);
+  v_ = packed_zeros_like(values, device);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter* p = params_[i];
     group_.params.push_back(p->value);
     group_.grads.push_back(p->grad);
-    group_.m.push_back(m_.back());
-    group_.v.push_back(v_.back());
+    group_.m.push_back(m_[i]);
+    group_.v.push_back(v_[i]);
   }
-  state_ = Tensor::zeros({kAdamWStateSize}, DType::F64, device_of(params_, "AdamW"));
+  state_ = Tensor::zeros({kAdamWStateSize}, DType::F64, device);
 }
 
 void AdamW::set_compute_copies(std::vector<Tensor> copies) {

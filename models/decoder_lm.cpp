@@ -32,6 +32,19 @@ DecoderLM::DecoderLM(const DecoderLMConfig& c)
   register_module("head", head);
 }
 
+void DecoderLM::on_device_change(Device device) {
+  if (config_.precision != Precision::BF16 || device != Device::CUDA) return;
+  std::vector<Parameter*> gemm_params;
+  const auto add = [&](Linear& l) {
+    gemm_params.push_back(&l.weight);
+    if (l.has_bias()) gemm_params.push_back(&l.bias);
+  };
+  for (auto& layer : layers)
+    for (Linear* l : {&layer->attn.qkv, &layer->attn.proj, &layer->ffn.fc1, &layer->ffn.fc2}) add(*l);
+  add(head);
+  make_bf16_copies(gemm_params);
+}
+
 Tensor DecoderLM::forward(const Tensor& ids, const Tensor& key_padding_mask) {
   return head_logits(forward_features(ids, key_padding_mask));
 }

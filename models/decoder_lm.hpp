@@ -114,6 +114,9 @@ class DecoderLM : public Module {
   Linear head;
 
  private:
+  // Under bf16 precision on CUDA: every Linear's bf16 weight and bias copies
+  // made in one buffer as soon as the model arrives (make_bf16_copies).
+  void on_device_change(Device device) override;
   Tensor features_of_embedded(const Tensor& h, const Tensor& key_padding_mask);  // layers, then ln_f
   Tensor head_logits(const Tensor& features);                                    // (B, T, d) -> (B, T, V)
   // What the layers run in and the cache holds: bf16 under bf16 precision, else the weights' dtype.

@@ -106,12 +106,13 @@ void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targe
     options.chunk_rows = options_.classifier_chunk_rows;
     options.targets_on_device = true;  // as above: check_batch has checked them, nothing is read back
     options.dloss = dloss;
+    options.dh_over_h = true;  // the features are not read again: their memory takes dh
     ClassifierResult r = classifier_loss_and_grads(h, head.weight_for(h), head.has_bias() ? head.bias_for(h) : no_bias,
                                                    targets.reshape({rows}), options_.ignore_index, head.weight.grad,
                                                    head.bias.grad, options);
     loss_ = r.loss;
     dfeatures = r.dh.reshape(features.shape());
-  }  // the features are released here (ln_f's backward keeps its own input)
+  }  // dfeatures holds the features' memory (ln_f's backward keeps its own input)
   model_.backward_features(std::move(dfeatures));
 }
 

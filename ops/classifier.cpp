@@ -133,7 +133,7 @@ ClassifierResult classifier_loss_and_grads(const Tensor& h, const Tensor& weight
   log_dispatch(kOp, dev == Device::CUDA ? "CUDA chunked" : "CPU chunked", h);
   RowPass pass(targets, vocab, ignore_index, h.dtype(), options.targets_on_device, options.dloss);
   ClassifierResult r;
-  r.dh = Tensor::empty({n, d}, h.dtype(), dev);
+  r.dh = options.dh_over_h ? h : Tensor::empty({n, d}, h.dtype(), dev);
   Backend& be = backend_for(dev);
   Tensor buffer = Tensor::empty({n > 0 ? chunk : 0, vocab}, h.dtype(), dev);  // one chunk of logits, reused
   std::optional<BiasGradSink> db;  // the column sums of dlogits, into bias_grad

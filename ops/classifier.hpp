@@ -33,6 +33,11 @@ struct ClassifierOptions {
   // of dloss * loss (a micro-batch's share of an accumulated step, as
   // cross_entropy_backward's dloss); the returned loss is not scaled.
   double dloss = 1.0;
+  // The caller reads h no more after the call: dh is written over it, each
+  // chunk's rows by the chunk's last GEMM, after every read of them (the
+  // same values as into a tensor of its own, without the (N, d) of it).
+  // ClassifierResult::dh then shares h's storage.
+  bool dh_over_h = false;
 };
 
 struct ClassifierResult {

@@ -2,9 +2,10 @@
 // every gradient; against the composition it replaces (GEMM + bias,
 // cross_entropy_forward / backward, the two backward GEMMs and the bias sum)
 // at odd sizes, every chunk size from 1 row to all of them, ignored rows,
-// every row ignored, a NaN in h, accumulation into existing gradients, bad
-// input; on CUDA (F32 and BF16, checked and on-device targets) against the
-// float64 CPU result with the bounds derived in docs/classifier.md.
+// every row ignored, a NaN in h, accumulation into existing gradients, dh
+// written over h, bad input; on CUDA (F32 and BF16, checked and on-device
+// targets) against the float64 CPU result with the bounds derived in
+// docs/classifier.md.
 #include <cmath>
 #include <limits>
 #include <string>
@@ -180,7 +181,42 @@ void check_dloss(const Problem& p, DType dt, Device dev, bool on_device, double 
     for (double v : g->to_vector()) CHECK(v == 0.0);
 }
 
+// dh written over h (ClassifierOptions::dh_over_h) is the dh of its own
+// tensor bit for bit, at every chunk size, and takes h's storage.
+void check_dh_over_h(const Problem& p, DType dt, Device dev) {
+  const DType grad_dtype = dt == DType::F64 ? DType::F64 : DType::F32;
+  for (int64_t chunk : {int64_t{1}, int64_t{7}, p.h.size(0)}) {
+    INFO(dtype_name(dt) << " on " << device_name(dev) << ", chunk_rows " << chunk);
+    std::vector<Tensor> dh, dw, db;
+    std::vector<double> loss;
+    for (bool over : {false, true}) {
+      const Tensor h = p.h.to(dt).to(dev).clone();  // its own storage: p.h stays as it is
+      Tensor w = p.weight.to(dt).to(dev), b = p.bias.to(dt).to(dev);
+      dw.push_back(Tensor::zeros(p.weight.shape(), grad_dtype, dev));
+      db.push_back(Tensor::zeros(p.bias.shape(), grad_dtype, dev));
+      ClassifierOptions options;
+      options.chunk_rows = chunk;
+      options.dh_over_h = over;
+      const ClassifierResult r =
+          classifier_loss_and_grads(h, w, b, p.targets.to(dev), kIgnore, dw.back(), db.back(), options);
+      CHECK(r.dh.shares_storage_with(h) == over);
+      dh.push_back(f64(r.dh));
+      loss.push_back(r.loss.item());
+    }
+    CHECK(loss[0] == loss[1]);
+    CHECK(rel_error(dh[1], dh[0]) == 0.0);
+    CHECK(rel_error(f64(dw[1]), f64(dw[0])) == 0.0);
+    CHECK(rel_error(f64(db[1]), f64(db[0])) == 0.0);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("classifier: dh written over h equals dh in a tensor of its own", "[classifier]") {
+  const Problem p = make_problem(23, 8, 31, 5, 13);
+  check_dh_over_h(p, DType::F64, Device::CPU);
+  check_dh_over_h(p, DType::F32, Device::CPU);
+}
 
 TEST_CASE("classifier: dloss scales every gradient and not the loss; a non-finite dloss is refused", "[classifier]") {
   const Problem p = make_problem(23, 8, 31, 5, 12);
@@ -317,6 +353,8 @@ TEST_CASE("classifier on CUDA: all ignored gives zeros; a bad on-device target g
     check_dloss(p, DType::F32, Device::CUDA, on_device, 1e-6);
     check_dloss(p, DType::BF16, Device::CUDA, on_device, 1e-2);
   }
+  check_dh_over_h(p, DType::F32, Device::CUDA);
+  check_dh_over_h(p, DType::BF16, Device::CUDA);
   const Result a = fused(p, DType::BF16, Device::CUDA, 16), b = fused(p, DType::BF16, Device::CUDA, 16);
   CHECK(a.loss == b.loss);
   CHECK(rel_error(a.dw, b.dw) == 0.0);

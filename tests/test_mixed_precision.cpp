@@ -241,6 +241,25 @@ TEST_CASE("CUDA bf16 DecoderLM: loss and every gradient agree with the fp32 mode
   }
 }
 
+TEST_CASE("CUDA bf16 DecoderLM: the move to the GPU makes every Linear's bf16 copies in one buffer",
+          "[precision][cuda]") {
+  HG_REQUIRE_GPU();
+  DecoderLM model(small_config(Precision::BF16));
+  model.to(Device::CUDA);
+  const Tensor& first = model.layers[0]->attn.qkv.weight.compute;
+  REQUIRE(first.defined());
+  for (Linear* l : {&model.layers[0]->attn.qkv, &model.layers[1]->ffn.fc2, &model.head})
+    for (Parameter* p : {&l->weight, &l->bias}) {
+      REQUIRE(p->compute.defined());
+      CHECK(p->compute.dtype() == DType::BF16);
+      CHECK(p->compute.shares_storage_with(first));
+      CHECK(&bf16_copy(*p) == &p->compute);  // used as it is, not made again
+      CHECK(p->compute.to_vector() == p->value.to(DType::BF16).to_vector());
+    }
+  CHECK_FALSE(model.ln_f.gamma.compute.defined());  // f32 parameters of the fused kernels have none
+  CHECK_FALSE(model.embed.token.compute.defined());
+}
+
 TEST_CASE("CUDA TrainStep: one bf16 step vs one fp32 step on the same batch", "[precision][cuda]") {
   HG_REQUIRE_GPU();
   DecoderLM f32(small_config(Precision::FP32)), b16(small_config(Precision::BF16));

@@ -1,4 +1,5 @@
-// Module tree: parameter names, grads, modes, dtype moves, and checkpoints that refuse bad files.
+// Module tree: parameter names, grads, modes, dtype and device moves (values and
+// grads packed in one buffer each), and checkpoints that refuse bad files.
 #include <unistd.h>
 
 #include <filesystem>
@@ -6,6 +7,7 @@
 #include <iterator>
 
 #include "core/module.hpp"
+#include "core/packed_tensors.hpp"
 #include "tests/test_files.hpp"
 #include "tests/test_util.hpp"
 
@@ -229,4 +231,59 @@ TEST_CASE("a checkpoint carries the training step passed to save; load returns i
   net.save(path, 0);
   REQUIRE(other.load(path) == 0);
   fs::remove_all(dir);
+}
+
+namespace {
+
+// Bytes from a to b, two views of one buffer.
+int64_t bytes_apart(const Tensor& a, const Tensor& b) {
+  return static_cast<const char*>(b.raw_data()) - static_cast<const char*>(a.raw_data());
+}
+
+}  // namespace
+
+TEST_CASE("packed_zeros_like: one buffer per dtype, aligned views of the given shapes, zeros") {
+  hg::Generator g(5);
+  const std::vector<Tensor> like{Tensor::randn({3, 5}, g), Tensor(), Tensor::randn({7}, g, DType::F64),
+                                 Tensor::randn({}, g), Tensor::randn({2, 65}, g)};
+  const std::vector<Tensor> out = hg::packed_zeros_like(like, hg::Device::CPU);
+  REQUIRE(out.size() == like.size());
+  REQUIRE_FALSE(out[1].defined());
+  for (size_t i : {size_t{0}, size_t{2}, size_t{3}, size_t{4}}) {
+    REQUIRE(out[i].shape() == like[i].shape());
+    REQUIRE(out[i].dtype() == like[i].dtype());
+    for (double v : out[i].to_vector()) REQUIRE(v == 0.0);
+  }
+  for (size_t i : {size_t{3}, size_t{4}}) {
+    REQUIRE(out[i].shares_storage_with(out[0]));
+    REQUIRE(bytes_apart(out[0], out[i]) % hg::kPackedAlignment == 0);
+    REQUIRE(bytes_apart(out[0], out[i]) > 0);
+  }
+  REQUIRE_FALSE(out[2].shares_storage_with(out[0]));  // F64: a buffer of its own
+  // Cast on request; the copies hold the values.
+  const std::vector<Tensor> copies = hg::packed_copies(like, hg::Device::CPU, DType::F64);
+  REQUIRE(copies[0].dtype() == DType::F64);
+  REQUIRE(copies[4].shares_storage_with(copies[2]));
+  for (size_t i : {size_t{0}, size_t{2}, size_t{3}, size_t{4}}) REQUIRE(copies[i].to_vector() == like[i].to_vector());
+}
+
+TEST_CASE("Module::to a device the tree is on keeps its tensors; to CUDA packs values and grads") {
+  hg::Generator g(3);
+  Net net(g);
+  for (Parameter* p : net.parameters()) p->grad.fill_(0.5);
+  const Tensor first = net.first.weight.value;
+  net.to(hg::Device::CPU);
+  REQUIRE(net.first.weight.value.raw_data() == first.raw_data());
+  if (!hg::test::cuda_paths_run("Module::to")) return;
+  const auto before = hg::test::parameter_snapshot(net);
+  net.to(hg::Device::CUDA);
+  REQUIRE(hg::test::parameter_snapshot(net) == before);
+  const std::vector<Parameter*> params = net.parameters();
+  for (Parameter* p : params) {
+    REQUIRE(p->value.is_cuda());
+    REQUIRE(p->value.shares_storage_with(params.front()->value));
+    REQUIRE(p->grad.shares_storage_with(params.front()->grad));
+    REQUIRE_FALSE(p->grad.shares_storage_with(p->value));
+    for (double v : p->grad.to_vector()) REQUIRE(v == 0.5);
+  }
 }

@@ -110,6 +110,18 @@ TEST_CASE("AdamW: decoupled decay and bias correction, three steps by hand") {
   }
 }
 
+TEST_CASE("AdamW keeps each moment of every parameter in one buffer", "[optim]") {
+  TwoParams m;
+  hg::AdamW opt(m.ptrs(), {});
+  const auto state = opt.named_state();
+  REQUIRE(state.size() == 4);  // m.0, v.0, m.1, v.1
+  CHECK(state[0].second->shares_storage_with(*state[2].second));
+  CHECK(state[1].second->shares_storage_with(*state[3].second));
+  CHECK_FALSE(state[0].second->shares_storage_with(*state[1].second));
+  for (const auto& [name, t] : state)
+    for (double v : t->to_vector()) CHECK(v == 0.0);
+}
+
 TEST_CASE("AdamW first step is lr * sign(g) plus decay, whatever the gradient scale") {
   Parameter p = make_param({0.0, 0.0}, {1e-3, -1e3});
   hg::AdamW adam({&p}, {0.01, 0.9, 0.999, 1e-12, 0.0});
