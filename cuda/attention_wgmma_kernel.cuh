@@ -23,9 +23,9 @@
 // The kernel's steps are functions here so that the lab's candidates are
 // built from them too, but only where that leaves the kernel's machine code
 // as it was (nvcc 13.0 emitted other code for it when the Tk and causal
-// masking, the block's setup or the consumer's state moved into functions, so those stay
-// inline in forward_body; compare the cubin before and after a change here,
-// as docs/architecture.md says).
+// masking, the block's setup or the consumer's state moved into functions,
+// so those stay inline in forward_body; compare the cubin before and after
+// a change here, as docs/architecture.md says).
 // Only an sm_90a device compile holds the kernel's body; elsewhere it is
 // empty. Internal linkage (the unnamed namespace), as in cuda/bulk_stage.cuh:
 // each .cu that includes it compiles its own copy.
