@@ -31,10 +31,12 @@ numbered or ordered its virtual registers (ptxas can allocate such PTX
 differently). --arch sm_90a compiles for sm_90a instead, for the files
 built for it (cuda/attention_wgmma.cu: its kernel is empty at sm_90).
 Exit status: 0 if every kernel of both revisions is identical, 1 otherwise.
-nvcc 13.0 is not deterministic for every kernel: one or two F32 attention
-kernels (cuda/attention_f32.cu) and the lab's copies of them come out with
-other PTX from run to run, also when REV_A and REV_B are the same; compare
-again before taking such a change as the change's.
+nvcc 13.0 is not deterministic for every kernel: up to four of the twelve
+F32 attention kernels (cuda/attention_f32.cu) and the lab's copies of them
+come out with other PTX from run to run, also when REV_A and REV_B are the
+same (register numbering and the order of moves); compare again, and HEAD
+against HEAD, before taking such a change as the change's. An "identical"
+verdict always holds.
 
 --match-bodies compares by body instead of by name, for a change that
 renames kernels or their template arguments and drops kernels: every kernel
