@@ -1116,10 +1116,8 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
   check_strides(l.o, "o", dtype, op);
 }
 
-}  // namespace
+std::atomic<bool> wgmma_allowed{true};  // allow_wgmma_attention
 
-namespace {
-std::atomic<bool> wgmma_allowed{true};
 }  // namespace
 
 void allow_wgmma_attention(bool allowed) { wgmma_allowed.store(allowed); }

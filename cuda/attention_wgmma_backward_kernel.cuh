@@ -54,12 +54,7 @@ constexpr int backward_tile(int dh, bool dkdv) { return dkdv && dh == 128 ? 64 :
 constexpr int kBackwardStages = 2;
 constexpr int kBackwardConsumers = 2;                             // warpgroups
 constexpr int kBackwardThreads = 128 * kBackwardConsumers + 128;  // + the producer warpgroup
-constexpr int kBackwardProducerRegisters = 24;
-// The block's register file (65536) at one block a SM, 168 a thread in
-// steps of 8, less the producer's 24, split between the consumers.
-constexpr int kBackwardConsumerRegisters = 240;
-static_assert(128 * kBackwardProducerRegisters + 128 * kBackwardConsumers * kBackwardConsumerRegisters <=
-              kBackwardThreads * (65536 / kBackwardThreads / 8 * 8));
+static_assert(kBackwardThreads == 384);                           // sm90::kSplit*Registers' block
 
 // Shared memory, byte offsets from a 1024-byte aligned base: the two
 // resident operands, ST stages (two streamed tiles of KB rows each), each
@@ -130,17 +125,14 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   init_barriers(res_full, full, empty, ST, NC, kCopier ? 32 : 0);
 
   if (threadIdx.x >= 128 * NC) {  // the producer warpgroup
-    registers_decrease<kBackwardProducerRegisters>();
+    registers_decrease<kSplitProducerRegisters>();
     const int warp = (threadIdx.x - 128 * NC) / 32;
     if (threadIdx.x == 128 * NC && count > 0) {  // one thread issues every copy
       const int head = int(bh % a.heads), batch = int(bh / a.heads);
       stage_expect(res_full, 2 * P::kResBytes);
       tma_load_rows_pair<DH>(base, &a1map, a2_at, &a2map, kBackwardRows, r0, head, batch, res_full);
       load_tile_pairs<DH, KB, ST>(&b1map, &b2map, stages_at, first, count, head, batch, full, empty);
-      // Until the consumers release the last tiles: a consumer whose wait
-      // gives up exits without trapping (barrier_wait<false>, below), so this
-      // thread's wait is the one that turns a lost stage into a launch error.
-      for (int i = max(count, ST); i < count + ST; ++i) barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
+      wait_ring_read<ST>(empty, count);  // the consumers' waits exit (barrier_wait<false>, below)
     }
     if (kCopier && warp == 1) {
       // dk/dv: the stats and delta of each stage's queries ({0, 0} and 0
@@ -154,7 +146,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
           key_mask[j] = r0 + j < a.tk ? mask_term(mask_row[r0 + j]) : -INFINITY;
       for (int i = 0; i < count; ++i) {
         const int s = i % ST, n0 = (first + i) * KB;
-        if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));
+        wait_stage_free<ST>(empty, i);
         for (int j = lane; j < KB; j += 32) {
           if constexpr (kDkDv) {
             const bool in = n0 + j < a.tq;
@@ -170,7 +162,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     return;
   }
 
-  registers_increase<kBackwardConsumerRegisters>();
+  registers_increase<kSplitConsumerRegisters>();
   // Consumer warpgroup cw: resident rows row0 .. row0 + 63; this thread's
   // rows my_row and my_row + 8, its streamed columns 2 t + acc_col.
   const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;

@@ -259,7 +259,7 @@ struct LoopRegisters<void> {
   static constexpr int producer = 0, consumer = 0;
 };
 struct MaskedRegisters {
-  static constexpr int producer = 24, consumer = 240;
+  static constexpr int producer = sm90::kSplitProducerRegisters, consumer = sm90::kSplitConsumerRegisters;
 };
 
 // One block of the forward, for blocks of ROWS queries (ROWS / 64 consumer
@@ -300,7 +300,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
         const float* mask_row = a.mask_row(bh);
         for (int i = 0; i < tiles; ++i) {
           const int s = i % ST, n0 = i * KB;
-          if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));
+          wait_stage_free<ST>(empty, i);
           for (int j = threadIdx.x % 32; j < KB; j += 32)
             stage_mask[s * KB + j] = n0 + j < a.tk ? mask_term(mask_row[n0 + j]) : -INFINITY;
           barrier_arrive(full + s);  // releases the stores above to the consumers' wait
@@ -309,10 +309,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
     }
     if (threadIdx.x == 128 * kConsumers && tiles > 0) {
       load_tiles<DH, ROWS, KB, ST>(qmap, kmap, vmap, a, base, kv_at, q_full, full, empty, bh, q_block, tiles);
-      // Split: until the consumers release the last tiles, so that a lost
-      // stage traps here (their own waits exit) and fails the launch.
-      if constexpr (kSplit)
-        for (int i = max(tiles, ST); i < tiles + ST; ++i) barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
+      if constexpr (kSplit) wait_ring_read<ST>(empty, tiles);  // the consumers' waits exit
     }
     return;
   }

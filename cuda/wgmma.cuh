@@ -23,6 +23,14 @@ namespace hg::gpu::sm90 {
 // Set by a barrier_wait<false> that gave up; each .cu has its own (internal
 // linkage), which its host code reads after a launch.
 static __device__ unsigned int wait_timed_out = 0;
+
+// A block of two consumer warpgroups and a producer warpgroup (384
+// threads, one a SM) that moves registers (registers_decrease /
+// registers_increase, below): the register file (65536) gives 168 a thread
+// in steps of 8; the producer keeps 24 and the consumers split the rest.
+constexpr int kSplitProducerRegisters = 24;
+constexpr int kSplitConsumerRegisters = 240;
+static_assert(128 * kSplitProducerRegisters + 256 * kSplitConsumerRegisters <= 384 * (65536 / 384 / 8 * 8));
 }  // namespace hg::gpu::sm90
 
 #if HG_SM90A_DEVICE
@@ -112,6 +120,23 @@ __device__ __forceinline__ void tma_load_rows_pair(uint32_t dst1, const CUtensor
   }
 }
 
+// Fill i of a ring of ST stages goes to stage i % ST; before a producer
+// makes it, the fill that stage held ST fills ago must have been read (its
+// "empty" barrier's phase).
+template <int ST>
+__device__ __forceinline__ void wait_stage_free(uint64_t* empty, int i) {
+  if (i >= ST) barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
+}
+
+// After `count` fills: until the consumers have read the last of them. A
+// trapping wait, for blocks whose consumers' waits exit instead
+// (barrier_wait<false>): a lost stage becomes a launch error here.
+template <int ST>
+__device__ __forceinline__ void wait_ring_read(uint64_t* empty, int count) {
+  for (int i = max(count, ST); i < count + ST; ++i)  // each i >= ST: wait_stage_free without its test
+    barrier_wait(empty + i % ST, uint32_t((i / ST - 1) & 1));
+}
+
 // One producer thread: tiles first .. first + count - 1 of KB rows of two
 // operands into a ring of ST stages at ring_at (a stage: map1's tile, then
 // map2's, KB * DH * 2 bytes each). A stage is refilled once its `empty`
@@ -124,7 +149,7 @@ __device__ __forceinline__ void load_tile_pairs(const CUtensorMap* map1, const C
   constexpr uint32_t kTileBytes = KB * DH * 2;
   for (int i = 0; i < count; ++i) {
     const int s = i % ST;
-    if (i >= ST) barrier_wait(empty + s, uint32_t((i / ST - 1) & 1));  // its last tiles are read
+    wait_stage_free<ST>(empty, i);
     stage_expect(full + s, 2 * kTileBytes);
     const uint32_t at = ring_at + s * 2 * kTileBytes;
     tma_load_rows_pair<DH>(at, map1, at + kTileBytes, map2, KB, (first + i) * KB, head, batch, full + s);
