@@ -649,7 +649,7 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 
 // ---------------------------------------------------------------------------
 // The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
-// and at head dim 64 from T 2048, with or without a key mask, any Tq and Tk,
+// and at head dim 64 from T 2048 (with a key mask at any T), any Tq and Tk,
 // scale > 0, batch outermost and TMA-aligned operands, on a compute
 // capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
 // it there, then against float64 (o, lse, and the backward run from its o
@@ -725,7 +725,7 @@ std::vector<DispatchCase> dispatch_cases() {
     q.tq = tq, q.tk = tk, q.mask = true;
     cases.push_back({q, at, false, true});
   }
-  // Head dim 64 with Tq != Tk: both from 2048 on.
+  // Head dim 64 with Tq != Tk, no mask: both from 2048 on.
   for (const auto& [tq, tk, wgmma] : {std::tuple{int64_t(2048), int64_t(2047), false},
                                       {int64_t(1), int64_t(8192), false},
                                       {int64_t(4096), int64_t(2048), true}}) {
