@@ -18,6 +18,14 @@ namespace hg::gpu {
 // so they do at dh 64 with a key mask (the mma.sync kernels then take every
 // tile element by element).
 constexpr int64_t kWgmmaMinTokensDh64 = 2048;
+// From kWgmmaMinFewTilesDh64 on they also win in a call of at most
+// kWgmmaMaxQueryTilesDh64 128-query tiles (B * H * ceil(Tq / 128)): at T 1024
+// up to 192 heads, GPT-2 small's attention to batch 16. At T 256 and 512 the
+// mma.sync kernels win at every head count measured.
+constexpr int64_t kWgmmaMinFewTilesDh64 = 1024;
+constexpr int64_t kWgmmaMaxQueryTilesDh64 = 1536;
+
+inline int64_t query_tiles(const AttentionLayout& l) { return l.heads_total() * ((l.tq + 127) / 128); }
 
 // The operand is addressed (batch, head, row) with the batch outermost: the
 // contiguous (B, H, T, dh) and packed (B, T, ..., H, dh) layouts, not the
@@ -40,8 +48,10 @@ inline bool tma_addressable(const void* p, const HeadStrides& s) {
 // with its sm_90a code and the driver's tensor-map encoder found.
 inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                   bool device_ready) {
-  const bool shape =
-      l.head_dim == 128 || (l.head_dim == 64 && (l.mask != nullptr || std::min(l.tq, l.tk) >= kWgmmaMinTokensDh64));
+  const bool shape = l.head_dim == 128 ||
+                     (l.head_dim == 64 &&
+                      (l.mask != nullptr || std::min(l.tq, l.tk) >= kWgmmaMinTokensDh64 ||
+                       (std::min(l.tq, l.tk) >= kWgmmaMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64)));
   // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and
   // finite as a float keeps their order.
   const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
@@ -53,9 +63,9 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
 }
 
 // Whether a BF16 backward with these operands takes the wgmma backward: a
-// call the wgmma forward takes (at dh 64 below T 2048 the wgmma kernels tie
-// or trail the mma.sync ones on the H200, docs/attention.md), with do (read
-// at o's strides) addressable by TMA too.
+// call the wgmma forward takes (at dh 64 elsewhere below T 2048 the wgmma
+// kernels tie or trail the mma.sync ones on the H200, docs/attention.md),
+// with do (read at o's strides) addressable by TMA too.
 inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                    const void* dout, bool device_ready) {
   return wgmma_forward_applies(l, q, k, v, device_ready) && tma_addressable(dout, l.o);

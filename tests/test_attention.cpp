@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -340,6 +341,14 @@ TEST_CASE("attention: bad input names what is wrong", "[attention][errors]") {
   expect_error([&] { hg::attention_backward(q, empty); }, "run attention_forward first");
 }
 
+// The mma.sync kernels everywhere while it lives.
+struct MmaSyncOnly {
+  MmaSyncOnly() { hg::gpu::allow_wgmma_attention(false); }
+  ~MmaSyncOnly() { hg::gpu::allow_wgmma_attention(true); }
+  MmaSyncOnly(const MmaSyncOnly&) = delete;
+  MmaSyncOnly& operator=(const MmaSyncOnly&) = delete;
+};
+
 // BF16 on CUDA against the reference on the bf16-rounded inputs: the kernel
 // rounds p to bf16 before p v (relative 2^-9 per element) and o to bf16 once
 // more, so o lands within ~2^-8 in norm; gradients pass through two more
@@ -347,25 +356,31 @@ TEST_CASE("attention: bad input names what is wrong", "[attention][errors]") {
 // How dq is checked. DeltaFromO: against the definition with delta = do . o
 // of the kernel's own bf16 o, the quantity the kernel computes by design (rows
 // near one-hot magnify o's rounding); FiniteOnly: see the moving-maxima test.
-// dk and dv stay checked against the exact definition.
+// dk and dv stay checked against the exact definition. On a device that
+// runs the wgmma kernels the mma.sync kernels (every other GPU's) are checked
+// too, on the same inputs.
 enum class DqCheck { Exact, DeltaFromO, FiniteOnly };
 void check_bf16_fused(const Problem& p, const Inputs& in, const std::string& what, DqCheck dq_check = DqCheck::Exact) {
   Inputs rounded = in;
   for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.dout}) *t = t->to(DType::BF16).to(DType::F64);
   const Outputs want16 = reference(p, rounded);
-  const Outputs got16 = run(p, rounded, Device::CUDA, DType::BF16, KernelMode::Fused);
-  INFO(what);
-  CHECK(err(got16.o, want16.o) < 8e-3);
-  CHECK(err(got16.lse, want16.lse) < 1e-5);
-  for (const Tensor* t : {&got16.o, &got16.dq, &got16.dk, &got16.dv}) CHECK(hg::test::all_finite(*t));
-  // At logits of 1e4 the bf16 backward's delta = do . o (o rounded to
-  // bf16) no longer matches sum p dp to the precision the near one-hot
-  // rows need; flash attention shares this. Gradients are checked finite only.
-  if (p.q_std > 1.0) return;
-  if (dq_check == DqCheck::DeltaFromO) CHECK(err(got16.dq, reference(p, rounded, &got16.o).dq) < 2e-2);
-  else if (dq_check == DqCheck::Exact) CHECK(err(got16.dq, want16.dq) < 2e-2);
-  CHECK(err(got16.dk, want16.dk) < 2e-2);
-  CHECK(err(got16.dv, want16.dv) < 2e-2);
+  for (bool mma_sync_only : {false, true}) {
+    std::optional<MmaSyncOnly> only;
+    if (mma_sync_only) only.emplace();
+    const Outputs got16 = run(p, rounded, Device::CUDA, DType::BF16, KernelMode::Fused);
+    INFO(what << (mma_sync_only ? ", mma.sync kernels only" : ""));
+    CHECK(err(got16.o, want16.o) < 8e-3);
+    CHECK(err(got16.lse, want16.lse) < 1e-5);
+    for (const Tensor* t : {&got16.o, &got16.dq, &got16.dk, &got16.dv}) CHECK(hg::test::all_finite(*t));
+    // At logits of 1e4 the bf16 backward's delta = do . o (o rounded to
+    // bf16) no longer matches sum p dp to the precision the near one-hot
+    // rows need; flash attention shares this. Gradients are checked finite only.
+    if (p.q_std > 1.0) continue;
+    if (dq_check == DqCheck::DeltaFromO) CHECK(err(got16.dq, reference(p, rounded, &got16.o).dq) < 2e-2);
+    else if (dq_check == DqCheck::Exact) CHECK(err(got16.dq, want16.dq) < 2e-2);
+    CHECK(err(got16.dk, want16.dk) < 2e-2);
+    CHECK(err(got16.dv, want16.dv) < 2e-2);
+  }
 }
 
 TEST_CASE("attention: CUDA paths agree with the float64 reference", "[attention][cuda]") {
@@ -465,16 +480,21 @@ TEST_CASE("attention: CUDA BF16 with row maxima that move along the keys", "[att
 
 TEST_CASE("attention: CUDA fused results repeat bitwise", "[attention][cuda]") {
   HG_REQUIRE_GPU();
-  for (bool mask : {true, false}) {  // without the mask, most BF16 tiles take the path without logit2
-    Problem p;
-    p.b = 2, p.h = 4, p.tq = 300, p.tk = 300, p.dh = 64, p.causal = true, p.mask = mask;
-    const Inputs in = make_inputs(p, 77);
-    for (DType t : {DType::F32, DType::BF16}) {
-      INFO((mask ? "mask " : "no mask ") << hg::dtype_name(t));
-      check_bitwise_repeat(run(p, in, Device::CUDA, t, KernelMode::Fused),
-                           run(p, in, Device::CUDA, t, KernelMode::Fused));
+  // Without the mask, most mma.sync BF16 tiles take the path without logit2;
+  // the wgmma kernels run where the device has them, the mma.sync ones also.
+  for (bool mask : {true, false})
+    for (bool mma_sync_only : {false, true}) {
+      Problem p;
+      p.b = 2, p.h = 4, p.tq = 300, p.tk = 300, p.dh = 64, p.causal = true, p.mask = mask;
+      const Inputs in = make_inputs(p, 77);
+      std::optional<MmaSyncOnly> only;
+      if (mma_sync_only) only.emplace();
+      for (DType t : {DType::F32, DType::BF16}) {
+        INFO((mask ? "mask " : "no mask ") << hg::dtype_name(t) << (mma_sync_only ? ", mma.sync kernels only" : ""));
+        check_bitwise_repeat(run(p, in, Device::CUDA, t, KernelMode::Fused),
+                             run(p, in, Device::CUDA, t, KernelMode::Fused));
+      }
     }
-  }
 }
 
 // The F32 kernels (cuda/attention_f32.cu) tile 64 keys (or queries) per step
@@ -649,7 +669,8 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 
 // ---------------------------------------------------------------------------
 // The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
-// and at head dim 64 from T 2048 (with a key mask at any T), any Tq and Tk,
+// and at head dim 64 from T 2048 or in calls of few query tiles (with a key
+// mask at any T), any Tq and Tk,
 // scale > 0, batch outermost and TMA-aligned operands, on a compute
 // capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
 // it there, then against float64 (o, lse, and the backward run from its o
@@ -714,24 +735,40 @@ std::vector<DispatchCase> dispatch_cases() {
       cases.push_back({q, at, false, false});
     }
   p.dh = 64;
-  for (const auto& [t, wgmma] :
-       {std::pair{int64_t(300), false}, {int64_t(2047), false}, {int64_t(2048), true}, {int64_t(8192), true}}) {
-    p.tq = p.tk = t;
+  // Head dim 64 without a mask: from T 2048 on, or from T 1024 in a call of
+  // at most 1536 query tiles of 128 rows (B * H * ceil(Tq / 128)).
+  for (const auto& [b, t, wgmma] : {std::tuple{int64_t(2), int64_t(300), false},  // 18 tiles, T < 1024
+                                    {int64_t(2), int64_t(1023), false},
+                                    {int64_t(2), int64_t(1024), true},
+                                    {int64_t(192), int64_t(1024), true},   // 1536 tiles
+                                    {int64_t(192), int64_t(1025), false},  // 1728
+                                    {int64_t(256), int64_t(1024), false},  // 2048
+                                    {int64_t(256), int64_t(2047), false},
+                                    {int64_t(256), int64_t(2048), true},
+                                    {int64_t(2), int64_t(8192), true}}) {
+    p.b = b, p.h = b == 2 ? 3 : 1, p.tq = p.tk = t;
     cases.push_back({p, at, false, wgmma});
   }
-  // Head dim 64 with a key mask: any T.
+  // Head dim 64 with a key mask: any T, any number of tiles.
   for (const auto& [tq, tk] : {std::pair{int64_t(300), int64_t(300)}, {int64_t(1), int64_t(8192)}}) {
     Problem q = p;
-    q.tq = tq, q.tk = tk, q.mask = true;
+    q.b = 256, q.h = 1, q.tq = tq, q.tk = tk, q.mask = true;
     cases.push_back({q, at, false, true});
   }
-  // Head dim 64 with Tq != Tk, no mask: both from 2048 on.
+  // Head dim 64 with Tq != Tk, no mask: both from 2048 on, or both from 1024
+  // with few query tiles.
+  p.b = 256, p.h = 1;
   for (const auto& [tq, tk, wgmma] : {std::tuple{int64_t(2048), int64_t(2047), false},
                                       {int64_t(1), int64_t(8192), false},
-                                      {int64_t(4096), int64_t(2048), true}}) {
+                                      {int64_t(4096), int64_t(2048), true},
+                                      {int64_t(768), int64_t(8192), false},      // 1536 tiles, Tq < 1024
+                                      {int64_t(8192), int64_t(1024), false}}) {  // 16384 tiles
     p.tq = tq, p.tk = tk;
     cases.push_back({p, at, false, wgmma});
   }
+  p.b = 2, p.h = 3;
+  for (const auto& [tq, tk] : {std::pair{int64_t(1024), int64_t(1100)}, {int64_t(1500), int64_t(1024)}})
+    p.tq = tq, p.tk = tk, cases.push_back({p, at, false, true});  // 48 and 72 tiles
   return cases;
 }
 
@@ -753,14 +790,6 @@ bool wgmma_test_runs() {
   WARN("SKIPPED: the wgmma forward does not run on this device (compute capability 9.0 only)");
   return false;
 }
-
-// The mma.sync kernels everywhere while it lives.
-struct MmaSyncOnly {
-  MmaSyncOnly() { hg::gpu::allow_wgmma_attention(false); }
-  ~MmaSyncOnly() { hg::gpu::allow_wgmma_attention(true); }
-  MmaSyncOnly(const MmaSyncOnly&) = delete;
-  MmaSyncOnly& operator=(const MmaSyncOnly&) = delete;
-};
 
 // The same inputs through the mma.sync kernels.
 Outputs run_mma_sync(const Problem& p, const Inputs& in) {
@@ -899,15 +928,26 @@ TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the
 }
 
 // Head dim 64 takes both from T 2048 on (both kernels on tiles of 128
-// streamed rows): at 2048 causal, and at 2111 (a last tile of 63) not,
-// against float64, the mma.sync kernels and a second run.
-TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 2048", "[attention][cuda]") {
+// streamed rows), and from T 1024 in calls of few query tiles: at 1024 and
+// 2048 causal, at 1025 and 2111 (a last tile of 1 and 63) not, Tq != Tk
+// either way from 1024, against float64, the mma.sync kernels and a second
+// run.
+TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 1024", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
   uint64_t seed = 5200;
-  for (const auto& [t, causal] : {std::pair{int64_t(2048), true}, {int64_t(2111), false}}) {
+  for (const auto& [tq, tk, causal] : {std::tuple{int64_t(1024), int64_t(1024), true},
+                                       {int64_t(1025), int64_t(1025), false},
+                                       {int64_t(1500), int64_t(1024), true},
+                                       {int64_t(1024), int64_t(1300), false},
+                                       {int64_t(2048), int64_t(2048), true},
+                                       {int64_t(2111), int64_t(2111), false}}) {
     Problem p;
-    p.b = 1, p.h = 2, p.tq = p.tk = t, p.dh = 64, p.causal = causal, p.scale = 0.125;
+    p.b = 1, p.h = 2, p.tq = tq, p.tk = tk, p.dh = 64, p.causal = causal, p.scale = 0.125;
+    const char* at = aligned_address();
+    INFO(describe(p));
+    REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
+    REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
     const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
     INFO(describe(p) << ": lse against the mma.sync forward's (fp32 arithmetic on the same exact products)");
     CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
