@@ -34,11 +34,13 @@ bool built_with_cuda() { return true; }
 namespace {
 
 // handgrad's own stream. Non-blocking: it does not synchronise with the legacy
-// default stream, so third-party work there cannot stall handgrad (and vice versa).
+// default stream, so third-party work there cannot stall handgrad (and vice
+// versa). Critical priority: above gpu::Beside's (cuda/side_stream.hpp).
 cudaStream_t own_stream() {
   static cudaStream_t s = [] {
     cudaStream_t created = nullptr;
-    HG_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+    HG_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, stream_priority(StreamPriority::Critical)));
     return created;
   }();
   return s;
@@ -93,7 +95,7 @@ void use_own_stream() { set_stream(kOwnStream); }
 namespace {
 
 const ForkJoin& beside_handles() {
-  static const ForkJoin h = create_fork_join();
+  static const ForkJoin h = create_fork_join(StreamPriority::Background);
   return h;
 }
 
@@ -376,7 +378,9 @@ void Graph::end_capture() {
   }
   graph_ = graph;
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  // Each kernel node runs at the priority of the stream it was captured from
+  // (a Beside's weight gradients below the backward), not at the replay stream's.
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   if (inst != cudaSuccess) {
     cudaGetLastError();
     reset();
