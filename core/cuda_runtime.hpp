@@ -84,9 +84,7 @@ class Graph {
 // training step clears the gradients beside its forward. `work` must not
 // allocate or free device memory (the caching allocator relies on one
 // ordered stream). One Beside is open at a time. Legal inside a graph
-// capture: the second stream joins the capture. Its stream has a lower
-// priority than handgrad's (cuda/side_stream.hpp): where both have blocks
-// waiting, the handgrad stream's take the free SMs first.
+// capture: the second stream joins the capture.
 class Beside {
  public:
   explicit Beside(const std::function<void()>& work);

@@ -22,7 +22,6 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
-#include "core/param_grad_queue.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/layernorm_backward.cuh"
@@ -390,10 +389,7 @@ struct Backward {
   // partial rows, then kernel 2, which writes (or adds into) dgamma / dbeta:
   // every configuration's last store. Partial sums, [2][n_partials][D]; the
   // caching allocator makes this cheap, and everything runs on the one
-  // stream, so freeing it at scope exit is safe. Kernel 2 adding into
-  // parameter grads (Accumulate) is parameter-gradient work
-  // (core/param_grad_queue.hpp): in a training step's backward it runs beside
-  // the next kernels, the closure holding the partial sums until then.
+  // stream, so freeing it at scope exit is safe.
   template <class LaunchKernel1>
   void with_partials(int n_partials, LaunchKernel1 launch_kernel1) const {
     Tensor partials;
@@ -405,23 +401,18 @@ struct Backward {
       partial_dbeta = partial_dgamma + int64_t(n_partials) * a.D;
       launch_kernel1(partial_dgamma, partial_dbeta);
     }
-    auto reduce = [partials, partial_dgamma, partial_dbeta, n_partials, D = a.D, dgamma = a.dgamma, dbeta = a.dbeta,
-                   accumulate = a.accumulate] {
-      if (D % 4 == 0) {  // partial rows of 16-byte aligned floats: 16-byte loads over D / 8 blocks
-        const int grid = static_cast<int>((D + kWideReduceCols - 1) / kWideReduceCols);
-        layernorm_reduce_partials_wide_kernel<<<grid, kWideReduceThreads, 0, stream()>>>(
-            partial_dgamma, partial_dbeta, n_partials, D, dgamma, dbeta, accumulate);
-        HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_wide_kernel");
-        return;
-      }
-      const dim3 reduce_block(kReduceCols, kReduceLanes);
-      const int reduce_grid = (D + kReduceCols - 1) / kReduceCols;
-      layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(
-          partial_dgamma, partial_dbeta, n_partials, D, dgamma, dbeta, accumulate);
-      HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
-    };
-    if (a.accumulate) run_param_grad_work(std::move(reduce));
-    else reduce();
+    if (a.D % 4 == 0) {  // partial rows of 16-byte aligned floats: 16-byte loads over D / 8 blocks
+      const int grid = static_cast<int>((a.D + kWideReduceCols - 1) / kWideReduceCols);
+      layernorm_reduce_partials_wide_kernel<<<grid, kWideReduceThreads, 0, stream()>>>(
+          partial_dgamma, partial_dbeta, n_partials, a.D, a.dgamma, a.dbeta, a.accumulate);
+      HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_wide_kernel");
+      return;
+    }
+    const dim3 reduce_block(kReduceCols, kReduceLanes);
+    const int reduce_grid = (a.D + kReduceCols - 1) / kReduceCols;
+    layernorm_reduce_partials_kernel<<<reduce_grid, reduce_block, 0, stream()>>>(
+        partial_dgamma, partial_dbeta, n_partials, a.D, a.dgamma, a.dbeta, a.accumulate);
+    HG_CUDA_CHECK_LAUNCH("layernorm_reduce_partials_kernel");
   }
 
   // Launches kernel 1 (`cluster_dim`: the cluster shape, or null for none).

@@ -34,13 +34,11 @@ bool built_with_cuda() { return true; }
 namespace {
 
 // handgrad's own stream. Non-blocking: it does not synchronise with the legacy
-// default stream, so third-party work there cannot stall handgrad (and vice
-// versa). Critical priority: above gpu::Beside's (cuda/side_stream.hpp).
+// default stream, so third-party work there cannot stall handgrad (and vice versa).
 cudaStream_t own_stream() {
   static cudaStream_t s = [] {
     cudaStream_t created = nullptr;
-    HG_CUDA_CHECK(
-        cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, stream_priority(StreamPriority::Critical)));
+    HG_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
     return created;
   }();
   return s;
@@ -95,7 +93,7 @@ void use_own_stream() { set_stream(kOwnStream); }
 namespace {
 
 const ForkJoin& beside_handles() {
-  static const ForkJoin h = create_fork_join(StreamPriority::Background);
+  static const ForkJoin h = create_fork_join();
   return h;
 }
 
@@ -378,9 +376,7 @@ void Graph::end_capture() {
   }
   graph_ = graph;
   cudaGraphExec_t exec = nullptr;
-  // Each kernel node runs at the priority of the stream it was captured from
-  // (a Beside's weight gradients below the backward), not at the replay stream's.
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   if (inst != cudaSuccess) {
     cudaGetLastError();
     reset();

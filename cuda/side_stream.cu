@@ -2,21 +2,13 @@
 // once per process, like the handgrad stream (one device per process).
 #include "cuda/side_stream.hpp"
 
-#include <algorithm>
-
 #include "cuda/cuda_check.hpp"
 
 namespace hg::gpu {
 
-int stream_priority(StreamPriority p) {
-  int least = 0, greatest = 0;  // greatest <= least: lower is sooner
-  HG_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  return p == StreamPriority::Background ? least : std::max(greatest, least - 1);
-}
-
-ForkJoin create_fork_join(StreamPriority priority) {
+ForkJoin create_fork_join() {
   ForkJoin made;
-  HG_CUDA_CHECK(cudaStreamCreateWithPriority(&made.stream, cudaStreamNonBlocking, stream_priority(priority)));
+  HG_CUDA_CHECK(cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking));
   HG_CUDA_CHECK(cudaEventCreateWithFlags(&made.forked, cudaEventDisableTiming));
   HG_CUDA_CHECK(cudaEventCreateWithFlags(&made.done, cudaEventDisableTiming));
   return made;
@@ -25,7 +17,7 @@ ForkJoin create_fork_join(StreamPriority priority) {
 namespace {
 
 const ForkJoin& side_handles() {
-  static const ForkJoin h = create_fork_join(StreamPriority::Critical);
+  static const ForkJoin h = create_fork_join();
   return h;
 }
 

@@ -12,16 +12,6 @@
 
 namespace hg::gpu {
 
-// Stream priorities (lower numbers run first where blocks of several streams
-// wait for SMs): handgrad's stream and the side stream of a kernel pair on
-// the critical path one level above work that nothing waits for soon
-// (gpu::Beside's weight gradients), so that the backward's next kernel takes
-// the SMs a weight-gradient GEMM's blocks leave instead of queueing behind
-// its remaining ones. Captured kernels keep their stream's priority (the
-// graph is instantiated to use it). NCCL's stream is above both.
-enum class StreamPriority { Critical, Background };
-int stream_priority(StreamPriority p);
-
 // A non-blocking stream with the two events of a fork and a join, made once
 // by each of its users (SideStream here, gpu::Beside in cuda/runtime.cu).
 struct ForkJoin {
@@ -32,7 +22,7 @@ struct ForkJoin {
   void join() const;                   // stream() waits for all the work queued on `stream` since
   void join_quietly() const noexcept;  // join() for destructors: errors are left to the next check
 };
-ForkJoin create_fork_join(StreamPriority priority);
+ForkJoin create_fork_join();
 
 class SideStream {
  public:

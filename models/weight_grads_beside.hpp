@@ -7,12 +7,8 @@
 // work is joined when the next Linear queues its own (one Beside is open at
 // a time), and the last when the scope finishes. The operands it reads are
 // kept alive until then: the caching allocator reuses memory in the order of
-// handgrad's stream only. The scope is also the parameter-gradient queue
-// (core/param_grad_queue.hpp): LayerNorm's dgamma / dbeta reduction waits
-// there and runs on the second stream ahead of the next Linear's dW (or on
-// handgrad's stream at finish()). Each dW, db, dgamma and dbeta is computed
-// by the same kernels in the same order as without the scope: the gradients
-// are bit for bit the same.
+// handgrad's stream only. Each dW and db is computed by the same kernels in
+// the same order as without the scope: the gradients are bit for bit the same.
 #include <functional>
 #include <optional>
 #include <vector>
@@ -28,9 +24,8 @@ class WeightGradsBeside {
   ~WeightGradsBeside();
   WeightGradsBeside(const WeightGradsBeside&) = delete;
   WeightGradsBeside& operator=(const WeightGradsBeside&) = delete;
-  // Joins the last queued work and runs the parameter-gradient work still
-  // waiting: the gradients are complete in stream order after it. The scope
-  // stays open for more work (the next micro-batch).
+  // Joins the last queued work: the gradients are complete in stream order
+  // after it. The scope stays open for more work (the next micro-batch).
   void finish();
 
   // For Linear's backward: queues `work` beside when a scope is open and
@@ -40,13 +35,8 @@ class WeightGradsBeside {
   static bool run(const std::function<void()>& work, std::vector<Tensor> keep);
 
  private:
-  static bool take(std::function<void()>& work);  // the ParamGradQueue
-  void join_pending();
-
   std::optional<gpu::Beside> pending_;
   std::vector<Tensor> kept_;
-  std::vector<std::function<void()>> waiting_;  // parameter-gradient work not queued yet
-  std::vector<std::function<void()>> queued_;   // queued in pending_: kept (with their captures) until the join
 };
 
 }  // namespace hg

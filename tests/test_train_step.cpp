@@ -13,7 +13,6 @@
 #include "core/backend.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/optim.hpp"
-#include "core/param_grad_queue.hpp"
 #include "core/profiler.hpp"
 #include "models/decoder_lm.hpp"
 #include "models/train_step.hpp"
@@ -299,39 +298,6 @@ TEST_CASE("WeightGradsBeside: one scope at a time; without one, run() leaves the
     scope.finish();  // nothing queued: a no-op
   }
   WeightGradsBeside again;  // the first one closed
-}
-
-TEST_CASE("WeightGradsBeside: parameter-gradient work waits in the scope until finish() or the scope's end",
-          "[train_step]") {
-  std::vector<int> ran;
-  hg::run_param_grad_work([&] { ran.push_back(1); });  // no scope: at once
-  CHECK(ran == std::vector<int>{1});
-  {
-    WeightGradsBeside scope;
-    hg::run_param_grad_work([&] { ran.push_back(2); });
-    hg::run_param_grad_work([&] { ran.push_back(3); });
-    CHECK(ran == std::vector<int>{1});  // waiting
-    scope.finish();
-    CHECK(ran == std::vector<int>{1, 2, 3});  // in the order given
-    hg::run_param_grad_work([&] { ran.push_back(4); });
-  }  // the scope's end runs what still waits
-  CHECK(ran == std::vector<int>{1, 2, 3, 4});
-  hg::run_param_grad_work([&] { ran.push_back(5); });  // the queue left with the scope
-  CHECK(ran == std::vector<int>{1, 2, 3, 4, 5});
-}
-
-TEST_CASE("CUDA WeightGradsBeside: waiting parameter-gradient work is queued ahead of the next run()'s work",
-          "[train_step][cuda]") {
-  HG_REQUIRE_GPU();
-  std::vector<std::string> order;
-  WeightGradsBeside scope;
-  hg::run_param_grad_work([&] { order.push_back(hg::gpu::beside_active() ? "ln beside" : "ln in line"); });
-  REQUIRE(WeightGradsBeside::run([&] { order.push_back("dW"); }, {}));
-  CHECK(order == std::vector<std::string>{"ln beside", "dW"});
-  scope.finish();
-  hg::run_param_grad_work([&] { order.push_back(hg::gpu::beside_active() ? "ln beside" : "ln in line"); });
-  scope.finish();  // nothing queued after it: runs on handgrad's stream
-  CHECK(order == std::vector<std::string>{"ln beside", "dW", "ln in line"});
 }
 
 TEST_CASE("CUDA WeightGradsBeside: the operands of queued work stay alive until it is joined", "[train_step][cuda]") {
