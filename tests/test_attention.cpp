@@ -977,7 +977,9 @@ void check_wgmma_shapes(std::initializer_list<WgmmaShape> shapes, bool mask, uin
 // Tq != Tk: more keys than queries (the causal diagonal moved right), more
 // queries than keys (the first Tq - Tk queries see no key: o zero, lse
 // -inf, their dq zero; at 333 / 200 causal a whole block of 128 queries has
-// no key tile), one query, one key; head dim 64 at 2048 and more either way.
+// no key tile, at 700 / 300 and 1500 / 1024 three, whose key ends lie 128
+// and more below 0), one query, one key; head dim 64 at 2048 and more
+// either way.
 TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
@@ -987,8 +989,10 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[att
                       {129, 300, 128},
                       {1, 300, 128},
                       {300, 1, 128},
+                      {700, 300, 128},
                       {2048, 2300, 64},
-                      {2300, 2048, 64}},
+                      {2300, 2048, 64},
+                      {2560, 2048, 64}},
                      /*mask=*/false, 5700);
 }
 
@@ -1010,6 +1014,8 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward with a key mask", "[a
                       {300, 300, 64},
                       {200, 333, 64},
                       {333, 200, 64},
+                      {700, 300, 64},
+                      {700, 300, 128},
                       {2111, 2300, 64}},
                      /*mask=*/true, 5800);
 }
