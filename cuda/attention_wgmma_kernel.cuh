@@ -239,7 +239,7 @@ __device__ __forceinline__ void store_rows(const Args& a, int64_t bh, int my_row
 // The keys a consumer warpgroup of queries row0 .. row0 + 63 sees, of the
 // block's key_end: none past Tq, causally fewer, and never below 0 (causal
 // with Tq > Tk: a block of queries that see no key has a key_end below 0;
-// from -128 on, a negative end would count -1 tiles, and release_unseen
+// from -255 on, a negative end would count -1 tiles, and release_unseen
 // would wait on a stage that never fills).
 __device__ __forceinline__ int warpgroup_key_end(const Args& a, int row0, int key_end) {
   return row0 >= a.tq ? 0 : a.causal ? max(0, min(key_end, row0 + 64 + a.tk - a.tq)) : key_end;

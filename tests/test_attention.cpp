@@ -977,9 +977,9 @@ void check_wgmma_shapes(std::initializer_list<WgmmaShape> shapes, bool mask, uin
 // Tq != Tk: more keys than queries (the causal diagonal moved right), more
 // queries than keys (the first Tq - Tk queries see no key: o zero, lse
 // -inf, their dq zero; at 333 / 200 causal a whole block of 128 queries has
-// no key tile, at 700 / 300 and 1500 / 1024 three, whose key ends lie 128
-// and more below 0), one query, one key; head dim 64 at 2048 and more
-// either way.
+// no key tile, at 700 / 300 three and at 2560 / 2048 four, the first of
+// them with key ends 255 and more below 0), one query, one key; head dim 64
+// at 2048 and more either way.
 TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
