@@ -38,6 +38,8 @@ struct Args {
   __device__ const float* mask_row(int64_t bh) const {
     return mask == nullptr ? nullptr : mask + (bh / heads) * mask_batch_stride;
   }
+  // Key j's term from its batch's mask row (mask_term), -inf past Tk.
+  __device__ float key_term(const float* row, int j) const { return j < tk ? mask_term(row[j]) : -INFINITY; }
   // Exclusive end of the keys any query in [q_begin, q_end) may see.
   __device__ int key_end(int q_end) const { return causal ? min(tk, q_end + tk - tq) : tk; }
   // First query that sees key j (causal), 0 otherwise.

@@ -142,8 +142,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       const int lane = threadIdx.x % 32;
       const float* mask_row = a.mask_row(bh);
       if constexpr (kDkDv && kMasked)
-        for (int j = lane; j < kBackwardRows; j += 32)
-          key_mask[j] = r0 + j < a.tk ? mask_term(mask_row[r0 + j]) : -INFINITY;
+        for (int j = lane; j < kBackwardRows; j += 32) key_mask[j] = a.key_term(mask_row, r0 + j);
       for (int i = 0; i < count; ++i) {
         const int s = i % ST, n0 = (first + i) * KB;
         wait_stage_free<ST>(empty, i);
@@ -153,7 +152,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
             stage_stats[s * KB + j] = in ? a.stats[stat_base + n0 + j] : float2{};
             stage_delta[s * KB + j] = in ? a.delta[stat_base + n0 + j] : 0.f;
           } else {
-            stage_delta[s * KB + j] = n0 + j < a.tk ? mask_term(mask_row[n0 + j]) : -INFINITY;
+            stage_delta[s * KB + j] = a.key_term(mask_row, n0 + j);
           }
         }
         barrier_arrive(full + s);  // releases the stores above to the consumers' wait

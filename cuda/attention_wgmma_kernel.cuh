@@ -304,8 +304,7 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
         for (int i = 0; i < tiles; ++i) {
           const int s = i % ST, n0 = i * KB;
           wait_stage_free<ST>(empty, i);
-          for (int j = threadIdx.x % 32; j < KB; j += 32)
-            stage_mask[s * KB + j] = n0 + j < a.tk ? mask_term(mask_row[n0 + j]) : -INFINITY;
+          for (int j = threadIdx.x % 32; j < KB; j += 32) stage_mask[s * KB + j] = a.key_term(mask_row, n0 + j);
           barrier_arrive(full + s);  // releases the stores above to the consumers' wait
         }
       }
