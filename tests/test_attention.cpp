@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -341,12 +340,19 @@ TEST_CASE("attention: bad input names what is wrong", "[attention][errors]") {
   expect_error([&] { hg::attention_backward(q, empty); }, "run attention_forward first");
 }
 
-// The mma.sync kernels everywhere while it lives.
+// The mma.sync kernels everywhere while it lives (`on` false: no change).
 struct MmaSyncOnly {
-  MmaSyncOnly() { hg::gpu::allow_wgmma_attention(false); }
-  ~MmaSyncOnly() { hg::gpu::allow_wgmma_attention(true); }
+  explicit MmaSyncOnly(bool on = true) : on_(on) {
+    if (on_) hg::gpu::allow_wgmma_attention(false);
+  }
+  ~MmaSyncOnly() {
+    if (on_) hg::gpu::allow_wgmma_attention(true);
+  }
   MmaSyncOnly(const MmaSyncOnly&) = delete;
   MmaSyncOnly& operator=(const MmaSyncOnly&) = delete;
+
+ private:
+  bool on_;
 };
 
 // BF16 on CUDA against the reference on the bf16-rounded inputs: the kernel
@@ -365,8 +371,7 @@ void check_bf16_fused(const Problem& p, const Inputs& in, const std::string& wha
   for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.dout}) *t = t->to(DType::BF16).to(DType::F64);
   const Outputs want16 = reference(p, rounded);
   for (bool mma_sync_only : {false, true}) {
-    std::optional<MmaSyncOnly> only;
-    if (mma_sync_only) only.emplace();
+    const MmaSyncOnly only(mma_sync_only);
     const Outputs got16 = run(p, rounded, Device::CUDA, DType::BF16, KernelMode::Fused);
     INFO(what << (mma_sync_only ? ", mma.sync kernels only" : ""));
     CHECK(err(got16.o, want16.o) < 8e-3);
@@ -487,8 +492,7 @@ TEST_CASE("attention: CUDA fused results repeat bitwise", "[attention][cuda]") {
       Problem p;
       p.b = 2, p.h = 4, p.tq = 300, p.tk = 300, p.dh = 64, p.causal = true, p.mask = mask;
       const Inputs in = make_inputs(p, 77);
-      std::optional<MmaSyncOnly> only;
-      if (mma_sync_only) only.emplace();
+      const MmaSyncOnly only(mma_sync_only);
       for (DType t : {DType::F32, DType::BF16}) {
         INFO((mask ? "mask " : "no mask ") << hg::dtype_name(t) << (mma_sync_only ? ", mma.sync kernels only" : ""));
         check_bitwise_repeat(run(p, in, Device::CUDA, t, KernelMode::Fused),
@@ -670,9 +674,8 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 // ---------------------------------------------------------------------------
 // The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
 // and at head dim 64 from T 2048 or in calls of few query tiles (with a key
-// mask at any T), any Tq and Tk,
-// scale > 0, batch outermost and TMA-aligned operands, on a compute
-// capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
+// mask at any T), any Tq and Tk, scale > 0, batch outermost and TMA-aligned
+// operands, on a compute capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
 // it there, then against float64 (o, lse, and the backward run from its o
 // and stats) and against the mma.sync kernels on the same inputs
 // (allow_wgmma_attention(false) sends a call there).
@@ -791,12 +794,18 @@ bool wgmma_test_runs() {
   return false;
 }
 
+// A BF16 call of p's shape (contiguous, TMA-aligned operands) takes
+// `kernel` both ways.
+void require_kernels(const Problem& p, AttentionKernel kernel) {
+  const char* at = aligned_address();
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == kernel);
+  REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == kernel);
+}
+
 // The same inputs through the mma.sync kernels.
 Outputs run_mma_sync(const Problem& p, const Inputs& in) {
   MmaSyncOnly only;
-  const char* at = aligned_address();
-  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::MmaSync);
-  REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::MmaSync);
+  require_kernels(p, AttentionKernel::MmaSync);
   return run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
 }
 
@@ -812,15 +821,17 @@ void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& go
   CHECK(err(got.lse, mma.lse) < 4e-6);
 }
 
-// A call the wgmma forward and backward take, run and checked: against
-// float64, against the mma.sync kernels on the same inputs (o and lse within
-// the bf16 forward's 8e-3, gradients within 2e-2), and bitwise on a second
-// run. Returns both runs' outputs.
+// A call the wgmma forward and backward take (required), run and checked:
+// against float64, against the mma.sync kernels on the same inputs (o and
+// lse within the bf16 forward's 8e-3, gradients within 2e-2), and bitwise
+// on a second run. Returns both runs' outputs.
 struct WgmmaRun {
   Outputs got, mma_sync;
 };
 WgmmaRun check_wgmma_run(const Problem& p, const Inputs& in) {
   const std::string what = describe(p);
+  INFO(what);
+  require_kernels(p, AttentionKernel::Wgmma);
   WgmmaRun r{run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), run_mma_sync(p, in)};
   check_close_bf16(r.got, reference(p, in), what);
   check_close(r.got, r.mma_sync, 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
@@ -944,10 +955,6 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 1024"
                                        {int64_t(2111), int64_t(2111), false}}) {
     Problem p;
     p.b = 1, p.h = 2, p.tq = tq, p.tk = tk, p.dh = 64, p.causal = causal, p.scale = 0.125;
-    const char* at = aligned_address();
-    INFO(describe(p));
-    REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
-    REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
     const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
     INFO(describe(p) << ": lse against the mma.sync forward's (fp32 arithmetic on the same exact products)");
     CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
@@ -966,10 +973,6 @@ void check_wgmma_shapes(std::initializer_list<WgmmaShape> shapes, bool mask, uin
       Problem p;
       p.b = (sh.dh == 64 ? 1 : 2) + (mask ? 1 : 0), p.h = 2, p.tq = sh.tq, p.tk = sh.tk, p.dh = sh.dh;
       p.causal = causal, p.mask = mask, p.scale = 1.0 / std::sqrt(double(sh.dh));
-      INFO(describe(p));
-      const char* at = aligned_address();
-      REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
-      REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
       check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
     }
 }
