@@ -3,8 +3,7 @@
 // 2048}, in the three forms a Linear runs (forward x W^T, input gradient
 // dy W, weight gradient dy^T x accumulated into an F32 grad), plus the
 // BiasGelu epilogue of the first FFN linear, and the second's input gradient
-// with GeluBackward (gelu_bwd: handgrad's wgmma kernel on Hopper, cuBLASLt's
-// DGELU elsewhere; gelu_bwd_lt: cuBLASLt's DGELU; both with the bias
+// with GeluBackward (gelu_bwd: cuBLASLt's DGELU epilogue and the bias
 // gradient's column sums). TFLOP/s = 2 M N K / median time (CUDA events,
 // warm-up, rotating input sets), and % of a stated dense peak.
 //
@@ -26,7 +25,6 @@
 #include "core/device.hpp"
 #include "core/math_mode.hpp"
 #include "core/tensor.hpp"
-#include "cuda/gelu_backward_gemm.hpp"
 #include "examples/common/cli.hpp"
 
 namespace {
@@ -145,12 +143,6 @@ int main(int argc, char** argv) {
              be.gemm(o.x, o.w, o.out_fwd, a);
            }},
           {"gelu_bwd", gelu_backward},
-          {"gelu_bwd_lt",
-           [&](Operands& o) {
-             gpu::allow_wgmma_gelu_backward(false);
-             gelu_backward(o);
-             gpu::allow_wgmma_gelu_backward(true);
-           }},
       };
       for (const Form& f : forms) {
         const bench::Timing t =

@@ -12,17 +12,17 @@
 
 #include "core/cuda_runtime.hpp"
 #include "core/error.hpp"
+#include "cuda/attention_tensor_map.cuh"
 #include "cuda/attention_wgmma.cuh"
 #include "cuda/attention_wgmma_backward_kernel.cuh"
 #include "cuda/attention_wgmma_kernel.cuh"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
-#include "cuda/tensor_map.cuh"
 
 namespace hg::gpu::attn {
 namespace {
 
-// The map of a bf16 operand (cuda/tensor_map.cuh). The caller
+// The map of a bf16 operand (cuda/attention_tensor_map.cuh). The caller
 // checked what TMA needs (16-byte aligned base and byte strides); a refusal
 // is an error.
 CUtensorMap make_map(const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride, int64_t head_stride,

@@ -38,8 +38,8 @@
 
 #include "cuda/attention_args.cuh"
 #include "cuda/attention_row_math.cuh"
+#include "cuda/attention_tensor_map.cuh"  // kSwizzleBytes, kBoxCols
 #include "cuda/bulk_stage.cuh"
-#include "cuda/tensor_map.cuh"  // kSwizzleBytes, kBoxCols
 #include "cuda/wgmma.cuh"
 
 #define HG_WGMMA_DEVICE HG_SM90A_DEVICE  // cuda/wgmma.cuh: an sm_90a device compile

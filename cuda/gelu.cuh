@@ -1,8 +1,7 @@
 #pragma once
 // GELU (tanh approximation) and its derivative on the device: the one
 // formula behind UnaryOp::Gelu / GeluGrad (cuda/cuda_backend.cu), which the
-// GEMM's composed epilogues use too (cuda/gemm_lt.cu), and the GELU backward
-// GEMM's epilogue with the hardware tanh (cuda/gelu_backward_gemm_kernel.cuh).
+// GEMM's composed epilogues use too (cuda/gemm_lt.cu).
 #include <cuda_runtime.h>
 
 namespace hg::gpu {
@@ -17,39 +16,15 @@ __device__ __forceinline__ T gelu_value(T x) {
   return T(0.5) * x * (T(1) + gelu_tanh_of(c * (x + a * x * x * x)));
 }
 
-// tanh.approx.f32: one instruction, relative error under 2^-10.98 (PTX
-// ISA), as cuBLASLt's GELU epilogues may use it.
-__device__ __forceinline__ float tanh_approx(float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-  float t;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(v));
-  return t;
-#else
-  return tanhf(v);  // before sm_75 there is no hardware tanh
-#endif
-}
-
-// d gelu / dx from tanh t = tanh(c (x + a x^3)).
-template <class T>
-__device__ __forceinline__ T gelu_slope_of_tanh(T x, T t) {
-  constexpr T c = T(0.7978845608028654), a = T(0.044715);
-  const T sech2 = T(1) - t * t;
-  // Far in the tails sech2 is exactly 0 while x^2 may overflow: 0 * inf would be NaN.
-  if (sech2 == T(0)) return T(0.5) * (T(1) + t);
-  return T(0.5) * (T(1) + t) + T(0.5) * x * sech2 * c * (T(1) + T(3) * a * x * x);
-}
-
 // d gelu / dx.
 template <class T>
 __device__ __forceinline__ T gelu_slope(T x) {
   constexpr T c = T(0.7978845608028654), a = T(0.044715);
-  return gelu_slope_of_tanh(x, gelu_tanh_of(c * (x + a * x * x * x)));
-}
-
-// d gelu / dx with the hardware tanh.
-__device__ __forceinline__ float gelu_slope_approx(float x) {
-  constexpr float c = 0.7978845608028654f, a = 0.044715f;
-  return gelu_slope_of_tanh(x, tanh_approx(c * (x + a * x * x * x)));
+  const T t = gelu_tanh_of(c * (x + a * x * x * x));
+  const T sech2 = T(1) - t * t;
+  // Far in the tails sech2 is exactly 0 while x^2 may overflow: 0 * inf would be NaN.
+  if (sech2 == T(0)) return T(0.5) * (T(1) + t);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * sech2 * c * (T(1) + T(3) * a * x * x);
 }
 
 }  // namespace hg::gpu

@@ -21,7 +21,6 @@
 #include "cuda/column_sum_kernels.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
-#include "cuda/gelu_backward_gemm.hpp"
 #include "cuda/gemm_lt.hpp"
 #include "cuda/gemm_lt_plan.hpp"
 #include "cuda/storage_cast.cuh"
@@ -300,24 +299,6 @@ void composed_epilogue(const Call& c) {
   if (acc.raw_data() != c.out.raw_data()) be.cast(acc, c.out);
 }
 
-// A bf16 GeluBackward where the wgmma kernel applies (Hopper): it writes
-// out and the column sums of each block of 128 rows, which column_sum then
-// adds up into the bias gradient (fixed orders both). False elsewhere.
-bool gelu_backward_on_wgmma(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& s) {
-  const Tensor& pre = *args.aux;
-  const bool bf16 =
-      a.dtype() == DType::BF16 && b.dtype() == DType::BF16 && out.dtype() == DType::BF16 && pre.dtype() == DType::BF16;
-  if (!bf16 || args.transpose_a || args.transpose_b || args.accumulate || s.batch != 1 ||
-      !gelu_backward_wgmma_applies(a.raw_data(), b.raw_data(), pre.raw_data(), out.raw_data(), s.m, s.n, s.k))
-    return false;
-  Tensor sums;
-  if (args.bias_grad) sums = Tensor::empty({gelu_backward_wgmma_sum_rows(s.m), s.n}, DType::F32, Device::CUDA);
-  gelu_backward_wgmma(a.raw_data(), b.raw_data(), pre.raw_data(), out.raw_data(),
-                      sums.defined() ? static_cast<float*>(sums.raw_data()) : nullptr, s.m, s.n, s.k);
-  if (args.bias_grad) column_sum(sums, sums.size(0), s.n, s.n, *args.bias_grad, args.bias_grad_accumulate);
-  return true;
-}
-
 }  // namespace
 
 void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args, const MatmulShape& shape) {
@@ -359,8 +340,6 @@ void gemm_lt(const Tensor& a, const Tensor& b, Tensor& out, const GemmArgs& args
     if (!args.accumulate) HG_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream()));
     return;
   }
-
-  if (e == GemmEpilogue::GeluBackward && gelu_backward_on_wgmma(a, b, out, args, s)) return;
 
   // Bias gradients are never cuBLASLt's epilogue: on the H200 (bench/lab/gemm.md)
   // DGELU_BGRAD took 3.3-5x the plain GEMM's time and BGRADA/B 14-67% more,

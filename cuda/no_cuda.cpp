@@ -12,7 +12,6 @@
 #include "cuda/column_sum_kernels.hpp"
 #include "cuda/cross_entropy_kernels.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
-#include "cuda/gelu_backward_gemm.hpp"
 #include "cuda/gemm_lt.hpp"
 #include "cuda/indexing_kernels.hpp"
 #include "cuda/layernorm_kernels.hpp"
@@ -135,15 +134,6 @@ void cross_entropy_sum_row_losses(const Tensor&, const Tensor&, Tensor&) {
 }
 
 void column_sum(const Tensor&, int64_t, int64_t, int64_t, const Tensor&, bool) { no_cuda("gpu::column_sum"); }
-void allow_wgmma_gelu_backward(bool) { no_cuda("gpu::allow_wgmma_gelu_backward"); }
-int64_t wgmma_gelu_backward_runs() { no_cuda("gpu::wgmma_gelu_backward_runs"); }
-bool gelu_backward_wgmma_applies(const void*, const void*, const void*, const void*, int64_t, int64_t, int64_t) {
-  no_cuda("gpu::gelu_backward_wgmma_applies");
-}
-void gelu_backward_wgmma(const void*, const void*, const void*, void*, float*, int64_t, int64_t, int64_t) {
-  no_cuda("gpu::gelu_backward_wgmma");
-}
-int64_t gelu_backward_wgmma_sum_rows(int64_t) { no_cuda("gpu::gelu_backward_wgmma_sum_rows"); }
 void gemm_lt(const Tensor&, const Tensor&, Tensor&, const GemmArgs&, const MatmulShape&) { no_cuda("gpu::gemm_lt"); }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }

@@ -31,9 +31,9 @@
 
 #include "cuda/attention_args.cuh"
 #include "cuda/attention_row_math.cuh"
+#include "cuda/attention_tensor_map.cuh"
 #include "cuda/attention_wgmma_kernel.cuh"
 #include "cuda/bulk_stage.cuh"
-#include "cuda/tensor_map.cuh"
 #include "cuda/wgmma.cuh"
 
 #define HG_LAB_WGMMA HG_SM90A_DEVICE  // cuda/wgmma.cuh: an sm_90a device compile
@@ -41,8 +41,8 @@
 namespace hg::gpu::lab_wgmma {
 
 using attn::Args;
-using gpu::kBoxCols;
-using gpu::kSwizzleBytes;
+using attn::kBoxCols;
+using attn::kSwizzleBytes;
 using bf16 = __nv_bfloat16;
 
 // A block: NC consumer warpgroups of 64 queries each (wgmma's M), then one
@@ -341,12 +341,12 @@ __global__ void __launch_bounds__(128)
 
 // ---- host side ---------------------------------------------------------------------------
 
-// The map of a bf16 tensor (gpu::encode_map); false, with the reason on
+// The map of a bf16 tensor (attn::encode_map); false, with the reason on
 // stderr, when it cannot be encoded (no encoder in the driver, or an address
 // or byte stride that is not a multiple of 16).
 inline bool make_map(CUtensorMap* map, const void* p, int dh, int rows, int heads, int64_t batch, int64_t row_stride,
                      int64_t head_stride, int64_t batch_stride, int box_rows) {
-  const CUresult r = gpu::encode_map(map, p, dh, rows, heads, batch, row_stride, head_stride, batch_stride, box_rows);
+  const CUresult r = attn::encode_map(map, p, dh, rows, heads, batch, row_stride, head_stride, batch_stride, box_rows);
   if (r == CUDA_ERROR_NOT_FOUND)
     std::fprintf(stderr, "cuTensorMapEncodeTiled: not found through cudaGetDriverEntryPointByVersion\n");
   else if (r != CUDA_SUCCESS)

@@ -1,18 +1,16 @@
 #pragma once
-// The TMA tensor maps through which the sm_90a kernels read their bf16
-// operands: q, k, v of the attention kernels (cuda/attention_wgmma_kernel.cuh,
-// and the attention lab's candidates in bench/lab/attention_lab_wgmma*.cuh)
-// and the GELU backward GEMM's matrices (cuda/gelu_backward_gemm_kernel.cuh).
-// Encoded on the host per call, passed to the kernel by value. The encoder
-// comes from the driver through the runtime: the library and the lab link
-// cudart, not libcuda.
+// The TMA tensor maps through which the sm_90a attention kernels read q, k,
+// v (cuda/attention_wgmma_kernel.cuh, and the attention lab's candidates in
+// bench/lab/attention_lab_wgmma*.cuh): encoded on the host per call, passed
+// to the kernel by value. The encoder comes from the driver through the
+// runtime: the library and the lab link cudart, not libcuda.
 #include <cuda.h>  // CUtensorMap and its enums (types only)
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace hg::gpu {
+namespace hg::gpu::attn {
 
 constexpr int kSwizzleBytes = 128;  // one row of a TMA box: 64 bf16
 constexpr int kBoxCols = kSwizzleBytes / 2;
@@ -48,12 +46,4 @@ inline CUresult encode_map(CUtensorMap* map, const void* p, int dh, int rows, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
-// The map of a bf16 matrix [rows][cols], `ld` elements between rows: boxes
-// of box_rows x 64 columns, 128-byte swizzle, zeros past either end (the 4-D
-// map with one head and one batch).
-inline CUresult encode_matrix_map(CUtensorMap* map, const void* p, int cols, int rows, int64_t ld, int box_rows) {
-  const int64_t whole = ld * rows;
-  return encode_map(map, p, cols, rows, 1, 1, ld, whole, whole, box_rows);
-}
-
-}  // namespace hg::gpu
+}  // namespace hg::gpu::attn
