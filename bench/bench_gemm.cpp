@@ -37,26 +37,6 @@ struct Operands {
   Tensor x, w, dy, out_fwd, out_dx, out_dw, bias, aux, pre_dx, bias_grad_dx;
 };
 
-// "KxN,KxN": the Linear shapes (in_features x out_features).
-std::vector<std::pair<int64_t, int64_t>> parse_sizes(const std::string& text) {
-  std::vector<std::pair<int64_t, int64_t>> sizes;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t end = std::min(text.find(',', at), text.size());
-    const std::string item = text.substr(at, end - at);
-    const size_t x = item.find('x');
-    HG_CHECK(x != std::string::npos && x > 0 && x + 1 < item.size() &&
-                 item.find_first_not_of("0123456789x") == std::string::npos,
-             kBench, "--sizes takes KxN items (e.g. 3072x768), got '", item, "'");
-    const int64_t k = std::stoll(item.substr(0, x)), n = std::stoll(item.substr(x + 1));
-    HG_CHECK(k >= 1 && n >= 1 && k <= (1 << 20) && n <= (1 << 20), kBench, "--sizes: K and N in 1..1048576, got '",
-             item, "'");
-    sizes.emplace_back(k, n);
-    at = end + 1;
-  }
-  return sizes;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,6 +63,7 @@ int main(int argc, char** argv) {
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
+    const auto sizes = bench::parse_pairs("--sizes", sizes_text, "KxN");  // a bad list fails before the device
     cli::require_cuda(kBench, "bench_cpu_kernels (its GEMM rows)");
     const DType dtype = dtype_text == "bf16" ? DType::BF16 : DType::F32;
     set_allow_tf32(tf32);
@@ -92,7 +73,6 @@ int main(int argc, char** argv) {
     std::printf("%s on %s, %s%s, M = %lld, peak %.0f TFLOP/s\n", kBench, gpu::device_name(), dtype_text.c_str(),
                 tf32 ? " (TF32 allowed)" : "", static_cast<long long>(m), peak);
     std::printf("%-10s %6s %6s %10s %10s %7s\n", "form", "K", "N", "ms", "TFLOP/s", "%peak");
-    const auto sizes = parse_sizes(sizes_text);
     Generator gen(1);
     for (const auto& [k, n] : sizes) {
       std::vector<Operands> ops(sets);

@@ -51,16 +51,7 @@ struct Size {
 
 std::vector<Size> parse_sizes(const std::string& text) {
   std::vector<Size> sizes;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    long long m = 0, n = 0;
-    char x = 0, rest = 0;
-    if (std::sscanf(item.c_str(), "%lld%c%lld%c", &m, &x, &n, &rest) != 3 || x != 'x' || m < 1 || n < 1 ||
-        m > (1LL << 31) || n > (1LL << 31))
-      cli::usage_error("--sizes", text, ": '", item, "' is not MxN with 1 <= M, N <= 2^31");
-    sizes.push_back({m, n});
-  }
+  for (const auto& [m, n] : bench::parse_pairs("--sizes", text, "MxN")) sizes.push_back({m, n});
   return sizes;
 }
 

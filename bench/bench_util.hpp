@@ -5,12 +5,15 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_runtime.hpp"
@@ -20,6 +23,25 @@
 #include "examples/common/plot.hpp"
 
 namespace hg::bench {
+
+// A comma-separated list of `flag` whose items are AxB (form names them,
+// e.g. "MxN"), 1 <= A, B <= 2^31; anything else is a usage error naming it.
+inline std::vector<std::pair<int64_t, int64_t>> parse_pairs(const std::string& flag, const std::string& text,
+                                                            const char* form) {
+  std::vector<std::pair<int64_t, int64_t>> pairs;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    long long a = 0, b = 0;
+    char x = 0, rest = 0;
+    if (std::sscanf(item.c_str(), "%lld%c%lld%c", &a, &x, &b, &rest) != 3 || x != 'x' || a < 1 || b < 1 ||
+        a > (1LL << 31) || b > (1LL << 31))
+      cli::usage_error(flag, text, ": '", item, "' is not ", form, " with both in 1..2^31");
+    pairs.emplace_back(a, b);
+  }
+  if (pairs.empty()) cli::usage_error(flag, text, ": no ", form, " item");
+  return pairs;
+}
 
 struct Timing {
   double median_ms = 0;
