@@ -122,7 +122,12 @@ int main(int argc, char** argv) {
       std::unique_ptr<Optimizer> alone_opt;
       if (dp.sharded()) alone_opt = std::make_unique<AdamW>(model.parameters(), adamw);
       TrainStepOptions plain;
-      plain.use_graph = false;  // the data-parallel step is not captured either
+      // As the data-parallel step runs: not captured, nothing beside the
+      // forward and backward (TrainStep::work_beside), so that the scaling
+      // compares the same work with and without the collectives.
+      plain.use_graph = false;
+      plain.weight_grads_beside = false;
+      plain.clear_grads_beside = false;
       TrainStep alone_step(model, alone_opt ? *alone_opt : *opt, plain);
       const bench::Timing alone =
           bench::time_op(dev, 2, warmup, iters, [&](int i) { alone_step.run(ids[i], targets[i]); });

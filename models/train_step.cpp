@@ -50,7 +50,7 @@ Tensor TrainStep::on_device(const Tensor& t) const {
 
 void TrainStep::enqueue_gradients(const Tensor& ids, const Tensor& targets, double weight,
                                   const std::vector<double>& shares) {
-  if (work_beside()) clearing_.emplace([&] { model_.zero_grad(); });
+  if (work_beside() && options_.clear_grads_beside) clearing_.emplace([&] { model_.zero_grad(); });
   else model_.zero_grad();
   const int64_t n = static_cast<int64_t>(shares.size()), rows = ids.size(0) / n;
   const bool chunked = options_.chunked_classifier && kernel_mode() == KernelMode::Fused;

@@ -53,6 +53,9 @@ struct TrainStepOptions {
   // the rest of the backward on a second stream (models/weight_grads_beside.hpp);
   // the gradients are the same bit for bit either way.
   bool weight_grads_beside = true;
+  // CUDA without data parallelism: the gradients are cleared on a second
+  // stream beside the forward (joined before the backward writes them).
+  bool clear_grads_beside = true;
 };
 
 // What one step measured, read back after the step has run.

@@ -332,7 +332,10 @@ TEST_CASE("CUDA WeightGradsBeside: the operands of queued work stay alive until 
   CHECK(hg::test::max_abs_diff(got, want) == 0.0);
 }
 
-TEST_CASE("CUDA TrainStep: weight gradients beside the backward equal them in line, bit for bit",
+// Both kinds of work beside (the clearing beside the forward, the weight
+// gradients beside the backward) against the step with neither, as
+// bench_ddp's one-GPU step runs it.
+TEST_CASE("CUDA TrainStep: the work beside the forward and backward equals it in line, bit for bit",
           "[train_step][cuda]") {
   HG_REQUIRE_GPU();
   for (const Precision precision : {Precision::FP32, Precision::BF16})
@@ -349,6 +352,7 @@ TEST_CASE("CUDA TrainStep: weight gradients beside the backward equal them in li
         beside.use_graph = in_line.use_graph = graph;
         beside.grad_accum = in_line.grad_accum = accum;
         in_line.weight_grads_beside = false;
+        in_line.clear_grads_beside = false;
         TrainStep sa(a, oa, beside), sb(b, ob, in_line);
         for (uint64_t s = 0; s < 5; ++s) {
           const Batch batch = make_batch(120 + s, Device::CUDA);
