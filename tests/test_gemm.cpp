@@ -584,6 +584,20 @@ TEST_CASE("CUDA gemm: a bf16 bias with f32 out is refused, an f32 bias with bf16
   CHECK_THAT_ERROR([&] { cuda_backend().gemm(a, b, out_f32, args); }, "bias has dtype");
 }
 
+namespace {
+
+// A bf16 GeluBackward on the device: out = (a b) * gelu'(pre) and its column
+// sums into the f32 bias_grad (written, not added).
+void gelu_backward_cuda(const Tensor& a, const Tensor& b, Tensor& pre, Tensor& out, Tensor& bias_grad) {
+  GemmArgs args;
+  args.epilogue = GemmEpilogue::GeluBackward;
+  args.aux = &pre;
+  args.bias_grad = &bias_grad;
+  cuda_backend().gemm(a, b, out, args);
+}
+
+}  // namespace
+
 // The first FFN linear's bias gradient (models/linear.cpp): GeluBackward
 // with bf16 out and an f32 bias_grad sums the rounded out columns in f32 and
 // writes them in f32. Against the float64 sums of the same bf16 out values:
@@ -601,11 +615,7 @@ TEST_CASE("CUDA gemm: GeluBackward's f32 bias gradient over bf16 out is the f32 
   Tensor aux = Tensor::randn({m, n}, gen, DType::BF16, Device::CUDA);
   Tensor out = Tensor::zeros({m, n}, DType::BF16, Device::CUDA);
   Tensor bias_grad = Tensor::full({n}, 99.0, DType::F32, Device::CUDA);
-  GemmArgs args;
-  args.epilogue = GemmEpilogue::GeluBackward;
-  args.aux = &aux;
-  args.bias_grad = &bias_grad;
-  cuda_backend().gemm(a, b, out, args);
+  gelu_backward_cuda(a, b, aux, out, bias_grad);
   const auto o = f64(out).to_vector(), got = f64(bias_grad).to_vector();
   for (int64_t j = 0; j < n; ++j) {
     double sum = 0, magnitude = 0;
@@ -634,11 +644,7 @@ TEST_CASE("CUDA gemm GeluBackward: a NaN in pre or dy reaches the outputs that r
     Tensor pre = pre_host.to(Device::CUDA);
     Tensor out = Tensor::zeros({m, n}, DType::BF16, Device::CUDA);
     Tensor bias_grad = Tensor::zeros({n}, DType::F32, Device::CUDA);
-    GemmArgs args;
-    args.epilogue = GemmEpilogue::GeluBackward;
-    args.aux = &pre;
-    args.bias_grad = &bias_grad;
-    cuda_backend().gemm(a, b, out, args);
+    gelu_backward_cuda(a, b, pre, out, bias_grad);
     const auto o = f64(out).to_vector(), s = f64(bias_grad).to_vector();
     int64_t nan_count = 0;
     for (int64_t i = 0; i < m; ++i)
