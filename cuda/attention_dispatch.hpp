@@ -48,10 +48,10 @@ inline bool tma_addressable(const void* p, const HeadStrides& s) {
 // with its sm_90a code and the driver's tensor-map encoder found.
 inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                   bool device_ready) {
-  const bool shape = l.head_dim == 128 ||
-                     (l.head_dim == 64 &&
-                      (l.mask != nullptr || std::min(l.tq, l.tk) >= kWgmmaMinTokensDh64 ||
-                       (std::min(l.tq, l.tk) >= kWgmmaMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64)));
+  const int64_t t = std::min(l.tq, l.tk);
+  const bool dh64 = l.mask != nullptr || t >= kWgmmaMinTokensDh64 ||
+                    (t >= kWgmmaMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64);
+  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && dh64);
   // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and
   // finite as a float keeps their order.
   const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
