@@ -13,16 +13,18 @@
 
 namespace hg::gpu {
 
-// At dh 64 the wgmma kernels win from here on; below it they tie or lose
-// (H200 measurements, docs/attention.md). At dh 128 they win at every T, and
-// so they do at dh 64 with a key mask (the mma.sync kernels then take every
-// tile element by element).
-constexpr int64_t kWgmmaMinTokensDh64 = 2048;
-// From kWgmmaMinFewTilesDh64 on they also win in a call of at most
-// kWgmmaMaxQueryTilesDh64 128-query tiles (B * H * ceil(Tq / 128)): at T 1024
-// up to 192 heads, GPT-2 small's attention to batch 16. At T 256 and 512 the
-// mma.sync kernels win at every head count measured.
-constexpr int64_t kWgmmaMinFewTilesDh64 = 1024;
+// Head dim 64 without a key mask (H200 measurements, docs/attention.md; at
+// dh 128, and at dh 64 with a key mask, where the mma.sync kernels take
+// every tile element by element, the wgmma kernels win at every T):
+// - the wgmma forward (64-key tiles, two blocks a SM) wins at every T and
+//   head count measured, from T 256 (shorter T: not measured);
+// - the wgmma backward wins from T 2048, and from T 1024 in a call of at
+//   most kWgmmaMaxQueryTilesDh64 128-query tiles (B * H * ceil(Tq / 128)):
+//   up to 192 heads at T 1024, GPT-2 small's attention to batch 16. Below,
+//   it ties or trails the mma.sync backward.
+constexpr int64_t kWgmmaForwardMinTokensDh64 = 256;
+constexpr int64_t kWgmmaBackwardMinTokensDh64 = 2048;
+constexpr int64_t kWgmmaBackwardMinFewTilesDh64 = 1024;
 constexpr int64_t kWgmmaMaxQueryTilesDh64 = 1536;
 
 inline int64_t query_tiles(const AttentionLayout& l) { return l.heads_total() * ((l.tq + 127) / 128); }
@@ -43,32 +45,39 @@ inline bool tma_addressable(const void* p, const HeadStrides& s) {
   return true;
 }
 
-// Whether a BF16 call with q, k, v at these addresses takes the wgmma
-// forward, given `device_ready`: compute capability 9.0, the library built
-// with its sm_90a code and the driver's tensor-map encoder found.
-inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
-                                  bool device_ready) {
-  const int64_t t = std::min(l.tq, l.tk);
-  const bool dh64 = l.mask != nullptr || t >= kWgmmaMinTokensDh64 ||
-                    (t >= kWgmmaMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64);
-  const bool shape = l.head_dim == 128 || (l.head_dim == 64 && dh64);
-  // The kernel takes the row max of the raw scores: scale * log2(e) > 0 and
-  // finite as a float keeps their order.
+// What both wgmma directions need besides the head-dim rules: `device_ready`
+// (compute capability 9.0, the library built with its sm_90a code and the
+// driver's tensor-map encoder found), q, k, v addressable by TMA with the
+// batch outermost, and a scale whose log2(e) multiple is positive and finite
+// as a float (the kernels take the row max of the raw scores, so the scale
+// must keep their order).
+inline bool wgmma_takes(const AttentionLayout& l, const void* q, const void* k, const void* v, bool device_ready) {
   const float scale_log2 = static_cast<float>(l.scale * 1.4426950408889634);
   const bool scale = scale_log2 > 0.f && std::isfinite(scale_log2);
-  return device_ready && shape && scale && l.tq >= 1 && l.tk >= 1 && l.batch < (int64_t(1) << 31) &&
-         batch_outermost(l.q, l.tq, l.head_dim) && batch_outermost(l.kv, l.tk, l.head_dim) &&
-         batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) && tma_addressable(k, l.kv) &&
-         tma_addressable(v, l.kv);
+  return device_ready && (l.head_dim == 64 || l.head_dim == 128) && scale && l.tq >= 1 && l.tk >= 1 &&
+         l.batch < (int64_t(1) << 31) && batch_outermost(l.q, l.tq, l.head_dim) &&
+         batch_outermost(l.kv, l.tk, l.head_dim) && batch_outermost(l.o, l.tq, l.head_dim) && tma_addressable(q, l.q) &&
+         tma_addressable(k, l.kv) && tma_addressable(v, l.kv);
 }
 
-// Whether a BF16 backward with these operands takes the wgmma backward: a
-// call the wgmma forward takes (at dh 64 elsewhere below T 2048 the wgmma
-// kernels tie or trail the mma.sync ones on the H200, docs/attention.md),
-// with do (read at o's strides) addressable by TMA too.
+// Whether a BF16 forward with q, k, v at these addresses takes the wgmma
+// kernel: dh 128, or dh 64 with a key mask or T = min(Tq, Tk) from 256.
+inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
+                                  bool device_ready) {
+  const bool dh64 = l.mask != nullptr || std::min(l.tq, l.tk) >= kWgmmaForwardMinTokensDh64;
+  return (l.head_dim == 128 || dh64) && wgmma_takes(l, q, k, v, device_ready);
+}
+
+// Whether a BF16 backward with these operands takes the wgmma kernels: dh
+// 128, or dh 64 with a key mask, T from 2048, or T from 1024 with few query
+// tiles; do (read at o's strides) addressable by TMA too. Either forward's
+// row stats serve either backward: both forwards write them alike.
 inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
                                    const void* dout, bool device_ready) {
-  return wgmma_forward_applies(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
+  const int64_t t = std::min(l.tq, l.tk);
+  const bool dh64 = l.mask != nullptr || t >= kWgmmaBackwardMinTokensDh64 ||
+                    (t >= kWgmmaBackwardMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64);
+  return (l.head_dim == 128 || dh64) && wgmma_takes(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
 }
 
 }  // namespace hg::gpu

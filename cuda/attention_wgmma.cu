@@ -35,17 +35,24 @@ CUtensorMap make_map(const void* p, int dh, int rows, int heads, int64_t batch, 
   return map;
 }
 
+template <int DH, bool kMasked>
+void launch(const Args& a, int64_t batch) {
+  constexpr int keys = forward_keys<DH, kMasked>();
+  const CUtensorMap qmap = make_map(a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kRows, "q");
+  const CUtensorMap kmap = make_map(a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, keys, "k");
+  const CUtensorMap vmap = make_map(a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, keys, "v");
+  const auto kernel = forward_wgmma_kernel<DH, kMasked>;
+  constexpr size_t smem = Plan<DH, kMasked>::kSmem;
+  allow_dynamic_smem(kernel, smem);
+  const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(batch * a.heads));
+  kernel<<<grid, forward_threads(kMasked), smem, stream()>>>(qmap, kmap, vmap, a);
+  HG_CUDA_CHECK_LAUNCH("attention_forward_wgmma");
+}
+
 template <int DH>
 void launch(const Args& a, int64_t batch) {
-  const CUtensorMap qmap = make_map(a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kRows, "q");
-  const CUtensorMap kmap = make_map(a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kKeys, "k");
-  const CUtensorMap vmap = make_map(a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kKeys, "v");
-  const bool masked = a.mask != nullptr;
-  const auto kernel = masked ? forward_wgmma_kernel<DH, true> : forward_wgmma_kernel<DH, false>;
-  allow_dynamic_smem(kernel, Plan<DH>::kSmem);
-  const dim3 grid(unsigned((a.tq + kRows - 1) / kRows), unsigned(batch * a.heads));
-  kernel<<<grid, forward_threads(masked), Plan<DH>::kSmem, stream()>>>(qmap, kmap, vmap, a);
-  HG_CUDA_CHECK_LAUNCH("attention_forward_wgmma");
+  if (a.mask != nullptr) launch<DH, true>(a, batch);
+  else launch<DH, false>(a, batch);
 }
 
 // The backward after delta is written: the dk/dv kernel (k, v resident; q,

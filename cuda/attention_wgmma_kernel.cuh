@@ -7,10 +7,10 @@
 // forward"). A block of 128 queries:
 //   - two consumer warpgroups of 64 queries each (wgmma's M) and one
 //     producer warp, one thread of which issues every TMA copy;
-//   - q (once) and k, v tiles of 128 keys land by TMA (128-byte swizzle,
-//     zeros past the tensor's ends) in a ring of 2 stages; each stage has a
-//     "full" mbarrier (its bytes arrived) and an "empty" one (every consumer
-//     thread is done with it);
+//   - q (once) and k, v tiles of 64 or 128 keys (forward_keys) land by
+//     TMA (128-byte swizzle, zeros past the tensor's ends) in a ring of 2
+//     stages; each stage has a "full" mbarrier (its bytes arrived) and an
+//     "empty" one (every consumer thread is done with it);
 //   - s = q k^T by wgmma with both operands in shared memory (ss), the
 //     online softmax in registers (scale * log2(e) folded into one fma
 //     before exp2), then o += p v by wgmma with p from registers and v from
@@ -50,7 +50,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kRows = 128;                               // queries a block: two consumer warpgroups of 64
-constexpr int kKeys = 128;                               // keys a tile
 constexpr int kStages = 2;                               // k, v tiles in flight
 constexpr int kConsumers = 2;                            // warpgroups
 constexpr int kThreadsPerBlock = 128 * kConsumers + 32;  // + the producer warp
@@ -73,8 +72,23 @@ struct ForwardPlan {
   static constexpr int kMaskOffset = kBarOffset + (1 + 2 * ST) * 8;
   static constexpr size_t kSmem = size_t(kMaskOffset) + ST * KB * 4 + 1024;  // + the base's alignment
 };
-template <int DH>
-using Plan = ForwardPlan<DH, kRows, kKeys, kStages>;
+// Keys a k, v tile, and the blocks a SM (the kernel's launch bound). At dh
+// 64 without a mask, 64-key tiles hold a consumer thread to 96 registers, so
+// two blocks share a SM and one block's softmax, first tile and stores run
+// beside the other's products (1.15-1.25x the one-block kernel on 128-key
+// tiles, docs/attention.md). At dh 128, and in the masked kernel with its
+// producer warpgroup, a block takes the SM's registers either way, and
+// 128-key tiles halve the barriers a tile.
+template <int DH, bool kMasked = false>
+constexpr bool two_blocks_per_sm() {
+  return DH == 64 && !kMasked;
+}
+template <int DH, bool kMasked = false>
+constexpr int forward_keys() {
+  return two_blocks_per_sm<DH, kMasked>() ? 64 : 128;
+}
+template <int DH, bool kMasked = false>
+using Plan = ForwardPlan<DH, kRows, forward_keys<DH, kMasked>(), kStages>;
 
 // What a consumer thread's tile loop works on, for a Loop given to
 // forward_body (the attention lab's candidates): the arguments and c =
@@ -267,8 +281,8 @@ struct MaskedRegisters {
 
 // One block of the forward, for blocks of ROWS queries (ROWS / 64 consumer
 // warpgroups and the producer warp: 2 ROWS + 32 threads) and k, v tiles of
-// KB keys in ST stages. The library's kernel runs it at kRows, kKeys,
-// kStages with its own tile loop; the attention lab also at other shapes,
+// KB keys in ST stages. The library's kernel runs it at kRows,
+// forward_keys, kStages with its own tile loop; the attention lab also at other shapes,
 // and with a Loop of its own (Loop::run<DH, ROWS, KB, ST>(ConsumerTiles))
 // in place of that loop. `a` is taken by value, as the kernel takes it
 // (through a reference nvcc 13.0 emitted other code).
@@ -374,12 +388,12 @@ __device__ __forceinline__ void forward_body(const CUtensorMap& qmap, const CUte
 
 // kMasked: a.mask holds a row of additive key biases per batch.
 template <int DH, bool kMasked = false>
-__global__ void __launch_bounds__(forward_threads(kMasked), 1)
+__global__ void __launch_bounds__(forward_threads(kMasked), two_blocks_per_sm<DH, kMasked>() ? 2 : 1)
     forward_wgmma_kernel(const __grid_constant__ CUtensorMap qmap, const __grid_constant__ CUtensorMap kmap,
                          const __grid_constant__ CUtensorMap vmap, Args a) {
   static_assert(DH == 64 || DH == 128);
 #if HG_WGMMA_DEVICE
-  forward_body<DH, kRows, kKeys, kStages, void, kMasked>(qmap, kmap, vmap, a);
+  forward_body<DH, kRows, forward_keys<DH, kMasked>(), kStages, void, kMasked>(qmap, kmap, vmap, a);
 #endif  // HG_WGMMA_DEVICE
 }
 

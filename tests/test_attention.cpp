@@ -709,11 +709,13 @@ const char* aligned_address() {
 struct DispatchCase {
   Problem p;
   const void* base;
-  bool time_major_kv, wgmma;
+  bool time_major_kv, wgmma;  // wgmma: both directions take the wgmma kernels
+  bool forward_only = false;  // the forward takes the wgmma kernel, the backward the mma.sync ones
+  bool wgmma_forward() const { return wgmma || forward_only; }
 };
 
 // Head dim 128 at several T, causal or not, and each rule broken once;
-// head dim 64 on both sides of T 2048, and with a key mask.
+// head dim 64 on both sides of T 1024 and 2048, and with a key mask.
 std::vector<DispatchCase> dispatch_cases() {
   const char* at = aligned_address();
   std::vector<DispatchCase> cases;
@@ -738,19 +740,22 @@ std::vector<DispatchCase> dispatch_cases() {
       cases.push_back({q, at, false, false});
     }
   p.dh = 64;
-  // Head dim 64 without a mask: from T 2048 on, or from T 1024 in a call of
-  // at most 1536 query tiles of 128 rows (B * H * ceil(Tq / 128)).
-  for (const auto& [b, t, wgmma] : {std::tuple{int64_t(2), int64_t(300), false},  // 18 tiles, T < 1024
-                                    {int64_t(2), int64_t(1023), false},
-                                    {int64_t(2), int64_t(1024), true},
-                                    {int64_t(192), int64_t(1024), true},   // 1536 tiles
-                                    {int64_t(192), int64_t(1025), false},  // 1728
-                                    {int64_t(256), int64_t(1024), false},  // 2048
-                                    {int64_t(256), int64_t(2047), false},
-                                    {int64_t(256), int64_t(2048), true},
-                                    {int64_t(2), int64_t(8192), true}}) {
+  // Head dim 64 without a mask: the forward from T 256 on; the backward
+  // from T 2048 on, or from T 1024 in a call of at most 1536 query tiles of
+  // 128 rows (B * H * ceil(Tq / 128)).
+  for (const auto& [b, t, wgmma, forward_only] : {std::tuple{int64_t(2), int64_t(255), false, false},  // T < 256
+                                                  {int64_t(2), int64_t(256), false, true},
+                                                  {int64_t(2), int64_t(300), false, true},  // 18 tiles, T < 1024
+                                                  {int64_t(2), int64_t(1023), false, true},
+                                                  {int64_t(2), int64_t(1024), true, false},
+                                                  {int64_t(192), int64_t(1024), true, false},  // 1536 tiles
+                                                  {int64_t(192), int64_t(1025), false, true},  // 1728
+                                                  {int64_t(256), int64_t(1024), false, true},  // 2048
+                                                  {int64_t(256), int64_t(2047), false, true},
+                                                  {int64_t(256), int64_t(2048), true, false},
+                                                  {int64_t(2), int64_t(8192), true, false}}) {
     p.b = b, p.h = b == 2 ? 3 : 1, p.tq = p.tk = t;
-    cases.push_back({p, at, false, wgmma});
+    cases.push_back({p, at, false, wgmma, forward_only});
   }
   // Head dim 64 with a key mask: any T, any number of tiles.
   for (const auto& [tq, tk] : {std::pair{int64_t(300), int64_t(300)}, {int64_t(1), int64_t(8192)}}) {
@@ -758,16 +763,18 @@ std::vector<DispatchCase> dispatch_cases() {
     q.b = 256, q.h = 1, q.tq = tq, q.tk = tk, q.mask = true;
     cases.push_back({q, at, false, true});
   }
-  // Head dim 64 with Tq != Tk, no mask: both from 2048 on, or both from 1024
-  // with few query tiles.
+  // Head dim 64 with Tq != Tk, no mask: the rules on the smaller of the two.
   p.b = 256, p.h = 1;
-  for (const auto& [tq, tk, wgmma] : {std::tuple{int64_t(2048), int64_t(2047), false},
-                                      {int64_t(1), int64_t(8192), false},
-                                      {int64_t(4096), int64_t(2048), true},
-                                      {int64_t(768), int64_t(8192), false},      // 1536 tiles, Tq < 1024
-                                      {int64_t(8192), int64_t(1024), false}}) {  // 16384 tiles
+  for (const auto& [tq, tk, wgmma, forward_only] :
+       {std::tuple{int64_t(2048), int64_t(2047), false, true},
+        {int64_t(1), int64_t(8192), false, false},
+        {int64_t(4096), int64_t(2048), true, false},
+        {int64_t(768), int64_t(8192), false, true},      // 1536 tiles, Tq < 1024
+        {int64_t(255), int64_t(8192), false, false},     // Tq < 256
+        {int64_t(8192), int64_t(200), false, false},     // Tk < 256
+        {int64_t(8192), int64_t(1024), false, true}}) {  // 16384 tiles
     p.tq = tq, p.tk = tk;
-    cases.push_back({p, at, false, wgmma});
+    cases.push_back({p, at, false, wgmma, forward_only});
   }
   p.b = 2, p.h = 3;
   for (const auto& [tq, tk] : {std::pair{int64_t(1024), int64_t(1100)}, {int64_t(1500), int64_t(1024)}})
@@ -848,9 +855,9 @@ TEST_CASE("attention: the BF16 forward and backward take the wgmma kernels exact
     INFO(describe(c.p) << " scale " << c.p.scale << (c.time_major_kv ? " time-major k, v" : "")
                        << (c.base == aligned_address() ? "" : " misaligned"));
     const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
-    CHECK(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/true) == c.wgmma);
+    CHECK(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/true) == c.wgmma_forward());
     CHECK_FALSE(hg::gpu::wgmma_forward_applies(l, c.base, c.base, c.base, /*device_ready=*/false));
-    // The backward: the forward's cases, with do TMA-aligned too.
+    // The backward: its own cases, with do TMA-aligned too.
     CHECK(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, true) == c.wgmma);
     CHECK_FALSE(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, c.base, false));
     CHECK_FALSE(hg::gpu::wgmma_backward_applies(l, c.base, c.base, c.base, aligned_address() + 2, true));
@@ -874,7 +881,7 @@ TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exac
                        << (c.base == aligned_address() ? "" : " misaligned"));
     const hg::AttentionLayout l = layout_of(c.p, c.time_major_kv);
     CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) ==
-          (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
+          (c.wgmma_forward() && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionKernel::F32);
     CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
           (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
@@ -938,8 +945,9 @@ TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the
     }
 }
 
-// Head dim 64 takes both from T 2048 on (both kernels on tiles of 128
-// streamed rows), and from T 1024 in calls of few query tiles: at 1024 and
+// Head dim 64 takes both from T 2048 on (the forward on 64-key tiles, the
+// backward on tiles of 128 streamed rows), and from T 1024 in calls of few
+// query tiles: at 1024 and
 // 2048 causal, at 1025 and 2111 (a last tile of 1 and 63) not, Tq != Tk
 // either way from 1024, against float64, the mma.sync kernels and a second
 // run.
@@ -959,6 +967,43 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 1024"
     INFO(describe(p) << ": lse against the mma.sync forward's (fp32 arithmetic on the same exact products)");
     CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
   }
+}
+
+// Head dim 64 from T 256 to 1023, and in a call of many query tiles (194
+// heads of T 1025: 1746 tiles), takes the wgmma forward and the mma.sync
+// backward, which rebuilds p from the wgmma forward's row stats. The short
+// shapes against float64 too (T 256; 257, a last key tile of 1; Tq != Tk
+// either way: 319 queries on 700 keys, a last tile of 60, and 1000 on 300,
+// of 44); every shape against the mma.sync kernels in
+// both directions on the same inputs (o and lse within the bf16 forward's
+// 8e-3 and 4e-6, gradients within 2e-2), and bitwise on a second run.
+TEST_CASE("attention: CUDA BF16 wgmma forward before the mma.sync backward at dh 64", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  uint64_t seed = 5300;
+  for (const auto& [b, h, tq, tk] : {std::tuple{int64_t(1), int64_t(2), int64_t(256), int64_t(256)},
+                                     {int64_t(2), int64_t(1), int64_t(257), int64_t(257)},
+                                     {int64_t(1), int64_t(2), int64_t(319), int64_t(700)},
+                                     {int64_t(1), int64_t(2), int64_t(1000), int64_t(300)},
+                                     {int64_t(2), int64_t(97), int64_t(1025), int64_t(1025)}})
+    for (bool causal : {false, true}) {
+      Problem p;
+      p.b = b, p.h = h, p.tq = tq, p.tk = tk, p.dh = 64, p.causal = causal, p.scale = 0.125;
+      const std::string what = describe(p);
+      INFO(what);
+      const char* at = aligned_address();
+      REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
+      REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) ==
+              AttentionKernel::MmaSync);
+      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
+      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+      if (tq < 1025) check_close_bf16(got, reference(p, in), what);
+      const Outputs mma = run_mma_sync(p, in);
+      check_close(got, mma, 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
+      CHECK(err(got.lse, mma.lse) < 4e-6);
+      INFO(what << ": a second run");
+      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+    }
 }
 
 // Each shape (Tq, Tk, head dim), causal or not, through both wgmma kernels

@@ -403,7 +403,7 @@ cudaError_t forward_split(const Args& a, int64_t bh, cudaStream_t stream = nullp
 // launch shape cuda/attention_wgmma.cu gives it.
 template <int DH>
 cudaError_t forward_production(const Args& a, int64_t bh, cudaStream_t stream = nullptr) {
-  return launch_forward(attn::forward_wgmma_kernel<DH>, attn::kRows, attn::kKeys, attn::kThreadsPerBlock,
+  return launch_forward(attn::forward_wgmma_kernel<DH>, attn::kRows, attn::forward_keys<DH>(), attn::kThreadsPerBlock,
                         attn::Plan<DH>::kSmem, DH, a, bh, stream);
 }
 
