@@ -78,7 +78,7 @@ struct ForwardPlan {
 // beside the other's products (1.15-1.25x the one-block kernel on 128-key
 // tiles, docs/attention.md). At dh 128, and in the masked kernel with its
 // producer warpgroup, a block takes the SM's registers either way, and
-// 128-key tiles halve the barriers a tile.
+// 128-key tiles wait on half as many stage barriers.
 template <int DH, bool kMasked = false>
 constexpr bool two_blocks_per_sm() {
   return DH == 64 && !kMasked;

@@ -716,13 +716,15 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
   const int count = !bf16_inputs ? (backward ? kF32BackwardVariants : 1)
                     : backward   ? (dh >= 64 ? kWgmmaBackwardFirst + kWgmmaBackwardVariants : kBf16BackwardVariants)
                                  : kBf16ForwardVariants + (dh >= 64 ? kWgmmaForwardVariants : 0);
-  // On sm_90 the library runs the wgmma kernels at dh 128 (and at dh 64
-  // from T 2048, cuda/attention_dispatch.hpp; marked here as below it).
-  const bool wgmma_dh128 = bf16_inputs && dh == 128 && g_sm90;
-  const int production = !bf16_inputs  ? (backward ? kF32BackwardProduction : 0)
-                         : wgmma_dh128 ? (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst)
-                         : backward    ? kBf16BackwardProduction
-                                       : kBf16ForwardProduction[dh == 32 ? 0 : 1];
+  // On sm_90 the library runs the wgmma kernels at dh 128, the wgmma
+  // forward at dh 64 from T 256 and the wgmma backward there from T 2048 or
+  // in calls of few query tiles (cuda/attention_dispatch.hpp; marked here
+  // as at T 256 and more, and as below T 2048).
+  const bool wgmma = bf16_inputs && g_sm90 && (dh == 128 || (dh == 64 && !backward));
+  const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
+                         : wgmma      ? (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst)
+                         : backward   ? kBf16BackwardProduction
+                                      : kBf16ForwardProduction[dh == 32 ? 0 : 1];
   std::vector<int> ids;
   for (int v = 0; v < count; ++v) {
     if (!selected(o, bf16_inputs, backward, v, production)) continue;
