@@ -88,14 +88,6 @@ int main(int argc, char** argv) {
         o.pre_dx = Tensor::randn({m, k}, gen, DType::F32, Device::CUDA).to(dtype);
         o.bias_grad_dx = Tensor::zeros({k}, DType::F32, Device::CUDA);
       }
-      const auto gelu_backward = [&](Operands& o) {
-        GemmArgs a;
-        a.epilogue = GemmEpilogue::GeluBackward;
-        a.aux = &o.pre_dx;
-        a.bias_grad = &o.bias_grad_dx;
-        a.bias_grad_accumulate = true;
-        be.gemm(o.dy, o.w, o.out_dx, a);
-      };
       struct Form {
         const char* name;
         std::function<void(Operands&)> run;
@@ -122,7 +114,15 @@ int main(int argc, char** argv) {
              a.aux = &o.aux;
              be.gemm(o.x, o.w, o.out_fwd, a);
            }},
-          {"gelu_bwd", gelu_backward},
+          {"gelu_bwd",
+           [&](Operands& o) {
+             GemmArgs a;
+             a.epilogue = GemmEpilogue::GeluBackward;
+             a.aux = &o.pre_dx;
+             a.bias_grad = &o.bias_grad_dx;
+             a.bias_grad_accumulate = true;
+             be.gemm(o.dy, o.w, o.out_dx, a);
+           }},
       };
       for (const Form& f : forms) {
         const bench::Timing t =

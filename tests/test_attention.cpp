@@ -801,17 +801,17 @@ bool wgmma_test_runs() {
 }
 
 // A BF16 call of p's shape (contiguous, TMA-aligned operands) takes
-// `kernel` both ways.
-void require_kernels(const Problem& p, AttentionKernel kernel) {
+// `forward` forward and `backward` backward.
+void require_kernels(const Problem& p, AttentionKernel forward, AttentionKernel backward) {
   const char* at = aligned_address();
-  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == kernel);
-  REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == kernel);
+  REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == forward);
+  REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) == backward);
 }
 
 // The same inputs through the mma.sync kernels.
 Outputs run_mma_sync(const Problem& p, const Inputs& in) {
   MmaSyncOnly only;
-  require_kernels(p, AttentionKernel::MmaSync);
+  require_kernels(p, AttentionKernel::MmaSync, AttentionKernel::MmaSync);
   return run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
 }
 
@@ -827,19 +827,21 @@ void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& go
   CHECK(err(got.lse, mma.lse) < 4e-6);
 }
 
-// A call the wgmma forward and backward take (required), run and checked:
-// against float64, against the mma.sync kernels on the same inputs (o and
-// lse within the bf16 forward's 8e-3, gradients within 2e-2), and bitwise
-// on a second run. Returns both runs' outputs.
+// A call the wgmma forward and the `backward` kernels take (required), run
+// and checked: against float64 (unless against_float64 is false), against
+// the mma.sync kernels on the same inputs (o and lse within the bf16
+// forward's 8e-3, gradients within 2e-2), and bitwise on a second run.
+// Returns both runs' outputs.
 struct WgmmaRun {
   Outputs got, mma_sync;
 };
-WgmmaRun check_wgmma_run(const Problem& p, const Inputs& in) {
+WgmmaRun check_wgmma_run(const Problem& p, const Inputs& in, AttentionKernel backward = AttentionKernel::Wgmma,
+                         bool against_float64 = true) {
   const std::string what = describe(p);
   INFO(what);
-  require_kernels(p, AttentionKernel::Wgmma);
+  require_kernels(p, AttentionKernel::Wgmma, backward);
   WgmmaRun r{run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), run_mma_sync(p, in)};
-  check_close_bf16(r.got, reference(p, in), what);
+  if (against_float64) check_close_bf16(r.got, reference(p, in), what);
   check_close(r.got, r.mma_sync, 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
   INFO(what << ": a second run");
   check_bitwise_repeat(r.got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
@@ -988,20 +990,10 @@ TEST_CASE("attention: CUDA BF16 wgmma forward before the mma.sync backward at dh
     for (bool causal : {false, true}) {
       Problem p;
       p.b = b, p.h = h, p.tq = tq, p.tk = tk, p.dh = 64, p.causal = causal, p.scale = 0.125;
-      const std::string what = describe(p);
-      INFO(what);
-      const char* at = aligned_address();
-      REQUIRE(hg::gpu::attention_forward_kernel(DType::BF16, at, at, at, layout_of(p)) == AttentionKernel::Wgmma);
-      REQUIRE(hg::gpu::attention_backward_kernel(DType::BF16, at, at, at, at, layout_of(p)) ==
-              AttentionKernel::MmaSync);
-      const Inputs in = rounded_to_bf16(make_inputs(p, ++seed));
-      const Outputs got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
-      if (tq < 1025) check_close_bf16(got, reference(p, in), what);
-      const Outputs mma = run_mma_sync(p, in);
-      check_close(got, mma, 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
-      CHECK(err(got.lse, mma.lse) < 4e-6);
-      INFO(what << ": a second run");
-      check_bitwise_repeat(got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+      const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)), AttentionKernel::MmaSync,
+                                         /*against_float64=*/tq < 1025);
+      INFO(describe(p) << ": lse against the mma.sync forward's");
+      CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
     }
 }
 
