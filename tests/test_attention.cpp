@@ -673,8 +673,9 @@ TEST_CASE("attention: CUDA backward with more key tiles per head than resident b
 
 // ---------------------------------------------------------------------------
 // The BF16 forward on sm_90a (cuda/attention_wgmma.cu) runs at head dim 128
-// and at head dim 64 from T 256 (with a key mask at any T), any Tq and Tk, scale > 0, batch outermost and TMA-aligned
-// operands, on a compute capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
+// and at head dim 64 from T 256 (with a key mask at any T), any Tq and Tk,
+// scale > 0, batch outermost and TMA-aligned operands, on a compute
+// capability 9.0 device (cuda/attention.cu). Its shapes are checked to take
 // it there, then against float64 (o, lse, and the backward run from its o
 // and stats) and against the mma.sync kernels on the same inputs
 // (allow_wgmma_attention(false) sends a call there).
