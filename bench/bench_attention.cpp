@@ -5,7 +5,9 @@
 // causal halves both. Peak extra memory: the most the allocator held above
 // the inputs during one forward + backward. --key-mask adds a padding mask
 // (batch b pads its last (b % 4) T / 8 keys; FLOPs still count every key),
-// --mma-sync runs the mma.sync kernels where the wgmma ones would run.
+// --mma-sync runs the mma.sync kernels where the wgmma ones would run,
+// --recompute-dq the wgmma backward's recomputing dq kernel where it would
+// store ds.
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -91,7 +93,7 @@ int main(int argc, char** argv) {
   int64_t tokens = 16384, width = 2048;
   int warmup = 3, iters = 15;
   int64_t max_unfused_t = 4096;
-  bool fused_only = false, key_mask = false, mma_sync = false;
+  bool fused_only = false, key_mask = false, mma_sync = false, recompute_dq = false;
   std::string csv_path;
   std::vector<int64_t> seqs{512, 1024, 2048, 4096}, head_dims{64, 128};
   std::vector<std::string> dtypes{"bf16", "f32"};
@@ -108,6 +110,8 @@ int main(int argc, char** argv) {
   app.add_flag("--fused-only", fused_only, "time only the fused path");
   app.add_flag("--key-mask", key_mask, "a padding mask: batch b removes its last (b % 4) * T / 8 keys");
   app.add_flag("--mma-sync", mma_sync, "BF16: the mma.sync kernels where the sm_90a wgmma ones would run");
+  app.add_flag("--recompute-dq", recompute_dq,
+               "BF16: the wgmma backward recomputes s and dp for dq where it would store ds");
   app.add_option("--csv", csv_path, "write every row here too");
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
@@ -115,9 +119,11 @@ int main(int argc, char** argv) {
     cli::require_cuda("bench_attention", "hg_op attention, bench_train --device cpu");
     if (!csv_path.empty()) cli::check_writable(csv_path, "--csv");
     gpu::allow_wgmma_attention(!mma_sync);
-    std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up%s%s\n", gpu::device_name(),
+    gpu::allow_stored_ds_attention(!recompute_dq);
+    std::printf("GPU: %s; tokens %lld, width %lld; median of %d after %d warm-up%s%s%s\n", gpu::device_name(),
                 static_cast<long long>(tokens), static_cast<long long>(width), iters, warmup,
-                key_mask ? "; padding mask" : "", mma_sync ? "; mma.sync kernels" : "");
+                key_mask ? "; padding mask" : "", mma_sync ? "; mma.sync kernels" : "",
+                recompute_dq ? "; dq recomputed" : "");
     std::printf("%-5s %5s %4s %6s %-7s | %9s %9s | %8s %8s | %9s\n", "dtype", "T", "dh", "causal", "path", "fwd ms",
                 "bwd ms", "fwd TF/s", "bwd TF/s", "peak MiB");
     std::unique_ptr<bench::Csv> csv;

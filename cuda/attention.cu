@@ -1039,16 +1039,24 @@ void forward_bf16(const Args& a, int64_t bh) {
          "attention_forward_bf16");
 }
 
-// wgmma: the sm_90a kernels after delta (cuda/attention_wgmma.cu).
+// The stored-ds backward's scratch (attention_backward allocates it).
+struct DsScratch {
+  void* at = nullptr;
+  int64_t heads_per_chunk = 0;
+};
+
+// kernel: MmaSync, or the sm_90a kernels after delta (cuda/attention_wgmma.cu).
 template <int DH>
-void backward_bf16(const Args& a, int64_t bh, bool wgmma) {
+void backward_bf16(const Args& a, int64_t bh, AttentionKernel kernel, const DsScratch& ds) {
   constexpr Bf16BackwardConfig C = kBf16Backward[head_dim_index(DH)];
   static_assert(C.dq_keys % C.dq_sub == 0);
   const int64_t rows = bh * a.tq;
   const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
   delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta");
-  if (wgmma) {  // dq beside dk/dv as well: 1.5-4% at T 1024 (bench/lab/attention.md)
+  if (kernel == AttentionKernel::WgmmaStoredDs)
+    return attn::backward_wgmma_stored_ds(a, bh / a.heads, DH, ds.at, ds.heads_per_chunk);
+  if (kernel == AttentionKernel::Wgmma) {  // dq beside dk/dv as well: 1.5-4% at T 1024 (bench/lab/attention.md)
     SideStream side;
     attn::backward_wgmma(a, bh / a.heads, DH, side.get());
     side.join();
@@ -1076,9 +1084,9 @@ void forward_for(const Args& a, int64_t bh, bool bf16_inputs) {
 }
 
 template <int DH>
-void backward_for(const Args& a, int64_t bh, AttentionKernel kernel) {
+void backward_for(const Args& a, int64_t bh, AttentionKernel kernel, const DsScratch& ds) {
   if (kernel == AttentionKernel::F32) return attn::backward_f32<DH>(a, bh);  // its dq kernel writes delta
-  backward_bf16<DH>(a, bh, kernel == AttentionKernel::Wgmma);
+  backward_bf16<DH>(a, bh, kernel, ds);
 }
 
 template <class Fn>
@@ -1116,12 +1124,14 @@ void check_sizes(const AttentionLayout& l, DType dtype, const char* op) {
   check_strides(l.o, "o", dtype, op);
 }
 
-std::atomic<bool> wgmma_allowed{true};  // allow_wgmma_attention
+std::atomic<bool> wgmma_allowed{true};      // allow_wgmma_attention
+std::atomic<bool> stored_ds_allowed{true};  // allow_stored_ds_attention
 
 }  // namespace
 
 void allow_wgmma_attention(bool allowed) { wgmma_allowed.store(allowed); }
 bool wgmma_attention_allowed() { return wgmma_allowed.load(); }
+void allow_stored_ds_attention(bool allowed) { stored_ds_allowed.store(allowed); }
 
 AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
                                          const AttentionLayout& layout) {
@@ -1135,9 +1145,10 @@ AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void*
 AttentionKernel attention_backward_kernel(DType dtype, const void* dout, const void* q, const void* k, const void* v,
                                           const AttentionLayout& layout) {
   if (dtype != DType::BF16) return AttentionKernel::F32;
-  return wgmma_attention_allowed() && wgmma_backward_applies(layout, q, k, v, dout, true) && attn::wgmma_available()
-             ? AttentionKernel::Wgmma
-             : AttentionKernel::MmaSync;
+  if (!(wgmma_attention_allowed() && wgmma_backward_applies(layout, q, k, v, dout, true) && attn::wgmma_available()))
+    return AttentionKernel::MmaSync;
+  return stored_ds_allowed.load() && wgmma_backward_stores_ds(layout) ? AttentionKernel::WgmmaStoredDs
+                                                                      : AttentionKernel::Wgmma;
 }
 
 void attention_forward(DType dtype, const void* q, const void* k, const void* v, const AttentionLayout& layout,
@@ -1186,7 +1197,15 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
   a.dv = dv;
   a.stats = reinterpret_cast<float2*>(stats.data<float>());
   a.delta = delta.data<float>();
-  by_head_dim(layout.head_dim, [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), kernel); });
+  DsScratch ds;
+  Tensor scratch;
+  if (kernel == AttentionKernel::WgmmaStoredDs) {
+    ds.heads_per_chunk = stored_ds_heads_per_chunk(layout);
+    scratch = Tensor::empty({ds.heads_per_chunk * stored_ds_bytes_per_head(layout) / 2}, DType::BF16, Device::CUDA);
+    ds.at = scratch.raw_data();
+  }
+  by_head_dim(layout.head_dim,
+              [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), kernel, ds); });
 }
 
 }  // namespace hg::gpu

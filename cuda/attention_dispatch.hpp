@@ -80,4 +80,35 @@ inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, cons
   return (l.head_dim == 128 || dh64) && wgmma_takes(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
 }
 
+// Whether the wgmma backward stores ds (the dk/dv kernel writes it as bf16,
+// the dq kernel reads it instead of recomputing s and dp): at head dim 128,
+// where a head's ds is at most kStoredDsMaxHeadBytes (T 4096 by 4096). The
+// scratch is O(Tq Tk) a head, so a call runs in chunks of heads of at most
+// kStoredDsChunkBytes; causal calls only where one chunk takes every head or
+// launches at least kStoredDsMinCausalBlocks dk/dv blocks (their work falls
+// with the key tile, and a short launch ends on its longest blocks). Why:
+// it moves 64 bytes a tile pair to save 2 products of 128 x 128 x dh, 128
+// FLOP a byte at dh 128 (a win), 64 at dh 64 (about even on the H200), see
+// docs/attention.md, "The stored ds".
+constexpr int64_t kStoredDsMaxHeadBytes = int64_t(32) << 20;
+constexpr int64_t kStoredDsChunkBytes = int64_t(512) << 20;
+constexpr int64_t kStoredDsMinCausalBlocks = 1024;
+
+// bf16 ds over whole 128 x 128 tiles (what the kernels address).
+inline int64_t stored_ds_bytes_per_head(const AttentionLayout& l) {
+  return ((l.tq + 127) / 128) * ((l.tk + 127) / 128) * 128 * 128 * 2;
+}
+
+// Heads a chunk of the stored-ds backward: as many as kStoredDsChunkBytes
+// holds, at least one, at most the call's.
+inline int64_t stored_ds_heads_per_chunk(const AttentionLayout& l) {
+  return std::clamp<int64_t>(kStoredDsChunkBytes / stored_ds_bytes_per_head(l), 1, l.heads_total());
+}
+
+inline bool wgmma_backward_stores_ds(const AttentionLayout& l) {
+  if (l.head_dim != 128 || stored_ds_bytes_per_head(l) > kStoredDsMaxHeadBytes) return false;
+  const int64_t heads = stored_ds_heads_per_chunk(l);
+  return !l.causal || heads == l.heads_total() || heads * ((l.tk + 127) / 128) >= kStoredDsMinCausalBlocks;
+}
+
 }  // namespace hg::gpu

@@ -21,7 +21,10 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
 // wgmma_forward_applies (cuda/attention_dispatch.hpp) and the device runs
 // it, else the mma.sync one. The pointers matter (TMA takes 16-byte aligned
 // bases).
-enum class AttentionKernel { F32, MmaSync, Wgmma };
+// WgmmaStoredDs (backward only): the wgmma backward whose dk/dv kernel
+// stores ds for the dq kernel (cuda/attention_dispatch.hpp,
+// wgmma_backward_stores_ds).
+enum class AttentionKernel { F32, MmaSync, Wgmma, WgmmaStoredDs };
 
 // Whether BF16 calls may take the wgmma kernels where they apply (true
 // unless set otherwise): false runs the mma.sync kernels everywhere, as
@@ -30,6 +33,10 @@ enum class AttentionKernel { F32, MmaSync, Wgmma };
 // change while another thread runs attention.
 void allow_wgmma_attention(bool allowed);
 bool wgmma_attention_allowed();
+// Whether the wgmma backward may store ds where it applies (true unless set
+// otherwise): false makes it recompute s and dp in its dq kernel everywhere,
+// to compare the two (tests, benchmarks). For the whole process, as above.
+void allow_stored_ds_attention(bool allowed);
 AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void* k, const void* v,
                                          const AttentionLayout& layout);
 
@@ -42,8 +49,8 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
 
 // The kernels attention_backward runs for a call, on the current device:
 // BF16 runs the sm_90a wgmma backward where wgmma_backward_applies
-// (cuda/attention_dispatch.hpp) and the device runs it, else the mma.sync
-// kernels.
+// (cuda/attention_dispatch.hpp) and the device runs it, storing ds where
+// wgmma_backward_stores_ds, else the mma.sync kernels.
 AttentionKernel attention_backward_kernel(DType dtype, const void* dout, const void* q, const void* k, const void* v,
                                           const AttentionLayout& layout);
 

@@ -1,13 +1,14 @@
 // The BF16 flash attention forward and backward on sm_90a (wgmma + TMA):
 // the library's launchers of the kernels in cuda/attention_wgmma_kernel.cuh
 // and cuda/attention_wgmma_backward_kernel.cuh (which the attention lab runs
-// too, as its forward variant 9 and backward variant 14). Only an sm_90a
+// too, as its forward variant 9 and backward variants 14 and 20). Only an sm_90a
 // compile holds the device code (cuda/CMakeLists.txt builds this file for
 // 90a where the build targets 90); elsewhere the kernel bodies are empty and
 // wgmma_available() says no.
 #include <cuda.h>  // CUtensorMap, CUresult (types only: the encoder is fetched from the driver at run time)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cuda_runtime.hpp"
@@ -83,17 +84,54 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   allow_dynamic_smem(dq, kDqSmem);
   const unsigned heads_total = unsigned(batch * a.heads);
   dkdv<<<dim3(unsigned((a.tk + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kDkdvSmem,
-         stream()>>>(k_res, v_res, q_tile, do_tile, a);
+         stream()>>>(k_res, v_res, q_tile, do_tile, a, DsTiles{});
   HG_CUDA_CHECK_LAUNCH("attention_backward_dkdv_wgmma");
   dq<<<dim3(unsigned((a.tq + kBackwardRows - 1) / kBackwardRows), heads_total), kBackwardThreads, kDqSmem, dq_stream>>>(
-      q_res, do_res, k_tile, v_tile, a);
+      q_res, do_res, k_tile, v_tile, a, DsTiles{});
   HG_CUDA_CHECK_LAUNCH("attention_backward_dq_wgmma");
+}
+
+// The backward that stores ds: per chunk of `heads_per_chunk` heads, the
+// dk/dv kernel writing ds into `scratch`, then dq from it, both on stream().
+template <int DH, bool kMasked>
+void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk) {
+  const char* op = "attention_backward";
+  constexpr int kQueryTile = backward_tile(DH, true);
+  const CUtensorMap k_res =
+      make_map(a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kBackwardRows, "k", op);
+  const CUtensorMap v_res =
+      make_map(a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kBackwardRows, "v", op);
+  const CUtensorMap q_tile = make_map(a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kQueryTile, "q", op);
+  const CUtensorMap do_tile =
+      make_map(a.dout, DH, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, kQueryTile, "dout", op);
+  const auto dkdv = backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, kMasked, true>;
+  const auto dq = dq_from_ds_kernel<DH>;
+  constexpr size_t kDkdvSmem = BackwardPlan<DH, kQueryTile>::kSmem, kDqSmem = DqFromDsPlan<DH>::kSmem;
+  allow_dynamic_smem(dkdv, kDkdvSmem);
+  allow_dynamic_smem(dq, kDqSmem);
+  const int64_t heads_total = batch * a.heads;
+  DsTiles ds{static_cast<uint4*>(scratch), 0, 8 * ((a.tq + 127) / 128), (a.tk + 127) / 128};
+  for (int64_t h0 = 0; h0 < heads_total; h0 += heads_per_chunk) {
+    const unsigned heads = unsigned(std::min(heads_per_chunk, heads_total - h0));
+    ds.bh0 = h0;
+    dkdv<<<dim3(unsigned(ds.key_tiles), heads), kBackwardThreads, kDkdvSmem, stream()>>>(k_res, v_res, q_tile, do_tile,
+                                                                                         a, ds);
+    HG_CUDA_CHECK_LAUNCH("attention_backward_dkdv_wgmma (ds stored)");
+    dq<<<dim3(unsigned(ds.query_groups / 8), heads), kDqFromDsThreads, kDqSmem, stream()>>>(k_res, a, ds);
+    HG_CUDA_CHECK_LAUNCH("attention_backward_dq_from_ds_wgmma");
+  }
 }
 
 template <int DH>
 void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
   if (a.mask != nullptr) launch_backward<DH, true>(a, batch, dq_stream);
   else launch_backward<DH, false>(a, batch, dq_stream);
+}
+
+template <int DH>
+void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk) {
+  if (a.mask != nullptr) launch_backward_stored_ds<DH, true>(a, batch, scratch, heads_per_chunk);
+  else launch_backward_stored_ds<DH, false>(a, batch, scratch, heads_per_chunk);
 }
 
 }  // namespace
@@ -117,6 +155,12 @@ void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream
   HG_CHECK(dh == 64 || dh == 128, "attention_backward", "the wgmma backward has head dims 64 and 128, not ", dh);
   if (dh == 64) launch_backward<64>(a, batch, dq_stream);
   else launch_backward<128>(a, batch, dq_stream);
+}
+
+void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk) {
+  HG_CHECK(dh == 128, "attention_backward", "the stored-ds backward has head dim 128, not ", dh);
+  HG_CHECK(scratch != nullptr && heads_per_chunk >= 1, "attention_backward", "no scratch for the stored ds");
+  launch_backward_stored_ds<128>(a, batch, scratch, heads_per_chunk);
 }
 
 }  // namespace hg::gpu::attn

@@ -29,4 +29,10 @@ void forward_wgmma(const Args& a, int64_t batch, int dh);
 // passes stream()).
 void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream);
 
+// The same gradients at head dim 128 with the dk/dv kernel storing ds and
+// dq computed from it (one product instead of three), on stream(),
+// heads_per_chunk heads at a time: `scratch` holds stored_ds_bytes_per_head
+// (attention_dispatch.hpp) for that many heads, 16-byte aligned.
+void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk);
+
 }  // namespace hg::gpu::attn

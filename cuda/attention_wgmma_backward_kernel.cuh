@@ -9,6 +9,10 @@
 //          dv += p^T do, ds^T = p^T (dp^T - delta), dk += ds^T q;
 //   dq:    per block of 128 queries, k, v tiles of keys streamed:
 //          s = q k^T, dp = do v^T, p, ds = p (dp - delta), dq += ds k.
+// Or the dk/dv kernel also stores its ds (bf16, as the products use it) and
+// dq_from_ds_kernel computes dq += ds k from it: one product where the dq
+// kernel above recomputes s and dp for its one (7 tile products become 5),
+// for O(Tq Tk) bytes of scratch, taken in chunks of heads by the launcher.
 // A block is two consumer warpgroups of 64 resident rows each (wgmma's M)
 // and a producer warpgroup that keeps 24 registers a thread and gives the
 // rest to the consumers (setmaxnreg: 240 a thread, room for dk and dv's
@@ -56,6 +60,27 @@ constexpr int kBackwardConsumers = 2;                             // warpgroups
 constexpr int kBackwardThreads = 128 * kBackwardConsumers + 128;  // + the producer warpgroup
 static_assert(kBackwardThreads == 384);                           // sm90::kSplit*Registers' block
 
+// Stored ds (DsTiles::at not null): bf16 ds in the order dq_from_ds_kernel
+// feeds it to wgmma, 4 KiB per 16 queries x 128 keys: for 16-query group q16
+// and key tile kt (128 keys) of head bh, k16 step ks of the tile and lane l
+// of the consuming warp, the uint4 at
+//   ((bh - bh0) groups + q16) key_tiles + kt) 256 + 32 ks + l
+// holds that lane's A fragment (wgmma.cuh: a[r] = rows g + 8 (r & 1),
+// columns 2 t + 8 (r >> 1)). A warp of the dk/dv kernel holds one k16 step
+// of every query as ds^T, transposes each 8 x 8 block (transpose8x8) and
+// stores 512 contiguous bytes a group; a dq warp's 16 queries read 4 KiB.
+// Launches cover heads bh0 .. bh0 + gridDim.y - 1 (the chunk of heads whose
+// ds fits the scratch).
+struct DsTiles {
+  uint4* at = nullptr;       // null: the recomputing pair
+  int64_t bh0 = 0;           // first head (batch * heads + head) of the launch
+  int64_t query_groups = 0;  // 16-query groups a head: 8 ceil(Tq / 128)
+  int key_tiles = 0;         // ceil(Tk / 128)
+  __device__ uint4* group(int64_t bh, int64_t q16, int kt) const {
+    return at + (((bh - bh0) * query_groups + q16) * key_tiles + kt) * 256;
+  }
+};
+
 // Shared memory, byte offsets from a 1024-byte aligned base: the two
 // resident operands, ST stages (two streamed tiles of KB rows each), each
 // stage's queries' stats (float2) and delta (float), the barriers, the
@@ -89,13 +114,14 @@ __device__ __forceinline__ void mma_streamed(float (&acc)[DH / 2], const uint32_
 // streamed rows a stage (backward_tile for the library), ST stages.
 // kMasked: a.mask holds a row of additive key biases per batch; dk/dv reads
 // its resident keys' terms once, dq its streamed keys' from the stage (the
-// stats copier's warp writes them where dk/dv's delta goes).
-template <int DH, bool kDkDv, int KB, int ST = kBackwardStages, bool kMasked = false>
+// stats copier's warp writes them where dk/dv's delta goes). kStoreDs
+// (dk/dv only): also store ds into ds.at (DsTiles).
+template <int DH, bool kDkDv, int KB, int ST = kBackwardStages, bool kMasked = false, bool kStoreDs = false>
 __global__ void __launch_bounds__(kBackwardThreads, 1)
     backward_wgmma_kernel(const __grid_constant__ CUtensorMap a1map, const __grid_constant__ CUtensorMap a2map,
-                          const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map,
-                          Args a) {
-  static_assert((DH == 64 || DH == 128) && (KB == 64 || KB == 128) && ST >= 2);
+                          const __grid_constant__ CUtensorMap b1map, const __grid_constant__ CUtensorMap b2map, Args a,
+                          DsTiles ds) {
+  static_assert((DH == 64 || DH == 128) && (KB == 64 || KB == 128) && ST >= 2 && (kDkDv || !kStoreDs));
 #if HG_WGMMA_DEVICE
   using P = BackwardPlan<DH, KB, ST>;
   static_assert(P::kStageBytes == 2 * P::kTileBytes && P::kTileBytes == KB * DH * 2);  // load_tile_pairs' ring
@@ -110,7 +136,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   float* stage_delta = reinterpret_cast<float*>(smem + P::kDeltaOffset);
   float* key_mask = reinterpret_cast<float*>(smem + P::kKeyMaskOffset);
 
-  const int64_t bh = blockIdx.y;
+  const int64_t bh = ds.bh0 + blockIdx.y;
   // dq: causal blocks with the most keys (the last queries) first; dk/dv:
   // the first keys see the most queries, so the natural order.
   const int r0 = (a.causal && !kDkDv ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBackwardRows;
@@ -268,6 +294,17 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc1, pd[kk], b1_at, kk);  // dk or dq
     wgmma_commit();
+    if constexpr (kStoreDs) {
+      // While dk runs: ds^T's k16 step of this warp's keys, as the dq warps
+      // of each 16 queries read it (DsTiles). pd[kk][m] is the 8 x 8 block
+      // of keys 8 (m & 1) and queries 8 (m >> 1) of query group kk; its
+      // transpose is A register r = 2 (m & 1) + (m >> 1).
+      uint4* group = ds.group(bh, n0 / 16, r0 / kBackwardRows) + (4 * cw + w) * 32 + threadIdx.x % 32;
+#pragma unroll
+      for (int kk = 0; kk < KB / 16; ++kk)
+        group[int64_t(kk) * ds.key_tiles * 256] = make_uint4(transpose8x8(pd[kk][0]), transpose8x8(pd[kk][2]),
+                                                             transpose8x8(pd[kk][1]), transpose8x8(pd[kk][3]));
+    }
     wgmma_wait<0>();
     fence_operands(acc1);
     if constexpr (kDkDv) fence_operands(acc2);
@@ -294,6 +331,111 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       const int64_t at = int64_t(row) * ld + 2 * t + acc_col(i);
       *reinterpret_cast<uint32_t*>(out1 + at) = pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
       if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = pack(acc2[i], acc2[i + 1]);
+    }
+  }
+#endif  // HG_WGMMA_DEVICE
+}
+
+// dq from the stored ds: per block of 128 queries (two consumer warpgroups
+// of 64), key tiles of 128 streamed; a producer warp stages each tile's k
+// (TMA) and its 8 query groups' ds (4 KiB bulk copies) in a ring of stages,
+// and each warp feeds its group's ds from shared memory as wgmma's register
+// A: dq += ds k, 8 k16 steps a tile. Memory bound: a stage holds 48 KiB
+// (dh 64) or 64 (dh 128), 3 stages in flight. A warp uses zeros for ds its
+// queries never see (causal) and for keys past Tk: the dk/dv kernel did not
+// write those.
+constexpr int kDqFromDsStages = 3;
+constexpr int kDqFromDsThreads = 256 + 32;  // two consumer warpgroups and the producer warp
+
+template <int DH>
+struct DqFromDsPlan {
+  static constexpr int kKeyBytes = kBackwardRows * DH * 2;
+  static constexpr int kDsBytes = 8 * 4096;  // 8 query groups x 128 keys
+  static constexpr int kStageBytes = kKeyBytes + kDsBytes;
+  static constexpr int kBarOffset = kDqFromDsStages * kStageBytes;
+  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * kDqFromDsStages) * 8 + 1024;
+};
+
+template <int DH>
+__global__ void __launch_bounds__(kDqFromDsThreads, 1)
+    dq_from_ds_kernel(const __grid_constant__ CUtensorMap kmap, Args a, DsTiles ds) {
+  static_assert(DH == 64 || DH == 128);
+#if HG_WGMMA_DEVICE
+  using P = DqFromDsPlan<DH>;
+  constexpr int KB = kBackwardRows, ST = kDqFromDsStages;
+  extern __shared__ __align__(1024) unsigned char raw[];
+  const uint32_t base = (shared_address(raw) + 1023u) & ~1023u;
+  unsigned char* smem = raw + (base - shared_address(raw));
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + P::kBarOffset);
+  uint64_t *full = bars + 1, *empty = bars + 1 + ST;  // bars[0]: init_barriers' `once`, unused
+
+  const int64_t bh = ds.bh0 + blockIdx.y;
+  const int r0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBackwardRows;  // most keys first
+  const int count = max(0, a.key_end(min(r0 + kBackwardRows, a.tq)) + KB - 1) / KB;     // key tiles 0 .. count - 1
+  init_barriers(bars, full, empty, ST, 2);
+
+  if (threadIdx.x >= 256) {  // the producer warp
+    if (threadIdx.x == 256) {
+      const int head = int(bh % a.heads), batch = int(bh / a.heads);
+      for (int i = 0; i < count; ++i) {
+        const int s = i % ST;
+        wait_stage_free<ST>(empty, i);
+        stage_expect(full + s, P::kStageBytes);
+        const uint32_t at = base + s * P::kStageBytes;
+        for (int c = 0; c < DH / 64; ++c) tma_load(at + c * KB * 128, &kmap, c * 64, i * KB, head, batch, full + s);
+        for (int g = 0; g < 8; ++g)
+          stage_copy(smem + s * P::kStageBytes + P::kKeyBytes + g * 4096, ds.group(bh, r0 / 16 + g, i), 4096, full + s);
+      }
+      wait_ring_read<ST>(empty, count);
+    }
+    return;
+  }
+
+  // Warp w of warpgroup cw: queries q0 .. q0 + 15, group 4 cw + w of the block.
+  const int cw = threadIdx.x / 128, w = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4, q0 = r0 + 64 * cw + 16 * w;
+  float acc[DH / 2];
+#pragma unroll
+  for (int i = 0; i < DH / 2; ++i) acc[i] = 0.f;
+  const bool rows_in = r0 + 64 * cw < a.tq;  // a warpgroup past Tq only keeps the stage protocol
+  for (int i = 0; i < count; ++i) {
+    const int s = i % ST;
+    barrier_wait<false>(full + s, uint32_t((i / ST) & 1));
+    if (rows_in) {
+      const uint32_t k_at = base + s * P::kStageBytes;
+      const uint4* ds_at =
+          reinterpret_cast<const uint4*>(smem + s * P::kStageBytes + P::kKeyBytes + (4 * cw + w) * 4096) + lane;
+      // The group sees this tile when its last query sees the tile's first key.
+      const bool seen = min(q0 + 15, a.tq - 1) >= a.first_query(i * KB);
+      uint32_t af[KB / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < KB / 16; ++ks) {
+        const uint4 v = seen && i * KB + 16 * ks < a.tk ? ds_at[32 * ks] : make_uint4(0, 0, 0, 0);
+        af[ks][0] = v.x, af[ks][1] = v.y, af[ks][2] = v.z, af[ks][3] = v.w;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < KB / 16; ++ks) mma_streamed<DH, KB>(acc, af[ks], k_at, ks);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(acc);
+#pragma unroll
+      for (int ks = 0; ks < KB / 16; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) fence_operand(af[ks][r]);
+    }
+    barrier_arrive(empty + s);
+  }
+
+  bf16* out = static_cast<bf16*>(a.dq) + a.q_base(bh);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = q0 + g + 8 * h;
+    if (row >= a.tq) continue;
+#pragma unroll
+    for (int i = 2 * h; i < DH / 2; i += 4) {
+      const int64_t at = int64_t(row) * a.q_row + 2 * t + acc_col(i);
+      *reinterpret_cast<uint32_t*>(out + at) = pack(acc[i] * a.scale, acc[i + 1] * a.scale);
     }
   }
 #endif  // HG_WGMMA_DEVICE

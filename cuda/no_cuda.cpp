@@ -108,6 +108,7 @@ void attention_forward(DType, const void*, const void*, const void*, const Atten
 }
 void allow_wgmma_attention(bool) { no_cuda("gpu::allow_wgmma_attention"); }
 bool wgmma_attention_allowed() { no_cuda("gpu::wgmma_attention_allowed"); }
+void allow_stored_ds_attention(bool) { no_cuda("gpu::allow_stored_ds_attention"); }
 AttentionKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&) {
   no_cuda("gpu::attention_forward_kernel");
 }

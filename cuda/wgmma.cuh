@@ -170,6 +170,16 @@ __device__ __forceinline__ void registers_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 
+// Transposes an 8 x 8 matrix of bf16 held as mma fragments across a warp:
+// lane 4 g + t gives row g, columns (2 t, 2 t + 1) and gets back row g of
+// the transpose (columns 2 t, 2 t + 1 of it are rows 2 t, 2 t + 1 of the
+// input), the lower column in the low half either way.
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>  // until at most N committed groups are pending

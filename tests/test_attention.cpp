@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -353,6 +354,14 @@ struct MmaSyncOnly {
 
  private:
   bool on_;
+};
+
+// The wgmma backward recomputing s and dp for dq everywhere while it lives.
+struct RecomputeDq {
+  RecomputeDq() { hg::gpu::allow_stored_ds_attention(false); }
+  ~RecomputeDq() { hg::gpu::allow_stored_ds_attention(true); }
+  RecomputeDq(const RecomputeDq&) = delete;
+  RecomputeDq& operator=(const RecomputeDq&) = delete;
 };
 
 // BF16 on CUDA against the reference on the bf16-rounded inputs: the kernel
@@ -801,6 +810,13 @@ bool wgmma_test_runs() {
   return false;
 }
 
+// The wgmma backward a call of p's shape takes where the wgmma kernels
+// apply: the pair that stores ds, or (a head's ds past 32 MiB) the one that
+// recomputes it.
+AttentionKernel wgmma_backward_of(const Problem& p) {
+  return hg::gpu::wgmma_backward_stores_ds(layout_of(p)) ? AttentionKernel::WgmmaStoredDs : AttentionKernel::Wgmma;
+}
+
 // A BF16 call of p's shape (contiguous, TMA-aligned operands) takes
 // `forward` forward and `backward` backward.
 void require_kernels(const Problem& p, AttentionKernel forward, AttentionKernel backward) {
@@ -828,24 +844,43 @@ void check_wgmma_forward(const Problem& p, const Inputs& in16, const Outputs& go
   CHECK(err(got.lse, mma.lse) < 4e-6);
 }
 
-// A call the wgmma forward and the `backward` kernels take (required), run
-// and checked: against float64 (unless against_float64 is false), against
-// the mma.sync kernels on the same inputs (o and lse within the bf16
-// forward's 8e-3, gradients within 2e-2), and bitwise on a second run.
-// Returns both runs' outputs.
+// The stored-ds backward's gradients (got) against the recomputing pair's
+// on the same inputs: dk and dv come from the same dk/dv kernel code, so
+// bitwise equal; dq sums the same bf16 ds times k in the same order where
+// both kernels round ds alike, and within 4e-3 (relative norm) wherever.
+void check_against_recomputed_dq(const Problem& p, const Inputs& in, const Outputs& got) {
+  const RecomputeDq recompute;
+  require_kernels(p, AttentionKernel::Wgmma, AttentionKernel::Wgmma);
+  const Outputs again = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+  INFO(describe(p) << ": stored ds against dq recomputed, dq error " << err(got.dq, again.dq));
+  CHECK(got.dk.to_vector() == again.dk.to_vector());
+  CHECK(got.dv.to_vector() == again.dv.to_vector());
+  CHECK(err(got.dq, again.dq) < 4e-3);
+}
+
+// A call the wgmma forward and the `backward` kernels take (required; by
+// default the wgmma backward its shape takes), run and checked: against
+// float64 (unless against_float64 is false), against the mma.sync kernels
+// on the same inputs (o and lse within the bf16 forward's 8e-3, gradients
+// within 2e-2), bitwise on a second run, and a stored-ds backward against
+// the recomputing one. Returns both runs' outputs.
 struct WgmmaRun {
   Outputs got, mma_sync;
 };
-WgmmaRun check_wgmma_run(const Problem& p, const Inputs& in, AttentionKernel backward = AttentionKernel::Wgmma,
+WgmmaRun check_wgmma_run(const Problem& p, const Inputs& in, std::optional<AttentionKernel> backward = std::nullopt,
                          bool against_float64 = true) {
   const std::string what = describe(p);
   INFO(what);
-  require_kernels(p, AttentionKernel::Wgmma, backward);
+  const AttentionKernel taken = backward.value_or(wgmma_backward_of(p));
+  require_kernels(p, AttentionKernel::Wgmma, taken);
   WgmmaRun r{run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused), run_mma_sync(p, in)};
   if (against_float64) check_close_bf16(r.got, reference(p, in), what);
   check_close(r.got, r.mma_sync, 8e-3, 2e-2, what + ": against the mma.sync forward and backward");
-  INFO(what << ": a second run");
-  check_bitwise_repeat(r.got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+  {
+    INFO(what << ": a second run");
+    check_bitwise_repeat(r.got, run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused));
+  }
+  if (taken == AttentionKernel::WgmmaStoredDs) check_against_recomputed_dq(p, in, r.got);
   return r;
 }
 
@@ -874,6 +909,38 @@ TEST_CASE("attention: the BF16 forward and backward take the wgmma kernels exact
   CHECK(hg::gpu::wgmma_forward_applies(l, qkv, qkv + 2 * p.h * p.dh, qkv + 4 * p.h * p.dh, true));
 }
 
+TEST_CASE("attention: the wgmma backward stores ds at dh 128, up to 32 MiB a head, in chunks up to 512 MiB",
+          "[attention]") {
+  Problem p;
+  p.dh = 128, p.scale = 0.09;
+  const auto stores = [&](int64_t b, int64_t tq, int64_t tk, bool causal) {
+    p.b = b, p.h = 1, p.tq = tq, p.tk = tk, p.causal = causal;
+    return hg::gpu::wgmma_backward_stores_ds(layout_of(p));
+  };
+  CHECK(stores(1, 1, 1, false));
+  CHECK(stores(1, 1, 1, true));
+  CHECK(stores(64, 4096, 4096, false));       // 32 x 32 tiles of 32 KiB a head, chunks of 16 heads
+  CHECK(stores(16, 4096, 4096, true));        // one chunk
+  CHECK_FALSE(stores(17, 4096, 4096, true));  // 16 heads x 32 key tiles: 512 blocks a launch
+  CHECK(stores(1024, 1024, 1024, true));      // 256 heads x 8 key tiles
+  CHECK_FALSE(stores(1, 4097, 4096, false));
+  CHECK_FALSE(stores(1, 4096, 4097, false));
+  CHECK(stores(1, 1, 65536, false));  // one query tile
+  CHECK_FALSE(stores(1, 8192, 8192, false));
+  p.dh = 64;
+  CHECK_FALSE(stores(1, 1024, 1024, false));
+  p.dh = 128, p.tq = 1000, p.tk = 129;
+  CHECK(hg::gpu::stored_ds_bytes_per_head(layout_of(p)) == 8 * 2 * 32768);  // whole 128 x 128 tiles
+  const auto chunk = [&](int64_t b, int64_t h, int64_t t) {
+    p.b = b, p.h = h, p.tq = p.tk = t;
+    return hg::gpu::stored_ds_heads_per_chunk(layout_of(p));
+  };
+  CHECK(chunk(8, 12, 1024) == 96);    // 192 MiB, one chunk
+  CHECK(chunk(32, 16, 1024) == 256);  // two chunks of 256 heads
+  CHECK(chunk(17, 1, 4096) == 16);    // 16 heads, then 1
+  CHECK(chunk(1, 1, 1) == 1);
+}
+
 TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exactly where they apply",
           "[attention][cuda]") {
   HG_REQUIRE_GPU();
@@ -885,9 +952,14 @@ TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exac
     CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) ==
           (c.wgmma_forward() && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionKernel::F32);
+    const AttentionKernel wgmma_backward =
+        hg::gpu::wgmma_backward_stores_ds(l) ? AttentionKernel::WgmmaStoredDs : AttentionKernel::Wgmma;
+    CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
+          (c.wgmma && wgmma ? wgmma_backward : AttentionKernel::MmaSync));
+    CHECK(hg::gpu::attention_backward_kernel(DType::F32, c.base, c.base, c.base, c.base, l) == AttentionKernel::F32);
+    const RecomputeDq recompute;
     CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
           (c.wgmma && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
-    CHECK(hg::gpu::attention_backward_kernel(DType::F32, c.base, c.base, c.base, c.base, l) == AttentionKernel::F32);
   }
   CHECK(hg::gpu::wgmma_attention_allowed());
   {
@@ -968,6 +1040,24 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 1024"
     const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)));
     INFO(describe(p) << ": lse against the mma.sync forward's (fp32 arithmetic on the same exact products)");
     CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
+  }
+}
+
+// A stored-ds call cut into chunks of heads: 17 heads of T 4096 at dh 128
+// (32 MiB of ds each) run as 16 and 1 (the second chunk's head reads its
+// own ds, not the first chunk's); causal, the same call recomputes dq
+// instead (512 dk/dv blocks a chunk). Against the recomputing pair and the
+// mma.sync kernels, not against float64 (minutes at this size on the CPU).
+TEST_CASE("attention: CUDA BF16 wgmma backward with ds stored in chunks of heads", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  uint64_t seed = 5250;
+  for (bool causal : {false, true}) {
+    Problem p;
+    p.b = 17, p.h = 1, p.tq = p.tk = 4096, p.dh = 128, p.causal = causal, p.scale = 1.0 / std::sqrt(128.0);
+    REQUIRE(hg::gpu::stored_ds_heads_per_chunk(layout_of(p)) == 16);
+    check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)),
+                    causal ? AttentionKernel::Wgmma : AttentionKernel::WgmmaStoredDs, /*against_float64=*/false);
   }
 }
 

@@ -137,7 +137,7 @@ constexpr int kBf16BackwardProduction = 10;  // the mma.sync backward (every GPU
 // with the two consumer warpgroups taking turns to issue their products
 // (ping-pong).
 constexpr int kWgmmaForwardFirst = kBf16ForwardVariants, kWgmmaForwardVariants = 8;
-constexpr int kWgmmaBackwardFirst = 14, kWgmmaBackwardVariants = 6;  // 11-13 retired
+constexpr int kWgmmaBackwardFirst = 14, kWgmmaBackwardVariants = 7;  // 11-13 retired
 bool is_wgmma(bool bf16, bool backward, int v) {
   return bf16 && v >= (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst);
 }
@@ -210,7 +210,7 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
   }
 }
 
-// Backward variants 14-19 (11-13, the first wgmma candidates, are retired:
+// Backward variants 14-20 (11-13, the first wgmma candidates, are retired:
 // bench/lab/attention.md): the library's kernels of
 // cuda/attention_wgmma_backward_kernel.cuh after the 16-byte delta kernel
 // (attention_lab_wgmma_bwd.cuh). 14 as the library runs them: 128 streamed
@@ -219,7 +219,8 @@ void wgmma_forward(int v, const Args& a, int64_t bh) {
 // both, 16 dk/dv on 128-query tiles at dh 64 (64 at dh 128: the
 // accumulators would not fit) and dq on 64-key tiles, 17 dk/dv on 64, dq on
 // 128, 18 the library's tiles; 19 14 in 3 stages (dq at dh 128 in 2: 3
-// stages of 128 keys pass the shared memory).
+// stages of 128 keys pass the shared memory); 20 the library's stored-ds
+// pair (dk/dv writes ds, dq reads it: one product instead of three).
 template <int DH>
 void wgmma_backward(int v, const Args& a, int64_t bh) {
   namespace w = hg::gpu::lab_wgmma;
@@ -237,6 +238,7 @@ void wgmma_backward(int v, const Args& a, int64_t bh) {
       case 2: CHECK_CUDA((w::backward_production<DH, kWideQueryTile, 64>(a, bh))); break;
       case 3: CHECK_CUDA((w::backward_production<DH, 64, 128>(a, bh))); break;
       case 4: CHECK_CUDA(w::backward_production<DH>(a, bh)); break;
+      case 6: CHECK_CUDA(w::backward_stored_ds<DH>(a, bh)); break;
       default: {
         constexpr int kTv = hg::gpu::attn::backward_tile(DH, true), kTq = hg::gpu::attn::backward_tile(DH, false);
         constexpr int kDqStages = DH == 64 ? 3 : 2;  // 3 stages of 128 keys at dh 128 pass the shared memory
@@ -720,9 +722,11 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
   // forward at dh 64 from T 256 and the wgmma backward there from T 2048 or
   // in calls of few query tiles (cuda/attention_dispatch.hpp; marked here
   // as at T 256 and more, and as below T 2048).
+  // At dh 128 the backward stores ds (20), but for causal calls whose
+  // chunks of heads would launch few blocks (the lab runs every head in one).
   const bool wgmma = bf16_inputs && g_sm90 && (dh == 128 || (dh == 64 && !backward));
   const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
-                         : wgmma      ? (backward ? kWgmmaBackwardFirst : kWgmmaForwardFirst)
+                         : wgmma      ? (backward ? kWgmmaBackwardFirst + 6 : kWgmmaForwardFirst)
                          : backward   ? kBf16BackwardProduction
                                       : kBf16ForwardProduction[dh == 32 ? 0 : 1];
   std::vector<int> ids;
@@ -814,7 +818,7 @@ Options parse(int argc, char** argv) {
           "  --width N              H * dh with --tokens (default 2048)\n"
           "  --causal               causal attention\n"
           "  --variants LIST        only these variants: numbers, 'wgmma' (the sm_90a candidates: forward 9-16,\n"
-          "                         backward 14-19; 11-13 are retired), 'production' (default: all)\n"
+          "                         backward 14-20; 11-13 are retired), 'production' (default: all)\n"
           "  --self-test            only the wgmma one-tile tests (TMA + swizzle, q k^T, p v), then exit\n"
           "  --ring N               dq ring slots of the BF16 one-kernel backward (variants 6, 7; default: twice\n"
           "                         the heads the resident blocks span)\n"
