@@ -84,15 +84,14 @@ inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, cons
 // the dq kernel reads it instead of recomputing s and dp): at head dim 128,
 // where a head's ds is at most kStoredDsMaxHeadBytes (T 4096 by 4096). The
 // scratch is O(Tq Tk) a head, so a call runs in chunks of heads of at most
-// kStoredDsChunkBytes; causal calls only where one chunk takes every head or
-// launches at least kStoredDsMinCausalBlocks dk/dv blocks (their work falls
-// with the key tile, and a short launch ends on its longest blocks). Why:
+// kStoredDsChunkBytes, alternating between two streams (two scratches), so
+// that a chunk's last blocks (causal: the key tiles that see few queries)
+// run beside the next chunk's first. Why:
 // it moves 64 bytes a tile pair to save 2 products of 128 x 128 x dh, 128
 // FLOP a byte at dh 128 (a win), 64 at dh 64 (about even on the H200), see
 // docs/attention.md, "The stored ds".
 constexpr int64_t kStoredDsMaxHeadBytes = int64_t(32) << 20;
-constexpr int64_t kStoredDsChunkBytes = int64_t(512) << 20;
-constexpr int64_t kStoredDsMinCausalBlocks = 1024;
+constexpr int64_t kStoredDsChunkBytes = int64_t(256) << 20;
 
 // bf16 ds over whole 128 x 128 tiles (what the kernels address).
 inline int64_t stored_ds_bytes_per_head(const AttentionLayout& l) {
@@ -106,9 +105,7 @@ inline int64_t stored_ds_heads_per_chunk(const AttentionLayout& l) {
 }
 
 inline bool wgmma_backward_stores_ds(const AttentionLayout& l) {
-  if (l.head_dim != 128 || stored_ds_bytes_per_head(l) > kStoredDsMaxHeadBytes) return false;
-  const int64_t heads = stored_ds_heads_per_chunk(l);
-  return !l.causal || heads == l.heads_total() || heads * ((l.tk + 127) / 128) >= kStoredDsMinCausalBlocks;
+  return l.head_dim == 128 && stored_ds_bytes_per_head(l) <= kStoredDsMaxHeadBytes;
 }
 
 }  // namespace hg::gpu

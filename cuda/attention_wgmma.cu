@@ -92,9 +92,13 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
 }
 
 // The backward that stores ds: per chunk of `heads_per_chunk` heads, the
-// dk/dv kernel writing ds into `scratch`, then dq from it, both on stream().
+// dk/dv kernel writing ds into the chunk's scratch, then dq from it. Chunks
+// alternate between stream() and `side` with a scratch each (the second
+// chunk_bytes on), so that one chunk's last blocks run beside the next
+// chunk's first.
 template <int DH, bool kMasked>
-void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk) {
+void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk,
+                               cudaStream_t side) {
   const char* op = "attention_backward";
   constexpr int kQueryTile = backward_tile(DH, true);
   const CUtensorMap k_res =
@@ -110,14 +114,16 @@ void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int6
   allow_dynamic_smem(dkdv, kDkdvSmem);
   allow_dynamic_smem(dq, kDqSmem);
   const int64_t heads_total = batch * a.heads;
-  DsTiles ds{static_cast<uint4*>(scratch), 0, 8 * ((a.tq + 127) / 128), (a.tk + 127) / 128};
-  for (int64_t h0 = 0; h0 < heads_total; h0 += heads_per_chunk) {
+  DsTiles ds{nullptr, 0, 8 * ((a.tq + 127) / 128), (a.tk + 127) / 128};
+  const int64_t chunk_uint4 = heads_per_chunk * ds.query_groups * ds.key_tiles * 256;
+  for (int64_t h0 = 0, c = 0; h0 < heads_total; h0 += heads_per_chunk, ++c) {
     const unsigned heads = unsigned(std::min(heads_per_chunk, heads_total - h0));
+    const cudaStream_t s = c % 2 == 0 ? stream() : side;
+    ds.at = static_cast<uint4*>(scratch) + (c % 2) * chunk_uint4;
     ds.bh0 = h0;
-    dkdv<<<dim3(unsigned(ds.key_tiles), heads), kBackwardThreads, kDkdvSmem, stream()>>>(k_res, v_res, q_tile, do_tile,
-                                                                                         a, ds);
+    dkdv<<<dim3(unsigned(ds.key_tiles), heads), kBackwardThreads, kDkdvSmem, s>>>(k_res, v_res, q_tile, do_tile, a, ds);
     HG_CUDA_CHECK_LAUNCH("attention_backward_dkdv_wgmma (ds stored)");
-    dq<<<dim3(unsigned(ds.query_groups / 8), heads), kDqFromDsThreads, kDqSmem, stream()>>>(k_res, a, ds);
+    dq<<<dim3(unsigned(ds.query_groups / 8), heads), kDqFromDsThreads, kDqSmem, s>>>(k_res, a, ds);
     HG_CUDA_CHECK_LAUNCH("attention_backward_dq_from_ds_wgmma");
   }
 }
@@ -129,9 +135,10 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
 }
 
 template <int DH>
-void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk) {
-  if (a.mask != nullptr) launch_backward_stored_ds<DH, true>(a, batch, scratch, heads_per_chunk);
-  else launch_backward_stored_ds<DH, false>(a, batch, scratch, heads_per_chunk);
+void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk,
+                               cudaStream_t side) {
+  if (a.mask != nullptr) launch_backward_stored_ds<DH, true>(a, batch, scratch, heads_per_chunk, side);
+  else launch_backward_stored_ds<DH, false>(a, batch, scratch, heads_per_chunk, side);
 }
 
 }  // namespace
@@ -157,10 +164,11 @@ void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream
   else launch_backward<128>(a, batch, dq_stream);
 }
 
-void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk) {
+void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk,
+                              cudaStream_t side) {
   HG_CHECK(dh == 128, "attention_backward", "the stored-ds backward has head dim 128, not ", dh);
   HG_CHECK(scratch != nullptr && heads_per_chunk >= 1, "attention_backward", "no scratch for the stored ds");
-  launch_backward_stored_ds<128>(a, batch, scratch, heads_per_chunk);
+  launch_backward_stored_ds<128>(a, batch, scratch, heads_per_chunk, side);
 }
 
 }  // namespace hg::gpu::attn

@@ -30,9 +30,12 @@ void forward_wgmma(const Args& a, int64_t batch, int dh);
 void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream);
 
 // The same gradients at head dim 128 with the dk/dv kernel storing ds and
-// dq computed from it (one product instead of three), on stream(),
-// heads_per_chunk heads at a time: `scratch` holds stored_ds_bytes_per_head
-// (attention_dispatch.hpp) for that many heads, 16-byte aligned.
-void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk);
+// dq computed from it (one product instead of three), heads_per_chunk
+// heads at a time, the chunks alternating between stream() and `side`
+// (the caller forks and joins it): `scratch` holds stored_ds_bytes_per_head
+// (attention_dispatch.hpp) for that many heads twice (once where one chunk
+// takes every head), 16-byte aligned.
+void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk,
+                              cudaStream_t side);
 
 }  // namespace hg::gpu::attn
