@@ -82,16 +82,18 @@ inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, cons
 
 // Whether the wgmma backward stores ds (the dk/dv kernel writes it as bf16,
 // the dq kernel reads it instead of recomputing s and dp): at head dim 128,
-// where a head's ds is at most kStoredDsMaxHeadBytes (T 4096 by 4096). The
-// scratch is O(Tq Tk) a head, so a call runs in chunks of heads of at most
-// kStoredDsChunkBytes, alternating between two streams (two scratches), so
-// that a chunk's last blocks (causal: the key tiles that see few queries)
-// run beside the next chunk's first. Why:
-// it moves 64 bytes a tile pair to save 2 products of 128 x 128 x dh, 128
-// FLOP a byte at dh 128 (a win), 64 at dh 64 (about even on the H200), see
-// docs/attention.md, "The stored ds".
+// and at head dim 64 from T = min(Tq, Tk) 2048, where a head's ds is at most
+// kStoredDsMaxHeadBytes (T 4096 by 4096). The scratch is O(Tq Tk) a head,
+// so a call runs in chunks of heads of at most kStoredDsChunkBytes,
+// alternating between two streams (two scratches): a chunk's last blocks
+// (causal: the key tiles that see few queries) and its memory-bound dq
+// kernel run beside the next chunk's dk/dv. Why: it moves 64 bytes a tile
+// pair to save 2 products of 128 x 128 x dh, 128 FLOP a byte at dh 128,
+// 64 at dh 64, where it wins 1-10% from T 2048 on the H200 and was even at
+// T 1024 (docs/attention.md, "The stored ds").
 constexpr int64_t kStoredDsMaxHeadBytes = int64_t(32) << 20;
 constexpr int64_t kStoredDsChunkBytes = int64_t(256) << 20;
+constexpr int64_t kStoredDsMinTokensDh64 = 2048;
 
 // bf16 ds over whole 128 x 128 tiles (what the kernels address).
 inline int64_t stored_ds_bytes_per_head(const AttentionLayout& l) {
@@ -105,7 +107,8 @@ inline int64_t stored_ds_heads_per_chunk(const AttentionLayout& l) {
 }
 
 inline bool wgmma_backward_stores_ds(const AttentionLayout& l) {
-  return l.head_dim == 128 && stored_ds_bytes_per_head(l) <= kStoredDsMaxHeadBytes;
+  const bool head_dim = l.head_dim == 128 || (l.head_dim == 64 && std::min(l.tq, l.tk) >= kStoredDsMinTokensDh64);
+  return head_dim && stored_ds_bytes_per_head(l) <= kStoredDsMaxHeadBytes;
 }
 
 }  // namespace hg::gpu

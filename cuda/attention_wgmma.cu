@@ -166,9 +166,10 @@ void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream
 
 void backward_wgmma_stored_ds(const Args& a, int64_t batch, int dh, void* scratch, int64_t heads_per_chunk,
                               cudaStream_t side) {
-  HG_CHECK(dh == 128, "attention_backward", "the stored-ds backward has head dim 128, not ", dh);
+  HG_CHECK(dh == 64 || dh == 128, "attention_backward", "the wgmma backward has head dims 64 and 128, not ", dh);
   HG_CHECK(scratch != nullptr && heads_per_chunk >= 1, "attention_backward", "no scratch for the stored ds");
-  launch_backward_stored_ds<128>(a, batch, scratch, heads_per_chunk, side);
+  if (dh == 64) launch_backward_stored_ds<64>(a, batch, scratch, heads_per_chunk, side);
+  else launch_backward_stored_ds<128>(a, batch, scratch, heads_per_chunk, side);
 }
 
 }  // namespace hg::gpu::attn

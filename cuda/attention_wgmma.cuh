@@ -29,7 +29,7 @@ void forward_wgmma(const Args& a, int64_t batch, int dh);
 // passes stream()).
 void backward_wgmma(const Args& a, int64_t batch, int dh, cudaStream_t dq_stream);
 
-// The same gradients at head dim 128 with the dk/dv kernel storing ds and
+// The same gradients with the dk/dv kernel storing ds and
 // dq computed from it (one product instead of three), heads_per_chunk
 // heads at a time, the chunks alternating between stream() and `side`
 // (the caller forks and joins it): `scratch` holds stored_ds_bytes_per_head
