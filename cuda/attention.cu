@@ -1054,15 +1054,12 @@ void backward_bf16(const Args& a, int64_t bh, AttentionKernel kernel, const DsSc
   const auto blocks = static_cast<unsigned>((rows * (DH / 8) + kThreads - 1) / kThreads);
   delta_bf16_kernel<DH><<<blocks, kThreads, 0, stream()>>>(a, rows);
   HG_CUDA_CHECK_LAUNCH("attention_delta");
-  if (kernel == AttentionKernel::WgmmaStoredDs) {  // chunks on two streams (cuda/attention_wgmma.cuh)
+  if (kernel != AttentionKernel::MmaSync) {
     SideStream side;
-    attn::backward_wgmma_stored_ds(a, bh / a.heads, DH, ds.at, ds.heads_per_chunk, side.get());
-    side.join();
-    return;
-  }
-  if (kernel == AttentionKernel::Wgmma) {  // dq beside dk/dv as well: 1.5-4% at T 1024 (bench/lab/attention.md)
-    SideStream side;
-    attn::backward_wgmma(a, bh / a.heads, DH, side.get());
+    if (kernel == AttentionKernel::WgmmaStoredDs)  // chunks on two streams (cuda/attention_wgmma.cuh)
+      attn::backward_wgmma_stored_ds(a, bh / a.heads, DH, ds.at, ds.heads_per_chunk, side.get());
+    else  // dq beside dk/dv as well: 1.5-4% at T 1024 (bench/lab/attention.md)
+      attn::backward_wgmma(a, bh / a.heads, DH, side.get());
     side.join();
     return;
   }
@@ -1205,9 +1202,7 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
   Tensor scratch;
   if (kernel == AttentionKernel::WgmmaStoredDs) {
     ds.heads_per_chunk = stored_ds_heads_per_chunk(layout);
-    const int64_t buffers = ds.heads_per_chunk < layout.heads_total() ? 2 : 1;  // one a stream
-    scratch =
-        Tensor::empty({buffers * ds.heads_per_chunk * stored_ds_bytes_per_head(layout) / 2}, DType::BF16, Device::CUDA);
+    scratch = Tensor::empty({stored_ds_scratch_bytes(layout) / 2}, DType::BF16, Device::CUDA);
     ds.at = scratch.raw_data();
   }
   by_head_dim(layout.head_dim,

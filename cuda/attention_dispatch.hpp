@@ -106,6 +106,13 @@ inline int64_t stored_ds_heads_per_chunk(const AttentionLayout& l) {
   return std::clamp<int64_t>(kStoredDsChunkBytes / stored_ds_bytes_per_head(l), 1, l.heads_total());
 }
 
+// The scratch of a stored-ds call: one chunk's ds, twice where the call
+// takes more than one chunk (a scratch a stream).
+inline int64_t stored_ds_scratch_bytes(const AttentionLayout& l) {
+  const int64_t heads = stored_ds_heads_per_chunk(l);
+  return (heads < l.heads_total() ? 2 : 1) * heads * stored_ds_bytes_per_head(l);
+}
+
 inline bool wgmma_backward_stores_ds(const AttentionLayout& l) {
   const bool head_dim = l.head_dim == 128 || (l.head_dim == 64 && std::min(l.tq, l.tk) >= kStoredDsMinTokensDh64);
   return head_dim && stored_ds_bytes_per_head(l) <= kStoredDsMaxHeadBytes;

@@ -56,27 +56,35 @@ void launch(const Args& a, int64_t batch) {
   else launch<DH, false>(a, batch);
 }
 
+// The backward's maps over the key rows (k, v), the query rows (q) and the
+// output rows (do, at o's strides), in boxes of `box_rows` rows.
+struct BackwardMaps {
+  const Args& a;
+  int64_t batch;
+  int dh;
+  static constexpr const char* kOp = "attention_backward";
+  CUtensorMap keys(const void* p, int box_rows, const char* name) const {
+    return make_map(p, dh, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, box_rows, name, kOp);
+  }
+  CUtensorMap queries(const void* p, int box_rows, const char* name) const {
+    return make_map(p, dh, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, box_rows, name, kOp);
+  }
+  CUtensorMap outputs(const void* p, int box_rows, const char* name) const {
+    return make_map(p, dh, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, box_rows, name, kOp);
+  }
+};
+
 // The backward after delta is written: the dk/dv kernel (k, v resident; q,
 // do streamed) on stream(), the dq kernel (q, do resident; k, v streamed) on
 // dq_stream; kMasked, the kernels that read a.mask.
 template <int DH, bool kMasked>
 void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
-  const char* op = "attention_backward";
-  // Maps over the key rows (k, v), the query rows (q) and the output rows (do, at o's strides).
-  const auto keys = [&](const void* p, int box_rows, const char* name) {
-    return make_map(p, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, box_rows, name, op);
-  };
-  const auto queries = [&](const void* p, int box_rows, const char* name) {
-    return make_map(p, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, box_rows, name, op);
-  };
-  const auto outputs = [&](const void* p, int box_rows, const char* name) {
-    return make_map(p, DH, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, box_rows, name, op);
-  };
+  const BackwardMaps m{a, batch, DH};
   constexpr int kQueryTile = backward_tile(DH, true), kKeyTile = backward_tile(DH, false);
-  const CUtensorMap k_res = keys(a.k, kBackwardRows, "k"), v_res = keys(a.v, kBackwardRows, "v");
-  const CUtensorMap q_tile = queries(a.q, kQueryTile, "q"), do_tile = outputs(a.dout, kQueryTile, "dout");
-  const CUtensorMap q_res = queries(a.q, kBackwardRows, "q"), do_res = outputs(a.dout, kBackwardRows, "dout");
-  const CUtensorMap k_tile = keys(a.k, kKeyTile, "k"), v_tile = keys(a.v, kKeyTile, "v");
+  const CUtensorMap k_res = m.keys(a.k, kBackwardRows, "k"), v_res = m.keys(a.v, kBackwardRows, "v");
+  const CUtensorMap q_tile = m.queries(a.q, kQueryTile, "q"), do_tile = m.outputs(a.dout, kQueryTile, "dout");
+  const CUtensorMap q_res = m.queries(a.q, kBackwardRows, "q"), do_res = m.outputs(a.dout, kBackwardRows, "dout");
+  const CUtensorMap k_tile = m.keys(a.k, kKeyTile, "k"), v_tile = m.keys(a.v, kKeyTile, "v");
   const auto dkdv = backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, kMasked>;
   const auto dq = backward_wgmma_kernel<DH, false, kKeyTile, kBackwardStages, kMasked>;
   constexpr size_t kDkdvSmem = BackwardPlan<DH, kQueryTile>::kSmem, kDqSmem = BackwardPlan<DH, kKeyTile>::kSmem;
@@ -94,20 +102,15 @@ void launch_backward(const Args& a, int64_t batch, cudaStream_t dq_stream) {
 // The backward that stores ds: per chunk of `heads_per_chunk` heads, the
 // dk/dv kernel writing ds into the chunk's scratch, then dq from it. Chunks
 // alternate between stream() and `side` with a scratch each (the second
-// chunk_bytes on), so that one chunk's last blocks run beside the next
-// chunk's first.
+// right after the first), so that one chunk's last blocks run beside the
+// next chunk's first.
 template <int DH, bool kMasked>
 void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int64_t heads_per_chunk,
                                cudaStream_t side) {
-  const char* op = "attention_backward";
+  const BackwardMaps m{a, batch, DH};
   constexpr int kQueryTile = backward_tile(DH, true);
-  const CUtensorMap k_res =
-      make_map(a.k, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kBackwardRows, "k", op);
-  const CUtensorMap v_res =
-      make_map(a.v, DH, a.tk, a.heads, batch, a.kv_row, a.kv_head, a.kv_batch, kBackwardRows, "v", op);
-  const CUtensorMap q_tile = make_map(a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, kQueryTile, "q", op);
-  const CUtensorMap do_tile =
-      make_map(a.dout, DH, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, kQueryTile, "dout", op);
+  const CUtensorMap k_res = m.keys(a.k, kBackwardRows, "k"), v_res = m.keys(a.v, kBackwardRows, "v");
+  const CUtensorMap q_tile = m.queries(a.q, kQueryTile, "q"), do_tile = m.outputs(a.dout, kQueryTile, "dout");
   const auto dkdv = backward_wgmma_kernel<DH, true, kQueryTile, kBackwardStages, kMasked, true>;
   const auto dq = dq_from_ds_kernel<DH>;
   constexpr size_t kDkdvSmem = BackwardPlan<DH, kQueryTile>::kSmem, kDqSmem = DqFromDsPlan<DH>::kSmem;

@@ -936,10 +936,12 @@ TEST_CASE("attention: the wgmma backward stores ds up to 32 MiB a head, in chunk
     p.b = b, p.h = h, p.tq = p.tk = t;
     return hg::gpu::stored_ds_heads_per_chunk(layout_of(p));
   };
-  CHECK(chunk(8, 12, 1024) == 96);    // 192 MiB, one chunk
-  CHECK(chunk(32, 16, 1024) == 128);  // four chunks of 128 heads
-  CHECK(chunk(17, 1, 4096) == 8);     // 8, 8, 1
+  CHECK(chunk(8, 12, 1024) == 96);                                                       // 192 MiB, one chunk
+  CHECK(chunk(32, 16, 1024) == 128);                                                     // four chunks of 128 heads
+  CHECK(chunk(17, 1, 4096) == 8);                                                        // 8, 8, 1
+  CHECK(hg::gpu::stored_ds_scratch_bytes(layout_of(p)) == 2 * 8 * (int64_t(32) << 20));  // a scratch a stream
   CHECK(chunk(1, 1, 1) == 1);
+  CHECK(hg::gpu::stored_ds_scratch_bytes(layout_of(p)) == 32768);  // one chunk, one scratch
 }
 
 TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exactly where they apply",
