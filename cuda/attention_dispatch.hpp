@@ -18,10 +18,11 @@ namespace hg::gpu {
 // every tile element by element, the wgmma kernels win at every T):
 // - the wgmma forward (64-key tiles, two blocks a SM) wins at every T and
 //   head count measured, from T 256 (shorter T: not measured);
-// - the wgmma backward wins from T 2048, and from T 1024 in a call of at
-//   most kWgmmaMaxQueryTilesDh64 128-query tiles (B * H * ceil(Tq / 128)):
-//   up to 192 heads at T 1024, GPT-2 small's attention to batch 16. Below,
-//   it ties or trails the mma.sync backward.
+// - the wgmma backward storing ds (below) wins from T 1024 at every head
+//   count measured; recomputing s and dp instead, it wins from T 2048, and
+//   from T 1024 in a call of at most kWgmmaMaxQueryTilesDh64 128-query
+//   tiles (B * H * ceil(Tq / 128)). Below T 1024 it ties or trails the
+//   mma.sync backward.
 constexpr int64_t kWgmmaForwardMinTokensDh64 = 256;
 constexpr int64_t kWgmmaBackwardMinTokensDh64 = 2048;
 constexpr int64_t kWgmmaBackwardMinFewTilesDh64 = 1024;
@@ -68,42 +69,39 @@ inline bool wgmma_forward_applies(const AttentionLayout& l, const void* q, const
   return (l.head_dim == 128 || dh64) && wgmma_takes(l, q, k, v, device_ready);
 }
 
-// Whether a BF16 backward with these operands takes the wgmma kernels: dh
-// 128, or dh 64 with a key mask, T from 2048, or T from 1024 with few query
-// tiles; do (read at o's strides) addressable by TMA too. Either forward's
-// row stats serve either backward: both forwards write them alike.
-inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
-                                   const void* dout, bool device_ready) {
-  const int64_t t = std::min(l.tq, l.tk);
-  const bool dh64 = l.mask != nullptr || t >= kWgmmaBackwardMinTokensDh64 ||
-                    (t >= kWgmmaBackwardMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64);
-  return (l.head_dim == 128 || dh64) && wgmma_takes(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
-}
-
 // Whether the wgmma backward stores ds (the dk/dv kernel writes it as bf16,
 // the dq kernel reads it instead of recomputing s and dp): at head dim 128,
-// and at head dim 64 from T = min(Tq, Tk) 2048, where a head's ds is at most
-// kStoredDsMaxHeadBytes (T 4096 by 4096). The scratch is O(Tq Tk) a head,
-// so a call runs in chunks of heads of at most kStoredDsChunkBytes,
+// and at head dim 64 from T = min(Tq, Tk) 1024, where a head's ds is at most
+// kStoredDsMaxHeadBytes (T 4096 by 4096). Why: it moves 64 bytes a tile
+// pair to save 2 products of 128 x 128 x dh, 128 FLOP a byte at dh 128, 64
+// at dh 64 (docs/attention.md, "The stored ds").
+//
+// The scratch is O(Tq Tk) a head, so a call runs in chunks of heads
 // alternating between two streams (two scratches): a chunk's last blocks
 // (causal: the key tiles that see few queries) and its memory-bound dq
-// kernel run beside the next chunk's dk/dv. Why: it moves 64 bytes a tile
-// pair to save 2 products of 128 x 128 x dh, 128 FLOP a byte at dh 128,
-// 64 at dh 64, where it wins 1-10% from T 2048 on the H200 and was even at
-// T 1024 (docs/attention.md, "The stored ds").
+// kernel run beside the next chunk's dk/dv. A chunk is about
+// kStoredDsChunkKeyTiles dk/dv blocks (a block a key tile of a head) and
+// at most kStoredDsChunkBytes of ds: on the H200 halving the chunks of T
+// 2048 and 4096 (to 256 and 128 blocks) lost 3-12% of the causal
+// backward; at T 1024, chunks of 768-1024 blocks gained nothing over the
+// backward without stored ds, chunks of 512 gained 4-9%.
 constexpr int64_t kStoredDsMaxHeadBytes = int64_t(32) << 20;
 constexpr int64_t kStoredDsChunkBytes = int64_t(256) << 20;
-constexpr int64_t kStoredDsMinTokensDh64 = 2048;
+constexpr int64_t kStoredDsChunkKeyTiles = 512;
+constexpr int64_t kStoredDsMinTokensDh64 = 1024;
 
 // bf16 ds over whole 128 x 128 tiles (what the kernels address).
 inline int64_t stored_ds_bytes_per_head(const AttentionLayout& l) {
   return ((l.tq + 127) / 128) * ((l.tk + 127) / 128) * 128 * 128 * 2;
 }
 
-// Heads a chunk of the stored-ds backward: as many as kStoredDsChunkBytes
-// holds, at least one, at most the call's.
+// Heads a chunk of the stored-ds backward: kStoredDsChunkKeyTiles key tiles'
+// worth, fewer where kStoredDsChunkBytes holds fewer, at least one, at most
+// the call's.
 inline int64_t stored_ds_heads_per_chunk(const AttentionLayout& l) {
-  return std::clamp<int64_t>(kStoredDsChunkBytes / stored_ds_bytes_per_head(l), 1, l.heads_total());
+  const int64_t by_tiles = kStoredDsChunkKeyTiles / ((l.tk + 127) / 128);
+  const int64_t by_bytes = kStoredDsChunkBytes / stored_ds_bytes_per_head(l);
+  return std::clamp<int64_t>(std::min(by_tiles, by_bytes), 1, l.heads_total());
 }
 
 // The scratch of a stored-ds call: one chunk's ds, twice where the call
@@ -116,6 +114,19 @@ inline int64_t stored_ds_scratch_bytes(const AttentionLayout& l) {
 inline bool wgmma_backward_stores_ds(const AttentionLayout& l) {
   const bool head_dim = l.head_dim == 128 || (l.head_dim == 64 && std::min(l.tq, l.tk) >= kStoredDsMinTokensDh64);
   return head_dim && stored_ds_bytes_per_head(l) <= kStoredDsMaxHeadBytes;
+}
+
+// Whether a BF16 backward with these operands takes the wgmma kernels: dh
+// 128, or dh 64 with a key mask, storing ds, from T 2048, or from T 1024
+// with few query tiles; do (read at o's strides) addressable by TMA too.
+// Either forward's row stats serve either backward: both forwards write
+// them alike.
+inline bool wgmma_backward_applies(const AttentionLayout& l, const void* q, const void* k, const void* v,
+                                   const void* dout, bool device_ready) {
+  const int64_t t = std::min(l.tq, l.tk);
+  const bool dh64 = l.mask != nullptr || wgmma_backward_stores_ds(l) || t >= kWgmmaBackwardMinTokensDh64 ||
+                    (t >= kWgmmaBackwardMinFewTilesDh64 && query_tiles(l) <= kWgmmaMaxQueryTilesDh64);
+  return (l.head_dim == 128 || dh64) && wgmma_takes(l, q, k, v, device_ready) && tma_addressable(dout, l.o);
 }
 
 }  // namespace hg::gpu

@@ -750,7 +750,8 @@ std::vector<DispatchCase> dispatch_cases() {
     }
   p.dh = 64;
   // Head dim 64 without a mask: the forward from T 256 on; the backward
-  // from T 2048 on, or from T 1024 in a call of at most 1536 query tiles of
+  // from T 1024 on where it stores ds (a head's ds at most 32 MiB), else
+  // from T 2048, or from T 1024 in a call of at most 1536 query tiles of
   // 128 rows (B * H * ceil(Tq / 128)).
   for (const auto& [b, t, wgmma, forward_only] : {std::tuple{int64_t(2), int64_t(255), false, false},  // T < 256
                                                   {int64_t(2), int64_t(256), false, true},
@@ -758,9 +759,9 @@ std::vector<DispatchCase> dispatch_cases() {
                                                   {int64_t(2), int64_t(1023), false, true},
                                                   {int64_t(2), int64_t(1024), true, false},
                                                   {int64_t(192), int64_t(1024), true, false},  // 1536 tiles
-                                                  {int64_t(192), int64_t(1025), false, true},  // 1728
-                                                  {int64_t(256), int64_t(1024), false, true},  // 2048
-                                                  {int64_t(256), int64_t(2047), false, true},
+                                                  {int64_t(192), int64_t(1025), true, false},  // 1728
+                                                  {int64_t(256), int64_t(1024), true, false},  // 2048
+                                                  {int64_t(256), int64_t(2047), true, false},
                                                   {int64_t(256), int64_t(2048), true, false},
                                                   {int64_t(2), int64_t(8192), true, false}}) {
     p.b = b, p.h = b == 2 ? 3 : 1, p.tq = p.tk = t;
@@ -775,19 +776,22 @@ std::vector<DispatchCase> dispatch_cases() {
   // Head dim 64 with Tq != Tk, no mask: the rules on the smaller of the two.
   p.b = 256, p.h = 1;
   for (const auto& [tq, tk, wgmma, forward_only] :
-       {std::tuple{int64_t(2048), int64_t(2047), false, true},
+       {std::tuple{int64_t(2048), int64_t(2047), true, false},
         {int64_t(1), int64_t(8192), false, false},
         {int64_t(4096), int64_t(2048), true, false},
-        {int64_t(768), int64_t(8192), false, true},      // 1536 tiles, Tq < 1024
-        {int64_t(255), int64_t(8192), false, false},     // Tq < 256
-        {int64_t(8192), int64_t(200), false, false},     // Tk < 256
-        {int64_t(8192), int64_t(1024), false, true}}) {  // 16384 tiles
+        {int64_t(768), int64_t(8192), false, true},       // 1536 tiles, Tq < 1024
+        {int64_t(255), int64_t(8192), false, false},      // Tq < 256
+        {int64_t(8192), int64_t(200), false, false},      // Tk < 256
+        {int64_t(8192), int64_t(1024), true, false},      // 16384 tiles, 16 MiB of ds a head
+        {int64_t(1024), int64_t(65536), false, true}}) {  // 2048 tiles, 128 MiB of ds a head
     p.tq = tq, p.tk = tk;
     cases.push_back({p, at, false, wgmma, forward_only});
   }
   p.b = 2, p.h = 3;
   for (const auto& [tq, tk] : {std::pair{int64_t(1024), int64_t(1100)}, {int64_t(1500), int64_t(1024)}})
     p.tq = tq, p.tk = tk, cases.push_back({p, at, false, true});  // 48 and 72 tiles
+  p.tq = 1024, p.tk = 65536;                                      // 48 tiles, 128 MiB of ds a head: recomputing
+  cases.push_back({p, at, false, true});
   return cases;
 }
 
@@ -909,7 +913,8 @@ TEST_CASE("attention: the BF16 forward and backward take the wgmma kernels exact
   CHECK(hg::gpu::wgmma_forward_applies(l, qkv, qkv + 2 * p.h * p.dh, qkv + 4 * p.h * p.dh, true));
 }
 
-TEST_CASE("attention: the wgmma backward stores ds up to 32 MiB a head, in chunks up to 256 MiB", "[attention]") {
+TEST_CASE("attention: the wgmma backward stores ds up to 32 MiB a head, in chunks of 512 key tiles up to 256 MiB",
+          "[attention]") {
   Problem p;
   p.dh = 128, p.scale = 0.09;
   const auto stores = [&](int64_t b, int64_t tq, int64_t tk, bool causal) {
@@ -924,9 +929,11 @@ TEST_CASE("attention: the wgmma backward stores ds up to 32 MiB a head, in chunk
   CHECK_FALSE(stores(1, 4096, 4097, false));
   CHECK(stores(1, 1, 65536, false));  // one query tile
   CHECK_FALSE(stores(1, 8192, 8192, false));
-  p.dh = 64;  // from T 2048
-  CHECK_FALSE(stores(1, 1024, 1024, false));
-  CHECK_FALSE(stores(1, 2047, 4096, true));
+  p.dh = 64;  // from T 1024
+  CHECK_FALSE(stores(1, 1023, 1023, false));
+  CHECK_FALSE(stores(1, 4096, 1023, true));
+  CHECK(stores(1, 1024, 1024, false));
+  CHECK(stores(1, 1024, 4096, true));
   CHECK(stores(1, 2048, 2048, true));
   CHECK(stores(1, 4096, 2048, false));
   CHECK_FALSE(stores(1, 4096, 4097, false));
@@ -936,9 +943,11 @@ TEST_CASE("attention: the wgmma backward stores ds up to 32 MiB a head, in chunk
     p.b = b, p.h = h, p.tq = p.tk = t;
     return hg::gpu::stored_ds_heads_per_chunk(layout_of(p));
   };
-  CHECK(chunk(8, 12, 1024) == 96);                                                       // 192 MiB, one chunk
-  CHECK(chunk(32, 16, 1024) == 128);                                                     // four chunks of 128 heads
-  CHECK(chunk(17, 1, 4096) == 8);                                                        // 8, 8, 1
+  CHECK(chunk(8, 12, 1024) == 64);   // 8 key tiles a head: 64 and 32 heads
+  CHECK(chunk(32, 16, 1024) == 64);  // 8 chunks of 64 heads, 128 MiB each
+  CHECK(chunk(4, 16, 2048) == 32);   // 16 key tiles, 8 MiB a head: 256 MiB
+  CHECK(chunk(2, 97, 1025) == 56);   // 9 key tiles: 56, 56, 56, 26
+  CHECK(chunk(17, 1, 4096) == 8);    // 32 MiB a head: 8, 8, 1
   CHECK(hg::gpu::stored_ds_scratch_bytes(layout_of(p)) == 2 * 8 * (int64_t(32) << 20));  // a scratch a stream
   CHECK(chunk(1, 1, 1) == 1);
   CHECK(hg::gpu::stored_ds_scratch_bytes(layout_of(p)) == 32768);  // one chunk, one scratch
@@ -1022,12 +1031,11 @@ TEST_CASE("attention: CUDA BF16 wgmma backward at dh 128 against float64 and the
     }
 }
 
-// Head dim 64 takes both from T 2048 on (the forward on 64-key tiles, the
-// backward on tiles of 128 streamed rows), and from T 1024 in calls of few
-// query tiles: at 1024 and
-// 2048 causal, at 1025 and 2111 (a last tile of 1 and 63) not, Tq != Tk
-// either way from 1024, against float64, the mma.sync kernels and a second
-// run.
+// Head dim 64 takes both from T 1024 on (the forward on 64-key tiles, the
+// backward on tiles of 128 streamed rows, storing ds): at 1024 and 2048
+// causal, at 1025 and 2111 (a last tile of 1 and 63) not, Tq != Tk either
+// way from 1024, against float64, the mma.sync kernels, the recomputing
+// backward and a second run.
 TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 1024", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
@@ -1049,8 +1057,9 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward at dh 64 from T 1024"
 // A stored-ds call cut into chunks of heads: 17 heads of T 4096 at dh 128
 // (32 MiB of ds each) run as 8, 8 and 1 on two streams with a scratch
 // each (the third chunk reuses the first's after it; each chunk reads its
-// own ds). Against the recomputing pair and the mma.sync kernels, not
-// against float64 (minutes at this size on the CPU).
+// own ds), and 194 heads of T 1025 at dh 64 (9 key tiles, a last one of
+// 1 key) as 56, 56, 56 and 26. Against the recomputing pair and the
+// mma.sync kernels, not against float64 (minutes at this size on the CPU).
 TEST_CASE("attention: CUDA BF16 wgmma backward with ds stored in chunks of heads", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
@@ -1061,17 +1070,20 @@ TEST_CASE("attention: CUDA BF16 wgmma backward with ds stored in chunks of heads
     REQUIRE(hg::gpu::stored_ds_heads_per_chunk(layout_of(p)) == 8);
     check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)), AttentionKernel::WgmmaStoredDs,
                     /*against_float64=*/false);
+    p.b = 2, p.h = 97, p.tq = p.tk = 1025, p.dh = 64, p.scale = 0.125;
+    REQUIRE(hg::gpu::stored_ds_heads_per_chunk(layout_of(p)) == 56);
+    check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)), AttentionKernel::WgmmaStoredDs,
+                    /*against_float64=*/false);
   }
 }
 
-// Head dim 64 from T 256 to 1023, and in a call of many query tiles (194
-// heads of T 1025: 1746 tiles), takes the wgmma forward and the mma.sync
-// backward, which rebuilds p from the wgmma forward's row stats. The short
-// shapes against float64 too (T 256; 257, a last key tile of 1; Tq != Tk
-// either way: 319 queries on 700 keys, a last tile of 60, and 1000 on 300,
-// of 44); every shape against the mma.sync kernels in
-// both directions on the same inputs (o and lse within the bf16 forward's
-// 8e-3 and 4e-6, gradients within 2e-2), and bitwise on a second run.
+// Head dim 64 from T 256 to 1023 takes the wgmma forward and the mma.sync
+// backward, which rebuilds p from the wgmma forward's row stats: T 256;
+// 257, a last key tile of 1; Tq != Tk either way: 319 queries on 700 keys,
+// a last tile of 60, and 1000 on 300, of 44. Against float64, the mma.sync
+// kernels in both directions on the same inputs (o and lse within the bf16
+// forward's 8e-3 and 4e-6, gradients within 2e-2), and bitwise on a second
+// run.
 TEST_CASE("attention: CUDA BF16 wgmma forward before the mma.sync backward at dh 64", "[attention][cuda]") {
   HG_REQUIRE_GPU();
   if (!wgmma_test_runs()) return;
@@ -1079,13 +1091,11 @@ TEST_CASE("attention: CUDA BF16 wgmma forward before the mma.sync backward at dh
   for (const auto& [b, h, tq, tk] : {std::tuple{int64_t(1), int64_t(2), int64_t(256), int64_t(256)},
                                      {int64_t(2), int64_t(1), int64_t(257), int64_t(257)},
                                      {int64_t(1), int64_t(2), int64_t(319), int64_t(700)},
-                                     {int64_t(1), int64_t(2), int64_t(1000), int64_t(300)},
-                                     {int64_t(2), int64_t(97), int64_t(1025), int64_t(1025)}})
+                                     {int64_t(1), int64_t(2), int64_t(1000), int64_t(300)}})
     for (bool causal : {false, true}) {
       Problem p;
       p.b = b, p.h = h, p.tq = tq, p.tk = tk, p.dh = 64, p.causal = causal, p.scale = 0.125;
-      const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)), AttentionKernel::MmaSync,
-                                         /*against_float64=*/tq < 1025);
+      const WgmmaRun r = check_wgmma_run(p, rounded_to_bf16(make_inputs(p, ++seed)), AttentionKernel::MmaSync);
       INFO(describe(p) << ": lse against the mma.sync forward's");
       CHECK(err(r.got.lse, r.mma_sync.lse) < 4e-6);
     }

@@ -719,12 +719,11 @@ bool run_case(const Options& o, bool bf16_inputs, bool backward, int dh, int l2)
                     : backward   ? (dh >= 64 ? kWgmmaBackwardFirst + kWgmmaBackwardVariants : kBf16BackwardVariants)
                                  : kBf16ForwardVariants + (dh >= 64 ? kWgmmaForwardVariants : 0);
   // On sm_90 the library runs the wgmma kernels at dh 128, the wgmma
-  // forward at dh 64 from T 256 and the wgmma backward there from T 2048 or
-  // in calls of few query tiles (cuda/attention_dispatch.hpp; marked here
-  // as at T 256 and more, and as below T 2048).
-  // The wgmma backward stores ds (20) at dh 128, and at dh 64 from T 2048
-  // (marked at dh 128 only; the lab runs every head in one launch, the
-  // library in chunks on two streams).
+  // forward at dh 64 from T 256 and the wgmma backward there from T 1024
+  // (cuda/attention_dispatch.hpp; marked here as at T 256 and more, and as
+  // below T 1024). The wgmma backward stores ds (20) at dh 128, and at dh 64
+  // from T 1024 (marked at dh 128 only; the lab runs every head in one
+  // launch, the library in chunks of 512 key tiles on two streams).
   const bool wgmma = bf16_inputs && g_sm90 && (dh == 128 || (dh == 64 && !backward));
   const int production = !bf16_inputs ? (backward ? kF32BackwardProduction : 0)
                          : wgmma      ? (backward ? kWgmmaBackwardFirst + 6 : kWgmmaForwardFirst)
