@@ -26,6 +26,12 @@ struct MemoryStats {
 MemoryStats memory_stats();
 void reset_peak_memory();
 void empty_cache();  // returns cached blocks to the driver
+// At most `bytes` held from cudaMalloc (0: no limit, the default). A request
+// that would go over it first returns the cache to the driver, then throws
+// hg::OutOfMemory as a full GPU does: to share a GPU between processes, or to
+// see how a program behaves with less memory. Blocks held already stay.
+void set_memory_limit(size_t bytes);
+size_t memory_limit();
 
 // Copies between any two devices (host <-> device, device <-> device) on the
 // one handgrad stream. A copy from or to the host has finished when it

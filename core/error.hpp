@@ -14,6 +14,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The GPU allocator found no memory for a request (the driver's out of
+// memory, or a request over gpu::set_memory_limit). An Error like any other,
+// apart so that a caller with a way that needs less memory can take it.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 inline void append(std::ostringstream& os, const Shape& s) { os << shape_str(s); }
 template <class T>

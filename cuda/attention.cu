@@ -13,17 +13,20 @@
 // recomputing p from the saved log-sum-exp: no float atomics, bitwise
 // repeatable results. Which tiles each head dim runs: the configuration
 // tables in the launcher section (kBf16Forward, kBf16Backward). On a
-// compute capability 9.0 GPU the BF16 forward, and at head dim 128 the
-// backward after delta, are cuda/attention_wgmma.cu (wgmma + TMA) where
-// cuda/attention_dispatch.hpp's rules allow them.
+// compute capability 9.0 GPU the BF16 forward and the backward after delta
+// are cuda/attention_wgmma.cu (wgmma + TMA) where
+// cuda/attention_dispatch.hpp's rules allow them; the backward storing ds
+// falls back to recomputing it where its scratch finds no memory.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
 #include <optional>
 
 #include "core/cuda_runtime.hpp"
@@ -1186,7 +1189,7 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
                                 {dv, "dv"}})
     check_aligned(p, name, op);
   Tensor delta = Tensor::empty({layout.heads_total() * layout.tq}, DType::F32, Device::CUDA);
-  const AttentionKernel kernel = attention_backward_kernel(dtype, dout, q, k, v, layout);
+  AttentionKernel kernel = attention_backward_kernel(dtype, dout, q, k, v, layout);
   Args a = args_of(layout);
   a.q = q;
   a.k = k;
@@ -1201,9 +1204,18 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
   DsScratch ds;
   Tensor scratch;
   if (kernel == AttentionKernel::WgmmaStoredDs) {
-    ds.heads_per_chunk = stored_ds_heads_per_chunk(layout);
-    scratch = Tensor::empty({stored_ds_scratch_bytes(layout) / 2}, DType::BF16, Device::CUDA);
-    ds.at = scratch.raw_data();
+    try {
+      scratch = Tensor::empty({stored_ds_scratch_bytes(layout) / 2}, DType::BF16, Device::CUDA);
+      ds.heads_per_chunk = stored_ds_heads_per_chunk(layout);
+      ds.at = scratch.raw_data();
+    } catch (const OutOfMemory& e) {  // the recomputing pair needs no scratch: the same gradients, slower
+      kernel = AttentionKernel::Wgmma;
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        spdlog::warn("attention_backward: no memory for the stored ds; recomputing it instead (shown once): {}",
+                     e.what());
+      });
+    }
   }
   by_head_dim(layout.head_dim,
               [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), kernel, ds); });

@@ -38,6 +38,8 @@ void release(void* ptr) {
 }
 void reset_peak_memory() { no_cuda("gpu::reset_peak_memory"); }
 void empty_cache() { no_cuda("gpu::empty_cache"); }
+void set_memory_limit(size_t) { no_cuda("gpu::set_memory_limit"); }
+size_t memory_limit() { return 0; }
 void copy_bytes(void*, Device, const void*, Device, size_t) { no_cuda("gpu::copy_bytes"); }
 void synchronize() { no_cuda("gpu::synchronize"); }
 intptr_t current_stream() { return 0; }  // nothing runs on a stream without CUDA

@@ -202,19 +202,24 @@ class CachingAllocator {
       return ptr;
     }
     void* ptr = nullptr;
-    cudaError_t err = cudaMalloc(&ptr, size);
+    cudaError_t err = device_malloc(&ptr, size);
     if (err != cudaSuccess && capture_pool_ == 0) {  // freeing the cache synchronizes: not while capturing
       // Out of memory (or fragmented): give the cache back and try once more.
       cudaGetLastError();
       free_cached_locked();
-      err = cudaMalloc(&ptr, size);
+      err = device_malloc(&ptr, size);
     }
     if (err != cudaSuccess) {
       cudaGetLastError();
       std::ostringstream os;
-      os << "gpu::allocate: cudaMalloc of " << size << " bytes failed: " << cudaGetErrorName(err) << ": "
-         << cudaGetErrorString(err) << " (in use " << stats_.in_use << " bytes, reserved " << stats_.reserved
-         << " bytes)";
+      os << "gpu::allocate: ";
+      if (over_limit(size))
+        os << size << " bytes more would hold " << stats_.reserved + size << " bytes, over the limit of " << limit_
+           << " (gpu::set_memory_limit)";
+      else
+        os << "cudaMalloc of " << size << " bytes failed: " << cudaGetErrorName(err) << ": " << cudaGetErrorString(err);
+      os << " (in use " << stats_.in_use << " bytes, reserved " << stats_.reserved << " bytes)";
+      if (err == cudaErrorMemoryAllocation) throw OutOfMemory(os.str());
       throw Error(os.str());
     }
     stats_.reserved += size;
@@ -278,6 +283,16 @@ class CachingAllocator {
     free_cached_locked();
   }
 
+  void set_limit(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
+  }
+
+  size_t limit() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return limit_;
+  }
+
  private:
   struct Block {
     size_t size;
@@ -307,6 +322,13 @@ class CachingAllocator {
     return it != pools_.end() ? it->second.free : free_;
   }
 
+  bool over_limit(size_t size) const { return limit_ != 0 && stats_.reserved + size > limit_; }
+
+  // cudaMalloc within the limit; over it, the driver's out-of-memory error.
+  cudaError_t device_malloc(void** ptr, size_t size) {
+    return over_limit(size) ? cudaErrorMemoryAllocation : cudaMalloc(ptr, size);
+  }
+
   void hand_out(void* ptr, size_t block, int pool) {
     live_.emplace(ptr, Block{block, pool});
     stats_.in_use += block;
@@ -326,6 +348,7 @@ class CachingAllocator {
   }
 
   std::mutex mutex_;
+  size_t limit_ = 0;                       // set_memory_limit; 0: none
   FreeList free_;                          // the shared cache
   std::unordered_map<void*, Block> live_;  // handed-out block -> its size and pool
   std::map<int, Pool> pools_;              // live graphs' pools
@@ -419,6 +442,8 @@ void release(void* ptr) { allocator().release(ptr); }
 MemoryStats memory_stats() { return allocator().stats(); }
 void reset_peak_memory() { allocator().reset_peak(); }
 void empty_cache() { allocator().empty_cache(); }
+void set_memory_limit(size_t bytes) { allocator().set_limit(bytes); }
+size_t memory_limit() { return allocator().limit(); }
 
 // ---- copies -----------------------------------------------------------------
 

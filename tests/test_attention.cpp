@@ -1077,6 +1077,43 @@ TEST_CASE("attention: CUDA BF16 wgmma backward with ds stored in chunks of heads
   }
 }
 
+// Where the stored ds finds no memory (here under gpu::set_memory_limit:
+// the call's other tensors, about 33 MiB, fit in 48; its 64 MiB of ds do
+// not), the backward runs the recomputing pair instead: the call completes
+// within the limit with that pair's results, bit for bit.
+TEST_CASE("attention: CUDA BF16 wgmma backward recomputes where the stored ds finds no memory", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  constexpr size_t kMiB = size_t(1) << 20;
+  Problem p;
+  p.b = 1, p.h = 8, p.tq = p.tk = 2048, p.dh = 128, p.causal = true, p.scale = 1.0 / std::sqrt(128.0);
+  REQUIRE(wgmma_backward_of(p) == AttentionKernel::WgmmaStoredDs);
+  REQUIRE(hg::gpu::stored_ds_scratch_bytes(layout_of(p)) == int64_t(64 * kMiB));
+  const Inputs in = rounded_to_bf16(make_inputs(p, 5400));
+  hg::gpu::empty_cache();
+  const size_t base = hg::gpu::memory_stats().in_use;
+  hg::gpu::reset_peak_memory();
+  run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+  CHECK(hg::gpu::memory_stats().peak_in_use - base > 64 * kMiB);  // unlimited: the tensors and the ds
+  Outputs recomputed;
+  {
+    const RecomputeDq recompute;
+    recomputed = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+  }
+  hg::gpu::empty_cache();
+  hg::gpu::reset_peak_memory();
+  Outputs got;
+  {
+    const hg::test::GpuMemoryLimit limit(hg::gpu::memory_stats().reserved + 48 * kMiB);
+    got = run(p, in, Device::CUDA, DType::BF16, KernelMode::Fused);
+    CHECK(hg::gpu::memory_stats().peak_in_use - base <= 48 * kMiB);
+  }
+  CHECK(got.o.to_vector() == recomputed.o.to_vector());
+  CHECK(got.dq.to_vector() == recomputed.dq.to_vector());
+  CHECK(got.dk.to_vector() == recomputed.dk.to_vector());
+  CHECK(got.dv.to_vector() == recomputed.dv.to_vector());
+}
+
 // Head dim 64 from T 256 to 1023 takes the wgmma forward and the mma.sync
 // backward, which rebuilds p from the wgmma forward's row stats: T 256;
 // 257, a last key tile of 1; Tq != Tk either way: 319 queries on 700 keys,

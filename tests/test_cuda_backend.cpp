@@ -566,6 +566,38 @@ TEST_CASE("cuda caching allocator reaches a steady state", "[cuda][allocator]") 
   CHECK(hg::gpu::memory_stats().in_use == before.in_use);
 }
 
+TEST_CASE("cuda caching allocator: a memory limit refuses what would go over it, after giving the cache back",
+          "[cuda][allocator]") {
+  HG_REQUIRE_GPU();
+  constexpr size_t kMiB = size_t(1) << 20;
+  hg::gpu::empty_cache();
+  const size_t held = hg::gpu::memory_stats().reserved;
+  {
+    const hg::test::GpuMemoryLimit limit(held + 64 * kMiB);
+    CHECK(hg::gpu::memory_limit() == held + 64 * kMiB);
+    void* fits = hg::gpu::allocate(32 * kMiB);
+    try {
+      hg::gpu::allocate(48 * kMiB);  // 32 + 48 held: over
+      FAIL("48 MiB more should go over the limit");
+    } catch (const hg::OutOfMemory& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find("set_memory_limit") != std::string::npos);
+    }
+    // Released, the 32 MiB block is cached (too small for 48); the cache is
+    // given back before the request is refused, so 48 MiB fits now.
+    hg::gpu::release(fits);
+    void* after = hg::gpu::allocate(48 * kMiB);
+    CHECK(hg::gpu::memory_stats().reserved == held + 48 * kMiB);
+    hg::gpu::release(after);
+  }
+  CHECK(hg::gpu::memory_limit() == 0);
+  void* big = hg::gpu::allocate(256 * kMiB);  // no limit now
+  hg::gpu::release(big);
+  hg::gpu::empty_cache();
+  // The driver's own out of memory is an OutOfMemory too.
+  CHECK_THROWS_AS(hg::gpu::allocate(size_t(1) << 50), hg::OutOfMemory);
+}
+
 TEST_CASE("cuda failures come out as hg::Error and leave the GPU usable", "[cuda][errors][api-errors]") {
   HG_REQUIRE_GPU();
   // cudaMalloc of a petabyte fails with cudaErrorMemoryAllocation.

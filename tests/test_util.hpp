@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_runtime.hpp"
 #include "core/device.hpp"
 #include "core/dtype.hpp"
 #include "core/gradcheck.hpp"
@@ -25,6 +26,14 @@ using hg::central_difference;
 using hg::numerical_grad;
 using hg::rel_error;
 using hg::weighted_sum;
+
+// hg::gpu::set_memory_limit for a scope: the limit lifted again at its end.
+struct GpuMemoryLimit {
+  explicit GpuMemoryLimit(size_t bytes) { hg::gpu::set_memory_limit(bytes); }
+  ~GpuMemoryLimit() { hg::gpu::set_memory_limit(0); }
+  GpuMemoryLimit(const GpuMemoryLimit&) = delete;
+  GpuMemoryLimit& operator=(const GpuMemoryLimit&) = delete;
+};
 
 // The per-element passes of the kernel tests (millions of elements, once per
 // configuration) run in pieces of kPiece on hg::for_pieces' threads; their
