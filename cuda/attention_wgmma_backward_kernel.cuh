@@ -322,17 +322,11 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   bf16* out1 = static_cast<bf16*>(kDkDv ? a.dk : a.dq) + (kDkDv ? a.kv_base(bh) : a.q_base(bh));
   bf16* out2 = static_cast<bf16*>(a.dv) + a.kv_base(bh);
   const int64_t ld = kDkDv ? a.kv_row : a.q_row;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = my_row + 8 * h;
-    if (row >= r_rows) continue;
-#pragma unroll
-    for (int i = 2 * h; i < DH / 2; i += 4) {
-      const int64_t at = int64_t(row) * ld + 2 * t + acc_col(i);
-      *reinterpret_cast<uint32_t*>(out1 + at) = pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
-      if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = pack(acc2[i], acc2[i + 1]);
-    }
-  }
+  for_acc_pairs<DH>(my_row, r_rows, [&](int row, int i) {
+    const int64_t at = int64_t(row) * ld + 2 * t + acc_col(i);
+    *reinterpret_cast<uint32_t*>(out1 + at) = pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
+    if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = pack(acc2[i], acc2[i + 1]);
+  });
 #endif  // HG_WGMMA_DEVICE
 }
 
@@ -428,16 +422,10 @@ __global__ void __launch_bounds__(kDqFromDsThreads, 1)
   }
 
   bf16* out = static_cast<bf16*>(a.dq) + a.q_base(bh);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = q0 + g + 8 * h;
-    if (row >= a.tq) continue;
-#pragma unroll
-    for (int i = 2 * h; i < DH / 2; i += 4) {
-      const int64_t at = int64_t(row) * a.q_row + 2 * t + acc_col(i);
-      *reinterpret_cast<uint32_t*>(out + at) = pack(acc[i] * a.scale, acc[i + 1] * a.scale);
-    }
-  }
+  for_acc_pairs<DH>(q0 + g, a.tq, [&](int row, int i) {
+    const int64_t at = int64_t(row) * a.q_row + 2 * t + acc_col(i);
+    *reinterpret_cast<uint32_t*>(out + at) = pack(acc[i] * a.scale, acc[i + 1] * a.scale);
+  });
 #endif  // HG_WGMMA_DEVICE
 }
 

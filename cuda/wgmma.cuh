@@ -233,6 +233,21 @@ __device__ __forceinline__ uint64_t desc_mn_major(uint32_t addr, uint32_t lbo) {
 __device__ __forceinline__ int acc_row(int i) { return 8 * ((i >> 1) & 1); }      // + 16 w + g
 __device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + (i & 1); }  // + 2 t
 
+// f(row, i) for each pair of elements (i, i + 1) of an m64nN accumulator
+// in a thread's rows row0 and row0 + 8 (row0 = 16 w + g of its tile; those
+// from `rows` on skipped): columns 2 t + acc_col(i) and the next, as one
+// 4-byte store of a bf16 pair takes them.
+template <int N, class F>
+__device__ __forceinline__ void for_acc_pairs(int row0, int rows, F&& f) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int i = 2 * h; i < N / 2; i += 4) f(row, i);
+  }
+}
+
 // D[64 x N] (+)= A[64 x 16] * B[16 x N], N = 32, 64, 128: A, B from shared
 // memory (K-major descriptors). accumulate == 0 overwrites D.
 __device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
