@@ -19,7 +19,8 @@ from ._C import (AdamW, CrossEntropySaved, DecoderLM, Error, Generator, LayerNor
                  cross_entropy_backward, cross_entropy_forward, cuda_available, cuda_stream,
                  from_dlpack, from_numpy, full, kernel_mode, layernorm_backward, layernorm_forward,
                  ones, randn, set_kernel_mode, softmax_backward, softmax_forward, zeros,
-                 cuda_memory_stats, cuda_reset_peak_memory, set_cuda_stream)
+                 cuda_empty_cache, cuda_memory_limit, cuda_memory_stats, cuda_reset_peak_memory,
+                 cuda_set_memory_limit, set_cuda_stream, OutOfMemoryError)
 
 __all__ = [name for name in dir() if not name.startswith("_")] + ["kernels", "tensor"]
 

@@ -8,6 +8,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "handgrad: hand-written forward and backward ops on the CPU (Eigen) and CUDA";
   py::register_exception<hg::Error>(m, "Error",
                                     py::make_tuple(py::handle(PyExc_ValueError), py::handle(PyExc_RuntimeError)));
+  py::register_exception<hg::OutOfMemory>(m, "OutOfMemoryError",
+                                          py::make_tuple(m.attr("Error"), py::handle(PyExc_MemoryError)));
   hg::python::bind_tensor(m);
   hg::python::bind_dlpack(m);
   hg::python::bind_ops(m);

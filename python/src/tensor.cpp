@@ -257,6 +257,11 @@ void bind_tensor(py::module_& m) {
       },
       "handgrad's CUDA caching allocator, in bytes (PyTorch's allocator does not see these blocks).");
   m.def("cuda_reset_peak_memory", &gpu::reset_peak_memory);
+  m.def("cuda_empty_cache", &gpu::empty_cache, "Returns handgrad's cached CUDA blocks to the driver.");
+  m.def("cuda_set_memory_limit", &gpu::set_memory_limit, py::arg("bytes"),
+        "At most `bytes` held by handgrad's CUDA allocator (0: no limit); a request over it raises "
+        "OutOfMemoryError after the cache is given back.");
+  m.def("cuda_memory_limit", &gpu::memory_limit, "The limit cuda_set_memory_limit set, in bytes (0: none).");
 }
 
 }  // namespace hg::python

@@ -112,6 +112,24 @@ class NumpyZeroCopy(unittest.TestCase):
     def test_error_class(self):
         self.assertTrue(issubclass(hg.Error, ValueError))
         self.assertTrue(issubclass(hg.Error, RuntimeError))
+        self.assertTrue(issubclass(hg.OutOfMemoryError, hg.Error))
+        self.assertTrue(issubclass(hg.OutOfMemoryError, MemoryError))
+
+    @unittest.skipUnless(hg.cuda_available(), "SKIPPED: no CUDA GPU present")
+    def test_cuda_memory_limit(self):
+        hg.cuda_empty_cache()
+        held = hg.cuda_memory_stats()["reserved"]
+        hg.cuda_set_memory_limit(held + (16 << 20))
+        try:
+            self.assertEqual(hg.cuda_memory_limit(), held + (16 << 20))
+            kept = hg.zeros(1 << 20, device="cuda")  # 4 MiB: within the limit
+            with self.assertRaisesRegex(hg.OutOfMemoryError, "set_memory_limit"):
+                hg.zeros(8 << 20, device="cuda")  # 32 MiB more
+            self.assertEqual(kept.to("cpu").tolist_flat()[:2], [0.0, 0.0])
+        finally:
+            hg.cuda_set_memory_limit(0)
+        self.assertEqual(hg.cuda_memory_limit(), 0)
+        self.assertEqual(hg.zeros(8 << 20, device="cuda").shape, (8 << 20,))
 
 
 class DLPackExchange(unittest.TestCase):
