@@ -66,6 +66,12 @@ int run_program(CLI::App& app, CommonFlags& flags, int argc, char** argv, const 
     end_status_line();
     spdlog::error("out of memory (std::bad_alloc): the sizes asked for need more host memory than is available");
     return kExitRuntime;
+  } catch (const OutOfMemory& e) {
+    end_status_line();
+    spdlog::error("{}", e.what());
+    spdlog::error("the GPU has no room for this run: a smaller batch or sequence, or, where the program has them, "
+                  "--recompute-gelu and --recompute-layernorm, which keep fewer activations (docs/mixed_precision.md)");
+    return kExitRuntime;
   } catch (const std::exception& e) {
     end_status_line();
     spdlog::error("{}", e.what());
