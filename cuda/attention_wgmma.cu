@@ -117,8 +117,8 @@ void launch_backward_stored_ds(const Args& a, int64_t batch, void* scratch, int6
   allow_dynamic_smem(dkdv, kDkdvSmem);
   allow_dynamic_smem(dq, kDqSmem);
   const int64_t heads_total = batch * a.heads;
-  DsTiles ds{nullptr, 0, 8 * ((a.tq + 127) / 128), (a.tk + 127) / 128};
-  const int64_t chunk_uint4 = heads_per_chunk * ds.query_groups * ds.key_tiles * 256;
+  DsTiles ds = DsTiles::of(a);
+  const int64_t chunk_uint4 = ds.uint4s(heads_per_chunk);
   for (int64_t h0 = 0, c = 0; h0 < heads_total; h0 += heads_per_chunk, ++c) {
     const unsigned heads = unsigned(std::min(heads_per_chunk, heads_total - h0));
     const cudaStream_t s = c % 2 == 0 ? stream() : side;

@@ -79,6 +79,10 @@ struct DsTiles {
   __device__ uint4* group(int64_t bh, int64_t q16, int kt) const {
     return at + (((bh - bh0) * query_groups + q16) * key_tiles + kt) * 256;
   }
+  // The tiles of a call's heads, no scratch yet.
+  static DsTiles of(const Args& a) { return {nullptr, 0, 8 * ((a.tq + 127) / 128), (a.tk + 127) / 128}; }
+  // The uint4s that `heads` heads' ds take.
+  int64_t uint4s(int64_t heads) const { return heads * query_groups * key_tiles * 256; }
 };
 
 // Shared memory, byte offsets from a 1024-byte aligned base: the two

@@ -51,7 +51,7 @@ cudaError_t backward_production(const Args& a, int64_t bh, cudaStream_t stream =
 }
 
 // The library's stored-ds backward over all bh heads in one launch each
-// (the library cuts a call into chunks of heads of at most 256 MiB of ds):
+// (the library cuts a call into chunks of heads, cuda/attention_dispatch.hpp):
 // the dk/dv kernel writing ds into a scratch kept between calls, then
 // dq_from_ds_kernel, on the default stream.
 template <int DH>
@@ -65,10 +65,10 @@ cudaError_t backward_stored_ds(const Args& a, int64_t bh) {
       !make_map(&q_tile, a.q, DH, a.tq, a.heads, batch, a.q_row, a.q_head, a.q_batch, KV) ||
       !make_map(&do_tile, a.dout, DH, a.tq, a.heads, batch, a.o_row, a.o_head, a.o_batch, KV))
     return cudaErrorInvalidValue;
-  attn::DsTiles ds{nullptr, 0, 8 * ((a.tq + 127) / 128), (a.tk + 127) / 128};
+  attn::DsTiles ds = attn::DsTiles::of(a);
   static void* scratch = nullptr;
   static size_t scratch_bytes = 0;
-  const size_t bytes = size_t(bh) * size_t(ds.query_groups) * size_t(ds.key_tiles) * 4096;
+  const size_t bytes = size_t(ds.uint4s(bh)) * sizeof(uint4);
   cudaError_t e = cudaSuccess;
   if (bytes > scratch_bytes) {
     if (scratch != nullptr) cudaFree(scratch);
