@@ -817,9 +817,10 @@ bool wgmma_test_runs() {
 // The wgmma backward a call of p's shape takes where the wgmma kernels
 // apply: the pair that stores ds, or (a head's ds past 32 MiB) the one that
 // recomputes it.
-AttentionKernel wgmma_backward_of(const Problem& p) {
-  return hg::gpu::wgmma_backward_stores_ds(layout_of(p)) ? AttentionKernel::WgmmaStoredDs : AttentionKernel::Wgmma;
+AttentionKernel wgmma_backward_of(const hg::AttentionLayout& l) {
+  return hg::gpu::wgmma_backward_stores_ds(l) ? AttentionKernel::WgmmaStoredDs : AttentionKernel::Wgmma;
 }
+AttentionKernel wgmma_backward_of(const Problem& p) { return wgmma_backward_of(layout_of(p)); }
 
 // A BF16 call of p's shape (contiguous, TMA-aligned operands) takes
 // `forward` forward and `backward` backward.
@@ -964,10 +965,8 @@ TEST_CASE("attention: CUDA BF16 forward and backward take the wgmma kernels exac
     CHECK(hg::gpu::attention_forward_kernel(DType::BF16, c.base, c.base, c.base, l) ==
           (c.wgmma_forward() && wgmma ? AttentionKernel::Wgmma : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_forward_kernel(DType::F32, c.base, c.base, c.base, l) == AttentionKernel::F32);
-    const AttentionKernel wgmma_backward =
-        hg::gpu::wgmma_backward_stores_ds(l) ? AttentionKernel::WgmmaStoredDs : AttentionKernel::Wgmma;
     CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
-          (c.wgmma && wgmma ? wgmma_backward : AttentionKernel::MmaSync));
+          (c.wgmma && wgmma ? wgmma_backward_of(l) : AttentionKernel::MmaSync));
     CHECK(hg::gpu::attention_backward_kernel(DType::F32, c.base, c.base, c.base, c.base, l) == AttentionKernel::F32);
     const RecomputeDq recompute;
     CHECK(hg::gpu::attention_backward_kernel(DType::BF16, c.base, c.base, c.base, c.base, l) ==
