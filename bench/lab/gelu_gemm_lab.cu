@@ -4,8 +4,10 @@
 // [m][n]). It runs the sm_90a candidate of gelu_gemm_lab_kernel.cuh,
 // checks out against float64 on sampled rows and the sums against float64
 // sums of out as stored, then times it beside cuBLASLt's plain GEMM and its
-// DGELU epilogue of the same shape (heuristic's first algorithm, as
-// cuda/gemm_lt.cu asks), on rotating inputs. Links the CUDA runtime and
+// DGELU epilogue of the same shape, and the forward's plain, BIAS and
+// GELU_AUX_BIAS forms (heuristic's first algorithm, as cuda/gemm_lt.cu
+// asks), on rotating inputs: median single calls and calls queued back to
+// back. Links the CUDA runtime and
 // cuBLASLt.
 //
 //   gelu_gemm_lab                                   GPT-2 small's fc2 at 8192 and 32768 rows, and a shape cutting every
@@ -221,6 +223,28 @@ bool run_shape(const Shape& sh, int iters, cublasLtHandle_t lt, void* workspace)
              [&](int i) { CHECK_CUBLAS(gemm_lab::run(lt, plan, c, cands[0], ls[i], workspace)); });
     }
     gemm_lab::destroy(plan);
+  }
+  // The forward's forms of the same shape (out = x W^T, W [n][k]: the
+  // first Linear of the block): what its GELU epilogue costs beside plain.
+  {
+    void* bias = nullptr;
+    CHECK_CUDA(cudaMalloc(&bias, size_t(sh.n) * 2));
+    CHECK_CUDA(cudaMemset(bias, 0, size_t(sh.n) * 2));
+    for (gemm_lab::Epi epi : {gemm_lab::Epi::None, gemm_lab::Epi::Bias, gemm_lab::Epi::BiasGelu}) {
+      gemm_lab::Case c{"lab", "fc1", gemm_lab::Pass::Forward, epi, sh.m, sh.n, sh.k, false, true, false, 1.0};
+      gemm_lab::Plan plan = gemm_lab::make_plan(c);
+      gemm_lab::Set ls[kSets];
+      for (int i = 0; i < kSets; ++i) ls[i] = {sets[i].dy, sets[i].w, sets[i].out, sets[i].pre, bias};
+      gemm_lab::set_pointers(plan, c, ls[0]);
+      std::vector<gemm_lab::Candidate> cands = gemm_lab::candidates(lt, plan, c, {0}, 1);
+      if (!cands.empty())
+        report(epi == gemm_lab::Epi::None   ? "cuBLASLt forward plain (lt#1)"
+               : epi == gemm_lab::Epi::Bias ? "cuBLASLt forward BIAS (lt#1)"
+                                            : "cuBLASLt forward GELU_AUX_BIAS (lt#1)",
+               [&](int i) { CHECK_CUBLAS(gemm_lab::run(lt, plan, c, cands[0], ls[i], workspace)); });
+      gemm_lab::destroy(plan);
+    }
+    cudaFree(bias);
   }
   for (Set& s : sets) cudaFree(s.dy), cudaFree(s.w), cudaFree(s.pre), cudaFree(s.out);
   cudaFree(col_sums);
