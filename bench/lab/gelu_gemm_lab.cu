@@ -7,11 +7,11 @@
 // DGELU epilogue of the same shape, and the forward's plain, BIAS and
 // GELU_AUX_BIAS forms (heuristic's first algorithm, as cuda/gemm_lt.cu
 // asks), on rotating inputs: median single calls and calls queued back to
-// back. Links the CUDA runtime and
-// cuBLASLt.
+// back. Links the CUDA runtime and cuBLASLt.
 //
-//   gelu_gemm_lab                                   GPT-2 small's fc2 at 8192 and 32768 rows, and a shape cutting every
-//   tile gelu_gemm_lab --m 8192 --n 3072 --k 768 --iters 100
+//   gelu_gemm_lab                  GPT-2 small's fc2 at 8192 and 32768 rows, and a shape cutting every tile
+//   gelu_gemm_lab --m 8192 --n 3072 --k 768 --iters 100
+//   gelu_gemm_lab --parts          also the kernel with parts of its epilogue left out (timing only)
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -42,6 +42,7 @@ struct Shape {
 struct Options {
   std::vector<Shape> shapes{{8192, 3072, 768}, {32768, 3072, 768}, {1000, 776, 200}};
   int iters = 50;
+  bool parts = false;
 };
 
 void print_help() {
@@ -50,6 +51,7 @@ void print_help() {
               "  --m M --n N --k K    one shape (n and k multiples of 8; default: 8192 and 32768 x 3072 x 768, and\n"
               "                       1000 x 776 x 200)\n"
               "  --iters N            timed samples per kernel (default 50)\n"
+              "  --parts              also time the kernel with parts of its epilogue left out (timing only)\n"
               "  --help               this text\n"
               "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
 }
@@ -66,6 +68,7 @@ Options parse(int argc, char** argv) {
     else if (f.is("--n")) one.n = f.number(8, 1 << 16);
     else if (f.is("--k")) one.k = f.number(8, 1 << 16);
     else if (f.is("--iters")) o.iters = int(f.number(3, 100000));
+    else if (f.is("--parts")) o.parts = true;
     else f.unknown();
   }
   if (one.m > 0) {
@@ -113,11 +116,12 @@ Maps maps_of(const Set& s, const Shape& sh) {
           matrix_map(s.pre, sh.m, sh.n, 64), matrix_map(s.out, sh.m, sh.n, 64)};
 }
 
+template <gg::Parts kParts = gg::Parts::kAll>
 void launch(const Maps& mp, float* col_sums, const Shape& sh, int sms) {
   const int64_t tiles = ((sh.m + gg::kRows - 1) / gg::kRows) * ((sh.n + gg::kCols - 1) / gg::kCols);
   const gg::Args args{col_sums, int(sh.m), int(sh.n), int(sh.k)};
-  gg::gelu_backward_gemm_kernel<<<unsigned(std::min<int64_t>(tiles, sms)), gg::kThreads, gg::Plan::kSmem>>>(
-      mp.a, mp.b, mp.p, mp.o, args);
+  gg::gelu_backward_gemm_kernel<kParts>
+      <<<unsigned(std::min<int64_t>(tiles, sms)), gg::kThreads, gg::Plan::kSmem>>>(mp.a, mp.b, mp.p, mp.o, args);
 }
 
 double gelu_slope64(double x) {
@@ -162,7 +166,7 @@ bool check(const Shape& sh, const std::vector<bf16>& dy, const std::vector<bf16>
   return worst <= 1 && worst_sum <= 1;
 }
 
-bool run_shape(const Shape& sh, int iters, cublasLtHandle_t lt, void* workspace) {
+bool run_shape(const Shape& sh, int iters, bool parts, cublasLtHandle_t lt, void* workspace) {
   std::printf("m %lld, n %lld, k %lld\n", (long long)sh.m, (long long)sh.n, (long long)sh.k);
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -209,6 +213,11 @@ bool run_shape(const Shape& sh, int iters, cublasLtHandle_t lt, void* workspace)
                 queued * 1e3, flop / queued * 1e-9);
   };
   report("wgmma 128x256 + gelu' + sums", [&](int i) { launch(maps[i], col_sums, sh, sms); });
+  if (parts) {  // timing only: what each part of the epilogue costs
+    report("  without the slopes", [&](int i) { launch<gg::Parts::kNoSlopes>(maps[i], col_sums, sh, sms); });
+    report("  without multiply and sums", [&](int i) { launch<gg::Parts::kNoEpilogue>(maps[i], col_sums, sh, sms); });
+    report("  products and copies only", [&](int i) { launch<gg::Parts::kCopiesOnly>(maps[i], col_sums, sh, sms); });
+  }
   for (gemm_lab::Epi epi : {gemm_lab::Epi::None, gemm_lab::Epi::DGelu}) {
     gemm_lab::Case c{"lab", "fc2", gemm_lab::Pass::Dgrad, epi, sh.m, sh.n, sh.k, false, false, false, 1.0};
     gemm_lab::Plan plan = gemm_lab::make_plan(c);
@@ -263,14 +272,17 @@ int main(int argc, char** argv) {
     std::printf("gelu_gemm_lab: the kernel is sm_90a (Hopper) only; this GPU is sm_%d%d\n", major, minor);
     return 0;
   }
-  CHECK_CUDA(cudaFuncSetAttribute(gg::gelu_backward_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(gg::Plan::kSmem)));
+  for (const void* kernel : {(const void*)gg::gelu_backward_gemm_kernel<gg::Parts::kAll>,
+                             (const void*)gg::gelu_backward_gemm_kernel<gg::Parts::kNoSlopes>,
+                             (const void*)gg::gelu_backward_gemm_kernel<gg::Parts::kNoEpilogue>,
+                             (const void*)gg::gelu_backward_gemm_kernel<gg::Parts::kCopiesOnly>})
+    CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(gg::Plan::kSmem)));
   cublasLtHandle_t lt = nullptr;
   CHECK_CUBLAS(cublasLtCreate(&lt));
   void* workspace = nullptr;
   CHECK_CUDA(cudaMalloc(&workspace, gemm_lab::kMaxWorkspace));
   bool ok = true;
-  for (const Shape& sh : o.shapes) ok = run_shape(sh, o.iters, lt, workspace) && ok;
+  for (const Shape& sh : o.shapes) ok = run_shape(sh, o.iters, o.parts, lt, workspace) && ok;
   cudaFree(workspace);
   cublasLtDestroy(lt);
   std::printf("%s\n", ok ? "all checks passed" : "CHECK FAILED");

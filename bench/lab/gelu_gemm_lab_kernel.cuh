@@ -67,6 +67,20 @@ struct Args {
   int m, n, k;
 };
 
+// What a launch computes: everything, or (timing only: out is then not
+// the GELU backward) the same copies and products with parts left out, to
+// tell what each part of the epilogue costs. The products always run: a
+// variant whose accumulators nothing reads would lose its wgmma
+// instructions to ptxas.
+enum class Parts {
+  kAll,
+  kNoSlopes,    // pre is not turned into gelu' (the multiply reads pre's bits as fp16)
+  kNoEpilogue,  // the slopes are made, but no multiply, column sums or out written
+  kCopiesOnly,  // neither: the products, pre's loads and the stores of the untouched buffer
+};
+constexpr bool makes_slopes(Parts p) { return p == Parts::kAll || p == Parts::kNoEpilogue; }
+constexpr bool has_epilogue(Parts p) { return p == Parts::kAll || p == Parts::kNoSlopes; }
+
 #if HG_SM90A_DEVICE
 using namespace hg::gpu;        // shared_address, stage_expect: cuda/bulk_stage.cuh
 using namespace hg::gpu::sm90;  // the instructions: cuda/wgmma.cuh
@@ -160,6 +174,7 @@ __device__ __forceinline__ uint4 gelu_slopes_f16(uint4 pre) {
 // amap: dy [m][k] in boxes of 128 rows; bmap: W [k][n], pmap: pre [m][n]
 // and omap: out [m][n] in boxes of 64 rows. Tiles in row-major order of
 // (m / 128, n / 256), block b taking tiles b, b + gridDim.x, ...
+template <Parts kParts = Parts::kAll>
 __global__ void __launch_bounds__(kThreads, 1)
     gelu_backward_gemm_kernel(const __grid_constant__ CUtensorMap amap, const __grid_constant__ CUtensorMap bmap,
                               const __grid_constant__ CUtensorMap pmap, const __grid_constant__ CUtensorMap omap,
@@ -222,14 +237,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 4
       for (int j = ct; j < kBufChunks; j += kSlopeThreads) {
         uint4* chunk = reinterpret_cast<uint4*>(buf) + j;
-        *chunk = gelu_slopes_f16(*chunk);
+        if constexpr (makes_slopes(kParts)) *chunk = gelu_slopes_f16(*chunk);
       }
       barrier_arrive(slopes_ready);
       barrier_wait(out_ready, uint32_t(round & 1));
       if (elected) tile_io(tile, false);
       // Column sums of out as stored: a thread takes columns 2 c and 2 c + 1
       // of a half, its 64 rows in order.
-      if (g.col_sums != nullptr)
+      if (has_epilogue(kParts) && g.col_sums != nullptr)
         for (int job = ct; job < kMma * kCols / 2; job += kSlopeThreads) {
           const int h = job / (kCols / 2), c = 2 * (job % (kCols / 2));
           if (m0 + 64 * h >= g.m || n0 + c >= g.n) continue;
@@ -277,9 +292,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_wait<0>();
     fence_operands(acc);
     barrier_arrive(empty + (f + steps - 1) % kStages);
+    if constexpr (!has_epilogue(kParts))
+      if (g.k < 0) {  // never: without a read of the products ptxas drops the wgmma instructions
+        float any = 0.f;
+        for (int i = 0; i < kCols / 2; ++i) any += acc[i];
+        g.col_sums[threadIdx.x] = any;
+      }
     barrier_wait(slopes_ready, uint32_t(round & 1));
 #pragma unroll
-    for (int i = 0; i < kCols / 2; i += 2) {  // pairs: rows r0 (+ 8), columns 8 (i / 4) + 2 t
+    for (int i = 0; i < kCols / 2 && has_epilogue(kParts); i += 2) {  // pairs: rows r0 (+ 8), columns 8 (i / 4) + 2 t
       uint32_t* p = half_pair(half, r0 + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * t);
       const float2 slope = __half22float2(*reinterpret_cast<const __half2*>(p));
       const __nv_bfloat162 o = __floats2bfloat162_rn(acc[i] * slope.x, acc[i + 1] * slope.y);
