@@ -8,9 +8,10 @@
 //
 // A persistent block a SM walks output tiles of 128 x 256 (k steps of 64
 // need 85 flops a byte of L2 traffic, where 128 x 128 tiles needed 64 and
-// stopped near 350 TFLOP/s). The epilogue's bytes (pre in, out back) take
-// as long as the products at GPT-2's shapes, so each warp has one job and
-// the tensor cores wait only for the multiply that frees the accumulators:
+// stopped near 350 TFLOP/s). At GPT-2's shapes the epilogue's bytes (pre
+// in, out back) take about half the products' time at copy speed, so each
+// warp has one job and the tensor cores wait only for the multiply that
+// frees the accumulators:
 //   - two MMA warpgroups of 64 rows each (one m64n256 accumulator a
 //     thread, 128 floats): k steps from a ring of 3 stages of 48 KB (dy's
 //     128 x 64 tile K-major, W's 64 x 256 tile N-contiguous: wgmma's
