@@ -218,43 +218,31 @@ bool run_shape(const Shape& sh, int iters, bool parts, cublasLtHandle_t lt, void
     report("  without multiply and sums", [&](int i) { launch<gg::Parts::kNoEpilogue>(maps[i], col_sums, sh, sms); });
     report("  products and copies only", [&](int i) { launch<gg::Parts::kCopiesOnly>(maps[i], col_sums, sh, sms); });
   }
-  for (gemm_lab::Epi epi : {gemm_lab::Epi::None, gemm_lab::Epi::DGelu}) {
-    gemm_lab::Case c{"lab", "fc2", gemm_lab::Pass::Dgrad, epi, sh.m, sh.n, sh.k, false, false, false, 1.0};
+  // cuBLASLt's first algorithm for the shape in pass `pass` with epilogue
+  // `epi` (a = dy, b = W, aux = pre, vec = bias), timed as the kernel is.
+  auto report_lt = [&](const char* what, gemm_lab::Pass pass, gemm_lab::Epi epi, void* bias) {
+    const bool forward = pass == gemm_lab::Pass::Forward;  // out = x W^T: W is [n][k]
+    gemm_lab::Case c{"lab", forward ? "fc1" : "fc2", pass, epi, sh.m, sh.n, sh.k, false, forward, false, 1.0};
     gemm_lab::Plan plan = gemm_lab::make_plan(c);
     gemm_lab::Set ls[kSets];
-    for (int i = 0; i < kSets; ++i) ls[i] = {sets[i].dy, sets[i].w, sets[i].out, sets[i].pre, nullptr};
+    for (int i = 0; i < kSets; ++i) ls[i] = {sets[i].dy, sets[i].w, sets[i].out, sets[i].pre, bias};
     gemm_lab::set_pointers(plan, c, ls[0]);
-    std::vector<gemm_lab::Candidate> cands = gemm_lab::candidates(lt, plan, c, {0}, 1);
-    if (cands.empty()) {
-      std::printf("  cuBLASLt %s: no algorithm\n", gemm_lab::epi_name(epi));
-    } else {
-      report(epi == gemm_lab::Epi::None ? "cuBLASLt plain (lt#1)" : "cuBLASLt DGELU (lt#1, no sums)",
-             [&](int i) { CHECK_CUBLAS(gemm_lab::run(lt, plan, c, cands[0], ls[i], workspace)); });
-    }
+    const std::vector<gemm_lab::Candidate> cands = gemm_lab::candidates(lt, plan, c, {0}, 1);
+    if (cands.empty()) std::printf("  %s: no algorithm\n", what);
+    else report(what, [&](int i) { CHECK_CUBLAS(gemm_lab::run(lt, plan, c, cands[0], ls[i], workspace)); });
     gemm_lab::destroy(plan);
-  }
-  // The forward's forms of the same shape (out = x W^T, W [n][k]: the
-  // first Linear of the block): what its GELU epilogue costs beside plain.
-  {
-    void* bias = nullptr;
-    CHECK_CUDA(cudaMalloc(&bias, size_t(sh.n) * 2));
-    CHECK_CUDA(cudaMemset(bias, 0, size_t(sh.n) * 2));
-    for (gemm_lab::Epi epi : {gemm_lab::Epi::None, gemm_lab::Epi::Bias, gemm_lab::Epi::BiasGelu}) {
-      gemm_lab::Case c{"lab", "fc1", gemm_lab::Pass::Forward, epi, sh.m, sh.n, sh.k, false, true, false, 1.0};
-      gemm_lab::Plan plan = gemm_lab::make_plan(c);
-      gemm_lab::Set ls[kSets];
-      for (int i = 0; i < kSets; ++i) ls[i] = {sets[i].dy, sets[i].w, sets[i].out, sets[i].pre, bias};
-      gemm_lab::set_pointers(plan, c, ls[0]);
-      std::vector<gemm_lab::Candidate> cands = gemm_lab::candidates(lt, plan, c, {0}, 1);
-      if (!cands.empty())
-        report(epi == gemm_lab::Epi::None   ? "cuBLASLt forward plain (lt#1)"
-               : epi == gemm_lab::Epi::Bias ? "cuBLASLt forward BIAS (lt#1)"
-                                            : "cuBLASLt forward GELU_AUX_BIAS (lt#1)",
-               [&](int i) { CHECK_CUBLAS(gemm_lab::run(lt, plan, c, cands[0], ls[i], workspace)); });
-      gemm_lab::destroy(plan);
-    }
-    cudaFree(bias);
-  }
+  };
+  report_lt("cuBLASLt plain (lt#1)", gemm_lab::Pass::Dgrad, gemm_lab::Epi::None, nullptr);
+  report_lt("cuBLASLt DGELU (lt#1, no sums)", gemm_lab::Pass::Dgrad, gemm_lab::Epi::DGelu, nullptr);
+  // The forward's forms of the same shape (the block's first Linear): what
+  // its GELU epilogue costs beside plain.
+  void* bias = nullptr;
+  CHECK_CUDA(cudaMalloc(&bias, size_t(sh.n) * 2));
+  CHECK_CUDA(cudaMemset(bias, 0, size_t(sh.n) * 2));
+  report_lt("cuBLASLt forward plain (lt#1)", gemm_lab::Pass::Forward, gemm_lab::Epi::None, bias);
+  report_lt("cuBLASLt forward BIAS (lt#1)", gemm_lab::Pass::Forward, gemm_lab::Epi::Bias, bias);
+  report_lt("cuBLASLt forward GELU_AUX_BIAS (lt#1)", gemm_lab::Pass::Forward, gemm_lab::Epi::BiasGelu, bias);
+  cudaFree(bias);
   for (Set& s : sets) cudaFree(s.dy), cudaFree(s.w), cudaFree(s.pre), cudaFree(s.out);
   cudaFree(col_sums);
   return ok;
