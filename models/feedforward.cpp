@@ -25,7 +25,7 @@ Tensor FeedForward::forward(const Tensor& x) {
   if (kernel_mode() == KernelMode::Fused && fc1.gelu_fusable()) {
     Tensor hidden = fc1.forward_gelu(rows, pre_);
     Tensor out = fc2.forward(hidden);
-    if (recompute_gelu_) fc2.forget_input();  // the last reference to hidden: freed here
+    if (recompute_gelu_) fc2.forget_input([this] { return gelu(pre_); });  // the last reference to hidden: freed here
     return drop.forward(out).reshape(x_shape_);
   }
   pre_ = Tensor();
@@ -51,10 +51,9 @@ Tensor FeedForward::backward(const Tensor& dy) {
            x_shape_);
   const Tensor dout = drop.backward(dy.reshape({-1, d_model_}));
   if (pre_.defined()) {
-    if (recompute_gelu_) fc2.restore_input(gelu(pre_));
-    const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_, fc1.bias.grad);
+    const Tensor dpre = fc2.backward_to_gelu_input(dout, pre_);
     pre_ = Tensor();  // used up: its memory can serve fc1's backward
-    return fc1.backward_bias_grad_added(dpre).reshape(x_shape_);
+    return fc1.backward(dpre).reshape(x_shape_);
   }
   return fc1.backward(act.backward(fc2.backward(dout))).reshape(x_shape_);
 }

@@ -11,9 +11,8 @@ namespace hg {
 
 // Position-wise MLP: Linear(d, hidden) -> GELU -> Linear(hidden, d) -> Dropout.
 // Fused mode with hidden % 8 == 0 runs GELU inside the GEMMs: fc1's bias+GELU
-// epilogue keeps the pre-activation, and fc2's dx GEMM applies gelu' and sums
-// fc1's bias gradient in the same backend call. Otherwise (unfused mode) the GELU
-// module runs as its own passes.
+// epilogue keeps the pre-activation, and fc2's dx GEMM applies gelu' to it.
+// Otherwise (unfused mode) the GELU module runs as its own passes.
 //
 // recompute_gelu (fused GELU only): fc2 does not keep its input gelu(pre)
 // between the forward and the backward; its backward recomputes it from pre

@@ -100,33 +100,27 @@ void Linear::save_input(const Tensor& x) {
 }
 
 void Linear::forget_input(std::function<Tensor()> recompute) {
+  HG_CHECK(recompute != nullptr, "Linear::forget_input", "needs the function that recomputes the input");
   x_ = Tensor();
   recompute_input_ = std::move(recompute);
 }
 
 void Linear::restore_input(Tensor x) {
-  HG_CHECK(x.defined() && x.shape() == x_shape_ && x.dtype() == x_dtype_, "Linear::restore_input",
+  HG_CHECK(x.defined() && x.shape() == x_shape_ && x.dtype() == x_dtype_, "Linear::backward",
            "the recomputed input must be ", dtype_name(x_dtype_), " ", x_shape_, " as in the forward, got ",
            x.defined() ? dtype_name(x.dtype()) : "undefined", " ", x.defined() ? x.shape() : Shape{});
   x_ = std::move(x);
 }
 
-Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, true, nullptr, nullptr); }
+Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, nullptr); }
 
-Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& producer_bias_grad) {
-  return backward_impl(dy, true, &pre, &producer_bias_grad);
-}
+Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre) { return backward_impl(dy, &pre); }
 
-Tensor Linear::backward_bias_grad_added(const Tensor& dy) {
-  HG_CHECK(has_bias_, "Linear::backward_bias_grad_added", "the layer has no bias");
-  return backward_impl(dy, false, nullptr, nullptr);
-}
-
-Tensor Linear::backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor* gelu_pre, Tensor* producer_bias_grad) {
+Tensor Linear::backward_impl(const Tensor& dy, const Tensor* gelu_pre) {
   // Before the profiler scope: the recompute is timed as the op it runs.
   if (!x_.defined() && recompute_input_) restore_input(std::exchange(recompute_input_, nullptr)());
   HG_PROFILE("linear", dy.device());
-  HG_CHECK(x_.defined(), "Linear::backward", "called before forward (or after forget_input without restore_input)");
+  HG_CHECK(x_.defined(), "Linear::backward", "called before forward");
   HG_CHECK(dy.defined(), "Linear::backward", "dy is an undefined tensor");
   Shape y_shape = x_.shape();
   y_shape.back() = out_;
@@ -138,52 +132,44 @@ Tensor Linear::backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor*
   const Tensor dy2 = dy.reshape({-1, out_});
   Tensor x2 = x_.reshape({-1, in_});
   Backend& be = backend_for(dy.device());
-  // dW += dy^T x, in f32 for f32 weights whatever the activations' dtype.
-  GemmArgs dw;
-  dw.transpose_a = true;
-  dw.accumulate = true;
-  const bool sum_db = has_bias_ && sum_bias_grad;
-  if (kernel_mode() == KernelMode::Fused) {
-    // db = sum over rows of dy (f32 for bf16 dy), added into bias.grad by the same backend call.
-    const auto weight_grads = [&] {
-      if (!sum_db) return be.gemm(dy2, x2, weight.grad, dw);
-      BiasGradSink db(bias.grad, bias.grad.dtype());
-      dw.epilogue = GemmEpilogue::BiasGradA;
-      db.attach(dw);
+  // dW += dy^T x, in f32 for f32 weights whatever the activations' dtype;
+  // db = sum over rows of dy (f32 for bf16 dy), added into bias.grad by the
+  // same backend call in fused mode.
+  const auto weight_grads = [&] {
+    GemmArgs dw;
+    dw.transpose_a = true;
+    dw.accumulate = true;
+    if (!has_bias_) return be.gemm(dy2, x2, weight.grad, dw);
+    if (kernel_mode() != KernelMode::Fused) {
       be.gemm(dy2, x2, weight.grad, dw);
-      db.finish(be);
-    };
-    // Beside the backward when the training step asks for it and the sink
-    // allocates nothing (work beside may not allocate).
-    const bool direct = !sum_db || BiasGradSink::adds_directly(bias.grad, bias.grad.dtype());
-    if (!direct || !WeightGradsBeside::run(weight_grads, {dy2, x2})) weight_grads();
-  } else {
-    be.gemm(dy2, x2, weight.grad, dw);
-    if (sum_db) {
-      Tensor db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());  // f32 sum of bf16 dy
+      Tensor db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());
       be.reduce(ReduceOp::Sum, dy2, 0, db);
       be.zip(BinaryOp::Add, bias.grad, db.reshape({out_}), bias.grad);  // elementwise, in place
+      return;
     }
-  }
+    BiasGradSink db(bias.grad, bias.grad.dtype());
+    dw.epilogue = GemmEpilogue::BiasGradA;
+    db.attach(dw);
+    be.gemm(dy2, x2, weight.grad, dw);
+    db.finish(be);
+  };
+  // Beside the backward when the training step asks for it (fused mode) and
+  // the bias sums go straight into their grad (work beside may not allocate).
+  const bool beside_ok =
+      kernel_mode() == KernelMode::Fused && (!has_bias_ || BiasGradSink::adds_directly(bias.grad, bias.grad.dtype()));
+  if (!beside_ok || !WeightGradsBeside::run(weight_grads, {dy2, x2})) weight_grads();
   // The forward input is used up: its memory can serve dx (stream order
   // keeps the dW GEMM's reads ahead of any reuse; beside, the scope keeps it).
   x2 = Tensor();
   x_ = Tensor();
   Tensor dx = Tensor::empty({dy2.size(0), in_}, dy.dtype(), dy.device());
   GemmArgs dx_args;
-  if (gelu_pre == nullptr) {
-    be.gemm(dy2, weight_for(dy), dx, dx_args);
-    return dx.reshape(x_shape_);
+  if (gelu_pre != nullptr) {
+    // dx is d gelu(pre): the product multiplied by gelu'(pre) in the same GEMM.
+    dx_args.epilogue = GemmEpilogue::GeluBackward;
+    dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
   }
-  // dx is d gelu(pre): multiplied by gelu'(pre), its columns summed into the
-  // producing layer's bias grad. The sums are of the rounded dx, in f32 for
-  // bf16 activations (no bf16 rounding of the sums, no widening pass after).
-  dx_args.epilogue = GemmEpilogue::GeluBackward;
-  dx_args.aux = const_cast<Tensor*>(gelu_pre);  // read only by GeluBackward
-  BiasGradSink dpre_sum(*producer_bias_grad, dy.dtype() == DType::BF16 ? DType::F32 : dy.dtype());
-  dpre_sum.attach(dx_args);
   be.gemm(dy2, weight_for(dy), dx, dx_args);
-  dpre_sum.finish(be);
   return dx.reshape(x_shape_);
 }
 

@@ -39,23 +39,14 @@ class Linear : public Module {
   Tensor forward_gelu(const Tensor& x, Tensor& pre);
   Tensor apply_gelu(const Tensor& x, Tensor& pre);  // forward_gelu for inference: x is not kept
   // For the Linear that consumes gelu(pre): its dW and db as backward(), and
-  // d pre = (dy W) * gelu'(pre) from one backend GEMM, whose column sums (the
-  // producing Linear's bias gradient: f32 sums of the rounded d pre for bf16
-  // dy) are added into producer_bias_grad ((in_features,), that layer's
-  // bias.grad), by the GEMM itself where the grad is f32 / f64.
-  Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre, Tensor& producer_bias_grad);
-  // Activation recomputation: drop the saved forward input, and give the
-  // backward a recomputed one (the shape and dtype of the forward's). With
-  // `recompute`, the backward calls it for the input when it starts (once:
-  // the input is released again after the dW GEMM, as a kept one is);
-  // without, restore_input must come first. The next forward keeps its input
-  // again and drops a pending `recompute`.
-  void forget_input(std::function<Tensor()> recompute = nullptr);
-  void restore_input(Tensor x);
+  // d pre = (dy W) * gelu'(pre) from one backend GEMM.
+  Tensor backward_to_gelu_input(const Tensor& dy, const Tensor& pre);
+  // Activation recomputation: drop the saved forward input; the backward
+  // calls `recompute` when it starts for a tensor of the forward input's
+  // shape and dtype, and releases it after its dW GEMM as a kept input is.
+  // The next forward keeps its input again and drops a pending recompute.
+  void forget_input(std::function<Tensor()> recompute);
   bool holds_input() const { return x_.defined(); }  // whether the forward input is in memory now
-  // backward() for a layer whose bias gradient was already added into
-  // bias.grad (by the consumer's backward_to_gelu_input): dW and dx only.
-  Tensor backward_bias_grad_added(const Tensor& dy);
 
   Parameter weight;
   Parameter bias;  // undefined value when built with bias = false
@@ -73,7 +64,8 @@ class Linear : public Module {
   DType x_dtype_ = DType::F32;
 
   void save_input(const Tensor& x);
-  Tensor backward_impl(const Tensor& dy, bool sum_bias_grad, const Tensor* gelu_pre, Tensor* producer_bias_grad);
+  void restore_input(Tensor x);  // the recomputed input, checked against the forward's
+  Tensor backward_impl(const Tensor& dy, const Tensor* gelu_pre);
 };
 
 }  // namespace hg

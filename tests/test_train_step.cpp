@@ -333,36 +333,39 @@ TEST_CASE("CUDA WeightGradsBeside: the operands of queued work stay alive until 
 }
 
 // Both kinds of work beside (the clearing beside the forward, the weight
-// gradients beside the backward) against the step with neither, as
-// bench_ddp's one-GPU step runs it.
+// gradients beside the backward, with the recomputed inputs of their GEMMs)
+// against the step with neither, as bench_ddp's one-GPU step runs it.
 TEST_CASE("CUDA TrainStep: the work beside the forward and backward equals it in line, bit for bit",
           "[train_step][cuda]") {
   HG_REQUIRE_GPU();
   for (const Precision precision : {Precision::FP32, Precision::BF16})
     for (const bool graph : {true, false})
-      for (const int64_t accum : {int64_t(1), int64_t(3)}) {
-        INFO(precision_name(precision) << (graph ? ", graph" : ", plain") << ", grad_accum " << accum);
-        DecoderLMConfig c = tiny_config();
-        c.precision = precision;
-        DecoderLM a(c), b(c);
-        a.to(Device::CUDA);
-        b.to(Device::CUDA);
-        AdamW oa(a.parameters(), adamw(1.0)), ob(b.parameters(), adamw(1.0));
-        TrainStepOptions beside, in_line;
-        beside.use_graph = in_line.use_graph = graph;
-        beside.grad_accum = in_line.grad_accum = accum;
-        in_line.weight_grads_beside = false;
-        in_line.clear_grads_beside = false;
-        TrainStep sa(a, oa, beside), sb(b, ob, in_line);
-        for (uint64_t s = 0; s < 5; ++s) {
-          const Batch batch = make_batch(120 + s, Device::CUDA);
-          const StepResult ra = sa.run(batch.ids, batch.targets), rb = sb.run(batch.ids, batch.targets);
-          CHECK(ra.loss == rb.loss);
-          CHECK(ra.grad_norm == rb.grad_norm);
+      for (const int64_t accum : {int64_t(1), int64_t(3)})
+        for (const bool recompute : {false, true}) {
+          INFO(precision_name(precision) << (graph ? ", graph" : ", plain") << ", grad_accum " << accum
+                                         << (recompute ? ", recomputed GELU and LayerNorm outputs" : ""));
+          DecoderLMConfig c = tiny_config();
+          c.precision = precision;
+          c.recompute_gelu = c.recompute_layernorm = recompute;
+          DecoderLM a(c), b(c);
+          a.to(Device::CUDA);
+          b.to(Device::CUDA);
+          AdamW oa(a.parameters(), adamw(1.0)), ob(b.parameters(), adamw(1.0));
+          TrainStepOptions beside, in_line;
+          beside.use_graph = in_line.use_graph = graph;
+          beside.grad_accum = in_line.grad_accum = accum;
+          in_line.weight_grads_beside = false;
+          in_line.clear_grads_beside = false;
+          TrainStep sa(a, oa, beside), sb(b, ob, in_line);
+          for (uint64_t s = 0; s < 5; ++s) {
+            const Batch batch = make_batch(120 + s, Device::CUDA);
+            const StepResult ra = sa.run(batch.ids, batch.targets), rb = sb.run(batch.ids, batch.targets);
+            CHECK(ra.loss == rb.loss);
+            CHECK(ra.grad_norm == rb.grad_norm);
+          }
+          CHECK(sa.graph_active() == (graph && accum == 1));
+          CHECK(params_equal(a, b));
         }
-        CHECK(sa.graph_active() == (graph && accum == 1));
-        CHECK(params_equal(a, b));
-      }
 }
 
 namespace {
