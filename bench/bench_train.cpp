@@ -320,6 +320,7 @@ int main(int argc, char** argv) {
   bool floor = false;
   std::string floor_path = "bench_train_floor.csv";
   int kernel_trace = 0, kernel_trace_top = 30;
+  std::string kernel_trace_json;
   app.add_option("--device", devices, "auto (cpu, plus cuda when present), cpu, cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--precision", precision_name_arg,
@@ -393,6 +394,9 @@ int main(int argc, char** argv) {
   app.add_option("--kernel-trace-top", kernel_trace_top, "kernels listed by --kernel-trace")
       ->capture_default_str()
       ->check(cli::at_least(1));
+  app.add_option("--kernel-trace-json", kernel_trace_json,
+                 "write the --kernel-trace steps' kernels to this file as Chrome trace events (open in "
+                 "ui.perfetto.dev or chrome://tracing: a row per CUDA stream)");
   cli::CommonFlags common;
   cli::add_common_flags(app, common);
   return cli::run_program(app, common, argc, argv, [&] {
@@ -441,6 +445,14 @@ int main(int argc, char** argv) {
         cli::usage_error("--kernel-trace", "needs CUPTI (CUDA's profiling library), which this build did not find");
       if (std::find(devs.begin(), devs.end(), Device::CUDA) == devs.end())
         cli::usage_error("--kernel-trace", "traces the CUDA step: needs --device cuda (or auto with a CUDA GPU)");
+    }
+    if (!kernel_trace_json.empty() && kernel_trace == 0)
+      cli::usage_error("--kernel-trace-json", "writes the steps --kernel-trace traces: add --kernel-trace N");
+    std::ofstream trace_json;  // opened now: a path that cannot be written fails before the run
+    std::vector<std::pair<std::string, bench::KernelTraceResult>> traces;
+    if (!kernel_trace_json.empty()) {
+      trace_json.open(kernel_trace_json);
+      HG_CHECK(trace_json.good(), "--kernel-trace-json", "cannot open ", kernel_trace_json, " for writing");
     }
     if (tf32) set_allow_tf32(true);
     cli::apply_gemm_flags(gemm);
@@ -501,6 +513,10 @@ int main(int argc, char** argv) {
         if (peak > 0) std::printf("  MFU %5.1f%% of %.0f", 100 * mfu, peak);
         std::printf("\n         CUDA graph %s\n", r.graph_note.c_str());
         if (r.trace_steps > 0) report_kernel_trace(r, kernel_trace_top, r.timing.median_ms);
+        if (r.trace_steps > 0 && trace_json.is_open())
+          traces.emplace_back(std::string(kernel_mode_name(mode)) + " step, " + std::to_string(r.trace_steps) +
+                                  " steps, batch " + std::to_string(s.batch),
+                              r.trace);
         csv.row(device_name(dev), gpu_name, precision_name(precision), kernel_mode_name(mode), r.graph ? 1 : 0,
                 tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
                 r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);
@@ -535,7 +551,14 @@ int main(int argc, char** argv) {
           kinds.row(device_name(dev), precision_name(precision), kernel_mode_name(mode), e.kind, e.total_ms, e.calls,
                     e.total_ms / results[mode].profiled_step_ms);
     }
-    std::printf("\nwrote %s and %s\n", csv_path.c_str(), breakdown_path.c_str());
+    std::printf("\nwrote %s and %s", csv_path.c_str(), breakdown_path.c_str());
+    if (trace_json.is_open()) {
+      bench::write_chrome_trace(trace_json, traces);
+      trace_json.flush();
+      HG_CHECK(trace_json.good(), "--kernel-trace-json", "cannot write to ", kernel_trace_json);
+      std::printf(" and %s", kernel_trace_json.c_str());
+    }
+    std::printf("\n");
     return cli::kExitOk;
   });
 }

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.hpp"
 
 #ifdef HG_HAVE_CUPTI
@@ -42,12 +44,39 @@ std::string short_kernel_name(const std::string& name) {
   return out;
 }
 
+void write_chrome_trace(std::ostream& out, const std::vector<std::pair<std::string, KernelTraceResult>>& traces) {
+  nlohmann::json events = nlohmann::json::array();
+  for (size_t pid = 0; pid < traces.size(); ++pid) {
+    const auto& [label, trace] = traces[pid];
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", label}}}});
+    std::map<uint32_t, bool> streams;
+    for (const KernelEvent& e : trace.events) {
+      if (!streams[e.stream]) {
+        streams[e.stream] = true;
+        events.push_back({{"name", "thread_name"},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", e.stream},
+                          {"args", {{"name", "stream " + std::to_string(e.stream)}}}});
+      }
+      events.push_back({{"name", e.name},
+                        {"ph", "X"},
+                        {"pid", pid},
+                        {"tid", e.stream},
+                        {"ts", e.start_us},
+                        {"dur", e.end_us - e.start_us}});
+    }
+  }
+  out << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump() << '\n';
+}
+
 #ifdef HG_HAVE_CUPTI
 namespace {
 
 struct Interval {
   uint64_t start, end;
   std::string name;
+  uint32_t stream;
 };
 
 std::mutex g_mutex;
@@ -76,17 +105,17 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-        g_records.push_back({k->start, k->end, k->name != nullptr ? k->name : "?"});
+        g_records.push_back({k->start, k->end, k->name != nullptr ? k->name : "?", k->streamId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-        g_records.push_back({m->start, m->end, "(memset)"});
+        g_records.push_back({m->start, m->end, "(memset)", m->streamId});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-        g_records.push_back({m->start, m->end, "(memcpy)"});
+        g_records.push_back({m->start, m->end, "(memcpy)", m->streamId});
         break;
       }
       default: break;
@@ -129,8 +158,12 @@ KernelTraceResult kernel_trace_close() {
   std::sort(records.begin(), records.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
   std::map<std::string, KernelTime> by_name;
   uint64_t covered_end = records.front().start, busy = 0;
+  const uint64_t first = records.front().start;
   for (const Interval& i : records) {
-    KernelTime& k = by_name[short_kernel_name(i.name)];
+    const std::string name = i.name.front() == '(' ? i.name : short_kernel_name(i.name);  // "(memset)" as it is
+    r.events.push_back(
+        {name, i.stream, static_cast<double>(i.start - first) * 1e-3, static_cast<double>(i.end - first) * 1e-3});
+    KernelTime& k = by_name[name];
     ++k.calls;
     k.total_us += static_cast<double>(i.end - i.start) * 1e-3;
     // Union of the intervals (they may overlap on other streams).
@@ -138,7 +171,7 @@ KernelTraceResult kernel_trace_close() {
     if (i.end > from) busy += i.end - from;
     covered_end = std::max(covered_end, i.end);  // ends as the last end
   }
-  r.span_us = static_cast<double>(covered_end - records.front().start) * 1e-3;
+  r.span_us = static_cast<double>(covered_end - first) * 1e-3;
   r.busy_us = static_cast<double>(busy) * 1e-3;
   for (auto& [name, k] : by_name) {
     k.name = name;

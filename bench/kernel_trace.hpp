@@ -5,7 +5,9 @@
 // --kernel-trace to show where a captured training step's time goes, and
 // how much of it the GPU runs no kernel at all (launch gaps, tails).
 #include <cstdint>
+#include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hg::bench {
@@ -16,8 +18,16 @@ struct KernelTime {
   double total_us = 0;
 };
 
+// One record of the window: a kernel, memset or copy on its stream.
+struct KernelEvent {
+  std::string name;  // as short_kernel_name gives it
+  uint32_t stream = 0;
+  double start_us = 0, end_us = 0;  // from the window's first start
+};
+
 struct KernelTraceResult {
   std::vector<KernelTime> kernels;  // by total time, largest first
+  std::vector<KernelEvent> events;  // every record, by start
   int64_t launches = 0;             // kernels, memsets and copies in the window
   double span_us = 0;               // first start to last end
   double busy_us = 0;               // the union of their intervals
@@ -34,6 +44,11 @@ void kernel_trace_enable();
 // work before open is excluded, the work before close is complete).
 void kernel_trace_open();
 KernelTraceResult kernel_trace_close();
+
+// Writes traces as Chrome trace events (JSON that ui.perfetto.dev and
+// chrome://tracing open): each labelled trace a process, each CUDA stream
+// a row of it, so what ran beside what can be seen.
+void write_chrome_trace(std::ostream& out, const std::vector<std::pair<std::string, KernelTraceResult>>& traces);
 
 // A kernel's name as shown: demangled, without its template arguments and
 // parameter list ("void hg::gpu::f<float, 4>(float*)" -> "hg::gpu::f").
