@@ -661,6 +661,14 @@ class CpuBackend final : public Backend {
     scatter_add_rows(grad, read_indices(ids, grad_table.size(0), "scatter_add_rows"), grad_table);
   }
 
+  int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) override {
+    const float* v = ids.data<float>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      bad += double(v[i]) != except && !(v[i] >= 0 && v[i] < float(limit) && v[i] == std::floor(v[i]));
+    return bad;
+  }
+
   void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {
     check_adamw_group(group, config, state, /*allow_f64=*/true, "adamw_multi");
     state.check_device(Device::CPU, "adamw_multi");

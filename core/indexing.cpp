@@ -21,6 +21,14 @@ std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* 
   return out;
 }
 
+int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) {
+  const char* op = "count_bad_indices";
+  ids.check_defined(op);
+  ids.check_dtype(DType::F32, op);
+  HG_CHECK(limit > 0 && limit < (int64_t{1} << 24), op, "index limit ", limit, " out of range (0, 2^24)");
+  return ids.numel() == 0 ? 0 : backend_for(ids.device()).count_bad_indices(ids, limit, except);
+}
+
 namespace {
 
 void check_table(const Tensor& table, const char* op) {

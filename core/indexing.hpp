@@ -1,4 +1,5 @@
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -12,6 +13,11 @@ namespace hg {
 // Copies ids to the host and checks that every value is an integer in
 // [0, limit); throws hg::Error naming `op` and the first bad value otherwise.
 std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* op);
+
+// How many values of ids (F32) are not integers in [0, limit), values equal
+// to `except` apart (a loss's ignore_index; NaN: none). Counted where ids
+// live: for ids on the GPU one kernel, and only the count comes back.
+int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except = std::nan(""));
 
 // Where the ids are checked. Host: copied back and validated, a bad id
 // throws. Device (CUDA): nothing leaves the GPU, so a CUDA graph can capture

@@ -807,6 +807,10 @@ class CudaBackend final : public Backend {
     gpu::scatter_add_rows_cuda_device_ids(grad, ids, grad_table);
   }
 
+  int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) override {
+    return gpu::count_bad_indices_cuda(ids, limit, except);
+  }
+
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {
     gpu::scatter_add_rows_cuda(grad, host_ids, grad_table);
   }

@@ -32,6 +32,20 @@ __global__ void gather_rows_kernel(const T* __restrict__ table, const float* __r
   }
 }
 
+// The ids row_of rejects, `except` apart: summed over each warp, then one
+// integer atomic a warp (exact in any order).
+__global__ void count_bad_indices_kernel(const float* __restrict__ ids, int64_t n, int64_t limit, double except,
+                                         unsigned long long* __restrict__ count) {
+  unsigned long long bad = 0;
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float id = ids[p];
+    bad += static_cast<double>(id) != except && row_of(id, limit) < 0;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) bad += __shfl_down_sync(0xffffffffu, bad, offset);
+  if ((threadIdx.x & 31) == 0 && bad != 0) atomicAdd(count, bad);
+}
+
 // ---- the CSR of scatter_add_rows built on the device (capturable) --------------
 // For each position p: counts[r] += 1 (integer atomics: exact), the sort key
 // r (ids that name no row get v, sorted past every row), and p itself.
@@ -106,6 +120,20 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
                                                                  table.size(0), out.data<double>());
   }
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
+}
+
+int64_t count_bad_indices_cuda(const Tensor& ids, int64_t limit, double except) {
+  const int64_t n = ids.numel();
+  if (n == 0) return 0;
+  Tensor count = Tensor::zeros({1}, DType::F64, ids.device());  // its 8 bytes hold the count, an integer
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 1024));
+  count_bad_indices_kernel<<<blocks, threads, 0, stream()>>>(ids.data<float>(), n, limit, except,
+                                                             static_cast<unsigned long long*>(count.raw_data()));
+  HG_CUDA_CHECK_LAUNCH("count_bad_indices_kernel");
+  unsigned long long bad = 0;
+  copy_bytes(&bad, Device::CPU, count.raw_data(), Device::CUDA, sizeof bad);
+  return static_cast<int64_t>(bad);
 }
 
 // The sums of the n sorted positions `pos` (row `rows[i]` each; rows

@@ -23,4 +23,8 @@ void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows,
 // graph can capture it. Ids that name no row are left out.
 void scatter_add_rows_cuda_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table);
 
+// How many of ids (F32) are not integers in [0, limit), values equal to
+// `except` apart: one kernel, then the count read back (synchronizes).
+int64_t count_bad_indices_cuda(const Tensor& ids, int64_t limit, double except);
+
 }  // namespace hg::gpu

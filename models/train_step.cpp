@@ -143,8 +143,10 @@ StepResult TrainStep::plain_step(const Tensor& ids, const Tensor& targets, doubl
 
 StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepResult r) {
   optimizer_.write_lr_to_device();  // outside the graph: the replay reads lr from the device
-  // The captured step checks nothing on the host: the batch is checked here.
-  check_batch(ids, targets);
+  // The captured step checks nothing: the batch is checked here, before it
+  // runs. A batch on the GPU is checked there (only counts come back); the
+  // host reads its values only to name a bad one.
+  if (!batch_valid_on_device(ids, targets)) check_batch(ids, targets);
   if (!graph_.ready()) {
     ids_in_ = Tensor::empty(ids.shape(), DType::F32, device_);
     targets_in_ = Tensor::empty(targets.shape(), DType::F32, device_);
@@ -179,6 +181,12 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
   // A non-finite norm made the captured update skip itself; a non-finite
   // loss with a finite norm is reported as applied.
   return finish(r, /*stepped=*/true, /*update_applied_if_loss_bad=*/true);
+}
+
+bool TrainStep::batch_valid_on_device(const Tensor& ids, const Tensor& targets) const {
+  const int64_t vocab = model_.config().vocab_size;
+  return ids.is_cuda() && targets.is_cuda() && count_bad_indices(ids, vocab) == 0 &&
+         count_bad_indices(targets, vocab, static_cast<double>(options_.ignore_index)) == 0;
 }
 
 std::vector<double> TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {

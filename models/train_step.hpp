@@ -139,6 +139,8 @@ class TrainStep {
   // ids and targets checked on the host (the step itself checks them only on
   // the device). Returns each micro-batch's share of the counted targets.
   std::vector<double> check_batch(const Tensor& ids, const Tensor& targets) const;
+  // Whether both are on the GPU and hold only valid ids / targets, counted there.
+  bool batch_valid_on_device(const Tensor& ids, const Tensor& targets) const;
   // A host batch copied to the model's device (the same tensor when already there).
   Tensor on_device(const Tensor& t) const;
   // CUDA without a data-parallel hook (whose buckets follow the backward on

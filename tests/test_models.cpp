@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -855,6 +856,32 @@ TEST_CASE("gather_rows / scatter_add_rows: values, repeated ids, errors", "[core
   CHECK_THROWS_AS(gather_rows(table, Tensor::from_vector({3}, {1})), Error);
   CHECK_THROWS_AS(gather_rows(Tensor::zeros({6}), ids), Error);
   CHECK_THROWS_AS(scatter_add_rows(Tensor::zeros({3, 3}), ids, grad_table), Error);
+}
+
+// What TrainStep checks a GPU batch with: the count of values that are not
+// ids, on every device the same, across many blocks on CUDA.
+TEST_CASE("count_bad_indices: non-integers, out of range, NaN and inf are counted, the exception value apart",
+          "[core][indexing]") {
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const Tensor few = Tensor::from_vector({0, 39, 40, -1, 2.5, nan, inf, -inf, -100, 7, 39.5}, {11}, DType::F32);
+  Generator g(12);
+  std::vector<double> many(100003);
+  for (double& v : many) v = static_cast<double>(g.next_u64() % 40);
+  int64_t planted = 0;
+  for (size_t i = 17; i < many.size(); i += 977, ++planted) many[i] = i % 3 == 0 ? 40 : (i % 3 == 1 ? -0.5 : nan);
+  const Tensor lots = Tensor::from_vector(many, {100003}, DType::F32);
+  std::vector<Device> devices{Device::CPU};
+  if (test::cuda_paths_run("count_bad_indices")) devices.push_back(Device::CUDA);
+  for (const Device dev : devices) {
+    INFO(device_name(dev));
+    CHECK(count_bad_indices(few.to(dev), 40) == 8);
+    CHECK(count_bad_indices(few.to(dev), 40, -100) == 7);
+    CHECK(count_bad_indices(few.to(dev), 41) == 7);  // 40 is an id now
+    CHECK(count_bad_indices(lots.to(dev), 40) == planted);
+    CHECK(count_bad_indices(Tensor::zeros({0}, DType::F32, dev), 40) == 0);
+  }
+  CHECK_THROWS_AS(count_bad_indices(few.to(DType::F64), 40), Error);
+  CHECK_THROWS_AS(count_bad_indices(few, 0), Error);
 }
 
 TEST_CASE("DecoderLM: two backwards without zero_grad give twice one backward's gradients", "[models][lm]") {

@@ -264,6 +264,39 @@ TEST_CASE("TrainStep: bad batches and weights are refused before anything runs",
   CHECK(opt.steps() == 0);
 }
 
+// The captured step reads nothing of a batch on the host: a GPU batch is
+// counted on the GPU, and only a bad one is read back to name its value.
+TEST_CASE("CUDA TrainStep: a bad batch on the GPU is refused before the captured step runs", "[train_step][cuda]") {
+  HG_REQUIRE_GPU();
+  DecoderLM m(tiny_config());
+  m.to(Device::CUDA);
+  AdamW opt(m.parameters(), adamw(1.0));
+  TrainStep step(m, opt);
+  for (uint64_t s = 0; s < 3; ++s) {
+    const Batch b = make_batch(90 + s, Device::CUDA);
+    step.run(b.ids, b.targets);
+  }
+  REQUIRE(step.graph_active());
+  const std::vector<double> before = m.parameters()[0]->value.to_vector();
+  const int64_t steps = opt.steps();
+  const Batch good = make_batch(95, Device::CUDA);
+  auto with = [](const Tensor& t, int64_t at, double value) {
+    std::vector<double> v = t.to_vector();
+    v[static_cast<size_t>(at)] = value;
+    return Tensor::from_vector(v, t.shape(), DType::F32, Device::CUDA);
+  };
+  CHECK(contains(thrown_message([&] { step.run(with(good.ids, 5, 40), good.targets); }),
+                 "id 40 at flat position 5 of ids (3, 12) is not an integer in [0, 40)"));
+  CHECK(contains(thrown_message([&] { step.run(with(good.ids, 7, 2.5), good.targets); }), "id 2.5 at flat position 7"));
+  CHECK(contains(thrown_message([&] { step.run(good.ids, with(good.targets, 9, -1)); }),
+                 "target -1 at flat position 9 is neither a class in [0, 40) nor ignore_index -100"));
+  CHECK(opt.steps() == steps);
+  CHECK(m.parameters()[0]->value.to_vector() == before);
+  step.run(good.ids, good.targets);  // a good batch still replays the graph
+  CHECK(opt.steps() == steps + 1);
+  CHECK(step.graph_active());
+}
+
 TEST_CASE("CUDA TrainStep: host batches equal device batches; another shape runs plain, bitwise",
           "[train_step][cuda]") {
   HG_REQUIRE_GPU();
