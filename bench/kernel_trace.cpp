@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 namespace hg::bench {
 
 std::string short_kernel_name(const std::string& name) {
+  if (name.empty() || name.front() == '(') return name;  // a label such as "(memset)", not a symbol
   std::string s = name;
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status),
@@ -49,16 +51,14 @@ void write_chrome_trace(std::ostream& out, const std::vector<std::pair<std::stri
   for (size_t pid = 0; pid < traces.size(); ++pid) {
     const auto& [label, trace] = traces[pid];
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"args", {{"name", label}}}});
-    std::map<uint32_t, bool> streams;
+    std::set<uint32_t> named;  // streams whose row has its name
     for (const KernelEvent& e : trace.events) {
-      if (!streams[e.stream]) {
-        streams[e.stream] = true;
+      if (named.insert(e.stream).second)
         events.push_back({{"name", "thread_name"},
                           {"ph", "M"},
                           {"pid", pid},
                           {"tid", e.stream},
                           {"args", {{"name", "stream " + std::to_string(e.stream)}}}});
-      }
       events.push_back({{"name", e.name},
                         {"ph", "X"},
                         {"pid", pid},
@@ -157,10 +157,10 @@ KernelTraceResult kernel_trace_close() {
   if (records.empty()) return r;
   std::sort(records.begin(), records.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
   std::map<std::string, KernelTime> by_name;
-  uint64_t covered_end = records.front().start, busy = 0;
   const uint64_t first = records.front().start;
+  uint64_t covered_end = first, busy = 0;
   for (const Interval& i : records) {
-    const std::string name = i.name.front() == '(' ? i.name : short_kernel_name(i.name);  // "(memset)" as it is
+    const std::string name = short_kernel_name(i.name);
     r.events.push_back(
         {name, i.stream, static_cast<double>(i.start - first) * 1e-3, static_cast<double>(i.end - first) * 1e-3});
     KernelTime& k = by_name[name];

@@ -51,7 +51,8 @@ KernelTraceResult kernel_trace_close();
 void write_chrome_trace(std::ostream& out, const std::vector<std::pair<std::string, KernelTraceResult>>& traces);
 
 // A kernel's name as shown: demangled, without its template arguments and
-// parameter list ("void hg::gpu::f<float, 4>(float*)" -> "hg::gpu::f").
+// parameter list ("void hg::gpu::f<float, 4>(float*)" -> "hg::gpu::f"); a
+// label in parentheses ("(memset)") as it is.
 std::string short_kernel_name(const std::string& name);
 
 }  // namespace hg::bench
