@@ -46,7 +46,7 @@ struct Options {
 };
 
 void print_help() {
-  std::printf("gelu_gemm_lab: the GELU backward GEMM on sm_90a (cuda/gelu_backward_gemm_kernel.cuh) checked against\n"
+  std::printf("gelu_gemm_lab: the GELU backward GEMM on sm_90a (bench/lab/gelu_gemm_lab_kernel.cuh) checked against\n"
               "float64 and timed beside cuBLASLt's plain GEMM and DGELU epilogue.\n"
               "  --m M --n N --k K    one shape (n and k multiples of 8; default: 8192 and 32768 x 3072 x 768, and\n"
               "                       1000 x 776 x 200)\n"
