@@ -664,8 +664,7 @@ class CpuBackend final : public Backend {
   int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) override {
     const float* v = ids.data<float>();
     int64_t bad = 0;
-    for (int64_t i = 0; i < ids.numel(); ++i)
-      bad += double(v[i]) != except && !(v[i] >= 0 && v[i] < float(limit) && v[i] == std::floor(v[i]));
+    for (int64_t i = 0; i < ids.numel(); ++i) bad += double(v[i]) != except && !is_index(v[i], limit);
     return bad;
   }
 

@@ -14,7 +14,7 @@ std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* 
   std::vector<int32_t> out(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     const double v = values[i];
-    if (!(v >= 0 && v < static_cast<double>(limit)) || v != std::floor(v))
+    if (!is_index(v, limit))
       fail(op, "id ", v, " at flat position ", i, " of ids ", ids.shape(), " is not an integer in [0, ", limit, ")");
     out[i] = static_cast<int32_t>(v);
   }

@@ -10,6 +10,9 @@
 // device as the table, so a batch of ids moves to the GPU once per step.
 namespace hg {
 
+// Whether v is an integer in [0, limit): a row id, or a class index.
+inline bool is_index(double v, int64_t limit) { return v >= 0 && v < static_cast<double>(limit) && v == std::floor(v); }
+
 // Copies ids to the host and checks that every value is an integer in
 // [0, limit); throws hg::Error naming `op` and the first bad value otherwise.
 std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* op);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/indexing.hpp"
 #include "core/kernel_mode.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_functions.hpp"
@@ -89,7 +90,7 @@ std::vector<double> read_cross_entropy_targets(const Tensor& targets, int64_t vo
   int64_t counted = 0;
   for (size_t i = 0; i < t.size(); ++i) {
     if (t[i] == static_cast<double>(ignore_index)) continue;
-    if (!(t[i] >= 0 && t[i] < static_cast<double>(vocab)) || t[i] != std::floor(t[i]))
+    if (!is_index(t[i], vocab))
       fail(op, "target ", t[i], " at flat position ", i, " is neither a class in [0, ", vocab, ") nor ignore_index ",
            ignore_index);
     ++counted;
