@@ -50,7 +50,8 @@ const std::map<std::string, Size> kCpuModels = {{"small", {128, 4, 2, 64, 8, 256
 
 struct Result {
   bench::Timing timing;
-  double peak_mib = 0;
+  double peak_mib = 0;            // the allocator's blocks
+  double peak_requested_mib = 0;  // what the tensors asked for, as PyTorch's max_memory_allocated counts
   bool graph = false;
   std::string graph_note;
   std::vector<prof::Entry> breakdown;  // per step
@@ -127,7 +128,11 @@ Result run(const RunSettings& rs) {
   Result r;
   if (dev == Device::CUDA) gpu::reset_peak_memory();
   r.timing = bench::time_op(dev, 2, rs.warmup, rs.iters, [&](int i) { step.run(ids[i], targets[i]); });
-  if (dev == Device::CUDA) r.peak_mib = static_cast<double>(gpu::memory_stats().peak_in_use) / (1 << 20);
+  if (dev == Device::CUDA) {
+    const gpu::MemoryStats m = gpu::memory_stats();
+    r.peak_mib = static_cast<double>(m.peak_in_use) / (1 << 20);
+    r.peak_requested_mib = static_cast<double>(m.peak_requested) / (1 << 20);
+  }
   r.graph = step.graph_active();
   r.graph_note = step.graph_note();
   r.parameters = model.num_parameters();
@@ -458,7 +463,7 @@ int main(int argc, char** argv) {
     cli::apply_gemm_flags(gemm);
 
     bench::Csv csv(csv_path, "device,gpu,precision,mode,graph,tf32,d_model,heads,layers,seq,batch,vocab,median_ms,"
-                             "min_ms,tokens_per_s,peak_mem_mib,model_tflop_per_step,mfu");
+                             "min_ms,tokens_per_s,peak_mem_mib,peak_requested_mib,model_tflop_per_step,mfu");
     bench::Csv kinds(breakdown_path, "device,precision,mode,kind,ms_per_step,calls_per_step,share_of_profiled_step");
     for (Device dev : devs) {
       const Size& s = dev == Device::CUDA ? gpu : cpu;
@@ -511,6 +516,8 @@ int main(int argc, char** argv) {
                     kernel_mode_name(mode), r.timing.median_ms, r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3),
                     r.peak_mib, tflops);
         if (peak > 0) std::printf("  MFU %5.1f%% of %.0f", 100 * mfu, peak);
+        if (dev == Device::CUDA)
+          std::printf("\n         peak memory requested by tensors %.1f MiB", r.peak_requested_mib);
         std::printf("\n         CUDA graph %s\n", r.graph_note.c_str());
         if (r.trace_steps > 0) report_kernel_trace(r, kernel_trace_top, r.timing.median_ms);
         if (r.trace_steps > 0 && trace_json.is_open())
@@ -519,7 +526,8 @@ int main(int argc, char** argv) {
                               r.trace);
         csv.row(device_name(dev), gpu_name, precision_name(precision), kernel_mode_name(mode), r.graph ? 1 : 0,
                 tf32 ? 1 : 0, s.d_model, s.heads, s.layers, s.seq, s.batch, s.vocab, r.timing.median_ms,
-                r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, flops / 1e12, mfu);
+                r.timing.min_ms, tokens / (r.timing.median_ms * 1e-3), r.peak_mib, r.peak_requested_mib, flops / 1e12,
+                mfu);
       }
       if (dev == Device::CUDA && gemm_algorithms() == GemmAlgorithms::Measured) report_gemm_choices();
       if (floor && dev == Device::CUDA)

@@ -18,8 +18,12 @@ bool built_with_cuda();
 void* allocate(size_t bytes);
 void release(void* ptr);
 struct MemoryStats {
-  size_t in_use = 0;           // bytes handed out to tensors now
-  size_t peak_in_use = 0;      // max of in_use since the last reset
+  size_t in_use = 0;       // bytes of the blocks handed out to tensors now
+  size_t peak_in_use = 0;  // max of in_use since the last reset
+  // What the tensors asked for, each rounded up to 512 bytes, as PyTorch's
+  // memory_allocated counts: in_use less what a reused larger block wastes.
+  size_t requested = 0;
+  size_t peak_requested = 0;   // max of requested since the last reset
   size_t reserved = 0;         // bytes held from cudaMalloc (in use + cached)
   int64_t device_mallocs = 0;  // cudaMalloc calls so far
 };

@@ -169,10 +169,11 @@ constexpr size_t kSmallRound = 512;  // granularity below 1 MiB
 constexpr size_t kLargeThreshold = size_t(1) << 20;
 constexpr size_t kLargeRound = size_t(2) << 20;  // 2 MiB chunks above
 
+size_t round_up(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * unit; }
+
 size_t round_size(size_t bytes) {
   if (bytes == 0) bytes = 1;  // a zero-byte tensor still gets a distinct, valid pointer
-  const size_t unit = bytes < kLargeThreshold ? kSmallRound : kLargeRound;
-  return (bytes + unit - 1) / unit * unit;
+  return round_up(bytes, bytes < kLargeThreshold ? kSmallRound : kLargeRound);
 }
 
 // CUDA graphs (class Graph below): while a graph is being captured, every
@@ -192,13 +193,14 @@ class CachingAllocator {
  public:
   void* allocate(size_t bytes) {
     const size_t size = round_size(bytes);
+    const size_t requested = round_up(bytes == 0 ? 1 : bytes, kSmallRound);
     std::lock_guard<std::mutex> lock(mutex_);
     if (capture_pool_ != 0) {
       // The pool's own blocks first, then the shared cache (whose queued
       // users all precede the graph on the stream), then the driver.
-      if (void* ptr = take_cached(pools_[capture_pool_].free, size, capture_pool_)) return ptr;
-      if (void* ptr = take_cached(free_, size, capture_pool_)) return ptr;
-    } else if (void* ptr = take_cached(free_, size, 0)) {
+      if (void* ptr = take_cached(pools_[capture_pool_].free, size, requested, capture_pool_)) return ptr;
+      if (void* ptr = take_cached(free_, size, requested, capture_pool_)) return ptr;
+    } else if (void* ptr = take_cached(free_, size, requested, 0)) {
       return ptr;
     }
     void* ptr = nullptr;
@@ -224,7 +226,7 @@ class CachingAllocator {
     }
     stats_.reserved += size;
     stats_.device_mallocs += 1;
-    hand_out(ptr, size, capture_pool_);
+    hand_out(ptr, size, requested, capture_pool_);
     return ptr;
   }
 
@@ -241,6 +243,7 @@ class CachingAllocator {
     const Block block = it->second;
     live_.erase(it);
     stats_.in_use -= block.size;
+    stats_.requested -= block.requested;
     free_list_for(block).emplace(block.size, ptr);
   }
 
@@ -276,6 +279,7 @@ class CachingAllocator {
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.peak_in_use = stats_.in_use;
+    stats_.peak_requested = stats_.requested;
   }
 
   void empty_cache() {
@@ -296,7 +300,8 @@ class CachingAllocator {
  private:
   struct Block {
     size_t size;
-    int pool;  // 0: the shared cache; else the graph pool it belongs to
+    size_t requested;  // the tensor's bytes rounded up to kSmallRound
+    int pool;          // 0: the shared cache; else the graph pool it belongs to
   };
   struct Pool {
     FreeList free;
@@ -304,13 +309,13 @@ class CachingAllocator {
 
   // Smallest cached block of `list` that fits and wastes at most half of
   // itself (a huge block is not pinned by a tiny tensor); nullptr if none.
-  void* take_cached(FreeList& list, size_t size, int pool) {
+  void* take_cached(FreeList& list, size_t size, size_t requested, int pool) {
     auto it = list.lower_bound(size);
     if (it == list.end() || it->first > 2 * size) return nullptr;
     void* ptr = it->second;
     const size_t block = it->first;
     list.erase(it);
-    hand_out(ptr, block, pool);
+    hand_out(ptr, block, requested, pool);
     return ptr;
   }
 
@@ -329,10 +334,12 @@ class CachingAllocator {
     return over_limit(size) ? cudaErrorMemoryAllocation : cudaMalloc(ptr, size);
   }
 
-  void hand_out(void* ptr, size_t block, int pool) {
-    live_.emplace(ptr, Block{block, pool});
+  void hand_out(void* ptr, size_t block, size_t requested, int pool) {
+    live_.emplace(ptr, Block{block, requested, pool});
     stats_.in_use += block;
+    stats_.requested += requested;
     if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
+    if (stats_.requested > stats_.peak_requested) stats_.peak_requested = stats_.requested;
   }
 
   void free_cached_locked() {

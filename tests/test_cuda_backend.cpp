@@ -549,10 +549,19 @@ TEST_CASE("cuda caching allocator reaches a steady state", "[cuda][allocator]") 
   void* big = hg::gpu::allocate(64 << 20);
   hg::gpu::release(big);
   const int64_t mallocs = hg::gpu::memory_stats().device_mallocs;
-  void* reused = hg::gpu::allocate(40 << 20);
+  const hg::gpu::MemoryStats idle = hg::gpu::memory_stats();
+  hg::gpu::reset_peak_memory();
+  void* reused = hg::gpu::allocate((40 << 20) + 1);
   CHECK(reused == big);
   CHECK(hg::gpu::memory_stats().device_mallocs == mallocs);
+  // in_use counts the whole 64 MiB block; requested what was asked, to 512 bytes.
+  const hg::gpu::MemoryStats holding = hg::gpu::memory_stats();
+  CHECK(holding.in_use == idle.in_use + (64u << 20));
+  CHECK(holding.requested == idle.requested + (40u << 20) + 512);
+  CHECK(holding.peak_requested == holding.requested);
   hg::gpu::release(reused);
+  CHECK(hg::gpu::memory_stats().requested == idle.requested);
+  CHECK(hg::gpu::memory_stats().peak_requested == holding.requested);
   void* small = hg::gpu::allocate(1000);
   CHECK(small != big);
   CHECK(hg::gpu::memory_stats().device_mallocs == mallocs + 1);

@@ -251,6 +251,8 @@ void bind_tensor(py::module_& m) {
         py::dict d;
         d["in_use"] = s.in_use;
         d["peak_in_use"] = s.peak_in_use;
+        d["requested"] = s.requested;
+        d["peak_requested"] = s.peak_requested;
         d["reserved"] = s.reserved;
         d["device_mallocs"] = s.device_mallocs;
         return d;
