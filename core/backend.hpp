@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/indexing.hpp"
 #include "core/tensor.hpp"
 
 namespace hg {
@@ -148,9 +149,10 @@ class Backend {
   // The same from ids on this device alone (nothing read back: a CUDA graph
   // can capture it); ids that name no row are left out.
   virtual void scatter_add_rows_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table) = 0;
-  // How many of ids (F32 on this device) are not integers in [0, limit),
-  // values equal to `except` apart (NaN: none); only the count is read back.
-  virtual int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) = 0;
+  // For each set, how many of its ids (F32 on this device) are not integers
+  // in [0, limit), values equal to `except` apart (NaN: none); only the
+  // counts are read back, together.
+  virtual std::vector<int64_t> count_bad_indices(const std::vector<IndexSet>& sets) = 0;
 
   // One AdamW step (decoupled weight decay, bias correction, as hg::AdamW)
   // over every tensor of the group, with optional global-norm clipping, in

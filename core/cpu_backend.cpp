@@ -661,11 +661,15 @@ class CpuBackend final : public Backend {
     scatter_add_rows(grad, read_indices(ids, grad_table.size(0), "scatter_add_rows"), grad_table);
   }
 
-  int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) override {
-    const float* v = ids.data<float>();
-    int64_t bad = 0;
-    for (int64_t i = 0; i < ids.numel(); ++i) bad += double(v[i]) != except && !is_index(v[i], limit);
-    return bad;
+  std::vector<int64_t> count_bad_indices(const std::vector<IndexSet>& sets) override {
+    std::vector<int64_t> counts;
+    for (const IndexSet& s : sets) {
+      const float* v = s.ids.data<float>();
+      int64_t bad = 0;
+      for (int64_t i = 0; i < s.ids.numel(); ++i) bad += double(v[i]) != s.except && !is_index(v[i], s.limit);
+      counts.push_back(bad);
+    }
+    return counts;
   }
 
   void adamw_multi(const AdamWGroup& group, const AdamWConfig& config, Tensor& state) override {

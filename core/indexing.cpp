@@ -22,11 +22,21 @@ std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* 
 }
 
 int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) {
+  return count_bad_indices(std::vector<IndexSet>{{ids, limit, except}}).front();
+}
+
+std::vector<int64_t> count_bad_indices(const std::vector<IndexSet>& sets) {
   const char* op = "count_bad_indices";
-  ids.check_defined(op);
-  ids.check_dtype(DType::F32, op);
-  HG_CHECK(limit > 0 && limit < (int64_t{1} << 24), op, "index limit ", limit, " out of range (0, 2^24)");
-  return ids.numel() == 0 ? 0 : backend_for(ids.device()).count_bad_indices(ids, limit, except);
+  if (sets.empty()) return {};
+  for (const IndexSet& s : sets) {
+    s.ids.check_defined(op);
+    s.ids.check_dtype(DType::F32, op);
+    HG_CHECK(s.limit > 0 && s.limit < (int64_t{1} << 24), op, "index limit ", s.limit, " out of range (0, 2^24)");
+    HG_CHECK(s.ids.device() == sets.front().ids.device(), op, "the sets are on ",
+             device_name(sets.front().ids.device()), " and ", device_name(s.ids.device()),
+             "; count them on one device");
+  }
+  return backend_for(sets.front().ids.device()).count_bad_indices(sets);
 }
 
 namespace {

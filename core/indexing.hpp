@@ -22,6 +22,16 @@ std::vector<int32_t> read_indices(const Tensor& ids, int64_t limit, const char* 
 // live: for ids on the GPU one kernel, and only the count comes back.
 int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except = std::nan(""));
 
+// One set of values count_bad_indices checks.
+struct IndexSet {
+  Tensor ids;
+  int64_t limit = 0;
+  double except = std::nan("");
+};
+// The count of each set (all on one device), read back together: on the GPU
+// one kernel a set and one copy to the host for all of them.
+std::vector<int64_t> count_bad_indices(const std::vector<IndexSet>& sets);
+
 // Where the ids are checked. Host: copied back and validated, a bad id
 // throws. Device (CUDA): nothing leaves the GPU, so a CUDA graph can capture
 // the op; the caller has checked the ids before (TrainStep does when it

@@ -194,8 +194,12 @@ void AdamW::step() {
   ++steps_;
 }
 
-double AdamW::last_grad_norm() const { return state_.to(Device::CPU).data<double>()[kAdamWGradNorm]; }
-bool AdamW::last_step_skipped() const { return state_.to(Device::CPU).data<double>()[kAdamWSkipped] != 0; }
+double AdamW::last_grad_norm() const { return last_step_report().grad_norm; }
+bool AdamW::last_step_skipped() const { return last_step_report().skipped; }
+Optimizer::StepReport AdamW::last_step_report() const {
+  const Tensor state = state_.to(Device::CPU);
+  return {state.data<double>()[kAdamWGradNorm], state.data<double>()[kAdamWSkipped] != 0};
+}
 
 void AdamW::on_state_loaded() { set_state(state_, kAdamWStep, static_cast<double>(steps_)); }
 

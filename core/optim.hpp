@@ -1,4 +1,5 @@
 #pragma once
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -35,6 +36,12 @@ class Optimizer {
   // finite so the step left every parameter unchanged.
   virtual double last_grad_norm() const;
   virtual bool last_step_skipped() const { return false; }
+  // Both, read together (one copy from the device for AdamW).
+  struct StepReport {
+    double grad_norm = std::nan("");
+    bool skipped = false;
+  };
+  virtual StepReport last_step_report() const { return {last_grad_norm(), last_step_skipped()}; }
 
   // The step count and every per-parameter buffer (momentum, Adam moments),
   // so a resumed run continues exactly where it stopped. Same file format and
@@ -111,6 +118,7 @@ class AdamW : public Optimizer {
   // Read back from the device (synchronises).
   double last_grad_norm() const override;
   bool last_step_skipped() const override;
+  StepReport last_step_report() const override;
 
  private:
   std::vector<std::pair<std::string, Tensor*>> state_buffers() override;

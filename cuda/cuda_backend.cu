@@ -807,8 +807,8 @@ class CudaBackend final : public Backend {
     gpu::scatter_add_rows_cuda_device_ids(grad, ids, grad_table);
   }
 
-  int64_t count_bad_indices(const Tensor& ids, int64_t limit, double except) override {
-    return gpu::count_bad_indices_cuda(ids, limit, except);
+  std::vector<int64_t> count_bad_indices(const std::vector<IndexSet>& sets) override {
+    return gpu::count_bad_indices_cuda(sets);
   }
 
   void scatter_add_rows(const Tensor& grad, const std::vector<int32_t>& host_ids, Tensor& grad_table) override {

@@ -122,18 +122,22 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
-int64_t count_bad_indices_cuda(const Tensor& ids, int64_t limit, double except) {
-  const int64_t n = ids.numel();
-  if (n == 0) return 0;
-  Tensor count = Tensor::zeros({1}, DType::F64, ids.device());  // its 8 bytes hold the count, an integer
-  const int threads = 256;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 1024));
-  count_bad_indices_kernel<<<blocks, threads, 0, stream()>>>(ids.data<float>(), n, limit, except,
-                                                             static_cast<unsigned long long*>(count.raw_data()));
-  HG_CUDA_CHECK_LAUNCH("count_bad_indices_kernel");
-  unsigned long long bad = 0;
-  copy_bytes(&bad, Device::CPU, count.raw_data(), Device::CUDA, sizeof bad);
-  return static_cast<int64_t>(bad);
+std::vector<int64_t> count_bad_indices_cuda(const std::vector<IndexSet>& sets) {
+  // Slot i (8 bytes) holds set i's count, an integer.
+  Tensor counts = Tensor::zeros({static_cast<int64_t>(sets.size())}, DType::F64, Device::CUDA);
+  auto* slots = static_cast<unsigned long long*>(counts.raw_data());
+  for (size_t i = 0; i < sets.size(); ++i) {
+    const int64_t n = sets[i].ids.numel();
+    if (n == 0) continue;
+    const int threads = 256;
+    const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 1024));
+    count_bad_indices_kernel<<<blocks, threads, 0, stream()>>>(sets[i].ids.data<float>(), n, sets[i].limit,
+                                                               sets[i].except, slots + i);
+    HG_CUDA_CHECK_LAUNCH("count_bad_indices_kernel");
+  }
+  std::vector<unsigned long long> bad(sets.size());
+  copy_bytes(bad.data(), Device::CPU, slots, Device::CUDA, bad.size() * sizeof(bad[0]));
+  return {bad.begin(), bad.end()};
 }
 
 // The sums of the n sorted positions `pos` (row `rows[i]` each; rows

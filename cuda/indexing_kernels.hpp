@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/indexing.hpp"
 #include "core/tensor.hpp"
 
 namespace hg::gpu {
@@ -23,8 +24,9 @@ void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows,
 // graph can capture it. Ids that name no row are left out.
 void scatter_add_rows_cuda_device_ids(const Tensor& grad, const Tensor& ids, Tensor& grad_table);
 
-// How many of ids (F32) are not integers in [0, limit), values equal to
-// `except` apart: one kernel, then the count read back (synchronizes).
-int64_t count_bad_indices_cuda(const Tensor& ids, int64_t limit, double except);
+// For each set, how many of its ids (F32) are not integers in [0, limit),
+// values equal to `except` apart: one kernel a set, then the counts read
+// back in one copy (synchronizes).
+std::vector<int64_t> count_bad_indices_cuda(const std::vector<IndexSet>& sets);
 
 }  // namespace hg::gpu

@@ -143,7 +143,7 @@ void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda(
 void scatter_add_rows_cuda_device_ids(const Tensor&, const Tensor&, Tensor&) {
   no_cuda("gpu::scatter_add_rows_cuda_device_ids");
 }
-int64_t count_bad_indices_cuda(const Tensor&, int64_t, double) { no_cuda("gpu::count_bad_indices_cuda"); }
+std::vector<int64_t> count_bad_indices_cuda(const std::vector<IndexSet>&) { no_cuda("gpu::count_bad_indices_cuda"); }
 void scatter_add_rows_cuda(const Tensor&, const std::vector<int32_t>&, Tensor&) {
   no_cuda("gpu::scatter_add_rows_cuda");
 }

@@ -118,8 +118,9 @@ void TrainStep::loss_and_backward_chunked(const Tensor& ids, const Tensor& targe
 
 StepResult TrainStep::finish(StepResult r, bool stepped, bool update_applied_if_loss_bad) const {
   r.loss = loss_.item();
-  r.grad_norm = stepped ? optimizer_.last_grad_norm() : std::nan("");
-  const bool skipped = stepped && optimizer_.last_step_skipped();
+  const Optimizer::StepReport report = stepped ? optimizer_.last_step_report() : Optimizer::StepReport{};
+  r.grad_norm = report.grad_norm;
+  const bool skipped = report.skipped;
   if (std::isfinite(r.loss) && stepped && !skipped) return r;
   const bool unchanged = !stepped || skipped || !update_applied_if_loss_bad;
   throw NonFiniteError("TrainStep: step " + std::to_string(r.step) + ": loss " + std::to_string(r.loss) +
@@ -185,8 +186,10 @@ StepResult TrainStep::graph_step(const Tensor& ids, const Tensor& targets, StepR
 
 bool TrainStep::batch_valid_on_device(const Tensor& ids, const Tensor& targets) const {
   const int64_t vocab = model_.config().vocab_size;
-  return ids.is_cuda() && targets.is_cuda() && count_bad_indices(ids, vocab) == 0 &&
-         count_bad_indices(targets, vocab, static_cast<double>(options_.ignore_index)) == 0;
+  if (!ids.is_cuda() || !targets.is_cuda()) return false;
+  const std::vector<int64_t> bad =
+      count_bad_indices({{ids, vocab, std::nan("")}, {targets, vocab, static_cast<double>(options_.ignore_index)}});
+  return bad[0] == 0 && bad[1] == 0;
 }
 
 std::vector<double> TrainStep::check_batch(const Tensor& ids, const Tensor& targets) const {

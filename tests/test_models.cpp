@@ -879,9 +879,18 @@ TEST_CASE("count_bad_indices: non-integers, out of range, NaN and inf are counte
     CHECK(count_bad_indices(few.to(dev), 41) == 7);  // 40 is an id now
     CHECK(count_bad_indices(lots.to(dev), 40) == planted);
     CHECK(count_bad_indices(Tensor::zeros({0}, DType::F32, dev), 40) == 0);
+    // Several sets, read back together: each its own count, in order.
+    const std::vector<int64_t> counts = count_bad_indices({{few.to(dev), 40, nan},
+                                                           {lots.to(dev), 40, nan},
+                                                           {Tensor::zeros({0}, DType::F32, dev), 40, nan},
+                                                           {few.to(dev), 40, -100},
+                                                           {few.to(dev), 41, nan}});
+    CHECK(counts == std::vector<int64_t>{8, planted, 0, 7, 7});
   }
   CHECK_THROWS_AS(count_bad_indices(few.to(DType::F64), 40), Error);
   CHECK_THROWS_AS(count_bad_indices(few, 0), Error);
+  CHECK(count_bad_indices(std::vector<IndexSet>{}).empty());
+  if (devices.size() > 1) CHECK_THROWS_AS(count_bad_indices({{few, 40, nan}, {few.to(Device::CUDA), 40, nan}}), Error);
 }
 
 TEST_CASE("DecoderLM: two backwards without zero_grad give twice one backward's gradients", "[models][lm]") {
