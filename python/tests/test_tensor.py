@@ -131,6 +131,18 @@ class NumpyZeroCopy(unittest.TestCase):
         self.assertEqual(hg.cuda_memory_limit(), 0)
         self.assertEqual(hg.zeros(8 << 20, device="cuda").shape, (8 << 20,))
 
+    @unittest.skipUnless(hg.cuda_available(), "SKIPPED: no CUDA GPU present")
+    def test_cuda_memory_stats_requested(self):
+        before = hg.cuda_memory_stats()
+        t = hg.zeros(1000, device="cuda")  # 4000 bytes: 4096 requested (512-byte units)
+        now = hg.cuda_memory_stats()
+        self.assertEqual(now["requested"] - before["requested"], 4096)
+        self.assertGreaterEqual(now["in_use"] - before["in_use"], 4096)
+        self.assertGreaterEqual(now["peak_requested"], now["requested"])
+        del t
+        gc.collect()
+        self.assertEqual(hg.cuda_memory_stats()["requested"], before["requested"])
+
 
 class DLPackExchange(unittest.TestCase):
     def test_numpy_to_handgrad_zero_copy(self):
