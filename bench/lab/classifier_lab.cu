@@ -11,6 +11,7 @@
 //   classifier_lab --variants production,three_pass                 the one-pass stats against the former three passes
 //   classifier_lab --variants production,persistent2 --threads 1024 --rows 2560
 //   classifier_lab --check-only --dtypes bf16,f32
+//   classifier_lab --variants production --rows 2560 --before write,fma   each call after a kernel, as in the step
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -46,6 +47,11 @@ struct Options {
   int pieces = 4, samples = 30, warmup = 3;
   uint64_t seed = 0;  // 0: a fresh one
   bool check_only = false;
+  // What runs right before each timed row pass (only the row pass is timed):
+  // none; write (a kernel writes the set's logits, as the chunk's forward
+  // GEMM does in the step); fma (a compute-bound kernel of about 300 us at
+  // full power draw, as that GEMM is).
+  std::vector<std::string> before{"none"};
 };
 
 void print_help() {
@@ -65,6 +71,8 @@ void print_help() {
       "  --warmup N           untimed samples first (default 3)\n"
       "  --seed N             the check inputs' seed (default: fresh, printed)\n"
       "  --check-only         check, do not time\n"
+      "  --before A,B,...     what runs right before each timed call, the call alone timed: none, write (a kernel\n"
+      "                       rewrites the logits, as the step's forward GEMM), fma (~300 us of FMAs) (default none)\n"
       "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
 }
 
@@ -91,6 +99,7 @@ Options parse(int argc, char** argv) {
     else if (f.is("--warmup")) o.warmup = int(f.number(0, 100000));
     else if (f.is("--seed")) o.seed = uint64_t(f.number(1, INT64_MAX));
     else if (f.is("--check-only")) o.check_only = true;
+    else if (f.is("--before")) o.before = f.choices({"none", "write", "fma"});
     else f.unknown();
   }
   return o;
@@ -282,6 +291,50 @@ __global__ void fill_logits(T* x, int64_t n, uint64_t seed) {
   }
 }
 
+// FMAs on every SM, the pipes full (4 blocks of 256 threads a SM, two
+// chains a thread: 64 warp FMAs an iteration at 4 a cycle), 40000
+// iterations about 320 us at 1980 MHz: a GEMM's power draw. `out` keeps
+// the compiler from dropping them.
+__global__ void fma_burn(float* out, int iters) {
+  float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 1e-7f, d = 0.5f;
+  for (int i = 0; i < iters; ++i) {
+    a = fmaf(a, b, c);
+    d = fmaf(d, b, c);
+  }
+  if (a + d == 12345.f) *out = a;
+}
+
+// Microseconds of the row pass alone when `before` runs right before each
+// call (on the next input set): events around each call, the calls of a
+// sample summed, the median sample.
+template <class Before, class Fn>
+double us_after(const Options& o, int sets, int calls, Before&& before, Fn&& fn) {
+  std::vector<cudaEvent_t> ev(2 * size_t(calls));
+  for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+  std::vector<double> samples;
+  int next = 0;
+  for (int s = 0; s < o.warmup + o.samples; ++s) {
+    for (int c = 0; c < calls; ++c) {
+      const int set = next++ % sets;
+      before(set);
+      CHECK_CUDA(cudaEventRecord(ev[2 * size_t(c)]));
+      fn(set);
+      CHECK_CUDA(cudaEventRecord(ev[2 * size_t(c) + 1]));
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    double ms = 0;
+    for (int c = 0; c < calls; ++c) {
+      float one = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&one, ev[2 * size_t(c)], ev[2 * size_t(c) + 1]));
+      ms += one;
+    }
+    if (s >= o.warmup) samples.push_back(ms);
+  }
+  for (cudaEvent_t e : ev) CHECK_CUDA(cudaEventDestroy(e));
+  std::sort(samples.begin(), samples.end());
+  return 1e3 * samples[samples.size() / 2] / calls;
+}
+
 // Microseconds a call: the median sample of `calls` calls, each call on the
 // next input set.
 template <class Fn>
@@ -302,6 +355,8 @@ void time_shape(const std::vector<Candidate<T>>& cands, const Options& o, int64_
   std::vector<std::unique_ptr<DeviceRows<T>>> in;
   for (int s = 0; s < sets; ++s) in.push_back(std::make_unique<DeviceRows<T>>(rows, vocab, 0));
   T *pristine = nullptr, *copy_dst = nullptr;
+  float* burn = nullptr;  // fma_burn's never-written output
+  CHECK_CUDA(cudaMalloc(&burn, sizeof(float)));
   CHECK_CUDA(cudaMalloc(&pristine, bytes));
   CHECK_CUDA(cudaMalloc(&copy_dst, bytes));
   fill_logits<T><<<prop.multiProcessorCount * 8, 512>>>(pristine, rows * vocab, o.seed);
@@ -344,16 +399,32 @@ void time_shape(const std::vector<Candidate<T>>& cands, const Options& o, int64_
       std::printf("  %-24s skipped: %zu bytes of shared memory do not fit a block\n", c.name.c_str(), c.smem(vocab));
       continue;
     }
-    reset();
-    const double us = us_per_call(o, sets, calls, [&](int s) { c.launch(in[size_t(s)]->call(), grid); });
-    CHECK_CUDA(cudaGetLastError());
-    std::printf("  %-24s %9d %8.1f %7.0f %8.1f%%%s\n", c.name.c_str(), c.blocks_per_sm(vocab), us, gbs(us),
-                100.0 * gbs(us) / copy_gbs, c.failure.empty() ? "" : "  FAILED its check");
-    if (c.failure.empty() && us < best_us) best_us = us, best = c.name;
+    for (const std::string& before : o.before) {
+      reset();
+      const auto row_pass = [&](int s) { c.launch(in[size_t(s)]->call(), grid); };
+      double us = 0;
+      if (before == "none") us = us_per_call(o, sets, calls, row_pass);
+      else if (before == "write")
+        us = us_after(
+            o, sets, calls,
+            [&](int s) {
+              fill_logits<T><<<prop.multiProcessorCount * 8, 512>>>(in[size_t(s)]->logits, rows * vocab, o.seed);
+            },
+            row_pass);
+      else
+        us = us_after(
+            o, sets, calls, [&](int) { fma_burn<<<prop.multiProcessorCount * 4, 256>>>(burn, 40000); }, row_pass);
+      CHECK_CUDA(cudaGetLastError());
+      const std::string name = before == "none" ? c.name : c.name + ", after " + before;
+      std::printf("  %-24s %9d %8.1f %7.0f %8.1f%%%s\n", name.c_str(), c.blocks_per_sm(vocab), us, gbs(us),
+                  100.0 * gbs(us) / copy_gbs, c.failure.empty() ? "" : "  FAILED its check");
+      if (before == "none" && c.failure.empty() && us < best_us) best_us = us, best = c.name;
+    }
   }
   std::printf("  fastest that passed its checks: %s\n", best.c_str());
   CHECK_CUDA(cudaFree(pristine));
   CHECK_CUDA(cudaFree(copy_dst));
+  CHECK_CUDA(cudaFree(burn));
 }
 
 template <class T>
