@@ -231,6 +231,10 @@ TEST_CASE("AdamW with max_grad_norm clips inside step and reports the norm", "[o
   const double norm = fused.last_grad_norm();
   CHECK(std::abs(norm - norm_of({a.grad, b.grad})) <= 1e-12 * norm);
   CHECK_FALSE(fused.last_step_skipped());
+  // Both from one read, the same values.
+  const Optimizer::StepReport report = fused.last_step_report();
+  CHECK(report.grad_norm == norm);
+  CHECK_FALSE(report.skipped);
   // The same step by clip_grad_norm + an unclipped AdamW: same norm, same scale.
   AdamWOptions plain = o;
   plain.max_grad_norm = 0;
@@ -246,6 +250,17 @@ TEST_CASE("AdamW with max_grad_norm clips inside step and reports the norm", "[o
   const Tensor before = a.value.clone();
   fused.step();
   CHECK(hg::test::same_bytes(before, a.value));
+  // A NaN gradient: the report says skipped with a NaN norm, as the two reads do.
+  fused.set_lr(1e-2);
+  b.grad.set({3}, std::numeric_limits<double>::quiet_NaN());
+  const Tensor held = b.value.clone();
+  fused.step();
+  const Optimizer::StepReport skipped = fused.last_step_report();
+  CHECK(skipped.skipped);
+  CHECK(std::isnan(skipped.grad_norm));
+  CHECK(fused.last_step_skipped());
+  CHECK(std::isnan(fused.last_grad_norm()));
+  CHECK(hg::test::same_bytes(held, b.value));
 }
 
 TEST_CASE("CUDA adamw_multi matches the per-tensor kernel bit for bit and is deterministic", "[optim][cuda]") {
