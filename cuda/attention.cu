@@ -47,7 +47,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 128;  // 4 warps per block in every kernel
 using attn::Args;
-using attn::exp2_ftz;
+using attn::exp2_approx;
 using attn::kLn2;
 using attn::mask_term;
 using attn::pack;
@@ -422,7 +422,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float m_new = fmaxf(m[mt][h], quad_max(tile_max[mt][h]) * c);
-            rescale_row(o[mt], l[mt], h, exp2_ftz(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
+            rescale_row(o[mt], l[mt], h, exp2_approx(m[mt][h] - (m_new == -INFINITY ? 0.f : m_new)));
             m[mt][h] = m_new;
           }
       }
@@ -436,7 +436,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
         for (int nb = 0; nb < KB / 8; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[mt][nb][e] = exp2_ftz(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
+            s[mt][nb][e] = exp2_approx(fmaf(s[mt][nb][e], c, neg_base[mt][e >> 1]));
             l[mt][e >> 1] += s[mt][nb][e];
           }
       mma_acc_tile<2, KB, DH, S>(o, s, vs + v_lane);
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kThreads) forward_bf16_kernel(Args a) {
 // Rows past Tq read stats {0, 0} and zero q, do: their p and ds are 0.
 
 __device__ __forceinline__ float prob_fast(float s, float c, float2 stats) {
-  return exp2_ftz(fmaf(s, c, -stats.x)) * stats.y;
+  return exp2_approx(fmaf(s, c, -stats.x)) * stats.y;
 }
 
 // Calls a backward kernel's sub_tile(exact, bounds) for one tile, from one

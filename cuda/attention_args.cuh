@@ -7,10 +7,11 @@
 #include <cstdint>
 
 #include "core/attention_layout.hpp"
+#include "cuda/exp_approx.hpp"
 
 namespace hg::gpu::attn {
 
-constexpr float kLog2e = 1.4426950408889634f;
+using hg::gpu::kLog2e;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMaskThreshold = static_cast<float>(kSoftmaxMaskThreshold);
 

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cuda/exp_approx.hpp"
+
 namespace hg::gpu::attn {
 
 __device__ __forceinline__ float quad_sum(float x) {
@@ -27,12 +29,8 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// 2^x without exp2f's subnormal fix-up (results below 2^-126 flush to 0,
-// far below what a bf16 probability can hold).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x by the SFU (cuda/exp_approx.hpp): results below 2^-126 flush to 0, far
+// below what a bf16 probability can hold.
+using hg::gpu::exp2_approx;
 
 }  // namespace hg::gpu::attn

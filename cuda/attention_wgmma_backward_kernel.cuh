@@ -261,9 +261,9 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
           if constexpr (kMasked) {
             // The forward's base-2 logit and p, 0 where the mask removes the key.
             const float x2 = fmaf(x[i_acc], c, kDkDv ? key_mask[row - r0] : col_mask);
-            x[i_acc] = seen(q, k) && x2 != -INFINITY ? exp2_ftz(x2 - sq.x) * sq.y : 0.f;
+            x[i_acc] = seen(q, k) && x2 != -INFINITY ? exp2_approx(x2 - sq.x) * sq.y : 0.f;
           } else {
-            x[i_acc] = seen(q, k) ? exp2_ftz(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+            x[i_acc] = seen(q, k) ? exp2_approx(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
           }
         }
       }

@@ -171,15 +171,15 @@ __device__ __forceinline__ void online_softmax(float (&sc)[KB / 2], uint32_t (&p
     for (int i = 2 * h; i < KB / 2; i += 4) mx = fmaxf(mx, fmaxf(sc[i], sc[i + 1]));
     const float m_new = fmaxf(m[h], quad_max(mx) * c);
     const float base2 = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: every p is 0
-    alpha[h] = exp2_ftz(m[h] - base2);
+    alpha[h] = exp2_approx(m[h] - base2);
     l[h] *= alpha[h];
     m[h] = m_new, neg_base[h] = -base2;
   }
 #pragma unroll
   for (int i = 0; i < KB / 2; i += 2) {
     const int h = (i >> 1) & 1;
-    const float p0 = exp2_ftz(fmaf(sc[i], c, neg_base[h]));
-    const float p1 = exp2_ftz(fmaf(sc[i + 1], c, neg_base[h]));
+    const float p0 = exp2_approx(fmaf(sc[i], c, neg_base[h]));
+    const float p1 = exp2_approx(fmaf(sc[i + 1], c, neg_base[h]));
     l[h] += p0 + p1;
     pa[i / 8][(i % 8) / 2] = pack(p0, p1);
   }

@@ -80,9 +80,7 @@ __global__ void lse_backward(const T* logits, const float* __restrict__ targets,
   const float scale = target == -1 ? 0.f : inv_count[0] * dloss;
   const float m = row_stats[2 * row], log_s = row_stats[2 * row + 1];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    // The target's p - 1 as expm1: exact where p rounds to 1 (a confident row).
-    const float z = (to_f(x[j]) - m) - log_s;
-    dx[j] = from_f<T>((j == target ? expm1f(z) : expf(z)) * scale);
+    dx[j] = from_f<T>(softmax_grad_term((to_f(x[j]) - m) - log_s, j == target) * scale);
   }
 }
 
@@ -110,8 +108,7 @@ __global__ void lse_rows_grad(T* logits, const float* __restrict__ targets, int6
       vocab, m, [&](int64_t j) { return to_f(x[j]); }, scratch);
   const float scale = inv_count[0];
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float z = (to_f(x[j]) - m) - log_s;  // the target's p - 1 as expm1, as lse_backward
-    x[j] = from_f<T>((j == target ? expm1f(z) : expf(z)) * scale);
+    x[j] = from_f<T>(softmax_grad_term((to_f(x[j]) - m) - log_s, j == target) * scale);
   }
   if (threadIdx.x == 0) row_loss[row] = target == -2 ? NAN : log_s - (x_t - m);
 }

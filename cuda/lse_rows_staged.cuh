@@ -29,6 +29,12 @@ __device__ __forceinline__ int64_t target_class(float t, int64_t vocab, int64_t 
   return static_cast<int64_t>(t);
 }
 
+// g's factor for the logit at z = (x - m) - log s: p - 1 for the target, as
+// expm1 (exact where p rounds to 1, a confident row), else p.
+__device__ __forceinline__ float softmax_grad_term(float z, bool is_target) {
+  return is_target ? expm1f(z) : exp_approx(z);
+}
+
 // Two blocks of 512 share an SM (a bf16 row of 50304 takes 98 KiB of its 228).
 constexpr int kStagedThreads = 512;
 
@@ -98,10 +104,7 @@ template <class T>
 __device__ __forceinline__ float write_staged_grad(const T* s, T* x, const RowSpan& span, int64_t vocab, int64_t target,
                                                    float scale, RowStats st) {
   constexpr int W = VecWidth<T>::value;
-  const auto grad = [&](int64_t j, float v) {
-    const float z = (v - st.m) - st.log_s;  // the target's p - 1 as expm1, as lse_backward
-    return (j == target ? expm1f(z) : expf(z)) * scale;
-  };
+  const auto grad = [&](int64_t j, float v) { return softmax_grad_term((v - st.m) - st.log_s, j == target) * scale; };
   for (int64_t j = span.head + int64_t(W) * threadIdx.x; j < span.body_end; j += int64_t(W) * blockDim.x) {
     float v[W];
     load_vec<W>(s + j, v);
@@ -110,7 +113,7 @@ __device__ __forceinline__ float write_staged_grad(const T* s, T* x, const RowSp
       for (int k = 0; k < W; ++k) v[k] = grad(j + k, v[k]);
     } else {
 #pragma unroll
-      for (int k = 0; k < W; ++k) v[k] = expf((v[k] - st.m) - st.log_s) * scale;
+      for (int k = 0; k < W; ++k) v[k] = exp_approx((v[k] - st.m) - st.log_s) * scale;
     }
     store_vec<W>(x + j, v);
   }

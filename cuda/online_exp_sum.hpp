@@ -4,8 +4,13 @@
 // below m (rest) and the count of the terms equal to m (at_max). When m
 // rises, what was summed is rescaled by exp(old - new), at most once per
 // 16-byte word; the block then shifts every thread's share to the row max
-// and sums them (block_row_stats, cuda/reduce.cuh). The terms equal to the
-// row max stay counted exactly, as in ShiftedExpSum (cuda/reduce.cuh), and
+// and sums them (block_row_stats, cuda/reduce.cuh). A word entirely below
+// the running max (nearly every word) adds its exponentials with no test per
+// term; one that holds the max counts the terms equal to it exactly, as
+// ShiftedExpSum (cuda/reduce.cuh) does. Exponentials by exp_approx
+// (cuda/exp_approx.hpp): expf's instructions made the row pass's passes
+// over a staged row compute-bound. -inf, +inf and NaN logits give what
+// ShiftedExpSum gives over the row max, and
 // -inf, +inf and NaN logits give what ShiftedExpSum gives over the row max:
 // -inf terms add 0 (an all -inf row: m = -inf, every term counted at the
 // max), +inf terms are the max (every finite term adds 0), a NaN makes the
@@ -13,6 +18,8 @@
 // row pass (cuda/lse_rows_staged.cuh) and the host, so
 // tests/test_cross_entropy_lse.cpp checks it on the CPU.
 #include <math.h>
+
+#include "cuda/exp_approx.hpp"
 
 #if defined(__CUDACC__)
 #define HG_ONLINE_EXP_SUM_FN __host__ __device__ __forceinline__
@@ -37,10 +44,15 @@ struct OnlineExpSum {
     HG_ONLINE_EXP_SUM_UNROLL
     for (int k = 1; k < W; ++k) word_max = fmaxf(word_max, v[k]);
     if (word_max > m) raise_to(word_max);  // false for a NaN word_max (an all-NaN word)
+    if (word_max < m) {                    // no term at the max; m = +inf: every term adds 0
+      HG_ONLINE_EXP_SUM_UNROLL
+      for (int k = 0; k < W; ++k) rest += exp_approx(v[k] - m);  // NaN - m: NaN, kept by every later rescale
+      return;
+    }
     HG_ONLINE_EXP_SUM_UNROLL
     for (int k = 0; k < W; ++k) {
       if (v[k] == m) at_max += 1.f;
-      else rest += expf(v[k] - m);  // NaN - m: NaN, kept by every later rescale
+      else rest += exp_approx(v[k] - m);
     }
   }
   HG_ONLINE_EXP_SUM_FN void add(float v) {
@@ -50,7 +62,7 @@ struct OnlineExpSum {
   // Rescaled to a max new_m > m: the terms at m are below new_m now.
   // exp(m - new_m) is 0 where m = -inf or new_m = +inf (m finite or -inf).
   HG_ONLINE_EXP_SUM_FN void raise_to(float new_m) {
-    rest = (rest + at_max) * expf(m - new_m);
+    rest = (rest + at_max) * exp_approx(m - new_m);
     at_max = 0.f;
     m = new_m;
   }

@@ -62,7 +62,7 @@ struct ShiftedExpSum {
     if (v == m) {
       at_max += 1.0f;
     } else {
-      rest += expf(v - m);
+      rest += exp_approx(v - m);
     }
   }
   // Every thread of the block: log sum_j exp(x_j - m) over the block's terms.

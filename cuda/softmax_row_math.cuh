@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
+#include "cuda/exp_approx.hpp"      // exp2_approx, kLog2e: the lean exp
 
 namespace hg::gpu {
 namespace {
@@ -94,16 +95,6 @@ __device__ __forceinline__ RowSpan row_span(const ForwardArgs<T>& a, int64_t row
     s.visible = n < 0 ? 0 : (n > a.tk ? a.tk : n);
   }
   return s;
-}
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-// 2^v by the SFU (max relative error ~2^-22; results below 2^-126 flush to
-// 0, which a probability never misses next to its row's 1 / sum).
-__device__ __forceinline__ float exp2_approx(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
-  return r;
 }
 
 // The row max becomes the exp shift. A fully masked row (max = -inf) shifts by

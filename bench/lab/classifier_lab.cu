@@ -11,7 +11,7 @@
 //   classifier_lab --variants production,three_pass                 the one-pass stats against the former three passes
 //   classifier_lab --variants production,persistent2 --threads 1024 --rows 2560
 //   classifier_lab --check-only --dtypes bf16,f32
-//   classifier_lab --variants production --rows 2560 --before write,fma   each call after a kernel, as in the step
+//   classifier_lab --variants production --rows 2560 --before write,none,fma   fresh logits, reused g, after FMAs
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -48,10 +48,14 @@ struct Options {
   uint64_t seed = 0;  // 0: a fresh one
   bool check_only = false;
   // What runs right before each timed row pass (only the row pass is timed):
-  // none; write (a kernel writes the set's logits, as the chunk's forward
-  // GEMM does in the step); fma (a compute-bound kernel of about 300 us at
-  // full power draw, as that GEMM is).
-  std::vector<std::string> before{"none"};
+  // write (a kernel writes fresh logits into the set, as the chunk's forward
+  // GEMM does in the step); none (calls queued back to back, each reading
+  // the g that the last call on its set wrote: after two calls a row's
+  // values are all equal but the target's, every term ties the max and no
+  // exponential is taken, so this understates the row pass); fma (fresh
+  // logits as with write, then about 300 us of FMAs at a GEMM's power draw).
+  // The first one listed picks the fastest variant.
+  std::vector<std::string> before{"write"};
 };
 
 void print_help() {
@@ -71,8 +75,10 @@ void print_help() {
       "  --warmup N           untimed samples first (default 3)\n"
       "  --seed N             the check inputs' seed (default: fresh, printed)\n"
       "  --check-only         check, do not time\n"
-      "  --before A,B,...     what runs right before each timed call, the call alone timed: none, write (a kernel\n"
-      "                       rewrites the logits, as the step's forward GEMM), fma (~300 us of FMAs) (default none)\n"
+      "  --before A,B,...     what runs right before each timed call, the call alone timed: write (a kernel writes\n"
+      "                       fresh logits, as the step's forward GEMM), none (the last call's g: all ties, no\n"
+      "                       exponentials), fma (write, then ~300 us of FMAs); the first picks the fastest (default "
+      "write)\n"
       "Exit status: 0 all checks passed, 1 a check failed or a CUDA error, 2 bad flags.\n");
 }
 
@@ -99,7 +105,7 @@ Options parse(int argc, char** argv) {
     else if (f.is("--warmup")) o.warmup = int(f.number(0, 100000));
     else if (f.is("--seed")) o.seed = uint64_t(f.number(1, INT64_MAX));
     else if (f.is("--check-only")) o.check_only = true;
-    else if (f.is("--before")) o.before = f.choices({"none", "write", "fma"});
+    else if (f.is("--before")) o.before = f.choices({"write", "none", "fma"});
     else f.unknown();
   }
   return o;
@@ -413,12 +419,17 @@ void time_shape(const std::vector<Candidate<T>>& cands, const Options& o, int64_
             row_pass);
       else
         us = us_after(
-            o, sets, calls, [&](int) { fma_burn<<<prop.multiProcessorCount * 4, 256>>>(burn, 40000); }, row_pass);
+            o, sets, calls,
+            [&](int s) {
+              fill_logits<T><<<prop.multiProcessorCount * 8, 512>>>(in[size_t(s)]->logits, rows * vocab, o.seed);
+              fma_burn<<<prop.multiProcessorCount * 4, 256>>>(burn, 40000);
+            },
+            row_pass);
       CHECK_CUDA(cudaGetLastError());
-      const std::string name = before == "none" ? c.name : c.name + ", after " + before;
+      const std::string name = before == o.before.front() ? c.name : c.name + ", " + before;
       std::printf("  %-24s %9d %8.1f %7.0f %8.1f%%%s\n", name.c_str(), c.blocks_per_sm(vocab), us, gbs(us),
                   100.0 * gbs(us) / copy_gbs, c.failure.empty() ? "" : "  FAILED its check");
-      if (before == "none" && c.failure.empty() && us < best_us) best_us = us, best = c.name;
+      if (before == o.before.front() && c.failure.empty() && us < best_us) best_us = us, best = c.name;
     }
   }
   std::printf("  fastest that passed its checks: %s\n", best.c_str());

@@ -19,6 +19,7 @@
 #include "cuda/wgmma.cuh"
 
 #include "cuda/bulk_stage.cuh"
+#include "cuda/exp_approx.hpp"
 #include "cuda/reduce.cuh"
 #include "cuda/row_ring.cuh"                // RowRing, plan_staged
 #include "cuda/softmax_staged_forward.cuh"  // the product's staged forward: the "staged, 32 / 96 KB a SM" rows
@@ -31,17 +32,13 @@ using hg::gpu::Load;
 using hg::gpu::Store;
 
 constexpr int kLaneTeamBlock = 128, kMaxBlock = 1024;
-constexpr float kLog2e = 1.4426950408889634f;
+using hg::gpu::exp2_approx;
+using hg::gpu::kLog2e;                   // and exp2_approx: cuda/exp_approx.hpp, the lean exp
 constexpr float kMaskThreshold = -1e9f;  // core/softmax_layout.hpp's kSoftmaxMaskThreshold
 
 __device__ __forceinline__ float max_nan(float a, float b) {
   float r;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-__device__ __forceinline__ float exp2_approx(float v) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
 }
 // As cuda/softmax.cu: -inf at or below the threshold, a NaN mask value stays NaN.
