@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "core/attention_layout.hpp"
-#include "cuda/exp_approx.hpp"
+#include "cuda/exp_approx.cuh"
 
 namespace hg::gpu::attn {
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "cuda/exp_approx.hpp"
+#include "cuda/exp_approx.cuh"
 
 namespace hg::gpu::attn {
 
@@ -29,7 +29,7 @@ __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// 2^x by the SFU (cuda/exp_approx.hpp): results below 2^-126 flush to 0, far
+// 2^x by the SFU (cuda/exp_approx.cuh): results below 2^-126 flush to 0, far
 // below what a bf16 probability can hold.
 using hg::gpu::exp2_approx;
 

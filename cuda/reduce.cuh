@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "cuda/online_exp_sum.hpp"
+#include "cuda/exp_approx.cuh"
 
 namespace hg::gpu {
 
@@ -77,16 +77,6 @@ struct ShiftedExpSum {
 struct RowStats {
   float m, log_s;
 };
-
-// Every thread of the block, each with its OnlineExpSum over its own terms:
-// the row's stats. Each share is shifted to the row max, then summed as
-// ShiftedExpSum sums (the terms at the max counted exactly, log1p).
-__device__ __forceinline__ RowStats block_row_stats(OnlineExpSum share, float* scratch) {
-  const float row_max = block_max(share.m, scratch);
-  share.shift_to(row_max);
-  ShiftedExpSum sum{row_max, share.rest, share.at_max};
-  return {row_max, sum.log_sum(scratch)};
-}
 
 // log sum_j exp(x_j - m) over a row that the block walks (x(j) loads element
 // j as float), thread t taking j = t, t + blockDim.x, ...

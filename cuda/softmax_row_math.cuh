@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "core/softmax_layout.hpp"  // kSoftmaxMaskThreshold: one definition for every path
-#include "cuda/exp_approx.hpp"      // exp2_approx, kLog2e: the lean exp
+#include "cuda/exp_approx.cuh"      // exp2_approx, kLog2e: the lean exp
 
 namespace hg::gpu {
 namespace {

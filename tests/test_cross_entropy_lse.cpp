@@ -8,23 +8,20 @@
 // and strided kernels against float64 (and each run to run bit for bit) at
 // vocabularies below and above the staging limit, unaligned rows, and rows
 // that are ignored, NaN, -inf, all -inf, +inf, huge, flat, rising (the max
-// late) or with a target out of range; the staged kernel's one-pass max and
-// sum of exponentials (cuda/online_exp_sum.hpp) on the CPU in its layout.
+// late) or with a target out of range.
 //
 // Bounds: each of the 256 threads of a strided row sums ~V/256 terms
 // exp(x - m) <= 1 in sequence, then a tree: the relative error of the sum,
 // hence the absolute error of log s and of every row loss, is <=
 // (V/256 + 8) 2^-24 <= 1.3e-5 for V = 50304, plus the exponential's error
-// (cuda/exp_approx.hpp: 2^-22 relative, and 2^-24 |x| from scaling x by log2
+// (cuda/exp_approx.cuh: 2^-22 relative, and 2^-24 |x| from scaling x by log2
 // e, x - m down to about -20 where a term still counts) and logf's 2 ulp:
 // loss within 4e-5 + 1e-5 |loss|. Each of the staged kernel's 512 threads
-// sums ~V/512 terms and rescales its sum at most once per word of 4 or 8
-// terms (one exponential and a product): inside the same bound.
+// sums ~V/512 terms the same way: inside the same bound.
 // dlogits = (p - onehot) / n: p inherits that relative error, so
 // |got - ref| <= 4e-5 p / n + 1e-6 / n; BF16 dlogits add one rounding, 2^-9
 // |ref| (bound 2^-8 |ref|).
 #include <cmath>
-#include <functional>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -32,7 +29,6 @@
 
 #include "core/kernel_mode.hpp"
 #include "cuda/cross_entropy_lse_kernels.hpp"
-#include "cuda/online_exp_sum.hpp"
 #include "cuda/row_span.hpp"
 #include "ops/cross_entropy.hpp"
 #include "tests/test_util.hpp"
@@ -199,103 +195,9 @@ TEST_CASE("row pass: a staged row's split covers it once, its body is every whol
 
 namespace {
 
-// The staged kernel's stats on the CPU: shares of 512 threads, share t
-// taking the body's 16-byte words t, t + 512, ... of W elements, then its
-// edge elements (lse_rows_staged.cuh's layout), each share shifted to the
-// row max and summed as ShiftedExpSum sums, log1p((at_max - 1) + rest).
-struct OnlineStats {
-  float m, log_s;
-};
-
-template <int W>
-OnlineStats online_stats(const std::vector<float>& x, uint64_t address) {
-  constexpr int kThreads = 512;
-  const auto n = static_cast<int64_t>(x.size());
-  const gpu::RowSpan span = gpu::row_span(address, n, 16 / W);
-  std::vector<gpu::OnlineExpSum> shares(kThreads);
-  for (int t = 0; t < kThreads; ++t) {
-    for (int64_t j = span.head + int64_t(W) * t; j < span.body_end; j += int64_t(W) * kThreads) {
-      float v[W];
-      for (int k = 0; k < W; ++k) v[k] = x[size_t(j + k)];
-      shares[size_t(t)].add(v);
-    }
-    if (t < span.head) shares[size_t(t)].add(x[size_t(t)]);
-    if (span.body_end + t < n) shares[size_t(t)].add(x[size_t(span.body_end + t)]);
-  }
-  float row_max = -std::numeric_limits<float>::infinity(), rest = 0.f, at_max = 0.f;
-  for (const gpu::OnlineExpSum& share : shares) row_max = std::fmax(row_max, share.m);
-  for (gpu::OnlineExpSum share : shares) {
-    share.shift_to(row_max);
-    rest += share.rest;
-    at_max += share.at_max;
-  }
-  return {row_max, std::log1p((at_max - 1.f) + rest)};
-}
-
-}  // namespace
-
-// The one-pass max and sum of exponentials (cuda/online_exp_sum.hpp) in the
-// staged kernel's layout, on the CPU: the max exactly and log s within
-// 4e-5 of float64 (each share sums ~V/512 terms and rescales at most once a
-// word: well inside this file's (V/256 + 8) 2^-24), where the max comes late
-// (every share's max rises word after word) or on plateaus of equal values
-// (the terms at the max counted, then rescaled), at odd lengths and starts;
-// and the outcomes of ShiftedExpSum over the row max on hostile rows: -inf
-// terms add 0, an all -inf row gives m = -inf and log V, +inf terms are the
-// max (log of their count), a NaN (wherever in its word) makes log s NaN.
-TEST_CASE("row pass: the staged kernel's one-pass max and sum of exponentials match float64 on rising and hostile rows",
-          "[cross_entropy]") {
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  Generator gen(12);
-  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4097}, int64_t{50311}})
-    for (const uint64_t start : {uint64_t{0}, uint64_t{4}, uint64_t{12}}) {
-      const std::vector<double> noise = Tensor::randn({n}, gen, DType::F64).to_vector();
-      const auto rising = [&](int64_t j) { return 16.0 * double(j) / double(n); };
-      const std::vector<std::pair<std::string, std::function<float(int64_t)>>> rows = {
-          {"rising", [&](int64_t j) { return float(rising(j) + 0.15 * noise[size_t(j)]); }},
-          {"rising plateaus", [&](int64_t j) { return std::floor(float(rising(j)) * 4.f) / 4.f; }},
-          {"falling", [&](int64_t j) { return float(-rising(j)); }},
-          {"plain", [&](int64_t j) { return float(3.0 * noise[size_t(j)]); }},
-          {"huge", [&](int64_t j) { return float(5000.0 * noise[size_t(j)]); }},
-          {"-inf every third", [&](int64_t j) { return j % 3 == 0 ? -inf : float(rising(j)); }},
-          {"flat", [&](int64_t) { return 2.5f; }},
-          {"all -inf", [&](int64_t) { return -inf; }},
-          {"+inf late", [&](int64_t j) { return j == n - 1 - n / 9 ? inf : float(rising(j)); }},
-          {"+inf twice", [&](int64_t j) { return j % 5000 == 3 || j == n - 1 ? inf : float(noise[size_t(j)]); }},
-          {"NaN early", [&](int64_t j) { return j == n / 7 ? nan : float(rising(j)); }},
-          {"NaN late, -inf before", [&](int64_t j) { return j == n - 1  ? nan
-                                                            : j < n - 1 ? -inf
-                                                                        : 0.f; }},
-      };
-      for (const auto& [name, value] : rows) {
-        std::vector<float> x(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j) x[size_t(j)] = value(j);
-        double m = -std::numeric_limits<double>::infinity(), rest = 0;
-        int64_t at_max = 0;
-        bool has_nan = false;
-        for (float v : x) has_nan |= std::isnan(v), m = std::isnan(v) ? m : std::max(m, double(v));
-        for (float v : x)
-          if (double(v) == m) ++at_max;
-          else rest += std::exp(double(v) - m);  // 0 for -inf, and for finite v where m = +inf
-        const double want = std::log(double(at_max) + rest);
-        const auto check = [&](const OnlineStats& got, int w) {
-          INFO(name << ", n " << n << ", start " << start << ", W " << w << ": m " << got.m << " log s " << got.log_s
-                    << ", want " << m << " " << want);
-          CHECK(double(got.m) == m);
-          if (has_nan) CHECK(std::isnan(got.log_s));
-          else CHECK(std::abs(double(got.log_s) - want) <= 4e-5);
-        };
-        check(online_stats<4>(x, 4096 + start), 4);  // f32 words
-        check(online_stats<8>(x, 4096 + start), 8);  // bf16 words (the values need not be bf16's)
-      }
-    }
-}
-
-namespace {
-
 // Rows of the row-pass test: what each one holds. kRising: 16 j / V plus a
-// little noise, the max late in the row, so the staged kernel's running
-// maxima rise word after word and its sums are rescaled each time.
+// little noise, the max late in the row (every thread's largest term comes
+// last).
 // kAllNegInf: every logit -inf (g and loss NaN). kPosInf: one +inf logit
 // (the max): g NaN there, 0 elsewhere but -1/n at the target, loss +inf
 // (NaN where the target is the +inf logit).

@@ -8,7 +8,7 @@
 // best device copy of those bytes. Links only the CUDA runtime.
 //
 //   classifier_lab                                   check, then rows 2560 and 8192 at V 50304, bf16
-//   classifier_lab --variants production,three_pass                 the one-pass stats against the former three passes
+//   classifier_lab --variants production,one_pass                   three passes against the one-pass stats
 //   classifier_lab --variants production,persistent2 --threads 1024 --rows 2560
 //   classifier_lab --check-only --dtypes bf16,f32
 //   classifier_lab --variants production --rows 2560 --before write,none,fma   fresh logits, reused g, after FMAs
@@ -36,7 +36,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using lab::kIgnoreIndex;
 
-const std::vector<std::string> kVariants{"production", "three_pass", "pieces_online", "persistent2"};
+const std::vector<std::string> kVariants{"production", "one_pass", "pieces_online", "persistent2"};
 
 struct Options {
   std::vector<std::string> variants = kVariants, dtypes{"bf16"};
@@ -62,7 +62,7 @@ void print_help() {
   std::printf(
       "classifier_lab: the classifier's row pass (max, log-sum-exp, loss, g over the logits) as production runs\n"
       "it and as the lab's candidates do, checked against float64 and timed.\n"
-      "  --variants A,B,...   of production, three_pass, pieces_online, persistent2 (default all)\n"
+      "  --variants A,B,...   of production, one_pass, pieces_online, persistent2 (default all)\n"
       "  --rows N[,...]       timed rows (default 2560,8192)\n"
       "  --vocab N[,...]      timed vocabularies (default 50304)\n"
       "  --dtypes bf16,f32    logits dtype (default bf16)\n"
@@ -138,7 +138,7 @@ struct Candidate {
   std::string name;
   int threads = 0;
   RowKernel<T> row = nullptr;        // production: a block per row
-  PiecesKernel<T> pieces = nullptr;  // three_pass (1 piece), pieces_online: a block per row
+  PiecesKernel<T> pieces = nullptr;  // one_pass (1 piece), pieces_online: a block per row
   int n_pieces = 1;
   LoopKernel<T> loop = nullptr;  // persistent: `grid` blocks walk the rows
   std::string failure;           // the first failed check; a failed candidate is never the fastest
@@ -186,10 +186,9 @@ std::vector<Candidate<T>> candidates(const Options& o) {
   constexpr int kRowThreads = hg::gpu::kStagedThreads;
   for (const std::string& v : o.variants) {
     if (v == "production") out.push_back({v, kRowThreads, hg::gpu::lse_rows_grad_staged<T>});
-    if (v == "three_pass") out.push_back({v, kRowThreads, nullptr, lab::lse_rows_grad_pieces<T, true>, 1});
+    if (v == "one_pass") out.push_back({v, kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, 1});
     if (v == "pieces_online")
-      out.push_back(
-          {v + "/" + std::to_string(o.pieces), kRowThreads, nullptr, lab::lse_rows_grad_pieces<T, false>, o.pieces});
+      out.push_back({v + "/" + std::to_string(o.pieces), kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, o.pieces});
     for (int64_t t : o.threads)
       if (v == "persistent2")
         out.push_back({v + "/" + std::to_string(t), int(t), nullptr, nullptr, 1, persistent_kernel<T>(int(t))});

@@ -5,21 +5,23 @@
 // copied): g = (softmax - onehot(target)) * scale written over the logits,
 // row_loss per row, ignored rows zeroed with loss 0, NaN loss for a target
 // that is not a class, any row alignment (cuda/row_span.hpp). The product
-// takes the max and the sum of exponentials in one pass over the shared
-// copy (OnlineExpSum), then g; the candidates differ in how the work of a
-// row is laid out, and call the product's passes where they can:
-//   three_pass      the product's former arithmetic: the max in one pass, the
-//                   sum of exponentials shifted by it in a second, then g.
-//   pieces          the row copied in P pieces with a barrier each, so the
-//                   one stats pass starts on piece 0 while the rest land.
+// takes the max, then the sum of exponentials shifted by it, then g, in
+// three passes over the shared copy; the candidates differ in how the stats
+// are formed or how the work of a row is laid out:
+//   one_pass        the max and the sum in one pass, each thread keeping a
+//                   running max and rescaling its sum (bench/lab/online_exp_sum.hpp).
+//   pieces          one_pass with the row copied in P pieces with a barrier
+//                   each, so the stats pass starts on piece 0 while the rest land.
 //   persistent      one block per SM walks rows blockIdx.x, + gridDim.x, ...
 //                   through two stages: the next row's bulk copy travels while
-//                   the current row is reduced and its g stored.
+//                   the current row is reduced (the product's passes) and its
+//                   g stored.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "bench/lab/online_exp_sum.hpp"
 #include "cuda/bulk_stage.cuh"
 #include "cuda/lse_rows_staged.cuh"
 #include "cuda/wgmma.cuh"  // sm90::barrier_wait on an sm_90a build
@@ -52,38 +54,31 @@ __device__ __forceinline__ void fence_proxy_async() {
 
 using hg::gpu::RowStats;
 
-// The product's former stats, two passes over the complete shared copy s:
-// the max, then the sum of exponentials shifted by it (ShiftedExpSum).
+// The body's 16-byte words.
 template <class T>
-__device__ __forceinline__ RowStats three_pass_stats(const T* s, const RowSpan& span, int64_t vocab, float* scratch) {
+__device__ __forceinline__ int64_t body_words(const RowSpan& span) {
+  return (span.body_end - span.head) / VecWidth<T>::value;
+}
+
+// This thread's 16-byte words of the body of the shared copy s in [w0, w1)
+// (word 0 at span.head) into its share: words w0 + threadIdx.x, + blockDim.x, ...
+template <class T>
+__device__ __forceinline__ void add_body_words(OnlineExpSum& share, const T* s, const RowSpan& span, int64_t w0,
+                                               int64_t w1) {
   constexpr int W = VecWidth<T>::value;
-  const int64_t first = span.head + int64_t(W) * threadIdx.x, stride = int64_t(W) * blockDim.x;
-  float m = -INFINITY;
-  for (int64_t j = first; j < span.body_end; j += stride) {
+  for (int64_t w = w0 + threadIdx.x; w < w1; w += blockDim.x) {
     float v[W];
-    hg::gpu::load_vec<W>(s + j, v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) m = fmaxf(m, v[k]);
+    hg::gpu::load_vec<W>(s + span.head + w * W, v);
+    share.add(v);
   }
-  hg::gpu::for_edges(span, vocab, [&](int64_t j) { m = fmaxf(m, hg::gpu::to_f(s[j])); });
-  m = hg::gpu::block_max(m, scratch);
-  hg::gpu::ShiftedExpSum sum{m};
-  for (int64_t j = first; j < span.body_end; j += stride) {
-    float v[W];
-    hg::gpu::load_vec<W>(s + j, v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) sum.add(v[k]);
-  }
-  hg::gpu::for_edges(span, vocab, [&](int64_t j) { sum.add(hg::gpu::to_f(s[j])); });
-  return {m, sum.log_sum(scratch)};
 }
 
 // A block per row as production (512 threads, two blocks an SM, one staged
 // row of dynamic shared memory), the body copied in `pieces` (1..kMaxPieces)
 // nearly equal runs of 16-byte words, each counted against its own barrier;
-// the one-pass stats (the product's OnlineExpSum and g pass) take each
-// piece as it lands. THREE_PASS: one piece, three_pass_stats once it is in.
-template <class T, bool THREE_PASS>
+// the one-pass stats take each piece as it lands, then the product's g
+// pass. One piece: one_pass.
+template <class T>
 __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
     lse_rows_grad_pieces(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
                          const float* __restrict__ inv_count, float* __restrict__ row_loss, int pieces) {
@@ -101,7 +96,7 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
   }
   constexpr int W = VecWidth<T>::value;
   T* s = hg::gpu::stage_copy_of(staged_row, x);
-  const int64_t words = hg::gpu::body_words<T>(span);
+  const int64_t words = body_words<T>(span);
   const auto first_word = [&](int p) { return words * p / pieces; };
   if (threadIdx.x == 0)
     for (int p = 0; p < pieces; ++p) hg::gpu::stage_barrier_init(&landed[p]);
@@ -114,20 +109,18 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
       if (bytes > 0) hg::gpu::stage_copy(s + at, x + at, bytes, &landed[p]);
     }
   }
-  hg::gpu::OnlineExpSum share;
+  OnlineExpSum share;
   hg::gpu::for_edges(span, vocab, [&](int64_t j) {
     const T v = x[j];
-    s[j] = v;  // read back by this same thread in the later passes
-    if constexpr (!THREE_PASS) share.add(hg::gpu::to_f(v));
+    s[j] = v;  // read back by this same thread in the g pass
+    share.add(hg::gpu::to_f(v));
   });
   for (int p = 0; p < pieces; ++p) {
     wait_phase(&landed[p], 0);
-    if constexpr (!THREE_PASS) hg::gpu::add_body_words(share, s, span, first_word(p), first_word(p + 1));
+    add_body_words(share, s, span, first_word(p), first_word(p + 1));
   }
-  RowStats st;
-  if constexpr (THREE_PASS) st = three_pass_stats<T>(s, span, vocab, scratch);
-  else st = hg::gpu::block_row_stats(share, scratch);
-  const float loss = hg::gpu::write_staged_grad(s, x, span, vocab, target, inv_count[0], st);
+  const float loss =
+      hg::gpu::write_staged_grad(s, x, span, vocab, target, inv_count[0], block_row_stats(share, scratch));
   if (threadIdx.x == 0) row_loss[row] = loss;
 }
 

@@ -19,7 +19,7 @@
 #include "cuda/wgmma.cuh"
 
 #include "cuda/bulk_stage.cuh"
-#include "cuda/exp_approx.hpp"
+#include "cuda/exp_approx.cuh"
 #include "cuda/reduce.cuh"
 #include "cuda/row_ring.cuh"                // RowRing, plan_staged
 #include "cuda/softmax_staged_forward.cuh"  // the product's staged forward: the "staged, 32 / 96 KB a SM" rows
@@ -33,7 +33,7 @@ using hg::gpu::Store;
 
 constexpr int kLaneTeamBlock = 128, kMaxBlock = 1024;
 using hg::gpu::exp2_approx;
-using hg::gpu::kLog2e;                   // and exp2_approx: cuda/exp_approx.hpp, the lean exp
+using hg::gpu::kLog2e;                   // and exp2_approx: cuda/exp_approx.cuh, the lean exp
 constexpr float kMaskThreshold = -1e9f;  // core/softmax_layout.hpp's kSoftmaxMaskThreshold
 
 __device__ __forceinline__ float max_nan(float a, float b) {
