@@ -407,23 +407,12 @@ void time_shape(const std::vector<Candidate<T>>& cands, const Options& o, int64_
     for (const std::string& before : o.before) {
       reset();
       const auto row_pass = [&](int s) { c.launch(in[size_t(s)]->call(), grid); };
-      double us = 0;
-      if (before == "none") us = us_per_call(o, sets, calls, row_pass);
-      else if (before == "write")
-        us = us_after(
-            o, sets, calls,
-            [&](int s) {
-              fill_logits<T><<<prop.multiProcessorCount * 8, 512>>>(in[size_t(s)]->logits, rows * vocab, o.seed);
-            },
-            row_pass);
-      else
-        us = us_after(
-            o, sets, calls,
-            [&](int s) {
-              fill_logits<T><<<prop.multiProcessorCount * 8, 512>>>(in[size_t(s)]->logits, rows * vocab, o.seed);
-              fma_burn<<<prop.multiProcessorCount * 4, 256>>>(burn, 40000);
-            },
-            row_pass);
+      const auto fresh = [&](int s) {  // write: fresh logits; fma: then the FMA burn
+        fill_logits<T><<<prop.multiProcessorCount * 8, 512>>>(in[size_t(s)]->logits, rows * vocab, o.seed);
+        if (before == "fma") fma_burn<<<prop.multiProcessorCount * 4, 256>>>(burn, 40000);
+      };
+      const double us =
+          before == "none" ? us_per_call(o, sets, calls, row_pass) : us_after(o, sets, calls, fresh, row_pass);
       CHECK_CUDA(cudaGetLastError());
       const std::string name = before == o.before.front() ? c.name : c.name + ", " + before;
       std::printf("  %-24s %9d %8.1f %7.0f %8.1f%%%s\n", name.c_str(), c.blocks_per_sm(vocab), us, gbs(us),
