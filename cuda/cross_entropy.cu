@@ -35,9 +35,7 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits, cons
   const float log_s = block_log_sum_exp_shifted(
       vocab, m, [&](int64_t j) { return x[j]; }, scratch);
   for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) {
-    // The target's p - 1 as expm1: exact where p rounds to 1 (a confident row).
-    const float z = (x[j] - m) - log_s;
-    dx[j] = (j == target ? expm1f(z) : expf(z)) * inv_count;
+    dx[j] = softmax_grad_term((x[j] - m) - log_s, j == target) * inv_count;
   }
   if (threadIdx.x == 0) row_loss[row] = log_s - (x[target] - m);
 }

@@ -28,12 +28,6 @@ __device__ __forceinline__ int64_t target_class(float t, int64_t vocab, int64_t 
   return static_cast<int64_t>(t);
 }
 
-// g's factor for the logit at z = (x - m) - log s: p - 1 for the target, as
-// expm1 (exact where p rounds to 1, a confident row), else p.
-__device__ __forceinline__ float softmax_grad_term(float z, bool is_target) {
-  return is_target ? expm1f(z) : exp_approx(z);
-}
-
 // Two blocks of 512 share an SM (a bf16 row of 50304 takes 98 KiB of its 228).
 constexpr int kStagedThreads = 512;
 

@@ -73,6 +73,12 @@ struct ShiftedExpSum {
   }
 };
 
+// g's factor for the logit at z = (x - m) - log s: p - 1 for the target, as
+// expm1 (exact where p rounds to 1, a confident row), else p.
+__device__ __forceinline__ float softmax_grad_term(float z, bool is_target) {
+  return is_target ? expm1f(z) : exp_approx(z);
+}
+
 // A row's max m and log sum_j exp(x_j - m), m and log s kept apart.
 struct RowStats {
   float m, log_s;
