@@ -15,6 +15,7 @@
 #include "core/error.hpp"
 #include "cuda/cublas_handle.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/graph_memset_nodes.hpp"
 #include "cuda/side_stream.hpp"
 
 namespace hg::gpu {
@@ -405,6 +406,12 @@ void Graph::end_capture() {
                      __FILE__, __LINE__);
   }
   graph_ = graph;
+  try {
+    memset_nodes_to_kernels(graph);
+  } catch (...) {
+    reset();
+    throw;
+  }
   cudaGraphExec_t exec = nullptr;
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   if (inst != cudaSuccess) {

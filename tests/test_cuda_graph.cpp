@@ -114,6 +114,31 @@ TEST_CASE("gpu::Graph: a destroyed graph's blocks return to the shared cache", "
   CHECK(gpu::memory_stats().device_mallocs == mallocs);
 }
 
+// A memset captured into a graph is replayed as a kernel that writes the same
+// zeros (cuda/graph_memset_nodes.hpp): a GEMM with K = 0 clears its output
+// with a memset, here 17 x 65 floats (4420 bytes) starting 260 bytes into a
+// buffer, so neither end is 16-byte aligned; the rows around it stay as they were.
+TEST_CASE("gpu::Graph: a captured memset clears the same bytes on every replay", "[graph][cuda]") {
+  HG_REQUIRE_GPU();
+  const Tensor a = Tensor::empty({17, 0}, DType::F32, Device::CUDA);
+  const Tensor b = Tensor::empty({0, 65}, DType::F32, Device::CUDA);
+  Tensor buffer = Tensor::empty({19, 65}, DType::F32, Device::CUDA);
+  Tensor out = buffer.slice(1, 18);
+  gpu::Graph graph;
+  graph.begin_capture();
+  backend_for(Device::CUDA).gemm(a, b, out, GemmArgs{});
+  graph.end_capture();
+  for (double fill : {7.0, -3.5}) {
+    buffer.fill_(fill);
+    graph.replay();
+    const std::vector<double> got = buffer.to_vector();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool inside = i >= 65 && i < 18 * 65;
+      if (got[i] != (inside ? 0.0 : fill)) FAIL("element " << i << " is " << got[i]);
+    }
+  }
+}
+
 // gpu::Beside: the second stream starts after the work queued before it, the
 // handgrad stream continues after join() with it done, one Beside at a time,
 // and a capture takes the second stream's work into its graph.
