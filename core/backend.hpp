@@ -139,7 +139,8 @@ class Backend {
   // Embedding rows (core/indexing.hpp validates and calls these). ids holds
   // the row ids as F32 on this device; host_ids is the same list on the host,
   // every id already checked to be in [0, V). table / grad_table (V, D) and
-  // out / grad (N, D), N = host_ids.size(), all F32 or all F64.
+  // out / grad (N, D), N = host_ids.size(), all F32 or all F64; on CUDA grad
+  // may also be BF16 with an F32 grad_table (widened as it is read).
   // out[i, :] = table[ids[i], :].
   virtual void gather_rows(const Tensor& table, const Tensor& ids, const std::vector<int32_t>& host_ids,
                            Tensor& out) = 0;

@@ -74,11 +74,16 @@ void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table,
   grad.check_defined(op);
   check_same_device(op, grad, grad_table);
   check_same_device(op, ids, grad_table);
-  check_same_dtype(op, grad, grad_table);
+  // A BF16 grad may feed an F32 table (a bf16 residual stream's gradient):
+  // the CUDA kernel widens it as it reads; the CPU casts it first.
+  const bool bf16_grad = grad.dtype() == DType::BF16 && grad_table.dtype() == DType::F32;
+  HG_CHECK(grad.dtype() == grad_table.dtype() || bf16_grad, op, "grad is ", dtype_name(grad.dtype()), " but the table ",
+           dtype_name(grad_table.dtype()), "; grad must be the table's dtype, or bf16 for an f32 table");
   Shape expected = ids.shape();
   expected.push_back(grad_table.size(1));
   HG_CHECK(grad.shape() == expected, op, "grad ", grad.shape(), " must be ids.shape + (D,) = ", expected, " for ids ",
            ids.shape(), " and table ", grad_table.shape());
+  if (bf16_grad && !grad_table.is_cuda()) return scatter_add_rows(grad.to(DType::F32), ids, grad_table, check);
   if (check == IdCheck::Device && grad_table.is_cuda()) {
     ids.check_dtype(DType::F32, op);
     if (grad.numel() > 0)

@@ -46,7 +46,8 @@ Tensor gather_rows(const Tensor& table, const Tensor& ids, IdCheck check = IdChe
 
 // grad_table[ids[i], :] += grad[i, :] for every i, in increasing i for each
 // row (deterministic on every device: no float atomics). grad has shape
-// ids.shape + (D,); grad_table (V, D) is accumulated into in place.
+// ids.shape + (D,) and the table's dtype, or BF16 for an F32 table (the sums
+// of its exact F32 cast); grad_table (V, D) is accumulated into in place.
 void scatter_add_rows(const Tensor& grad, const Tensor& ids, Tensor& grad_table, IdCheck check = IdCheck::Host);
 
 }  // namespace hg

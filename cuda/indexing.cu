@@ -3,6 +3,9 @@
 #include <climits>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
+
+#include <cuda_bf16.h>
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
@@ -10,6 +13,7 @@
 #include "core/cuda_runtime.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/indexing_kernels.hpp"
+#include "cuda/vec.cuh"
 
 namespace hg::gpu {
 namespace {
@@ -29,6 +33,35 @@ __global__ void gather_rows_kernel(const T* __restrict__ table, const float* __r
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t row = row_of(ids[i / d], v);
     out[i] = row >= 0 ? table[static_cast<int64_t>(row) * d + i % d] : T(NAN);
+  }
+}
+
+// out[r, :] = Out(table[ids[r], :] + positions[r % t, :]): the embedding's
+// gather, position add and rounding to the residual stream's dtype in one
+// pass, where gather, add and cast would move the rows three times. One
+// block a row, W floats a thread (4: 16-byte loads when rows are aligned);
+// an id that names no row gives a NaN row, as gather_rows_kernel.
+template <class Out, int W>
+__global__ void embed_rows_kernel(const float* __restrict__ table, const float* __restrict__ positions,
+                                  const float* __restrict__ ids, int64_t n, int64_t t, int64_t d, int64_t v,
+                                  Out* __restrict__ out) {
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const int32_t row = row_of(ids[r], v);
+    const float* token = table + static_cast<int64_t>(row) * d;
+    const float* position = positions + (r % t) * d;
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * W; c < d; c += static_cast<int64_t>(blockDim.x) * W) {
+      float sum[W], p[W];
+      load_vec<W>(position + c, p);
+      if (row >= 0) {
+        load_vec<W>(token + c, sum);
+      } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) sum[k] = NAN;
+      }
+#pragma unroll
+      for (int k = 0; k < W; ++k) sum[k] += p[k];
+      store_vec<W>(out + r * d + c, sum);
+    }
   }
 }
 
@@ -60,36 +93,71 @@ __global__ void row_keys_kernel(const float* __restrict__ ids, int64_t n, int64_
   }
 }
 
-// One thread owns grad_table[v, col]: it sums the grad rows of its positions
-// in ascending order, then adds once. No two threads touch the same element.
+// One thread owns W columns of grad_table[v, :]: it sums the grad rows of
+// its positions in ascending order, then adds once. No two threads touch the
+// same element, and each column's sum runs in the same order whatever W is.
 // The grid runs over the sorted positions (rows: the row of each, ascending),
 // and only the first position of each row's run works, so rows no position
 // names cost no block (a batch names a few thousand of GPT-2's 50304 rows).
-// Real text is skewed (a space, "the", a comma own thousands of a batch's
-// positions), and one load at a time would keep such a row's threads waiting
-// on memory latency thousands of times in a row: the loads of kInFlight
-// positions are issued before their adds, which still run in position order.
+// W is 16 bytes of grad (8 bf16, 4 f32) where rows are aligned: one block
+// of D / W threads covers a row, where one column a thread took six blocks
+// of 128 threads for GPT-2's 768, and the block launches, not the bytes, set
+// the time. Real text is skewed (a space, "the", a comma own thousands of a
+// batch's positions), and one load at a time would keep such a row's
+// threads waiting on memory latency thousands of times in a row: the loads
+// of kInFlight positions are issued before their adds, which still run in
+// position order. A bf16 grad is widened (exactly) as it is read: the sums
+// of its float32 cast, without the cast's pass.
 constexpr int kInFlight = 8;
-template <class T>
-__global__ void scatter_add_rows_kernel(const T* __restrict__ grad, const int32_t* __restrict__ rows,
+
+// W elements read or written as one access (16-byte aligned when W > 1).
+template <class E, int W>
+struct alignas(W > 1 ? 16 : alignof(E)) Piece {
+  E v[W];
+};
+
+template <class G, class T>
+__device__ __forceinline__ T widened(G g) {
+  if constexpr (std::is_same_v<G, __nv_bfloat16>) return __bfloat162float(g);
+  else return g;
+}
+
+template <class G, class T, int W>
+__global__ void scatter_add_rows_kernel(const G* __restrict__ grad, const int32_t* __restrict__ rows,
                                         const int32_t* __restrict__ offsets, const int32_t* __restrict__ positions,
                                         int64_t v, int64_t d, T* __restrict__ grad_table) {
+  using GradPiece = Piece<G, W>;
   const int32_t first = blockIdx.x;
-  const int64_t col = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t col = (blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x) * W;
   const int32_t r = rows[first];
   if (col >= d || r >= v || (first > 0 && rows[first - 1] == r)) return;
   const int32_t end = offsets[r + 1];
-  T acc = 0;
+  auto piece = [&](int32_t j) {
+    return *reinterpret_cast<const GradPiece*>(grad + static_cast<int64_t>(positions[j]) * d + col);
+  };
+  T acc[W] = {};
   int32_t j = first;
   for (; j + kInFlight <= end; j += kInFlight) {
-    T g[kInFlight];
+    GradPiece g[kInFlight];
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) g[k] = grad[static_cast<int64_t>(positions[j + k]) * d + col];
+    for (int k = 0; k < kInFlight; ++k) g[k] = piece(j + k);
 #pragma unroll
-    for (int k = 0; k < kInFlight; ++k) acc += g[k];
+    for (int k = 0; k < kInFlight; ++k)
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc[e] += widened<G, T>(g[k].v[e]);
   }
-  for (; j < end; ++j) acc += grad[static_cast<int64_t>(positions[j]) * d + col];
-  grad_table[r * d + col] += acc;
+  for (; j < end; ++j) {
+    const GradPiece g = piece(j);
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[e] += widened<G, T>(g.v[e]);
+  }
+  // The table's W columns: 16-byte words for bf16 and f32 grads (W 8 and 4
+  // of f32, W 2 of f64); scalars when W is 1.
+  auto* row = reinterpret_cast<Piece<T, W>*>(grad_table + r * d + col);
+  Piece<T, W> sum = *row;
+#pragma unroll
+  for (int e = 0; e < W; ++e) sum.v[e] += acc[e];
+  *row = sum;
 }
 
 struct DeviceFree {
@@ -122,6 +190,32 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
+template <class Out, int W>
+void launch_embed_rows(const Tensor& table, const Tensor& positions, const Tensor& ids, int64_t t, Out* out) {
+  const int64_t n = ids.numel(), d = table.size(1);
+  const int64_t lanes = (d / W + 31) / 32 * 32;
+  const int threads = static_cast<int>(lanes < 256 ? lanes : 256);
+  const int blocks = static_cast<int>(n < (int64_t{1} << 20) ? n : (int64_t{1} << 20));
+  embed_rows_kernel<Out, W><<<blocks, threads, 0, stream()>>>(table.data<float>(), positions.data<float>(),
+                                                              ids.data<float>(), n, t, d, table.size(0), out);
+  HG_CUDA_CHECK_LAUNCH("embed_rows_kernel");
+}
+
+template <class Out>
+void embed_rows_as(const Tensor& table, const Tensor& positions, const Tensor& ids, int64_t t, Out* out) {
+  const bool vector =
+      table.size(1) % 4 == 0 && aligned16(table.data<float>()) && aligned16(positions.data<float>()) && aligned16(out);
+  if (vector) launch_embed_rows<Out, 4>(table, positions, ids, t, out);
+  else launch_embed_rows<Out, 1>(table, positions, ids, t, out);
+}
+
+void embed_rows_cuda(const Tensor& table, const Tensor& positions, const Tensor& ids, Tensor& out) {
+  if (ids.numel() == 0) return;
+  const int64_t t = positions.size(0);
+  if (out.dtype() == DType::BF16) embed_rows_as(table, positions, ids, t, static_cast<__nv_bfloat16*>(out.raw_data()));
+  else embed_rows_as(table, positions, ids, t, out.data<float>());
+}
+
 std::vector<int64_t> count_bad_indices_cuda(const std::vector<IndexSet>& sets) {
   // Slot i (8 bytes) holds set i's count, an integer.
   Tensor counts = Tensor::zeros({static_cast<int64_t>(sets.size())}, DType::F64, Device::CUDA);
@@ -142,20 +236,34 @@ std::vector<int64_t> count_bad_indices_cuda(const std::vector<IndexSet>& sets) {
 
 // The sums of the n sorted positions `pos` (row `rows[i]` each; rows
 // ascending, v for an id that names no row; offsets: each row's first slot).
+template <class G, class T, int W>
+void launch_scatter_as(const G* grad, const int32_t* rows, const int32_t* off, const int32_t* pos, int64_t n, int64_t v,
+                       int64_t d, T* grad_table) {
+  const int64_t pieces = (d + W - 1) / W, lanes = (pieces + 31) / 32 * 32;
+  const int threads = static_cast<int>(lanes < 256 ? lanes : 256);
+  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((pieces + threads - 1) / threads));
+  scatter_add_rows_kernel<G, T, W><<<grid, threads, 0, stream()>>>(grad, rows, off, pos, v, d, grad_table);
+  HG_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
+}
+
+// 16 bytes of grad a thread where every row starts 16-byte aligned.
+template <class G, class T>
+void launch_scatter_typed(const Tensor& grad, const int32_t* rows, const int32_t* off, const int32_t* pos, int64_t n,
+                          Tensor& grad_table) {
+  constexpr int W = 16 / sizeof(G);
+  const int64_t v = grad_table.size(0), d = grad_table.size(1);
+  const auto* g = static_cast<const G*>(grad.raw_data());
+  auto* table = static_cast<T*>(grad_table.raw_data());
+  if (d % W == 0 && aligned16(g) && aligned16(table)) launch_scatter_as<G, T, W>(g, rows, off, pos, n, v, d, table);
+  else launch_scatter_as<G, T, 1>(g, rows, off, pos, n, v, d, table);
+}
+
 static void launch_scatter(const Tensor& grad, const int32_t* rows, const int32_t* off, const int32_t* pos, int64_t n,
                            Tensor& grad_table) {
   if (n == 0) return;
-  const int64_t v = grad_table.size(0), d = grad_table.size(1);
-  const int threads = 128;
-  const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((d + threads - 1) / threads));
-  if (grad.dtype() == DType::F32) {
-    scatter_add_rows_kernel<float>
-        <<<grid, threads, 0, stream()>>>(grad.data<float>(), rows, off, pos, v, d, grad_table.data<float>());
-  } else {
-    scatter_add_rows_kernel<double>
-        <<<grid, threads, 0, stream()>>>(grad.data<double>(), rows, off, pos, v, d, grad_table.data<double>());
-  }
-  HG_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
+  if (grad.dtype() == DType::BF16) launch_scatter_typed<__nv_bfloat16, float>(grad, rows, off, pos, n, grad_table);
+  else if (grad.dtype() == DType::F32) launch_scatter_typed<float, float>(grad, rows, off, pos, n, grad_table);
+  else launch_scatter_typed<double, double>(grad, rows, off, pos, n, grad_table);
 }
 
 void scatter_add_rows_cuda(const Tensor& grad, const std::vector<int32_t>& rows, Tensor& grad_table) {

@@ -140,6 +140,7 @@ void column_sum(const Tensor&, int64_t, int64_t, int64_t, const Tensor&, bool) {
 void gemm_lt(const Tensor&, const Tensor&, Tensor&, const GemmArgs&, const MatmulShape&) { no_cuda("gpu::gemm_lt"); }
 
 void gather_rows_cuda(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("gpu::gather_rows_cuda"); }
+void embed_rows_cuda(const Tensor&, const Tensor&, const Tensor&, Tensor&) { no_cuda("gpu::embed_rows_cuda"); }
 void scatter_add_rows_cuda_device_ids(const Tensor&, const Tensor&, Tensor&) {
   no_cuda("gpu::scatter_add_rows_cuda_device_ids");
 }

@@ -51,7 +51,8 @@ Tensor DecoderLM::forward(const Tensor& ids, const Tensor& key_padding_mask) {
 
 Tensor DecoderLM::forward_features(const Tensor& ids, const Tensor& key_padding_mask) {
   values_needed(embed);
-  const Tensor h = embed_drop.forward(embed.forward(ids));
+  // The embedding emits the layers' dtype: a bf16 stream's input in the same pass.
+  const Tensor h = embed_drop.forward(embed.forward(ids, layers_dtype()));
   const Tensor features = features_of_embedded(h, key_padding_mask);
   embedded_from_ids_ = true;
   return features;
@@ -88,13 +89,13 @@ Tensor DecoderLM::head_logits(const Tensor& features) {
       .reshape({features.size(0), features.size(1), config_.vocab_size});
 }
 
-DType DecoderLM::kv_cache_dtype() {
+DType DecoderLM::layers_dtype() {
   return config_.precision == Precision::BF16 ? DType::BF16 : embed.token.value.dtype();
 }
 
 KvCache DecoderLM::make_kv_cache(int64_t batch) {
   return KvCache(config_.n_layers, batch, config_.n_heads, config_.d_model / config_.n_heads, config_.max_seq_len,
-                 kv_cache_dtype(), embed.token.value.device());
+                 layers_dtype(), embed.token.value.device());
 }
 
 Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLogits which) {
@@ -104,7 +105,7 @@ Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLog
   const int64_t b = ids_in.size(0), t = ids_in.size(1), d = config_.d_model;
   const Device dev = embed.token.value.device();
   HG_CHECK(cache.layers() == config_.n_layers && cache.batch() == b && cache.heads() == config_.n_heads &&
-               cache.head_dim() == d / config_.n_heads && cache.dtype() == kv_cache_dtype() && cache.device() == dev,
+               cache.head_dim() == d / config_.n_heads && cache.dtype() == layers_dtype() && cache.device() == dev,
            op, "the cache (", cache.layers(), " layers, batch ", cache.batch(), ", ", cache.heads(), " heads of ",
            cache.head_dim(), ", ", dtype_name(cache.dtype()), " on ", device_name(cache.device()),
            ") does not fit this model and ids ", ids_in.shape(), ": make it with make_kv_cache(", b, ")");
@@ -114,8 +115,7 @@ Tensor DecoderLM::forward_cached(const Tensor& ids_in, KvCache& cache, CachedLog
            " positions: crop the context to its last tokens, reset the cache and prefill again (generate() does)");
   check_precision_supported(config_.precision, dev, op);
   values_needed(embed);
-  Tensor x = embed.apply(ids_in.to(dev), start);
-  if (config_.precision == Precision::BF16) x = x.to(DType::BF16);
+  Tensor x = embed.apply(ids_in.to(dev), start, layers_dtype());
   for (size_t i = 0; i < layers.size(); ++i) {
     values_needed(*layers[i]);
     x = layers[i]->forward_cached(x, cache, static_cast<int64_t>(i));

@@ -47,9 +47,10 @@ struct DecoderLMConfig {
 // Each layer's last residual add runs in the next LayerNorm's pass (the next
 // layer's LN1, or LN_f): TransformerLayer::forward_stream.
 // Under bf16 precision the embedding sum stays f32 and is rounded to bf16
-// once at the entry of forward_embedded; the layers, LN_f, the head and the
+// once, by the embedding itself (forward) or at the entry of
+// forward_embedded (an f32 h); dropout, the layers, LN_f, the head and the
 // logits then run in bf16 (docs/mixed_precision.md). backward returns the
-// gradient at h in h's own dtype.
+// gradient at h in h's own dtype: bf16 after forward() under bf16 precision.
 class DecoderLM : public Module {
  private:
   // Declared first so they exist before the modules that are built from them.
@@ -120,7 +121,7 @@ class DecoderLM : public Module {
   Tensor features_of_embedded(const Tensor& h, const Tensor& key_padding_mask);  // layers, then ln_f
   Tensor head_logits(const Tensor& features);                                    // (B, T, d) -> (B, T, V)
   // What the layers run in and the cache holds: bf16 under bf16 precision, else the weights' dtype.
-  DType kv_cache_dtype();
+  DType layers_dtype();
   void grads_ready(Module& finished) {
     if (grads_ready_) grads_ready_(finished.parameters());
   }

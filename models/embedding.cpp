@@ -4,7 +4,7 @@
 
 #include "core/indexing.hpp"
 #include "core/profiler.hpp"
-#include "core/tensor_functions.hpp"
+#include "ops/embedding.hpp"
 
 namespace hg {
 
@@ -16,13 +16,17 @@ Embedding::Embedding(int64_t vocab_size, int64_t max_positions, int64_t dim, Gen
   register_parameter("position", position, Tensor::randn({max_positions, dim}, gen, dtype, Device::CPU, 0.0, init_std));
 }
 
-Tensor Embedding::forward(const Tensor& ids) {
-  Tensor out = apply(ids, 0);
+Tensor Embedding::forward(const Tensor& ids) { return forward(ids, token.value.dtype()); }
+
+Tensor Embedding::forward(const Tensor& ids, DType out_dtype) {
+  Tensor out = apply(ids, 0, out_dtype);
   ids_ = ids;
   return out;
 }
 
-Tensor Embedding::apply(const Tensor& ids, int64_t start) {
+Tensor Embedding::apply(const Tensor& ids, int64_t start) { return apply(ids, start, token.value.dtype()); }
+
+Tensor Embedding::apply(const Tensor& ids, int64_t start, DType out_dtype) {
   const char* op = "Embedding::forward";
   ids.check_defined(op);
   HG_CHECK(ids.ndim() == 2, op, "ids must be (B, T), got ", ids.shape());
@@ -32,8 +36,7 @@ Tensor Embedding::apply(const Tensor& ids, int64_t start) {
            start > 0 ? std::to_string(start) : "", " exceeds max_positions ", position.value.size(0), " (ids ",
            ids.shape(), ")");
   HG_PROFILE("embedding", ids.device());
-  // (B, T, D) + (T, D) broadcasts the position rows over the batch.
-  return add(gather_rows(token.value, ids, id_check_), position.value.slice(start, start + t));
+  return embedding_forward(token.value, position.value.slice(start, start + t), ids, out_dtype, id_check_);
 }
 
 void Embedding::backward(const Tensor& dy) {
@@ -42,11 +45,10 @@ void Embedding::backward(const Tensor& dy) {
   const int64_t b = ids_.size(0), t = ids_.size(1), d = token.value.size(1);
   HG_CHECK(dy.shape() == Shape({b, t, d}), op, "dy ", dy.shape(), " must be (B, T, D) = ", Shape({b, t, d}));
   HG_PROFILE("embedding", dy.device());
-  if (!token_rows_sink_ || !token_rows_sink_(ids_, dy)) scatter_add_rows(dy, ids_, token.grad, id_check_);
-  // Position t's gradient is the sum over the batch; its rows [0, T) of the table.
-  Tensor dpos = sum(dy, 0);
-  Tensor pos_grad_rows = position.grad.slice(0, t);
-  pos_grad_rows.copy_(add(pos_grad_rows, dpos));
+  // A sink takes the token rows as the tables' dtype.
+  const bool sunk = token_rows_sink_ && token_rows_sink_(ids_, dy.to(token.grad.dtype()));
+  Tensor position_rows = position.grad.slice(0, t);  // position t's gradient: rows [0, T) of the table
+  embedding_backward(dy, ids_, sunk ? nullptr : &token.grad, position_rows, id_check_);
 }
 
 }  // namespace hg

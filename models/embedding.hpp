@@ -17,11 +17,17 @@ class Embedding : public Module {
   Embedding(int64_t vocab_size, int64_t max_positions, int64_t dim, Generator& gen, DType dtype = DType::F32,
             double init_std = 0.02);
 
-  Tensor forward(const Tensor& ids);  // (B, T) -> (B, T, dim)
+  // (B, T) -> (B, T, dim) in the tables' dtype, or in out_dtype: BF16 for
+  // F32 tables gives a bf16 residual stream its input in the same pass
+  // (ops/embedding.hpp).
+  Tensor forward(const Tensor& ids);
+  Tensor forward(const Tensor& ids, DType out_dtype);
   // For inference: positions start..start+T-1 (a key/value cache's next
   // positions), nothing kept for a backward. forward() is apply(ids, 0).
   Tensor apply(const Tensor& ids, int64_t start);
-  // Accumulates into both tables; ids are not differentiable, so nothing is returned.
+  Tensor apply(const Tensor& ids, int64_t start, DType out_dtype);
+  // Accumulates into both tables; ids are not differentiable, so nothing is
+  // returned. dy in the tables' dtype, or BF16 for F32 tables.
   void backward(const Tensor& dy);
 
   Parameter token;     // (vocab, dim)

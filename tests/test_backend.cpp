@@ -622,6 +622,7 @@ TEST_CASE("without CUDA every GPU entry point throws an hg::Error naming it", "[
       {"gpu::softmax_backward_fused", [&] { hg::gpu::softmax_backward_fused(t, t, 2, 4, 1.0f, t); }},
       {"gpu::cross_entropy_fused", [&] { hg::gpu::cross_entropy_fused(t, v, 2, 4, -100, 0.5f, t, t); }},
       {"gpu::gather_rows_cuda", [&] { hg::gpu::gather_rows_cuda(t, v, 2, t); }},
+      {"gpu::embed_rows_cuda", [&] { hg::gpu::embed_rows_cuda(t, t, v, t); }},
       {"gpu::scatter_add_rows_cuda",
        [&] {
          hg::gpu::scatter_add_rows_cuda(t, {0, 1}, t);
