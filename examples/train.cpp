@@ -514,19 +514,20 @@ void validate(Options& o) {
       usage_error("--checkpoint", o.checkpoint, ": --eval-only needs an existing checkpoint, and there is none");
     return;
   }
-  if (!o.plot.empty() && !cli::plots_available()) {
-    spdlog::warn("--plot {} skipped: {}", o.plot, cli::plots_unavailable_reason());
-    o.plot.clear();
-  }
   const auto ends_with = [](const std::string& s, const char* suffix) {
     const std::string x(suffix);
     return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
   };
+  // A bad --plot is refused on every build, so a run without plots fails as one with them would.
   if (!o.plot.empty() && !ends_with(o.plot, ".png") && !ends_with(o.plot, ".svg"))
     usage_error("--plot", o.plot, ": the name must end in .png or .svg");
   cli::check_writable(o.log_csv, "--log-csv");
   cli::check_writable(o.plot, "--plot");
   if (o.task == "translate" && !o.plot.empty()) cli::check_writable(bleu_plot_path(o.plot), "--plot");
+  if (!o.plot.empty() && !cli::plots_available()) {
+    spdlog::warn("--plot {} skipped: {}", o.plot, cli::plots_unavailable_reason());
+    o.plot.clear();
+  }
   if (!o.checkpoint.empty()) {
     cli::check_writable(o.checkpoint, "--checkpoint");
     cli::check_writable(o.checkpoint + ".optim", "--checkpoint");
