@@ -13,6 +13,7 @@
 // NaN and an overflow to inf.
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "core/indexing.hpp"
@@ -61,6 +62,14 @@ Tables make_tables(const Case& c, Generator& g) {
   return s;
 }
 
+// v rounded to the nearest f32, past the largest one to +-inf (a conversion
+// out of float's range is undefined in C++, not inf).
+float rounded_to_f32(double v) {
+  const float inf = std::numeric_limits<float>::infinity();
+  if (std::abs(v) >= 0x1p128 - 0x1p103) return v > 0 ? inf : -inf;
+  return static_cast<float>(v);
+}
+
 // The float64 sum of each pair, rounded to f32, then to `out`.
 Tensor reference_forward(const Case& c, const Tables& s, DType out) {
   const std::vector<double> token = s.token.to_vector(), pos = s.positions_all.to_vector(), ids = s.ids.to_vector();
@@ -68,7 +77,7 @@ Tensor reference_forward(const Case& c, const Tables& s, DType out) {
   for (int64_t r = 0; r < c.b * c.t; ++r)
     for (int64_t j = 0; j < c.d; ++j)
       ref[r * c.d + j] =
-          static_cast<float>(token[static_cast<size_t>(ids[r]) * c.d + j] + pos[(c.start + r % c.t) * c.d + j]);
+          rounded_to_f32(token[static_cast<size_t>(ids[r]) * c.d + j] + pos[(c.start + r % c.t) * c.d + j]);
   return Tensor::from_vector(ref, {c.b, c.t, c.d}, DType::F32).to(out);
 }
 
