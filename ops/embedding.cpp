@@ -67,13 +67,14 @@ void embedding_backward(const Tensor& dy, const Tensor& ids, Tensor* token_grad,
       dtype_name(table));
   check_same_device(kBackward, dy, positions_grad);
   check_same_device(kBackward, ids, positions_grad);
-  if (!use_fused_kernel(positions_grad)) {
-    const Tensor g = dy.to(table);
-    if (token_grad) scatter_add_rows(g, ids, *token_grad, check);
+  // The fused path reads a bf16 dy as it is; the composition sums in the tables' dtype.
+  const bool fused = use_fused_kernel(positions_grad);
+  const Tensor g = fused ? dy : dy.to(table);
+  if (token_grad) scatter_add_rows(g, ids, *token_grad, check);
+  if (!fused) {
     positions_grad.copy_(add(positions_grad, sum(g, 0)));
     return;
   }
-  if (token_grad) scatter_add_rows(dy, ids, *token_grad, check);
   if (dy.numel() == 0) return;
   // dy as (B, T D): the position gradient is its column sums.
   gpu::column_sum(dy, b, t * d, t * d, positions_grad.reshape({t * d}), /*accumulate=*/true);
