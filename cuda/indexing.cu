@@ -190,11 +190,17 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
   HG_CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
+// Threads for a block that covers one row of `pieces` per-thread pieces:
+// whole warps, at most 256 (a longer row takes several blocks or strides).
+int row_block_threads(int64_t pieces) {
+  const int64_t lanes = (pieces + 31) / 32 * 32;
+  return static_cast<int>(lanes < 256 ? lanes : 256);
+}
+
 template <class Out, int W>
 void launch_embed_rows(const Tensor& table, const Tensor& positions, const Tensor& ids, int64_t t, Out* out) {
   const int64_t n = ids.numel(), d = table.size(1);
-  const int64_t lanes = (d / W + 31) / 32 * 32;
-  const int threads = static_cast<int>(lanes < 256 ? lanes : 256);
+  const int threads = row_block_threads((d + W - 1) / W);
   const int blocks = static_cast<int>(n < (int64_t{1} << 20) ? n : (int64_t{1} << 20));
   embed_rows_kernel<Out, W><<<blocks, threads, 0, stream()>>>(table.data<float>(), positions.data<float>(),
                                                               ids.data<float>(), n, t, d, table.size(0), out);
@@ -239,8 +245,8 @@ std::vector<int64_t> count_bad_indices_cuda(const std::vector<IndexSet>& sets) {
 template <class G, class T, int W>
 void launch_scatter_as(const G* grad, const int32_t* rows, const int32_t* off, const int32_t* pos, int64_t n, int64_t v,
                        int64_t d, T* grad_table) {
-  const int64_t pieces = (d + W - 1) / W, lanes = (pieces + 31) / 32 * 32;
-  const int threads = static_cast<int>(lanes < 256 ? lanes : 256);
+  const int64_t pieces = (d + W - 1) / W;
+  const int threads = row_block_threads(pieces);
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((pieces + threads - 1) / threads));
   scatter_add_rows_kernel<G, T, W><<<grid, threads, 0, stream()>>>(grad, rows, off, pos, v, d, grad_table);
   HG_CUDA_CHECK_LAUNCH("scatter_add_rows_kernel");
