@@ -192,7 +192,7 @@ void gather_rows_cuda(const Tensor& table, const Tensor& ids, int64_t n, Tensor&
 
 // Threads for a block that covers one row of `pieces` per-thread pieces:
 // whole warps, at most 256 (a longer row takes several blocks or strides).
-int row_block_threads(int64_t pieces) {
+static int row_block_threads(int64_t pieces) {
   const int64_t lanes = (pieces + 31) / 32 * 32;
   return static_cast<int>(lanes < 256 ? lanes : 256);
 }
