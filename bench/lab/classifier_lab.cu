@@ -9,6 +9,7 @@
 //
 //   classifier_lab                                   check, then rows 2560 and 8192 at V 50304, bf16
 //   classifier_lab --variants production,one_pass                   three passes against the one-pass stats
+//   classifier_lab --variants production,bias_stage --rows 2560     the head's bias added in the row pass
 //   classifier_lab --variants production,persistent2 --threads 1024 --rows 2560
 //   classifier_lab --check-only --dtypes bf16,f32
 //   classifier_lab --variants production --rows 2560 --before write,none,fma   fresh logits, reused g, after FMAs
@@ -36,7 +37,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 using lab::kIgnoreIndex;
 
-const std::vector<std::string> kVariants{"production", "one_pass", "pieces_online", "persistent2"};
+const std::vector<std::string> kVariants{"production", "bias_stage", "one_pass", "pieces_online", "persistent2"};
 
 struct Options {
   std::vector<std::string> variants = kVariants, dtypes{"bf16"};
@@ -62,7 +63,7 @@ void print_help() {
   std::printf(
       "classifier_lab: the classifier's row pass (max, log-sum-exp, loss, g over the logits) as production runs\n"
       "it and as the lab's candidates do, checked against float64 and timed.\n"
-      "  --variants A,B,...   of production, one_pass, pieces_online, persistent2 (default all)\n"
+      "  --variants A,B,...   of production, bias_stage, one_pass, pieces_online, persistent2 (default all)\n"
       "  --rows N[,...]       timed rows (default 2560,8192)\n"
       "  --vocab N[,...]      timed vocabularies (default 50304)\n"
       "  --dtypes bf16,f32    logits dtype (default bf16)\n"
@@ -120,12 +121,15 @@ using RowKernel = void (*)(T*, const float*, int64_t, int64_t, const float*, flo
 template <class T>
 using PiecesKernel = void (*)(T*, const float*, int64_t, int64_t, const float*, float*, int);
 template <class T>
+using BiasKernel = void (*)(T*, const T*, const float*, int64_t, int64_t, const float*, float*);
+template <class T>
 using LoopKernel = void (*)(T*, const float*, int64_t, int64_t, const float*, float*, int64_t, uint32_t);
 
 // One call's device arguments.
 template <class T>
 struct Call {
   T* logits;
+  const T* bias;  // V zeros at the rows' alignment: what bias_stage adds
   const float* targets;
   const float* inv_count;
   float* row_loss;
@@ -140,11 +144,13 @@ struct Candidate {
   RowKernel<T> row = nullptr;        // production: a block per row
   PiecesKernel<T> pieces = nullptr;  // one_pass (1 piece), pieces_online: a block per row
   int n_pieces = 1;
-  LoopKernel<T> loop = nullptr;  // persistent: `grid` blocks walk the rows
-  std::string failure;           // the first failed check; a failed candidate is never the fastest
+  LoopKernel<T> loop = nullptr;    // persistent: `grid` blocks walk the rows
+  BiasKernel<T> biased = nullptr;  // bias_stage: a block per row, the bias added
+  std::string failure;             // the first failed check; a failed candidate is never the fastest
 
   const void* fn() const {
     return row      ? reinterpret_cast<const void*>(row)
+           : biased ? reinterpret_cast<const void*>(biased)
            : pieces ? reinterpret_cast<const void*>(pieces)
                     : reinterpret_cast<const void*>(loop);
   }
@@ -165,6 +171,9 @@ struct Candidate {
     const size_t bytes = smem(a.vocab);
     if (row) {
       row<<<unsigned(a.rows), threads, bytes>>>(a.logits, a.targets, a.vocab, kIgnoreIndex, a.inv_count, a.row_loss);
+    } else if (biased) {
+      biased<<<unsigned(a.rows), threads, bytes>>>(a.logits, a.bias, a.targets, a.vocab, kIgnoreIndex, a.inv_count,
+                                                   a.row_loss);
     } else if (pieces) {
       pieces<<<unsigned(a.rows), threads, bytes>>>(a.logits, a.targets, a.vocab, kIgnoreIndex, a.inv_count, a.row_loss,
                                                    n_pieces);
@@ -186,6 +195,14 @@ std::vector<Candidate<T>> candidates(const Options& o) {
   constexpr int kRowThreads = hg::gpu::kStagedThreads;
   for (const std::string& v : o.variants) {
     if (v == "production") out.push_back({v, kRowThreads, hg::gpu::lse_rows_grad_staged<T>});
+    if (v == "bias_stage") {
+      Candidate<T> c{v + "/1", kRowThreads};
+      c.biased = lab::lse_rows_grad_bias_stage<T, 1>;
+      out.push_back(c);
+      c.name = v + "/4";
+      c.biased = lab::lse_rows_grad_bias_stage<T, 4>;
+      out.push_back(c);
+    }
     if (v == "one_pass") out.push_back({v, kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, 1});
     if (v == "pieces_online")
       out.push_back({v + "/" + std::to_string(o.pieces), kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, o.pieces});
@@ -203,25 +220,28 @@ template <class T>
 struct DeviceRows {
   T* base = nullptr;  // shift + n elements
   T* logits = nullptr;
+  T* bias = nullptr;  // shift + V zeros
   float *targets = nullptr, *inv_count = nullptr, *row_loss = nullptr;
   int64_t rows = 0, vocab = 0;
 
   DeviceRows(int64_t rows_, int64_t vocab_, int64_t shift) : rows(rows_), vocab(vocab_) {
     CHECK_CUDA(cudaMalloc(&base, size_t(shift + rows * vocab) * sizeof(T)));
+    CHECK_CUDA(cudaMalloc(&bias, size_t(shift + vocab) * sizeof(T)));
+    CHECK_CUDA(cudaMemset(bias, 0, size_t(shift + vocab) * sizeof(T)));
     CHECK_CUDA(cudaMalloc(&targets, size_t(rows) * sizeof(float)));
     CHECK_CUDA(cudaMalloc(&inv_count, sizeof(float)));
     CHECK_CUDA(cudaMalloc(&row_loss, size_t(rows) * sizeof(float)));
     logits = base + shift;
   }
   ~DeviceRows() {
-    for (void* p : {static_cast<void*>(base), static_cast<void*>(targets), static_cast<void*>(inv_count),
-                    static_cast<void*>(row_loss)})
+    for (void* p : {static_cast<void*>(base), static_cast<void*>(bias), static_cast<void*>(targets),
+                    static_cast<void*>(inv_count), static_cast<void*>(row_loss)})
       CHECK_CUDA(cudaFree(p));
   }
   DeviceRows(const DeviceRows&) = delete;
   DeviceRows& operator=(const DeviceRows&) = delete;
   size_t bytes() const { return size_t(rows * vocab) * sizeof(T); }
-  Call<T> call() const { return {logits, targets, inv_count, row_loss, rows, vocab}; }
+  Call<T> call() const { return {logits, bias + (logits - base), targets, inv_count, row_loss, rows, vocab}; }
   void set_targets(const std::vector<float>& t, float inv) const {
     CHECK_CUDA(cudaMemcpy(targets, t.data(), t.size() * sizeof(float), cudaMemcpyHostToDevice));
     CHECK_CUDA(cudaMemcpy(inv_count, &inv, sizeof(float), cudaMemcpyHostToDevice));

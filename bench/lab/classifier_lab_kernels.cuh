@@ -16,6 +16,10 @@
 //                   through two stages: the next row's bulk copy travels while
 //                   the current row is reduced (the product's passes) and its
 //                   g stored.
+//   bias_stage      the product's kernel with the head's bias added to the
+//                   shared copy once it lands (U words of bias loaded per
+//                   thread before any is added), so the head's forward GEMM
+//                   could run without its bias epilogue.
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -78,6 +82,16 @@ __device__ __forceinline__ void add_body_words(OnlineExpSum& share, const T* s, 
 // nearly equal runs of 16-byte words, each counted against its own barrier;
 // the one-pass stats take each piece as it lands, then the product's g
 // pass. One piece: one_pass.
+// Every thread: an ignored row (target -1) gets g = 0 and loss 0; whether it was one.
+template <class T>
+__device__ __forceinline__ bool ignored_row_zeroed(T* x, const RowSpan& span, int64_t vocab, int64_t target,
+                                                   float* loss) {
+  if (target != -1) return false;
+  hg::gpu::zero_row(x, span, vocab);
+  if (threadIdx.x == 0) *loss = 0.f;
+  return true;
+}
+
 template <class T>
 __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
     lse_rows_grad_pieces(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
@@ -89,11 +103,7 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
   T* x = logits + row * vocab;
   const RowSpan span = hg::gpu::row_span_of(x, vocab);
   const int64_t target = hg::gpu::target_class(targets[row], vocab, ignore_index);
-  if (target == -1) {
-    hg::gpu::zero_row(x, span, vocab);
-    if (threadIdx.x == 0) row_loss[row] = 0.f;
-    return;
-  }
+  if (ignored_row_zeroed(x, span, vocab, target, row_loss + row)) return;
   constexpr int W = VecWidth<T>::value;
   T* s = hg::gpu::stage_copy_of(staged_row, x);
   const int64_t words = body_words<T>(span);
@@ -206,6 +216,61 @@ __global__ void __launch_bounds__(THREADS, 1)
       edges.store(stage_of(k + 1), hg::gpu::row_span_of(xn, vocab), vocab);
     }
   }
+}
+
+// The product's lse_rows_grad_staged with bias[j] added to the shared copy
+// (float32 sum rounded to T) before the passes. Each thread loads U of its
+// bias words before adding any, so U loads from L2 are in flight at once.
+template <class T, int U>
+__global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
+    lse_rows_grad_bias_stage(T* logits, const T* __restrict__ bias, const float* __restrict__ targets, int64_t vocab,
+                             int64_t ignore_index, const float* __restrict__ inv_count, float* __restrict__ row_loss) {
+  extern __shared__ __align__(128) unsigned char staged_row[];
+  __shared__ float scratch[32];
+  __shared__ uint64_t landed;
+  constexpr int W = VecWidth<T>::value;
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * vocab;
+  const RowSpan span = hg::gpu::row_span_of(x, vocab);
+  const int64_t target = hg::gpu::target_class(targets[row], vocab, ignore_index);
+  if (ignored_row_zeroed(x, span, vocab, target, row_loss + row)) return;
+  T* s = hg::gpu::stage_copy_of(staged_row, x);
+  const bool bulk = hg::gpu::body_bytes<T>(span) > 0;
+  if (threadIdx.x == 0 && bulk) hg::gpu::stage_barrier_init(&landed);
+  __syncthreads();
+  if (threadIdx.x == 0 && bulk) hg::gpu::issue_body(s, x, span, &landed);
+  hg::gpu::for_edges(span, vocab,
+                     [&](int64_t j) { s[j] = hg::gpu::from_f<T>(hg::gpu::to_f(x[j]) + hg::gpu::to_f(bias[j])); });
+  const bool words = (reinterpret_cast<uintptr_t>(bias) - reinterpret_cast<uintptr_t>(x)) % 16 == 0;
+  const int64_t stride = int64_t(W) * blockDim.x;
+  if (bulk) hg::gpu::stage_wait(&landed, 0);
+  for (int64_t j0 = span.head + int64_t(W) * threadIdx.x; j0 < span.body_end; j0 += U * stride) {
+    float b[U][W];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = j0 + u * stride;
+      if (j >= span.body_end) break;
+      if (words) {
+        hg::gpu::load_vec<W, hg::gpu::Load::ReadOnly>(bias + j, b[u]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) b[u][k] = hg::gpu::to_f(bias[j + k]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t j = j0 + u * stride;
+      if (j >= span.body_end) break;
+      float v[W];
+      hg::gpu::load_vec<W>(s + j, v);
+#pragma unroll
+      for (int k = 0; k < W; ++k) v[k] += b[u][k];
+      hg::gpu::store_vec<W>(s + j, v);
+    }
+  }
+  __syncthreads();  // the edges and every word biased
+  const float loss = hg::gpu::staged_row_grad<T>(s, x, span, vocab, target, inv_count[0], scratch);
+  if (threadIdx.x == 0) row_loss[row] = loss;
 }
 
 }  // namespace lab

@@ -106,6 +106,11 @@ inline void add_model(std::vector<Case>& cases, const Model& md) {
   add_linear(cases, md.name, "fc2", md.rows, md.hidden, md.d, {Epi::Bias, Epi::DGeluBGrad, Epi::BGradB}, l);
   const int64_t chunk = std::min(md.rows, classifier_chunk_rows(md.vocab));
   add_linear(cases, md.name, "head", chunk, md.d, md.vocab, biased, double(md.rows) / double(chunk));
+  // The head with its bias as one more column (ones beside h, the bias
+  // beside W, padded to 8): the forward's K and the weight gradient's N grow
+  // by 8 and no epilogue runs. Not in the step.
+  cases.push_back({md.name, "head+1", Pass::Forward, Epi::None, chunk, md.vocab, md.d + 8, false, true, false, 0.0});
+  cases.push_back({md.name, "head+1", Pass::Wgrad, Epi::None, md.vocab, md.d + 8, chunk, true, false, true, 0.0});
 }
 
 // GPT-2 small (d 768, 12 layers, vocab 50304 padded, T 1024) at B 8 and 32,
