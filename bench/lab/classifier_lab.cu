@@ -196,12 +196,17 @@ std::vector<Candidate<T>> candidates(const Options& o) {
   for (const std::string& v : o.variants) {
     if (v == "production") out.push_back({v, kRowThreads, hg::gpu::lse_rows_grad_staged<T>});
     if (v == "bias_stage") {
-      Candidate<T> c{v + "/1", kRowThreads};
-      c.biased = lab::lse_rows_grad_bias_stage<T, 1>;
-      out.push_back(c);
-      c.name = v + "/4";
-      c.biased = lab::lse_rows_grad_bias_stage<T, 4>;
-      out.push_back(c);
+      using lab::BiasOrder;
+      const std::pair<const char*, BiasKernel<T>> forms[] = {
+          {"/1", lab::lse_rows_grad_bias_stage<T, 1, BiasOrder::Same>},
+          {"/4", lab::lse_rows_grad_bias_stage<T, 4, BiasOrder::Same>},
+          {"/4 rotated", lab::lse_rows_grad_bias_stage<T, 4, BiasOrder::Rotated>},
+          {"/4 no loads", lab::lse_rows_grad_bias_stage<T, 4, BiasOrder::None>}};
+      for (const auto& [suffix, kernel] : forms) {
+        Candidate<T> c{v + suffix, kRowThreads};
+        c.biased = kernel;
+        out.push_back(c);
+      }
     }
     if (v == "one_pass") out.push_back({v, kRowThreads, nullptr, lab::lse_rows_grad_pieces<T>, 1});
     if (v == "pieces_online")

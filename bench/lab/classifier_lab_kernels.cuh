@@ -218,10 +218,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 }
 
+// How bias_stage orders and loads a thread's bias words.
+enum class BiasOrder {
+  Same,     // every block from the row's first word: all SMs read the same bias lines at once
+  Rotated,  // each block from its own word (blockIdx.x * 613 mod the words), wrapping around
+  None,     // no bias loads: only the extra pass over the shared copy (adds zeros)
+};
+
 // The product's lse_rows_grad_staged with bias[j] added to the shared copy
 // (float32 sum rounded to T) before the passes. Each thread loads U of its
 // bias words before adding any, so U loads from L2 are in flight at once.
-template <class T, int U>
+template <class T, int U, BiasOrder Order>
 __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
     lse_rows_grad_bias_stage(T* logits, const T* __restrict__ bias, const float* __restrict__ targets, int64_t vocab,
                              int64_t ignore_index, const float* __restrict__ inv_count, float* __restrict__ row_loss) {
@@ -242,14 +249,18 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
   hg::gpu::for_edges(span, vocab,
                      [&](int64_t j) { s[j] = hg::gpu::from_f<T>(hg::gpu::to_f(x[j]) + hg::gpu::to_f(bias[j])); });
   const bool words = (reinterpret_cast<uintptr_t>(bias) - reinterpret_cast<uintptr_t>(x)) % 16 == 0;
-  const int64_t stride = int64_t(W) * blockDim.x;
+  const int64_t n_words = (span.body_end - span.head) / W;
+  const int64_t rot = Order == BiasOrder::Rotated && n_words > 0 ? int64_t(blockIdx.x) * 613 % n_words : 0;
+  // Element index of the thread's word w (w < n_words), rotated by rot.
+  const auto word_at = [&](int64_t w) { return span.head + W * (w + rot < n_words ? w + rot : w + rot - n_words); };
   if (bulk) hg::gpu::stage_wait(&landed, 0);
-  for (int64_t j0 = span.head + int64_t(W) * threadIdx.x; j0 < span.body_end; j0 += U * stride) {
-    float b[U][W];
+  for (int64_t w0 = threadIdx.x; w0 < n_words; w0 += U * int64_t(blockDim.x)) {
+    float b[U][W] = {};
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t j = j0 + u * stride;
-      if (j >= span.body_end) break;
+      const int64_t w = w0 + u * int64_t(blockDim.x);
+      if (Order == BiasOrder::None || w >= n_words) break;
+      const int64_t j = word_at(w);
       if (words) {
         hg::gpu::load_vec<W, hg::gpu::Load::ReadOnly>(bias + j, b[u]);
       } else {
@@ -259,8 +270,9 @@ __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t j = j0 + u * stride;
-      if (j >= span.body_end) break;
+      const int64_t w = w0 + u * int64_t(blockDim.x);
+      if (w >= n_words) break;
+      const int64_t j = word_at(w);
       float v[W];
       hg::gpu::load_vec<W>(s + j, v);
 #pragma unroll
