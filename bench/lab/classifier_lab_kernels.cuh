@@ -77,11 +77,6 @@ __device__ __forceinline__ void add_body_words(OnlineExpSum& share, const T* s, 
   }
 }
 
-// A block per row as production (512 threads, two blocks an SM, one staged
-// row of dynamic shared memory), the body copied in `pieces` (1..kMaxPieces)
-// nearly equal runs of 16-byte words, each counted against its own barrier;
-// the one-pass stats take each piece as it lands, then the product's g
-// pass. One piece: one_pass.
 // Every thread: an ignored row (target -1) gets g = 0 and loss 0; whether it was one.
 template <class T>
 __device__ __forceinline__ bool ignored_row_zeroed(T* x, const RowSpan& span, int64_t vocab, int64_t target,
@@ -92,6 +87,11 @@ __device__ __forceinline__ bool ignored_row_zeroed(T* x, const RowSpan& span, in
   return true;
 }
 
+// A block per row as production (512 threads, two blocks an SM, one staged
+// row of dynamic shared memory), the body copied in `pieces` (1..kMaxPieces)
+// nearly equal runs of 16-byte words, each counted against its own barrier;
+// the one-pass stats take each piece as it lands, then the product's g
+// pass. One piece: one_pass.
 template <class T>
 __global__ void __launch_bounds__(hg::gpu::kStagedThreads, 2)
     lse_rows_grad_pieces(T* logits, const float* __restrict__ targets, int64_t vocab, int64_t ignore_index,
