@@ -36,6 +36,7 @@
 #include "cuda/attention_kernels.hpp"
 #include "cuda/attention_row_math.cuh"
 #include "cuda/attention_wgmma.cuh"
+#include "cuda/column_sum_kernels.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/launch.cuh"
 #include "cuda/side_stream.hpp"
@@ -1175,8 +1176,9 @@ void attention_forward(DType dtype, const void* q, const void* k, const void* v,
               [&](auto dh) { forward_for<decltype(dh)::value>(a, layout.heads_total(), bf16_inputs); });
 }
 
-void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
-                        const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv) {
+bool attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
+                        const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv,
+                        const Tensor* qkv_sums) {
   const char* op = "attention_backward";
   check_sizes(layout, dtype, op);
   for (const auto& [p, name] : {std::pair<const void*, const char*>{dout, "dout"},
@@ -1217,8 +1219,26 @@ void attention_backward(DType dtype, const void* dout, const void* q, const void
       });
     }
   }
+  // The wgmma kernels' column sums: a row of 3 H dh floats per batch and
+  // block of 128 rows (cuda/attention_column_sums.cuh), then their columns.
+  const int64_t width = layout.heads * layout.head_dim, sum_rows = layout.batch * ((layout.tq + 127) / 128);
+  const bool sums = qkv_sums != nullptr && layout.tq == layout.tk &&
+                    (kernel == AttentionKernel::Wgmma || kernel == AttentionKernel::WgmmaStoredDs);
+  Tensor block_sums;
+  if (sums) {
+    HG_CHECK(qkv_sums->dtype() == DType::F32 && qkv_sums->is_cuda() && qkv_sums->numel() == 3 * width, op,
+             "the column sums go into an F32 CUDA tensor of 3 H dh = ", 3 * width, " elements, got ",
+             dtype_name(qkv_sums->dtype()), " ", qkv_sums->shape());
+    block_sums = Tensor::empty({sum_rows, 3 * width}, DType::F32, Device::CUDA);
+    a.dq_sums = block_sums.data<float>();
+    a.dk_sums = a.dq_sums + width;
+    a.dv_sums = a.dq_sums + 2 * width;
+    a.sums_ld = 3 * width;
+  }
   by_head_dim(layout.head_dim,
               [&](auto dh) { backward_for<decltype(dh)::value>(a, layout.heads_total(), kernel, ds); });
+  if (sums) column_sum(block_sums, sum_rows, 3 * width, 3 * width, *qkv_sums, /*accumulate=*/true);
+  return sums;
 }
 
 }  // namespace hg::gpu

@@ -25,6 +25,12 @@ struct Args {
   float* lse;
   float2* stats;  // per query row: base-2 max and 1 / sum, what the backward rebuilds p from
   float* delta;
+  // Optional (null: none), written by the wgmma backward with Tq = Tk: per
+  // block of 128 resident rows, the column sums of its dq, dk or dv rows as
+  // stored (cuda/attention_column_sums.cuh), those of batch b's block j of
+  // head h at [(b ceil(T / 128) + j) sums_ld + h dh].
+  float *dq_sums, *dk_sums, *dv_sums;
+  int64_t sums_ld;
   const float* mask;
   int64_t mask_batch_stride;
   int heads, tq, tk;
@@ -36,6 +42,11 @@ struct Args {
   __device__ int64_t q_base(int64_t bh) const { return (bh / heads) * q_batch + (bh % heads) * q_head; }
   __device__ int64_t kv_base(int64_t bh) const { return (bh / heads) * kv_batch + (bh % heads) * kv_head; }
   __device__ int64_t o_base(int64_t bh) const { return (bh / heads) * o_batch + (bh % heads) * o_head; }
+  // Where the column sums of head bh's resident rows r0 .. r0 + 127 start in
+  // dq_sums, dk_sums or dv_sums.
+  __device__ int64_t sums_at(int64_t bh, int r0, int dh) const {
+    return ((bh / heads) * ((tq + 127) / 128) + r0 / 128) * sums_ld + (bh % heads) * dh;
+  }
   __device__ const float* mask_row(int64_t bh) const {
     return mask == nullptr ? nullptr : mask + (bh / heads) * mask_batch_stride;
   }

@@ -44,8 +44,15 @@ AttentionKernel attention_forward_kernel(DType dtype, const void* q, const void*
 // floating-point atomics: BF16 runs one kernel for dk and dv per key tile and
 // another for dq per query tile; F32 adds dq from the dk, dv blocks in a
 // fixed order (docs/attention.md, "One kernel"). Results are bitwise repeatable.
-void attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
-                        const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv);
+// qkv_sums (optional; F32, 3 H dh elements, CUDA): where Tq = Tk and
+// the wgmma kernels run, they also sum the columns of dq, dk and dv as they
+// store them, and those sums over batch and rows (each head's dh columns at
+// o H dh + h dh for o = q, k, v: the bias gradient of the projection that
+// made q, k and v) are added into it, in an order fixed by the shape.
+// Returns whether they were; elsewhere the caller sums the columns itself.
+bool attention_backward(DType dtype, const void* dout, const void* q, const void* k, const void* v, const void* o,
+                        const Tensor& stats, const AttentionLayout& layout, void* dq, void* dk, void* dv,
+                        const Tensor* qkv_sums = nullptr);
 
 // The kernels attention_backward runs for a call, on the current device:
 // BF16 runs the sm_90a wgmma backward where wgmma_backward_applies

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "cuda/attention_args.cuh"
+#include "cuda/attention_column_sums.cuh"
 #include "cuda/attention_row_math.cuh"
 #include "cuda/attention_tensor_map.cuh"  // kSwizzleBytes
 #include "cuda/bulk_stage.cuh"
@@ -88,7 +89,8 @@ struct DsTiles {
 // Shared memory, byte offsets from a 1024-byte aligned base: the two
 // resident operands, ST stages (two streamed tiles of KB rows each), each
 // stage's queries' stats (float2) and delta (float), the barriers, the
-// resident keys' mask terms (dk/dv with a mask).
+// resident keys' mask terms (dk/dv with a mask), the warps' column sums of
+// the outputs (Args::dq_sums ..).
 template <int DH, int KB, int ST = kBackwardStages>
 struct BackwardPlan {
   static constexpr int kResBytes = kBackwardRows * DH * 2;
@@ -98,7 +100,8 @@ struct BackwardPlan {
   static constexpr int kDeltaOffset = kStatsOffset + ST * KB * 8;
   static constexpr int kBarOffset = kDeltaOffset + ST * KB * 4;
   static constexpr int kKeyMaskOffset = kBarOffset + (1 + 2 * ST) * 8;
-  static constexpr size_t kSmem = size_t(kKeyMaskOffset) + kBackwardRows * 4 + 1024;
+  static constexpr int kSumsOffset = kKeyMaskOffset + kBackwardRows * 4;
+  static constexpr size_t kSmem = size_t(kSumsOffset) + column_sums_bytes(DH, 2) + 1024;
 };
 
 #if HG_WGMMA_DEVICE
@@ -331,6 +334,21 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
     *reinterpret_cast<uint32_t*>(out1 + at) = pack(acc1[i] * a.scale, acc1[i + 1] * a.scale);
     if constexpr (kDkDv) *reinterpret_cast<uint32_t*>(out2 + at) = pack(acc2[i], acc2[i + 1]);
   });
+  // The block's column sums of what it stored (one branch for the whole block).
+  if ((kDkDv ? a.dk_sums : a.dq_sums) != nullptr) {
+    float* warp_sums = reinterpret_cast<float*>(smem + P::kSumsOffset);
+    float* mine = warp_sums + (threadIdx.x / 32) * DH;
+    const int64_t at = a.sums_at(bh, r0, DH);
+    warp_column_sums<DH>(acc1, a.scale, my_row, r_rows, mine);
+    if constexpr (kDkDv) {
+      warp_column_sums<DH>(acc2, 1.f, my_row, r_rows, mine + kSumWarps * DH);
+      float* const sums[2] = {a.dk_sums + at, a.dv_sums + at};
+      write_block_column_sums<DH, 2>(warp_sums, sums);
+    } else {
+      float* const sums[1] = {a.dq_sums + at};
+      write_block_column_sums<DH, 1>(warp_sums, sums);
+    }
+  }
 #endif  // HG_WGMMA_DEVICE
 }
 
@@ -351,7 +369,8 @@ struct DqFromDsPlan {
   static constexpr int kDsBytes = 8 * 4096;  // 8 query groups x 128 keys
   static constexpr int kStageBytes = kKeyBytes + kDsBytes;
   static constexpr int kBarOffset = kDqFromDsStages * kStageBytes;
-  static constexpr size_t kSmem = size_t(kBarOffset) + (1 + 2 * kDqFromDsStages) * 8 + 1024;
+  static constexpr int kSumsOffset = kBarOffset + (1 + 2 * kDqFromDsStages) * 8;
+  static constexpr size_t kSmem = size_t(kSumsOffset) + column_sums_bytes(DH, 1) + 1024;
 };
 
 template <int DH>
@@ -430,6 +449,12 @@ __global__ void __launch_bounds__(kDqFromDsThreads, 1)
     const int64_t at = int64_t(row) * a.q_row + 2 * t + acc_col(i);
     *reinterpret_cast<uint32_t*>(out + at) = pack(acc[i] * a.scale, acc[i + 1] * a.scale);
   });
+  if (a.dq_sums != nullptr) {  // the block's column sums of what it stored
+    float* warp_sums = reinterpret_cast<float*>(smem + P::kSumsOffset);
+    warp_column_sums<DH>(acc, a.scale, q0 + g, a.tq, warp_sums + (threadIdx.x / 32) * DH);
+    float* const sums[1] = {a.dq_sums + a.sums_at(bh, r0, DH)};
+    write_block_column_sums<DH, 1>(warp_sums, sums);
+  }
 #endif  // HG_WGMMA_DEVICE
 }
 

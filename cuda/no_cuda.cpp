@@ -114,8 +114,8 @@ void allow_stored_ds_attention(bool) { no_cuda("gpu::allow_stored_ds_attention")
 AttentionKernel attention_forward_kernel(DType, const void*, const void*, const void*, const AttentionLayout&) {
   no_cuda("gpu::attention_forward_kernel");
 }
-void attention_backward(DType, const void*, const void*, const void*, const void*, const void*, const Tensor&,
-                        const AttentionLayout&, void*, void*, void*) {
+bool attention_backward(DType, const void*, const void*, const void*, const void*, const void*, const Tensor&,
+                        const AttentionLayout&, void*, void*, void*, const Tensor*) {
   no_cuda("gpu::attention_backward");
 }
 AttentionKernel attention_backward_kernel(DType, const void*, const void*, const void*, const void*,

@@ -131,10 +131,15 @@ Tensor MultiHeadAttention::backward(const Tensor& dy) {
            Shape({b, t, d_model_}));
   const Tensor dmerged = proj.backward(dy.reshape({b * t, d_model_}));  // (B*T, d) = (B, T, H, dh)
   if (flash_.o.defined()) {
-    // dq, dk, dv land straight in the (B, T, 3, H, dh) gradient of the QKV projection's output.
-    const Tensor dpacked = attention_backward_packed(dmerged.reshape({b, t, d_model_}), flash_);
+    // dq, dk, dv land straight in the (B, T, 3, H, dh) gradient of the QKV
+    // projection's output; the CUDA kernels may also sum its columns into
+    // the QKV bias gradient as they write it.
+    const Tensor dout = dmerged.reshape({b, t, d_model_});
+    const PackedAttentionGrads g = qkv.has_bias() ? attention_backward_packed_bias(dout, flash_, qkv.bias.grad)
+                                                  : PackedAttentionGrads{attention_backward_packed(dout, flash_)};
     flash_ = AttentionSaved();  // used up: the projection output and o go before the QKV backward
-    return qkv.backward(dpacked.reshape({b * t, 3 * d_model_})).reshape({b, t, d_model_});
+    const Tensor dpacked = g.dqkv.reshape({b * t, 3 * d_model_});
+    return (g.bias_summed ? qkv.backward_bias_summed(dpacked) : qkv.backward(dpacked)).reshape({b, t, d_model_});
   }
   if (packed_.defined()) {  // the packed softmax path (fused, CPU)
     const Tensor dpacked =

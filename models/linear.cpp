@@ -114,9 +114,11 @@ void Linear::restore_input(Tensor x) {
 
 Tensor Linear::backward(const Tensor& dy) { return backward_impl(dy, nullptr); }
 
+Tensor Linear::backward_bias_summed(const Tensor& dy) { return backward_impl(dy, nullptr, true); }
+
 Tensor Linear::backward_to_gelu_input(const Tensor& dy, const Tensor& pre) { return backward_impl(dy, &pre); }
 
-Tensor Linear::backward_impl(const Tensor& dy, const Tensor* gelu_pre) {
+Tensor Linear::backward_impl(const Tensor& dy, const Tensor* gelu_pre, bool bias_summed) {
   // Before the profiler scope: the recompute is timed as the op it runs.
   if (!x_.defined() && recompute_input_) restore_input(std::exchange(recompute_input_, nullptr)());
   HG_PROFILE("linear", dy.device());
@@ -139,7 +141,7 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* gelu_pre) {
     GemmArgs dw;
     dw.transpose_a = true;
     dw.accumulate = true;
-    if (!has_bias_) return be.gemm(dy2, x2, weight.grad, dw);
+    if (!has_bias_ || bias_summed) return be.gemm(dy2, x2, weight.grad, dw);
     if (kernel_mode() != KernelMode::Fused) {
       be.gemm(dy2, x2, weight.grad, dw);
       Tensor db = Tensor::empty({1, out_}, bias.grad.dtype(), dy.device());
@@ -155,8 +157,8 @@ Tensor Linear::backward_impl(const Tensor& dy, const Tensor* gelu_pre) {
   };
   // Beside the backward when the training step asks for it (fused mode) and
   // the bias sums go straight into their grad (work beside may not allocate).
-  const bool beside_ok =
-      kernel_mode() == KernelMode::Fused && (!has_bias_ || BiasGradSink::adds_directly(bias.grad, bias.grad.dtype()));
+  const bool beside_ok = kernel_mode() == KernelMode::Fused &&
+                         (!has_bias_ || bias_summed || BiasGradSink::adds_directly(bias.grad, bias.grad.dtype()));
   if (!beside_ok || !WeightGradsBeside::run(weight_grads, {dy2, x2})) weight_grads();
   // The forward input is used up: its memory can serve dx (stream order
   // keeps the dW GEMM's reads ahead of any reuse; beside, the scope keeps it).

@@ -25,6 +25,10 @@ class Linear : public Module {
   Tensor apply(const Tensor& x);
   // Adds dL/dW and dL/db into the parameter grads and returns dL/dx.
   Tensor backward(const Tensor& dy);
+  // backward() for a dy whose column sums (dL/db) the caller has already
+  // added into bias.grad: the attention backward's kernels sum them as they
+  // write the QKV projection's output gradient (MultiHeadAttention).
+  Tensor backward_bias_summed(const Tensor& dy);
 
   // The weight / bias as the GEMM reads them for input x: the parameter
   // itself, or its bf16 copy (Parameter::compute) for bf16 x.
@@ -65,7 +69,7 @@ class Linear : public Module {
 
   void save_input(const Tensor& x);
   void restore_input(Tensor x);  // the recomputed input, checked against the forward's
-  Tensor backward_impl(const Tensor& dy, const Tensor* gelu_pre);
+  Tensor backward_impl(const Tensor& dy, const Tensor* gelu_pre, bool bias_summed = false);
 };
 
 }  // namespace hg

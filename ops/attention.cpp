@@ -165,14 +165,15 @@ void fused_forward(AttentionSaved& s, const void* q, const void* k, const void* 
   }
 }
 
-void fused_backward(const Tensor& dout, const AttentionSaved& s, const void* q, const void* k, const void* v, void* dq,
-                    void* dk, void* dv) {
+// qkv_sums (CUDA only): gpu::attention_backward's; returns whether it added them.
+bool fused_backward(const Tensor& dout, const AttentionSaved& s, const void* q, const void* k, const void* v, void* dq,
+                    void* dk, void* dv, const Tensor* qkv_sums = nullptr) {
   const AttentionLayout l = layout_of(s);
-  if (dout.is_cuda()) {
-    gpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.o.raw_data(), s.softmax_stats, l, dq, dk, dv);
-  } else {
-    cpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, l, dq, dk, dv);
-  }
+  if (dout.is_cuda())
+    return gpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, s.o.raw_data(), s.softmax_stats, l, dq, dk,
+                                   dv, qkv_sums);
+  cpu::attention_backward(dout.dtype(), dout.raw_data(), q, k, v, l, dq, dk, dv);
+  return false;
 }
 
 void check_backward(const char* op, const Tensor& dout, const AttentionSaved& saved) {
@@ -309,7 +310,10 @@ Tensor attention_forward_kv_cache(const Tensor& qkv, int64_t heads, const Tensor
   return o;
 }
 
-Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved) {
+namespace {
+
+// qkv_bias_grad: attention_backward_packed_bias's (null: none).
+PackedAttentionGrads backward_packed(const Tensor& dout, const AttentionSaved& saved, Tensor* qkv_bias_grad) {
   const char* op = kPackedBackwardOp;
   HG_CHECK(saved.heads > 0, op, "the saved state is not of attention_forward_packed (run it first)");
   if (!saved.qkv.defined()) {  // unfused: the contiguous backward between a split and a merge
@@ -319,17 +323,37 @@ Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved
     Tensor dheads =
         Tensor::empty({3, g.dq.size(0), g.dq.size(1), g.dq.size(2), g.dq.size(3)}, g.dq.dtype(), g.dq.device());
     for (int i = 0; i < 3; ++i) dheads[i].copy_(i == 0 ? g.dq : i == 1 ? g.dk : g.dv);
-    return merge_heads(dheads);
+    return {merge_heads(dheads), false};
   }
   HG_PROFILE("attention", dout.device());
   check_backward(op, dout, saved);
   log_dispatch(op, dispatch_path(dout, false), dout);
   const Tensor& qkv = saved.qkv;
   const int64_t width = qkv.size(2) / 3;
-  Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
-  fused_backward(dout, saved, qkv.raw_data(), at(qkv, width), at(qkv, 2 * width), dqkv.raw_data(), at(dqkv, width),
-                 at(dqkv, 2 * width));
-  return dqkv;
+  PackedAttentionGrads g{Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device())};
+  Tensor& dqkv = g.dqkv;
+  if (qkv_bias_grad != nullptr)
+    HG_CHECK(qkv_bias_grad->defined() && qkv_bias_grad->shape() == Shape({3 * width}) &&
+                 qkv_bias_grad->device() == qkv.device(),
+             op, "the QKV bias gradient must be (3 * H * dh) = (", 3 * width, ") on ", device_name(qkv.device()),
+             ", got ", qkv_bias_grad->defined() ? qkv_bias_grad->shape() : Shape{}, " on ",
+             qkv_bias_grad->defined() ? device_name(qkv_bias_grad->device()) : "no device");
+  // The kernels' sums go straight into an F32 grad on CUDA; any other is left to the caller.
+  const bool sums = qkv_bias_grad != nullptr && qkv_bias_grad->is_cuda() && qkv_bias_grad->dtype() == DType::F32;
+  g.bias_summed = fused_backward(dout, saved, qkv.raw_data(), at(qkv, width), at(qkv, 2 * width), dqkv.raw_data(),
+                                 at(dqkv, width), at(dqkv, 2 * width), sums ? qkv_bias_grad : nullptr);
+  return g;
+}
+
+}  // namespace
+
+Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved) {
+  return backward_packed(dout, saved, nullptr).dqkv;
+}
+
+PackedAttentionGrads attention_backward_packed_bias(const Tensor& dout, const AttentionSaved& saved,
+                                                    Tensor& qkv_bias_grad) {
+  return backward_packed(dout, saved, &qkv_bias_grad);
 }
 
 }  // namespace hg

@@ -61,6 +61,19 @@ Tensor attention_forward_packed(const Tensor& qkv, int64_t heads, const Attentio
 // output gradient, dq, dk, dv written straight into their slices.
 Tensor attention_backward_packed(const Tensor& dout, const AttentionSaved& saved);
 
+// attention_backward_packed that may also add dqkv's column sums over B and
+// T, the QKV projection's bias gradient, into qkv_bias_grad (3 * H * dh):
+// where the CUDA kernels sum them as they store dq, dk and dv
+// (gpu::attention_backward: the wgmma kernels, F32 grad), which saves the
+// QKV backward a pass over dqkv. bias_summed says whether they were added;
+// where not, qkv_bias_grad is untouched.
+struct PackedAttentionGrads {
+  Tensor dqkv;
+  bool bias_summed = false;
+};
+PackedAttentionGrads attention_backward_packed_bias(const Tensor& dout, const AttentionSaved& saved,
+                                                    Tensor& qkv_bias_grad);
+
 // Inference over a key/value cache (models/kv_cache.hpp), no saved state and
 // no backward. qkv (B, Tq, 3 * H * dh) is the new tokens' QKV projection
 // output: their queries are read in place (its k and v are not read; the
