@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/bench_util.hpp"
+#include "bench/cpu_gemm_products.hpp"
 #include "core/cpu_gemm.hpp"
 #include "core/cpu_matmul.hpp"
 #include "core/parallel.hpp"
@@ -22,24 +23,6 @@
 #include "examples/common/cli.hpp"
 
 using namespace hg;
-
-namespace {
-
-struct Product {
-  std::string name;
-  int64_t m, n, k;
-  bool ta, tb;
-};
-
-// Forward y = x W^T, input gradient dx = dy W, weight gradient dW = dy^T x
-// of a Linear(in, out) over `tokens` rows.
-void linear_products(const std::string& layer, int64_t tokens, int64_t in, int64_t out, std::vector<Product>& to) {
-  to.push_back({layer + " fwd", tokens, out, in, false, true});
-  to.push_back({layer + " dx", tokens, in, out, false, false});
-  to.push_back({layer + " dW", out, in, tokens, true, false});
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_cpu_gemm: the CPU matmul on one training step's Linear GEMMs, per GEMM level and thread count",
@@ -72,12 +55,8 @@ int main(int argc, char** argv) {
               return s;
             }(),
             ")");
-    const int64_t d = model == "small" ? 128 : 256, tokens = model == "small" ? 512 : 2048;
-    std::vector<Product> products;
-    linear_products("qkv", tokens, d, 3 * d, products);
-    linear_products("proj", tokens, d, d, products);
-    linear_products("fc1", tokens, d, 4 * d, products);
-    linear_products("fc2", tokens, 4 * d, d, products);
+    const bench::CpuGemmStep step = bench::cpu_gemm_step(model);
+    const int64_t d = step.d_model, tokens = step.tokens;
     Generator g(1);
     std::printf("model %s: d_model %lld, %lld tokens; GFLOP/s by wall (by process CPU time)\n", model.c_str(),
                 (long long)d, (long long)tokens);
@@ -88,16 +67,13 @@ int main(int argc, char** argv) {
       std::printf("\n");
       std::vector<double> wall(levels.size()), cpu(levels.size());
       double flops = 0;
-      for (const Product& p : products) {
-        std::vector<float> a(static_cast<size_t>(p.m * p.k)), b(static_cast<size_t>(p.k * p.n)),
-            c(static_cast<size_t>(p.m * p.n));
-        for (float& x : a) x = static_cast<float>(g.normal());
-        for (float& x : b) x = static_cast<float>(g.normal());
-        MatmulShape s;
-        s.m = p.m, s.n = p.n, s.k = p.k;
-        const double f = 2.0 * p.m * p.n * p.k;
+      for (const bench::CpuGemmProduct& p : step.products) {
+        bench::CpuGemmOperands ops = bench::random_operands(p, g);
+        std::vector<float>&a = ops.a, &b = ops.b, &c = ops.c;
+        const MatmulShape s = p.shape();
+        const double f = p.flops();
         flops += f;
-        std::printf("%-10s %5lldx%5lldx%5lld", p.name.c_str(), (long long)p.m, (long long)p.n, (long long)p.k);
+        p.print_name();
         for (size_t i = 0; i < levels.size(); ++i) {
           cpu::set_gemm_level(levels[i]);
           const bench::WallCpu t =

@@ -13,23 +13,38 @@ namespace hg::cpu {
 namespace {
 
 // The output of each batch entry is cut into tiles from its shape alone.
-// Tiles start at 64 x 128 and are halved, larger side first, until there are
+// Tiles start at 64 x 192 and are halved, larger side first, until there are
 // kTasks per product (enough for 16 cores when m x n is small and k long, as
-// in weight gradients) or they reach 16 x 32. Products under kSerialFlops,
-// and batches of at least kTasks entries (attention's per-head products),
-// stay whole: one Eigen product per entry, the entries spread over the threads.
+// in weight gradients) or they reach 16 rows and kColUnit columns. Products
+// under kSerialFlops, and batches of at least kTasks entries (attention's
+// per-head products), stay whole: one product per entry, the entries spread
+// over the threads. On one thread a product without an epilogue stays whole:
+// the level's own blocking runs the same kernel faster than tiles do (on an
+// AVX-512 Xeon, Eigen's product at 127 GFLOP/s against 83-89 for tiles of the
+// same products: docs/cpu.md); an epilogue (bias, GELU) keeps its tiles, where
+// it runs on each tile while the tile is in cache.
+//
+// Tile widths are multiples of kColUnit (or the whole width), a multiple of
+// every level's widest micro-panel (Eigen's 48 float32 columns at x86-64-v4,
+// 24 at v3, 12 at the baseline; half that for float64), and heights are 64,
+// 32 or 16 rows, multiples of its 4-row panels: a tile then holds the micro-
+// panels the whole product holds at the same places, so tiled and whole
+// products give the same bits and the result does not depend on the thread
+// count (tests/test_cpu_threads.cpp).
 struct Tiles {
   int64_t rows, cols, row_tiles, col_tiles;
 };
 
-constexpr int64_t kSerialFlops = int64_t(1) << 17, kTasks = 16;
+constexpr int64_t kSerialFlops = int64_t(1) << 17, kTasks = 16, kColUnit = 48;
 
 Tiles tiles_for(const MatmulShape& s) {
   if (s.m * s.n * s.k < kSerialFlops || s.batch >= kTasks) return {s.m, s.n, 1, 1};
-  int64_t rows = std::min<int64_t>(s.m, 64), cols = std::min<int64_t>(s.n, 128);
+  int64_t rows = std::min<int64_t>(s.m, 64);
+  int64_t cols = s.n <= kColUnit ? s.n : std::min<int64_t>(s.n / kColUnit, 4) * kColUnit;
   auto count = [&] { return pieces(s.m, rows) * pieces(s.n, cols); };
-  while (count() < kTasks && (rows > 16 || cols > 32)) {
-    if (cols > 32 && (cols >= 2 * rows || rows <= 16)) cols /= 2;
+  const auto cols_halve = [&] { return cols % (2 * kColUnit) == 0; };
+  while (count() < kTasks && (rows > 16 || cols_halve())) {
+    if (cols_halve() && (cols >= 2 * rows || rows <= 16)) cols /= 2;
     else rows /= 2;
   }
   return {rows, cols, pieces(s.m, rows), pieces(s.n, cols)};
@@ -145,7 +160,7 @@ void matmul(const T* a, const T* b, T* c, const MatmulShape& s, bool ta, bool tb
   HG_CHECK(epilogue == nullptr || s.batch == 1, "cpu::matmul", "an epilogue needs one product, got a batch of ",
            s.batch);
   const Tiles t = tiles_for(s);
-  if (t.row_tiles * t.col_tiles > 1) {
+  if (t.row_tiles * t.col_tiles > 1 && (num_threads() > 1 || epilogue != nullptr)) {
     for (int64_t i = 0; i < s.batch; ++i) {
       GemmBlock<T> g = entry_block(a, b, c, s, i, ta, tb);
       g.accumulate = accumulate;

@@ -93,12 +93,15 @@ TEST_CASE("matmul is bitwise the same at any thread count", "[threads]") {
     Shape a, b;
     bool ta, tb;
   };
-  // Forward, weight-gradient (k long, m x n small) and batched shapes.
-  const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false},
-                                   {{2048, 64}, {2048, 96}, true, false},
-                                   {{129, 64}, {200, 64}, false, true},
-                                   {{64, 129}, {200, 64}, true, true},
-                                   {{12, 65, 33}, {12, 33, 70}, false, false}};
+  // Forward, weight-gradient (k long, m x n small) and batched shapes; one
+  // thread runs each product whole, more threads in tiles (core/cpu_matmul.cpp),
+  // so the tile rule's cases are here: tiles of 192 columns and a remainder
+  // (1000), a width of three units and a remainder (150), halved widths and
+  // heights of a weight gradient (128 x 128, k 512).
+  const std::vector<Case> cases = {{{300, 70}, {70, 257}, false, false},  {{2048, 64}, {2048, 96}, true, false},
+                                   {{200, 96}, {96, 1000}, false, false}, {{70, 300}, {150, 300}, false, true},
+                                   {{512, 128}, {512, 128}, true, false}, {{129, 64}, {200, 64}, false, true},
+                                   {{64, 129}, {200, 64}, true, true},    {{12, 65, 33}, {12, 33, 70}, false, false}};
   const std::string saved_level = hg::cpu::gemm_level();
   for (const std::string& level : hg::cpu::gemm_levels())  // every GEMM level this CPU runs
     for (DType dt : {DType::F32, DType::F64})
