@@ -19,10 +19,10 @@ namespace {
 // under kSerialFlops, and batches of at least kTasks entries (attention's
 // per-head products), stay whole: one product per entry, the entries spread
 // over the threads. On one thread a product without an epilogue stays whole:
-// the level's own blocking runs the same kernel faster than tiles do (on an
-// AVX-512 Xeon, Eigen's product at 127 GFLOP/s against 83-89 for tiles of the
-// same products: docs/cpu.md); an epilogue (bias, GELU) keeps its tiles, where
-// it runs on each tile while the tile is in cache.
+// the level's own blocking runs the same kernel faster than tiles do (on the
+// H200 machines' AVX-512 Xeon 7% faster on one, about 1.5x on another:
+// docs/cpu.md); an epilogue (bias, GELU) keeps its tiles, where it runs on
+// each tile while the tile is in cache.
 //
 // Tile widths are multiples of kColUnit (or the whole width), a multiple of
 // every level's widest micro-panel (Eigen's 48 float32 columns at x86-64-v4,
