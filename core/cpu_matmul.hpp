@@ -20,8 +20,10 @@ struct MatmulEpilogue {
 };
 
 // Whether matmul runs each of `batch` products of m x n x k as one GEMM
-// (core/cpu_gemm.hpp) on one thread, the batch entries on the threads;
-// otherwise it cuts each product into tiles.
+// (core/cpu_gemm.hpp) on one thread, the batch entries on the threads, at
+// every thread count; otherwise it cuts each product into tiles (on one
+// thread, a product without an epilogue still runs whole, with the same
+// bits as its tiles).
 bool matmul_runs_whole_products(int64_t batch, int64_t m, int64_t n, int64_t k);
 
 // C [+]= op(A) op(B) for every batch entry; results do not depend on the
