@@ -1,5 +1,6 @@
 // Attention softmax bandwidth benchmark: scores (B, H, T, T), float32 and
-// bf16, forward with a key-padding mask and with the causal flag, backward,
+// bf16, forward with a key-padding mask, without one (plain) and with the
+// causal flag, backward,
 // fused vs unfused (the public ops under hg::KernelModeScope), on CUDA and the
 // CPU. On CUDA it also times the raw fused kernels on preallocated outputs and
 // a device-to-device copy of the scores, so results read as % of copy rate.
@@ -143,7 +144,7 @@ DType parse_dtype(const std::string& name) {
   cli::usage_error("--dtypes", name, ": unknown dtype (allowed: f32, bf16)");
 }
 
-// One (device, size, dtype): forward (mask, causal) and backward, each fused,
+// One (device, size, dtype): forward (mask, plain, causal) and backward, each fused,
 // unfused and (CUDA) as the raw kernel, plus a copy of the scores on CUDA.
 class SizeRun {
  public:
@@ -177,13 +178,15 @@ class SizeRun {
     const double mask_bytes = double(mask_.nbytes());
     const double bwd_bytes = 3 * size_.numel() * elt;
 
-    for (const bool causal : {false, true}) {
+    // mask: the attention padding mask; plain: rows without a mask or the
+    // causal flag (a softmax over whole rows); causal.
+    for (const char* variant : {"mask", "plain", "causal"}) {
+      const bool causal = std::string(variant) == "causal", masked = std::string(variant) == "mask";
       SoftmaxOptions o;
       o.scale = kScale;
       o.causal = causal;
-      if (!causal) o.mask = mask_;
-      const char* variant = causal ? "causal" : "mask";
-      const double bytes = fwd_bytes + (causal ? 0.0 : mask_bytes);
+      if (masked) o.mask = mask_;
+      const double bytes = fwd_bytes + (masked ? mask_bytes : 0.0);
       if (!opt_.kernels_only)
         compare_modes("forward", variant, bytes, [&](int i) { return attention_softmax_forward(x_[i], o); });
 #ifdef HG_WITH_CUDA

@@ -403,17 +403,21 @@ struct BackwardLauncher {
   }
 };
 
-// Non-causal 16-byte rows of kStagedForwardMinTk..kStagedSoftmaxMaxTk keys
-// go to the staged forward (cuda/softmax_staged_forward.cuh) where the device
-// and the compiled code are sm_90+: on the H200 it beat the register layouts
-// there by 3.5 to ~15 points of the copy rate; at Tk 512 and on causal rows the
-// register layouts win (docs/softmax.md).
+// Non-causal 16-byte rows of kStagedForwardMinTk..kStagedSoftmaxMaxTk keys go
+// to the staged forward (cuda/softmax_staged_forward.cuh) where the device and
+// the compiled code are sm_90+: on the H200 it beat the register layouts
+// there by 3.5 to ~15 points of the copy rate with a mask, and by up to 23
+// without one in f32. At Tk 512 and on causal rows the register layouts win,
+// and on bf16 rows without a mask up to kRegistersUnmaskedBf16MaxTk, where
+// they ran 4-10 points ahead (docs/softmax.md): no mask loads beside the
+// row's, and a bf16 row is half the bytes a key.
 constexpr int64_t kStagedForwardMinTk = 1024;
+constexpr int64_t kRegistersUnmaskedBf16MaxTk = 4096;
 // Bytes in flight a SM the rings aim at (bench/lab/softmax.md: "96 KB a SM").
 constexpr int kStagedForwardTargetBytes = 96 * 1024;
 
 // The staged forward's kernel and plan for `a` (16-byte rows), or nothing
-// where it does not apply (causal, Tk out of range, row numbers past 32-bit
+// where it does not apply (causal, bf16 without a mask to Tk 4096, Tk out of range, row numbers past 32-bit
 // division, below sm_90, a row too big for shared memory).
 template <class T>
 struct StagedForward {
@@ -432,6 +436,7 @@ bool staged_keeps_mask_row(const ForwardArgs<T>& a) {
 template <class T>
 std::optional<StagedForward<T>> staged_forward_plan(const ForwardArgs<T>& a) {
   if (a.causal || !a.index32 || a.tk < kStagedForwardMinTk || a.tk > kStagedSoftmaxMaxTk) return std::nullopt;
+  if (std::is_same_v<T, bf16> && a.mask == nullptr && a.tk <= kRegistersUnmaskedBf16MaxTk) return std::nullopt;
   const StagedSoftmaxKernel<T> k = staged_keeps_mask_row(a) ? staged_softmax_kernel<T, kStagedKeptMaskMinTk, true>(a.tk)
                                                             : staged_softmax_kernel<T, kStagedForwardMinTk>(a.tk);
   if (k.kernel == nullptr) return std::nullopt;

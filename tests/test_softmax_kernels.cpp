@@ -294,7 +294,8 @@ size_t bitwise_mismatches(const std::vector<double>& a, const std::vector<double
 }
 
 // Where the staged forward applies (sm_90+, 16-byte rows, non-causal,
-// Tk 1024..16384) it must be the one chosen, give the same bits on a second
+// Tk 1024..16384; bf16 rows without a mask only past Tk 4096) it must be
+// the one chosen (also for the same rows without their mask), give the same bits on a second
 // run, and agree with the register layout on the same rows: the layout
 // with Tq = 1 and causal (every key visible, the same numbers) is never
 // staged. Not bitwise there: the max and each exp are the same FFMA and
@@ -309,6 +310,10 @@ void check_staged(const Tensor& x, const Tensor& y, const hg::SoftmaxRows& l, co
   const bool kept = staged && l.mask != nullptr && l.mask_query_stride == 0 && l.tk >= 2048;
   CHECK(hg::gpu::softmax_forward_is_staged(x, l, y) == staged);
   CHECK(hg::gpu::softmax_forward_keeps_mask_row(x, l, y) == kept);
+  hg::SoftmaxRows unmasked = l;
+  unmasked.mask = nullptr;
+  unmasked.mask_batch_stride = unmasked.mask_query_stride = 0;
+  CHECK(hg::gpu::softmax_forward_is_staged(x, unmasked, y) == (staged && (dtype == DType::F32 || l.tk > 4096)));
   Tensor again = device_view(shape, dtype, offset, nullptr);
   hg::gpu::softmax_forward_fused(x, l, again);
   CHECK(bitwise_mismatches(again.to_vector(), y.to_vector()) == 0);
@@ -361,7 +366,7 @@ TEST_CASE("fused softmax kernels stay finite at logits of 1e30", "[softmax][cuda
 TEST_CASE("staged softmax forward: padding mask, hostile rows, run to run, register layout", "[softmax][cuda]") {
   HG_REQUIRE_GPU();
   uint64_t seed = 9500;
-  for (const int64_t tk : {512, 1024, 2048, 3000, 4096})
+  for (const int64_t tk : {512, 1024, 2048, 3000, 4096, 8192})
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t offset : {0, 1}) run_case(Variant::PaddingHostile, tk, dtype, offset, seed++);
 }

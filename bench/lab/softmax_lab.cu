@@ -36,7 +36,8 @@ using namespace softmax_lab;
 
 // Production (cuda/softmax.cu) runs the register layout of kVectorForward
 // except where its staged forward (cuda/softmax_staged_forward.cuh, the lab's
-// "staged, 96 KB a SM") applies: sm_90+, non-causal, Tk 1024..16384; from
+// "staged, 96 KB a SM") applies: sm_90+, non-causal, Tk 1024..16384 (bf16
+// without a mask from Tk 4097); from
 // Tk 2048 with a padding mask it is the kernel that keeps the mask row
 // ("staged, 96 KB a SM, mask kept").
 enum class Prod { No, Registers, Staged, StagedKeptMask };
@@ -44,22 +45,23 @@ constexpr Prod kNo = Prod::No;
 
 struct Config {
   const char* name;
-  bool lean;               // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2 e
-  bool streaming;          // y stored evict-first (st.global.cs)
-  int lane_max_keys;       // register layouts: rows longer than this go to the block team (0: no limit)
-  int block_elems;         // register layouts: keys a thread of the block team holds (16 or 32)
-  int rows_per_team;       // register layouts: rows a team holds at once (1 or 2)
-  XLoad x_load;            // register layouts: how x is loaded
-  int staged_kb;           // > 0: the staged layout, its rings aiming at this many KB in flight a SM
-  int staged_ept;          // staged layout: keys a thread holds at most (16 or 32)
-  bool staged_mask;        // staged layout: the mask row staged with x (else loaded through L1)
-  bool resident;           // register layouts: a grid of the blocks that fit at once, looping over the rows
-  Prod production;         // what cuda/softmax.cu runs of it
-  bool kept_mask = false;  // staged layout: the mask row kept in registers while a group's rows share it
+  bool lean;                // z = scale x + mask as one FFMA; exp as ex2.approx of (z - max) log2 e
+  bool streaming;           // y stored evict-first (st.global.cs)
+  int lane_max_keys;        // register layouts: rows longer than this go to the block team (0: no limit)
+  int block_elems;          // register layouts: keys a thread of the block team holds (16 or 32)
+  int rows_per_team;        // register layouts: rows a team holds at once (1 or 2)
+  XLoad x_load;             // register layouts: how x is loaded
+  int staged_kb;            // > 0: the staged layout, its rings aiming at this many KB in flight a SM
+  int staged_ept;           // staged layout: keys a thread holds at most (16 or 32)
+  bool staged_mask;         // staged layout: the mask row staged with x (else loaded through L1)
+  bool resident;            // register layouts: a grid of the blocks that fit at once, looping over the rows
+  Prod production;          // what cuda/softmax.cu runs of it
+  bool kept_mask = false;   // staged layout: the mask row kept in registers while a group's rows share it
+  bool bulk_store = false;  // staged layout: y through two out stages a group, copied out by bulk copies
 };
 constexpr XLoad kNc = XLoad::ReadOnly, kNoL1 = XLoad::NoL1, kNoL1P = XLoad::NoL1Prefetch256;
 // {name, lean, streaming, lane_max_keys, block_elems, rows_per_team, x_load,
-//  staged_kb, staged_ept, staged_mask, resident, production[, kept_mask]}
+//  staged_kb, staged_ept, staged_mask, resident, production[, kept_mask, bulk_store]}
 constexpr Config kConfigs[] = {
     {"exact", false, false, 0, 16, 1, kNc, 0, 0, false, false, kNo},
     {"lean", true, false, 0, 16, 1, kNc, 0, 0, false, false, kNo},
@@ -79,16 +81,20 @@ constexpr Config kConfigs[] = {
     {"staged, 96 KB a SM, mask staged", true, false, 0, 0, 1, kNc, 96, 32, true, false, kNo},
     {"staged, 96 KB, mask staged, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, true, false, kNo},
     {"staged, 96 KB a SM, mask kept", true, false, 0, 0, 1, kNc, 96, 32, false, false, Prod::StagedKeptMask, true},
+    {"staged, 96 KB a SM, bulk store", true, false, 0, 0, 1, kNc, 96, 32, false, false, kNo, false, true},
+    {"staged, 96 KB, bulk store, 16 a thr", true, false, 0, 0, 1, kNc, 96, 16, false, false, kNo, false, true},
+    {"staged, 32 KB a SM, bulk store", true, false, 0, 0, 1, kNc, 32, 32, false, false, kNo, false, true},
 };
 constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
 // Whether cuda/softmax.cu runs candidate c on the lab's rows (16-byte rows,
 // mask strides Tk and 0, or no mask) of tk keys: its staged forward where
-// that applies (keeping the mask row from kStagedKeptMaskMinTk), else its
-// register layout.
+// that applies (bf16 rows without a mask only past Tk 4096; keeping the
+// mask row from kStagedKeptMaskMinTk), else its register layout.
+template <class T>
 bool runs_in_production(const Config& c, int64_t tk, bool causal, bool mask) {
   const bool staged = lab::device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && !causal && tk >= 1024 &&
-                      tk <= hg::gpu::kStagedSoftmaxMaxTk;
+                      tk <= hg::gpu::kStagedSoftmaxMaxTk && (mask || !std::is_same_v<T, bf16> || tk > 4096);
   const bool kept = staged && mask && tk >= hg::gpu::kStagedKeptMaskMinTk;
   return c.production == (kept ? Prod::StagedKeptMask : staged ? Prod::Staged : Prod::Registers);
 }
@@ -178,17 +184,18 @@ struct Staged {
 // keys (a power of two) that cover the row; past that G = tk / EPT threads
 // (a power of two), EPT keys each. kKeepMask: the product's kernel that
 // keeps the mask row in registers.
-template <class T, bool kStreaming, int EPT, bool kStageMask, bool kKeepMask = false>
+template <class T, bool kStreaming, int EPT, bool kStageMask, bool kKeepMask = false, bool kBulkStore = false>
 Staged<T> staged_kernel_for(int64_t tk) {
   constexpr int W = 16 / sizeof(T), NF = EPT / W;
   Staged<T> k;
-  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask) {  // product kernel
+  if constexpr (!kStreaming && EPT == hg::gpu::kStagedSoftmaxKeys && !kStageMask && !kBulkStore) {  // product kernel
     const hg::gpu::StagedSoftmaxKernel<T> p = hg::gpu::staged_softmax_kernel<T, 1, kKeepMask>(tk);
     k.product = p.kernel, k.G = p.G, k.R = p.R;
     return k;
   }
   auto pick = [&](auto g, auto n, auto r) {
-    k.kernel = staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask>;
+    k.kernel = staged_kernel<T, decltype(g)::value, decltype(n)::value, decltype(r)::value, kStreaming, kStageMask,
+                             kBulkStore>;
     k.G = decltype(g)::value, k.R = decltype(r)::value;
   };
   if (tk <= 32 * W) pick(I<32>{}, I<1>{}, I<4>{});
@@ -208,6 +215,10 @@ Staged<T> staged_kernel_for(int64_t tk) {
 template <class T>
 Staged<T> staged_kernel_for(const Config& c, int64_t tk) {
   if (c.streaming) return staged_kernel_for<T, true, 32, false>(tk);
+  if (c.bulk_store) {
+    if (c.staged_ept == 16) return staged_kernel_for<T, false, 16, false, false, true>(tk);
+    return staged_kernel_for<T, false, 32, false, false, true>(tk);
+  }
   if (c.staged_ept == 16) {
     if (c.staged_mask) return staged_kernel_for<T, false, 16, true>(tk);
     return staged_kernel_for<T, false, 16, false>(tk);
@@ -234,7 +245,9 @@ Staged<T> staged_plan(const Config& c, int64_t rows, int64_t tk) {
   cudaFuncAttributes attr{};
   CHECK_CUDA(cudaFuncGetAttributes(&attr, k.fn()));
   hg::gpu::StagedRoom room{};
-  room.static_smem = int(attr.sharedSizeBytes);
+  // bulk_store: two out rows a group after the input rings, counted as the kernel's own.
+  const int out_bytes = c.bulk_store ? int(k.R * 2 * tk * int64_t(sizeof(T))) : 0;
+  room.static_smem = int(attr.sharedSizeBytes) + out_bytes;
   room.smem_per_block = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   room.smem_per_sm = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   room.reserved_per_block = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock);
@@ -246,6 +259,7 @@ Staged<T> staged_plan(const Config& c, int64_t rows, int64_t tk) {
     k.why = "a row does not fit in shared memory";
     return k;
   }
+  k.plan.smem += size_t(out_bytes);
   const int64_t resident = int64_t(k.plan.blocks_per_sm) * device_attribute(cudaDevAttrMultiProcessorCount);
   k.grid = int(std::min<int64_t>(resident, grid_for(rows, k.R)));
   return k;
@@ -542,7 +556,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
     const Config& cfg = kConfigs[c];
     if (cfg.production == kNo && std::string(cfg.name).find(o.only) == std::string::npos) continue;
     const Prepared<T> prep = prepare<T>(cfg, rows, tk);
-    const char star = runs_in_production(cfg, tk, o.causal, o.mask) ? '*' : ' ';
+    const char star = runs_in_production<T>(cfg, tk, o.causal, o.mask) ? '*' : ' ';
     if (!prep.applies()) {
       std::printf("  %c %-38s %s\n", star, cfg.name, prep.note().c_str());
       continue;
@@ -561,7 +575,7 @@ bool run_size(const Options& o, int64_t B, int64_t H, int64_t Tn, int l2_bytes) 
   }
   if (best >= 0)
     std::printf("  winner: %s (%.1f%% of copy)%s\n", kConfigs[best].name, 100 * copy_ms / best_ms,
-                runs_in_production(kConfigs[best], tk, o.causal, o.mask) ? " (production)" : "");
+                runs_in_production<T>(kConfigs[best], tk, o.causal, o.mask) ? " (production)" : "");
   for (int s = 0; s < sets; ++s) {
     CHECK_CUDA(cudaFree(x[s]));
     CHECK_CUDA(cudaFree(y[s]));

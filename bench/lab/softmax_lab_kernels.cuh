@@ -18,6 +18,7 @@
 // which the product's staged kernel below takes where HG_SM90A_DEVICE is set.
 #include "cuda/wgmma.cuh"
 
+#include "bench/lab/bulk_store.cuh"
 #include "cuda/bulk_stage.cuh"
 #include "cuda/exp_approx.cuh"
 #include "cuda/reduce.cuh"
@@ -389,8 +390,12 @@ __device__ __forceinline__ void staged_scores(const Args<T>& a, const RowSpan& s
 // row `stages` rows ahead, then reduces and stores from registers as the
 // register layouts do. Groups never wait for each other past the ring's
 // start. Lean arithmetic only. A stage holds a row of x (kStageMask: and
-// its mask row, Tk floats, after it).
-template <class T, int G, int N, int R, bool kStreaming, bool kStageMask>
+// its mask row, Tk floats, after it). kBulkStore: y goes through shared
+// memory instead of registers to global memory: each group writes its row
+// of y into one of two out stages (after the input rings) and one thread
+// bulk-copies it out (cp.async.bulk.global.shared, bulk_store_row), so the
+// stores leave the threads as one asynchronous 2-16 KB copy a row.
+template <class T, int G, int N, int R, bool kStreaming, bool kStageMask, bool kBulkStore = false>
 __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_kernel(Args<T> a, int stages) {
   constexpr int W = 16 / sizeof(T);
   static_assert(G % 32 == 0 && G * R <= 1024 && R <= 15, "bad staged softmax config");
@@ -415,10 +420,18 @@ __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_
   Team team{};
   if constexpr (G > 32) team = Team{scratch[group], G / 32, group * (G / 32), GroupSync{1 + group, G}};
 
+  // kBulkStore: the group's two out stages, after every group's input ring.
+  const uint32_t row_bytes = static_cast<uint32_t>(a.tk * int64_t(sizeof(T)));
+  T* out_stages = reinterpret_cast<T*>(staged_rows + static_cast<uint32_t>(R * stages) * stage_bytes +
+                                       static_cast<uint32_t>(group * 2) * row_bytes);
+  int out = 0;  // the out stage this row's y goes to
+
   for (int64_t row = first; row < a.rows; row += stride) {
     const RowSpan span = row_span(a, row);
     float v[1][N][W];
     staged_scores<T, G, N, kStageMask>(a, span, ring, t, v[0]);
+    // kBulkStore: the copy out of this row's out stage, two rows ago, has read it.
+    if (kBulkStore && t == 0) lab::bulk_store_wait_read<1>();
     if constexpr (G == 32) __syncwarp();  // every thread has read the stage before its refill
     else GroupSync{1 + group, G}();
     if (t == 0 && next < a.rows) fill_stage<T, kStageMask>(a, ring, ring.stage, next);
@@ -426,8 +439,19 @@ __global__ void __launch_bounds__(G* R, G* R <= 512 ? 512 / (G * R) : 1) staged_
     ring.advance();
     float inv[1];
     exp_and_inverse<1, N, W, true>(team, v, inv);
-    store_row<T, N, W, kStreaming>(a.y + row * a.tk, a.tk, t, G, inv[0], v[0]);
+    if constexpr (kBulkStore) {
+      T* ys = out_stages + out * a.tk;
+      store_row<T, N, W, false>(ys, a.tk, t, G, inv[0], v[0]);
+      lab::fence_proxy_async_shared();  // the writes are visible to the bulk copy
+      if constexpr (G == 32) __syncwarp();
+      else GroupSync{1 + group, G}();
+      if (t == 0) lab::bulk_store_row(a.y + row * a.tk, ys, row_bytes);
+      out ^= 1;
+    } else {
+      store_row<T, N, W, kStreaming>(a.y + row * a.tk, a.tk, t, G, inv[0], v[0]);
+    }
   }
+  if (kBulkStore && t == 0) lab::bulk_store_wait_all();  // shared memory outlives the copies out of it
 }
 
 }  // namespace softmax_lab
