@@ -1,9 +1,9 @@
 // Attention softmax bandwidth benchmark: scores (B, H, T, T), float32 and
 // bf16, forward with a key-padding mask, without one (plain) and with the
-// causal flag, backward,
-// fused vs unfused (the public ops under hg::KernelModeScope), on CUDA and the
-// CPU. On CUDA it also times the raw fused kernels on preallocated outputs and
-// a device-to-device copy of the scores, so results read as % of copy rate.
+// causal flag, backward, fused vs unfused (the public ops under
+// hg::KernelModeScope), on CUDA and the CPU. On CUDA it also times the raw
+// fused kernels on preallocated outputs and a device-to-device copy of the
+// scores, so results read as % of copy rate.
 //
 // Bytes counted (the minimum traffic of an unmasked row): forward
 // 2*numel*elt (+ the mask's bytes), backward 3*numel*elt. The causal forward
@@ -180,13 +180,18 @@ class SizeRun {
 
     // mask: the attention padding mask; plain: rows without a mask or the
     // causal flag (a softmax over whole rows); causal.
-    for (const char* variant : {"mask", "plain", "causal"}) {
-      const bool causal = std::string(variant) == "causal", masked = std::string(variant) == "mask";
+    struct Variant {
+      const char* name;
+      bool masked, causal;
+    };
+    for (const Variant v :
+         {Variant{"mask", true, false}, Variant{"plain", false, false}, Variant{"causal", false, true}}) {
+      const char* variant = v.name;
       SoftmaxOptions o;
       o.scale = kScale;
-      o.causal = causal;
-      if (masked) o.mask = mask_;
-      const double bytes = fwd_bytes + (masked ? mask_bytes : 0.0);
+      o.causal = v.causal;
+      if (v.masked) o.mask = mask_;
+      const double bytes = fwd_bytes + (v.masked ? mask_bytes : 0.0);
       if (!opt_.kernels_only)
         compare_modes("forward", variant, bytes, [&](int i) { return attention_softmax_forward(x_[i], o); });
 #ifdef HG_WITH_CUDA

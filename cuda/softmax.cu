@@ -408,17 +408,16 @@ struct BackwardLauncher {
 // the compiled code are sm_90+: on the H200 it beat the register layouts
 // there by 3.5 to ~15 points of the copy rate with a mask, and by up to 23
 // without one in f32. At Tk 512 and on causal rows the register layouts win,
-// and on bf16 rows without a mask up to kRegistersUnmaskedBf16MaxTk, where
-// they ran 4-10 points ahead (docs/softmax.md): no mask loads beside the
-// row's, and a bf16 row is half the bytes a key.
+// and on bf16 rows without a mask up to kRegistersUnmaskedBf16MaxTk
+// (cuda/softmax_staged_forward.cuh; docs/softmax.md).
 constexpr int64_t kStagedForwardMinTk = 1024;
-constexpr int64_t kRegistersUnmaskedBf16MaxTk = 4096;
 // Bytes in flight a SM the rings aim at (bench/lab/softmax.md: "96 KB a SM").
 constexpr int kStagedForwardTargetBytes = 96 * 1024;
 
 // The staged forward's kernel and plan for `a` (16-byte rows), or nothing
-// where it does not apply (causal, bf16 without a mask to Tk 4096, Tk out of range, row numbers past 32-bit
-// division, below sm_90, a row too big for shared memory).
+// where it does not apply (causal, bf16 without a mask to Tk 4096, Tk out
+// of range, row numbers past 32-bit division, below sm_90, a row too big
+// for shared memory).
 template <class T>
 struct StagedForward {
   StagedSoftmaxKernel<T> k;

@@ -37,6 +37,11 @@ constexpr int64_t kStagedSoftmaxMaxTk = 512 * kStagedSoftmaxKeys;
 // at f32 Tk 1024, where its registers cost a block a SM
 // (bench/lab/softmax.md, "mask kept").
 constexpr int64_t kStagedKeptMaskMinTk = 2048;
+// bf16 rows without a mask up to this Tk take the register layouts instead:
+// on the H200 they ran 4-11 points of the copy rate ahead there (no mask
+// loads beside the row's), 2 behind at Tk 8192; f32 rows without a mask
+// stay staged (level at Tk 1024-2048, ahead from 4096; docs/softmax.md).
+constexpr int64_t kRegistersUnmaskedBf16MaxTk = 4096;
 
 // G / 32 warps of a group meeting at named barrier `bar` (G threads) in
 // `scratch` (a float a warp). Every thread of the group gets the result.

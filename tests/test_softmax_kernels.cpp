@@ -295,10 +295,10 @@ size_t bitwise_mismatches(const std::vector<double>& a, const std::vector<double
 
 // Where the staged forward applies (sm_90+, 16-byte rows, non-causal,
 // Tk 1024..16384; bf16 rows without a mask only past Tk 4096) it must be
-// the one chosen (also for the same rows without their mask), give the same bits on a second
-// run, and agree with the register layout on the same rows: the layout
-// with Tq = 1 and causal (every key visible, the same numbers) is never
-// staged. Not bitwise there: the max and each exp are the same FFMA and
+// the one chosen (also for the same rows without their mask), give the
+// same bits on a second run, and agree with the register layout on the
+// same rows: the layout with Tq = 1 and causal (every key visible, the
+// same numbers) is never staged. Not bitwise there: the max and each exp are the same FFMA and
 // ex2, but the staged groups sum a row's exps in another order (bf16 Tk
 // 1024: a warp of 32 keys a lane against 64 threads of 16), so 1 / sum may
 // differ in its last bit; f32 within the float64 bound, bf16 within 1 ulp

@@ -94,7 +94,8 @@ constexpr int kConfigCount = sizeof(kConfigs) / sizeof(kConfigs[0]);
 template <class T>
 bool runs_in_production(const Config& c, int64_t tk, bool causal, bool mask) {
   const bool staged = lab::device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && !causal && tk >= 1024 &&
-                      tk <= hg::gpu::kStagedSoftmaxMaxTk && (mask || !std::is_same_v<T, bf16> || tk > 4096);
+                      tk <= hg::gpu::kStagedSoftmaxMaxTk &&
+                      (mask || !std::is_same_v<T, bf16> || tk > hg::gpu::kRegistersUnmaskedBf16MaxTk);
   const bool kept = staged && mask && tk >= hg::gpu::kStagedKeptMaskMinTk;
   return c.production == (kept ? Prod::StagedKeptMask : staged ? Prod::Staged : Prod::Registers);
 }
