@@ -656,9 +656,12 @@ bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in,
     layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta, write);
     return true;
   }
-  // f32 rows of D <= 1024 (the warp rows) hold dh_in in registers next to h
-  // and dy; every other row reads it slot by slot as dh is stored, holding
-  // no registers across the row's reductions.
+  // The warp rows (D <= 1024) hold dh_in in registers next to h and dy, so
+  // the three rows are in flight at once: f32 everywhere, bf16 on HBM3e
+  // (the H200, where a warp row needs more bytes in flight), read 8 bytes a
+  // slot as the LayerNorm backward's table reads them there. Every other
+  // row reads dh_in slot by slot as dh is stored, holding no registers
+  // across the row's reductions. Measurements: docs/residual_layernorm.md.
   constexpr int kHeldUpToClass = 2;
   static_assert(ln_width_class(1024) == kHeldUpToClass && ln_width_class(1025) == kHeldUpToClass + 1,
                 "dh_in is held for D <= 1024");
@@ -667,8 +670,11 @@ bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in,
     return for_resident_width<0, kHeldUpToClass>(a.D, ResidualBackward<float, VEC, HeldAddIn>{a, in}) ||
            for_resident_width<kHeldUpToClass + 1>(a.D, ResidualBackward<float, VEC, StreamedAddIn>{a, in});
   }
-  constexpr int VEC = VecWidth<__nv_bfloat16>::value;
-  return for_resident_width(a.D, ResidualBackward<__nv_bfloat16, VEC, StreamedAddIn>{a, in});
+  using bf16 = __nv_bfloat16;
+  if (device_memory_system() == MemorySystem::HBM3e &&
+      for_resident_width<0, kHeldUpToClass>(a.D, ResidualBackward<bf16, 4, HeldAddIn>{a, in}))
+    return true;
+  return for_resident_width(a.D, ResidualBackward<bf16, VecWidth<bf16>::value, StreamedAddIn>{a, in});
 }
 
 }  // namespace hg::gpu
