@@ -52,10 +52,10 @@ __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
   }
 }
 
-// dh_in as the residual backward holds it (HeldAddIn: this thread's slots,
-// zeros past len): floats, or bf16 x 8 as its raw 16-byte words (half the
-// registers, next to the held h and dy), widened exactly at use.
-// add(j, i, out): out += dh_in for slot j (dx_in_registers' AddIn).
+// dh_in as the residual backward holds it (HeldAddIn: this thread's slots
+// as floats, zeros past len; bf16 rows hold it with 8-byte slots, 4
+// elements a slot). add(j, i, out): out += dh_in for slot j
+// (dx_in_registers' AddIn).
 template <class T, int VEC, int NV, int G>
 struct HeldAddIn {
   float v[NV][VEC];
@@ -63,24 +63,6 @@ struct HeldAddIn {
   __device__ __forceinline__ void operator()(int j, int, float (&out)[VEC]) const {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) out[e] = v[j][e] + out[e];
-  }
-};
-
-template <int NV, int G>
-struct HeldAddIn<__nv_bfloat16, 8, NV, G> {
-  uint4 raw[NV];
-  __device__ __forceinline__ void load(const __nv_bfloat16* p, int len, int t) {
-#pragma unroll
-    for (int j = 0; j < NV; ++j) {
-      const int i = (j * G + t) * 8;
-      raw[j] = i < len ? *reinterpret_cast<const uint4*>(p + i) : make_uint4(0, 0, 0, 0);
-    }
-  }
-  __device__ __forceinline__ void operator()(int j, int, float (&out)[8]) const {
-    float v[8];
-    widen_bf16x8(raw[j], v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) out[e] = v[e] + out[e];
   }
 };
 
@@ -100,10 +82,11 @@ struct StreamedAddIn {
 
 // dh = dh_in + LN_backward(dy) for rows of D <= G * EPT: layernorm_backward_kernel
 // (rows in registers) reading h for x, with dh_in added to dx before its
-// one rounding: held in registers next to h and dy (AddIn = HeldAddIn,
-// the f32 warp rows) or read as dx is stored (StreamedAddIn, the others). dh may be dh_in: a
-// thread writes only slots it has read. Partials as the LayerNorm backward's:
-// per group in shared memory, then one partial row per block for kernel 2.
+// one rounding: held in registers next to h and dy (AddIn = HeldAddIn, the
+// warp rows cuda/layernorm.cu names) or read as dx is stored
+// (StreamedAddIn, the others). dh may be dh_in: a thread writes only slots
+// it has read. Partials as the LayerNorm backward's: per group in shared
+// memory, then one partial row per block for kernel 2.
 template <class T, int VEC, int EPT, int G, int R, template <class, int, int, int> class AddIn>
 __global__ void __launch_bounds__((G * R), min_blocks_for((G * R)))
     residual_layernorm_backward_kernel(const T* __restrict__ dy, const T* dh_in, const T* __restrict__ h,
