@@ -645,7 +645,7 @@ bool residual_layernorm_output_resident(const Tensor& h, const Tensor& gamma, co
 
 bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in, const Tensor& h, const Tensor& gamma,
                                           const Tensor& mean, const Tensor& rstd, Tensor& dh, Tensor& dgamma,
-                                          Tensor& dbeta, ParamGradWrite write) {
+                                          Tensor& dbeta, ParamGradWrite write, MemorySystem memory) {
   const BackwardArgs a = backward_args(dy, h, gamma, mean, rstd, dh, dgamma, dbeta, write);  // x: h, dx: dh
   const void* in = dh_in != nullptr ? dh_in->raw_data() : nullptr;
   const std::initializer_list<const void*> ptrs = {a.dy, a.x, a.dx, a.gamma, in != nullptr ? in : a.dy};
@@ -671,7 +671,7 @@ bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in,
            for_resident_width<kHeldUpToClass + 1>(a.D, ResidualBackward<float, VEC, StreamedAddIn>{a, in});
   }
   using bf16 = __nv_bfloat16;
-  if (device_memory_system() == MemorySystem::HBM3e &&
+  if (memory == MemorySystem::HBM3e &&
       for_resident_width<0, kHeldUpToClass>(a.D, ResidualBackward<bf16, 4, HeldAddIn>{a, in}))
     return true;
   return for_resident_width(a.D, ResidualBackward<bf16, VecWidth<bf16>::value, StreamedAddIn>{a, in});

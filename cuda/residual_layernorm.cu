@@ -186,7 +186,8 @@ void residual_layernorm_backward_fused(const Tensor& dy, const Tensor* dh_in, co
   const int64_t blocks = std::min(rows, kBackwardBlocks);
   if (blocks == 0) return;  // refused by the op's checks: LayerNorm needs rows
   if (kernel == ResidualLnKernel::ResidentRows &&
-      residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, write))
+      residual_layernorm_backward_resident(dy, dh_in, h, gamma, mean, rstd, dh, dgamma, dbeta, write,
+                                           device_memory_system()))
     return;
   Tensor partials = Tensor::empty({2, blocks, D}, DType::F32, Device::CUDA);
   float* dg_partial = partials.data<float>();

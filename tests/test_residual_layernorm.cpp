@@ -117,6 +117,11 @@ struct PathOptions {
   bool residual_grad = true;  // false: the backward without dh_in
   // CUDA fused: the kernels called directly with this choice; unset: the op.
   std::optional<Kernel> kernel;
+#ifdef HG_WITH_CUDA
+  // With kernel ResidentRows: the backward's resident rows as this memory
+  // system's rule picks them, whatever the GPU (unset: the GPU's own).
+  std::optional<gpu::MemorySystem> memory;
+#endif
 };
 
 struct PathOutputs {
@@ -126,10 +131,16 @@ struct PathOutputs {
 const char* kernel_name(Kernel k) { return k == Kernel::ResidentRows ? "resident rows" : "one block per row"; }
 
 #ifdef HG_WITH_CUDA
+// ", HBM3 rule" or ", HBM3e rule" for a named memory system, "" for none.
+std::string rule_name(std::optional<gpu::MemorySystem> memory) {
+  if (!memory) return "";
+  return *memory == gpu::MemorySystem::HBM3e ? ", HBM3e rule" : ", HBM3 rule";
+}
+
 // The fused CUDA kernels with `kernel`, outside the op: forward, then the
 // backward on its h and statistics (dh_in undefined: none).
 PathOutputs run_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta, const Tensor& dy,
-                      const Tensor& dh_in, Kernel kernel) {
+                      const Tensor& dh_in, Kernel kernel, std::optional<gpu::MemorySystem> memory = std::nullopt) {
   const int64_t rows = x.size(0), D = x.size(1);
   const auto rows_f32 = [&] { return Tensor::empty({rows}, DType::F32, Device::CUDA); };
   const auto cols_f32 = [&] { return Tensor::empty({D}, DType::F32, Device::CUDA); };
@@ -141,8 +152,14 @@ PathOutputs run_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, con
                 cols_f32(),
                 cols_f32()};
   gpu::residual_layernorm_forward_fused(x, r, gamma, beta, float(kEps), o.h, o.y, o.mean, o.rstd, kernel);
-  gpu::residual_layernorm_backward_fused(dy, dh_in.defined() ? &dh_in : nullptr, o.h, gamma, o.mean, o.rstd, o.dh,
-                                         o.dgamma, o.dbeta, kernel);
+  const Tensor* in = dh_in.defined() ? &dh_in : nullptr;
+  // The resident rows under a named memory system's rule where they apply,
+  // else (unaligned or long rows: nothing launched) the call as kernel says.
+  if (kernel == Kernel::ResidentRows && memory &&
+      gpu::residual_layernorm_backward_resident(dy, in, o.h, gamma, o.mean, o.rstd, o.dh, o.dgamma, o.dbeta,
+                                                gpu::ParamGradWrite::Overwrite, *memory))
+    return o;
+  gpu::residual_layernorm_backward_fused(dy, in, o.h, gamma, o.mean, o.rstd, o.dh, o.dgamma, o.dbeta, kernel);
   return o;
 }
 #endif
@@ -151,10 +168,14 @@ PathOutputs run_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, con
 // float64 on the same stored h.
 PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, int64_t D, Rows kind,
                        PathOptions opt = {}) {
+  std::string memory_rule;
+#ifdef HG_WITH_CUDA
+  memory_rule = rule_name(opt.memory);
+#endif
   INFO(device_name(dev) << " " << dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows " << rows << " D " << D
                         << " kind " << int(kind) << (opt.offset_view ? " offset view" : "")
                         << (opt.residual_grad ? "" : " no dh_in")
-                        << (opt.kernel ? std::string(" ") + kernel_name(*opt.kernel) : std::string()));
+                        << (opt.kernel ? std::string(" ") + kernel_name(*opt.kernel) : std::string()) << memory_rule);
   const Inputs in = make_inputs(rows, D, kind, 7 * D + rows + int(kind));
   const DType math = math_dtype(dtype);
   const Tensor x = stored(in.x, dtype, dev, opt.offset_view), r = in.r.to(dtype).to(dev);
@@ -167,7 +188,7 @@ PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, i
   LayerNormGrads g;
   if (opt.kernel) {
 #ifdef HG_WITH_CUDA
-    const PathOutputs k = run_fused(x, r, gamma, beta, dy, dh_in, *opt.kernel);
+    const PathOutputs k = run_fused(x, r, gamma, beta, dy, dh_in, *opt.kernel, opt.memory);
     o.h = k.h, o.y = k.y, saved.mean = k.mean, saved.rstd = k.rstd;
     g.dx = k.dh, g.dgamma = k.dgamma, g.dbeta = k.dbeta;
 #endif
@@ -369,12 +390,19 @@ TEST_CASE("residual_layernorm CUDA resident rows match float64 and the one-block
           const int64_t rows = rows_for(D);
           INFO("dtype " << dtype_name(dtype) << " rows " << rows << " D " << D << " kind " << int(kind)
                         << (residual_grad ? "" : " no dh_in"));
-          const PathOutputs resident =
-              check_path(Device::CUDA, dtype, KernelMode::Fused, rows, D, kind, {false, residual_grad, kKernels[0]});
           const PathOutputs per_row =
               check_path(Device::CUDA, dtype, KernelMode::Fused, rows, D, kind, {false, residual_grad, kKernels[1]});
-          // The same rounding of x + r in every kernel.
-          CHECK(same_bytes(resident.h, per_row.h));
+          // The resident backward as each memory system's rule picks it (bf16
+          // warp rows: dh_in held with 8-byte slots on HBM3e, read at the
+          // store with 16-byte slots on HBM3), on this GPU.
+          for (const gpu::MemorySystem memory : {gpu::MemorySystem::HBM3, gpu::MemorySystem::HBM3e}) {
+            PathOptions resident_rows{false, residual_grad, kKernels[0]};
+            resident_rows.memory = memory;
+            const PathOutputs resident =
+                check_path(Device::CUDA, dtype, KernelMode::Fused, rows, D, kind, resident_rows);
+            // The same rounding of x + r in every kernel.
+            CHECK(same_bytes(resident.h, per_row.h));
+          }
         }
   // Unaligned rows fall back to the one-block-per-row kernels.
   for (const DType dtype : {DType::F32, DType::BF16})
@@ -502,17 +530,21 @@ TEST_CASE("residual_layernorm CUDA kernels in place: h = x, h = r, dh = dh_in", 
 TEST_CASE("residual_layernorm CUDA backward is deterministic (no float atomics)", "[residual_layernorm][cuda]") {
   HG_REQUIRE_GPU();
 #ifdef HG_WITH_CUDA
-  for (const Kernel kernel : kKernels)
+  // The resident rows under both memory systems' rules, then the one-block-per-row kernels.
+  const std::pair<Kernel, std::optional<gpu::MemorySystem>> runs[] = {{Kernel::ResidentRows, gpu::MemorySystem::HBM3},
+                                                                      {Kernel::ResidentRows, gpu::MemorySystem::HBM3e},
+                                                                      {Kernel::OneBlockPerRow, std::nullopt}};
+  for (const auto& [kernel, memory] : runs)
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t D : {768, 4096, 16384}) {
-        INFO(kernel_name(kernel) << " dtype " << dtype_name(dtype) << " D " << D);
+        INFO(kernel_name(kernel) << rule_name(memory) << " dtype " << dtype_name(dtype) << " D " << D);
         const int64_t rows = std::max<int64_t>(300, rows_for(D));
         const Inputs in = make_inputs(rows, D, Rows::Random, 5);
         const Tensor x = in.x.to(dtype).to(Device::CUDA), r = in.r.to(dtype).to(Device::CUDA);
         const Tensor gamma = in.gamma.to(DType::F32).to(Device::CUDA), beta = in.beta.to(DType::F32).to(Device::CUDA);
         const Tensor dy = in.wy.to(dtype).to(Device::CUDA), dh_in = in.wh.to(dtype).to(Device::CUDA);
-        const PathOutputs a = run_fused(x, r, gamma, beta, dy, dh_in, kernel);
-        const PathOutputs b = run_fused(x, r, gamma, beta, dy, dh_in, kernel);
+        const PathOutputs a = run_fused(x, r, gamma, beta, dy, dh_in, kernel, memory);
+        const PathOutputs b = run_fused(x, r, gamma, beta, dy, dh_in, kernel, memory);
         CHECK(same_bytes(a.dh, b.dh));
         CHECK(same_bytes(a.dgamma, b.dgamma));
         CHECK(same_bytes(a.dbeta, b.dbeta));
