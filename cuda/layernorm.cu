@@ -615,6 +615,23 @@ bool residual_rows_fit(int64_t D, std::initializer_list<const void*> ptrs) {
   return D >= 1 && D <= kLnResidentMaxD && can_vectorize<T>(static_cast<int>(D), ptrs);
 }
 
+// The residual backward of memory system `memory` for 16-byte rows in
+// width class C: the table entry of each memory system is compiled there.
+template <class T, int C>
+void residual_backward_in_class(const BackwardArgs& a, const void* dh_in, MemorySystem memory) {
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  const auto run_entry = [&](auto M) {
+    constexpr LnResidualBackward k = ln_residual_backward_entry(static_cast<MemorySystem>(M.value), kBf16, C);
+    static_assert(kBf16 || !k.bf16_8_byte_access, "8-byte access is for bf16 rows");
+    constexpr int VEC = k.bf16_8_byte_access ? 4 : VecWidth<T>::value;
+    if constexpr (k.holds_dh_in) resident_in_class<C>(a.D, ResidualBackward<T, VEC, HeldAddIn>{a, dh_in});
+    else resident_in_class<C>(a.D, ResidualBackward<T, VEC, StreamedAddIn>{a, dh_in});
+  };
+  static_assert(kMemorySystems == 2, "one branch per memory system");
+  if (memory == MemorySystem::HBM3) run_entry(std::integral_constant<int, 0>{});
+  else run_entry(std::integral_constant<int, 1>{});
+}
+
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd) {
   const ResidualForwardArgs a{{x.raw_data(), gamma.data<float>(), beta.data<float>(), y.raw_data(), mean.data<float>(),
@@ -656,25 +673,16 @@ bool residual_layernorm_backward_resident(const Tensor& dy, const Tensor* dh_in,
     layernorm_backward_fused(dy, h, gamma, mean, rstd, dh, dgamma, dbeta, write);
     return true;
   }
-  // The warp rows (D <= 1024) hold dh_in in registers next to h and dy, so
-  // the three rows are in flight at once: f32 everywhere, bf16 on HBM3e
-  // (the H200, where a warp row needs more bytes in flight), read 8 bytes a
-  // slot as the LayerNorm backward's table reads them there. Every other
-  // row reads dh_in slot by slot as dh is stored, holding no registers
-  // across the row's reductions. Measurements: docs/residual_layernorm.md.
-  constexpr int kHeldUpToClass = 2;
-  static_assert(ln_width_class(1024) == kHeldUpToClass && ln_width_class(1025) == kHeldUpToClass + 1,
-                "dh_in is held for D <= 1024");
-  if (f32) {
-    constexpr int VEC = VecWidth<float>::value;
-    return for_resident_width<0, kHeldUpToClass>(a.D, ResidualBackward<float, VEC, HeldAddIn>{a, in}) ||
-           for_resident_width<kHeldUpToClass + 1>(a.D, ResidualBackward<float, VEC, StreamedAddIn>{a, in});
-  }
-  using bf16 = __nv_bfloat16;
-  if (memory == MemorySystem::HBM3e &&
-      for_resident_width<0, kHeldUpToClass>(a.D, ResidualBackward<bf16, 4, HeldAddIn>{a, in}))
-    return true;
-  return for_resident_width(a.D, ResidualBackward<bf16, VecWidth<bf16>::value, StreamedAddIn>{a, in});
+  // Held or read at the store, and the bf16 slot width: the memory system's
+  // entry of cuda/layernorm_table.hpp for the row's width class.
+  const auto run = [&](auto zero) {
+    using T = decltype(zero);
+    with_width_class<0, kLnWidthClasses - 1>(
+        ln_width_class(a.D), [&](auto C) { residual_backward_in_class<T, decltype(C)::value>(a, in, memory); });
+  };
+  if (f32) run(float{});
+  else run(__nv_bfloat16{});
+  return true;
 }
 
 }  // namespace hg::gpu

@@ -1,7 +1,8 @@
 #pragma once
 // Which fused LayerNorm kernel runs where: the named kernel configurations
 // (LnKernel) and the production table that picks one per memory system,
-// pass, dtype and width class. Plain C++ (constexpr), so that tests and
+// pass, dtype and width class; the same for the residual backward's rows
+// (LnResidualBackward). Plain C++ (constexpr), so that tests and
 // benchmarks can name a configuration and cuda/layernorm.cu compiles exactly
 // the kernels this table (and each entry's fallback) can reach.
 //
@@ -167,6 +168,59 @@ constexpr LnKernel ln_table_entry(MemorySystem m, LnPass pass, bool bf16, int wi
 // The configuration production runs for rows of D elements in `dtype`.
 constexpr LnKernel ln_production_kernel(MemorySystem m, LnPass pass, DType dtype, int64_t D) {
   return ln_table_entry(m, pass, dtype == DType::BF16, ln_width_class(D));
+}
+
+// The residual backward (dh = dh_in + LayerNorm's dx,
+// cuda/layernorm_residual.cuh) on resident rows, which always holds h and dy
+// in registers: whether a thread also holds its slots of dh_in there, so the
+// three rows are in flight at once, or reads each slot as it stores dh,
+// holding no registers across the row's reductions; and whether bf16 rows
+// read 8 bytes a slot instead of 16.
+struct LnResidualBackward {
+  bool holds_dh_in = false;
+  bool bf16_8_byte_access = false;
+
+  constexpr bool operator==(const LnResidualBackward& o) const {
+    return holds_dh_in == o.holds_dh_in && bf16_8_byte_access == o.bf16_8_byte_access;
+  }
+  constexpr bool operator!=(const LnResidualBackward& o) const { return !(*this == o); }
+};
+
+namespace ln {
+constexpr LnResidualBackward kStreamedDhIn{false, false};
+constexpr LnResidualBackward kHeldDhIn{true, false};
+constexpr LnResidualBackward kHeldDhIn8ByteBf16{true, true};
+}  // namespace ln
+
+namespace ln_table_detail {
+// [memory system][f32, bf16][width class]. Warp rows (D <= 1024) hold
+// dh_in; bf16 warp rows only on HBM3e, where they need more bytes in
+// flight, and there 8 bytes a slot as the backward table above reads them
+// (measurements: docs/residual_layernorm.md).
+constexpr LnResidualBackward kResidualBackwardProduction[kMemorySystems][2][kLnWidthClasses] = {
+    // HBM3 (H100)  <=256      <=512      <=1024      <=2048 ... <=16384
+    {{kHeldDhIn, kHeldDhIn, kHeldDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn,
+      kStreamedDhIn},  // f32
+     {kStreamedDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn,
+      kStreamedDhIn}},  // bf16
+    // HBM3e (H200)
+    {{kHeldDhIn, kHeldDhIn, kHeldDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn,
+      kStreamedDhIn},  // f32
+     {kHeldDhIn8ByteBf16, kHeldDhIn8ByteBf16, kHeldDhIn8ByteBf16, kStreamedDhIn, kStreamedDhIn, kStreamedDhIn,
+      kStreamedDhIn, kStreamedDhIn}},  // bf16
+};
+}  // namespace ln_table_detail
+
+// The residual backward production runs on (memory system, dtype: F32 or
+// BF16, width class).
+constexpr LnResidualBackward ln_residual_backward_entry(MemorySystem m, bool bf16, int width_class) {
+  return ln_table_detail::kResidualBackwardProduction[static_cast<int>(m)][bf16][width_class];
+}
+
+// A residual backward as text, e.g. "dh_in held, bf16 8-byte".
+inline std::string ln_residual_backward_name(const LnResidualBackward& k) {
+  return std::string(k.holds_dh_in ? "dh_in held" : "dh_in read at the store") +
+         (k.bf16_8_byte_access ? ", bf16 8-byte" : "");
 }
 
 // What a configuration runs where it cannot (a device or build below sm_90,

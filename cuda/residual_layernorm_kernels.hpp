@@ -55,10 +55,10 @@ void residual_layernorm_output_fused(const Tensor& h, const Tensor& gamma, const
 // and returns true where it qualifies (16-byte aligned rows of
 // 1 <= D <= 16384; the backward without dh_in is layernorm_backward_fused),
 // else launches nothing and returns false. Same arguments and aliasing as
-// above. The backward holds dh_in in registers for f32 rows of D <= 1024,
-// and for bf16 ones where `memory` is HBM3e (the production calls pass
-// device_memory_system(); tests run both rules on any GPU), and reads it as
-// it stores dh elsewhere.
+// above. The backward holds dh_in in registers or reads it as it stores dh
+// as `memory`'s entry of ln_residual_backward_entry (cuda/layernorm_table.hpp)
+// says; the production calls pass device_memory_system(), tests run both
+// memory systems' entries on any GPU.
 bool residual_layernorm_forward_resident(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta,
                                          float eps, Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd);
 bool residual_layernorm_output_resident(const Tensor& h, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

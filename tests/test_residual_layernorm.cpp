@@ -131,10 +131,13 @@ struct PathOutputs {
 const char* kernel_name(Kernel k) { return k == Kernel::ResidentRows ? "resident rows" : "one block per row"; }
 
 #ifdef HG_WITH_CUDA
-// ", HBM3 rule" or ", HBM3e rule" for a named memory system, "" for none.
-std::string rule_name(std::optional<gpu::MemorySystem> memory) {
+// The residual backward a named memory system's table entry picks for
+// (dtype, D), e.g. ", HBM3e: dh_in held, bf16 8-byte"; "" for none.
+std::string rule_name(std::optional<gpu::MemorySystem> memory, DType dtype, int64_t D) {
   if (!memory) return "";
-  return *memory == gpu::MemorySystem::HBM3e ? ", HBM3e rule" : ", HBM3 rule";
+  const gpu::LnResidualBackward k =
+      gpu::ln_residual_backward_entry(*memory, dtype == DType::BF16, gpu::ln_width_class(D));
+  return std::string(", ") + gpu::memory_system_name(*memory) + ": " + gpu::ln_residual_backward_name(k);
 }
 
 // The fused CUDA kernels with `kernel`, outside the op: forward, then the
@@ -170,7 +173,7 @@ PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, i
                        PathOptions opt = {}) {
   std::string memory_rule;
 #ifdef HG_WITH_CUDA
-  memory_rule = rule_name(opt.memory);
+  memory_rule = rule_name(opt.memory, dtype, D);
 #endif
   INFO(device_name(dev) << " " << dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows " << rows << " D " << D
                         << " kind " << int(kind) << (opt.offset_view ? " offset view" : "")
@@ -392,9 +395,9 @@ TEST_CASE("residual_layernorm CUDA resident rows match float64 and the one-block
                         << (residual_grad ? "" : " no dh_in"));
           const PathOutputs per_row =
               check_path(Device::CUDA, dtype, KernelMode::Fused, rows, D, kind, {false, residual_grad, kKernels[1]});
-          // The resident backward as each memory system's rule picks it (bf16
-          // warp rows: dh_in held with 8-byte slots on HBM3e, read at the
-          // store with 16-byte slots on HBM3), on this GPU.
+          // The resident backward as each memory system's table entry picks
+          // it (bf16 warp rows: dh_in held with 8-byte slots on HBM3e, read
+          // at the store with 16-byte slots on HBM3), on this GPU.
           for (const gpu::MemorySystem memory : {gpu::MemorySystem::HBM3, gpu::MemorySystem::HBM3e}) {
             PathOptions resident_rows{false, residual_grad, kKernels[0]};
             resident_rows.memory = memory;
@@ -537,7 +540,7 @@ TEST_CASE("residual_layernorm CUDA backward is deterministic (no float atomics)"
   for (const auto& [kernel, memory] : runs)
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t D : {768, 4096, 16384}) {
-        INFO(kernel_name(kernel) << rule_name(memory) << " dtype " << dtype_name(dtype) << " D " << D);
+        INFO(kernel_name(kernel) << rule_name(memory, dtype, D) << " dtype " << dtype_name(dtype) << " D " << D);
         const int64_t rows = std::max<int64_t>(300, rows_for(D));
         const Inputs in = make_inputs(rows, D, Rows::Random, 5);
         const Tensor x = in.x.to(dtype).to(Device::CUDA), r = in.r.to(dtype).to(Device::CUDA);
