@@ -227,8 +227,7 @@ PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, i
     const auto h = f64(o.h).to_vector(), xs = f64(x).to_vector(), rs = f64(r).to_vector();
     // One round-to-nearest: half an ulp, at most 2^-p of the value for a p-bit significand (bf16 p = 8, f32 p = 24).
     const double h_rel = bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -24);
-    for (size_t i = 0; i < h.size(); ++i)
-      tally(std::abs(h[i] - (xs[i] + rs[i])) <= h_rel * std::abs(xs[i] + rs[i]), i);
+    for (size_t i = 0; i < h.size(); ++i) tally(std::abs(h[i] - (xs[i] + rs[i])) <= h_rel * std::abs(xs[i] + rs[i]), i);
     INFO("h: first element out of bounds " << first_bad);
     REQUIRE(bad == 0);
     // The float64 reference on that h.
