@@ -57,6 +57,32 @@ Tensor randn(const Shape& s, uint64_t seed, DType dtype = DType::F32, double mea
 
 }  // namespace
 
+TEST_CASE("randn and rand draw on several threads the numbers of one call after another", "[threads]") {
+  // 100003 draws: several pieces of the fill and a remainder; a generator
+  // already advanced, so the draws start at a counter that is not 0.
+  const int64_t n = 100003;
+  const auto draws = [&](bool normal) {
+    hg::Generator g(11);
+    g.uniform();
+    Tensor t = normal ? Tensor::randn({n}, g, DType::F64, hg::Device::CPU, 0.5, 2.0)
+                      : Tensor::rand({n}, g, DType::F64, hg::Device::CPU, -1.0, 3.0);
+    return std::make_pair(t, g.counter());
+  };
+  for (const bool normal : {true, false}) {
+    INFO((normal ? "randn" : "rand"));
+    hg::Generator one_by_one(11);
+    one_by_one.uniform();
+    std::vector<double> want(static_cast<size_t>(n));
+    for (double& v : want) v = normal ? 0.5 + 2.0 * one_by_one.normal() : -1.0 + 4.0 * one_by_one.uniform();
+    check_thread_independent([&] {
+      const auto [t, counter] = draws(normal);
+      CHECK(t.to_vector() == want);
+      CHECK(counter == one_by_one.counter());  // the generator continues where the calls would leave it
+      return std::vector<Tensor>{t};
+    });
+  }
+}
+
 TEST_CASE("set_num_threads takes effect and rejects bad counts", "[threads]") {
   ThreadScope scope;
   hg::set_num_threads(3);
