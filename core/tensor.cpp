@@ -17,9 +17,6 @@ namespace hg {
 
 namespace {
 
-// Random draws a thread fills at a time (about 1 ms of Box-Muller).
-constexpr int64_t kDrawPiece = int64_t(1) << 14;
-
 // ---- host conversions of single elements (used by at/set) ----
 
 double read_element(const void* base, DType dtype, int64_t i) {
@@ -133,31 +130,38 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
   return host.to(device);
 }
 
-Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device, double mean, double stddev) {
-  check_shape(shape, dtype, "Tensor::randn");
-  const int64_t n = shape_numel(shape);
+namespace {
+
+// Random draws a thread fills at a time (about 1 ms of Box-Muller).
+constexpr int64_t kDrawPiece = int64_t(1) << 14;
+
+// n draws of `numbers` generator numbers each: draw i is draw(the counter
+// the i-th of n calls one after another would start at), so any thread may
+// fill any piece; the generator is left where those calls would leave it.
+template <class Draw>
+std::vector<double> draws(Generator& gen, int64_t n, uint64_t numbers, const Draw& draw) {
   std::vector<double> values(static_cast<size_t>(n));
-  // Draw i takes the generator's numbers counter + 2i and + 2i + 1 (what n
-  // calls of normal() would take), so any thread may fill any piece.
   const uint64_t first = gen.counter();
   for_pieces(n, kDrawPiece, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) values[i] = mean + stddev * gen.normal_at(first + 2 * uint64_t(i));
+    for (int64_t i = begin; i < end; ++i) values[i] = draw(first + numbers * uint64_t(i));
   });
-  gen.advance(2 * uint64_t(n));
-  return from_vector(values, shape, dtype, device);
+  gen.advance(numbers * uint64_t(n));
+  return values;
+}
+
+}  // namespace
+
+Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device, double mean, double stddev) {
+  check_shape(shape, dtype, "Tensor::randn");
+  const auto normal = [&](uint64_t c) { return mean + stddev * gen.normal_at(c); };  // Box-Muller: two numbers
+  return from_vector(draws(gen, shape_numel(shape), 2, normal), shape, dtype, device);
 }
 
 Tensor Tensor::rand(const Shape& shape, Generator& gen, DType dtype, Device device, double low, double high) {
   check_shape(shape, dtype, "Tensor::rand");
   if (!(low <= high)) fail("Tensor::rand", "low ", low, " must not exceed high ", high);
-  const int64_t n = shape_numel(shape);
-  std::vector<double> values(static_cast<size_t>(n));
-  const uint64_t first = gen.counter();  // draw i: number counter + i
-  for_pieces(n, kDrawPiece, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) values[i] = low + (high - low) * gen.uniform_at(first + uint64_t(i));
-  });
-  gen.advance(uint64_t(n));
-  return from_vector(values, shape, dtype, device);
+  const auto uniform = [&](uint64_t c) { return low + (high - low) * gen.uniform_at(c); };
+  return from_vector(draws(gen, shape_numel(shape), 1, uniform), shape, dtype, device);
 }
 
 // ---- metadata ----

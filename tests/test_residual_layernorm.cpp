@@ -119,7 +119,7 @@ struct PathOptions {
   std::optional<Kernel> kernel;
 #ifdef HG_WITH_CUDA
   // With kernel ResidentRows: the backward's resident rows as this memory
-  // system's rule picks them, whatever the GPU (unset: the GPU's own).
+  // system's table entry picks them, whatever the GPU (unset: the GPU's own).
   std::optional<gpu::MemorySystem> memory;
 #endif
 };
@@ -133,7 +133,7 @@ const char* kernel_name(Kernel k) { return k == Kernel::ResidentRows ? "resident
 #ifdef HG_WITH_CUDA
 // The residual backward a named memory system's table entry picks for
 // (dtype, D), e.g. ", HBM3e: dh_in held, bf16 8-byte"; "" for none.
-std::string rule_name(std::optional<gpu::MemorySystem> memory, DType dtype, int64_t D) {
+std::string entry_name(std::optional<gpu::MemorySystem> memory, DType dtype, int64_t D) {
   if (!memory) return "";
   const gpu::LnResidualBackward k =
       gpu::ln_residual_backward_entry(*memory, dtype == DType::BF16, gpu::ln_width_class(D));
@@ -156,7 +156,7 @@ PathOutputs run_fused(const Tensor& x, const Tensor& r, const Tensor& gamma, con
                 cols_f32()};
   gpu::residual_layernorm_forward_fused(x, r, gamma, beta, float(kEps), o.h, o.y, o.mean, o.rstd, kernel);
   const Tensor* in = dh_in.defined() ? &dh_in : nullptr;
-  // The resident rows under a named memory system's rule where they apply,
+  // The resident rows under a named memory system's entry where they apply,
   // else (unaligned or long rows: nothing launched) the call as kernel says.
   if (kernel == Kernel::ResidentRows && memory &&
       gpu::residual_layernorm_backward_resident(dy, in, o.h, gamma, o.mean, o.rstd, o.dh, o.dgamma, o.dbeta,
@@ -182,14 +182,14 @@ struct Float64Reference {
 // of the same inputs).
 PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, int64_t D, Rows kind,
                        PathOptions opt = {}, Float64Reference* shared = nullptr) {
-  std::string memory_rule;
+  std::string memory_entry;
 #ifdef HG_WITH_CUDA
-  memory_rule = rule_name(opt.memory, dtype, D);
+  memory_entry = entry_name(opt.memory, dtype, D);
 #endif
   INFO(device_name(dev) << " " << dtype_name(dtype) << " " << kernel_mode_name(mode) << " rows " << rows << " D " << D
                         << " kind " << int(kind) << (opt.offset_view ? " offset view" : "")
                         << (opt.residual_grad ? "" : " no dh_in")
-                        << (opt.kernel ? std::string(" ") + kernel_name(*opt.kernel) : std::string()) << memory_rule);
+                        << (opt.kernel ? std::string(" ") + kernel_name(*opt.kernel) : std::string()) << memory_entry);
   const Inputs in = make_inputs(rows, D, kind, 7 * D + rows + int(kind));
   const DType math = math_dtype(dtype);
   const Tensor x = stored(in.x, dtype, dev, opt.offset_view), r = in.r.to(dtype).to(dev);
@@ -217,6 +217,7 @@ PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, i
   const auto tally = [&](bool ok, int64_t i) {
     if (!ok && bad++ == 0) first_bad = i;
   };
+  const Tensor gamma64 = f64(gamma);
   Float64Reference own;
   Float64Reference& ref = shared != nullptr ? *shared : own;
   if (ref.h.defined()) {
@@ -233,8 +234,8 @@ PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, i
     // The float64 reference on that h.
     const Tensor h64 = f64(o.h);
     ref.h = o.h;
-    ref.y = layernorm_forward(h64, f64(gamma), f64(beta), kEps, &ref.saved);
-    ref.g = residual_layernorm_backward(f64(dy), opt.residual_grad ? f64(dh_in) : Tensor(), h64, f64(gamma), ref.saved);
+    ref.y = layernorm_forward(h64, gamma64, f64(beta), kEps, &ref.saved);
+    ref.g = residual_layernorm_backward(f64(dy), opt.residual_grad ? f64(dh_in) : Tensor(), h64, gamma64, ref.saved);
   }
   const LayerNormGrads& g_ref = ref.g;
 
@@ -242,7 +243,7 @@ PathOutputs check_path(Device dev, DType dtype, KernelMode mode, int64_t rows, i
   const auto mean = ref.saved.mean.to_vector(), rstd = ref.saved.rstd.to_vector();
   bad = 0, first_bad = -1;
   double gmax = 0;
-  for (double v : f64(gamma).to_vector()) gmax = std::max(gmax, std::abs(v));
+  for (double v : gamma64.to_vector()) gmax = std::max(gmax, std::abs(v));
   const double stat_ulp = dtype == DType::F64 ? 1e-15 : std::ldexp(1.0, -23);
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < D; ++j) {
@@ -548,14 +549,14 @@ TEST_CASE("residual_layernorm CUDA kernels in place: h = x, h = r, dh = dh_in", 
 TEST_CASE("residual_layernorm CUDA backward is deterministic (no float atomics)", "[residual_layernorm][cuda]") {
   HG_REQUIRE_GPU();
 #ifdef HG_WITH_CUDA
-  // The resident rows under both memory systems' rules, then the one-block-per-row kernels.
+  // The resident rows under both memory systems' entries, then the one-block-per-row kernels.
   const std::pair<Kernel, std::optional<gpu::MemorySystem>> runs[] = {{Kernel::ResidentRows, gpu::MemorySystem::HBM3},
                                                                       {Kernel::ResidentRows, gpu::MemorySystem::HBM3e},
                                                                       {Kernel::OneBlockPerRow, std::nullopt}};
   for (const auto& [kernel, memory] : runs)
     for (const DType dtype : {DType::F32, DType::BF16})
       for (const int64_t D : {768, 4096, 16384}) {
-        INFO(kernel_name(kernel) << rule_name(memory, dtype, D) << " dtype " << dtype_name(dtype) << " D " << D);
+        INFO(kernel_name(kernel) << entry_name(memory, dtype, D) << " dtype " << dtype_name(dtype) << " D " << D);
         const int64_t rows = std::max<int64_t>(300, rows_for(D));
         const Inputs in = make_inputs(rows, D, Rows::Random, 5);
         const Tensor x = in.x.to(dtype).to(Device::CUDA), r = in.r.to(dtype).to(Device::CUDA);
