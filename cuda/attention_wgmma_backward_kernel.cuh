@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention_args.cuh"
 #include "cuda/attention_column_sums.cuh"
@@ -216,8 +217,7 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
   }
   if (count > 0) barrier_wait<false>(res_full, 0);
   const uint32_t a1_wg = base + 64 * cw * kSwizzleBytes, a2_wg = a2_at + 64 * cw * kSwizzleBytes;
-  // Whether key k is seen by query q, and p from x at accumulator index
-  // i_acc (0 where unseen) with the query's stats sq.
+  // Whether key k is seen by query q.
   auto seen = [&](int q, int k) { return q < a.tq && k < a.tk && !(a.causal && k > q + a.tk - a.tq); };
   for (int i = 0; i < count; ++i) {
     const int s = i % ST, n0 = (first + i) * KB;
@@ -226,102 +226,121 @@ __global__ void __launch_bounds__(kBackwardThreads, 1)
       barrier_arrive(empty + s);
       continue;
     }
-    const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
-    float x[KB / 2], y[KB / 2];
-    // x = a1 b1^T and y = a2 b2^T, one wgmma group each.
-    wgmma_fence();
-#pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      const uint32_t step = (kc % 4) * 32;  // 16 columns of a 128-byte swizzled row
-      wgmma_ss(x, desc_k_major(a1_wg + (kc / 4) * kBackwardRows * kSwizzleBytes + step),
-               desc_k_major(b1_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kc = 0; kc < DH / 16; ++kc) {
-      const uint32_t step = (kc % 4) * 32;
-      wgmma_ss(y, desc_k_major(a2_wg + (kc / 4) * kBackwardRows * kSwizzleBytes + step),
-               desc_k_major(b2_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
-    }
-    wgmma_commit();
-    // p as soon as x is done (y may still run).
-    wgmma_wait<1>();
-    fence_operands(x);
-    const float2* tile_stats = stage_stats + s * KB;
-    const float* tile_delta = stage_delta + s * KB;  // dq with a mask: the keys' mask terms
-#pragma unroll
-    for (int j = 0; j < KB / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a query (dk/dv) or a key (dq)
-        const float2 st = kDkDv ? tile_stats[col - n0] : float2{};
-        const float col_mask = kMasked && !kDkDv ? tile_delta[col - n0] : 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
-          const int q = kDkDv ? col : row, k = kDkDv ? row : col;
-          const float2 sq = kDkDv ? st : row_stats[h];
-          if constexpr (kMasked) {
-            // The forward's base-2 logit and p, 0 where the mask removes the key.
-            const float x2 = fmaf(x[i_acc], c, kDkDv ? key_mask[row - r0] : col_mask);
-            x[i_acc] = seen(q, k) && x2 != -INFINITY ? exp2_approx(x2 - sq.x) * sq.y : 0.f;
-          } else {
-            x[i_acc] = seen(q, k) ? exp2_approx(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
-          }
-        }
-      }
-    uint32_t pp[kDkDv ? KB / 16 : 1][4], pd[KB / 16][4];
-    if constexpr (kDkDv) {
-      // dv += p^T do beside ds.
-#pragma unroll
-      for (int e = 0; e < KB / 2; e += 2) pp[e / 8][(e % 8) / 2] = pack(x[e], x[e + 1]);
+    // The tile's products; kEdge: the tile reaches a (query, key) pair
+    // that is not seen (causal, past Tk or Tq), whose p are set to 0.
+    // Interior tiles, most of them, skip that test: every streamed and
+    // resident row in range and, causal, the warpgroup's last resident key
+    // (dk/dv) or the tile's last key (dq) seen by the first query. The two
+    // are whole copies of the tile's code: a branch around the p loop alone
+    // costs the dh 64 dk/dv kernel registers enough that ptxas serialises
+    // its wgmmas.
+    auto tile = [&](auto edge) {
+      constexpr bool kEdge = decltype(edge)::value;
+      const uint32_t b1_at = stages_at + s * P::kStageBytes, b2_at = b1_at + P::kTileBytes;
+      float x[KB / 2], y[KB / 2];
+      // x = a1 b1^T and y = a2 b2^T, one wgmma group each.
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc2, pp[kk], b2_at, kk);
-      wgmma_commit();
-      wgmma_wait<1>();  // y done (groups complete in order); dv may still run
-    } else {
-      wgmma_wait<0>();
-    }
-    fence_operands(y);
-#pragma unroll
-    for (int j = 0; j < KB / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float dl = kDkDv ? tile_delta[8 * j + 2 * t + e] : 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int i_acc = 4 * j + 2 * h + e;
-          y[i_acc] = x[i_acc] * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
-        }
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        const uint32_t step = (kc % 4) * 32;  // 16 columns of a 128-byte swizzled row
+        wgmma_ss(x, desc_k_major(a1_wg + (kc / 4) * kBackwardRows * kSwizzleBytes + step),
+                 desc_k_major(b1_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
       }
+      wgmma_commit();
 #pragma unroll
-    for (int e = 0; e < KB / 2; e += 2) pd[e / 8][(e % 8) / 2] = pack(y[e], y[e + 1]);
-    wgmma_fence();
+      for (int kc = 0; kc < DH / 16; ++kc) {
+        const uint32_t step = (kc % 4) * 32;
+        wgmma_ss(y, desc_k_major(a2_wg + (kc / 4) * kBackwardRows * kSwizzleBytes + step),
+                 desc_k_major(b2_at + (kc / 4) * KB * kSwizzleBytes + step), kc > 0);
+      }
+      wgmma_commit();
+      // p as soon as x is done (y may still run).
+      wgmma_wait<1>();
+      fence_operands(x);
+      const float2* tile_stats = stage_stats + s * KB;
+      const float* tile_delta = stage_delta + s * KB;  // dq with a mask: the keys' mask terms
+      // p from x, one exponential each, 0 where a query does not see a key
+      // (tested on edge tiles only).
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc1, pd[kk], b1_at, kk);  // dk or dq
-    wgmma_commit();
-    if constexpr (kStoreDs) {
-      // While dk runs: ds^T's k16 step of this warp's keys, as the dq warps
-      // of each 16 queries read it (DsTiles). pd[kk][m] is the 8 x 8 block
-      // of keys 8 (m & 1) and queries 8 (m >> 1) of query group kk; its
-      // transpose is A register r = 2 (m & 1) + (m >> 1).
-      uint4* group = ds.group(bh, n0 / 16, r0 / kBackwardRows) + (4 * cw + w) * 32 + threadIdx.x % 32;
+      for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n0 + 8 * j + 2 * t + e;  // streamed row: a query (dk/dv) or a key (dq)
+          const float2 st = kDkDv ? tile_stats[col - n0] : float2{};
+          [[maybe_unused]] const float col_mask = kMasked && !kDkDv ? tile_delta[col - n0] : 0.f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i_acc = 4 * j + 2 * h + e, row = my_row + 8 * h;
+            const bool in = !kEdge || (kDkDv ? seen(col, row) : seen(row, col));
+            const float2 sq = kDkDv ? st : row_stats[h];  // the query's {base-2 max, 1 / sum}
+            if constexpr (kMasked) {
+              // The forward's base-2 logit, 0 where the mask removes the key.
+              const float x2 = fmaf(x[i_acc], c, kDkDv ? key_mask[row - r0] : col_mask);
+              x[i_acc] = in && x2 != -INFINITY ? exp2_approx(x2 - sq.x) * sq.y : 0.f;
+            } else {
+              x[i_acc] = in ? exp2_approx(fmaf(x[i_acc], c, -sq.x)) * sq.y : 0.f;
+            }
+          }
+        }
+      [[maybe_unused]] uint32_t pp[kDkDv ? KB / 16 : 1][4];  // dk/dv only
+      uint32_t pd[KB / 16][4];
+      if constexpr (kDkDv) {
+        // dv += p^T do beside ds.
+#pragma unroll
+        for (int e = 0; e < KB / 2; e += 2) pp[e / 8][(e % 8) / 2] = pack(x[e], x[e + 1]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc2, pp[kk], b2_at, kk);
+        wgmma_commit();
+        wgmma_wait<1>();  // y done (groups complete in order); dv may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_operands(y);
+#pragma unroll
+      for (int j = 0; j < KB / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float dl = kDkDv ? tile_delta[8 * j + 2 * t + e] : 0.f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i_acc = 4 * j + 2 * h + e;
+            y[i_acc] = x[i_acc] * (y[i_acc] - (kDkDv ? dl : row_delta[h]));
+          }
+        }
+#pragma unroll
+      for (int e = 0; e < KB / 2; e += 2) pd[e / 8][(e % 8) / 2] = pack(y[e], y[e + 1]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KB / 16; ++kk) mma_streamed<DH, KB>(acc1, pd[kk], b1_at, kk);  // dk or dq
+      wgmma_commit();
+      if constexpr (kStoreDs) {
+        // While dk runs: ds^T's k16 step of this warp's keys, as the dq warps
+        // of each 16 queries read it (DsTiles). pd[kk][m] is the 8 x 8 block
+        // of keys 8 (m & 1) and queries 8 (m >> 1) of query group kk; its
+        // transpose is A register r = 2 (m & 1) + (m >> 1).
+        uint4* group = ds.group(bh, n0 / 16, r0 / kBackwardRows) + (4 * cw + w) * 32 + threadIdx.x % 32;
+#pragma unroll
+        for (int kk = 0; kk < KB / 16; ++kk)
+          group[int64_t(kk) * ds.key_tiles * 256] = make_uint4(transpose8x8(pd[kk][0]), transpose8x8(pd[kk][2]),
+                                                               transpose8x8(pd[kk][1]), transpose8x8(pd[kk][3]));
+      }
+      wgmma_wait<0>();
+      fence_operands(acc1);
+      if constexpr (kDkDv) fence_operands(acc2);
 #pragma unroll
       for (int kk = 0; kk < KB / 16; ++kk)
-        group[int64_t(kk) * ds.key_tiles * 256] = make_uint4(transpose8x8(pd[kk][0]), transpose8x8(pd[kk][2]),
-                                                             transpose8x8(pd[kk][1]), transpose8x8(pd[kk][3]));
-    }
-    wgmma_wait<0>();
-    fence_operands(acc1);
-    if constexpr (kDkDv) fence_operands(acc2);
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        fence_operand(pd[kk][r]);
-        if constexpr (kDkDv) fence_operand(pp[kk][r]);
-      }
+        for (int r = 0; r < 4; ++r) {
+          fence_operand(pd[kk][r]);
+          if constexpr (kDkDv) fence_operand(pp[kk][r]);
+        }
+    };
+    const bool interior =
+        kDkDv ? n0 + KB <= a.tq && row0 + 64 <= a.tk && (!a.causal || row0 + 63 <= n0 + a.tk - a.tq)
+              : row0 + 64 <= a.tq && n0 + KB <= a.tk && (!a.causal || n0 + KB - 1 <= row0 + a.tk - a.tq);
+    if (interior) tile(std::false_type{});
+    else tile(std::true_type{});
     barrier_arrive(empty + s);  // this thread's reads of the stage are done
   }
 

@@ -1175,6 +1175,16 @@ TEST_CASE("attention: CUDA BF16 wgmma forward and backward with Tq != Tk", "[att
                      /*mask=*/false, 5700);
 }
 
+// The backward skips the unseen-pair test on interior tiles: causal with
+// Tk - Tq one short of (62 mod 64) and exactly at (63 mod 64) the offset
+// that makes a 64-row block of keys (dk/dv) or a tile of keys (dq) wholly
+// seen by the first query of a tile, at both head dims.
+TEST_CASE("attention: CUDA BF16 wgmma backward where tiles turn interior", "[attention][cuda]") {
+  HG_REQUIRE_GPU();
+  if (!wgmma_test_runs()) return;
+  check_wgmma_shapes({{200, 262, 128}, {200, 263, 128}, {2048, 2110, 64}, {2048, 2111, 64}}, /*mask=*/false, 6100);
+}
+
 // A key mask (biases of -2 and 0.5, keys removed by -inf or -1e9, the last
 // batch fully masked: make_inputs): the forward's logits become s * scale +
 // bias before the row max, dk/dv reads its resident keys' terms, dq its
