@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Does a change to a .cu file change its device code? Compiles FILE at two git
 revisions to PTX (sm_90, the Release flags) and compares every kernel's PTX.
-Before the comparison, names that only encode the file's path or the order of
-the kernels are normalised: anonymous-namespace tags, local shared-memory
-symbols, branch labels and .loc lines.
+Before the comparison, names that only encode the file's path, the compile or
+the order of the kernels are normalised: anonymous-namespace tags, the tags of
+internal-linkage globals (`_INTERNAL_<hex>_`, new at every compile), local
+shared-memory symbols, branch labels and .loc lines.
 
 Identical PTX gives identical machine code (ptxas is deterministic), so a
 kernel reported identical needs no new GPU run after a refactor. The runs
@@ -117,6 +118,7 @@ def kernels(ptx_path):
         body = re.sub(r"\.loc.*\n", "", body)
         body = re.sub(r"_ZZ\w*E\d+([A-Za-z_]\w*)", r"LOCAL_\1", body)  # function-local statics
         body = re.sub(r"\d*_GLOBAL__N__\w+?_cu_[0-9a-f]+", "ANON", body)  # path-derived namespace tag
+        body = re.sub(r"_INTERNAL_[0-9a-f]+_", "_INTERNAL_", body)  # a per-compile tag of internal-linkage globals
         body = re.sub(r"\$L__BB\d+_", "BB_", body)  # labels carry the kernel's index in the file
         bodies[name] = body
     names = list(bodies)
